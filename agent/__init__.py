@@ -1,0 +1,2 @@
+"""Node agent (NVML metrics, pod attribution, reporting) and the per-GPU inference
+server (Nexus duty cycles, Olympian quanta)."""

@@ -1,0 +1,38 @@
+"""The ``tandem`` command: one Typer app composed from each package's commands.
+
+Every command module imports only Typer at import time and loads its heavy
+dependencies inside the command, so ``tandem --help`` stays fast and the agent
+image does not need the extender's libraries to start.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from agent.commands import app as agent_app
+from extender.commands import app as extender_app
+from extender.demo import demo_command
+from extender.planner.commands import plan_command
+from extender.simulator.commands import simulate_command
+from predictor.commands import app as predictor_app
+from predictor.profiling.commands import profile_command
+
+app = typer.Typer(
+    name="tandem",
+    help="GPU co-location for Kubernetes: predict, place, and share GPUs under SLOs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("demo")(demo_command)
+app.add_typer(extender_app, name="extender", help="The kube-scheduler extender service.")
+app.add_typer(agent_app, name="agent", help="Node agent and per-GPU inference server.")
+app.add_typer(predictor_app, name="predictor", help="Graph features, prediction, training.")
+app.command("profile")(profile_command)
+app.command("plan")(plan_command)
+app.command("simulate")(simulate_command)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,8 @@
+"""Command (filled in by its issue)."""
+
+import typer
+
+
+def plan_command() -> None:
+    """Not built yet."""
+    raise typer.Exit(2)

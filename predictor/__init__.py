@@ -1,0 +1,2 @@
+"""Horus prediction engine: ONNX graph features, memory estimate, utilisation model,
+interference curves and batching profiles."""

@@ -1,0 +1,57 @@
+"""Shared pytest setup: opt-in markers and common fixtures.
+
+Warnings are errors (pyproject). ``gpu`` tests run only where NVML sees a GPU;
+``kube`` tests only with ``--with-kube`` (they need a real API server).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHARED_DIR = REPO_ROOT.parent / "shared"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--with-kube", action="store_true", help="run tests that need a cluster")
+
+
+@functools.cache
+def _gpu_present() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return pynvml.nvmlDeviceGetCount() > 0
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver, no library: no GPU
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU (NVML found none)")
+    skip_kube = pytest.mark.skip(reason="needs a cluster: pass --with-kube")
+    for item in items:
+        if "gpu" in item.keywords and not _gpu_present():
+            item.add_marker(skip_gpu)
+        if "kube" in item.keywords and not config.getoption("--with-kube"):
+            item.add_marker(skip_kube)
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def nexus_profiles_dir() -> Path:
+    """The real TITAN X batching profiles shipped in ../shared/data (skip if absent)."""
+    path = SHARED_DIR / "data" / "nexus-profiles"
+    if not path.is_dir():
+        pytest.skip("../shared/data/nexus-profiles is not beside this checkout")
+    return path
