@@ -1,0 +1,98 @@
+"""Assembles an ``Agent`` from command-line values and runs it (used by ``tandem agent run``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from agent.attribution import ProcAttributor
+from agent.errors import ConfigError
+from agent.gpus import GpuSource, parse_gpu_source
+from agent.logs import configure_json_logging
+from agent.reporter import Reporter, TokenSource
+from agent.runner import Agent, AgentConfig
+from agent.sessions import SessionSync
+from agent.sim import SimGpuSource, load_sim_gpus
+from agent.state import PlacedJobs, StateClient, ViewHolder
+
+log = logging.getLogger(__name__)
+
+
+def build_agent(*, node: str, gpus: str, extender: str | None, interval_seconds: float,
+                token_file: Path | None, proc_root: Path, session_host: str,
+                session_base_port: int, sessions: bool, seed: int,
+                registry: CollectorRegistry | None = None,
+                ) -> tuple[Agent, list[Callable[[], None]]]:
+    """Build the agent and the close functions of what it opened; ``ConfigError`` if invalid."""
+    config = AgentConfig(node=node, interval_seconds=interval_seconds)
+    spec = parse_gpu_source(gpus)
+    views = ViewHolder()
+    closers: list[Callable[[], None]] = []
+    source: GpuSource
+    if spec.kind == "sim" and spec.path is not None:
+        source = SimGpuSource(load_sim_gpus(spec.path, node), PlacedJobs(views), seed=seed)
+    else:
+        from agent.nvml import NvmlGpuSource
+
+        nvml_source = NvmlGpuSource()
+        closers.append(nvml_source.close)
+        source = nvml_source
+    token = reporter = state = sync = None
+    if extender is not None:
+        token = TokenSource(token_file)
+        reporter, state = Reporter(extender, token), StateClient(extender)
+        closers += [reporter.close, state.close]
+        if sessions:
+            sync = SessionSync(lambda i: f"http://{session_host}:{session_base_port + i}")
+            closers.append(sync.close)
+    elif token_file is not None:
+        raise ConfigError("--token-file given without --extender")
+    agent = Agent(config, source, registry=registry or CollectorRegistry(),
+                  attributor=ProcAttributor(proc_root), reporter=reporter, state=state,
+                  views=views, sessions=sync, token=token)
+    return agent, closers
+
+
+def run_once(agent: Agent, json_output: bool) -> int:
+    """One step; prints the report (JSON with ``--json``); exit code 1 if the source failed."""
+    result = agent.step()
+    if result.report is None:
+        print(json.dumps({"node": agent.config.node, "error": result.source_error}))
+        return 1
+    if json_output:
+        print(json.dumps(result.report))
+    else:
+        for gpu in result.report["gpus"]:
+            print(f"gpu {gpu['index']} {gpu['product']} util={gpu['utilization_percent']}% "
+                  f"mem={gpu['memory_used_mib']}/{gpu['memory_total_mib']} MiB "
+                  f"processes={len(gpu['processes'])}")
+    if result.push_error:
+        print(f"push failed: {result.push_error}")
+    return 0
+
+
+def run_forever(agent: Agent, metrics_addr: str, metrics_port: int,
+                stop: threading.Event | None = None) -> None:
+    """Serve /metrics and step every interval until SIGTERM/SIGINT (or ``stop``)."""
+    configure_json_logging()
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+    server, thread = start_http_server(metrics_port, metrics_addr, registry=agent.registry)
+    log.info("agent started", extra={"node": agent.config.node,
+                                     "metrics_port": server.server_port,
+                                     "interval_seconds": agent.config.interval_seconds})
+    try:
+        agent.run(stop)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+        log.info("agent stopped", extra={"node": agent.config.node})

@@ -1,0 +1,174 @@
+"""An in-memory stand-in for ``pynvml`` at the library boundary (tests, overhead benchmark).
+
+It exposes the real module's constants, error classes and sample structs, and
+the functions ``NvmlGpuSource`` calls. Each GPU is a mutable ``FakeGpu`` so a
+test can change it mid-run (a GPU lost, a field unsupported); ``errors`` maps an
+NVML function name (or ``"*"`` for all) to the NVML return code it raises.
+Calls cost nothing, so a benchmark over it measures only the agent's own work.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+
+_SAMPLE_PERIOD_US = 166_667  # NVML's ring buffer holds one sample per ~1/6 s
+_BUFFER = 120
+
+
+@dataclass
+class FakeGpu:
+    """One fake GPU; every field may be changed between calls."""
+
+    uuid: str
+    name: str = "NVIDIA H100 80GB HBM3"
+    memory_total_bytes: int = 81559 << 20
+    memory_used_bytes: int = 0
+    util_samples: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=_BUFFER))
+    mem_util_samples: deque[tuple[int, int]] = field(
+        default_factory=lambda: deque(maxlen=_BUFFER))
+    util_rates: tuple[int, int] = (0, 0)
+    power_mw: int = 70_000
+    temperature_c: int = 35
+    processes: list[tuple[int, int | None]] = field(default_factory=list)
+    mig_enabled: bool = False
+    xid_events: deque[int] = field(default_factory=deque)
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def add_samples(self, start_us: int, end_us: int, util: int, mem_util: int) -> None:
+        """Append ring-buffer samples every ~1/6 s in ``(start_us, end_us]``."""
+        t = start_us + _SAMPLE_PERIOD_US
+        while t <= end_us:
+            self.util_samples.append((t, util))
+            self.mem_util_samples.append((t, mem_util))
+            t += _SAMPLE_PERIOD_US
+
+
+class FakeNvml:
+    """Module-like object with pynvml's names; ``init_error`` makes ``nvmlInit`` fail.
+
+    Method names are pynvml's (camelCase) because the agent calls them by those names.
+    """
+
+    def __init__(self, gpus: list[FakeGpu], init_error: int | None = None) -> None:
+        for name in dir(pynvml):
+            if name.startswith(("NVML_", "nvmlEventType")) or name.startswith("NVMLError"):
+                setattr(self, name, getattr(pynvml, name))
+        self.gpus = gpus
+        self.init_error = init_error
+        self.calls = 0
+
+    @classmethod
+    def from_json(cls, document: dict[str, Any]) -> FakeNvml:
+        """Build from a JSON fixture (see ``tests/data/agent/nvml_*.json``)."""
+        gpus = []
+        for raw in document["gpus"]:
+            gpu = FakeGpu(uuid=raw["uuid"], name=raw["name"],
+                          memory_total_bytes=raw["memory_total_mib"] << 20,
+                          memory_used_bytes=raw["memory_used_mib"] << 20,
+                          util_rates=tuple(raw.get("util_rates", (0, 0))),
+                          power_mw=raw.get("power_mw", 0),
+                          temperature_c=raw.get("temperature_c", 0),
+                          processes=[tuple(p) for p in raw.get("processes", [])],
+                          mig_enabled=raw.get("mig_enabled", False),
+                          errors={k: getattr(pynvml, v) for k, v in raw.get("errors", {}).items()})
+            gpu.util_samples.extend(tuple(s) for s in raw.get("util_samples", []))
+            gpu.mem_util_samples.extend(tuple(s) for s in raw.get("mem_util_samples", []))
+            gpu.xid_events.extend(raw.get("xid_events", []))
+            gpus.append(gpu)
+        return cls(gpus)
+
+    # -- helpers ------------------------------------------------------------
+    def _gpu(self, handle: Any, function: str) -> FakeGpu:
+        self.calls += 1
+        gpu = self.gpus[handle.index]
+        code = gpu.errors.get(function, gpu.errors.get("*"))
+        if code is not None:
+            raise pynvml.NVMLError(code)
+        return gpu
+
+    # -- the pynvml surface the agent uses ------------------------------------
+    def nvmlInit(self) -> None:
+        self.calls += 1
+        if self.init_error is not None:
+            raise pynvml.NVMLError(self.init_error)
+
+    def nvmlShutdown(self) -> None:
+        self.calls += 1
+
+    def nvmlDeviceGetCount(self) -> int:
+        self.calls += 1
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> SimpleNamespace:
+        handle = SimpleNamespace(index=index)
+        self._gpu(handle, "nvmlDeviceGetHandleByIndex")
+        return handle
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        return self._gpu(handle, "nvmlDeviceGetUUID").uuid
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:
+        return self._gpu(handle, "nvmlDeviceGetName").name
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> SimpleNamespace:
+        gpu = self._gpu(handle, "nvmlDeviceGetMemoryInfo")
+        return SimpleNamespace(total=gpu.memory_total_bytes, used=gpu.memory_used_bytes,
+                               free=gpu.memory_total_bytes - gpu.memory_used_bytes)
+
+    def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
+        mode = int(self._gpu(handle, "nvmlDeviceGetMigMode").mig_enabled)
+        return [mode, mode]
+
+    def nvmlEventSetCreate(self) -> SimpleNamespace:
+        self.calls += 1
+        return SimpleNamespace(index=None)
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, types: int, events: Any) -> None:
+        self._gpu(handle, "nvmlDeviceRegisterEvents")
+        events.index = handle.index
+
+    def nvmlEventSetWait(self, events: Any, timeout_ms: int) -> Any:
+        gpu = self._gpu(SimpleNamespace(index=events.index), "nvmlEventSetWait")
+        if not gpu.xid_events:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+        data = pynvml.c_nvmlEventData_t()
+        data.eventType = pynvml.nvmlEventTypeXidCriticalError
+        data.eventData = gpu.xid_events.popleft()
+        return data
+
+    def nvmlEventSetFree(self, events: Any) -> None:
+        self.calls += 1
+
+    def nvmlDeviceGetSamples(self, handle: Any, kind: int, since_us: int) -> tuple[int, list]:
+        gpu = self._gpu(handle, "nvmlDeviceGetSamples")
+        ring = gpu.util_samples if kind == pynvml.NVML_GPU_UTILIZATION_SAMPLES \
+            else gpu.mem_util_samples
+        fresh = [(t, v) for t, v in ring if t > since_us]
+        if not fresh:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        samples = []
+        for t, v in fresh:
+            sample = pynvml.c_nvmlSample_t()
+            sample.timeStamp = t
+            sample.sampleValue.uiVal = v
+            samples.append(sample)
+        return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, samples
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> SimpleNamespace:
+        gpu, memory = self._gpu(handle, "nvmlDeviceGetUtilizationRates").util_rates
+        return SimpleNamespace(gpu=gpu, memory=memory)
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
+        return self._gpu(handle, "nvmlDeviceGetPowerUsage").power_mw
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
+        return self._gpu(handle, "nvmlDeviceGetTemperature").temperature_c
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list:
+        gpu = self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses")
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in gpu.processes]

@@ -1,0 +1,131 @@
+"""Session sync to per-GPU inference servers: desired sessions and idempotent rounds."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from agent.sessions import SessionSync, desired_sessions, session_spec
+from agent.state import NodeView, PodPlacement, parse_node_view
+
+NODE = "gpu-node-1"
+
+
+def pod(name: str, gpu: int = 0, **notes: str) -> dict:
+    """A ``/v1/state`` pod entry of an inference pod with its tandem.io annotations."""
+    annotations = {"tandem.io/workload": "inference", "tandem.io/model": f"models/{name}.onnx"}
+    annotations.update({f"tandem.io/{k.replace('_', '-')}": v for k, v in notes.items()})
+    return {"pod": f"ns/{name}", "uid": f"uid-{name}", "state": "placed",
+            "workload": "inference", "util_percent": 20.0, "mem_mib": 512.0,
+            "annotations": annotations}
+
+
+def view(*gpus: list[dict]) -> NodeView:
+    return parse_node_view({"nodes": {NODE: {"gpus": [
+        {"index": i, "pods": pods} for i, pods in enumerate(gpus)]}}}, NODE)
+
+
+@pytest.mark.parametrize(("notes", "body"), [
+    pytest.param({"slo_ms": "50", "rate_rps": "200"},
+                 {"name": "ns.a", "model": "models/a.onnx", "slo_ms": 50.0, "rate_rps": 200.0},
+                 id="slo-session"),
+    pytest.param({"weight": "3"}, {"name": "ns.a", "model": "models/a.onnx", "weight": 3},
+                 id="weighted"),
+    pytest.param({"priority": "2"}, {"name": "ns.a", "model": "models/a.onnx", "priority": 2},
+                 id="priority"),
+    pytest.param({}, {"name": "ns.a", "model": "models/a.onnx", "weight": 1},
+                 id="best-effort-default-weight"),
+    pytest.param({"slo_ms": "50"}, {"name": "ns.a", "model": "models/a.onnx", "weight": 1},
+                 id="slo-without-rate-is-best-effort"),
+])
+def test_session_spec_bodies(notes: dict[str, str], body: dict) -> None:
+    spec = session_spec(view([pod("a", **notes)]).pods()[0])
+    assert spec is not None and spec.json() == body
+
+
+@pytest.mark.parametrize("notes", [
+    pytest.param({"slo_ms": "fast", "rate_rps": "1"}, id="bad-number"),
+    pytest.param({"weight": "heavy"}, id="bad-weight"),
+    pytest.param({"model": ""}, id="no-model"),
+])
+def test_unusable_pods_are_skipped(notes: dict[str, str]) -> None:
+    wanted, skipped = desired_sessions(view([pod("a", **notes)]))
+    assert wanted == {0: {}} and skipped == ("ns.a",)
+
+
+def test_training_pods_are_not_sessions() -> None:
+    training = {"pod": "ns/t", "uid": "t", "workload": "training",
+                "annotations": {"tandem.io/model": "m"}}
+    wanted, _ = desired_sessions(view([training, pod("a")]))
+    assert list(wanted[0]) == ["ns.a"]
+
+
+class FakeServers:
+    """Per-GPU inference servers (port 8700 + i) answering the DESIGN session API."""
+
+    def __init__(self, sessions: dict[int, set[str]], refuse: set[str] = frozenset()) -> None:
+        self.sessions = sessions
+        self.refuse = refuse
+        self.log: list[str] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        index = request.url.port - 8700
+        if index not in self.sessions:
+            raise httpx.ConnectError("refused", request=request)
+        held = self.sessions[index]
+        self.log.append(f"{request.method} {index} {request.url.path}")
+        if request.method == "GET":
+            return httpx.Response(200, json={"sessions": [{"name": n, "served": 0}
+                                                          for n in sorted(held)]})
+        if request.method == "POST":
+            body = json.loads(request.content)
+            if body["name"] in self.refuse:
+                return httpx.Response(409, json={"error": "would break SLO of ns.x"})
+            held.add(body["name"])
+            return httpx.Response(201, json={"batch": 4, "duty_cycle_ms": 20})
+        name = request.url.path.rsplit("/", 1)[1]
+        held.discard(name)
+        return httpx.Response(204)
+
+
+def syncer(servers: FakeServers) -> SessionSync:
+    return SessionSync(lambda i: f"http://127.0.0.1:{8700 + i}",
+                       transport=httpx.MockTransport(servers))
+
+
+def test_sync_adds_missing_removes_gone_keeps_the_rest() -> None:
+    servers = FakeServers({0: {"ns.keep", "ns.gone"}, 1: set()})
+    result = syncer(servers).sync(view([pod("keep"), pod("new")], [pod("other")]))
+    assert (result.added, result.removed, result.kept, result.failed) == (
+        ("ns.new", "ns.other"), ("ns.gone",), ("ns.keep",), ())
+    assert servers.sessions == {0: {"ns.keep", "ns.new"}, 1: {"ns.other"}}
+
+
+def test_sync_is_idempotent() -> None:
+    servers = FakeServers({0: set()})
+    sync = syncer(servers)
+    desired = view([pod("a"), pod("b")])
+    sync.sync(desired)
+    servers.log.clear()
+    second = sync.sync(desired)
+    assert (second.added, second.removed, second.kept) == ((), (), ("ns.a", "ns.b"))
+    assert servers.log == ["GET 0 /v1/sessions"]
+
+
+def test_refusal_and_unreachable_server_are_failures_not_crashes() -> None:
+    servers = FakeServers({0: set()}, refuse={"ns.heavy"})
+    result = syncer(servers).sync(view([pod("heavy"), pod("ok")], [pod("orphan")]))
+    assert result.added == ("ns.ok",)
+    assert result.failed == ("ns.heavy", "ns.orphan")
+
+
+def test_gpu_without_server_and_without_sessions_is_silent() -> None:
+    result = syncer(FakeServers({0: set()})).sync(view([pod("a")], []))
+    assert result.failed == () and result.added == ("ns.a",)
+
+
+def test_placement_annotation_lookup() -> None:
+    placement = PodPlacement("u", "n", "ns", 0, None, None, (("a", "1"),))
+    assert (placement.annotation("a"), placement.annotation("b")) == ("1", None)
