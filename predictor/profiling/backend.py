@@ -1,0 +1,133 @@
+"""The measurement backend protocol and the values it exchanges with a campaign.
+
+A backend runs one or more jobs *together* on one GPU and returns what it
+measured: one job is an isolated run, two or three are a co-located combination.
+Two implementations exist and are chosen explicitly, never as a fallback:
+``cuda`` (:mod:`predictor.profiling.cuda`, real GPU, NVML) and ``sim:FILE``
+(:mod:`predictor.profiling.sim`, synthetic numbers for tests and dry runs).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+Workload = Literal["training", "inference"]
+Status = Literal["ok", "oom", "error", "timeout"]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One model configuration to run: zoo model or user ONNX file, workload, batch size."""
+
+    model: str
+    family: str
+    workload: Workload
+    batch_size: int
+    onnx_path: str | None = None
+    """A user ONNX model (inference only) instead of a zoo model."""
+
+    @property
+    def key(self) -> str:
+        """Deterministic identity of the configuration on one GPU (resume uses it)."""
+        return f"{self.model}|{self.workload}|{self.batch_size}"
+
+
+@dataclass(frozen=True)
+class MeasureSettings:
+    """How long and how often one run measures; units in the names."""
+
+    warmup_seconds: float = 2.0
+    """Steps run before measuring (cuDNN autotuning, allocator growth); >= 0."""
+    measure_seconds: float = 4.0
+    """Length of the measured steady-state window; > 0."""
+    sample_interval_ms: float = 200.0
+    """NVML polling period, 100..250 ms (the driver samples about every 167 ms)."""
+    min_steps: int = 3
+    """A window ends only after this many steps, even if it runs past measure_seconds."""
+    max_steps: int = 100_000
+    """A window ends after this many steps even before measure_seconds."""
+    timeout_seconds: float = 120.0
+    """A job that does not finish warm-up plus measurement in this time is a timeout."""
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    """Optimiser of training steps."""
+
+    def problems(self) -> list[str]:
+        """Every invalid field as ``name: reason``."""
+        out = []
+        if self.warmup_seconds < 0:
+            out.append("warmup_seconds: must be >= 0")
+        if self.measure_seconds <= 0:
+            out.append("measure_seconds: must be > 0")
+        if not 100.0 <= self.sample_interval_ms <= 250.0:
+            out.append("sample_interval_ms: must be within 100..250")
+        if self.min_steps < 1 or self.max_steps < self.min_steps:
+            out.append("min_steps/max_steps: need 1 <= min_steps <= max_steps")
+        if self.timeout_seconds <= self.warmup_seconds + self.measure_seconds:
+            out.append("timeout_seconds: must exceed warmup_seconds + measure_seconds")
+        if self.optimizer not in ("sgd", "adam"):
+            out.append("optimizer: must be sgd|adam")
+        return out
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """What one job of a run measured; numbers are None unless status is ok."""
+
+    status: Status
+    error: str = ""
+    step_time_ms: float | None = None
+    step_time_std_ms: float | None = None
+    n_steps: int = 0
+    mem_peak_framework_mib: float | None = None
+    mem_used_nvml_mib: float | None = None
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One run: per-job results plus the whole GPU's NVML utilisation over the window."""
+
+    jobs: tuple[JobResult, ...]
+    util_mean_percent: float | None = None
+    util_p50_percent: float | None = None
+    util_p90_percent: float | None = None
+    n_samples: int = 0
+    duration_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Environment:
+    """The GPU and software a backend measures on (goes into rows and provenance)."""
+
+    gpu_product: str
+    gpu_memory_mib: float
+    driver_version: str
+    cuda_version: str
+    framework: str
+    framework_version: str
+    simulated: bool
+    cpu: str = ""
+    software: dict[str, str] = field(default_factory=dict)
+    notes: str = ""
+
+
+class ProfilingBackend(Protocol):
+    """Runs jobs on one GPU. ``measure`` never raises for a job's own failure."""
+
+    def environment(self) -> Environment:
+        """The GPU product, driver, CUDA and framework versions."""
+        ...
+
+    def measure(self, jobs: Sequence[JobSpec]) -> Measurement:
+        """Run ``jobs`` together (1 = isolated) and measure them; one JobResult per job."""
+        ...
+
+
+def gpu_slug(product: str) -> str:
+    """Directory name of a GPU product: ``NVIDIA H100 80GB HBM3`` -> ``nvidia-h100-80gb-hbm3``."""
+    slug = re.sub(r"[^a-z0-9]+", "-", product.lower()).strip("-")
+    if not slug:
+        raise ValueError(f"GPU product {product!r} has no usable characters for a directory name")
+    return slug

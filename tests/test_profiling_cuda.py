@@ -1,0 +1,200 @@
+"""The cuda backend's NVML side with ``pynvml`` faked at the library boundary."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from predictor.profiling.backend import JobSpec, MeasureSettings
+from predictor.profiling.errors import BackendUnavailable
+from predictor.profiling.nvml import UtilizationSampler, open_device
+
+NOT_SUPPORTED, NOT_FOUND, DRIVER_NOT_LOADED, GPU_IS_LOST = 3, 6, 9, 15
+
+
+class FakeNVMLError(Exception):
+    def __init__(self, value: int):
+        super().__init__(value)
+        self.value = value
+
+
+@dataclass
+class Sample:
+    timeStamp: int
+    sampleValue: Any
+
+
+class FakeNvml:
+    """The slice of pynvml the profiler calls, driven by a script of samples and errors."""
+
+    NVMLError = FakeNVMLError
+    NVML_GPU_UTILIZATION_SAMPLES = 1
+    NVML_ERROR_NOT_SUPPORTED = NOT_SUPPORTED
+    NVML_ERROR_NOT_FOUND = NOT_FOUND
+
+    def __init__(self, samples: list[Any] | None = None, init_error: int | None = None,
+                 rates: list[int] | None = None, processes: list[Any] | None = None):
+        self.samples = samples or []  # each item: list[(ts, value)] or an error code
+        self.init_error = init_error
+        self.rates = rates or []
+        self.processes = processes or []
+        self.used = 1024 * 1024 * 1024
+        self.calls: list[int] = []
+
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise FakeNVMLError(self.init_error)
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> str:
+        return f"h{index}"
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return 12040
+
+    def nvmlSystemGetDriverVersion(self) -> bytes:
+        return b"580.159.04"
+
+    def nvmlDeviceGetUUID(self, handle: str) -> str:
+        return "GPU-1234"
+
+    def nvmlDeviceGetName(self, handle: str) -> bytes:
+        return b"NVIDIA H100 80GB HBM3"
+
+    def nvmlDeviceGetMemoryInfo(self, handle: str) -> Any:
+        return SimpleNamespace(total=81559 * 1024 * 1024, used=self.used)
+
+    def nvmlDeviceGetSamples(self, handle: str, kind: int, last_ts: int) -> Any:
+        self.calls.append(last_ts)
+        step = self.samples.pop(0) if self.samples else NOT_FOUND
+        if isinstance(step, int):
+            raise FakeNVMLError(step)
+        return 1, [Sample(ts, SimpleNamespace(uiVal=v)) for ts, v in step if ts > last_ts]
+
+    def nvmlDeviceGetUtilizationRates(self, handle: str) -> Any:
+        return SimpleNamespace(gpu=self.rates.pop(0), memory=0)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: str) -> list[Any]:
+        return self.processes
+
+
+def _sampler(nvml: FakeNvml, now: list[int], pids: tuple[int, ...] = ()) -> UtilizationSampler:
+    return UtilizationSampler(nvml, "h0", 200, pids, wallclock_us=lambda: now[0])
+
+
+def test_samples_after_prime_are_collected_once_each_and_windowed():
+    warmup = [(100, 5), (200, 7)]
+    nvml = FakeNvml(samples=[warmup, warmup + [(1100, 40), (1200, 60)], NOT_FOUND,
+                             [(1200, 60), (1300, 80), (2600, 99)]])
+    now = [1000]
+    s = _sampler(nvml, now)
+    s.prime()
+    s.poll()
+    s.poll()  # NOT_FOUND: nothing new since the last call, not an error
+    now[0] = 2000  # window closes before the sample at 2600 (after the jobs finished)
+    s._window = (s._window[0], now[0])
+    s.poll()
+    assert s.result.values_percent == [40.0, 60.0, 80.0]
+    assert nvml.calls == [0, 200, 1200, 1200]  # asks only for samples newer than the last seen
+    assert s.result.stats() == pytest.approx((60.0, 60.0, 76.0))
+    assert s.result.error == "" and s.result.source == "samples"
+
+
+def test_not_supported_falls_back_to_utilization_rates():
+    nvml = FakeNvml(samples=[NOT_SUPPORTED, NOT_SUPPORTED], rates=[30, 50])
+    s = _sampler(nvml, [0])
+    s.prime()
+    s.poll()
+    s.poll()
+    assert s.result.source == "utilization_rates"
+    assert s.result.values_percent == [30.0, 50.0]
+
+
+def test_gpu_lost_mid_window_marks_the_window_unusable():
+    nvml = FakeNvml(samples=[[(1, 1)], [(5, 50)], GPU_IS_LOST])
+    s = _sampler(nvml, [0])
+    s.prime()
+    s.poll()
+    s.poll()
+    s.poll()
+    assert "NVML failed" in s.result.error
+
+
+def test_memory_is_the_max_over_ticks_per_process_and_device():
+    proc = SimpleNamespace(pid=42, usedGpuMemory=2048 * 1024 * 1024)
+    other = SimpleNamespace(pid=7, usedGpuMemory=9999 * 1024 * 1024)
+    nvml = FakeNvml(processes=[proc, other])
+    s = _sampler(nvml, [0], pids=(42,))
+    s.poll()
+    proc.usedGpuMemory = 1024 * 1024 * 1024
+    nvml.used = 3 * 1024**3
+    s.poll()
+    assert s.result.process_used_max_mib == {42: 2048.0}
+    assert s.result.device_used_max_mib == 3072.0
+
+
+@pytest.mark.parametrize("code", [DRIVER_NOT_LOADED, 12], ids=["driver-not-loaded", "no-library"])
+def test_driver_not_loaded_is_a_clear_backend_error(code):
+    with pytest.raises(BackendUnavailable, match="NVML cannot start"):
+        open_device(FakeNvml(init_error=code), 0)
+
+
+def test_device_description_decodes_nvml_values():
+    d = open_device(FakeNvml(), 0)
+    assert (d.product, d.driver_version, d.cuda_driver_version, d.uuid) == (
+        "NVIDIA H100 80GB HBM3", "580.159.04", "12.4", "GPU-1234")
+    with pytest.raises(BackendUnavailable, match="out of range"):
+        open_device(FakeNvml(), 3)
+
+
+class ScriptedSampler:
+    """Stands in for the sampler thread: hands back fixed samples at stop()."""
+
+    def __init__(self, nvml: Any, handle: Any, interval_ms: float, pids: Any = ()):
+        from predictor.profiling.nvml import SamplerResult
+
+        self.result = SamplerResult([50.0, 70.0, 90.0], device_used_max_mib=3000.0,
+                                    process_used_max_mib={p: 900.0 for p in list(pids)[:1]})
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> Any:
+        return self.result
+
+
+def test_cuda_backend_end_to_end_with_cpu_workers_and_fake_nvml():
+    """Real worker processes (on CPU) and the real protocol; only NVML is faked."""
+    from predictor.profiling.cuda import CudaBackend
+
+    settings = MeasureSettings(warmup_seconds=0.0, measure_seconds=0.05, min_steps=2,
+                               timeout_seconds=60.0)
+    argv = [sys.executable, "-m", "predictor.profiling.worker", "--device", "cpu"]
+    backend = CudaBackend(settings, nvml=FakeNvml(), worker_argv=argv,
+                          sampler_factory=ScriptedSampler)
+    try:
+        env = backend.environment()
+        assert (env.gpu_product, env.simulated, env.framework) == ("NVIDIA H100 80GB HBM3",
+                                                                   False, "torch")
+        mlp = JobSpec("mlp", "mlp", "training", 4)
+        iso = backend.measure([mlp])
+        assert iso.jobs[0].status == "ok", iso.jobs[0].error
+        assert iso.jobs[0].n_steps >= 2 and iso.jobs[0].step_time_ms > 0
+        assert iso.jobs[0].mem_used_nvml_mib == 900.0  # NVML's per-process figure
+        assert (iso.util_mean_percent, iso.util_p50_percent, iso.n_samples) == (70.0, 70.0, 3)
+        pair = backend.measure([JobSpec("mlp", "mlp", "inference", 2),
+                                JobSpec("no_such_model", "x", "inference", 2)])
+        assert [j.status for j in pair.jobs] == ["error", "error"]
+        assert "KeyError" in pair.jobs[1].error and "aborted" in pair.jobs[0].error
+        assert backend.memory_sources == {"nvml_process": 1}
+    finally:
+        backend.close()
