@@ -1,0 +1,133 @@
+"""Shared by the manifest tests (no tests here): load YAML, resolve kustomizations, walk pods.
+
+The resolver understands exactly what tandem's kustomizations use (``resources``,
+``configMapGenerator`` with ``files`` and ``disableNameSuffixHash``, ``images``)
+and fails loudly on anything else, so a new kustomize feature cannot slip in
+untested.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+MANIFESTS = REPO / "manifests"
+OVERLAYS = ("sidecar", "standalone")
+K8S_VERSION = "1.30.0"  # oldest minor we document support for; see docs/deploy.md
+
+# Objects the operator creates at install time (docs/deploy.md), never committed.
+CREATED_AT_INSTALL = {
+    ("Secret", "tandem-agent-token"),
+    ("Secret", "tandem-extender-tls"),
+    ("ConfigMap", "tandem-extender-ca"),
+}
+# Cluster roles every Kubernetes cluster ships.
+BUILT_IN_ROLES = {
+    ("ClusterRole", "system:kube-scheduler"),
+    ("ClusterRole", "system:volume-scheduler"),
+    ("Role", "extension-apiserver-authentication-reader"),
+}
+_KNOWN_KUSTOMIZE_KEYS = {"apiVersion", "kind", "resources", "configMapGenerator", "images"}
+
+
+def load_docs(path: Path) -> list[dict[str, Any]]:
+    """Every non-empty YAML document in a file."""
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def resolve(directory: Path) -> list[dict[str, Any]]:
+    """The objects ``kubectl kustomize directory`` would emit (for our feature subset)."""
+    kustomization = load_docs(directory / "kustomization.yaml")[0]
+    unknown = set(kustomization) - _KNOWN_KUSTOMIZE_KEYS
+    if unknown:
+        raise AssertionError(f"{directory}: resolver does not support {sorted(unknown)}")
+    objects: list[dict[str, Any]] = []
+    for entry in kustomization.get("resources", []):
+        target = (directory / entry).resolve()
+        if target.is_dir():
+            objects.extend(resolve(target))
+        else:
+            objects.extend(load_docs(target))
+    for generator in kustomization.get("configMapGenerator", []):
+        options = generator.get("options", {})
+        if not options.get("disableNameSuffixHash"):
+            raise AssertionError(f"{directory}: hashed generator names are not resolved here")
+        data = {}
+        for spec in generator["files"]:
+            key, _, rel = spec.partition("=") if "=" in spec else (Path(spec).name, "", spec)
+            data[key] = (directory / rel).read_text()
+        metadata = {"name": generator["name"], "namespace": generator["namespace"]}
+        if options.get("labels"):
+            metadata["labels"] = dict(options["labels"])
+        objects.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
+                        "data": data})
+    for image in kustomization.get("images", []):
+        for container in containers_of(objects):
+            repo, _, _tag = container["image"].rpartition(":")
+            if repo == image["name"]:
+                container["image"] = f"{image.get('newName', repo)}:{image['newTag']}"
+    return objects
+
+
+def kustomize_files(directory: Path) -> set[Path]:
+    """Every file a kustomization (and its bases) reads."""
+    kustomization = load_docs(directory / "kustomization.yaml")[0]
+    files = {directory / "kustomization.yaml"}
+    for entry in kustomization.get("resources", []):
+        target = (directory / entry).resolve()
+        files |= kustomize_files(target) if target.is_dir() else {target}
+    for generator in kustomization.get("configMapGenerator", []):
+        for spec in generator["files"]:
+            files.add((directory / spec.partition("=")[2] if "=" in spec else directory / spec)
+                      .resolve())
+    return files
+
+
+def pod_specs(objects: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(``Kind/name``, pod spec) for every object that runs pods."""
+    for obj in objects:
+        kind = obj["kind"]
+        name = f"{kind}/{obj['metadata']['name']}"
+        if kind == "Pod":
+            yield name, obj["spec"]
+        elif kind in ("Deployment", "DaemonSet", "StatefulSet", "Job"):
+            yield name, obj["spec"]["template"]["spec"]
+
+
+def pod_templates(objects: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(``Kind/name``, pod metadata) of every pod template or pod."""
+    for obj in objects:
+        if obj["kind"] == "Pod":
+            yield f"Pod/{obj['metadata']['name']}", obj["metadata"]
+        elif obj["kind"] in ("Deployment", "DaemonSet", "StatefulSet", "Job"):
+            yield f"{obj['kind']}/{obj['metadata']['name']}", obj["spec"]["template"]["metadata"]
+
+
+def containers_of(objects: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Every container and init container of every pod-running object."""
+    for _, spec in pod_specs(objects):
+        yield from spec.get("initContainers", [])
+        yield from spec["containers"]
+
+
+def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    """The one object of that kind and name."""
+    hits = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(hits) == 1, f"{kind}/{name}: {len(hits)} objects"
+    return hits[0]
+
+
+def container(pod_spec: dict[str, Any], name: str) -> dict[str, Any]:
+    """The container called ``name``."""
+    hits = [c for c in pod_spec["containers"] if c["name"] == name]
+    assert len(hits) == 1, name
+    return hits[0]
+
+
+def example_objects() -> list[dict[str, Any]]:
+    """The example workloads under manifests/examples/."""
+    return [d for p in sorted((MANIFESTS / "examples").glob("*.yaml")) for d in load_docs(p)]

@@ -1,0 +1,159 @@
+"""Security posture of the manifests and the image: non-root, read-only, no extra
+privilege, least-privilege RBAC, no secrets committed."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from test_manifests_helpers import (
+    MANIFESTS,
+    OVERLAYS,
+    container,
+    containers_of,
+    example_objects,
+    find,
+    pod_specs,
+    resolve,
+)
+
+ALL = {o: resolve(MANIFESTS / "overlays" / o) for o in OVERLAYS}
+WORKLOADS = [
+    (f"{overlay}:{name}", spec)
+    for overlay, objects in ALL.items()
+    for name, spec in pod_specs(objects)
+] + [(f"examples:{name}", spec) for name, spec in pod_specs(example_objects())]
+REPO = MANIFESTS.parent
+
+
+def _effective(spec: dict[str, Any], c: dict[str, Any], key: str) -> Any:
+    return c.get("securityContext", {}).get(key, spec.get("securityContext", {}).get(key))
+
+
+@pytest.mark.parametrize(("name", "spec"), WORKLOADS, ids=[n for n, _ in WORKLOADS])
+def test_containers_meet_the_restricted_pod_security_level(name: str, spec: dict) -> None:
+    for c in [*spec.get("initContainers", []), *spec["containers"]]:
+        sc = c.get("securityContext", {})
+        assert _effective(spec, c, "runAsNonRoot") is True, c["name"]
+        assert _effective(spec, c, "runAsUser") not in (None, 0), c["name"]
+        assert sc.get("allowPrivilegeEscalation") is False, c["name"]
+        assert sc.get("privileged", False) is False, c["name"]
+        assert sc.get("readOnlyRootFilesystem") is True, c["name"]
+        assert sc.get("capabilities", {}).get("drop") == ["ALL"], c["name"]
+        assert not sc.get("capabilities", {}).get("add"), c["name"]
+        seccomp = sc.get("seccompProfile") or spec.get("securityContext", {}).get("seccompProfile")
+        assert seccomp == {"type": "RuntimeDefault"}, c["name"]
+    assert not spec.get("hostNetwork") and not spec.get("hostIPC")
+    assert all("hostPath" not in v for v in spec.get("volumes", []))
+
+
+def test_host_pid_only_for_the_agent() -> None:
+    with_host_pid = {n for n, spec in WORKLOADS if spec.get("hostPID")}
+    assert with_host_pid == {f"{o}:DaemonSet/tandem-agent" for o in OVERLAYS}
+
+
+@pytest.mark.parametrize(("name", "spec"), WORKLOADS, ids=[n for n, _ in WORKLOADS])
+def test_secrets_are_mounted_read_only_and_never_in_env_literals(name: str, spec: dict) -> None:
+    secret_volumes = {v["name"] for v in spec.get("volumes", []) if "secret" in v}
+    for c in spec["containers"]:
+        for mount in c.get("volumeMounts", []):
+            if mount["name"] in secret_volumes:
+                assert mount.get("readOnly") is True, (c["name"], mount)
+        for env in c.get("env", []):
+            assert "secretKeyRef" not in env.get("valueFrom", {}), "token via file, not env"
+            assert not re.search(r"token|password|key", env["name"], re.I) or "value" not in env
+
+
+def test_no_secret_material_is_committed() -> None:
+    for objects in ALL.values():
+        assert not [o for o in objects if o["kind"] == "Secret"]
+    for path in MANIFESTS.rglob("*"):
+        if path.is_file():
+            text = path.read_text()
+            assert "BEGIN PRIVATE KEY" not in text and "BEGIN CERTIFICATE" not in text, path
+
+
+# The exact rules the extender needs (docs/deploy.md#rbac); anything more fails.
+EXTENDER_RULES = {
+    ("", "pods"): {"get", "list", "watch", "patch"},
+    ("", "pods/binding"): {"create"},
+    ("", "nodes"): {"get", "list", "watch"},
+    ("", "events"): {"create", "patch"},
+    ("events.k8s.io", "events"): {"create", "patch"},
+}
+
+
+def _rules(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"]
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                out.setdefault((group, resource), set()).update(rule["verbs"])
+    return out
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_extender_rbac_is_exactly_what_it_needs(overlay: str) -> None:
+    objects = ALL[overlay]
+    assert _rules(find(objects, "ClusterRole", "tandem-extender")) == EXTENDER_RULES
+    leases = find(objects, "Role", "tandem-extender-leases")
+    assert _rules(leases) == {("coordination.k8s.io", "leases"): {"create", "get", "watch",
+                                                                  "update"}}
+    named = [r for r in leases["rules"] if set(r["verbs"]) & {"get", "update"}]
+    assert all(r.get("resourceNames") for r in named), "get/update limited to our Leases"
+    assert not [o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"]
+                == "tandem-agent"], "the agent needs no API access"
+
+
+def test_agent_daemonset_reads_nvml_without_privilege() -> None:
+    ds = find(ALL["sidecar"], "DaemonSet", "tandem-agent")
+    spec = ds["spec"]["template"]["spec"]
+    agent = container(spec, "agent")
+    env = {e["name"]: e for e in agent["env"]}
+    assert spec["runtimeClassName"] == "nvidia"
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert "utility" in env["NVIDIA_DRIVER_CAPABILITIES"]["value"].split(",")
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert "--node=$(NODE_NAME)" in agent["args"] and "--gpus=nvml" in agent["args"]
+    assert spec["automountServiceAccountToken"] is False
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    keys = {e["key"] for t in terms["nodeSelectorTerms"] for e in t["matchExpressions"]}
+    assert {"nvidia.com/gpu.present", "nvidia.com/gpu.count"} <= keys
+    token_flag = next(a for a in agent["args"] if a.startswith("--token-file="))
+    token_dir = token_flag.split("=", 1)[1].rsplit("/", 1)[0]
+    mount = next(m for m in agent["volumeMounts"] if m["mountPath"] == token_dir)
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    assert volume["secret"]["secretName"] == "tandem-agent-token"
+
+
+@pytest.mark.parametrize(("name", "spec"), [w for w in WORKLOADS if w[0].startswith("examples")],
+                         ids=[n for n, _ in WORKLOADS if n.startswith("examples")])
+def test_examples_get_their_gpu_from_the_bind_annotation(name: str, spec: dict) -> None:
+    (gpu_container,) = [c for c in spec["containers"]
+                        if "tandem.io/gpu" in c["resources"].get("limits", {})]
+    env = {e["name"]: e for e in gpu_container["env"]}
+    ref = env["NVIDIA_VISIBLE_DEVICES"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert ref == "metadata.annotations['tandem.io/gpu-uuid']"
+    assert spec["runtimeClassName"] == "nvidia"
+
+
+def test_images_are_pinned() -> None:
+    for objects in [*ALL.values(), example_objects()]:
+        for c in containers_of(objects):
+            assert re.search(r":[\w.-]+$", c["image"]) and not c["image"].endswith(":latest")
+
+
+def test_dockerfile_runs_unprivileged_without_torch() -> None:
+    text = (REPO / "Dockerfile").read_text()
+    users = re.findall(r"^USER\s+(\S+)", text, re.M)
+    assert users and users[-1].split(":")[0] not in ("0", "root")
+    assert users[-1].split(":")[0] == "65532"  # the uid the manifests run as
+    assert "torch" not in re.sub(r"#.*", "", text)
+    assert re.search(r'^ENTRYPOINT \["tandem"\]', text, re.M)
+    rules = [line for line in (REPO / ".dockerignore").read_text().splitlines()
+             if line and not line.startswith("#")]
+    assert rules[0] == "*", "deny by default, then allow what the image needs"
+    allowed = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
+    assert allowed == {"pyproject.toml", "README.md", "extender", "predictor", "agent"}
