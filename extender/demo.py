@@ -1,8 +1,237 @@
-"""Command (filled in by its issue)."""
+"""``tandem demo``: the real extender over HTTP on an embedded simulated cluster.
+
+It starts cheroot on loopback (port 0), then plays kube-scheduler with
+``nodeCacheCapable: true`` for a packaged stream of training and inference pods:
+filter -> prioritize (skipped when one node is left, as the scheduler does) ->
+pick the best score -> bind. When the agent package's simulated GPUs and report
+builder are installed, simulated agents post reports after every bind so the
+observed load shows beside the predictions.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from pathlib import Path
+from typing import Any
 
 import typer
 
+HERE = Path(__file__).parent
+CLUSTER = HERE / "demo_cluster.yaml"
+PODS = HERE / "demo_pods.yaml"
+PROFILES = HERE / "demo_profiles.yaml"
 
-def demo_command() -> None:
-    """Not built yet."""
-    raise typer.Exit(2)
+
+def demo_command(
+    json_out: bool = typer.Option(False, "--json", help="print one JSON object instead"),
+) -> None:
+    """Place a stream of pods on a simulated cluster through the real extender."""
+    result = run_demo()
+    if json_out:
+        typer.echo(json.dumps(result, indent=2))
+    else:
+        typer.echo(render(result))
+
+
+def _pods() -> list[dict[str, Any]]:
+    import yaml
+
+    raw = yaml.safe_load(PODS.read_text())
+    pods = []
+    for i, entry in enumerate(raw["pods"]):
+        pods.append({
+            "metadata": {"name": entry["name"], "namespace": "demo", "uid": f"demo-uid-{i:03d}",
+                         "resourceVersion": "1", "annotations": dict(entry["annotations"])},
+            "spec": {"containers": [{"name": "main", "resources": {
+                "limits": {"tandem.io/gpu": str(entry["gpus"])}}}]},
+        })
+    return pods
+
+
+def run_demo() -> dict[str, Any]:
+    """Run the whole demo and return its result document (the ``--json`` output)."""
+    import httpx
+
+    from extender.config import ConfigHolder, load_config
+    from extender.profiles import load_profiles
+    from extender.routes import create_app
+    from extender.runtime import default_planner
+    from extender.server import start_background
+    from extender.sim import SimSource
+
+    started = time.perf_counter()
+    token = secrets.token_urlsafe(24)
+    cfg = load_config(None, environ={"TANDEM__LOGGING__LEVEL": "warning"})
+    sim = SimSource.from_file(CLUSTER)
+    app = create_app(ConfigHolder(cfg), sim, predictor=None,
+                     profiles=load_profiles([str(PROFILES)]), planner=default_planner(),
+                     environ={cfg.reports.token_env: token})
+    server = start_background(app, cfg.server, port=0)
+    agents = SimAgents.create(sim, token)
+    placements: list[dict[str, Any]] = []
+    try:
+        with httpx.Client(base_url=server.url, timeout=10.0) as http:
+            agents.post(http)
+            names = [n.name for n in sim.nodes]
+            for pod in _pods():
+                sim.create_pod(pod)
+                placements.append(schedule_one(http, pod, names, sim))
+                agents.post(http)
+            state = http.get("/v1/state").json()
+    finally:
+        server.stop()
+    return {"placements": placements, "summary": summarise(placements, state),
+            "agents": agents.enabled, "elapsed_seconds": round(time.perf_counter() - started, 3)}
+
+
+def schedule_one(http: Any, pod: dict[str, Any], names: list[str], sim: Any) -> dict[str, Any]:
+    """One scheduling cycle as kube-scheduler runs it; returns the placement row."""
+    meta = pod["metadata"]
+    ann = meta["annotations"]
+    row: dict[str, Any] = {"pod": meta["name"],
+                           "workload": ann.get("tandem.io/workload", "training"),
+                           "gpus_requested": int(pod["spec"]["containers"][0]["resources"]
+                                                 ["limits"]["tandem.io/gpu"])}
+    args = {"Pod": pod, "NodeNames": names}
+    filtered = http.post("/filter", json=args).json()
+    passed = filtered.get("NodeNames") or []
+    if filtered.get("Error") or not passed:
+        reasons = {**filtered.get("FailedNodes", {}), **filtered.get("FailedAndUnresolvableNodes",
+                                                                      {})}
+        return {**row, "outcome": "rejected", "node": None,
+                "reason": filtered.get("Error") or _main_reason(reasons), "node_reasons": reasons}
+    scores = {passed[0]: None}
+    if len(passed) > 1:
+        ranked = http.post("/prioritize", json={"Pod": pod, "NodeNames": passed}).json()
+        scores = {h["Host"]: h["Score"] for h in ranked}
+    node = max(passed, key=lambda n: (scores.get(n) or 0, -passed.index(n)))
+    bound = http.post("/bind", json={"PodName": meta["name"], "PodNamespace": meta["namespace"],
+                                     "PodUID": meta["uid"], "Node": node}).json()
+    if bound.get("Error"):
+        return {**row, "outcome": "bind-failed", "node": node, "reason": bound["Error"]}
+    out = (sim.read_pod(meta["namespace"], meta["name"]) or {})["metadata"]["annotations"]
+    return {**row, "outcome": "placed", "node": node, "score": scores.get(node),
+            "gpu_index": out.get("tandem.io/gpu-index"),
+            "predicted_util_percent": float(out.get("tandem.io/predicted-gpu-util", 0)),
+            "predicted_mem_mib": float(out.get("tandem.io/predicted-gpu-mem-mib", 0)),
+            "batch": out.get("tandem.io/batch"),
+            "duty_cycle_ms": out.get("tandem.io/duty-cycle-ms"), "candidates": len(passed)}
+
+
+def _main_reason(reasons: dict[str, str]) -> str:
+    """Node reasons grouped by their text (numbers left out), most common first."""
+    groups: dict[str, list[str]] = {}
+    for node, text in sorted(reasons.items()):
+        short = text.removeprefix("tandem: ").split(" (need", 1)[0]
+        groups.setdefault(short, []).append(node)
+    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    return " | ".join(f"{len(nodes)} node(s): {text}" for text, nodes in ordered)
+
+
+def summarise(placements: list[dict[str, Any]], state: dict[str, Any]) -> dict[str, Any]:
+    """GPUs used, per-GPU predicted and observed utilisation, rejected pods and why."""
+    gpus = []
+    for node, info in sorted(state["nodes"].items()):
+        for g in info["gpus"]:
+            gpus.append({"node": node, "index": g["index"], "product": g["product"],
+                         "predicted_util_percent": round(g["predicted_util"], 1),
+                         "observed_util_percent": None if g["observed_util"] is None
+                         else round(g["observed_util"], 1),
+                         "reserved_mib": round(g["reserved_mib"]),
+                         "memory_mib": g["memory_mib"],
+                         "pods": [p["pod"].split("/", 1)[1] for p in g["pods"]]})
+    used = [g for g in gpus if g["pods"]]
+    rejected = [{"pod": p["pod"], "reason": p["reason"]} for p in placements
+                if p["outcome"] != "placed"]
+    return {"gpus_total": len(gpus), "gpus_used": len(used),
+            "pods_placed": sum(p["outcome"] == "placed" for p in placements),
+            "pods_rejected": len(rejected), "gpus": gpus, "rejected": rejected}
+
+
+class SimAgents:
+    """Simulated node agents (``agent.sim`` + ``agent.reporter``) when installed."""
+
+    def __init__(self, sources: dict[str, Any], build_report: Any, token: str):
+        self.sources = sources
+        self.build_report = build_report
+        self.token = token
+
+    @property
+    def enabled(self) -> bool:
+        """True when reports are being posted."""
+        return bool(self.sources)
+
+    @classmethod
+    def create(cls, sim: Any, token: str) -> SimAgents:
+        """One simulated GPU source per GPU node; load follows the pods bound there."""
+        try:
+            from agent.reporter import build_report
+            from agent.sim import SimGpuSource, SimJob, load_sim_gpus
+        except ImportError:
+            return cls({}, None, token)
+
+        def jobs_for(node: str) -> Any:
+            def provider() -> list[Any]:
+                jobs = []
+                for pod in sim.pods():
+                    ann = pod["metadata"].get("annotations", {})
+                    if pod.get("spec", {}).get("nodeName") != node or \
+                            "tandem.io/gpu-index" not in ann:
+                        continue
+                    for idx in ann["tandem.io/gpu-index"].split(","):
+                        jobs.append(SimJob(int(idx), pod["metadata"]["uid"],
+                                           float(ann["tandem.io/predicted-gpu-util"]),
+                                           int(float(ann["tandem.io/predicted-gpu-mem-mib"]))))
+                return jobs
+            return provider
+
+        sources = {}
+        for node in sim.nodes:
+            if node.gpus:
+                sources[node.name] = SimGpuSource(load_sim_gpus(CLUSTER, node.name),
+                                                  jobs_for(node.name), seed=7)
+        return cls(sources, build_report, token)
+
+    def post(self, http: Any) -> None:
+        """Post one report per node."""
+        for node, source in self.sources.items():
+            report = self.build_report(node, source.sample(1.0))
+            http.post("/v1/agents/report", json=report,
+                      headers={"Authorization": f"Bearer {self.token}"})
+
+
+def render(result: dict[str, Any]) -> str:
+    """The human-readable tables."""
+    lines = ["tandem demo: simulated cluster, real extender over HTTP "
+             f"({'with' if result['agents'] else 'without'} simulated agents)", ""]
+    head = f"{'pod':<18} {'kind':<9} {'GPUs':>4}  {'node':<15} {'gpu':<8} {'util%':>6} " \
+           f"{'score':>5}  detail"
+    lines += [head, "-" * len(head)]
+    for p in result["placements"]:
+        if p["outcome"] == "placed":
+            extra = f"batch {p['batch']}, duty cycle {p['duty_cycle_ms']} ms" if p.get("batch") \
+                else f"{p['predicted_mem_mib']:.0f} MiB, best of {p['candidates']} nodes"
+            lines.append(f"{p['pod']:<18} {p['workload']:<9} {p['gpus_requested']:>4}  "
+                         f"{p['node']:<15} {p['gpu_index']:<8} "
+                         f"{p['predicted_util_percent']:>6.1f} {str(p.get('score') or '-'):>5}  "
+                         f"{extra}")
+        else:
+            lines.append(f"{p['pod']:<18} {p['workload']:<9} {p['gpus_requested']:>4}  "
+                         f"{'REJECTED':<15} {'':<8} {'':>6} {'':>5}  {p['reason']}")
+    s = result["summary"]
+    lines += ["", f"GPUs used: {s['gpus_used']}/{s['gpus_total']}   pods placed: "
+              f"{s['pods_placed']}   rejected: {s['pods_rejected']}", ""]
+    lines.append(f"{'node':<15} {'gpu':>3} {'product':<24} {'pred%':>6} {'obs%':>6} "
+                 f"{'MiB used':>15}  pods")
+    for g in s["gpus"]:
+        obs = "-" if g["observed_util_percent"] is None else f"{g['observed_util_percent']:.1f}"
+        lines.append(f"{g['node']:<15} {g['index']:>3} {g['product']:<24} "
+                     f"{g['predicted_util_percent']:>6.1f} {obs:>6} "
+                     f"{g['reserved_mib']:>7}/{g['memory_mib']:<7.0f}  {', '.join(g['pods'])}")
+    if s["rejected"]:
+        lines += ["", "Rejected pods:"]
+        lines += [f"  {r['pod']}: {r['reason']}" for r in s["rejected"]]
+    lines += ["", f"finished in {result['elapsed_seconds']:.2f} s"]
+    return "\n".join(lines)

@@ -1,0 +1,292 @@
+"""Extender configuration: one YAML file, environment overrides, full validation, atomic swap.
+
+Loading goes: read YAML -> apply ``TANDEM__SECTION__KEY=value`` environment
+overrides (values parsed as YAML scalars) -> validate everything, collecting
+every problem with its path (``cost.curves.A100.slope: must be >= 0``) -> build
+frozen dataclasses -> only then replace the live config (:class:`ConfigHolder`).
+A bad edit during hot reload keeps the old config and reports the problems.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from extender.core import CostPolicy, InterferenceCurve, gpu_type_of
+
+ENV_PREFIX = "TANDEM__"
+DEFAULT_CONFIG = Path(__file__).with_name("default_config.yaml")
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; ``problems`` lists every one with its path."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("invalid configuration:\n  " + "\n  ".join(problems))
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """HTTP server settings."""
+
+    host: str = "0.0.0.0"
+    port: int = 8888
+    """TCP port, 0..65535 (0 = pick a free one). Default 8888."""
+    max_body_bytes: int = 4 * 1024 * 1024
+    """Larger request bodies get HTTP 413. Default 4 MiB (NodeLists of hundreds of nodes)."""
+    threads: int = 8
+    """cheroot worker threads (>= 1)."""
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+
+
+@dataclass(frozen=True)
+class StateConfig:
+    """Ledger timing."""
+
+    assume_ttl_seconds: float = 30.0
+    """How long a bound-but-unconfirmed placement is held before it expires (> 0)."""
+    demand_cache_seconds: float = 300.0
+    """How long a pod's resolved demand is kept between filter and bind (> 0)."""
+
+
+@dataclass(frozen=True)
+class ReportsConfig:
+    """Agent reports."""
+
+    staleness_seconds: float = 10.0
+    """Observations older than this are ignored (> 0)."""
+    token_file: str | None = None
+    """File holding the agents' bearer token (preferred over ``token_env``)."""
+    token_env: str = "TANDEM_AGENT_TOKEN"
+    """Environment variable holding the token when no file is given."""
+
+
+@dataclass(frozen=True)
+class ExtenderConfig:
+    """The whole validated configuration."""
+
+    server: ServerConfig = ServerConfig()
+    state: StateConfig = StateConfig()
+    reports: ReportsConfig = ReportsConfig()
+    policy: CostPolicy = CostPolicy()
+    profile_files: tuple[str, ...] = ()
+    """Batching-profile files for inference pods (Nexus profile files or profile YAML)."""
+    predictor_enabled: bool = True
+    """Ask the predictor for pods that name ``tandem.io/model`` without asserted values."""
+    log_level: str = "info"
+    reload_interval_seconds: float = 5.0
+    source_path: str | None = field(default=None, compare=False)
+
+
+_SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool] | None, str]]] = {
+    "server": {
+        "host": (str, None, ""),
+        "port": (int, lambda v: 0 <= v <= 65535, "must be in 0..65535"),
+        "max_body_bytes": (int, lambda v: 1024 <= v <= 1 << 30, "must be in 1 KiB..1 GiB"),
+        "threads": (int, lambda v: 1 <= v <= 256, "must be in 1..256"),
+        "tls_cert_file": ((str, type(None)), None, ""),
+        "tls_key_file": ((str, type(None)), None, ""),
+    },
+    "state": {
+        "assume_ttl_seconds": ((int, float), lambda v: v > 0, "must be > 0"),
+        "demand_cache_seconds": ((int, float), lambda v: v > 0, "must be > 0"),
+    },
+    "reports": {
+        "staleness_seconds": ((int, float), lambda v: v > 0, "must be > 0"),
+        "token_file": ((str, type(None)), None, ""),
+        "token_env": (str, None, ""),
+    },
+    "limits": {"max_pods_per_gpu": (int, lambda v: 1 <= v <= 1024, "must be in 1..1024")},
+    "profiles": {"files": (list, None, "")},
+    "predictor": {"enabled": (bool, None, "")},
+    "logging": {"level": (str, lambda v: v in ("debug", "info", "warning", "error"),
+                          "must be one of debug, info, warning, error")},
+    "reload": {"interval_seconds": ((int, float), lambda v: v > 0, "must be > 0")},
+}
+_CURVE_KEYS = ("slope", "over_slope", "over_quadratic")
+
+
+def _check(value: Any, types: Any, test: Callable[[Any], bool] | None, msg: str, path: str,
+           problems: list[str]) -> None:
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        problems.append(f"{path}: must be {_type_name(types)}, got a boolean")
+    elif not isinstance(value, types):
+        problems.append(f"{path}: must be {_type_name(types)}, got {type(value).__name__}")
+    elif test is not None and not test(value):
+        problems.append(f"{path}: {msg} (got {value!r})")
+
+
+def _type_name(types: Any) -> str:
+    names = [t.__name__ for t in (types if isinstance(types, tuple) else (types,))]
+    return " or ".join("null" if n == "NoneType" else n for n in names)
+
+
+def _curve(raw: Any, path: str, problems: list[str]) -> InterferenceCurve:
+    if not isinstance(raw, Mapping):
+        problems.append(f"{path}: must be a mapping with {', '.join(_CURVE_KEYS)}")
+        return InterferenceCurve()
+    for key in raw:
+        if key not in _CURVE_KEYS:
+            problems.append(f"{path}.{key}: unknown key (valid: {', '.join(_CURVE_KEYS)})")
+    values = {}
+    for key in _CURVE_KEYS:
+        if key in raw:
+            _check(raw[key], (int, float), lambda v: v >= 0, "must be >= 0", f"{path}.{key}",
+                   problems)
+            values[key] = float(raw[key]) if isinstance(raw[key], (int, float)) else 0.0
+    return InterferenceCurve(**values)
+
+
+def build_config(raw: Any, source_path: str | None = None) -> ExtenderConfig:
+    """Validate a decoded YAML document and build the config; raises ConfigError."""
+    problems: list[str] = []
+    raw = raw if raw is not None else {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(["(top): must be a mapping"])
+    valid_top = sorted([*_SCHEMA, "cost"])
+    for key in raw:
+        if key not in valid_top:
+            problems.append(f"{key}: unknown section (valid: {', '.join(valid_top)})")
+    sections: dict[str, dict[str, Any]] = {}
+    for name, fields in _SCHEMA.items():
+        section = raw.get(name) or {}
+        if not isinstance(section, Mapping):
+            problems.append(f"{name}: must be a mapping")
+            section = {}
+        for key, value in section.items():
+            if key not in fields:
+                problems.append(f"{name}.{key}: unknown key (valid: {', '.join(fields)})")
+                continue
+            _check(value, *fields[key], f"{name}.{key}", problems)
+        sections[name] = dict(section)
+    cost = raw.get("cost") or {}
+    if not isinstance(cost, Mapping):
+        problems.append("cost: must be a mapping")
+        cost = {}
+    for key in cost:
+        if key not in ("w_mem", "w_util", "default_curve", "curves"):
+            problems.append(
+                f"cost.{key}: unknown key (valid: w_mem, w_util, default_curve, curves)")
+    for key in ("w_mem", "w_util"):
+        if key in cost:
+            _check(cost[key], (int, float), lambda v: v >= 0, "must be >= 0", f"cost.{key}",
+                   problems)
+    curves_raw = cost.get("curves") or {}
+    if not isinstance(curves_raw, Mapping):
+        problems.append("cost.curves: must be a mapping of GPU type to curve")
+        curves_raw = {}
+    curves = {gpu_type_of(str(k)): _curve(v, f"cost.curves.{k}", problems)
+              for k, v in curves_raw.items()}
+    default_curve = _curve(cost.get("default_curve", {}), "cost.default_curve", problems)
+    files = sections["profiles"].get("files", [])
+    if isinstance(files, list):
+        for i, f in enumerate(files):
+            if not isinstance(f, str):
+                problems.append(f"profiles.files[{i}]: must be a path string")
+    tls = sections["server"]
+    if bool(tls.get("tls_cert_file")) != bool(tls.get("tls_key_file")):
+        problems.append("server.tls_cert_file/tls_key_file: give both or neither")
+    if problems:
+        raise ConfigError(problems)
+    reports = ReportsConfig(**sections["reports"])
+    policy = CostPolicy(
+        w_mem=float(cost.get("w_mem", 1.0)), w_util=float(cost.get("w_util", 1.0)),
+        curves=curves, default_curve=default_curve,
+        max_pods_per_gpu=sections["limits"].get("max_pods_per_gpu", 8),
+        staleness_seconds=float(reports.staleness_seconds),
+    )
+    return ExtenderConfig(
+        server=ServerConfig(**sections["server"]), state=StateConfig(**sections["state"]),
+        reports=reports, policy=policy, profile_files=tuple(files) if isinstance(files, list)
+        else (), predictor_enabled=sections["predictor"].get("enabled", True),
+        log_level=sections["logging"].get("level", "info"),
+        reload_interval_seconds=float(sections["reload"].get("interval_seconds", 5.0)),
+        source_path=source_path,
+    )
+
+
+def apply_env(raw: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """Overlay ``TANDEM__SECTION__KEY[__SUB]=value`` variables (YAML scalars) onto ``raw``."""
+    merged: dict[str, Any] = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in raw.items()}
+    for name, text in sorted(environ.items()):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        path = [p.lower() for p in name[len(ENV_PREFIX):].split("__") if p]
+        if not path:
+            continue
+        node = merged
+        for part in path[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = dict(child) if isinstance(child, Mapping) else {}
+                node[part] = child
+            node = child
+        try:
+            node[path[-1]] = yaml.safe_load(text)
+        except yaml.YAMLError:
+            node[path[-1]] = text
+    return merged
+
+
+def load_config(path: str | Path | None, environ: Mapping[str, str] | None = None,
+                ) -> ExtenderConfig:
+    """Load ``path`` (or the packaged default), apply env overrides, validate."""
+    file = Path(path) if path is not None else DEFAULT_CONFIG
+    try:
+        raw = yaml.safe_load(file.read_text())
+    except OSError as exc:
+        raise ConfigError([f"{file}: cannot read: {exc.strerror}"]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{file}: not valid YAML: {exc}"]) from None
+    if raw is not None and not isinstance(raw, Mapping):
+        raise ConfigError([f"{file}: top level must be a mapping"])
+    raw = apply_env(raw or {}, os.environ if environ is None else environ)
+    return build_config(raw, str(file))
+
+
+class ConfigHolder:
+    """The live config, swapped atomically on reload; readers call ``current()``."""
+
+    def __init__(self, config: ExtenderConfig, loader: Callable[[], ExtenderConfig] | None = None):
+        self._config = config
+        self._loader = loader
+        self._lock = threading.Lock()
+        self._mtime = _mtime(config.source_path)
+
+    def current(self) -> ExtenderConfig:
+        """The config in force now (a frozen value; never mutated)."""
+        return self._config
+
+    def policy(self) -> CostPolicy:
+        """The decision policy in force now."""
+        return self._config.policy
+
+    def reload_if_changed(self) -> list[str] | None:
+        """Reload when the file changed; returns problems (old config kept) or None."""
+        path = self._config.source_path
+        mtime = _mtime(path)
+        if self._loader is None or mtime == self._mtime:
+            return None
+        with self._lock:
+            self._mtime = mtime
+            try:
+                new = self._loader()
+            except ConfigError as exc:
+                return exc.problems
+            self._config = new
+            return []
+
+
+def _mtime(path: str | None) -> float | None:
+    try:
+        return os.stat(path).st_mtime_ns if path else None
+    except OSError:
+        return None

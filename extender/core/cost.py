@@ -1,0 +1,121 @@
+"""Horus interference cost (TPDS'21 Eq. 7-10), vectorised over candidate GPUs.
+
+    cost = w_mem * C_mem + w_util * C_util                      (Eq. 7)
+    C_mem = (used_mib + job_mib) / capacity_mib                  (Eq. 8)
+    C_util = f_type(u),  u = current_util + job_util  [percent]  (Eq. 9, 10)
+
+``f_type`` is the GPU type's interference curve, fitted against JCT slowdown
+(Horus Fig. 4: below 100% cumulative utilisation co-located jobs slow down
+1x-1.5x, above it 1.5x-3x). With ``x = u / 100``:
+
+    f(x) = slope * x                                              for x <= 1
+    f(x) = slope + over_slope * (x - 1) + over_quadratic * (x - 1)^2   for x > 1
+
+i.e. linear up to full use and quadratic beyond it, continuous at 100%.
+
+**Current utilisation.** Per GPU, ``current_util = max(sum of reserved
+predictions, fresh observed utilisation)`` and likewise for memory. Reservations
+cover jobs that were just placed but whose load NVML does not show yet (start-up
+takes tens of seconds); the observation covers jobs whose prediction is too low
+and foreign processes. Adding the two would count every running reserved job
+twice, so the larger one is the honest lower bound of what the GPU carries. An
+observation is fresh for ``staleness_seconds`` after it was taken; a stale or
+missing report falls back to reservations alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class InterferenceCurve:
+    """Slowdown-shaped cost of a GPU type's cumulative utilisation (see module doc)."""
+
+    slope: float = 0.5
+    """Cost at 100% utilisation (linear from 0); >= 0. Default 0.5 (Horus: ~1.5x JCT)."""
+    over_slope: float = 0.5
+    """Linear growth per 100 points above 100%; >= 0."""
+    over_quadratic: float = 1.0
+    """Quadratic growth above 100%; >= 0. Default gives cost 2.0 (3x JCT) at 200%."""
+
+    def __call__(self, util_percent: float) -> float:
+        """Cost at one cumulative utilisation (scalar form of :func:`curve_costs`)."""
+        x = util_percent / 100.0
+        if x <= 1.0:
+            return self.slope * x
+        over = x - 1.0
+        return self.slope + self.over_slope * over + self.over_quadratic * over * over
+
+
+@dataclass(frozen=True)
+class CostPolicy:
+    """Weights, curves and hard limits that decisions depend on (from config)."""
+
+    w_mem: float = 1.0
+    """Weight of the memory term; Horus sets all weights equal."""
+    w_util: float = 1.0
+    """Weight of the utilisation (interference) term."""
+    curves: Mapping[str, InterferenceCurve] = field(default_factory=dict)
+    """Curve per canonical GPU type (``NVIDIA-A100-SXM4-40GB``); others use ``default_curve``."""
+    default_curve: InterferenceCurve = InterferenceCurve()
+    max_pods_per_gpu: int = 8
+    """Co-location limit: most pods sharing one GPU (>= 1)."""
+    staleness_seconds: float = 10.0
+    """An agent observation older than this is ignored."""
+
+    def curve_for(self, gpu_type: str) -> InterferenceCurve:
+        """The curve configured for ``gpu_type``, else the default."""
+        return self.curves.get(gpu_type, self.default_curve)
+
+
+def curve_coefficients(policy: CostPolicy, type_names: list[str]) -> np.ndarray:
+    """A ``(types, 3)`` array of (slope, over_slope, over_quadratic) per type id."""
+    rows = [policy.curve_for(t) for t in type_names] or [policy.default_curve]
+    return np.array([(c.slope, c.over_slope, c.over_quadratic) for c in rows], dtype=np.float64)
+
+
+def curve_costs(util_percent: np.ndarray, coeffs: np.ndarray) -> np.ndarray:
+    """Vectorised interference curve: ``coeffs`` holds one (slope, over, quad) row per GPU."""
+    x = util_percent / 100.0
+    over = np.maximum(x - 1.0, 0.0)
+    return coeffs[:, 0] * np.minimum(x, 1.0) + coeffs[:, 1] * over + coeffs[:, 2] * over * over
+
+
+def effective_load(
+    reserved: np.ndarray, observed: np.ndarray, observed_at: np.ndarray,
+    now_seconds: float, staleness_seconds: float,
+) -> np.ndarray:
+    """``max(reserved, observed)`` where the observation is fresh, else ``reserved``."""
+    fresh = (now_seconds - observed_at) <= staleness_seconds
+    return np.where(fresh & ~np.isnan(observed), np.maximum(reserved, observed), reserved)
+
+
+def horus_cost(
+    policy: CostPolicy, used_mib: np.ndarray, job_mib: np.ndarray, capacity_mib: np.ndarray,
+    util_percent: np.ndarray, job_util: np.ndarray, coeffs: np.ndarray,
+) -> np.ndarray:
+    """Eq. 7 per GPU, given current load, the job's demand and per-GPU curve coefficients."""
+    c_mem = (used_mib + job_mib) / np.maximum(capacity_mib, 1.0)
+    c_util = curve_costs(util_percent + job_util, coeffs)
+    return policy.w_mem * c_mem + policy.w_util * c_util
+
+
+def scores_from_costs(costs: np.ndarray, max_score: int = 10) -> list[int]:
+    """Min-max map node costs onto integers 0..max_score (lowest cost = max_score).
+
+    Relative to the candidates of this call, like kube-scheduler's default score
+    normalisation: the extender's preference is the ordering, and the full 0..10
+    range makes it visible beside the in-tree plugins. Equal costs all get the max.
+    """
+    if costs.size == 0:
+        return []
+    best, worst = float(costs.min()), float(costs.max())
+    if not math.isfinite(worst) or worst - best <= 1e-12:
+        return [max_score] * int(costs.size)
+    fraction = np.clip((worst - costs) / (worst - best), 0.0, 1.0)
+    return [int(v) for v in np.rint(fraction * max_score)]

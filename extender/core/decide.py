@@ -1,0 +1,303 @@
+"""Filter, score and GPU choice: one vectorised evaluation over candidate nodes.
+
+:func:`evaluate` is the single implementation behind ``/filter``,
+``/prioritize``, ``/bind`` and the simulator. It computes, for every GPU of every
+candidate node, the first hard constraint it violates (a :class:`Reason` code, 0
+when it fits) and its Horus cost; a node is feasible when at least
+``gpu_count`` of its GPUs fit, and its cost is the mean cost of its best
+``gpu_count`` GPUs (ties broken by GPU row, i.e. node order then GPU index, so
+replays are reproducible). Asking about one node is the same call with one name.
+
+Hard constraints, in the order they are checked per GPU (first one wins):
+demand unknown for the GPU type; GPU memory smaller than the job; SLO
+unreachable on an empty GPU of that type; GPU already serving the other workload
+kind; not enough free memory (``capacity - max(reserved, fresh observed)``);
+co-location limit; for inference sessions, the GPU's duty cycle cannot absorb
+the session. Utilisation is scored, never filtered: kube-scheduler has no requeue
+hint for extenders, so a pod filtered for a transient load would wait minutes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from extender.core.cost import (
+    CostPolicy,
+    curve_coefficients,
+    effective_load,
+    horus_cost,
+    scores_from_costs,
+)
+from extender.core.demand import ResolvedDemand
+from extender.core.model import Placement, SessionSpec, Workload
+from extender.core.reasons import REASON_BY_CODE, Reason, Rejection, is_unresolvable
+from extender.core.table import GpuTable
+
+PlannerFn = Callable[[Sequence[SessionSpec], Mapping[tuple[str, str], Any], str, float], Any]
+"""``plan_gpu(sessions, profiles, gpu_type, memory_mib) -> GpuPlan | Infeasible``."""
+
+_K = len(REASON_BY_CODE)
+_RESOLVABLE_CODES = np.array(
+    [r is None or not is_unresolvable(r) for r in REASON_BY_CODE], dtype=bool
+)
+
+
+@dataclass(frozen=True)
+class InferenceContext:
+    """What SLO feasibility needs: the planner function and batching profiles."""
+
+    planner: PlannerFn
+    profiles: Mapping[tuple[str, str], Any]
+
+
+def is_plan(result: Any) -> bool:
+    """True for a planner ``GpuPlan`` (duck-typed), False for ``Infeasible``."""
+    return hasattr(result, "duty_cycle_ms") and hasattr(result, "occupancy")
+
+
+def session_util_percent(plan: Any, session: SessionSpec) -> float:
+    """Share of the duty cycle the session's batches take, in percent."""
+    busy = sum(a.batch_latency_ms for a in plan.allocations if a.session == session)
+    return 100.0 * busy / plan.duty_cycle_ms if plan.duty_cycle_ms > 0 else 0.0
+
+
+def session_batch(plan: Any, session: SessionSpec) -> int:
+    """Batch size the plan gives the session (largest if split)."""
+    return max((a.batch for a in plan.allocations if a.session == session), default=0)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The verdict on every candidate node, in the order the names were given."""
+
+    names: tuple[str, ...]
+    node_cost: np.ndarray
+    """Mean cost of the node's best GPUs; ``inf`` when infeasible."""
+    rejections: Mapping[str, Rejection]
+    selected_rows: np.ndarray
+    selected_owner: np.ndarray
+    table: GpuTable = field(repr=False)
+    plans: Mapping[int, Any] = field(default_factory=dict)
+    demand: ResolvedDemand | None = None
+
+    @property
+    def feasible(self) -> np.ndarray:
+        """Boolean mask over ``names``."""
+        return np.isfinite(self.node_cost)
+
+    def feasible_names(self) -> list[str]:
+        """Names that passed, in input order."""
+        return [n for n, ok in zip(self.names, self.feasible.tolist(), strict=True) if ok]
+
+    def scores(self) -> list[int]:
+        """Integer 0..10 per name; infeasible nodes score 0."""
+        ok = self.feasible
+        out = [0] * len(self.names)
+        for pos, score in zip(np.flatnonzero(ok).tolist(), scores_from_costs(self.node_cost[ok]),
+                              strict=True):
+            out[pos] = score
+        return out
+
+    def chosen_rows(self, position: int) -> list[int]:
+        """Rows of the best GPUs of candidate ``position`` (empty when infeasible)."""
+        if not np.isfinite(self.node_cost[position]):
+            return []
+        return sorted(self.selected_rows[self.selected_owner == position].tolist())
+
+
+def evaluate(
+    table: GpuTable,
+    names: Sequence[str],
+    demand: ResolvedDemand,
+    policy: CostPolicy,
+    now_seconds: float,
+    inference: InferenceContext | None = None,
+    with_costs: bool = True,
+) -> Evaluation:
+    """Check hard constraints and cost every GPU of every candidate node.
+
+    ``with_costs=False`` (filter) skips the Horus cost of training jobs: feasibility
+    does not depend on it. Node costs are then 0 for feasible nodes.
+    """
+    need = demand.job.gpu_count
+    positions = len(names)
+    index = table.node_index
+    ids = np.array([index.get(n, -1) for n in names], dtype=np.int64).reshape(positions)
+    known = np.flatnonzero(ids >= 0)
+    rows, owner_k = table.rows_for(ids[known])
+    owner = known[owner_k]
+    tid = table.type_id[rows]
+
+    d_util = np.full(max(len(table.type_names), 1), np.nan)
+    d_mem = d_util.copy()
+    for t, type_name in enumerate(table.type_names):
+        td = demand.for_type(type_name)
+        if td is not None:
+            d_util[t], d_mem[t] = td.util_percent, td.mem_mib
+    job_util, job_mem = d_util[tid], d_mem[tid]
+    capacity = table.capacity_mib[rows]
+    used_mib = effective_load(table.reserved_mib[rows], table.observed_mib[rows],
+                              table.observed_at[rows], now_seconds, policy.staleness_seconds)
+    code = np.zeros(rows.size, dtype=np.int64)
+
+    def mark(mask: np.ndarray, reason: Reason) -> None:
+        code[(code == 0) & mask] = reason.code
+
+    inferring = demand.job.workload is Workload.INFERENCE
+    other = table.training_count if inferring else table.serving_count
+    with np.errstate(invalid="ignore"):
+        mark(np.isnan(job_mem), Reason.DEMAND_UNKNOWN)
+        mark(capacity < job_mem, Reason.GPU_MEMORY_TOO_SMALL)
+        mark(other[rows] > 0, Reason.WORKLOAD_CONFLICT)
+        mark(capacity - used_mib < job_mem, Reason.INSUFFICIENT_GPU_MEMORY)
+    mark(table.pod_count[rows] >= policy.max_pods_per_gpu, Reason.COLOCATION_LIMIT)
+
+    plans: dict[int, Any] = {}
+    notes = {t: f"demand unknown: {why}" for t, why in demand.gaps.items()}
+    if inferring:
+        cost = _inference_costs(table, rows, code, demand, inference, plans, notes)
+    elif not with_costs:
+        cost = np.zeros(rows.size)
+    else:
+        util_now = effective_load(table.reserved_util[rows], table.observed_util[rows],
+                                  table.observed_at[rows], now_seconds, policy.staleness_seconds)
+        coeffs = curve_coefficients(policy, table.type_names)[tid]
+        cost = horus_cost(policy, used_mib, np.nan_to_num(job_mem), capacity, util_now,
+                          np.nan_to_num(job_util), coeffs)
+    cost = np.where(code == 0, cost, np.inf)
+
+    ok_count = np.bincount(owner[code == 0], minlength=positions)
+    sel = _best_gpus(owner, rows, cost, need, positions)
+    node_cost = np.bincount(owner[sel], weights=np.where(np.isfinite(cost[sel]), cost[sel], 0.0),
+                            minlength=positions) / max(need, 1)
+    node_cost = np.where(ok_count >= need, node_cost, np.inf)
+
+    rejections = _rejections(table, names, ids, rows, owner, code, used_mib, demand, node_cost,
+                             notes)
+    return Evaluation(tuple(names), node_cost, rejections, rows[sel], owner[sel], table, plans,
+                      demand)
+
+
+def _best_gpus(owner: np.ndarray, rows: np.ndarray, cost: np.ndarray, need: int,
+               positions: int) -> np.ndarray:
+    """Indices (into ``rows``) of each node's ``need`` cheapest GPUs, ties by lower row.
+
+    Rows arrive grouped by node in ascending row order, so for one GPU a stable
+    per-group argmin suffices; several GPUs need the general (node, cost, row) sort.
+    """
+    if rows.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if need == 1:
+        starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
+        group_min = np.minimum.reduceat(cost, starts)
+        lengths = np.diff(np.r_[starts, owner.size])
+        is_min = cost == np.repeat(group_min, lengths)
+        # first minimal row of each group (rows are ascending within a group)
+        first = np.minimum.reduceat(np.where(is_min, np.arange(owner.size), owner.size), starts)
+        return first
+    order = np.lexsort((rows, cost, owner))
+    sorted_owner = owner[order]
+    rank = np.arange(order.size) - np.searchsorted(sorted_owner, sorted_owner, side="left")
+    return order[rank < need]
+
+
+def _inference_costs(
+    table: GpuTable, rows: np.ndarray, code: np.ndarray, demand: ResolvedDemand,
+    inference: InferenceContext | None, plans: dict[int, Any], notes: dict[str, str],
+) -> np.ndarray:
+    """Best fit: cost = 1 - occupancy of the GPU's duty cycle with the session added."""
+    cost = np.full(rows.size, np.inf)
+    session = demand.session
+    if inference is None or session is None:
+        code[code == 0] = Reason.SLO_UNREACHABLE.code
+        return cost
+    cache: dict[tuple[str, tuple[SessionSpec, ...], float], Any] = {}
+    for i in np.flatnonzero(code == 0).tolist():
+        row = int(rows[i])
+        existing = table.sessions.get(row, ())
+        gpu_type = table.type_names[table.type_id[row]]
+        key = (gpu_type, existing, float(table.capacity_mib[row]))
+        if key not in cache:
+            cache[key] = inference.planner((*existing, session), inference.profiles, gpu_type,
+                                           float(table.capacity_mib[row]))
+        plan = cache[key]
+        if is_plan(plan):
+            plans[row] = plan
+            cost[i] = 1.0 - float(plan.occupancy)
+        else:
+            code[i] = (Reason.SLO_INFEASIBLE if existing else Reason.SLO_UNREACHABLE).code
+            message = getattr(plan, "message", None)
+            notes.setdefault(gpu_type, message() if callable(message) else str(plan))
+    return cost
+
+
+def _rejections(
+    table: GpuTable, names: Sequence[str], ids: np.ndarray, rows: np.ndarray, owner: np.ndarray,
+    code: np.ndarray, used_mib: np.ndarray, demand: ResolvedDemand, node_cost: np.ndarray,
+    notes: Mapping[str, str],
+) -> dict[str, Rejection]:
+    bad = np.flatnonzero(~np.isfinite(node_cost))
+    if bad.size == 0:
+        return {}
+    positions = len(names)
+    need = demand.job.gpu_count
+    counts = np.bincount(owner * _K + code, minlength=positions * _K).reshape(positions, _K)
+    free = np.full(positions, -np.inf)
+    np.maximum.at(free, owner, table.capacity_mib[rows] - used_mib)
+    total = counts.sum(axis=1)
+    fixable = counts[:, _RESOLVABLE_CODES].sum(axis=1)
+    job_mib = max((t.mem_mib for t in demand.by_type.values()), default=0.0)
+    node_types: dict[int, set[str]] = {}
+    if notes:
+        for i in np.flatnonzero(code != 0).tolist():
+            gpu_type = table.type_names[table.type_id[rows[i]]]
+            node_types.setdefault(int(owner[i]), set()).add(gpu_type)
+    out: dict[str, Rejection] = {}
+    for pos in bad.tolist():
+        name = names[pos]
+        common = {"node": name, "requested_gpus": need, "requested_mib": job_mib}
+        if ids[pos] < 0:
+            out[name] = Rejection(reason=Reason.UNKNOWN_NODE, unresolvable=True, **common)
+            continue
+        n_gpus = int(total[pos])
+        if n_gpus == 0 or n_gpus < need:
+            reason = Reason.NO_GPU_INVENTORY if n_gpus == 0 else Reason.TOO_FEW_GPUS
+            out[name] = Rejection(reason=reason, unresolvable=True, gpus_total=n_gpus, **common)
+            continue
+        per_reason = {REASON_BY_CODE[c]: int(counts[pos, c]) for c in range(1, _K)
+                      if counts[pos, c]}
+        main = REASON_BY_CODE[1 + int(np.argmax(counts[pos, 1:]))]
+        assert main is not None
+        types = sorted(t for t in node_types.get(pos, ()) if t in notes)
+        detail = "; ".join(f"{t}: {notes[t]}" for t in types)
+        out[name] = Rejection(
+            reason=main, unresolvable=bool(fixable[pos] < need), gpu_counts=per_reason,
+            gpus_total=n_gpus, best_free_mib=max(0.0, float(free[pos])), detail=detail, **common,
+        )
+    return out
+
+
+def choose(evaluation: Evaluation, position: int, pod_uid: str, pod: str) -> Placement | None:
+    """The placement bind makes on candidate ``position`` (None when infeasible)."""
+    rows = evaluation.chosen_rows(position)
+    demand = evaluation.demand
+    if not rows or demand is None:
+        return None
+    table = evaluation.table
+    node = evaluation.names[position]
+    type_demand = demand.for_type(table.type_names[table.type_id[rows[0]]])
+    assert type_demand is not None
+    util = type_demand.util_percent
+    session = demand.session
+    if demand.job.workload is Workload.INFERENCE and session is not None:
+        util = session_util_percent(evaluation.plans[rows[0]], session)
+    return Placement(
+        pod_uid=pod_uid, pod=pod, node=node,
+        gpu_indices=tuple(table.gpus[r].index for r in rows),
+        util_percent=util, mem_mib=type_demand.mem_mib,
+        workload=demand.job.workload, session=session,
+    )

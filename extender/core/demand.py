@@ -1,0 +1,313 @@
+"""A pod's GPU demand: parsed from its annotations, then resolved per GPU type.
+
+Parsing (:func:`parse_demand`) is strict and reports the offending field, so a
+typo in ``tandem.io/gpu-util`` is an error the user sees, never a silent default.
+Resolution (:func:`resolve_demand`) turns the parsed request into per-GPU-type
+utilisation and memory: user-asserted values win; otherwise the injected
+``predict`` callable (the predictor facade behind a small adapter) is asked for
+``tandem.io/model`` at its batch size; inference memory comes from the batching
+profile of the model on that GPU type. A type whose demand cannot be determined
+is a *gap* with a reason, and its GPUs are rejected as ``DEMAND_UNKNOWN``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from extender.core.model import SessionSpec, Workload
+
+PREFIX = "tandem.io/"
+GPU_RESOURCE = "tandem.io/gpu"
+DEFAULT_BATCH = {Workload.INFERENCE: 1, Workload.TRAINING: 32}
+
+
+class DemandError(ValueError):
+    """The pod's request cannot be understood; ``field`` names the culprit."""
+
+    def __init__(self, field_name: str, value: object, problem: str):
+        self.field = field_name
+        self.value = value
+        self.problem = problem
+        super().__init__(f"{field_name}={value!r}: {problem}")
+
+
+class DemandUnavailable(Exception):
+    """The predictor could not give a demand (rejected model, no trained model)."""
+
+    def __init__(self, kind: str, detail: str):
+        self.kind = kind
+        self.detail = detail
+        super().__init__(f"{kind}: {detail}")
+
+
+class PredictFn(Protocol):
+    """``(model_ref, batch_size, gpu_type, workload) -> (util_percent, mem_mib, source)``."""
+
+    def __call__(
+        self, model_ref: str, batch_size: int, gpu_type: str, workload: str
+    ) -> tuple[float, float, str]: ...
+
+
+@dataclass(frozen=True)
+class PodRef:
+    """Identity of a pod on the wire and in the ledger."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    @property
+    def key(self) -> str:
+        """``namespace/name`` for logs and tables."""
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class JobDemand:
+    """What a pod asks for, exactly as its spec and annotations say."""
+
+    gpu_count: int
+    workload: Workload = Workload.TRAINING
+    model: str | None = None
+    batch_size: int = 32
+    util_percent: float | None = None
+    mem_mib: float | None = None
+    slo_ms: float | None = None
+    rate_rps: float | None = None
+    weight: int | None = None
+    priority: str | None = None
+
+
+@dataclass(frozen=True)
+class TypeDemand:
+    """Per-GPU demand of a job on one GPU type, and where the numbers came from."""
+
+    util_percent: float
+    mem_mib: float
+    source: str
+
+
+@dataclass(frozen=True)
+class ResolvedDemand:
+    """A job's demand per GPU type; ``gaps`` maps types with no answer to the reason."""
+
+    job: JobDemand
+    by_type: Mapping[str, TypeDemand] = field(default_factory=dict)
+    gaps: Mapping[str, str] = field(default_factory=dict)
+    session: SessionSpec | None = None
+
+    def for_type(self, gpu_type: str) -> TypeDemand | None:
+        """The demand on ``gpu_type``, or None when it is a gap."""
+        return self.by_type.get(gpu_type)
+
+
+def pod_ref(pod: Mapping[str, Any]) -> PodRef:
+    """Namespace, name and uid of a Pod object (decoded JSON)."""
+    meta = pod.get("metadata")
+    if not isinstance(meta, Mapping):
+        raise DemandError("Pod.metadata", meta, "must be an object")
+    name, namespace, uid = meta.get("name"), meta.get("namespace", "default"), meta.get("uid", "")
+    if not isinstance(name, str) or not name:
+        raise DemandError("Pod.metadata.name", name, "must be a non-empty string")
+    if not isinstance(namespace, str) or not isinstance(uid, str):
+        raise DemandError("Pod.metadata.namespace/uid", (namespace, uid), "must be strings")
+    return PodRef(namespace or "default", name, uid)
+
+
+def annotations_of(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The pod's annotations (empty when absent); raises DemandError on a wrong type."""
+    meta = pod.get("metadata")
+    ann = meta.get("annotations") if isinstance(meta, Mapping) else None
+    if ann is None:
+        return {}
+    if not isinstance(ann, Mapping):
+        raise DemandError("Pod.metadata.annotations", ann, "must be an object")
+    return ann
+
+
+def gpu_count_of(pod: Mapping[str, Any]) -> int:
+    """GPUs requested via ``tandem.io/gpu`` (sum over containers; init containers: max)."""
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        raise DemandError("Pod.spec", spec, "must be an object")
+
+    def per_container(key: str) -> list[int]:
+        containers = spec.get(key) or []
+        if not isinstance(containers, list):
+            raise DemandError(f"Pod.spec.{key}", containers, "must be a list")
+        counts = []
+        for i, c in enumerate(containers):
+            res = c.get("resources") if isinstance(c, Mapping) else None
+            res = res if isinstance(res, Mapping) else {}
+            values = [
+                (res.get(kind) or {}).get(GPU_RESOURCE)
+                for kind in ("limits", "requests")
+                if isinstance(res.get(kind) or {}, Mapping)
+            ]
+            counts.append(
+                max((_quantity(v, f"Pod.spec.{key}[{i}].resources.{GPU_RESOURCE}") for v in values
+                     if v is not None), default=0)
+            )
+        return counts
+
+    total = max(sum(per_container("containers")), max(per_container("initContainers"), default=0))
+    if total <= 0:
+        raise DemandError(f"resources[{GPU_RESOURCE}]", 0, "the pod requests no tandem.io/gpu")
+    return total
+
+
+def _quantity(value: object, path: str) -> int:
+    if isinstance(value, bool):
+        raise DemandError(path, value, "must be a whole number of GPUs")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, str) and value.strip().isdigit():
+        n = int(value.strip())
+    else:
+        raise DemandError(path, value, "must be a whole number of GPUs")
+    if n < 0 or n > 1024:
+        raise DemandError(path, value, "must be between 0 and 1024")
+    return n
+
+
+def _number(ann: Mapping[str, Any], key: str, low: float, high: float) -> float | None:
+    raw = ann.get(PREFIX + key)
+    if raw is None:
+        return None
+    try:
+        value = float(raw) if isinstance(raw, (int, float, str)) and not isinstance(raw, bool) \
+            else math.nan
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and low < value <= high):
+        raise DemandError(PREFIX + key, raw, f"must be a number in ({low:g}, {high:g}]")
+    return value
+
+
+def _integer(ann: Mapping[str, Any], key: str, high: int) -> int | None:
+    raw = ann.get(PREFIX + key)
+    if raw is None:
+        return None
+    text = str(raw).strip() if isinstance(raw, (int, str)) and not isinstance(raw, bool) else ""
+    if not text.isdigit() or not 1 <= int(text) <= high:
+        raise DemandError(PREFIX + key, raw, f"must be an integer in [1, {high}]")
+    return int(text)
+
+
+def parse_demand(pod: Mapping[str, Any]) -> JobDemand:
+    """Read a Pod's GPU count and ``tandem.io/*`` annotations; raises DemandError."""
+    ann = annotations_of(pod)
+    raw_workload = ann.get(PREFIX + "workload", Workload.TRAINING.value)
+    try:
+        workload = Workload(raw_workload)
+    except ValueError:
+        raise DemandError(PREFIX + "workload", raw_workload, "must be training or inference") \
+            from None
+    model = ann.get(PREFIX + "model")
+    if model is not None and (not isinstance(model, str) or not model.strip()):
+        raise DemandError(PREFIX + "model", model, "must be a non-empty string")
+    priority = ann.get(PREFIX + "priority")
+    if priority is not None and not isinstance(priority, str):
+        raise DemandError(PREFIX + "priority", priority, "must be a string")
+    job = JobDemand(
+        gpu_count=gpu_count_of(pod),
+        workload=workload,
+        model=model,
+        batch_size=_integer(ann, "batch-size", 65536) or DEFAULT_BATCH[workload],
+        util_percent=_number(ann, "gpu-util", 0.0, 100.0),
+        mem_mib=_number(ann, "gpu-mem-mib", 0.0, 4.0e6),
+        slo_ms=_number(ann, "slo-ms", 0.0, 3.6e6),
+        rate_rps=_number(ann, "rate-rps", 0.0, 1.0e7),
+        weight=_integer(ann, "weight", 1_000_000),
+        priority=priority,
+    )
+    if workload is Workload.INFERENCE:
+        required = (("model", job.model), ("slo-ms", job.slo_ms), ("rate-rps", job.rate_rps))
+        for key, value in required:
+            if value is None:
+                raise DemandError(PREFIX + key, None, "required for inference pods")
+        if job.gpu_count != 1:
+            raise DemandError(GPU_RESOURCE, job.gpu_count, "an inference session takes 1 GPU")
+    elif job.model is None and (job.util_percent is None or job.mem_mib is None):
+        raise DemandError(
+            PREFIX + "model", None,
+            "give tandem.io/model, or both tandem.io/gpu-util and tandem.io/gpu-mem-mib",
+        )
+    return job
+
+
+def profile_keys(model: str) -> tuple[str, ...]:
+    """Names a model may have in the profile store: as given, then its file stem."""
+    stem = model.rstrip("/").rsplit("/", 1)[-1]
+    stem = stem[: -len(".onnx")] if stem.endswith(".onnx") else stem
+    return (model,) if stem == model else (model, stem)
+
+
+def resolve_demand(
+    job: JobDemand,
+    gpu_types: Iterable[str],
+    predict: PredictFn | None,
+    profiles: Mapping[tuple[str, str], Any] | None = None,
+    session_name: str = "",
+) -> ResolvedDemand:
+    """Per-type demand for every type in ``gpu_types``; failures become gaps."""
+    by_type: dict[str, TypeDemand] = {}
+    gaps: dict[str, str] = {}
+    for gpu_type in sorted(set(gpu_types)):
+        try:
+            by_type[gpu_type] = _one_type(job, gpu_type, predict, profiles or {})
+        except DemandUnavailable as exc:
+            gaps[gpu_type] = str(exc)
+    session = None
+    if job.workload is Workload.INFERENCE and job.model and job.slo_ms and job.rate_rps:
+        session = SessionSpec(session_name, job.model, job.slo_ms, job.rate_rps)
+    return ResolvedDemand(job, by_type, gaps, session)
+
+
+def _one_type(
+    job: JobDemand, gpu_type: str, predict: PredictFn | None,
+    profiles: Mapping[tuple[str, str], Any],
+) -> TypeDemand:
+    if job.workload is Workload.INFERENCE:
+        assert job.model is not None
+        profile = next((profiles[(k, gpu_type)] for k in profile_keys(job.model)
+                        if (k, gpu_type) in profiles), None)
+        if profile is None:
+            raise DemandUnavailable("no-profile", f"no batching profile for {job.model}")
+        mem = job.mem_mib if job.mem_mib is not None else float(profile.memory_mib)
+        return TypeDemand(0.0, mem, "profile")
+    if job.util_percent is not None and job.mem_mib is not None:
+        return TypeDemand(job.util_percent, job.mem_mib, "asserted")
+    if predict is None or job.model is None:
+        raise DemandUnavailable("no-predictor", "no predictor is configured for tandem.io/model")
+    util, mem, source = predict(job.model, job.batch_size, gpu_type, job.workload.value)
+    return TypeDemand(
+        job.util_percent if job.util_percent is not None else float(util),
+        job.mem_mib if job.mem_mib is not None else float(mem),
+        source,
+    )
+
+
+
+class ProfileIndex(Mapping[tuple[str, str], Any]):
+    """Batching profiles keyed ``(model, gpu_type)`` that also answer for a model's
+    path or file name (``models/resnet50.onnx`` finds the ``resnet50`` profile)."""
+
+    def __init__(self, profiles: Mapping[tuple[str, str], Any]):
+        self._profiles = dict(profiles)
+
+    def __getitem__(self, key: tuple[str, str]) -> Any:
+        model, gpu_type = key
+        for name in profile_keys(model):
+            if (name, gpu_type) in self._profiles:
+                return self._profiles[(name, gpu_type)]
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self._profiles)
+
+    def __len__(self) -> int:
+        return len(self._profiles)

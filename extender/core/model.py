@@ -1,0 +1,79 @@
+"""Value types of a cluster snapshot: nodes, GPUs, placements, observations.
+
+Everything here is frozen and hashable so that decisions can be replayed and
+compared. Per-GPU ``util_percent`` and ``mem_mib`` of a placement are what the
+job is expected to use on *each* of its GPUs (Horus places a multi-GPU job's
+workers one per GPU, each with the job's predicted utilisation).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import NewType
+
+from extender.planner.types import SessionSpec
+
+NodeName = NewType("NodeName", str)
+PodUid = NewType("PodUid", str)
+GpuUuid = NewType("GpuUuid", str)
+
+
+class Workload(enum.Enum):
+    """How a job uses its GPU: self-managed training or a session in the inference server."""
+
+    TRAINING = "training"
+    INFERENCE = "inference"
+
+
+def gpu_type_of(product: str) -> str:
+    """Canonical GPU type name of a product string (GFD and NVML spell it differently)."""
+    return "-".join(product.strip().split())
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One physical GPU: its index on the node, uuid, product name and memory."""
+
+    index: int
+    uuid: str
+    product: str
+    memory_mib: float
+
+    @property
+    def gpu_type(self) -> str:
+        """The product as a canonical type name (spaces become dashes)."""
+        return gpu_type_of(self.product)
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """A node and its GPU inventory (empty when unknown)."""
+
+    name: str
+    gpus: tuple[GpuSpec, ...]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A pod placed (or assumed) on GPUs of one node, with its per-GPU demand."""
+
+    pod_uid: str
+    pod: str
+    """``namespace/name``, for humans."""
+    node: str
+    gpu_indices: tuple[int, ...]
+    util_percent: float
+    mem_mib: float
+    workload: Workload = Workload.TRAINING
+    session: SessionSpec | None = None
+
+
+@dataclass(frozen=True)
+class GpuObservation:
+    """What an agent measured on one GPU, and when (seconds on the extender's clock)."""
+
+    index: int
+    util_percent: float
+    memory_used_mib: float
+    observed_at_seconds: float

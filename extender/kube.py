@@ -1,0 +1,234 @@
+"""The ``kube`` cluster source: Kubernetes nodes and pods through the official client.
+
+- Inventory per node from NVIDIA GPU Feature Discovery labels
+  (``nvidia.com/gpu.count``, ``nvidia.com/gpu.product``, ``nvidia.com/gpu.memory``
+  in MiB per GPU); agent reports override it in ``ClusterState`` because they are
+  measured. GFD labels carry no UUIDs, so until a report arrives a GPU's uuid is
+  its index, which ``NVIDIA_VISIBLE_DEVICES`` accepts as well.
+- Placements are rebuilt from bound pods' ``tandem.io/*`` annotations on start
+  (list), then kept fresh by watches; a watch that fails or expires (410) relists.
+- Bind patches the output annotations (with the pod UID as a precondition), then
+  creates ``pods/binding`` with the UID, so a recreated pod of the same name is
+  never bound by mistake. Events are posted by a background worker so the bind
+  path never waits on them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import queue
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kubernetes import client, config, watch
+from kubernetes.client.rest import ApiException
+
+from extender.core import GpuSpec, NodeSpec, PodRef
+from extender.logs import get_logger
+from extender.source import DONE_PHASES, placement_from_pod
+
+GFD_COUNT = "nvidia.com/gpu.count"
+GFD_PRODUCT = "nvidia.com/gpu.product"
+GFD_MEMORY = "nvidia.com/gpu.memory"
+COMPONENT = "tandem-extender"
+EVENT_QUEUE_LIMIT = 1000
+
+
+def node_spec(node: Mapping[str, Any]) -> NodeSpec:
+    """A NodeSpec from a Node object's GFD labels (no GPUs when labels are missing or bad)."""
+    meta = node.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    name = str(meta.get("name", ""))
+    try:
+        count = int(labels.get(GFD_COUNT, "0"))
+        memory = float(labels.get(GFD_MEMORY, "0"))
+    except (TypeError, ValueError):
+        return NodeSpec(name, ())
+    product = labels.get(GFD_PRODUCT)
+    if count <= 0 or memory <= 0 or not product or count > 64:
+        return NodeSpec(name, ())
+    return NodeSpec(name, tuple(GpuSpec(i, str(i), str(product), memory) for i in range(count)))
+
+
+class KubeSource:
+    """Nodes and pods from the API server; binds through ``pods/binding``."""
+
+    def __init__(self, api: client.CoreV1Api,
+                 watch_factory: Callable[[], Any] = watch.Watch,
+                 watch_timeout_seconds: int = 300, background_events: bool = True):
+        self.api = api
+        self._watch_factory = watch_factory
+        self._timeout = watch_timeout_seconds
+        self._background_events = background_events
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._events: queue.Queue[client.CoreV1Event | None] = queue.Queue(EVENT_QUEUE_LIMIT)
+        self._log = get_logger()
+
+    @classmethod
+    def from_environment(cls) -> KubeSource:
+        """In-cluster config, else the local kubeconfig."""
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        return cls(client.CoreV1Api())
+
+    def _plain(self, obj: Any) -> dict[str, Any]:
+        return self.api.api_client.sanitize_for_serialization(obj)
+
+    # ---- sync and watch --------------------------------------------------------------
+    def sync(self, state: Any) -> tuple[str, str]:
+        """List nodes and bound pods into ``state``; returns (node, pod) resourceVersions."""
+        nodes = self.api.list_node()
+        state.set_nodes([node_spec(self._plain(n)) for n in nodes.items])
+        pods = self.api.list_pod_for_all_namespaces(field_selector="spec.nodeName!=")
+        for pod in pods.items:
+            placement = placement_from_pod(self._plain(pod))
+            if placement is not None:
+                state.confirm(placement)
+        state.synced = True
+        return nodes.metadata.resource_version, pods.metadata.resource_version
+
+    def apply_node_event(self, state: Any, kind: str, node: Mapping[str, Any]) -> None:
+        """Update the inventory from one watch event."""
+        spec = node_spec(node)
+        if kind == "DELETED":
+            state.delete_node(spec.name)
+        else:
+            state.upsert_node(spec)
+
+    def apply_pod_event(self, state: Any, kind: str, pod: Mapping[str, Any]) -> None:
+        """Update the ledger from one watch event.
+
+        A pod with our annotations but no ``nodeName`` yet is mid-bind: its assumed
+        placement is left alone (forgetting it would free capacity still promised).
+        """
+        uid = str((pod.get("metadata") or {}).get("uid", ""))
+        phase = (pod.get("status") or {}).get("phase")
+        if kind == "DELETED" or phase in DONE_PHASES:
+            state.forget(uid)
+            return
+        placement = placement_from_pod(pod)
+        if placement is not None:
+            state.confirm(placement)
+
+    def start(self, state: Any) -> None:
+        """Initial sync, then node and pod watches and the event worker in threads."""
+        node_rv, pod_rv = self.sync(state)
+        self._spawn("nodes", lambda rv: self._watch(state, self.api.list_node,
+                                                     self.apply_node_event, rv), node_rv)
+        self._spawn("pods", lambda rv: self._watch(state, self.api.list_pod_for_all_namespaces,
+                                                    self.apply_pod_event, rv), pod_rv)
+        if self._background_events:
+            worker = threading.Thread(target=self._event_worker, name="tandem-events",
+                                      daemon=True)
+            worker.start()
+            self._threads.append(worker)
+
+    def _spawn(self, name: str, loop: Callable[[str], None], rv: str) -> None:
+        thread = threading.Thread(target=loop, args=(rv,), name=f"tandem-watch-{name}",
+                                  daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _watch(self, state: Any, lister: Callable[..., Any],
+               apply: Callable[[Any, str, Mapping[str, Any]], None], rv: str) -> None:
+        while not self._stop.is_set():
+            try:
+                stream = self._watch_factory().stream(lister, resource_version=rv,
+                                                      timeout_seconds=self._timeout)
+                for event in stream:
+                    obj = event["object"]
+                    plain = obj if isinstance(obj, Mapping) else self._plain(obj)
+                    rv = (plain.get("metadata") or {}).get("resourceVersion", rv)
+                    apply(state, event["type"], plain)
+                    if self._stop.is_set():
+                        return
+                if self._stop.wait(0.5):  # the server closed the watch: pause, then resume
+                    return
+            except ApiException as exc:
+                self._log.warning("watch failed; relisting", extra={"error": str(exc.status)})
+                if self._stop.wait(1.0):
+                    return
+                rv = self.sync(state)[0 if lister == self.api.list_node else 1]
+            except Exception as exc:  # network errors: back off and resume
+                self._log.warning("watch interrupted", extra={"error": repr(exc)})
+                if self._stop.wait(1.0):
+                    return
+
+    def stop(self) -> None:
+        """Stop the watches and the event worker."""
+        self._stop.set()
+        if self._background_events:
+            with contextlib.suppress(queue.Full):
+                self._events.put_nowait(None)
+
+    # ---- writes ----------------------------------------------------------------------
+    def read_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The pod as plain JSON, or None on 404."""
+        try:
+            return self._plain(self.api.read_namespaced_pod(name, namespace))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> bool:
+        """Patch annotations (UID precondition), then create the binding; confirmation
+        arrives through the pod watch, so this returns False."""
+        self.api.patch_namespaced_pod(
+            pod.name, pod.namespace,
+            {"metadata": {"uid": pod.uid, "annotations": dict(annotations)}})
+        body = client.V1Binding(
+            metadata=client.V1ObjectMeta(name=pod.name, namespace=pod.namespace, uid=pod.uid),
+            target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
+        # _preload_content=False: the client cannot deserialise the Binding response
+        # (kubernetes-client/python#825) although the call succeeded.
+        self.api.create_namespaced_pod_binding(pod.name, pod.namespace, body,
+                                               _preload_content=False)
+        return False
+
+    def record_event(self, pod: PodRef, reason: str, message: str, warning: bool) -> None:
+        """Queue an Event on the pod (dropped, with a log line, when the queue is full)."""
+        now = dt.datetime.now(dt.UTC)
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{pod.name}.", namespace=pod.namespace),
+            involved_object=client.V1ObjectReference(kind="Pod", api_version="v1",
+                                                     name=pod.name, namespace=pod.namespace,
+                                                     uid=pod.uid),
+            reason=reason, message=message[:1024], type="Warning" if warning else "Normal",
+            source=client.V1EventSource(component=COMPONENT), first_timestamp=now,
+            last_timestamp=now, count=1, reporting_component=COMPONENT)
+        try:
+            self._events.put_nowait(event)
+        except queue.Full:
+            self._log.warning("event queue full; event dropped", extra={"pod": pod.key})
+
+    def drain_events(self) -> int:
+        """Post every queued event now (the worker's body; tests call it directly)."""
+        posted = 0
+        while True:
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                return posted
+            if event is None:
+                return posted
+            self._post(event)
+            posted += 1
+
+    def _post(self, event: client.CoreV1Event) -> None:
+        try:
+            self.api.create_namespaced_event(event.metadata.namespace, event)
+        except ApiException as exc:
+            self._log.warning("event not posted", extra={"error": str(exc.status)})
+
+    def _event_worker(self) -> None:
+        while True:
+            event = self._events.get()
+            if event is None or self._stop.is_set():
+                return
+            self._post(event)

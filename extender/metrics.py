@@ -1,0 +1,69 @@
+"""Prometheus metrics of the extender (prefix ``tandem_``, base units).
+
+Per-GPU utilisation is read from the cluster state at scrape time by a custom
+collector, so the hot path never touches a per-GPU gauge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+class GpuCollector(Collector):
+    """Predicted (reserved) and observed utilisation per GPU, as ratios 0..1+."""
+
+    def __init__(self, rows: Callable[[], list[tuple[str, Any, float, float | None]]],
+                 synced: Callable[[], bool]):
+        self._rows = rows
+        self._synced = synced
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """Build the families from the current state."""
+        labels = ["node", "gpu_index", "gpu_uuid", "gpu_type"]
+        predicted = GaugeMetricFamily(
+            "tandem_gpu_predicted_utilization_ratio",
+            "Sum of reserved predicted utilisation on the GPU (1 = 100%)", labels=labels)
+        observed = GaugeMetricFamily(
+            "tandem_gpu_observed_utilization_ratio",
+            "Utilisation the node agent measured (fresh reports only)", labels=labels)
+        for node, gpu, pred, obs in self._rows():
+            values = [node, str(gpu.index), gpu.uuid, gpu.gpu_type]
+            predicted.add_metric(values, pred / 100.0)
+            if obs is not None:
+                observed.add_metric(values, obs / 100.0)
+        synced = GaugeMetricFamily("tandem_extender_state_synced",
+                                   "1 when the cluster state has synced")
+        synced.add_metric([], 1.0 if self._synced() else 0.0)
+        yield predicted
+        yield observed
+        yield synced
+
+
+class Metrics:
+    """Request counters, latency histograms and decision counters on one registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.requests = Counter("tandem_extender_requests", "Requests by verb and HTTP code",
+                                ["verb", "code"], registry=self.registry)
+        self.latency = Histogram("tandem_extender_request_duration_seconds",
+                                 "Request latency by verb", ["verb"], buckets=LATENCY_BUCKETS,
+                                 registry=self.registry)
+        self.decisions = Counter("tandem_extender_decisions",
+                                 "Node decisions by verb, outcome and reason",
+                                 ["verb", "outcome", "reason"], registry=self.registry)
+        self.reload_failures = Counter("tandem_extender_config_reload_failures",
+                                       "Config reloads rejected by validation",
+                                       registry=self.registry)
+
+    def watch_state(self, rows: Callable[[], list[tuple[str, Any, float, float | None]]],
+                    synced: Callable[[], bool]) -> None:
+        """Register the per-GPU collector over a state."""
+        self.registry.register(GpuCollector(rows, synced))

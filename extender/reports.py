@@ -1,0 +1,97 @@
+"""Agent reports: bearer-token check and validation of the report document.
+
+The token is read from ``reports.token_file`` (re-read on each check, so a
+rotated Secret takes effect without restart) or ``reports.token_env``; it is
+compared in constant time and never logged. With no token configured every
+report is refused: an open endpoint would let anyone steer placements.
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from extender.config import ReportsConfig
+from extender.core import GpuSpec
+from extender.errors import BadRequest, Unauthorized
+
+MAX_GPUS_PER_REPORT = 64
+
+
+@dataclass(frozen=True)
+class DecodedReport:
+    """A validated report: node, measured inventory and per-GPU load."""
+
+    node: str
+    gpus: tuple[GpuSpec, ...]
+    util_percent: tuple[float, ...]
+    memory_used_mib: tuple[float, ...]
+
+
+def expected_token(cfg: ReportsConfig, environ: Mapping[str, str] | None = None) -> str | None:
+    """The configured token (file first, then environment), or None."""
+    if cfg.token_file:
+        try:
+            return Path(cfg.token_file).read_text().strip() or None
+        except OSError:
+            return None
+    return (environ if environ is not None else os.environ).get(cfg.token_env) or None
+
+
+def check_token(header: str | None, cfg: ReportsConfig,
+                environ: Mapping[str, str] | None = None) -> None:
+    """Raise Unauthorized unless ``header`` is ``Bearer <configured token>``."""
+    expected = expected_token(cfg, environ)
+    if expected is None:
+        raise Unauthorized("no agent token is configured on the extender")
+    given = header[7:].strip() if header and header.startswith("Bearer ") else ""
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        raise Unauthorized("missing or wrong bearer token")
+
+
+def _num(value: Any, path: str, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not low <= value <= high:
+        raise BadRequest(path, f"must be a number in [{low:g}, {high:g}]")
+    return float(value)
+
+
+def _optional(value: Any, path: str, low: float, high: float) -> float:
+    return math.nan if value is None else _num(value, path, low, high)
+
+
+def decode_report(document: Any) -> DecodedReport:
+    """Validate the architecture's report shape; BadRequest names the first bad field."""
+    if not isinstance(document, Mapping):
+        raise BadRequest("body", "must be a JSON object")
+    node = document.get("node")
+    if not isinstance(node, str) or not node:
+        raise BadRequest("node", "must be a non-empty string")
+    gpus_raw = document.get("gpus")
+    if not isinstance(gpus_raw, list) or len(gpus_raw) > MAX_GPUS_PER_REPORT:
+        raise BadRequest("gpus", f"must be a list of at most {MAX_GPUS_PER_REPORT} GPUs")
+    gpus, utils, used = [], [], []
+    for i, g in enumerate(gpus_raw):
+        path = f"gpus[{i}]"
+        if not isinstance(g, Mapping):
+            raise BadRequest(path, "must be an object")
+        index = g.get("index")
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < 1024:
+            raise BadRequest(f"{path}.index", "must be an integer in 0..1023")
+        uuid, product = g.get("uuid"), g.get("product")
+        if not isinstance(uuid, str) or not isinstance(product, str) or not product:
+            raise BadRequest(f"{path}.uuid/product", "must be strings")
+        total = _num(g.get("memory_total_mib"), f"{path}.memory_total_mib", 1, 1e7)
+        # null = the agent lost this GPU's metrics: no observation, reservations decide
+        used.append(_optional(g.get("memory_used_mib"), f"{path}.memory_used_mib", 0, 1e7))
+        utils.append(_optional(g.get("utilization_percent"), f"{path}.utilization_percent", 0,
+                               100))
+        gpus.append(GpuSpec(index, uuid, product, total))
+    if len({g.index for g in gpus}) != len(gpus):
+        raise BadRequest("gpus", "GPU indices repeat")
+    return DecodedReport(node, tuple(gpus), tuple(utils), tuple(used))

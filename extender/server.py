@@ -1,0 +1,74 @@
+"""The production server: cheroot (threaded WSGI, optional TLS) plus the reload loop."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from cheroot import wsgi
+
+from extender.config import ConfigHolder, ServerConfig
+from extender.logs import get_logger
+
+
+@dataclass
+class RunningServer:
+    """A started server: its bound port and a stop function."""
+
+    server: wsgi.Server
+    thread: threading.Thread
+    port: int
+    scheme: str
+
+    @property
+    def url(self) -> str:
+        """Base URL on loopback."""
+        return f"{self.scheme}://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        """Stop serving and wait for the thread."""
+        self.server.stop()
+        self.thread.join(timeout=10)
+
+
+def make_server(app: Any, cfg: ServerConfig, port: int | None = None) -> wsgi.Server:
+    """A cheroot server for ``app``; TLS via the builtin adapter when cert and key are set."""
+    server = wsgi.Server((cfg.host, cfg.port if port is None else port), app,
+                         numthreads=cfg.threads, server_name="tandem-extender")
+    if cfg.tls_cert_file and cfg.tls_key_file:
+        from cheroot.ssl.builtin import BuiltinSSLAdapter
+
+        server.ssl_adapter = BuiltinSSLAdapter(cfg.tls_cert_file, cfg.tls_key_file)
+    return server
+
+
+def start_background(app: Any, cfg: ServerConfig, port: int | None = None) -> RunningServer:
+    """Bind (port 0 picks a free port) and serve in a daemon thread."""
+    server = make_server(app, cfg, port)
+    server.prepare()
+    bound = server.bind_addr[1]
+    thread = threading.Thread(target=server.serve, name="tandem-extender-http", daemon=True)
+    thread.start()
+    return RunningServer(server, thread, int(bound), "https" if server.ssl_adapter else "http")
+
+
+def reload_loop(holder: ConfigHolder, stop: threading.Event,
+                on_failure: Callable[[list[str]], None] | None = None) -> threading.Thread:
+    """Poll the config file and swap in a valid new config; log rejected edits."""
+    log = get_logger()
+
+    def run() -> None:
+        while not stop.wait(holder.current().reload_interval_seconds):
+            problems = holder.reload_if_changed()
+            if problems:
+                log.warning("config reload rejected", extra={"problems": problems})
+                if on_failure:
+                    on_failure(problems)
+            elif problems == []:
+                log.info("config reloaded", extra={"path": holder.current().source_path})
+
+    thread = threading.Thread(target=run, name="tandem-config-reload", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,225 @@
+"""The extender's verbs: decode -> resolve demand -> core decision -> encode.
+
+One :class:`Extender` per process. It owns the demand cache (filter and
+prioritize see the full Pod; bind only gets its name and UID) and the bind flow:
+decide again on fresh state and assume under the state lock, write the
+annotations, create the binding, then confirm or start the expiry clock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from extender.config import ConfigHolder
+from extender.core import (
+    DemandError,
+    DemandUnavailable,
+    InferenceContext,
+    PodRef,
+    ProfileIndex,
+    ResolvedDemand,
+    Workload,
+    parse_demand,
+    pod_ref,
+    resolve_demand,
+)
+from extender.core.decide import PlannerFn
+from extender.errors import BadRequest, BindConflict, NotLeader, NotReady, PodRejected, SourceError
+from extender.source import ClusterSource, output_annotations
+from extender.state import ClusterState
+from extender.wire import BindingArgs, ExtenderArgs, filter_result, host_priorities
+
+DEMAND_CACHE_LIMIT = 20_000
+"""Most pods whose demand is cached between filter and bind (oldest evicted first)."""
+
+
+class PredictionLike(Protocol):
+    """What the predictor facade returns (``predictor.api.Prediction``)."""
+
+    gpu_util_percent: float
+    gpu_mem_mib: float
+    source: str
+
+
+class DemandPredictor(Protocol):
+    """The predictor facade as the extender uses it (tests inject a fake)."""
+
+    def predict(self, model_ref: str, batch_size: int, gpu_type: str | None,
+                workload: str) -> PredictionLike:
+        """Predicted utilisation and memory of one model at one batch size on one GPU type."""
+        ...
+
+
+def predict_fn(predictor: DemandPredictor) -> Callable[[str, int, str, str],
+                                                       tuple[float, float, str]]:
+    """Adapt the facade to the core's ``PredictFn``: its errors become DemandUnavailable."""
+    def call(model_ref: str, batch_size: int, gpu_type: str, workload: str,
+             ) -> tuple[float, float, str]:
+        try:
+            p = predictor.predict(model_ref, batch_size, gpu_type, workload)
+        except Exception as exc:  # predictor errors (ModelRejected, NoTrainedModel, I/O)
+            raise DemandUnavailable(type(exc).__name__, str(exc)) from exc
+        return float(p.gpu_util_percent), float(p.gpu_mem_mib), str(p.source)
+    return call
+
+
+@dataclass(frozen=True)
+class FilterOutcome:
+    """What filter decided, for logs and metrics."""
+
+    passed: int
+    reasons: Mapping[str, int]
+
+
+class Extender:
+    """The four scheduler verbs plus agent reports, over a ClusterState and a source."""
+
+    def __init__(
+        self, state: ClusterState, source: ClusterSource, config: ConfigHolder,
+        clock: Callable[[], float] = time.monotonic, predictor: DemandPredictor | None = None,
+        profiles: Mapping[tuple[str, str], Any] | None = None, planner: PlannerFn | None = None,
+        may_bind: Callable[[], bool] = lambda: True,
+    ):
+        self.state = state
+        self.source = source
+        self.config = config
+        self.clock = clock
+        self._predict = predict_fn(predictor) if predictor is not None else None
+        self._profiles = ProfileIndex(profiles or {})
+        self._inference = InferenceContext(planner, self._profiles) if planner else None
+        self.may_bind = may_bind
+        self._cache: OrderedDict[str, tuple[str, ResolvedDemand, Mapping[str, Any], float]] = \
+            OrderedDict()
+        self._cache_lock = threading.Lock()
+
+    # ---- demand --------------------------------------------------------------------
+    def demand(self, pod: Mapping[str, Any]) -> tuple[PodRef, ResolvedDemand]:
+        """The pod's resolved demand (cached by UID and resourceVersion); PodRejected if bad."""
+        try:
+            ref = pod_ref(pod)
+        except DemandError as exc:
+            raise BadRequest(exc.field, exc.problem) from None
+        version = str((pod.get("metadata") or {}).get("resourceVersion", ""))
+        key = ref.uid or ref.key
+        now = self.clock()
+        with self._cache_lock:
+            hit = self._cache.get(key)
+            if hit is not None and hit[0] == version and hit[3] > now:
+                return ref, hit[1]
+        try:
+            job = parse_demand(pod)
+        except DemandError as exc:
+            raise PodRejected(f"tandem: bad pod request: {exc}", exc.field) from None
+        predict = self._predict if self.config.current().predictor_enabled else None
+        resolved = resolve_demand(job, self.state.gpu_types(), predict, self._profiles,
+                                  session_name=ref.key)
+        ttl = self.config.current().state.demand_cache_seconds
+        with self._cache_lock:
+            self._cache[key] = (version, resolved, pod, now + ttl)
+            self._cache.move_to_end(key)
+            while len(self._cache) > DEMAND_CACHE_LIMIT:
+                self._cache.popitem(last=False)
+        return ref, resolved
+
+    def _require_synced(self) -> None:
+        if not self.state.synced:
+            raise NotReady("tandem: cluster state not synced yet")
+
+    # ---- verbs -----------------------------------------------------------------------
+    def filter(self, args: ExtenderArgs) -> tuple[dict[str, Any], FilterOutcome]:
+        """Hard constraints; every rejected node gets a precise reason."""
+        names = args.candidate_names()
+        self._require_synced()
+        try:
+            _, demand = self.demand(args.pod)
+        except PodRejected as exc:
+            result = filter_result(args, [], {}, {n: str(exc) for n in names})
+            return dict(result), FilterOutcome(0, {"BadPodRequest": len(names)})
+        ev = self.state.evaluate(names, demand, self._inference, with_costs=False)
+        failed, unresolvable, reasons = {}, {}, {}
+        for name, rej in ev.rejections.items():
+            (unresolvable if rej.unresolvable else failed)[name] = rej.message()
+            reasons[rej.reason.event_reason] = reasons.get(rej.reason.event_reason, 0) + 1
+        passed = ev.feasible_names()
+        return dict(filter_result(args, passed, failed, unresolvable)), \
+            FilterOutcome(len(passed), reasons)
+
+    def prioritize(self, args: ExtenderArgs) -> list[Any]:
+        """Integer 0..10 per candidate from the Horus cost (best fit for sessions)."""
+        names = args.candidate_names()
+        try:
+            self._require_synced()
+            _, demand = self.demand(args.pod)
+        except (PodRejected, NotReady):
+            return list(host_priorities(names, [0] * len(names)))
+        ev = self.state.evaluate(names, demand, self._inference)
+        return list(host_priorities(names, ev.scores()))
+
+    def bind(self, args: BindingArgs) -> dict[str, str]:
+        """Re-check on fresh state, assume, annotate, bind; Error on any failure."""
+        if not self.may_bind():
+            raise NotLeader("tandem: this replica is not the leader and may not bind")
+        self._require_synced()
+        existing = self.state.placement_of(args.pod_uid) if args.pod_uid else None
+        if existing is not None:
+            if existing.node == args.node:
+                return {"Error": ""}  # a retried bind that already went through
+            raise BindConflict(f"pod already bound to {existing.node}", None)
+        pod = self._pod_for(args)
+        ref, demand = self.demand(pod)
+        ref = PodRef(args.pod_namespace, args.pod_name, args.pod_uid or ref.uid)
+        placement, plan, cost, uuids = self.state.assume_best(
+            args.node, demand, self._inference, ref.uid or ref.key, ref.key)
+        annotations = output_annotations(placement, uuids, cost, plan)
+        try:
+            confirmed = self.source.bind(ref, args.node, annotations)
+        except Exception as exc:
+            self.state.forget(placement.pod_uid)
+            self.source.record_event(ref, "TandemBindFailed", f"bind to {args.node}: {exc}", True)
+            raise SourceError(f"tandem: bind to {args.node} failed: {exc}") from exc
+        if confirmed:
+            self.state.confirm(placement)
+        else:
+            self.state.finish_binding(placement.pod_uid)
+        what = "session" if placement.workload is Workload.INFERENCE else "job"
+        self.source.record_event(
+            ref, "TandemBound",
+            f"{what} placed on {args.node} GPU {annotations['tandem.io/gpu-index']} "
+            f"(predicted util {placement.util_percent:.0f}%, {placement.mem_mib:.0f} MiB)", False)
+        return {"Error": ""}
+
+    def _pod_for(self, args: BindingArgs) -> Mapping[str, Any]:
+        key = args.pod_uid or f"{args.pod_namespace}/{args.pod_name}"
+        with self._cache_lock:
+            hit = self._cache.get(key)
+        if hit is not None:
+            return hit[2]
+        pod = self.source.read_pod(args.pod_namespace, args.pod_name)
+        if pod is None:
+            raise BindConflict(f"pod {args.pod_namespace}/{args.pod_name} not found", None)
+        uid = (pod.get("metadata") or {}).get("uid")
+        if args.pod_uid and uid != args.pod_uid:
+            raise BindConflict(f"pod {args.pod_namespace}/{args.pod_name} has UID {uid}, "
+                               f"not {args.pod_uid} (recreated?)", None)
+        return pod
+
+    def preempt(self, pod: Mapping[str, Any], victims: Mapping[str, list[str]],
+                ) -> dict[str, list[str]]:
+        """Keep a node's proposed victims only if evicting them lets the pod fit there.
+
+        We never add victims: the scheduler chose them for its own resources and
+        only we know GPU capacity, so the useful answer is to drop nodes where the
+        proposed evictions would not free enough GPU memory or co-location slots.
+        """
+        self._require_synced()
+        try:
+            _, demand = self.demand(pod)
+        except PodRejected:
+            return {}
+        return {node: uids for node, uids in victims.items()
+                if self.state.fits_without(node, uids, demand, self._inference)}

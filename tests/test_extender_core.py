@@ -1,0 +1,230 @@
+"""The pure decision core: demand parsing, reasons, Horus cost, evaluation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from extender_builders import A100, H100, inference, node, pod, training
+
+from extender.core import (
+    CostPolicy,
+    DemandError,
+    GpuObservation,
+    GpuTable,
+    InterferenceCurve,
+    Placement,
+    Reason,
+    Workload,
+    choose,
+    evaluate,
+    is_unresolvable,
+    parse_demand,
+    resolve_demand,
+)
+from extender.core.cost import curve_costs, scores_from_costs
+from extender.core.decide import InferenceContext
+from extender.planner import plan_gpu
+
+
+def resolved(p, table, predict=None, profiles=None):
+    return resolve_demand(parse_demand(p), table.type_names, predict, profiles,
+                          session_name="default/" + p["metadata"]["name"])
+
+
+@pytest.mark.parametrize(("annotations", "field"), [
+    ({"gpu_util": "lots", "gpu_mem_mib": "10"}, "tandem.io/gpu-util"),
+    ({"gpu_util": "150", "gpu_mem_mib": "10"}, "tandem.io/gpu-util"),
+    ({"gpu_util": "nan", "gpu_mem_mib": "10"}, "tandem.io/gpu-util"),
+    ({"gpu_util": "10", "gpu_mem_mib": "-5"}, "tandem.io/gpu-mem-mib"),
+    ({"gpu_util": "10"}, "tandem.io/model"),
+    ({"workload": "batch", "gpu_util": "10", "gpu_mem_mib": "1"}, "tandem.io/workload"),
+    ({"workload": "inference", "model": "m", "slo_ms": "10"}, "tandem.io/rate-rps"),
+    ({"model": "m", "batch_size": "0"}, "tandem.io/batch-size"),
+    ({"model": "m", "batch_size": "3.5"}, "tandem.io/batch-size"),
+    ({"model": "", "gpu_util": "10"}, "tandem.io/model"),
+], ids=["util-text", "util-over-100", "util-nan", "mem-negative", "neither-model-nor-values",
+        "unknown-workload", "inference-no-rate", "batch-zero", "batch-fraction", "model-empty"])
+def test_bad_annotations_name_the_field(annotations, field):
+    with pytest.raises(DemandError) as info:
+        parse_demand(pod("p", 1, **annotations))
+    assert info.value.field == field
+
+
+CONTAINER_GPU = "Pod.spec.containers[0].resources.tandem.io/gpu"
+
+
+@pytest.mark.parametrize(("gpus", "field"), [("0", "resources[tandem.io/gpu]"),
+                                             ("two", CONTAINER_GPU), ("-1", CONTAINER_GPU)],
+                         ids=["zero", "text", "negative"])
+def test_bad_gpu_count(gpus, field):
+    with pytest.raises(DemandError) as info:
+        parse_demand(pod("p", gpus, gpu_util="1", gpu_mem_mib="1"))
+    assert info.value.field == field
+
+
+def test_defaults_and_values():
+    job = parse_demand(pod("p", 2, model="m.onnx"))
+    assert (job.gpu_count, job.workload, job.batch_size, job.model) == (2, Workload.TRAINING, 32,
+                                                                        "m.onnx")
+    job = parse_demand(inference())
+    assert (job.workload, job.batch_size, job.slo_ms, job.rate_rps) == (Workload.INFERENCE, 1,
+                                                                        100.0, 200.0)
+
+
+@pytest.mark.parametrize("reason", list(Reason), ids=lambda r: r.name)
+def test_every_reason_has_code_event_and_mapping(reason):
+    assert reason.event_reason.isalnum() and reason.event_reason[0].isupper()
+    assert isinstance(is_unresolvable(reason), bool)
+    resolvable = {Reason.INSUFFICIENT_GPU_MEMORY, Reason.COLOCATION_LIMIT,
+                  Reason.WORKLOAD_CONFLICT, Reason.SLO_INFEASIBLE}
+    assert is_unresolvable(reason) == (reason not in resolvable)
+
+
+@pytest.mark.parametrize(("util", "expected"), [(0, 0.0), (50, 0.25), (100, 0.5),
+                                                (150, 0.5 + 0.25 + 0.25), (200, 2.0)],
+                         ids=["idle", "half", "full", "150pct", "200pct"])
+def test_curve_linear_below_quadratic_above(util, expected):
+    curve = InterferenceCurve(0.5, 0.5, 1.0)
+    assert curve(util) == pytest.approx(expected)
+    vector = curve_costs(np.array([float(util)]), np.array([[0.5, 0.5, 1.0]]))
+    assert vector[0] == pytest.approx(curve(util))
+
+
+def test_scores_are_ints_in_range_lowest_cost_best():
+    scores = scores_from_costs(np.array([0.2, 0.7, 0.45]))
+    assert scores == [10, 0, 5] and all(type(s) is int for s in scores)
+    assert scores_from_costs(np.array([0.3, 0.3])) == [10, 10]
+
+
+def table_with(*placements, nodes=None):
+    return GpuTable.build(nodes or [node("n1", 2), node("n2", 2)], placements)
+
+
+def test_horus_cost_prefers_the_less_loaded_gpu():
+    busy = Placement("u0", "x", "n1", (0,), 80, 20000)
+    busy2 = Placement("u1", "y", "n1", (1,), 80, 20000)
+    t = table_with(busy, busy2)
+    ev = evaluate(t, ["n1", "n2"], resolved(training(util=40, mem=5000), t), CostPolicy(), 0.0)
+    assert ev.feasible_names() == ["n1", "n2"]
+    assert ev.scores() == [0, 10]
+    p = choose(ev, 1, "u", "default/t")
+    assert p is not None and p.node == "n2" and p.gpu_indices == (0,)
+
+
+def test_multi_gpu_job_takes_best_n_gpus_and_needs_n():
+    t = table_with(Placement("u0", "x", "n1", (0,), 90, 1000))
+    ev = evaluate(t, ["n1"], resolved(training(gpus=1), t), CostPolicy(), 0.0)
+    assert choose(ev, 0, "u", "p").gpu_indices == (1,)
+    ev = evaluate(t, ["n1", "n2"], resolved(training(gpus=3), t), CostPolicy(), 0.0)
+    assert ev.feasible_names() == []
+    assert ev.rejections["n1"].reason is Reason.TOO_FEW_GPUS
+    assert ev.rejections["n1"].unresolvable
+
+
+@pytest.mark.parametrize(("placements", "demand", "reason", "unresolvable"), [
+    ([], training(mem=50000), Reason.GPU_MEMORY_TOO_SMALL, True),
+    ([Placement("a", "a", "n1", (0, 1), 10, 35000)], training(mem=10000),
+     Reason.INSUFFICIENT_GPU_MEMORY, False),
+    ([Placement("a", "a", "n1", (0, 1), 10, 100, Workload.INFERENCE)], training(),
+     Reason.WORKLOAD_CONFLICT, False),
+], ids=["too-small", "insufficient-free", "serving-gpu"])
+def test_rejection_reasons(placements, demand, reason, unresolvable):
+    t = table_with(*placements)
+    ev = evaluate(t, ["n1"], resolved(demand, t), CostPolicy(), 0.0)
+    rej = ev.rejections["n1"]
+    assert (rej.reason, rej.unresolvable) == (reason, unresolvable)
+    assert rej.gpu_counts[reason] == 2 and rej.message().startswith("tandem: ")
+
+
+def test_colocation_limit_and_unknown_and_empty_nodes():
+    t = GpuTable.build([node("n1", 1), node("empty", 0)],
+                       [Placement(f"u{i}", "x", "n1", (0,), 1, 1) for i in range(2)])
+    ev = evaluate(t, ["n1", "ghost", "empty"], resolved(training(mem=1), t),
+                  CostPolicy(max_pods_per_gpu=2), 0.0)
+    assert ev.rejections["n1"].reason is Reason.COLOCATION_LIMIT
+    assert not ev.rejections["n1"].unresolvable
+    assert ev.rejections["ghost"].reason is Reason.UNKNOWN_NODE
+    assert ev.rejections["empty"].reason is Reason.NO_GPU_INVENTORY
+
+
+@pytest.mark.parametrize(("observed", "age", "expected_util"), [
+    (90.0, 1.0, 90.0), (10.0, 1.0, 50.0), (90.0, 60.0, 50.0)],
+    ids=["fresh-higher-wins", "reservation-higher-wins", "stale-ignored"])
+def test_observed_load_rule_is_max_of_fresh(observed, age, expected_util):
+    t = table_with(Placement("a", "a", "n1", (0,), 50, 1000), nodes=[node("n1", 1)])
+    t.observe("n1", [GpuObservation(0, observed, 0.0, 100.0)])
+    demand = resolved(training(util=0.001, mem=1), t)
+    policy = CostPolicy(w_mem=0.0, curves={}, default_curve=InterferenceCurve(1.0, 1.0, 0.0))
+    ev = evaluate(t, ["n1"], demand, policy, 100.0 + age)
+    assert ev.node_cost[0] == pytest.approx(expected_util / 100.0, abs=1e-4)
+
+
+def test_inference_best_fit_and_separation():
+    t = GpuTable.build([node("n1", 2)])
+    ctx = InferenceContext(plan_gpu, _profiles())
+    first = resolved(inference("s1", rate=200), t, profiles=_profiles())
+    ev = evaluate(t, ["n1"], first, CostPolicy(), 0.0, ctx)
+    placement = choose(ev, 0, "u1", "default/s1")
+    assert placement.workload is Workload.INFERENCE and placement.util_percent > 0
+    t.place(placement)
+    second = resolved(inference("s2", rate=100), t, profiles=_profiles())
+    ev = evaluate(t, ["n1"], second, CostPolicy(), 0.0, ctx)
+    assert choose(ev, 0, "u2", "default/s2").gpu_indices == placement.gpu_indices  # best fit
+    ev = evaluate(t, ["n1"], resolved(training(), t), CostPolicy(), 0.0)
+    assert choose(ev, 0, "u3", "t").gpu_indices != placement.gpu_indices  # training elsewhere
+
+
+def test_inference_without_profile_or_with_impossible_slo():
+    t = GpuTable.build([node("n1", 1, product=H100, memory_mib=81559)])
+    ctx = InferenceContext(plan_gpu, _profiles())
+    ev = evaluate(t, ["n1"], resolved(inference(model="nope"), t, profiles=_profiles()),
+                  CostPolicy(), 0.0, ctx)
+    assert ev.rejections["n1"].reason is Reason.DEMAND_UNKNOWN
+    ev = evaluate(t, ["n1"], resolved(inference(slo=1), t, profiles=_profiles()), CostPolicy(),
+                  0.0, ctx)
+    assert ev.rejections["n1"].reason is Reason.SLO_UNREACHABLE
+    assert "SloTooTight" in ev.rejections["n1"].detail
+
+
+def test_predictor_gaps_become_demand_unknown():
+    from extender.core import DemandUnavailable
+
+    def predict(model, batch, gpu_type, workload):
+        if gpu_type == A100:
+            raise DemandUnavailable("NoTrainedModel", "no model for A100")
+        return 30.0, 4000.0, "fake"
+
+    t = GpuTable.build([node("a", 1), node("h", 1, product=H100, memory_mib=81559)])
+    d = resolved(pod("p", 1, model="m.onnx"), t, predict=predict)
+    assert set(d.gaps) == {A100} and d.by_type[H100].util_percent == 30.0
+    ev = evaluate(t, ["a", "h"], d, CostPolicy(), 0.0)
+    assert ev.feasible_names() == ["h"]
+    assert "no model for A100" in ev.rejections["a"].detail
+
+
+def test_asserted_values_override_prediction():
+    t = GpuTable.build([node("a", 1)])
+    d = resolved(pod("p", 1, model="m", gpu_util="12"), t,
+                 predict=lambda *a: (99.0, 2048.0, "fake"))
+    assert (d.by_type[A100].util_percent, d.by_type[A100].mem_mib) == (12.0, 2048.0)
+
+
+def test_table_place_remove_roundtrip_and_copy_is_independent():
+    t = table_with()
+    p = Placement("a", "a", "n1", (1,), 30, 1000)
+    snapshot = t.copy()
+    t.place(p)
+    assert t.reserved_mib.sum() == 1000 and snapshot.reserved_mib.sum() == 0
+    t.remove(p)
+    assert t.reserved_mib.sum() == 0 and t.pod_count.sum() == 0
+    assert math.isinf(t.observed_at[0])
+
+
+def _profiles():
+    from extender_builders import PROFILES
+
+    from extender.core import ProfileIndex
+
+    return ProfileIndex(PROFILES)
