@@ -1,0 +1,1 @@
+"""Per-GPU inference server: one executor thread, Nexus duty cycles, Olympian quanta."""

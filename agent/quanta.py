@@ -1,0 +1,285 @@
+"""Olympian quanta: best-effort jobs share GPU time in quanta of profiled cost.
+
+Pure scheduling math (no I/O, no clock, no transport). The inference server's
+executor thread asks :meth:`QuantaScheduler.select` which job runs its next graph
+segment and reports the segment's profiled cost with :meth:`QuantaScheduler.charge`.
+A job holds the token until its accumulated profiled cost in the current quantum
+reaches the quantum ``Q`` (Olympian's threshold ``T_j = Q*C_j/D_j``; our segment
+costs are already profiled GPU milliseconds, so ``C_j/D_j = 1``). The remainder
+carries into the job's next quantum, as Olympian's line 17 does.
+
+One rule covers Olympian's three policies:
+
+- priority: only runnable jobs of the highest priority class compete;
+- weighted fair: inside a class, round robin where a job of integer weight ``w``
+  keeps the token for ``w`` quanta per turn;
+- fair: every job has weight 1 and priority 0.
+
+Choosing Q follows Olympian: for each model take the smallest Q whose overhead on
+its overhead-vs-quantum curve is within the operator's tolerance, then take the
+largest of those so no model exceeds the tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from predictor.shape import PiecewiseLinear, ShapeError
+
+
+class QuantaError(ValueError):
+    """Invalid quanta configuration or an unknown job."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A best-effort job's share: integer weight and priority class (higher runs first)."""
+
+    name: str
+    weight: int = 1
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise QuantaError("a job needs a name")
+        if not (isinstance(self.weight, int) and 1 <= self.weight <= 1000):
+            raise QuantaError(f"{self.name}: weight must be an integer in 1..1000")
+        if not isinstance(self.priority, int) or abs(self.priority) > 1_000_000:
+            raise QuantaError(f"{self.name}: priority must be an integer in -1e6..1e6")
+
+
+@dataclass(frozen=True)
+class QuantumRecord:
+    """One completed quantum: which job and how much profiled and measured GPU time it used."""
+
+    job: str
+    profiled_ms: float
+    measured_ms: float
+
+
+@dataclass
+class _JobState:
+    spec: JobSpec
+    cumulative_cost_ms: float = 0.0
+    cumulative_measured_ms: float = 0.0
+    quantum_cost_ms: float = 0.0
+    quantum_measured_ms: float = 0.0
+    quanta_left_in_turn: int = 0
+    quanta_completed: int = 0
+
+
+@dataclass
+class QuantaScheduler:
+    """Token passing among best-effort jobs in quanta of ``quantum_ms`` profiled GPU time."""
+
+    quantum_ms: float
+    _jobs: dict[str, _JobState] = field(default_factory=dict, init=False)
+    _order: list[str] = field(default_factory=list, init=False)
+    _holder: str | None = field(default=None, init=False)
+    _last_holder: str | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.quantum_ms) and self.quantum_ms > 0):
+            raise QuantaError(f"quantum_ms must be > 0, got {self.quantum_ms}")
+
+    def register(self, spec: JobSpec) -> None:
+        """Add a job; it competes from the next decision on."""
+        if spec.name in self._jobs:
+            raise QuantaError(f"job {spec.name!r} is already registered")
+        self._jobs[spec.name] = _JobState(spec)
+        self._order.append(spec.name)
+
+    def deregister(self, name: str) -> None:
+        """Remove a job; if it held the token, the token passes at the next decision."""
+        self._state(name)
+        del self._jobs[name]
+        self._order.remove(name)
+        if self._holder == name:
+            self._holder = None
+        if self._last_holder == name:
+            self._last_holder = None
+
+    @property
+    def holder(self) -> str | None:
+        """The job that holds the token now, if any."""
+        return self._holder
+
+    def jobs(self) -> tuple[str, ...]:
+        """Registered jobs in registration (round-robin) order."""
+        return tuple(self._order)
+
+    def select(self, runnable: Iterable[str]) -> str | None:
+        """The job that runs the next segment among ``runnable``; moves the token if needed."""
+        ready = [n for n in self._order if n in set(runnable)]
+        if not ready:
+            return None
+        top = max(self._jobs[n].spec.priority for n in ready)
+        candidates = [n for n in ready if self._jobs[n].spec.priority == top]
+        holder = self._holder
+        if holder in candidates and self._jobs[holder].quanta_left_in_turn > 0:
+            return holder
+        if holder is not None and holder not in candidates:
+            # The holder ran dry or was outranked: its partial quantum ends here and
+            # the carried remainder is forgotten so an idle job cannot bank credit.
+            state = self._jobs[holder]
+            state.quantum_cost_ms = 0.0
+            state.quantum_measured_ms = 0.0
+            state.quanta_left_in_turn = 0
+        nxt = self._next_after(self._last_holder, candidates)
+        self._grant(nxt)
+        return nxt
+
+    def charge(self, name: str, profiled_ms: float, measured_ms: float) -> list[QuantumRecord]:
+        """Account one executed segment; returns the quanta it completed (usually none or one)."""
+        if not (math.isfinite(profiled_ms) and profiled_ms >= 0):
+            raise QuantaError(f"profiled_ms must be >= 0, got {profiled_ms}")
+        state = self._state(name)
+        state.cumulative_cost_ms += profiled_ms
+        state.cumulative_measured_ms += measured_ms
+        state.quantum_cost_ms += profiled_ms
+        state.quantum_measured_ms += measured_ms
+        done: list[QuantumRecord] = []
+        while state.quantum_cost_ms >= self.quantum_ms:
+            # Measured time is attributed to the quantum in proportion to the profiled
+            # cost it covered, so one long segment spanning two quanta splits fairly.
+            share = self.quantum_ms / state.quantum_cost_ms
+            measured = state.quantum_measured_ms * share
+            done.append(QuantumRecord(name, self.quantum_ms, measured))
+            state.quantum_cost_ms -= self.quantum_ms
+            state.quantum_measured_ms -= measured
+            state.quanta_completed += 1
+            state.quanta_left_in_turn = max(0, state.quanta_left_in_turn - 1)
+        if state.quanta_left_in_turn == 0 and self._holder == name:
+            self._holder = None
+        return done
+
+    def cumulative_cost_ms(self) -> dict[str, float]:
+        """Each job's total profiled GPU cost so far."""
+        return {n: s.cumulative_cost_ms for n, s in self._jobs.items()}
+
+    def quanta_completed(self) -> dict[str, int]:
+        """Each job's number of completed quanta."""
+        return {n: s.quanta_completed for n, s in self._jobs.items()}
+
+    def _grant(self, name: str) -> None:
+        state = self._jobs[name]
+        state.quanta_left_in_turn = state.spec.weight
+        self._holder = name
+        self._last_holder = name
+
+    def _next_after(self, last: str | None, candidates: Sequence[str]) -> str:
+        if last is None or last not in self._order:
+            return candidates[0]
+        start = self._order.index(last)
+        n = len(self._order)
+        for step in range(1, n + 1):
+            name = self._order[(start + step) % n]
+            if name in candidates:
+                return name
+        return candidates[0]
+
+    def _state(self, name: str) -> _JobState:
+        try:
+            return self._jobs[name]
+        except KeyError:
+            raise QuantaError(f"unknown job {name!r}") from None
+
+
+@dataclass(frozen=True)
+class OverheadCurve:
+    """Measured scheduling overhead (fraction of run time) against quantum length in ms."""
+
+    model: str
+    curve: PiecewiseLinear
+
+    @classmethod
+    def from_points(cls, model: str, points: Iterable[Sequence[float]]) -> OverheadCurve:
+        """Build from ``[[quantum_ms, overhead_fraction], ...]`` sorted by quantum."""
+        try:
+            curve = PiecewiseLinear.from_points(points, path=f"{model}.overhead_curve")
+        except ShapeError as exc:
+            raise QuantaError(str(exc)) from exc
+        if curve.xs[0] <= 0:
+            raise QuantaError(f"{model}.overhead_curve: quantum lengths must be > 0 ms")
+        return cls(model, curve)
+
+    def smallest_quantum_within(self, tolerance: float) -> float | None:
+        """Smallest measured-or-interpolated Q with overhead <= tolerance; None if none is."""
+        xs, ys = self.curve.xs, self.curve.ys
+        if ys[0] <= tolerance:
+            return xs[0]
+        for i in range(1, len(xs)):
+            if ys[i] <= tolerance:
+                # Linear between the last point above and the first within tolerance.
+                x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+                return x0 + (x1 - x0) * (y0 - tolerance) / (y0 - y1)
+        return None
+
+
+def choose_quantum_ms(
+    curves: Iterable[OverheadCurve],
+    tolerance_percent: float,
+    min_quantum_ms: float = 0.5,
+    max_quantum_ms: float = 10.0,
+) -> float:
+    """Olympian's rule: the largest of each model's smallest Q within the overhead tolerance.
+
+    A model whose curve never reaches the tolerance forces ``max_quantum_ms``; the
+    result is clamped to ``[min_quantum_ms, max_quantum_ms]``.
+    """
+    if not (math.isfinite(tolerance_percent) and tolerance_percent > 0):
+        raise QuantaError(f"tolerance_percent must be > 0, got {tolerance_percent}")
+    if not 0 < min_quantum_ms <= max_quantum_ms:
+        raise QuantaError("need 0 < min_quantum_ms <= max_quantum_ms")
+    chosen = min_quantum_ms
+    for curve in curves:
+        q = curve.smallest_quantum_within(tolerance_percent / 100.0)
+        chosen = max(chosen, max_quantum_ms if q is None else q)
+    return min(chosen, max_quantum_ms)
+
+
+def group_segments(atom_costs_ms: Sequence[float], target_ms: float) -> list[tuple[int, int]]:
+    """Group sequential atoms into segments of about ``target_ms`` profiled cost.
+
+    Returns half-open ``(start, end)`` atom ranges covering every atom in order. A
+    segment closes once adding the next atom would take it further from the target
+    than stopping; an atom costlier than the target becomes a segment of its own.
+    """
+    if not (math.isfinite(target_ms) and target_ms > 0):
+        raise QuantaError(f"target_ms must be > 0, got {target_ms}")
+    if any(not math.isfinite(c) or c < 0 for c in atom_costs_ms):
+        raise QuantaError("atom costs must be finite and >= 0")
+    ranges: list[tuple[int, int]] = []
+    start, acc = 0, 0.0
+    for i, cost in enumerate(atom_costs_ms):
+        if i > start and abs(acc + cost - target_ms) > abs(acc - target_ms) and acc > 0:
+            ranges.append((start, i))
+            start, acc = i, 0.0
+        acc += cost
+    if atom_costs_ms:
+        ranges.append((start, len(atom_costs_ms)))
+    return ranges
+
+
+def jain_index(values: Iterable[float]) -> float:
+    """Jain's fairness index of non-negative shares: 1.0 is perfectly fair."""
+    xs = [float(v) for v in values]
+    if not xs:
+        raise QuantaError("Jain's index needs at least one value")
+    total, squares = sum(xs), sum(x * x for x in xs)
+    if squares == 0:
+        return 1.0
+    return total * total / (len(xs) * squares)
+
+
+def weighted_share_errors(
+    shares: Mapping[str, float], weights: Mapping[str, int]
+) -> dict[str, float]:
+    """Relative error of each job's share of GPU time against its weight's share."""
+    total_share = sum(shares.values())
+    total_weight = sum(weights[n] for n in shares)
+    if total_share <= 0 or total_weight <= 0:
+        raise QuantaError("shares and weights must have positive totals")
+    return {n: (shares[n] / total_share) / (weights[n] / total_weight) - 1.0 for n in shares}

@@ -1,0 +1,83 @@
+"""Batching profiles for the server, read and fitted with the predictor's one implementation.
+
+Nexus plans with ``(mean + std) * 1.15`` (``predictor.profiles.NEXUS_MARGIN``). The
+server plans with a margin given explicitly, and the simulated executor can
+execute the unmargined mean with the measured spread as noise, so the margin has
+real noise to absorb and every run records what it used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+from predictor.batching import BatchingProfile, ProfileError
+from predictor.profiles import (
+    Margin,
+    NexusProfile,
+    fit_linear,
+    load_nexus_dir,
+    parse_nexus,
+    profile_from_entry,
+)
+
+
+class ProfileFileError(ValueError):
+    """A profile file cannot be read; the message names the file."""
+
+
+def load_nexus(path: Path) -> list[NexusProfile]:
+    """Nexus profiles from a directory of ``*.txt`` files or one file."""
+    try:
+        if path.is_dir():
+            found = load_nexus_dir(path)
+        else:
+            found = [parse_nexus(path.read_text(encoding="utf-8"), str(path))]
+    except (OSError, ProfileError) as exc:
+        raise ProfileFileError(str(exc)) from exc
+    if not found:
+        raise ProfileFileError(f"{path}: no Nexus profiles")
+    return found
+
+
+def load_profiles(path: Path, gpu_type: str, margin: Margin) -> dict[str, BatchingProfile]:
+    """Profiles keyed by model from a Nexus directory/file or a YAML ``profiles:`` list."""
+    if path.is_dir() or path.suffix == ".txt":
+        return {p.model: p.to_profile(gpu_type, margin) for p in load_nexus(path)}
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ProfileFileError(f"{path}: {exc}") from exc
+    entries = doc.get("profiles") if isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        raise ProfileFileError(f"{path}: expected a mapping with a 'profiles' list")
+    found = {}
+    for i, entry in enumerate(entries):
+        if isinstance(entry, dict) and entry.get("gpu_type") == gpu_type:
+            try:
+                profile = profile_from_entry(entry, f"{path}:profiles[{i}]")
+            except (ProfileError, TypeError, ValueError) as exc:
+                raise ProfileFileError(str(exc)) from exc
+            found[profile.model] = profile
+    return found
+
+
+def fit_linear_profile(
+    model: str,
+    gpu_type: str,
+    samples: Sequence[tuple[int, float]],
+    max_batch: int,
+    memory_mib: float = 0.0,
+) -> BatchingProfile:
+    """``l(b) = alpha*b + beta`` through measured ``(batch, latency_ms)``, kept pessimistic.
+
+    CPU measurements can be flat or noisy: alpha is clamped to a small positive
+    value and beta raised until no measured point lies above the line, so the
+    planner never sees a profile faster than what was measured.
+    """
+    fit = fit_linear([b for b, _ in samples], [lat for _, lat in samples])
+    alpha = max(fit.alpha_ms, 1e-6)
+    beta = max([max(fit.beta_ms, 0.0)] + [lat - alpha * b for b, lat in samples])
+    return BatchingProfile.linear(model, gpu_type, alpha, beta, memory_mib, max_batch)

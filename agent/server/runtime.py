@@ -1,0 +1,615 @@
+"""The per-GPU serving runtime: one executor thread, Nexus duty cycles, Olympian quanta.
+
+State of the executor loop (one decision per ``step``)::
+
+    cycle start ──> SLO phase: one batch per SLO session, round robin, in plan order
+                      │  (batches formed by early or lazy drop, dispatch.py)
+                      v
+                    slack phase: best-effort segments chosen by the quanta scheduler,
+                      │  each started only if it ends before the cycle does
+                      v
+                    next cycle at ``start + d``; with no best-effort work it starts
+                    as soon as an SLO request waits (work conserving)
+
+Only the executor thread touches the device: registrations that must measure a
+model hand their work to it (``_on_executor``). HTTP threads only enqueue. The
+duty cycle comes from ``extender.planner.plan_gpu`` (the one implementation) and
+is recomputed when sessions change or an EWMA of a session's arrival rate drifts.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agent.quanta import JobSpec, OverheadCurve, QuantaScheduler, choose_quantum_ms
+from agent.server.clock import Clock
+from agent.server.dispatch import DropPolicy, Request, form_batch
+from agent.server.errors import (
+    AdmissionRefused,
+    BadRequest,
+    DropReason,
+    SessionConflict,
+    SessionNotFound,
+)
+from agent.server.executors import Executor, LoadedModel
+from agent.server.state import Action, BestEffortState, InFlight, RuntimeConfig, SloState
+from agent.server.stats import Outcome
+from extender.planner import GpuPlan, Infeasible, SessionError, SessionSpec, plan_gpu
+from predictor.batching import BatchingProfile
+
+
+class ServingRuntime:
+    """Sessions, queues and the executor loop of one GPU."""
+
+    def __init__(
+        self,
+        executor: Executor,
+        clock: Clock,
+        config: RuntimeConfig,
+        profiles: Mapping[str, BatchingProfile] | None = None,
+        post_workers: int = 0,
+        timer: Callable[[], float] = time.perf_counter,
+    ):
+        self.executor = executor
+        self.clock = clock
+        self.config = config
+        self._profiles = dict(profiles or {})
+        self._timer = timer
+        self._cv = threading.Condition()
+        self._admin = threading.Lock()
+        self._slo: dict[str, SloState] = {}
+        self._be: dict[str, BestEffortState] = {}
+        self._curves: dict[str, OverheadCurve] = {}
+        self.plan: GpuPlan | None = None
+        self.quanta = QuantaScheduler(config.quantum_ms or config.min_quantum_ms)
+        self._cycle_start_ms = clock.now_ms()
+        self._cycle_pos = 0
+        self._tasks: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
+        self._drops: list[tuple[Request, DropReason]] = []
+        self._last_replan_ms = clock.now_ms()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._post = ThreadPoolExecutor(post_workers, "tandem-post") if post_workers else None
+        self.started_ms = clock.now_ms()
+        self.scheduler_seconds = 0.0
+        self.busy_ms = 0.0
+        self.replans = 0
+        self.replans_refused = 0
+
+    # ---- registration (HTTP threads) -------------------------------------------------
+
+    def add_slo_session(
+        self, name: str, model: str, slo_ms: float, rate_rps: float
+    ) -> dict[str, Any]:
+        """Register an SLO session, or raise AdmissionRefused with state unchanged."""
+        with self._admin:
+            self._check_free(name)
+            try:
+                spec = SessionSpec(name, model, float(slo_ms), float(rate_rps))
+            except SessionError as exc:
+                raise BadRequest(str(exc)) from exc
+            loaded, profile = self._on_executor(lambda: self._load_and_profile(model))
+            with self._cv:
+                specs = [s.spec for s in self._slo.values()] + [spec]
+                plan = self._plan(
+                    specs, {**self._profile_map(), (model, self.config.gpu_type): profile}
+                )
+                if isinstance(plan, Infeasible):
+                    raise AdmissionRefused(
+                        f"session {name} refused: {plan.message()}",
+                        reason=plan.reason.value,
+                        required=plan.required,
+                        available=plan.available,
+                        session=plan.session,
+                    )
+                now = self.clock.now_ms()
+                self._slo[name] = SloState(
+                    spec, loaded, profile, 1, window_start_ms=now, rate_ewma_rps=spec.rate_rps
+                )
+                self._apply(plan)
+                self._cv.notify_all()
+                alloc = plan.allocation(name)
+                return {
+                    "name": name,
+                    "kind": "slo",
+                    "batch": alloc.batch if alloc else 1,
+                    "duty_cycle_ms": plan.duty_cycle_ms,
+                    "occupancy": plan.occupancy,
+                    "worst_case_latency_ms": alloc.latency_ms if alloc else None,
+                    "profile": _profile_json(profile),
+                }
+
+    def add_best_effort_session(
+        self, name: str, model: str, weight: int = 1, priority: int = 0
+    ) -> dict[str, Any]:
+        """Register a best-effort job that shares the duty cycle's slack in quanta."""
+        with self._admin:
+            self._check_free(name)
+            try:
+                job = JobSpec(name, weight, priority)
+            except ValueError as exc:
+                raise BadRequest(str(exc)) from exc
+
+            def prepare() -> tuple[LoadedModel, BatchingProfile, OverheadCurve]:
+                loaded, profile = self._load_and_profile(model)
+                return loaded, profile, self.executor.overhead_curve(loaded, profile)
+
+            loaded, profile, curve = self._on_executor(prepare)
+            curves = {**self._curves, name: curve}
+            quantum = self.config.quantum_ms or choose_quantum_ms(
+                curves.values(),
+                self.config.overhead_tolerance_percent,
+                self.config.min_quantum_ms,
+                self.config.max_quantum_ms,
+            )
+            target = quantum * self.config.segment_fraction_of_quantum
+            self._on_executor(lambda: self.executor.prepare_segments(loaded, target))
+            with self._cv:
+                self._curves = curves
+                self.quanta.quantum_ms = quantum
+                self.quanta.register(job)
+                self._be[name] = BestEffortState(job, loaded, profile)
+                self._cv.notify_all()
+            return {
+                "name": name,
+                "kind": "best_effort",
+                "weight": weight,
+                "priority": priority,
+                "quantum_ms": quantum,
+                "duty_cycle_ms": self.plan.duty_cycle_ms if self.plan else None,
+                "profile": _profile_json(profile),
+            }
+
+    def remove_session(self, name: str) -> None:
+        """Remove a session; its queued requests are answered with SESSION_REMOVED."""
+        with self._admin, self._cv:
+            if name in self._slo:
+                gone = self._slo.pop(name)
+                plan = self._plan([s.spec for s in self._slo.values()], self._profile_map())
+                self._apply(plan if isinstance(plan, GpuPlan) else None)
+                self._drops.extend((r, DropReason.SESSION_REMOVED) for r in gone.queue)
+            elif name in self._be:
+                be = self._be.pop(name)
+                self.quanta.deregister(name)
+                self._curves.pop(name, None)
+                pending = list(be.queue) + ([be.current.request] if be.current else [])
+                self._drops.extend((r, DropReason.SESSION_REMOVED) for r in pending)
+            else:
+                raise SessionNotFound(f"no session {name!r}")
+            self._cv.notify_all()
+        self._flush_drops()
+
+    def _check_free(self, name: str) -> None:
+        if not isinstance(name, str) or not name or len(name) > 128 or "/" in name:
+            raise BadRequest("session name must be 1-128 characters without '/'")
+        if name in self._slo or name in self._be:
+            raise SessionConflict(f"session {name!r} already exists")
+
+    def _load_and_profile(self, model: str) -> tuple[LoadedModel, BatchingProfile]:
+        loaded = self.executor.load(model)
+        profile = (
+            self._profiles.get(model)
+            or self._profiles.get(Path(model).stem)
+            or self.executor.known_profile(loaded)
+            or self.executor.profile(loaded)
+        )
+        self._profiles.setdefault(model, profile)
+        return loaded, profile
+
+    def _profile_map(self) -> dict[tuple[str, str], BatchingProfile]:
+        return {(s.spec.model, self.config.gpu_type): s.profile for s in self._slo.values()}
+
+    def _plan(
+        self, specs: list[SessionSpec], profiles: Mapping[tuple[str, str], BatchingProfile]
+    ) -> GpuPlan | Infeasible:
+        return plan_gpu(specs, profiles, self.config.gpu_type, self.config.memory_mib)
+
+    def _apply(self, plan: GpuPlan | None) -> None:
+        self.plan = plan
+        if plan is not None:
+            for alloc in plan.allocations:
+                sess = self._slo.get(alloc.session.name)
+                if sess is not None:
+                    sess.batch = alloc.batch
+                    sess.spec = alloc.session
+        self._cycle_pos = 0
+
+    # ---- requests (HTTP threads) -------------------------------------------------------
+
+    def input_contract(self, name: str) -> tuple[np.dtype, tuple[int | None, ...] | None, bool]:
+        """(dtype, per-sample shape, is_slo) the session's requests must match."""
+        with self._cv:
+            sess: SloState | BestEffortState | None = self._slo.get(name) or self._be.get(name)
+            if sess is None:
+                raise SessionNotFound(f"no session {name!r}")
+            return sess.loaded.input_dtype, sess.loaded.sample_shape, name in self._slo
+
+    def profile(self, name: str) -> BatchingProfile:
+        """The batching profile a session was planned with; raises SessionNotFound."""
+        with self._cv:
+            sess: SloState | BestEffortState | None = self._slo.get(name) or self._be.get(name)
+            if sess is None:
+                raise SessionNotFound(f"no session {name!r}")
+            return sess.profile
+
+    def slo_ms(self, name: str) -> float | None:
+        """The session's SLO (None for best effort); raises SessionNotFound."""
+        with self._cv:
+            if name in self._slo:
+                return self._slo[name].spec.slo_ms
+            if name in self._be:
+                return None
+            raise SessionNotFound(f"no session {name!r}")
+
+    def submit(
+        self,
+        name: str,
+        tensor: np.ndarray,
+        on_done: Callable[[Outcome], None],
+        arrival_ms: float | None = None,
+    ) -> None:
+        """Queue one request; ``on_done`` gets its Outcome (from the executor or a worker)."""
+        with self._cv:
+            now = self.clock.now_ms() if arrival_ms is None else arrival_ms
+            slo = self._slo.get(name)
+            be = self._be.get(name)
+            if slo is None and be is None:
+                raise SessionNotFound(f"no session {name!r}")
+            target = slo if slo is not None else be
+            assert target is not None
+            target.stats.arrived += 1
+            if len(target.queue) >= self.config.max_queue:
+                target.stats.record_drop(DropReason.QUEUE_FULL)
+                on_done(Outcome(None, DropReason.QUEUE_FULL, 0.0))
+                return
+            deadline = now + slo.spec.slo_ms if slo is not None else None
+            target.queue.append(Request(name, tensor, now, deadline, on_done))
+            if slo is not None:
+                slo.window_count += 1
+            self._cv.notify_all()
+
+    def submit_future(self, name: str, tensor: np.ndarray) -> Future[Outcome]:
+        """Queue one request and return a future of its Outcome."""
+        future: Future[Outcome] = Future()
+        self.submit(name, tensor, future.set_result)
+        return future
+
+    # ---- the executor thread -----------------------------------------------------------
+
+    def _on_executor(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the executor thread (inline when none runs, as in replays)."""
+        thread = self._thread
+        if thread is None or thread is threading.current_thread() or not thread.is_alive():
+            return fn()
+        future: Future[Any] = Future()
+        with self._cv:
+            self._tasks.append((fn, future))
+            self._cv.notify_all()
+        return future.result()
+
+    def step(self) -> bool:
+        """Make one scheduling decision and run it; False when there was nothing to do."""
+        with self._cv:
+            task = self._tasks.popleft() if self._tasks else None
+        if task is not None:
+            fn, future = task
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # hand any failure back to the registering thread
+                future.set_exception(exc)
+            return True
+        start = self._timer()
+        with self._cv:
+            now = self.clock.now_ms()
+            self._update_rates(now)
+            action = self._decide(now)
+        self.scheduler_seconds += self._timer() - start
+        self._flush_drops()
+        if action is None:
+            return False
+        if action.kind == "batch":
+            self._run_batch(action)
+        else:
+            self._run_segment(action)
+        return True
+
+    def _decide(self, now: float) -> Action | None:
+        order = [a.session.name for a in self.plan.allocations] if self.plan else []
+        for _ in range(2):  # at most one cycle restart per decision
+            while self._cycle_pos < len(order):
+                sess = self._slo.get(order[self._cycle_pos])
+                self._cycle_pos += 1
+                if sess is None or not sess.queue:
+                    continue
+                batch, dropped = form_batch(
+                    sess.queue, now, sess.batch, sess.profile.latency_ms, self.config.drop_policy
+                )
+                self._record_drops(sess, dropped)
+                if batch:
+                    return Action("batch", sess, batch)
+            cycle_end = (
+                self._cycle_start_ms + self.plan.duty_cycle_ms if order and self.plan else math.inf
+            )
+            overflow = self._overflow_batch(order, now, cycle_end)
+            if overflow is not None:
+                return overflow
+            segment = self._next_segment(now, cycle_end)
+            if segment is not None:
+                return segment
+            be_waiting = any(b.runnable() for b in self._be.values())
+            slo_waiting = any(s.queue for s in self._slo.values())
+            if not order or not (now >= cycle_end or (slo_waiting and not be_waiting)):
+                return None
+            self._cycle_start_ms = now
+            self._cycle_pos = 0
+        return None
+
+    def _overflow_batch(self, order: list[str], now: float, cycle_end: float) -> Action | None:
+        """Slack goes to SLO requests left over by a burst before best-effort work.
+
+        A Poisson burst leaves more than ``b`` requests; waiting a whole cycle would
+        make them miss ``d + l(b)``. An extra batch that ends before the cycle does
+        delays nobody's next slot, so it only takes time best effort would have had.
+        """
+        for name in order:
+            sess = self._slo.get(name)
+            if sess is None or not sess.queue:
+                continue
+            size = min(len(sess.queue), sess.batch)
+            if now + sess.profile.latency_ms(size) > cycle_end:
+                continue
+            batch, dropped = form_batch(
+                sess.queue, now, sess.batch, sess.profile.latency_ms, self.config.drop_policy
+            )
+            self._record_drops(sess, dropped)
+            if batch:
+                return Action("batch", sess, batch)
+        return None
+
+    def _record_drops(self, sess: SloState, dropped: list[Request]) -> None:
+        reason = (
+            DropReason.EARLY_DROP
+            if self.config.drop_policy is DropPolicy.EARLY
+            else DropReason.DEADLINE_EXPIRED
+        )
+        for req in dropped:
+            sess.stats.record_drop(reason)
+            self._drops.append((req, reason))
+
+    def _next_segment(self, now: float, cycle_end: float) -> Action | None:
+        name = self.quanta.select([n for n, b in self._be.items() if b.runnable()])
+        if name is None:
+            return None
+        be = self._be[name]
+        if be.current is None:
+            req = be.queue.popleft()
+            items = int(req.tensor.shape[0]) if getattr(req.tensor, "ndim", 0) else 1
+            whole = be.profile.latency_ms(min(max(items, 1), be.profile.max_batch))
+            whole *= math.ceil(max(items, 1) / be.profile.max_batch)
+            target = self.quanta.quantum_ms * self.config.segment_fraction_of_quantum
+            costs = be.loaded.segment_costs_ms(whole, target)
+            be.current = InFlight(req, costs, 0, {be.loaded.input_name: req.tensor})
+        cost = be.current.costs_ms[be.current.index]
+        if now + cost > cycle_end:
+            return None  # would push the next SLO cycle back: wait for it
+        return Action("segment", be, profiled_ms=cost)
+
+    def _run_batch(self, action: Action) -> None:
+        sess: SloState = action.session
+        reqs = action.requests
+        start = self.clock.now_ms()
+        try:
+            stacked = np.concatenate([r.tensor for r in reqs], axis=0)
+            outputs = self.executor.run_batch(sess.loaded, stacked)
+            error = None
+        except Exception:  # one bad batch must not stop the GPU loop
+            outputs, error = [], DropReason.EXECUTION_FAILED
+        finish = self.clock.now_ms()
+        elapsed = finish - start
+        self.busy_ms += elapsed
+        stats = sess.stats
+        stats.gpu_time_ms += elapsed
+        stats.batch_sizes[len(reqs)] += 1
+        results: list[tuple[Request, Outcome]] = []
+        for i, req in enumerate(reqs):
+            latency = finish - req.arrival_ms
+            if error is not None:
+                stats.record_drop(error)
+                results.append((req, Outcome(None, error, latency)))
+                continue
+            stats.served += 1
+            if req.deadline_ms is not None and finish > req.deadline_ms:
+                stats.late += 1
+                results.append((req, Outcome(None, DropReason.DEADLINE_MISSED, latency)))
+            else:
+                stats.good += 1
+                results.append((req, Outcome(tuple(o[i : i + 1] for o in outputs), None, latency)))
+        self._deliver(results)
+
+    def _run_segment(self, action: Action) -> None:
+        be: BestEffortState = action.session
+        flight = be.current
+        assert flight is not None
+        start = self.clock.now_ms()
+        try:
+            flight.feed = self.executor.run_segment(
+                be.loaded, flight.index, flight.feed, action.profiled_ms
+            )
+            failed = False
+        except Exception:  # a failing job is dropped, the loop goes on
+            failed = True
+        measured = self.clock.now_ms() - start
+        self.busy_ms += measured
+        be.stats.gpu_time_ms += measured
+        for record in self.quanta.charge(be.job.name, action.profiled_ms, measured):
+            be.stats.quanta += 1
+            be.stats.quantum_lengths_ms.append(record.measured_ms)
+        flight.index += 1
+        if failed or flight.index >= len(flight.costs_ms):
+            be.current = None
+            req = flight.request
+            latency = self.clock.now_ms() - req.arrival_ms
+            if failed:
+                be.stats.record_drop(DropReason.EXECUTION_FAILED)
+                self._deliver([(req, Outcome(None, DropReason.EXECUTION_FAILED, latency))])
+            else:
+                be.stats.served += 1
+                be.stats.good += 1
+                be.stats.batch_sizes[int(req.tensor.shape[0]) if req.tensor.ndim else 1] += 1
+                self._deliver([(req, Outcome(tuple(flight.feed.values()), None, latency))])
+
+    def _deliver(self, results: list[tuple[Request, Outcome]]) -> None:
+        """Hand results to the post-processing pool so the GPU loop moves on at once."""
+        if self._post is None:
+            for req, outcome in results:
+                req.on_done(outcome)
+        else:
+            self._post.submit(lambda: [req.on_done(o) for req, o in results])
+
+    def _flush_drops(self) -> None:
+        with self._cv:
+            drops, self._drops = self._drops, []
+        now = self.clock.now_ms()
+        self._deliver([(r, Outcome(None, why, now - r.arrival_ms)) for r, why in drops])
+
+    def _update_rates(self, now: float) -> None:
+        cfg = self.config
+        drifted = False
+        for sess in self._slo.values():
+            span = now - sess.window_start_ms
+            if span < cfg.rate_window_ms:
+                continue
+            rate = sess.window_count * 1000.0 / span
+            sess.rate_ewma_rps = (
+                cfg.rate_ewma_alpha * rate + (1 - cfg.rate_ewma_alpha) * sess.rate_ewma_rps
+            )
+            sess.window_start_ms, sess.window_count = now, 0
+            change = abs(sess.rate_ewma_rps - sess.spec.rate_rps) / sess.spec.rate_rps
+            drifted |= change * 100.0 > cfg.replan_threshold_percent
+        if drifted and now - self._last_replan_ms >= cfg.min_replan_interval_ms:
+            self._last_replan_ms = now
+            specs = [
+                replace(s.spec, rate_rps=max(s.rate_ewma_rps, 0.1)) for s in self._slo.values()
+            ]
+            plan = self._plan(specs, self._profile_map())
+            if isinstance(plan, GpuPlan):
+                self.replans += 1
+                self._apply(plan)
+            else:
+                self.replans_refused += 1
+
+    def next_wakeup_ms(self) -> float | None:
+        """When the loop has timed work next (the end of a waiting slack phase), if ever."""
+        with self._cv:
+            if self.plan and self.plan.allocations and any(b.runnable() for b in self._be.values()):
+                return self._cycle_start_ms + self.plan.duty_cycle_ms
+            return None
+
+    def run_forever(self) -> None:
+        """The executor thread's loop; returns after ``stop``."""
+        while not self._stopping:
+            if self.step():
+                continue
+            wake = self.next_wakeup_ms()
+            with self._cv:
+                if self._tasks or self._stopping:
+                    continue
+                timeout = 0.05 if wake is None else max(0.0, (wake - self.clock.now_ms()) / 1000.0)
+                self._cv.wait(min(timeout, 0.05))
+
+    def is_running(self) -> bool:
+        """Whether the executor thread is alive (readiness)."""
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    def start(self) -> None:
+        """Start the executor thread."""
+        self._thread = threading.Thread(target=self.run_forever, name="tandem-gpu", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the loop and answer every queued request with SHUTDOWN."""
+        with self._cv:
+            self._stopping = True
+            for sess in list(self._slo.values()) + list(self._be.values()):
+                self._drops.extend((r, DropReason.SHUTDOWN) for r in sess.queue)
+                sess.queue.clear()
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._flush_drops()
+        if self._post is not None:
+            self._post.shutdown(wait=True)
+
+    # ---- read side -------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """Sessions, counters and plan as JSON (GET /v1/sessions)."""
+        with self._cv:
+            elapsed = self.clock.now_ms() - self.started_ms
+            total_gpu = sum(s.stats.gpu_time_ms for s in self._slo.values()) + sum(
+                b.stats.gpu_time_ms for b in self._be.values()
+            )
+            sessions = []
+            for s in self._slo.values():
+                sessions.append(
+                    {
+                        "name": s.spec.name,
+                        "kind": "slo",
+                        "model": s.spec.model,
+                        "slo_ms": s.spec.slo_ms,
+                        "rate_rps": s.spec.rate_rps,
+                        "observed_rate_rps": s.rate_ewma_rps,
+                        "batch": s.batch,
+                        "queue": len(s.queue),
+                        "gpu_share": s.stats.gpu_time_ms / total_gpu if total_gpu else 0.0,
+                        **s.stats.to_json(elapsed),
+                    }
+                )
+            for b in self._be.values():
+                sessions.append(
+                    {
+                        "name": b.job.name,
+                        "kind": "best_effort",
+                        "model": b.loaded.ref,
+                        "weight": b.job.weight,
+                        "segments": len(b.loaded.segment_fractions or ()),
+                        "priority": b.job.priority,
+                        "queue": len(b.queue) + (1 if b.current else 0),
+                        "gpu_share": b.stats.gpu_time_ms / total_gpu if total_gpu else 0.0,
+                        **b.stats.to_json(elapsed),
+                    }
+                )
+            plan = self.plan
+            return {
+                "gpu_type": self.config.gpu_type,
+                "executor": self.executor.kind,
+                "drop_policy": self.config.drop_policy.value,
+                "duty_cycle_ms": plan.duty_cycle_ms if plan else None,
+                "occupancy": plan.occupancy if plan else None,
+                "quantum_ms": self.quanta.quantum_ms,
+                "busy_ms": self.busy_ms,
+                "scheduler_seconds": self.scheduler_seconds,
+                "replans": self.replans,
+                "sessions": sessions,
+            }
+
+
+def _profile_json(profile: BatchingProfile) -> dict[str, Any]:
+    return {
+        "model": profile.model,
+        "gpu_type": profile.gpu_type,
+        "max_batch": profile.max_batch,
+        "alpha_ms": profile.alpha_ms,
+        "beta_ms": profile.beta_ms,
+        "latency_batch1_ms": profile.latency_ms(1),
+    }

@@ -1,0 +1,79 @@
+"""Runtime configuration and the executor loop's per-session state."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.quanta import JobSpec
+from agent.server.dispatch import DropPolicy, Request
+from agent.server.executors import LoadedModel
+from agent.server.stats import SessionStats
+from extender.planner import SessionSpec
+from predictor.batching import BatchingProfile
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Tunables of the executor loop; units in the names."""
+
+    gpu_type: str
+    memory_mib: float = 1e12
+    """GPU memory available to models (planner's memory check)."""
+    drop_policy: DropPolicy = DropPolicy.EARLY
+    overhead_tolerance_percent: float = 2.0
+    """Operator's overhead tolerance for choosing Q (Olympian used 2-2.5%)."""
+    quantum_ms: float | None = None
+    """Fixed Q; None chooses it from the overhead curves."""
+    min_quantum_ms: float = 1.0
+    max_quantum_ms: float = 2.0
+    segment_fraction_of_quantum: float = 0.25
+    """Segments target this share of Q so a quantum overshoots by little."""
+    rate_window_ms: float = 1000.0
+    rate_ewma_alpha: float = 0.5
+    replan_threshold_percent: float = 25.0
+    min_replan_interval_ms: float = 5000.0
+    max_queue: int = 10_000
+
+
+@dataclass
+class SloState:
+    spec: SessionSpec
+    loaded: LoadedModel
+    profile: BatchingProfile
+    batch: int
+    queue: deque[Request] = field(default_factory=deque)
+    stats: SessionStats = field(default_factory=SessionStats)
+    window_start_ms: float = 0.0
+    window_count: int = 0
+    rate_ewma_rps: float = 0.0
+
+
+@dataclass
+class InFlight:
+    request: Request
+    costs_ms: tuple[float, ...]
+    index: int
+    feed: dict[str, Any]
+
+
+@dataclass
+class BestEffortState:
+    job: JobSpec
+    loaded: LoadedModel
+    profile: BatchingProfile
+    queue: deque[Request] = field(default_factory=deque)
+    current: InFlight | None = None
+    stats: SessionStats = field(default_factory=SessionStats)
+
+    def runnable(self) -> bool:
+        return self.current is not None or bool(self.queue)
+
+
+@dataclass
+class Action:
+    kind: str  # "batch" | "segment"
+    session: Any
+    requests: list[Request] = field(default_factory=list)
+    profiled_ms: float = 0.0

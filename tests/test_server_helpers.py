@@ -1,0 +1,45 @@
+"""Shared builders for the inference-server tests (no tests here): small ONNX models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def chain_model(
+    width: int = 8, layers: int = 6, residual: bool = True, seed: int = 0
+) -> onnx.ModelProto:
+    """MatMul+Relu layers on [N, width]; every other layer adds a skip connection."""
+    rng = np.random.default_rng(seed)
+    nodes, inits = [], []
+    prev = "x"
+    for i in range(layers):
+        w = numpy_helper.from_array(rng.standard_normal((width, width)).astype(np.float32), f"w{i}")
+        inits.append(w)
+        nodes.append(helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"]))
+        nodes.append(helper.make_node("Relu", [f"m{i}"], [f"r{i}"]))
+        out = f"r{i}"
+        if residual and i % 2 == 1:
+            nodes.append(helper.make_node("Add", [out, prev], [f"a{i}"]))
+            out = f"a{i}"
+        prev = out
+    nodes.append(helper.make_node("Identity", [prev], ["y"]))
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width])],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.checker.check_model(model)
+    return model
+
+
+def save(model: onnx.ModelProto, path: Path) -> Path:
+    onnx.save(model, str(path))
+    return path
