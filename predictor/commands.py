@@ -1,5 +1,237 @@
-"""Command-line commands of this package (filled in by its issue)."""
+"""``tandem predictor``: features, predict, train, evaluate, fit-curves, export-zoo.
+
+Heavy libraries (onnx, xgboost, torch, matplotlib) load inside the commands so
+that ``tandem --help`` stays fast. Errors print one line on stderr (and, with
+``--json``, an ``{"error", "reason"}`` object on stdout) and exit non-zero.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import typer
 
 app = typer.Typer(no_args_is_help=True)
+
+DEFAULT_DATA = Path("training_data")
+DEFAULT_ARTIFACTS = DEFAULT_DATA / "artifacts"
+_WORKLOADS = ("training", "inference")
+
+
+def _fail(message: str, as_json: bool, reason: str = "error", code: int = 1) -> None:
+    if as_json:
+        typer.echo(json.dumps({"error": message, "reason": reason}))
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _guarded(as_json: bool, body: Callable[[], Any]) -> Any:
+    """Run ``body`` turning the predictor's typed errors into clean exits."""
+    from predictor.dataset import DatasetError, MissingProvenance
+    from predictor.errors import ModelRejected, ModelUnavailable, NoTrainedModel
+
+    try:
+        return body()
+    except ModelRejected as exc:
+        _fail(str(exc), as_json, exc.reason.value, 2)
+    except MissingProvenance as exc:
+        _fail(f"training data without provenance: {exc}", as_json, "missing_provenance", 2)
+    except DatasetError as exc:
+        _fail(f"invalid training data: {exc}", as_json, "invalid_data", 2)
+    except NoTrainedModel as exc:
+        _fail(str(exc), as_json, "no_trained_model", 3)
+    except (ModelUnavailable, ValueError, KeyError) as exc:
+        _fail(str(exc), as_json, "error", 1)
+
+
+def _progress(desc: str) -> Callable[[Any], Any]:
+    from tqdm import tqdm
+
+    return lambda it: tqdm(
+        list(it), desc=desc, file=sys.stderr, leave=False, disable=not sys.stderr.isatty()
+    )
+
+
+@app.command("features")
+def features_command(
+    model: str = typer.Argument(..., help="ONNX file (path, file:// or https://)."),
+    batch_size: int = typer.Option(1, "--batch-size", min=1, help="Batch size to bind."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Graph features of an ONNX model: FLOPs, parameter/activation bytes, op counts."""
+    from predictor.api import Predictor
+
+    feats = _guarded(as_json, lambda: Predictor().features(model, batch_size))
+    if as_json:
+        typer.echo(json.dumps(feats.as_dict()))
+        return
+    d = feats.as_dict()
+    typer.echo(
+        f"flops {d['flops']:,}\nparams_bytes {d['params_bytes']:,}\n"
+        f"activations_bytes {d['activations_bytes']:,} (peak {d['peak_activation_bytes']:,})"
+        f"\nbatch_size {d['batch_size']}\nnodes {d['n_nodes']} opset {d['opset']}"
+    )
+    for op, n in sorted(d["op_counts"].items(), key=lambda kv: -kv[1]):
+        typer.echo(f"  {op:24s} {n}")
+    if d["unknown_ops"]:
+        typer.echo(f"unknown ops (no FLOP formula): {d['unknown_ops']}")
+
+
+@app.command("predict")
+def predict_command(
+    model: str = typer.Argument(..., help="ONNX file (path, file:// or https://)."),
+    batch_size: int = typer.Option(
+        None, "--batch-size", min=1, help="Default: 1 for inference, 32 for training."
+    ),
+    gpu_type: str = typer.Option(None, "--gpu-type", help="GPU product the model was trained on."),
+    workload: str = typer.Option("training", "--workload", help="training or inference."),
+    artifacts: Path = typer.Option(DEFAULT_ARTIFACTS, "--artifacts", help="Trained artifacts."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Predicted GPU utilisation (percent) and memory (MiB) of a job."""
+    from predictor.api import Predictor
+
+    if workload not in _WORKLOADS:
+        _fail(f"--workload must be one of {_WORKLOADS}", as_json)
+    batch = batch_size or (1 if workload == "inference" else 32)
+    predictor = Predictor.from_dirs(artifacts)
+    pred = _guarded(as_json, lambda: predictor.predict(model, batch, gpu_type, workload))
+    out = {
+        "gpu_util_percent": pred.gpu_util_percent,
+        "gpu_mem_mib": pred.gpu_mem_mib,
+        "source": pred.source,
+        "batch_size": batch,
+        "workload": workload,
+    }
+    typer.echo(
+        json.dumps(out)
+        if as_json
+        else f"gpu_util_percent {out['gpu_util_percent']}\ngpu_mem_mib {out['gpu_mem_mib']}\n"
+        f"source {out['source']}"
+    )
+
+
+@app.command("train")
+def train_command(
+    data: Path = typer.Option(DEFAULT_DATA, "--data", help="training_data/ root."),
+    out: Path = typer.Option(DEFAULT_ARTIFACTS, "--out", help="Artifacts directory."),
+    baselines: bool = typer.Option(
+        True,
+        "--baselines/--no-baselines",
+        help="Also cross-validate ridge, random forest, hist GB.",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Train the utilisation model (leave-one-family-out CV) and fit memory overhead."""
+    from predictor.dataset import load_training_data
+    from predictor.model import KINDS
+    from predictor.training import fit_all, save_artifacts
+
+    def body() -> dict[str, Any]:
+        datasets = load_training_data(data)
+        kinds = KINDS if baselines else ("xgboost",)
+        est, card, overheads, _ = fit_all(datasets, kinds, progress=_progress("cv folds"))
+        save_artifacts(out, est, card, overheads, [d.provenance for d in datasets])
+        return {
+            "artifacts": str(out),
+            "n_rows": card["n_rows"],
+            "data_digest": card["data_digest"],
+            "rmsle": {k: v["rmsle"] for k, v in card["metrics"].items()},
+        }
+
+    summary = _guarded(as_json, body)
+    typer.echo(json.dumps(summary) if as_json else json.dumps(summary, indent=2))
+
+
+@app.command("evaluate")
+def evaluate_command(
+    data: Path = typer.Option(DEFAULT_DATA, "--data", help="training_data/ root."),
+    out_dir: Path = typer.Option(
+        Path("benchmarks/results"), "--out-dir", help="Where predictor_evaluation.json/.png go."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """RMSLE per held-out family for XGBoost and baselines; JSON + predicted-vs-measured PNG."""
+    from predictor.dataset import load_training_data
+    from predictor.training import build_table, cross_validate
+
+    def body() -> dict[str, Any]:
+        datasets = load_training_data(data)
+        table = build_table(datasets)
+        cv = cross_validate(table, progress=_progress("cv folds"))
+        preds = cv.pop("_predictions")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        result = {"data_digest": table.data_digest, "n_rows": len(table.y), "metrics": cv}
+        (out_dir / "predictor_evaluation.json").write_text(json.dumps(result, indent=2) + "\n")
+        from predictor.plots import plot_predicted_vs_measured
+
+        png = plot_predicted_vs_measured(
+            out_dir / "predictor_evaluation.png", table.y, preds["xgboost"], table.families
+        )
+        return dict(result, plot=str(png) if png else None)
+
+    result = _guarded(as_json, body)
+    typer.echo(json.dumps(result) if as_json else json.dumps(result, indent=2))
+
+
+@app.command("fit-curves")
+def fit_curves_command(
+    data: Path = typer.Option(DEFAULT_DATA, "--data", help="training_data/ root."),
+    out: Path = typer.Option(DEFAULT_ARTIFACTS / "curves.json", "--out", help="Curves JSON."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Fit slowdown vs cumulative utilisation per GPU type from colocated.csv (JSON + PNG)."""
+    from predictor.curves import fit_curves, save_curves
+    from predictor.dataset import load_training_data
+    from predictor.training import data_digest
+
+    def body() -> dict[str, Any]:
+        datasets = load_training_data(data)
+        curves = fit_curves([r for d in datasets for r in d.colocated])
+        out.parent.mkdir(parents=True, exist_ok=True)
+        save_curves(out, curves, data_digest(datasets))
+        from predictor.plots import plot_curves
+
+        png = plot_curves(
+            out.with_suffix(".png"), curves, [r for d in datasets for r in d.colocated]
+        )
+        return {
+            "curves": str(out),
+            "plot": str(png) if png else None,
+            "r2": {g: {"below": c.r2_below, "above": c.r2_above} for g, c in curves.items()},
+        }
+
+    result = _guarded(as_json, body)
+    typer.echo(json.dumps(result) if as_json else json.dumps(result, indent=2))
+
+
+@app.command("export-zoo")
+def export_zoo_command(
+    out: Path = typer.Option(Path("zoo-onnx"), "--out", help="Output directory."),
+    models: str = typer.Option("", "--models", help="Comma list (default: the whole zoo)."),
+    batch_sizes: str = typer.Option("1", "--batch-sizes", help="Comma list of batch sizes."),
+    training: bool = typer.Option(False, "--training", help="Export training-mode graphs."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Export zoo models to ONNX (CPU; needs the 'zoo' extra: torch)."""
+    from predictor.zoo import ZOO, export_onnx
+
+    names = [m for m in models.split(",") if m] or sorted(ZOO)
+    unknown = [n for n in names if n not in ZOO]
+    if unknown:
+        _fail(f"unknown zoo models {unknown}; known: {', '.join(sorted(ZOO))}", as_json)
+    try:
+        batches = [int(b) for b in batch_sizes.split(",") if b]
+    except ValueError:
+        _fail("--batch-sizes must be a comma list of integers", as_json)
+    mode = "train" if training else "infer"
+    jobs = [(n, b) for n in names for b in batches]
+    written = [
+        str(export_onnx(n, b, out / f"{n}_b{b}_{mode}.onnx", training=training))
+        for n, b in _progress("export")(jobs)
+    ]
+    typer.echo(json.dumps({"files": written}) if as_json else "\n".join(written))

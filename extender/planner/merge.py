@@ -1,0 +1,354 @@
+"""Residual merging (Nexus Algorithm 1, lines 12-25, and MergeNodes), vectorised.
+
+MergeNodes, exactly as in the dissertation (Figure 3.10): the merged node's duty
+cycle is the smaller of the two (``d_i`` is the longest cycle each session
+tolerates), every session is re-batched to ``ceil(r*d)``, and the merge is feasible
+iff the batches' latencies sum to at most ``d`` and the models' memory fits.
+Best fit: among the nodes a residual merges with, the one with the highest
+resulting occupancy ``sum l(b)/d`` wins; if none, a new node opens.
+
+Speed: open nodes of one GPU type live in numpy arrays, so the best-fit scan over
+them is a handful of array operations. Merges that keep a node's cycle (the
+residual tolerates a longer one) are evaluated exactly in the arrays; merges that
+shorten it re-batch every share of every candidate node at once from flat
+per-share arrays (one ``bincount``).
+
+Quality beyond Nexus: ``merge_best`` runs the same best-fit merge under several
+decreasing orders (Nexus's occupancy, then orders that also weigh memory, the
+second resource the paper's greedy ignores when ranking) and keeps the cheapest,
+then ``consolidate`` tries to empty the emptiest nodes into the others.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from extender.planner.options import GpuType
+from extender.planner.types import SessionSpec
+
+_EPS = 1e-9
+
+
+@dataclass(frozen=True, eq=False)
+class ItemFit:
+    """A residual sized alone on one GPU type (Nexus Eq. 3.1)."""
+
+    duty_ms: float
+    """Longest duty cycle the share tolerates alone."""
+    latencies: Sequence[float]
+    """``l(b)`` for batch 1..max (index 0 is batch 1), for scalar lookups."""
+    latency_array: np.ndarray
+    """The same latencies as an array, for the vectorised scan."""
+    memory_mib: float
+    occupancy: float
+    """``l(b)/d`` alone at ``duty_ms``."""
+
+
+@dataclass
+class Item:
+    """One residual share of a session, sized per GPU type it can run on."""
+
+    session: SessionSpec
+    rate: float
+    slo_ms: float
+    per_type: dict[str, ItemFit]
+    origin: str | None = None
+    """GPU id that served this share in the previous plan (incremental re-planning)."""
+
+
+def batch_at(rate_rps: float, duty_ms: float) -> int:
+    """``ceil(r*d)`` (at least 1), tolerant of float noise like ``batch_for``."""
+    return max(1, math.ceil(rate_rps * duty_ms / 1000.0 - _EPS))
+
+
+class TypeNodes:
+    """The open nodes of one GPU type as parallel arrays (grown by doubling).
+
+    Besides per-node totals, every placed share is a row of flat arrays (node,
+    rate, latency-table row), so the nodes' busy times at any shorter cycle are
+    one ``bincount``. Latency-table row 0 is all zeros: an emptied node's shares
+    point there and weigh nothing.
+    """
+
+    def __init__(self, gpu: GpuType, price: float):
+        self.gpu, self.price = gpu, price
+        self.n = 0
+        self.duty, self.busy = np.zeros(16), np.zeros(16)
+        self.memory, self.floor = np.zeros(16), np.zeros(16)
+        """``floor``: sum of ``l(1)``; no cycle shorter than this hosts the node's shares."""
+        self.items: list[list[Item]] = []
+        self.m = 0
+        self.share_node = np.zeros(16, dtype=np.int64)
+        self.share_rate = np.zeros(16)
+        self.share_row = np.zeros(16, dtype=np.int64)
+        self._rows: dict[int, int] = {}
+        self._tables: list[np.ndarray] = [np.zeros(1)]
+        self.table = np.zeros((1, 1))
+
+    def open(self) -> int:
+        """A new empty node; returns its index."""
+        if self.n == len(self.duty):
+            self.duty, self.busy, self.memory, self.floor = (
+                np.concatenate([a, np.zeros(len(a))])
+                for a in (self.duty, self.busy, self.memory, self.floor)
+            )
+        i = self.n
+        self.duty[i], self.busy[i], self.memory[i], self.floor[i] = math.inf, 0.0, 0.0, 0.0
+        self.items.append([])
+        self.n += 1
+        return i
+
+    def busy_all(self, duty_ms: float) -> np.ndarray:
+        """Every node's batches' total latency if its cycle were ``duty_ms``."""
+        m = self.m
+        batches = np.maximum(1, np.ceil(self.share_rate[:m] * duty_ms / 1000.0 - _EPS))
+        batches = np.minimum(batches.astype(np.int64), self.table.shape[1]) - 1
+        lat = self.table[self.share_row[:m], batches]
+        return np.bincount(self.share_node[:m], weights=lat, minlength=self.n)
+
+    def add(self, i: int, item: Item, duty_ms: float, busy_ms: float) -> None:
+        """Put ``item`` on node ``i`` with the merged cycle and busy time."""
+        fit = item.per_type[self.gpu.name]
+        self.items[i].append(item)
+        self.duty[i], self.busy[i] = duty_ms, busy_ms
+        self.memory[i] += fit.memory_mib
+        self.floor[i] += fit.latencies[0]
+        if self.m == len(self.share_node):
+            self.share_node, self.share_rate, self.share_row = (
+                np.concatenate([a, np.zeros_like(a)])
+                for a in (self.share_node, self.share_rate, self.share_row)
+            )
+        self.share_node[self.m], self.share_rate[self.m] = i, item.rate
+        self.share_row[self.m] = self._row(fit.latency_array)
+        self.m += 1
+
+    def pop(self, i: int) -> None:
+        """Undo the last ``add`` (on node ``i``); totals are restored by the caller."""
+        self.items[i].pop()
+        self.m -= 1
+
+    def close(self, i: int) -> None:
+        """Mark node ``i`` unusable (emptied by consolidation)."""
+        self.items[i] = []
+        self.memory[i] = math.inf
+        self.share_row[: self.m][self.share_node[: self.m] == i] = 0
+
+    def _row(self, latencies: np.ndarray) -> int:
+        """Row of ``latencies`` in the padded table (inf past a model's largest batch)."""
+        row = self._rows.get(id(latencies))
+        if row is None:
+            row = self._rows[id(latencies)] = len(self._tables)
+            self._tables.append(latencies)
+            width = max(len(t) for t in self._tables)
+            table = np.full((len(self._tables), width), np.inf)
+            table[0] = 0.0
+            for r, t in enumerate(self._tables[1:], start=1):
+                table[r, : len(t)] = t
+            self.table = table
+        return row
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Where an item would go: type, node, merged cycle and busy time, occupancy."""
+
+    gpu_type: str
+    node: int
+    duty_ms: float
+    busy_ms: float
+
+    @property
+    def occupancy(self) -> float:
+        """Resulting occupancy of the node."""
+        return self.busy_ms / self.duty_ms
+
+
+class Packing:
+    """Nodes of every GPU type plus which nodes host which session (no session twice)."""
+
+    def __init__(self, gpu_types: Sequence[GpuType], price: Callable[[GpuType], float]):
+        self.types = {g.name: TypeNodes(g, price(g)) for g in gpu_types}
+        self.hosts: dict[str, set[tuple[str, int]]] = {}
+
+    def seed(self, gpu_type: str, items: Sequence[Item], duty_ms: float, memory_mib: float) -> int:
+        """A node that already runs ``items`` at ``duty_ms`` (a kept GPU); returns its index.
+
+        ``memory_mib`` may exceed the items' own: models leaving the GPU stay loaded
+        until their new home serves them (make-before-break).
+        """
+        nodes = self.types[gpu_type]
+        i = nodes.open()
+        for item in items:
+            fit = item.per_type[gpu_type]
+            busy = nodes.busy[i] + fit.latencies[batch_at(item.rate, duty_ms) - 1]
+            self.place(item, Fit(gpu_type, i, duty_ms, busy))
+        nodes.memory[i] = max(nodes.memory[i], memory_mib)
+        return i
+
+    def best_fit(self, item: Item, skip: tuple[str, int] | None = None) -> Fit | None:
+        """MergeNodes against every open node; the highest resulting occupancy wins."""
+        best: Fit | None = None
+        for t, fit in item.per_type.items():
+            nodes = self.types[t]
+            n = nodes.n
+            if n == 0:
+                continue
+            duty, busy = nodes.duty[:n], nodes.busy[:n]
+            ok = nodes.memory[:n] + fit.memory_mib <= nodes.gpu.memory_mib + _EPS
+            for host_t, j in self.hosts.get(item.session.name, ()):
+                if host_t == t:
+                    ok[j] = False
+            if skip is not None and skip[0] == t:
+                ok[skip[1]] = False
+            lat = fit.latency_array
+            # Case 1: the node's cycle is the shorter one and stays.
+            keep = ok & (duty <= fit.duty_ms)
+            if keep.any():
+                d = duty[keep]
+                batches = np.maximum(1, np.ceil(item.rate * d / 1000.0 - _EPS)).astype(int)
+                new_busy = busy[keep] + lat[batches - 1]
+                occ = np.where(new_busy <= d + _EPS, new_busy / d, -1.0)
+                k = int(np.argmax(occ))
+                if occ[k] > 0 and (best is None or occ[k] > best.occupancy + _EPS):
+                    j = int(np.flatnonzero(keep)[k])
+                    best = Fit(t, j, float(duty[j]), float(new_busy[k]))
+            # Case 2: the item's cycle is shorter; re-batch the node's sessions.
+            d = fit.duty_ms
+            own = fit.latencies[batch_at(item.rate, d) - 1]
+            shrink = ok & (duty > d) & (nodes.floor[:n] + own <= d + _EPS)
+            if not shrink.any():
+                continue
+            cand = np.flatnonzero(shrink)
+            total = own + nodes.busy_all(d)[cand]
+            occ = np.where(total <= d + _EPS, total / d, -1.0)
+            k = int(np.argmax(occ))
+            if occ[k] > 0 and (best is None or occ[k] > best.occupancy + _EPS):
+                best = Fit(t, int(cand[k]), d, float(total[k]))
+        return best
+
+    def place(self, item: Item, fit: Fit) -> None:
+        """Commit a merge."""
+        self.types[fit.gpu_type].add(fit.node, item, fit.duty_ms, fit.busy_ms)
+        self.hosts.setdefault(item.session.name, set()).add((fit.gpu_type, fit.node))
+
+    def open_for(self, item: Item) -> None:
+        """A new node for ``item`` on the type where it costs least."""
+        t = min(item.per_type, key=lambda t: (self.types[t].price * item.per_type[t].occupancy, t))
+        nodes = self.types[t]
+        fit = item.per_type[t]
+        j = nodes.open()
+        own = fit.latencies[batch_at(item.rate, fit.duty_ms) - 1]
+        self.place(item, Fit(t, j, fit.duty_ms, own))
+
+    def insert(self, item: Item) -> None:
+        """Best fit, or a new node."""
+        fit = self.best_fit(item)
+        if fit is None:
+            self.open_for(item)
+        else:
+            self.place(item, fit)
+
+    def live(self) -> list[tuple[TypeNodes, int]]:
+        """Every non-empty node, in opening order per type."""
+        return [
+            (nodes, i) for nodes in self.types.values() for i in range(nodes.n) if nodes.items[i]
+        ]
+
+    def cost(self) -> tuple[float, int]:
+        """(total price, node count) of the live nodes."""
+        live = self.live()
+        return (sum(nodes.price for nodes, _ in live), len(live))
+
+    def consolidate(self, max_rounds: int = 2) -> None:
+        """Empty the emptiest nodes into the others when every share finds a place.
+
+        Each attempt is transactional: merges are applied one by one and undone if
+        some share of the node finds no other home.
+        """
+        for _ in range(max_rounds):
+            emptied = False
+            order = sorted(self.live(), key=lambda ni: ni[0].busy[ni[1]] / ni[0].duty[ni[1]])
+            for nodes, i in order:
+                if nodes.items[i] and self._try_empty(nodes, i):
+                    emptied = True
+            if not emptied:
+                return
+
+    def _try_empty(self, nodes: TypeNodes, i: int) -> bool:
+        t = nodes.gpu.name
+        moving = sorted(nodes.items[i], key=lambda it: -it.per_type[t].occupancy)
+        undo: list[tuple[TypeNodes, int, float, float, float, float, Item]] = []
+        for item in moving:
+            fit = self.best_fit(item, skip=(t, i))
+            if fit is None:
+                for target, j, duty, busy, mem, floor, it in reversed(undo):
+                    target.pop(j)
+                    target.duty[j], target.busy[j] = duty, busy
+                    target.memory[j], target.floor[j] = mem, floor
+                    self.hosts[it.session.name].discard((target.gpu.name, j))
+                return False
+            target = self.types[fit.gpu_type]
+            j = fit.node
+            undo.append(
+                (target, j, target.duty[j], target.busy[j], target.memory[j], target.floor[j], item)
+            )
+            self.place(item, fit)
+        for item in moving:
+            self.hosts[item.session.name].discard((t, i))
+        nodes.close(i)
+        return True
+
+
+OrderKey = Callable[[Item], tuple]
+
+LARGE_INSTANCE_ITEMS = 600
+
+
+def merge_best(
+    items: Sequence[Item],
+    gpu_types: Sequence[GpuType],
+    price: Callable[[GpuType], float],
+    orders: Mapping[str, OrderKey] | None = None,
+) -> Packing:
+    """Best-fit-decreasing under each order; the cheapest result, then consolidated.
+
+    By default large instances (over ``LARGE_INSTANCE_ITEMS`` residuals) try only the
+    first two orders: each order is a full pass, and planning time matters there.
+    """
+    if orders is None:
+        orders = default_orders(gpu_types, price)
+        if len(items) > LARGE_INSTANCE_ITEMS:
+            orders = dict(list(orders.items())[:2])
+    best: Packing | None = None
+    for key in orders.values():
+        packing = Packing(gpu_types, price)
+        for item in sorted(items, key=key):
+            packing.insert(item)
+        if best is None or packing.cost() < best.cost():
+            best = packing
+    assert best is not None
+    best.consolidate()
+    return best
+
+
+def default_orders(
+    gpu_types: Sequence[GpuType], price: Callable[[GpuType], float]
+) -> dict[str, OrderKey]:
+    """Nexus's decreasing occupancy first; then orders that rank memory too."""
+    by_name = {g.name: g for g in gpu_types}
+
+    def occupancy(it: Item) -> float:
+        return min(price(by_name[t]) * f.occupancy for t, f in it.per_type.items())
+
+    def memory(it: Item) -> float:
+        return min(f.memory_mib / by_name[t].memory_mib for t, f in it.per_type.items())
+
+    return {
+        "nexus_occupancy": lambda it: (-occupancy(it), it.session.name),
+        "memory_then_occupancy": lambda it: (-memory(it), -occupancy(it), it.session.name),
+        "larger_dimension": lambda it: (-max(occupancy(it), memory(it)), it.session.name),
+    }

@@ -1,0 +1,136 @@
+"""The predictor facade the extender calls: model reference -> utilisation and memory.
+
+``Predictor.predict`` resolves the reference through the model store, extracts
+graph features (cached by file digest), asks the trained XGBoost model for the
+utilisation and estimates memory with the fitted overhead. Answers are cached by
+(model digest, batch size, GPU type, workload).
+
+``Prediction.source`` says where the numbers came from, e.g.
+``xgboost:3fa2c1d0e9b7+mem:fitted``; ``+mem:no-overhead`` means no framework
+overhead was fitted and the memory figure excludes it (a lower bound), and
+``,unresolved=N`` that N graph nodes kept unknown shapes (features are lower bounds).
+
+With ``gpu_type`` None or a GPU type the model was not trained on, the answer is
+the largest prediction over the trained GPU types (under-predicting utilisation
+causes the interference Horus is avoiding), and the source says ``gpu=max``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from predictor.errors import NoTrainedModel
+from predictor.features import FeatureExtractor, FeatureLimits, GraphFeatures
+from predictor.memory import MemoryEstimate, estimate_memory
+from predictor.model import features_row
+from predictor.store import ModelStore, StoreConfig
+from predictor.training import TrainedArtifacts, load_artifacts
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted GPU utilisation (percent) and memory (MiB) of one job."""
+
+    gpu_util_percent: float
+    gpu_mem_mib: float
+    source: str
+
+
+class Predictor:
+    """Resolve, extract, predict; thread-safe and cached."""
+
+    def __init__(
+        self,
+        artifacts: TrainedArtifacts | None = None,
+        store: ModelStore | None = None,
+        extractor: FeatureExtractor | None = None,
+        framework: str = "pytorch",
+        optimizer: str = "adam",
+        cache_size: int = 4096,
+    ):
+        self.artifacts = artifacts
+        self.store = store or ModelStore()
+        self.extractor = extractor or FeatureExtractor()
+        self.framework = framework
+        self.optimizer = optimizer
+        self.cache_size = cache_size
+        self._cache: OrderedDict[tuple, Prediction] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_dirs(
+        cls,
+        artifacts_dir: Path | None,
+        store_root: Path | None = None,
+        limits: FeatureLimits | None = None,
+    ) -> Predictor:
+        """Load artifacts if ``artifacts_dir`` has them (else predict raises NoTrainedModel)."""
+        artifacts = None
+        if artifacts_dir is not None:
+            try:
+                artifacts = load_artifacts(artifacts_dir)
+            except NoTrainedModel:
+                artifacts = None
+        return cls(artifacts, ModelStore(StoreConfig(root=store_root)), FeatureExtractor(limits))
+
+    def features(self, model_ref: str, batch_size: int) -> GraphFeatures:
+        """Graph features of the referenced model at ``batch_size``."""
+        return self.extractor.extract(self.store.resolve(model_ref), batch_size)
+
+    def memory(self, features: GraphFeatures, workload: str) -> MemoryEstimate:
+        """Memory estimate with the fitted overhead for this framework, if any."""
+        overheads = self.artifacts.overheads if self.artifacts else {}
+        return estimate_memory(
+            features, workload, overheads.get((self.framework, workload)), self.optimizer
+        )
+
+    def estimate_memory(self, model_ref: str, batch_size: int, workload: str) -> MemoryEstimate:
+        """Memory alone (needs no utilisation model; ``overhead_source`` says if fitted)."""
+        return self.memory(self.features(model_ref, batch_size), workload)
+
+    def predict(
+        self, model_ref: str, batch_size: int, gpu_type: str | None, workload: str
+    ) -> Prediction:
+        """Utilisation and memory of ``model_ref`` at ``batch_size`` on ``gpu_type``."""
+        if workload not in ("training", "inference"):
+            raise ValueError(f"workload must be training or inference, got {workload!r}")
+        features = self.features(model_ref, batch_size)
+        key = (features.digest, batch_size, gpu_type, workload)
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
+        if self.artifacts is None:
+            raise NoTrainedModel(
+                "utilisation model",
+                "no artifacts loaded (run `tandem predictor train` on profiled data)",
+            )
+        util, gpu_note = self._utilisation(features, gpu_type, workload)
+        mem = self.memory(features, workload)
+        mem_note = "fitted" if mem.overhead_source == "fitted" else "no-overhead"
+        # unresolved shapes mean FLOPs/bytes are lower bounds: say so rather than hide it
+        shape_note = f",unresolved={features.unresolved_nodes}" if features.unresolved_nodes else ""
+        source = f"{self.artifacts.source}{gpu_note}{shape_note}+mem:{mem_note}"
+        result = Prediction(round(util, 3), round(mem.total_mib, 3), source)
+        with self._lock:
+            self._cache[key] = result
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return result
+
+    def _utilisation(
+        self, features: GraphFeatures, gpu_type: str | None, workload: str
+    ) -> tuple[float, str]:
+        assert self.artifacts is not None
+        types = self.artifacts.gpu_types
+        if gpu_type in types:
+            row = features_row(features, workload, gpu_type, types)
+            return float(self.artifacts.model.predict(np.array([row]))[0]), ""
+        rows = [features_row(features, workload, g, types) for g in types]
+        return float(self.artifacts.model.predict(np.array(rows)).max()), ",gpu=max"

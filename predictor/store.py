@@ -1,0 +1,139 @@
+"""Model references (the ``tandem.io/model`` annotation) resolved to local ONNX files.
+
+Accepted forms:
+
+- a relative path in the model store: ``vision/resnet50.onnx`` -> ``<root>/vision/...``;
+  anything that resolves outside the root (``..``, absolute paths, symlinks out)
+  is refused with ``PATH_OUTSIDE_STORE``. Without a root (the CLI), plain paths are
+  local files.
+- ``file:///abs/path.onnx``: with a root, the path must also be inside it.
+- ``https://host/model.onnx``: streamed with a size cap and a timeout into the
+  cache directory under the sha256 of the URL; a URL is treated as immutable
+  (publish a new URL for a new model). Plain ``http://`` is refused unless allowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from predictor.errors import ModelRejected, ModelUnavailable, RejectReason
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Where models live and how remote ones are fetched."""
+
+    root: Path | None = None
+    """Model store directory; None lets plain paths name any local file (CLI use)."""
+    cache_dir: Path | None = None
+    """Where downloads go; defaults to ``<root>/.cache`` or a temp directory."""
+    max_download_bytes: int = 2_000_000_000
+    timeout_seconds: float = 30.0
+    allow_http: bool = False
+
+
+class ModelStore:
+    """Resolve references to files; ``transport`` is injectable (httpx) for tests."""
+
+    def __init__(self, config: StoreConfig | None = None, transport: Any = None):
+        self.config = config or StoreConfig()
+        self.transport = transport
+
+    def resolve(self, ref: str) -> Path:
+        """The local file a reference names (downloading https references once)."""
+        if not ref or "\x00" in ref:
+            raise ModelRejected(RejectReason.BAD_REFERENCE, "empty or NUL in model reference")
+        parsed = urlparse(ref)
+        if parsed.scheme in ("https", "http"):
+            if parsed.scheme == "http" and not self.config.allow_http:
+                raise ModelRejected(
+                    RejectReason.BAD_REFERENCE, "plain http is not allowed", model=ref
+                )
+            return self._download(ref)
+        if parsed.scheme == "file":
+            if parsed.netloc not in ("", "localhost"):
+                raise ModelRejected(
+                    RejectReason.BAD_REFERENCE, "file:// must name a local path", model=ref
+                )
+            return self._local(Path(unquote(parsed.path)), ref, absolute_ok=True)
+        if parsed.scheme and len(parsed.scheme) > 1:  # one letter would be a Windows drive
+            raise ModelRejected(
+                RejectReason.BAD_REFERENCE, f"unsupported scheme {parsed.scheme!r}", model=ref
+            )
+        return self._local(Path(ref), ref, absolute_ok=self.config.root is None)
+
+    def _local(self, path: Path, ref: str, absolute_ok: bool) -> Path:
+        root = self.config.root
+        if root is None:
+            target = path.expanduser().resolve()
+        else:
+            if path.is_absolute() and not absolute_ok:
+                raise ModelRejected(RejectReason.PATH_OUTSIDE_STORE, "absolute path", model=ref)
+            base = Path(root).resolve()
+            target = (base / path).resolve()
+            if not target.is_relative_to(base):
+                raise ModelRejected(
+                    RejectReason.PATH_OUTSIDE_STORE,
+                    f"resolves outside the model store {base}",
+                    model=ref,
+                )
+        if not target.is_file():
+            raise ModelUnavailable(f"{ref}: no such model file")
+        return target
+
+    def _cache_dir(self) -> Path:
+        if self.config.cache_dir is not None:
+            return Path(self.config.cache_dir)
+        if self.config.root is not None:
+            return Path(self.config.root) / ".cache"
+        return Path(tempfile.gettempdir()) / "tandem-models"
+
+    def _download(self, url: str) -> Path:
+        import httpx
+
+        cache = self._cache_dir()
+        cache.mkdir(parents=True, exist_ok=True)
+        target = cache / (hashlib.sha256(url.encode()).hexdigest() + ".onnx")
+        if target.is_file():
+            return target
+        limit = self.config.max_download_bytes
+        fd, tmp = tempfile.mkstemp(dir=cache, suffix=".part")
+        try:
+            with (
+                os.fdopen(fd, "wb") as out,
+                httpx.Client(
+                    transport=self.transport,
+                    timeout=self.config.timeout_seconds,
+                    follow_redirects=True,
+                    max_redirects=3,
+                ) as client,
+                client.stream("GET", url) as response,
+            ):
+                if response.status_code != 200:
+                    raise ModelUnavailable(f"{url}: HTTP {response.status_code}")
+                declared = response.headers.get("content-length")
+                if declared is not None and declared.isdigit() and int(declared) > limit:
+                    raise ModelRejected(
+                        RejectReason.TOO_LARGE, f"content-length {declared}", limit, url
+                    )
+                received = 0
+                for chunk in response.iter_bytes():
+                    received += len(chunk)
+                    if received > limit:  # a lying or absent content-length
+                        raise ModelRejected(
+                            RejectReason.TOO_LARGE, f"more than {limit} bytes received", limit, url
+                        )
+                    out.write(chunk)
+            os.replace(tmp, target)
+        except httpx.HTTPError as exc:
+            raise ModelUnavailable(f"{url}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return target

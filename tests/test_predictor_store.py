@@ -1,0 +1,100 @@
+"""Model references: store paths, file://, https with size cap (mock transport, no network)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from predictor.errors import ModelRejected, ModelUnavailable, RejectReason
+from predictor.store import ModelStore, StoreConfig
+
+
+@pytest.fixture()
+def store_root(tmp_path: Path) -> Path:
+    root = tmp_path / "store"
+    (root / "vision").mkdir(parents=True)
+    (root / "vision" / "m.onnx").write_bytes(b"model")
+    (tmp_path / "outside.onnx").write_bytes(b"secret")
+    (root / "escape.onnx").symlink_to(tmp_path / "outside.onnx")
+    return root
+
+
+REJECTED = {
+    "dotdot": ("../outside.onnx", RejectReason.PATH_OUTSIDE_STORE),
+    "absolute": ("/etc/passwd", RejectReason.PATH_OUTSIDE_STORE),
+    "symlink-out": ("escape.onnx", RejectReason.PATH_OUTSIDE_STORE),
+    "file-url-outside": ("file:///etc/passwd", RejectReason.PATH_OUTSIDE_STORE),
+    "file-url-remote-host": ("file://host/m.onnx", RejectReason.BAD_REFERENCE),
+    "plain-http": ("http://example.com/m.onnx", RejectReason.BAD_REFERENCE),
+    "other-scheme": ("s3://bucket/m.onnx", RejectReason.BAD_REFERENCE),
+    "empty": ("", RejectReason.BAD_REFERENCE),
+    "nul-byte": ("vision/m.onnx\x00", RejectReason.BAD_REFERENCE),
+}
+
+
+@pytest.mark.parametrize(("ref", "reason"), REJECTED.values(), ids=REJECTED.keys())
+def test_references_escaping_the_store_are_refused(store_root: Path, ref: str, reason) -> None:
+    with pytest.raises(ModelRejected) as info:
+        ModelStore(StoreConfig(root=store_root)).resolve(ref)
+    assert info.value.reason is reason
+
+
+def test_store_paths_and_file_urls_resolve(store_root: Path) -> None:
+    store = ModelStore(StoreConfig(root=store_root))
+    target = (store_root / "vision" / "m.onnx").resolve()
+    assert store.resolve("vision/m.onnx") == target
+    assert store.resolve(f"file://{target}") == target
+    with pytest.raises(ModelUnavailable):
+        store.resolve("vision/missing.onnx")
+
+
+def _transport(body: bytes, status: int = 200, length: bool = True) -> httpx.MockTransport:
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url)
+        headers = {"content-length": str(len(body))} if length else {}
+        if not length:
+            return httpx.Response(status, headers=headers, stream=httpx.ByteStream(body))
+        return httpx.Response(status, headers=headers, content=body)
+
+    transport = httpx.MockTransport(handler)
+    transport.calls = calls  # type: ignore[attr-defined]
+    return transport
+
+
+def test_https_download_is_cached_by_url(tmp_path: Path) -> None:
+    transport = _transport(b"onnx-bytes")
+    store = ModelStore(StoreConfig(cache_dir=tmp_path / "cache"), transport=transport)
+    first = store.resolve("https://models.example/m.onnx")
+    assert first.read_bytes() == b"onnx-bytes"
+    assert store.resolve("https://models.example/m.onnx") == first
+    assert len(transport.calls) == 1
+    assert not list((tmp_path / "cache").glob("*.part"))
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["content-length", "no-length"])
+def test_https_size_cap(tmp_path: Path, declared: bool) -> None:
+    store = ModelStore(
+        StoreConfig(cache_dir=tmp_path, max_download_bytes=100),
+        transport=_transport(b"x" * 1000, length=declared),
+    )
+    with pytest.raises(ModelRejected) as info:
+        store.resolve("https://models.example/big.onnx")
+    assert info.value.reason is RejectReason.TOO_LARGE and info.value.limit == 100
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_https_errors_are_unavailable(tmp_path: Path) -> None:
+    store = ModelStore(StoreConfig(cache_dir=tmp_path), transport=_transport(b"", status=404))
+    with pytest.raises(ModelUnavailable, match="404"):
+        store.resolve("https://models.example/none.onnx")
+
+    def boom(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectTimeout("timed out", request=request)
+
+    store = ModelStore(StoreConfig(cache_dir=tmp_path), transport=httpx.MockTransport(boom))
+    with pytest.raises(ModelUnavailable, match="ConnectTimeout"):
+        store.resolve("https://models.example/slow.onnx")
