@@ -76,10 +76,10 @@ class AgentCollector:
                                labels=_TANDEM_LABELS)
         xid = CounterMetricFamily("tandem_gpu_xid_errors", "XID errors seen since agent start.",
                                   labels=_TANDEM_LABELS)
-        observed = GaugeMetricFamily("tandem_gpu_observed_utilization_ratio",
+        observed = GaugeMetricFamily("tandem_agent_gpu_observed_utilization_ratio",
                                      "Observed GPU utilisation over the interval (0-1).",
                                      labels=_TANDEM_LABELS)
-        expected = GaugeMetricFamily("tandem_gpu_predicted_utilization_ratio",
+        expected = GaugeMetricFamily("tandem_agent_gpu_predicted_utilization_ratio",
                                      "Sum of the extender's predictions for the GPU (0-1+).",
                                      labels=_TANDEM_LABELS)
         versus = GaugeMetricFamily("tandem_gpu_observed_to_predicted_utilization_ratio",

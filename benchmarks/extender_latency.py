@@ -23,8 +23,8 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
-# benchmarks/predictor.py would shadow the `predictor` package for scripts run from here
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
+if __name__ == "__main__" and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
+    sys.path[0] = str(Path(__file__).resolve().parents[1])  # benchmarks/ shadows `predictor`
 
 from extender.config import ConfigHolder, load_config  # noqa: E402
 from extender.core import GpuSpec, NodeSpec  # noqa: E402

@@ -70,6 +70,27 @@ class ReportsConfig:
 
 
 @dataclass(frozen=True)
+class PredictorConfig:
+    """The utilisation/memory predictor for pods that name ``tandem.io/model``."""
+
+    enabled: bool = True
+    """Ask the predictor for pods that name a model without asserted values."""
+    artifacts_dir: str | None = None
+    """Directory of ``tandem predictor train`` output (model + card); None = no trained model."""
+    model_store: str | None = None
+    """Root that plain ``tandem.io/model`` paths resolve under; None = any local path."""
+
+
+@dataclass(frozen=True)
+class NexusProfileSource:
+    """A Nexus profile file (or directory of ``*.txt``) and the GPU type it was measured on."""
+
+    path: str
+    gpu_type: str
+    """Canonical GPU type (product name with dashes), e.g. ``NVIDIA-TITAN-X-Pascal``."""
+
+
+@dataclass(frozen=True)
 class ExtenderConfig:
     """The whole validated configuration."""
 
@@ -78,9 +99,10 @@ class ExtenderConfig:
     reports: ReportsConfig = ReportsConfig()
     policy: CostPolicy = CostPolicy()
     profile_files: tuple[str, ...] = ()
-    """Batching-profile files for inference pods (Nexus profile files or profile YAML)."""
-    predictor_enabled: bool = True
-    """Ask the predictor for pods that name ``tandem.io/model`` without asserted values."""
+    """Batching-profile YAML files for inference pods (plan-file ``profiles:`` form)."""
+    nexus_profiles: tuple[NexusProfileSource, ...] = ()
+    """Nexus profile files, each mapped to the GPU type it was measured on."""
+    predictor: PredictorConfig = PredictorConfig()
     log_level: str = "info"
     reload_interval_seconds: float = 5.0
     source_path: str | None = field(default=None, compare=False)
@@ -105,13 +127,15 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool
         "token_env": (str, None, ""),
     },
     "limits": {"max_pods_per_gpu": (int, lambda v: 1 <= v <= 1024, "must be in 1..1024")},
-    "profiles": {"files": (list, None, "")},
-    "predictor": {"enabled": (bool, None, "")},
+    "profiles": {"files": (list, None, ""), "nexus": (list, None, "")},
+    "predictor": {"enabled": (bool, None, ""), "artifacts_dir": ((str, type(None)), None, ""),
+                  "model_store": ((str, type(None)), None, "")},
     "logging": {"level": (str, lambda v: v in ("debug", "info", "warning", "error"),
                           "must be one of debug, info, warning, error")},
     "reload": {"interval_seconds": ((int, float), lambda v: v > 0, "must be > 0")},
 }
 _CURVE_KEYS = ("slope", "over_slope", "over_quadratic")
+_NEXUS_KEYS = ("path", "gpu_type")
 
 
 def _check(value: Any, types: Any, test: Callable[[Any], bool] | None, msg: str, path: str,
@@ -143,6 +167,28 @@ def _curve(raw: Any, path: str, problems: list[str]) -> InterferenceCurve:
                    problems)
             values[key] = float(raw[key]) if isinstance(raw[key], (int, float)) else 0.0
     return InterferenceCurve(**values)
+
+
+def _nexus_sources(raw: Any, problems: list[str]) -> tuple[NexusProfileSource, ...]:
+    if not isinstance(raw, list):
+        return ()
+    out = []
+    for i, entry in enumerate(raw):
+        path = f"profiles.nexus[{i}]"
+        if not isinstance(entry, Mapping):
+            problems.append(f"{path}: must be a mapping with {', '.join(_NEXUS_KEYS)}")
+            continue
+        for key in entry:
+            if key not in _NEXUS_KEYS:
+                problems.append(f"{path}.{key}: unknown key (valid: {', '.join(_NEXUS_KEYS)})")
+        ok = True
+        for key in _NEXUS_KEYS:
+            if not isinstance(entry.get(key), str) or not entry[key].strip():
+                problems.append(f"{path}.{key}: required, a non-empty string")
+                ok = False
+        if ok:
+            out.append(NexusProfileSource(entry["path"], gpu_type_of(entry["gpu_type"].strip())))
+    return tuple(out)
 
 
 def build_config(raw: Any, source_path: str | None = None) -> ExtenderConfig:
@@ -191,6 +237,7 @@ def build_config(raw: Any, source_path: str | None = None) -> ExtenderConfig:
         for i, f in enumerate(files):
             if not isinstance(f, str):
                 problems.append(f"profiles.files[{i}]: must be a path string")
+    nexus = _nexus_sources(sections["profiles"].get("nexus", []), problems)
     tls = sections["server"]
     if bool(tls.get("tls_cert_file")) != bool(tls.get("tls_key_file")):
         problems.append("server.tls_cert_file/tls_key_file: give both or neither")
@@ -206,7 +253,7 @@ def build_config(raw: Any, source_path: str | None = None) -> ExtenderConfig:
     return ExtenderConfig(
         server=ServerConfig(**sections["server"]), state=StateConfig(**sections["state"]),
         reports=reports, policy=policy, profile_files=tuple(files) if isinstance(files, list)
-        else (), predictor_enabled=sections["predictor"].get("enabled", True),
+        else (), nexus_profiles=nexus, predictor=PredictorConfig(**sections["predictor"]),
         log_level=sections["logging"].get("level", "info"),
         reload_interval_seconds=float(sections["reload"].get("interval_seconds", 5.0)),
         source_path=source_path,

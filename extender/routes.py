@@ -10,8 +10,10 @@ non-200 answer as an error anyway and ``Error`` carries a readable reason.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
+from http import HTTPStatus
 from typing import Any
 
 from flask import Flask, Response, request
@@ -81,11 +83,22 @@ def create_app(
             raise BodyTooLarge(f"body larger than {limit} bytes")
         return data
 
-    def verb(name: str, handler: Callable[[Any], Any]) -> Response:
+    children: dict[tuple[str, int], tuple[Any, Any]] = {}
+
+    def observe(name: str, status: int, duration: float) -> None:
+        pair = children.get((name, status))
+        if pair is None:  # labels() validates and locks on every call; resolve each child once
+            pair = children[(name, status)] = (metrics.requests.labels(name, str(status)),
+                                               metrics.latency.labels(name))
+        pair[0].inc()
+        pair[1].observe(duration)
+
+    def run_verb(name: str, handler: Callable[[Any], Any], read: Callable[[], bytes],
+                 ) -> tuple[int, bytes]:
         start = time.perf_counter()
         status, extra = 200, {}
         try:
-            result, extra = handler(loads(read_body()))
+            result, extra = handler(loads(read()))
         except ExtenderError as exc:
             status = exc.http_status
             result = _error_body(name, str(exc)) if status == 200 else {"Error": str(exc)}
@@ -93,12 +106,17 @@ def create_app(
         except Exception as exc:  # a bug must not become a 500 the scheduler cannot read
             log.exception("internal error", extra={"verb": name})
             result, extra = _error_body(name, f"tandem: internal error: {exc!r}"), {}
+        body = dumps(result)
         duration = time.perf_counter() - start
-        metrics.requests.labels(name, str(status)).inc()
-        metrics.latency.labels(name).observe(duration)
-        log.info(name, extra={"verb": name, "duration_seconds": round(duration, 6),
-                              "status": status, **extra})
-        return Response(dumps(result), status=status, mimetype=JSON)
+        observe(name, status, duration)
+        if log.isEnabledFor(logging.INFO):  # skip building the record when it is filtered
+            log.info(name, extra={"verb": name, "duration_seconds": round(duration, 6),
+                                  "status": status, **extra})
+        return status, body
+
+    def verb(name: str, handler: Callable[[Any], Any]) -> Response:
+        status, body = run_verb(name, handler, read_body)
+        return Response(body, status=status, mimetype=JSON)
 
     def do_filter(doc: Any) -> tuple[Any, dict[str, Any]]:
         args = decode_extender_args(doc)
@@ -130,6 +148,27 @@ def create_app(
         pod, victims = decode_preemption_args(doc)
         return preemption_result(ext.preempt(pod, victims)), {"pod": _pod_key(pod)}
 
+    fast_routes = {"/filter": ("filter", do_filter), "/prioritize": ("prioritize", do_prioritize),
+                   "/bind": ("bind", do_bind), "/preempt": ("preempt", do_preempt)}
+    flask_wsgi = app.wsgi_app
+
+    def scheduler_verbs(environ: dict[str, Any], start_response: Callable[..., Any],
+                        ) -> Iterable[bytes]:
+        """POSTs of the four verbs skip Flask's request context: the scheduler's hot path.
+
+        Everything else (and any other method on these paths, which Flask answers
+        with 405) goes through Flask. Both paths share ``run_verb``.
+        """
+        route = fast_routes.get(environ.get("PATH_INFO", ""))
+        if route is None or environ.get("REQUEST_METHOD") != "POST":
+            return flask_wsgi(environ, start_response)
+        limit = config.current().server.max_body_bytes
+        status, body = run_verb(route[0], route[1], lambda: _wsgi_body(environ, limit))
+        start_response(f"{status} {HTTPStatus(status).phrase}",
+                       [("Content-Type", JSON), ("Content-Length", str(len(body)))])
+        return [body]
+
+    app.wsgi_app = scheduler_verbs  # type: ignore[method-assign]
     app.add_url_rule("/filter", "filter", lambda: verb("filter", do_filter), methods=["POST"])
     app.add_url_rule("/prioritize", "prioritize", lambda: verb("prioritize", do_prioritize),
                      methods=["POST"])
@@ -184,6 +223,26 @@ def create_app(
     if start_source:
         source.start(state)
     return app
+
+
+def _wsgi_body(environ: Mapping[str, Any], limit: int) -> bytes:
+    """The request body, at most ``limit`` bytes (werkzeug's rules for unknown lengths)."""
+    raw = environ.get("CONTENT_LENGTH")
+    try:
+        length = int(raw) if raw else None
+    except ValueError:
+        raise BadRequest("Content-Length", "must be an integer") from None
+    if length is not None and length > limit:
+        raise BodyTooLarge(f"body larger than {limit} bytes")
+    stream = environ["wsgi.input"]
+    if length is None:
+        # Without a length only a server-terminated stream (chunked) can be read safely.
+        data = stream.read(limit + 1) if environ.get("wsgi.input_terminated") else b""
+    else:
+        data = stream.read(length)
+    if len(data) > limit:
+        raise BodyTooLarge(f"body larger than {limit} bytes")
+    return data
 
 
 def _pod_key(pod: Mapping[str, Any]) -> str:

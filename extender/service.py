@@ -8,6 +8,7 @@ annotations, create the binding, then confirm or start the expiry clock.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import OrderedDict
@@ -24,15 +25,22 @@ from extender.core import (
     ProfileIndex,
     ResolvedDemand,
     Workload,
+    annotations_of,
     parse_demand,
     pod_ref,
     resolve_demand,
 )
 from extender.core.decide import PlannerFn
 from extender.errors import BadRequest, BindConflict, NotLeader, NotReady, PodRejected, SourceError
-from extender.source import ClusterSource, output_annotations
+from extender.source import ClusterSource, output_annotations, tandem_annotations
 from extender.state import ClusterState
-from extender.wire import BindingArgs, ExtenderArgs, filter_result, host_priorities
+from extender.wire import (
+    BindingArgs,
+    EncodedJson,
+    ExtenderArgs,
+    encode_host_priorities,
+    filter_result,
+)
 
 DEMAND_CACHE_LIMIT = 20_000
 """Most pods whose demand is cached between filter and bind (oldest evicted first)."""
@@ -115,7 +123,7 @@ class Extender:
             job = parse_demand(pod)
         except DemandError as exc:
             raise PodRejected(f"tandem: bad pod request: {exc}", exc.field) from None
-        predict = self._predict if self.config.current().predictor_enabled else None
+        predict = self._predict if self.config.current().predictor.enabled else None
         resolved = resolve_demand(job, self.state.gpu_types(), predict, self._profiles,
                                   session_name=ref.key)
         ttl = self.config.current().state.demand_cache_seconds
@@ -149,16 +157,16 @@ class Extender:
         return dict(filter_result(args, passed, failed, unresolvable)), \
             FilterOutcome(len(passed), reasons)
 
-    def prioritize(self, args: ExtenderArgs) -> list[Any]:
-        """Integer 0..10 per candidate from the Horus cost (best fit for sessions)."""
+    def prioritize(self, args: ExtenderArgs) -> EncodedJson:
+        """Integer 0..10 per candidate from the Horus cost (best fit for sessions), encoded."""
         names = args.candidate_names()
         try:
             self._require_synced()
             _, demand = self.demand(args.pod)
         except (PodRejected, NotReady):
-            return list(host_priorities(names, [0] * len(names)))
+            return encode_host_priorities(names, [0] * len(names))
         ev = self.state.evaluate(names, demand, self._inference)
-        return list(host_priorities(names, ev.scores()))
+        return encode_host_priorities(names, ev.scores())
 
     def bind(self, args: BindingArgs) -> dict[str, str]:
         """Re-check on fresh state, assume, annotate, bind; Error on any failure."""
@@ -173,8 +181,9 @@ class Extender:
         pod = self._pod_for(args)
         ref, demand = self.demand(pod)
         ref = PodRef(args.pod_namespace, args.pod_name, args.pod_uid or ref.uid)
+        inputs = tandem_annotations(annotations_of(pod))
         placement, plan, cost, uuids = self.state.assume_best(
-            args.node, demand, self._inference, ref.uid or ref.key, ref.key)
+            args.node, demand, self._inference, ref.uid or ref.key, ref.key, inputs)
         annotations = output_annotations(placement, uuids, cost, plan)
         try:
             confirmed = self.source.bind(ref, args.node, annotations)
@@ -183,7 +192,8 @@ class Extender:
             self.source.record_event(ref, "TandemBindFailed", f"bind to {args.node}: {exc}", True)
             raise SourceError(f"tandem: bind to {args.node} failed: {exc}") from exc
         if confirmed:
-            self.state.confirm(placement)
+            self.state.confirm(dataclasses.replace(
+                placement, annotations=tuple(sorted({**dict(inputs), **annotations}.items()))))
         else:
             self.state.finish_binding(placement.pod_uid)
         what = "session" if placement.workload is Workload.INFERENCE else "job"

@@ -86,7 +86,13 @@ def placement_from_pod(pod: Mapping[str, Any]) -> Placement | None:
         except (KeyError, TypeError, ValueError):
             session = None
     return Placement(ref.uid, ref.key, node, indices, max(util, 0.0), max(mem, 0.0),
-                     workload, session)
+                     workload, session, tandem_annotations(ann))
+
+
+def tandem_annotations(ann: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The ``tandem.io/*`` string annotations, sorted by key (what ``/v1/state`` shows)."""
+    return tuple(sorted((k, v) for k, v in ann.items()
+                        if isinstance(k, str) and k.startswith(A) and isinstance(v, str)))
 
 
 def output_annotations(p: Placement, uuids: list[str], cost: float, plan: Any) -> dict[str, str]:

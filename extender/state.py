@@ -196,7 +196,8 @@ class ClusterState:
                             with_costs)
 
     def assume_best(self, node: str, demand: ResolvedDemand, inference: InferenceContext | None,
-                    pod_uid: str, pod: str) -> tuple[Placement, Any, float, list[str]]:
+                    pod_uid: str, pod: str, annotations: tuple[tuple[str, str], ...] = (),
+                    ) -> tuple[Placement, Any, float, list[str]]:
         """Decide the GPUs on ``node`` against fresh state and assume them, atomically."""
         self.expire()
         with self.lock:
@@ -211,7 +212,8 @@ class ClusterState:
             # Hold exactly what the annotations will say, so a restart rebuilds identical state.
             placement = dataclasses.replace(placement,
                                             util_percent=round(placement.util_percent, 2),
-                                            mem_mib=float(round(placement.mem_mib)))
+                                            mem_mib=float(round(placement.mem_mib)),
+                                            annotations=annotations)
             self._assumed[pod_uid] = (placement, None)
             self._table.place(placement)
             uuids = [self._table.gpus[r].uuid for r in rows]
@@ -263,7 +265,7 @@ class ClusterState:
                         pods_by_row.setdefault(row, []).append(
                             {"pod": p.pod, "uid": p.pod_uid, "state": state,
                              "workload": p.workload.value, "util_percent": p.util_percent,
-                             "mem_mib": p.mem_mib})
+                             "mem_mib": p.mem_mib, "annotations": dict(p.annotations)})
             nodes: dict[str, Any] = {}
             for name in t.node_names:
                 gpus = []

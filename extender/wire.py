@@ -79,7 +79,9 @@ def loads(body: bytes) -> Any:
 
 
 def dumps(document: Any) -> bytes:
-    """Compact JSON bytes (stdlib json; no NaN allowed)."""
+    """Compact JSON bytes (stdlib json; no NaN allowed); pre-encoded bodies pass through."""
+    if isinstance(document, EncodedJson):
+        return bytes(document)
     return json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -189,6 +191,24 @@ def host_priorities(names: list[str], scores: list[int]) -> list[HostPriority]:
         raise ValueError("one score per host")
     return [{"Host": n, "Score": s if type(s) is int and 0 <= s <= 10 else max(0, min(10, int(s)))}
             for n, s in zip(names, scores, strict=False)]
+
+
+class EncodedJson(bytes):
+    """A response body already encoded as JSON (the hot path skips the generic encoder)."""
+
+
+def encode_host_priorities(names: list[str], scores: list[int]) -> EncodedJson:
+    """The prioritize answer as JSON bytes, equal to ``dumps(host_priorities(names, scores))``.
+
+    Builds the array from one template instead of 500 dicts through the generic
+    encoder: prioritize answers every candidate, so this is most of its encode time.
+    """
+    if len(names) != len(scores):
+        raise ValueError("one score per host")
+    quote = json.encoder.encode_basestring_ascii  # what json.dumps uses for str (C)
+    clamped = [s if type(s) is int and 0 <= s <= 10 else max(0, min(10, int(s))) for s in scores]
+    entry = '{{"Host":{},"Score":{}}}'.format
+    return EncodedJson(("[" + ",".join(map(entry, map(quote, names), clamped)) + "]").encode())
 
 
 def preemption_result(victims: Mapping[str, list[str]]) -> dict[str, Any]:

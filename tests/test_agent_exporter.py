@@ -65,8 +65,8 @@ def ids(index: int) -> dict[str, str]:
     pytest.param("tandem_gpu_xid_errors_total", ids(1), 2.0, id="xid-count"),
     pytest.param("tandem_gpu_up", ids(0), 1.0, id="up"),
     pytest.param("tandem_gpu_up", ids(2), 0.0, id="lost"),
-    pytest.param("tandem_gpu_observed_utilization_ratio", ids(0), 0.6, id="observed"),
-    pytest.param("tandem_gpu_predicted_utilization_ratio", ids(0), 0.4, id="predicted"),
+    pytest.param("tandem_agent_gpu_observed_utilization_ratio", ids(0), 0.6, id="observed"),
+    pytest.param("tandem_agent_gpu_predicted_utilization_ratio", ids(0), 0.4, id="predicted"),
     pytest.param("tandem_gpu_observed_to_predicted_utilization_ratio", ids(0), 1.5,
                  id="observed-over-predicted"),
     pytest.param("tandem_pod_gpu_memory_bytes",
@@ -86,7 +86,7 @@ def test_sample_values(name: str, labels: dict[str, str], value: float) -> None:
     pytest.param("DCGM_FI_DEV_POWER_USAGE", gpu_labels(2), id="lost-gpu-has-no-power"),
     pytest.param("tandem_gpu_observed_to_predicted_utilization_ratio", ids(1),
                  id="zero-prediction-no-ratio"),
-    pytest.param("tandem_gpu_predicted_utilization_ratio", ids(2), id="no-prediction"),
+    pytest.param("tandem_agent_gpu_predicted_utilization_ratio", ids(2), id="no-prediction"),
 ])
 def test_unknown_values_are_not_exported(name: str, labels: dict[str, str]) -> None:
     assert registry_for(Observation(SAMPLE, VIEW)).get_sample_value(name, labels) is None
@@ -105,7 +105,7 @@ def test_source_down_exports_only_the_up_gauge(observation: Observation | None) 
 def test_without_extender_view_gpus_are_still_exported() -> None:
     registry = registry_for(Observation(SAMPLE, None))
     assert registry.get_sample_value("DCGM_FI_DEV_GPU_UTIL", gpu_labels(0)) == 60.0
-    assert registry.get_sample_value("tandem_gpu_predicted_utilization_ratio", ids(0)) is None
+    assert registry.get_sample_value("tandem_agent_gpu_predicted_utilization_ratio", ids(0)) is None
 
 
 def test_collector_reads_the_latest_value_at_scrape_time() -> None:

@@ -118,4 +118,4 @@ def scores_from_costs(costs: np.ndarray, max_score: int = 10) -> list[int]:
     if not math.isfinite(worst) or worst - best <= 1e-12:
         return [max_score] * int(costs.size)
     fraction = np.clip((worst - costs) / (worst - best), 0.0, 1.0)
-    return [int(v) for v in np.rint(fraction * max_score)]
+    return np.rint(fraction * max_score).astype(np.int64).tolist()  # tolist: Python ints

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -96,11 +97,9 @@ class Evaluation:
     def scores(self) -> list[int]:
         """Integer 0..10 per name; infeasible nodes score 0."""
         ok = self.feasible
-        out = [0] * len(self.names)
-        for pos, score in zip(np.flatnonzero(ok).tolist(), scores_from_costs(self.node_cost[ok]),
-                              strict=True):
-            out[pos] = score
-        return out
+        out = np.zeros(len(self.names), dtype=np.int64)
+        out[ok] = scores_from_costs(self.node_cost[ok])
+        return out.tolist()  # Python ints: the wire needs JSON integers
 
     def chosen_rows(self, position: int) -> list[int]:
         """Rows of the best GPUs of candidate ``position`` (empty when infeasible)."""
@@ -126,7 +125,8 @@ def evaluate(
     need = demand.job.gpu_count
     positions = len(names)
     index = table.node_index
-    ids = np.array([index.get(n, -1) for n in names], dtype=np.int64).reshape(positions)
+    # map() over dict.get keeps the per-name lookup in C (500 names per call).
+    ids = np.fromiter(map(index.get, names, repeat(-1)), dtype=np.int64, count=positions)
     known = np.flatnonzero(ids >= 0)
     rows, owner_k = table.rows_for(ids[known])
     owner = known[owner_k]

@@ -9,7 +9,7 @@ workers one per GPU, each with the job's predicted utilisation).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NewType
 
 from extender.planner.types import SessionSpec
@@ -67,6 +67,8 @@ class Placement:
     mem_mib: float
     workload: Workload = Workload.TRAINING
     session: SessionSpec | None = None
+    annotations: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    """The pod's ``tandem.io/*`` annotations, sorted (for operators and the agent's sync)."""
 
 
 @dataclass(frozen=True)
