@@ -18,6 +18,9 @@ other session's model (``memory + smallest other memory > capacity``) uses whole
 GPUs, at least ``ceil(R/T)``. Two sessions whose models each need more than half
 a GPU never share one, so the GPUs left over host at least one share each of them.
 
+``CostFloor`` applies the same two terms to the residual items of one packing run:
+``merge_best`` stops trying orders once a pass reaches it.
+
 The bound assumes round-robin dispatch (Nexus). Harpagon's batch-aware dispatch
 lets dedicated GPUs run batches the ``2*l(b)`` rule forbids, so it does not bound
 plans made with that switch.
@@ -26,14 +29,18 @@ plans made with that switch.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from extender.planner.options import GpuType
 from extender.planner.types import SessionSpec
 from predictor.batching import BatchingProfile
+
+if TYPE_CHECKING:  # merge imports this module; the types are for annotations only
+    from extender.planner.merge import Item, ItemFit
 
 _EPS = 1e-9
 
@@ -59,7 +66,11 @@ def session_share(
     profile: BatchingProfile, slo_ms: float, rate_rps: float, lat: np.ndarray | None = None
 ) -> float:
     """``g(R)``: the least GPU share that serves ``rate_rps`` within ``slo_ms`` (inf if none)."""
-    lat = _latencies(profile) if lat is None else lat
+    return share_from_latencies(_latencies(profile) if lat is None else lat, slo_ms, rate_rps)
+
+
+def share_from_latencies(lat: np.ndarray, slo_ms: float, rate_rps: float) -> float:
+    """``g(R)`` from the latencies of batches 1..max (index 0 is batch 1)."""
     batches = np.arange(1, len(lat) + 1, dtype=float)
     ok = 2.0 * lat <= slo_ms + _EPS
     if not ok.any():
@@ -129,3 +140,58 @@ def gpu_lower_bound(
             big_parts += parts
     shared = max(big_parts, math.ceil(share - 1e-6))
     return LowerBound(exclusive + shared, math.ceil(throughput - 1e-6), exclusive, share)
+
+
+class CostFloor:
+    """A (price, GPU count) no packing of the items can beat: the early exit of ``merge_best``.
+
+    Each node's batches fill at most its duty cycle, and an item's share of any
+    cycle is at least ``g(r)`` (see ``bounds``); its models fit in its memory. So the
+    price is at least the sum over items of the cheaper of price times ``g`` and
+    price times memory fraction, and the count at least the ceiling of either sum.
+    ``g`` costs a few array operations per item, so it is computed only once a
+    pass comes within the cheaper floor built from each item's occupancy alone,
+    which is never below ``g``.
+    """
+
+    def __init__(
+        self, items: Sequence[Item], gpu_types: Sequence[GpuType], price: Callable[[GpuType], float]
+    ):
+        self._items = items
+        self._types = {g.name: g for g in gpu_types}
+        self._price = price
+        self._floor: tuple[float, int] | None = None
+        self._ceiling = self._bound(lambda it, t, f: f.occupancy)
+        """Built from occupancies alone: at least the floor, cheap to compute."""
+
+    def reached(self, cost: tuple[float, int]) -> bool:
+        """True if ``cost`` (price, count) is at the floor: no packing is cheaper."""
+        if cost[0] > self._ceiling[0] + 1e-6 or cost[1] > self._ceiling[1]:
+            return False
+        floor = self.value()
+        return cost[0] <= floor[0] + 1e-6 and cost[1] <= floor[1]
+
+    def value(self) -> tuple[float, int]:
+        """The floor: (price, GPU count) below which no packing of the items exists."""
+        if self._floor is None:
+            self._floor = self._bound(
+                lambda it, t, f: share_from_latencies(f.latency_array, it.slo_ms, it.rate)
+            )
+        return self._floor
+
+    def _bound(self, share: Callable[[Item, str, ItemFit], float]) -> tuple[float, int]:
+        price = share_price = memory_price = share_units = memory_units = 0.0
+        cheapest = math.inf
+        for it in self._items:
+            shares = {t: share(it, t, f) for t, f in it.per_type.items()}
+            memory = {t: f.memory_mib / self._types[t].memory_mib for t, f in it.per_type.items()}
+            prices = {t: self._price(self._types[t]) for t in it.per_type}
+            share_price += min(prices[t] * shares[t] for t in shares)
+            memory_price += min(prices[t] * memory[t] for t in memory)
+            share_units += min(shares.values())
+            memory_units += min(memory.values())
+            cheapest = min(cheapest, *prices.values())
+        count = max(math.ceil(share_units - 1e-6), math.ceil(memory_units - 1e-6))
+        if count:
+            price = max(share_price, memory_price, cheapest * count)
+        return price, count

@@ -38,6 +38,9 @@ def plan_command(
     cost_per_gpu_type: bool | None = typer.Option(
         None, "--cost-per-gpu-type/--no-cost-per-gpu-type", help=_SWITCH_HELP
     ),
+    latency_cost_split: bool | None = typer.Option(
+        None, "--latency-cost-split/--no-latency-cost-split", help=_SWITCH_HELP
+    ),
     step_ms: float = typer.Option(1.0, "--step-ms", min=0.01, help="Latency-split grid (ms)."),
 ) -> None:
     """Plan GPUs for inference sessions: gpu_count, duty cycles, batches, occupancy."""
@@ -75,6 +78,7 @@ def plan_command(
         "dummy_requests": dummy_requests,
         "latency_reassignment": latency_reassignment,
         "cost_per_gpu_type": cost_per_gpu_type,
+        "latency_cost_split": latency_cost_split,
     }
     options = dataclasses.replace(
         spec.options, **{k: v for k, v in overrides.items() if v is not None}

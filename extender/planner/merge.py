@@ -7,11 +7,10 @@ iff the batches' latencies sum to at most ``d`` and the models' memory fits.
 Best fit: among the nodes a residual merges with, the one with the highest
 resulting occupancy ``sum l(b)/d`` wins; if none, a new node opens.
 
-Speed: open nodes of one GPU type live in numpy arrays, so the best-fit scan over
-them is a handful of array operations. Merges that keep a node's cycle (the
-residual tolerates a longer one) are evaluated exactly in the arrays; merges that
-shorten it re-batch every share of every candidate node at once from flat
-per-share arrays (one ``bincount``).
+Speed: open nodes of one GPU type live in numpy arrays plus flat per-share arrays,
+so a merge that shortens a node's cycle re-batches every candidate node at once
+(one ``bincount``). The scan itself (``scan``) walks the nodes in plain Python
+while they are few and switches to the arrays past ``SCALAR_MAX_NODES``.
 
 Quality beyond Nexus: ``merge_best`` runs the same best-fit merge under several
 decreasing orders (Nexus's occupancy, then orders that also weigh memory, the
@@ -27,7 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from extender.planner.bounds import CostFloor
 from extender.planner.options import GpuType
+from extender.planner.scan import batch_at, scan
 from extender.planner.types import SessionSpec
 
 _EPS = 1e-9
@@ -58,11 +59,6 @@ class Item:
     per_type: dict[str, ItemFit]
     origin: str | None = None
     """GPU id that served this share in the previous plan (incremental re-planning)."""
-
-
-def batch_at(rate_rps: float, duty_ms: float) -> int:
-    """``ceil(r*d)`` (at least 1), tolerant of float noise like ``batch_for``."""
-    return max(1, math.ceil(rate_rps * duty_ms / 1000.0 - _EPS))
 
 
 class TypeNodes:
@@ -110,6 +106,15 @@ class TypeNodes:
         lat = self.table[self.share_row[:m], batches]
         return np.bincount(self.share_node[:m], weights=lat, minlength=self.n)
 
+    def busy_at(self, i: int, duty_ms: float) -> float:
+        """Node ``i``'s batches' total latency at ``duty_ms``, summed as ``busy_all`` does."""
+        total = 0.0
+        for item in self.items[i]:
+            lat = item.per_type[self.gpu.name].latencies
+            b = batch_at(item.rate, duty_ms)
+            total += lat[b - 1] if b <= len(lat) else math.inf
+        return total
+
     def add(self, i: int, item: Item, duty_ms: float, busy_ms: float) -> None:
         """Put ``item`` on node ``i`` with the merged cycle and busy time."""
         fit = item.per_type[self.gpu.name]
@@ -143,7 +148,9 @@ class TypeNodes:
         if row is None:
             row = self._rows[id(latencies)] = len(self._tables)
             self._tables.append(latencies)
-            width = max(len(t) for t in self._tables)
+            # One inf column past the widest model: a batch beyond a model's
+            # largest never fits, for the widest model too.
+            width = max(len(t) for t in self._tables) + 1
             table = np.full((len(self._tables), width), np.inf)
             table[0] = 0.0
             for r, t in enumerate(self._tables[1:], start=1):
@@ -192,42 +199,17 @@ class Packing:
     def best_fit(self, item: Item, skip: tuple[str, int] | None = None) -> Fit | None:
         """MergeNodes against every open node; the highest resulting occupancy wins."""
         best: Fit | None = None
+        hosts = self.hosts.get(item.session.name, ())
         for t, fit in item.per_type.items():
             nodes = self.types[t]
-            n = nodes.n
-            if n == 0:
+            if nodes.n == 0:
                 continue
-            duty, busy = nodes.duty[:n], nodes.busy[:n]
-            ok = nodes.memory[:n] + fit.memory_mib <= nodes.gpu.memory_mib + _EPS
-            for host_t, j in self.hosts.get(item.session.name, ()):
-                if host_t == t:
-                    ok[j] = False
+            banned = {j for host_t, j in hosts if host_t == t}
             if skip is not None and skip[0] == t:
-                ok[skip[1]] = False
-            lat = fit.latency_array
-            # Case 1: the node's cycle is the shorter one and stays.
-            keep = ok & (duty <= fit.duty_ms)
-            if keep.any():
-                d = duty[keep]
-                batches = np.maximum(1, np.ceil(item.rate * d / 1000.0 - _EPS)).astype(int)
-                new_busy = busy[keep] + lat[batches - 1]
-                occ = np.where(new_busy <= d + _EPS, new_busy / d, -1.0)
-                k = int(np.argmax(occ))
-                if occ[k] > 0 and (best is None or occ[k] > best.occupancy + _EPS):
-                    j = int(np.flatnonzero(keep)[k])
-                    best = Fit(t, j, float(duty[j]), float(new_busy[k]))
-            # Case 2: the item's cycle is shorter; re-batch the node's sessions.
-            d = fit.duty_ms
-            own = fit.latencies[batch_at(item.rate, d) - 1]
-            shrink = ok & (duty > d) & (nodes.floor[:n] + own <= d + _EPS)
-            if not shrink.any():
-                continue
-            cand = np.flatnonzero(shrink)
-            total = own + nodes.busy_all(d)[cand]
-            occ = np.where(total <= d + _EPS, total / d, -1.0)
-            k = int(np.argmax(occ))
-            if occ[k] > 0 and (best is None or occ[k] > best.occupancy + _EPS):
-                best = Fit(t, int(cand[k]), d, float(total[k]))
+                banned.add(skip[1])
+            for occ, j, duty, busy in scan(nodes, item.rate, fit, banned):
+                if best is None or occ > best.occupancy + _EPS:
+                    best = Fit(t, j, duty, busy)
         return best
 
     def place(self, item: Item, fit: Fit) -> None:
@@ -318,18 +300,29 @@ def merge_best(
 
     By default large instances (over ``LARGE_INSTANCE_ITEMS`` residuals) try only the
     first two orders: each order is a full pass, and planning time matters there.
+    An order that sorts the items as an earlier one did is not run again, and once
+    a pass reaches ``CostFloor`` no other order nor consolidation can improve it.
     """
     if orders is None:
         orders = default_orders(gpu_types, price)
         if len(items) > LARGE_INSTANCE_ITEMS:
             orders = dict(list(orders.items())[:2])
+    floor = CostFloor(items, gpu_types, price)
     best: Packing | None = None
+    seen: list[list[int]] = []
     for key in orders.values():
+        sequence = sorted(items, key=key)
+        ids = [id(it) for it in sequence]
+        if ids in seen:
+            continue
+        seen.append(ids)
         packing = Packing(gpu_types, price)
-        for item in sorted(items, key=key):
+        for item in sequence:
             packing.insert(item)
         if best is None or packing.cost() < best.cost():
             best = packing
+        if floor.reached(best.cost()):
+            return best
     assert best is not None
     best.consolidate()
     return best
@@ -340,12 +333,23 @@ def default_orders(
 ) -> dict[str, OrderKey]:
     """Nexus's decreasing occupancy first; then orders that rank memory too."""
     by_name = {g.name: g for g in gpu_types}
+    # Every order ranks by the same two measures: compute each once per item.
+    measures: dict[int, tuple[float, float]] = {}
+
+    def measure(it: Item) -> tuple[float, float]:
+        m = measures.get(id(it))
+        if m is None:
+            m = measures[id(it)] = (
+                min(price(by_name[t]) * f.occupancy for t, f in it.per_type.items()),
+                min(f.memory_mib / by_name[t].memory_mib for t, f in it.per_type.items()),
+            )
+        return m
 
     def occupancy(it: Item) -> float:
-        return min(price(by_name[t]) * f.occupancy for t, f in it.per_type.items())
+        return measure(it)[0]
 
     def memory(it: Item) -> float:
-        return min(f.memory_mib / by_name[t].memory_mib for t, f in it.per_type.items())
+        return measure(it)[1]
 
     return {
         "nexus_occupancy": lambda it: (-occupancy(it), it.session.name),

@@ -45,6 +45,9 @@ class HarpagonOptions:
     """Queries: give a module's residual the end-to-end slack left by the others."""
     cost_per_gpu_type: bool = False
     """Minimise total price (``GpuType.cost``) rather than the GPU count."""
+    latency_cost_split: bool = False
+    """Queries: split the SLO with Harpagon's Algorithm 2 (latency-cost efficiency, node
+    merger, cost-direct) instead of Nexus's dynamic program on a latency grid."""
 
     @classmethod
     def nexus(cls) -> HarpagonOptions:
@@ -54,7 +57,7 @@ class HarpagonOptions:
     @classmethod
     def harpagon(cls) -> HarpagonOptions:
         """Every switch on."""
-        return cls(True, True, True, True, True)
+        return cls(True, True, True, True, True, True)
 
     def price(self, gpu_type: GpuType) -> float:
         """What one GPU of this type costs under these options."""
@@ -67,4 +70,5 @@ SWITCHES = (
     "dummy_requests",
     "latency_reassignment",
     "cost_per_gpu_type",
+    "latency_cost_split",
 )

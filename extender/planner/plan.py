@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from extender.planner.lcsplit import ModuleOption, OptionsFn, lc_split
 from extender.planner.options import GpuType, HarpagonOptions
 from extender.planner.packing import ClusterPlan, pack_configs
 from extender.planner.query import QueryModule, QuerySpec, QuerySplit, split_latency
@@ -45,10 +46,45 @@ def profile_throughput(planner: ConfigPlanner):
     return fn
 
 
+def profile_options(planner: ConfigPlanner) -> OptionsFn:
+    """Every (GPU type, batch) a module may run, as Algorithm 2's configurations.
+
+    ``L_wc`` is ``l(b) + b/R`` under batch-aware dispatch (``w`` = the module rate,
+    as in Harpagon's LC example), else ``2*l(b)``; cost is price times ``R/t``.
+    """
+
+    def fn(module: QueryModule, rate_rps: float) -> list[ModuleOption]:
+        out = []
+        for gpu in planner.gpu_types:
+            idx = planner.index(module.model, gpu.name)
+            if idx is None or idx.profile.memory_mib > gpu.memory_mib:
+                continue
+            price = planner.options.price(gpu)
+            for b, lat in enumerate(idx.latencies, start=1):
+                if idx.allowed is not None and b not in idx.allowed:
+                    continue
+                if planner.options.batch_aware_dispatch:
+                    worst = lat + b * 1000.0 / rate_rps
+                else:
+                    worst = 2.0 * lat
+                out.append(
+                    ModuleOption(gpu.name, b, worst, price * rate_rps * lat / (b * 1000.0), price)
+                )
+        return out
+
+    return fn
+
+
 def split_query(
     query: QuerySpec, planner: ConfigPlanner, step_ms: float = DEFAULT_STEP_MS
 ) -> QuerySplit:
-    """Nexus's DP split of one query under the planner's profiles and dispatch rule."""
+    """One query's split under the planner's profiles, dispatch rule and split switch.
+
+    Nexus's DP on a ``step_ms`` grid, or Harpagon's Algorithm 2 with
+    ``latency_cost_split`` (which needs no grid).
+    """
+    if planner.options.latency_cost_split:
+        return lc_split(query, profile_options(planner)).split
     return split_latency(query, profile_throughput(planner), step_ms)
 
 

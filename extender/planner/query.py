@@ -10,6 +10,9 @@ evaluated on a grid of ``L/step`` budgets, generalised from trees to fork-join
 (series-parallel) graphs by reducing the graph: a module in series with what
 follows is a min-plus convolution, parallel branches add. Re-splitting when
 fan-outs change is calling it again with the new fan-outs.
+
+Harpagon's Algorithm 2 (``lcsplit``, latency-cost efficiency) is the switchable
+alternative (``HarpagonOptions.latency_cost_split``); it returns the same ``QuerySplit``.
 """
 
 from __future__ import annotations
