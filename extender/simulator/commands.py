@@ -1,8 +1,55 @@
-"""Command (filled in by its issue)."""
+"""``tandem simulate``: replay a trace through the extender's decisions under several policies.
+
+Heavy imports happen inside the command so that ``tandem --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
+POLICY_HELP = "fifo | obp | pab | horus | horus-f | tandem (repeatable; default: all)"
 
-def simulate_command() -> None:
-    """Not built yet."""
-    raise typer.Exit(2)
+
+def simulate_command(
+    trace: Annotated[Path | None, typer.Option(help="Trace file (.json, .yaml, .csv).")] = None,
+    workload: Annotated[str | None, typer.Option(
+        help="Generated workload: w-small | w-large | production.")] = None,
+    policy: Annotated[list[str] | None, typer.Option(help=POLICY_HELP)] = None,
+    cluster: Annotated[str | None, typer.Option(
+        help="testbed | large | sim:FILE (default: testbed for w-*, large otherwise).")] = None,
+    config: Annotated[Path | None, typer.Option(
+        help="Extender config YAML for the tandem policy (default: the packaged one).")] = None,
+    interference: Annotated[str, typer.Option(help="curve | linear (the paper's simulator).")]
+    = "curve",
+    jobs: Annotated[int, typer.Option(help="Jobs in the production workload.")] = 2000,
+    seed: Annotated[int, typer.Option(help="Seed of the workload generator.")] = 1,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    plots: Annotated[Path | None, typer.Option(help="Directory for PNG plots.")] = None,
+    timeline: Annotated[Path | None, typer.Option(
+        help="Write per-GPU timelines (CSV: policy,t_s,gpu,util_percent,mem_mib,jobs).")] = None,
+    sweep: Annotated[bool, typer.Option(help="Grid-search the tandem policy's settings.")] = False,
+    grid: Annotated[str | None, typer.Option(
+        help="Sweep grid, e.g. 'w_util=1,2,4;max_pods_per_gpu=2,3' (default grid otherwise).")]
+    = None,
+    sweep_out: Annotated[Path, typer.Option(help="Where --sweep writes the best config.")]
+    = Path("tandem-sweep-best.yaml"),
+) -> None:
+    """Simulate a GPU cluster replaying the extender's filter/score/bind under each policy."""
+    from extender.simulator.cli_support import CommandError, run_command
+
+    try:
+        output = run_command(trace=trace, workload=workload, policies=policy or [],
+                             cluster=cluster, config=config, interference=interference,
+                             jobs=jobs, seed=seed, plots=plots, timeline=timeline, sweep=sweep,
+                             grid=grid, sweep_out=sweep_out)
+    except CommandError as exc:
+        typer.echo(f"tandem simulate: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if json_out:
+        typer.echo(json.dumps(output["json"], sort_keys=False))
+    else:
+        typer.echo(output["text"])

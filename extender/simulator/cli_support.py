@@ -1,0 +1,145 @@
+"""The work behind ``tandem simulate`` (kept apart from Typer so it is easy to test)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from extender.simulator.cluster import ClusterError, load_cluster
+from extender.simulator.engine import EngineConfig
+from extender.simulator.interference import InterferenceError
+from extender.simulator.jobs import TraceError, load_trace
+from extender.simulator.metrics import SimulationResult
+from extender.simulator.policies import POLICIES, PolicyError, PolicyOptions, make_policy
+from extender.simulator.sweep import SweepError, best_snippet, parse_grid, run_sweep
+from extender.simulator.workloads import DEFAULT_CLUSTER, WorkloadError, generate, production
+
+HEADLINE = ("makespan_s", "avg_gpu_util", "avg_jct_s", "avg_wait_s")
+
+
+class CommandError(ValueError):
+    """Bad command-line input, rendered as one line on stderr (exit code 2)."""
+
+
+def _load_inputs(trace: Path | None, workload: str | None, cluster: str | None, jobs: int,
+                 seed: int) -> tuple[list[Any], list[Any], str]:
+    if (trace is None) == (workload is None):
+        raise CommandError("give exactly one of --trace FILE or --workload NAME")
+    try:
+        if trace is not None:
+            job_list = load_trace(trace)
+            label = str(trace)
+        elif workload == "production":
+            nodes_for_size = load_cluster(cluster or "large")
+            job_list = production(seed, jobs=jobs, gpus=sum(len(n.gpus) for n in nodes_for_size))
+            label = f"production ({jobs} jobs, seed {seed})"
+        else:
+            job_list = generate(str(workload), seed)
+            label = f"{workload} (seed {seed})"
+        nodes = load_cluster(cluster or DEFAULT_CLUSTER.get(str(workload), "large"))
+    except (TraceError, WorkloadError, ClusterError) as exc:
+        raise CommandError(str(exc)) from None
+    return job_list, nodes, label
+
+
+def _options(config: Path | None) -> PolicyOptions:
+    if config is None:
+        return PolicyOptions()
+    from extender.config import ConfigError, load_config
+
+    try:
+        return PolicyOptions(cost=load_config(config, environ={}).policy)
+    except ConfigError as exc:
+        raise CommandError(f"--config {config}: {exc}") from None
+
+
+def _table(results: dict[str, SimulationResult]) -> str:
+    lines = [f"{'policy':<9} {'makespan_s':>11} {'util_%':>7} {'avg_jct_s':>10} "
+             f"{'avg_wait_s':>10} {'p95_wait_s':>10} {'ooms':>5} {'evict':>5} {'done':>6}"]
+    for name, r in results.items():
+        lines.append(f"{name:<9} {r.makespan_s:>11.0f} {r.avg_gpu_util:>7.1f} "
+                     f"{r.avg_jct_s:>10.0f} {r.avg_wait_s:>10.0f} {r.p95_wait_s:>10.0f} "
+                     f"{r.oom_events:>5} {r.evictions:>5} {r.finished:>3}/{r.jobs}")
+    return "\n".join(lines)
+
+
+def _timeline_csv(results: dict[str, SimulationResult]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(["policy", "t_s", "gpu", "util_percent", "mem_mib", "jobs"])
+    for name, r in results.items():
+        for t, gpu, util, mem, n in r.gpu_timeline:
+            writer.writerow([name, f"{t:.3f}", gpu, f"{util:.2f}", f"{mem:.1f}", n])
+    return buf.getvalue()
+
+
+def run_command(*, trace: Path | None, workload: str | None, policies: Sequence[str],
+                cluster: str | None, config: Path | None, interference: str, jobs: int,
+                seed: int, plots: Path | None, timeline: Path | None, sweep: bool,
+                grid: str | None, sweep_out: Path) -> dict[str, Any]:
+    """Run the simulation(s); returns {"json": object, "text": str}."""
+    from extender.simulator.runner import simulate
+
+    job_list, nodes, label = _load_inputs(trace, workload, cluster, jobs, seed)
+    options = _options(config)
+    engine_config = EngineConfig(interference=interference,
+                                 record_gpu_timeline=timeline is not None)
+    try:
+        if sweep:
+            return _sweep(job_list, nodes, label, options, engine_config, grid, sweep_out)
+        names = list(policies) or list(POLICIES)
+        for name in names:
+            make_policy(name, options)
+        results = {n: simulate(job_list, nodes, n, options, engine_config) for n in names}
+    except (PolicyError, InterferenceError, SweepError) as exc:
+        raise CommandError(str(exc)) from None
+    extra: dict[str, Any] = {}
+    if plots is not None:
+        extra["plots"] = [str(p) for p in _plots(results, plots)]
+    if timeline is not None:
+        timeline.write_text(_timeline_csv(results))
+        extra["timeline"] = str(timeline)
+    meta = {"trace": label, "gpus": sum(len(n.gpus) for n in nodes), "jobs": len(job_list),
+            "interference": interference, "python": platform.python_version(), **extra}
+    if len(results) == 1:
+        body: dict[str, Any] = {**next(iter(results.values())).summary(), **meta}
+    else:
+        body = {"policies": {n: r.summary() for n, r in results.items()}, **meta}
+    text = f"{label}: {meta['jobs']} jobs on {meta['gpus']} GPUs, interference={interference}\n"
+    return {"json": body, "text": text + _table(results)}
+
+
+def _plots(results: dict[str, SimulationResult], out: Path) -> list[Path]:
+    from extender.simulator.plots import write_plots
+
+    return write_plots(results, out)
+
+
+def _sweep(job_list: list[Any], nodes: list[Any], label: str, options: PolicyOptions,
+           engine_config: EngineConfig, grid_text: str | None, out: Path) -> dict[str, Any]:
+    from extender.simulator.policies import tandem_cost, tandem_queue
+
+    base_cost = options.cost or tandem_cost()
+    base_queue = options.queue or tandem_queue()
+    rows = run_sweep(job_list, nodes, base_cost, base_queue, parse_grid(grid_text), engine_config)
+    snippet = best_snippet(rows[0], base_cost, base_queue, label)
+    out.write_text(snippet)
+    keys = list(rows[0].setting)
+    header = " ".join(f"{k:>16}" for k in keys) + f" {'makespan_s':>11} {'avg_wait_s':>10} " \
+        f"{'util_%':>7} {'avg_jct_s':>10}"
+    lines = [header]
+    for row in rows:
+        r = row.result
+        lines.append(" ".join(f"{row.setting[k]:>16g}" for k in keys)
+                     + f" {r.makespan_s:>11.0f} {r.avg_wait_s:>10.0f} {r.avg_gpu_util:>7.1f}"
+                     f" {r.avg_jct_s:>10.0f}")
+    body = {"trace": label, "best": {**rows[0].setting, **{k: rows[0].result.summary()[k]
+                                                          for k in HEADLINE}},
+            "settings": [{**row.setting, **{k: row.result.summary()[k] for k in HEADLINE}}
+                         for row in rows], "snippet_file": str(out)}
+    return {"json": body, "text": "\n".join(lines) + f"\nbest setting written to {out}\n"
+            + snippet}

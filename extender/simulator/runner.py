@@ -1,0 +1,28 @@
+"""Run one or several policies over the same trace and cluster."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from extender.core.model import NodeSpec
+from extender.simulator.engine import Engine, EngineConfig
+from extender.simulator.jobs import SimJob
+from extender.simulator.metrics import SimulationResult, summarize
+from extender.simulator.policies import PolicyOptions, make_policy
+
+
+def simulate(jobs: Sequence[SimJob], nodes: Sequence[NodeSpec], policy: str,
+             options: PolicyOptions | None = None,
+             config: EngineConfig | None = None) -> SimulationResult:
+    """Simulate ``jobs`` on ``nodes`` under the named policy; deterministic for equal inputs."""
+    engine = Engine(nodes, jobs, make_policy(policy, options), config).run()
+    return summarize(engine, policy)
+
+
+def compare(jobs: Sequence[SimJob], nodes: Sequence[NodeSpec], policies: Sequence[str],
+            options: PolicyOptions | None = None,
+            config: EngineConfig | None = None) -> dict[str, SimulationResult]:
+    """Every named policy on the same inputs (names validated before any run)."""
+    for name in policies:
+        make_policy(name, options)
+    return {name: simulate(jobs, nodes, name, options, config) for name in policies}

@@ -1,0 +1,117 @@
+"""``tandem simulate --sweep``: grid search over the extender's weights and limits.
+
+Each setting runs the ``tandem`` policy (extender core + weighted-fair queue) on
+the same trace; settings are ranked by makespan, then mean wait, then their
+position in the grid (stable). The best one is written as a snippet of the
+extender's YAML configuration (``cost.w_mem``, ``cost.w_util``,
+``limits.max_pods_per_gpu``), checked by :func:`extender.config.build_config`
+before it is returned. Queue settings (``k``, ``beta``) have no extender config
+keys yet, so they are written as a comment.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from extender.core import CostPolicy
+from extender.core.model import NodeSpec
+from extender.queue.fair import QueueConfig
+from extender.simulator.engine import EngineConfig
+from extender.simulator.jobs import SimJob
+from extender.simulator.metrics import SimulationResult
+from extender.simulator.policies import PolicyOptions
+from extender.simulator.runner import simulate
+
+DEFAULT_GRID: dict[str, tuple[float, ...]] = {
+    "w_mem": (0.5, 1.0, 2.0),
+    "w_util": (1.0, 2.0, 4.0),
+    "max_pods_per_gpu": (2, 3, 8),
+}
+COST_KEYS = ("w_mem", "w_util", "max_pods_per_gpu")
+QUEUE_KEYS = ("k", "beta")
+MAX_SETTINGS = 200
+"""Bound on grid size, so a typo cannot start a day-long sweep."""
+
+
+class SweepError(ValueError):
+    """A grid specification is malformed."""
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """One setting and its result."""
+
+    setting: Mapping[str, float]
+    result: SimulationResult
+
+
+def parse_grid(text: str | None) -> dict[str, tuple[float, ...]]:
+    """``"w_util=1,2;max_pods_per_gpu=2,3"`` -> grid (other keys keep their default values)."""
+    if not text:
+        return dict(DEFAULT_GRID)
+    grid: dict[str, tuple[float, ...]] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        key, sep, values = part.partition("=")
+        key = key.strip()
+        if not sep or key not in (*COST_KEYS, *QUEUE_KEYS):
+            raise SweepError(f"{part!r}: expected KEY=V1,V2 with KEY in "
+                             f"{', '.join((*COST_KEYS, *QUEUE_KEYS))}")
+        try:
+            grid[key] = tuple(float(v) for v in values.split(",") if v.strip())
+        except ValueError:
+            raise SweepError(f"{part!r}: values must be numbers") from None
+        if not grid[key]:
+            raise SweepError(f"{part!r}: no values")
+    size = 1
+    for values in grid.values():
+        size *= len(values)
+    if size > MAX_SETTINGS:
+        raise SweepError(f"the grid has {size} settings (at most {MAX_SETTINGS})")
+    return grid
+
+
+def _options(base_cost: CostPolicy, base_queue: QueueConfig,
+             setting: Mapping[str, float]) -> PolicyOptions:
+    cost = replace(base_cost, **{k: (int(v) if k == "max_pods_per_gpu" else float(v))
+                                 for k, v in setting.items() if k in COST_KEYS})
+    queue = replace(base_queue, **{k: int(v) for k, v in setting.items() if k in QUEUE_KEYS})
+    return PolicyOptions(cost=cost, queue=queue)
+
+
+def run_sweep(jobs: Sequence[SimJob], nodes: Sequence[NodeSpec], base_cost: CostPolicy,
+              base_queue: QueueConfig, grid: Mapping[str, Sequence[float]],
+              config: EngineConfig | None = None) -> list[SweepRow]:
+    """Every setting of ``grid`` (cartesian product), best first."""
+    keys = list(grid)
+    rows = []
+    for values in itertools.product(*(grid[k] for k in keys)):
+        setting = dict(zip(keys, values, strict=True))
+        options = _options(base_cost, base_queue, setting)
+        rows.append(SweepRow(setting, simulate(jobs, nodes, "tandem", options, config)))
+    order = sorted(range(len(rows)), key=lambda i: (rows[i].result.makespan_s,
+                                                    rows[i].result.avg_wait_s, i))
+    return [rows[i] for i in order]
+
+
+def best_snippet(row: SweepRow, base_cost: CostPolicy, base_queue: QueueConfig,
+                 label: str) -> str:
+    """The best setting as extender config YAML (validated by the extender's own loader)."""
+    import yaml
+
+    from extender.config import build_config
+
+    options = _options(base_cost, base_queue, row.setting)
+    assert options.cost is not None and options.queue is not None
+    doc = {"cost": {"w_mem": options.cost.w_mem, "w_util": options.cost.w_util},
+           "limits": {"max_pods_per_gpu": options.cost.max_pods_per_gpu}}
+    build_config(doc)  # raises ConfigError if the keys ever drift from the extender's schema
+    r = row.result
+    header = (f"# tandem simulate --sweep on {label}: best of the grid by makespan\n"
+              f"# makespan_s={r.makespan_s:.0f} avg_wait_s={r.avg_wait_s:.0f} "
+              f"avg_gpu_util={r.avg_gpu_util:.1f} avg_jct_s={r.avg_jct_s:.0f}\n"
+              f"# weighted-fair queue (no extender config keys yet): k={options.queue.k} "
+              f"beta={options.queue.beta} "
+              f"starvation_seconds={options.queue.starvation_seconds:g}\n")
+    return header + yaml.safe_dump(doc, sort_keys=False)

@@ -1,0 +1,184 @@
+"""The scheduling-gate controller against a fake CoreV1Api (no cluster)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC
+from typing import Any
+
+import pytest
+
+from extender.queue.fair import QueueConfig
+from extender.queue.gate import (
+    GATE_NAME,
+    RELEASED_ANNOTATION,
+    GateConfig,
+    GateController,
+    release_patch,
+)
+
+NOW = 1_763_700_000.0
+
+
+def pod(name: str, *, age_s: float = 10.0, gated: bool = True, gpus: int = 1,
+        util: float | None = 40.0, mem: float | None = 2000.0, owner: str | None = None,
+        released: bool = False, node: str | None = None,
+        other_gates: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A pending pod as the API returns it (decoded JSON)."""
+    from datetime import datetime
+
+    ann: dict[str, str] = {}
+    if util is not None:
+        ann["tandem.io/gpu-util"] = str(util)
+    if mem is not None:
+        ann["tandem.io/gpu-mem-mib"] = str(mem)
+    if released:
+        ann[RELEASED_ANNOTATION] = "2025-11-21T00:00:00+00:00"
+    created = datetime.fromtimestamp(NOW - age_s, tz=UTC).isoformat()
+    meta: dict[str, Any] = {"name": name, "namespace": "ml", "uid": f"uid-{name}",
+                            "creationTimestamp": created.replace("+00:00", "Z"),
+                            "annotations": ann}
+    if owner:
+        meta["ownerReferences"] = [{"controller": True, "uid": owner, "kind": "Job"}]
+    gates = [{"name": g} for g in other_gates] + ([{"name": GATE_NAME}] if gated else [])
+    spec: dict[str, Any] = {"containers": [{"name": "c", "resources": {
+        "limits": {"tandem.io/gpu": str(gpus)} if gpus else {}}}]}
+    if gates:
+        spec["schedulingGates"] = gates
+    if node:
+        spec["nodeName"] = node
+    return {"metadata": meta, "spec": spec, "status": {"phase": "Pending"}}
+
+
+@dataclass
+class _Response:
+    data: bytes
+
+
+@dataclass
+class FakeCoreV1:
+    """Answers list with the given pods; records patches; can fail on demand."""
+
+    pods: list[dict[str, Any]]
+    fail_list: bool = False
+    conflict_on: set[str] = field(default_factory=set)
+    patches: list[tuple[str, str, Any, Mapping[str, Any]]] = field(default_factory=list)
+
+    def list_pod_for_all_namespaces(self, **kwargs: Any) -> _Response:
+        assert kwargs["field_selector"] == "status.phase=Pending"
+        assert kwargs["_preload_content"] is False
+        if self.fail_list:
+            raise ConnectionError("apiserver unreachable")
+        return _Response(json.dumps({"items": self.pods}).encode())
+
+    def patch_namespaced_pod(self, name: str, namespace: str, body: Any, **kwargs: Any) -> None:
+        if name in self.conflict_on:
+            error = RuntimeError("test failed")
+            error.status = 422  # type: ignore[attr-defined]
+            raise error
+        self.patches.append((name, namespace, body, kwargs))
+
+
+def controller(api: FakeCoreV1, beta: int = 2, k: int = 1,
+               starvation_s: float = 3600.0) -> GateController:
+    cfg = GateConfig(queue=QueueConfig(k=k, beta=beta, starvation_seconds=starvation_s))
+    return GateController(api, cfg, clock=lambda: NOW)
+
+
+def test_releases_the_oldest_beta_gated_gpu_pods() -> None:
+    api = FakeCoreV1([pod("young", age_s=5), pod("old", age_s=50), pod("mid", age_s=20),
+                      pod("cpu-only", gpus=0, age_s=999), pod("ungated", gated=False)])
+    report = controller(api, beta=2).reconcile()
+    assert report.gated == 3
+    assert report.released == ("ml/old", "ml/mid")
+    assert [p[0] for p in api.patches] == ["old", "mid"]
+    assert api.patches[0][3]["_content_type"] == "application/json-patch+json"
+
+
+def test_in_flight_pods_use_up_the_round_budget() -> None:
+    api = FakeCoreV1([pod("a", age_s=50), pod("b", age_s=40),
+                      pod("flying", gated=False, released=True),
+                      pod("bound", gated=False, released=True, node="n1")])
+    report = controller(api, beta=2).reconcile()
+    assert report.in_flight == 1
+    assert report.released == ("ml/a",)
+
+
+def test_release_patch_tests_removes_and_stamps() -> None:
+    p = pod("x", other_gates=("someone.else/gate",))
+    ops = release_patch(p, 1, NOW)
+    assert ops[0] == {"op": "test", "path": "/spec/schedulingGates/1/name", "value": GATE_NAME}
+    assert ops[1] == {"op": "remove", "path": "/spec/schedulingGates/1"}
+    assert ops[2]["path"] == "/metadata/annotations/tandem.io~1queue-released-at"
+
+
+def test_release_patch_creates_annotations_when_the_pod_has_none() -> None:
+    p = pod("x", util=None, mem=None)
+    p["metadata"]["annotations"] = {}
+    ops = release_patch(p, 0, NOW)
+    assert ops[2]["path"] == "/metadata/annotations"
+    assert RELEASED_ANNOTATION in ops[2]["value"]
+
+
+def test_gate_behind_another_gate_is_found_by_name() -> None:
+    api = FakeCoreV1([pod("x", other_gates=("a/b", "c/d"))])
+    controller(api).reconcile()
+    assert api.patches[0][2][1] == {"op": "remove", "path": "/spec/schedulingGates/2"}
+
+
+def test_conflicting_patch_is_reported_and_not_fatal() -> None:
+    api = FakeCoreV1([pod("a", age_s=30), pod("b", age_s=20)], conflict_on={"a"})
+    report = controller(api).reconcile()
+    assert report.conflicts == ("ml/a",)
+    assert report.released == ("ml/b",)
+
+
+def test_api_failure_is_a_report_not_an_exception() -> None:
+    report = controller(FakeCoreV1([], fail_list=True)).reconcile()
+    assert report.error is not None and "unreachable" in report.error
+    assert report.released == ()
+
+
+def test_starving_class_gets_through_ahead_of_a_busy_class() -> None:
+    busy = [pod(f"heavy{i}", age_s=5 + i, util=95, mem=7000) for i in range(10)]
+    starving = pod("tiny", age_s=4000, util=5, mem=100, gpus=1)
+    api = FakeCoreV1([*busy, starving])
+    report = controller(api, beta=1, k=2, starvation_s=3600).reconcile()
+    assert report.released == ("ml/tiny",)
+
+
+def test_tasks_of_one_owner_are_counted_together() -> None:
+    pods = [pod(f"w{i}", owner="job-1", age_s=10) for i in range(4)] + [pod("solo", age_s=11)]
+    ctrl = controller(FakeCoreV1(pods), beta=5, k=2)
+    items = {}
+    original = ctrl._item
+
+    def spy(p: Mapping[str, Any], tasks: int, now: float) -> Any:
+        item = original(p, tasks, now)
+        items[item.key] = item
+        return item
+
+    ctrl._item = spy  # type: ignore[method-assign]
+    ctrl.reconcile()
+    assert items["ml/w0"].tasks == 4 and items["ml/solo"].tasks == 1
+    assert items["ml/w0"].util_percent == 40.0 and items["ml/w0"].mem_mib == 2000.0
+
+
+def test_pods_without_demand_use_the_injected_demand_function() -> None:
+    api = FakeCoreV1([pod("m", util=None, mem=None)])
+    api.pods[0]["metadata"]["annotations"]["tandem.io/model"] = "resnet50.onnx"
+    seen = []
+    ctrl = GateController(api, GateConfig(), clock=lambda: NOW,
+                          demand_fn=lambda p: (seen.append(p) or (70.0, 3000.0)))
+    assert ctrl.reconcile().released == ("ml/m",)
+    assert len(seen) == 1
+
+
+def test_interval_must_be_positive() -> None:
+    from extender.queue.fair import QueueError
+
+    with pytest.raises(QueueError) as err:
+        GateConfig(interval_seconds=0)
+    assert err.value.field == "interval_seconds"

@@ -1,0 +1,89 @@
+"""``tandem simulate`` end to end through the root Typer app."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from extender.cli import app
+from extender.config import build_config
+from extender.simulator.jobs import dump_trace
+from extender.simulator.workloads import generate
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    file = tmp_path_factory.mktemp("trace") / "small.json"
+    file.write_text(dump_trace(generate("w-small", 2)[:30]))
+    return file
+
+
+def test_single_policy_json_has_the_design_keys(trace: Path) -> None:
+    result = runner.invoke(app, ["simulate", "--trace", str(trace), "--cluster", "testbed",
+                                 "--policy", "horus", "--json"])
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.output)
+    for key in ("makespan_s", "avg_gpu_util", "avg_jct_s", "avg_wait_s", "oom_events"):
+        assert isinstance(body[key], (int, float))
+    assert body["policy"] == "horus" and body["jobs"] == 30
+
+
+def test_several_policies_report_per_policy(trace: Path, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["simulate", "--trace", str(trace), "--cluster", "testbed",
+                                 "--policy", "fifo", "--policy", "tandem", "--json",
+                                 "--timeline", str(tmp_path / "t.csv")])
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.output)
+    assert list(body["policies"]) == ["fifo", "tandem"]
+    assert body["policies"]["fifo"]["avg_slowdown"] == 1.0
+    header = (tmp_path / "t.csv").read_text().splitlines()[0]
+    assert header == "policy,t_s,gpu,util_percent,mem_mib,jobs"
+
+
+def test_sweep_writes_a_valid_extender_config_snippet(trace: Path, tmp_path: Path) -> None:
+    out = tmp_path / "best.yaml"
+    result = runner.invoke(app, ["simulate", "--trace", str(trace), "--cluster", "testbed",
+                                 "--sweep", "--grid", "w_util=1,4;max_pods_per_gpu=1,3",
+                                 "--sweep-out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.output)
+    assert len(body["settings"]) == 4
+    makespans = [s["makespan_s"] for s in body["settings"]]
+    assert makespans == sorted(makespans) and body["best"]["makespan_s"] == makespans[0]
+    doc = yaml.safe_load(out.read_text())
+    config = build_config(doc)
+    assert config.policy.max_pods_per_gpu == int(body["best"]["max_pods_per_gpu"])
+
+
+def test_plots_are_written(trace: Path, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["simulate", "--trace", str(trace), "--cluster", "testbed",
+                                 "--policy", "fifo", "--plots", str(tmp_path / "p")])
+    assert result.exit_code == 0, result.output
+    for name in ("utilisation.png", "jct_cdf.png", "wait_cdf.png"):
+        assert (tmp_path / "p" / name).read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param(["--workload", "w-small", "--policy", "sjf"], "valid: fifo", id="policy"),
+        pytest.param([], "exactly one of", id="no-input"),
+        pytest.param(["--workload", "nope"], "valid: w-small", id="workload"),
+        pytest.param(["--workload", "w-small", "--interference", "cubic"], "valid: curve",
+                     id="interference"),
+        pytest.param(["--workload", "w-small", "--sweep", "--grid", "gamma=1"], "KEY=V1",
+                     id="grid"),
+        pytest.param(["--workload", "w-small", "--cluster", "sim:/nonexistent.yaml"],
+                     "cannot read", id="cluster"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message(args: list[str], message: str) -> None:
+    result = runner.invoke(app, ["simulate", *args])
+    assert result.exit_code == 2
+    assert message in result.output
