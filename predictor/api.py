@@ -7,8 +7,10 @@ utilisation and estimates memory with the fitted overhead. Answers are cached by
 
 ``Prediction.source`` says where the numbers came from, e.g.
 ``xgboost:3fa2c1d0e9b7+mem:fitted``; ``+mem:no-overhead`` means no framework
-overhead was fitted and the memory figure excludes it (a lower bound), and
-``,unresolved=N`` that N graph nodes kept unknown shapes (features are lower bounds).
+overhead was fitted and the memory figure excludes it (a lower bound),
+``,unresolved=N`` that N graph nodes kept unknown shapes (features are lower bounds),
+and ``,simulated`` (right after the digest) that the model was trained on synthetic
+rows from the profiler's ``sim:`` backend: a dry run, not a measurement.
 
 With ``gpu_type`` None or a GPU type the model was not trained on, the answer is
 the largest prediction over the trained GPU types (under-predicting utilisation

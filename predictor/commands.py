@@ -11,9 +11,12 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from predictor.dataset import GpuDataset
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -31,7 +34,7 @@ def _fail(message: str, as_json: bool, reason: str = "error", code: int = 1) -> 
 
 def _guarded(as_json: bool, body: Callable[[], Any]) -> Any:
     """Run ``body`` turning the predictor's typed errors into clean exits."""
-    from predictor.dataset import DatasetError, MissingProvenance
+    from predictor.dataset import DatasetError, MissingProvenance, SimulatedData
     from predictor.errors import ModelRejected, ModelUnavailable, NoTrainedModel
 
     try:
@@ -40,12 +43,30 @@ def _guarded(as_json: bool, body: Callable[[], Any]) -> Any:
         _fail(str(exc), as_json, exc.reason.value, 2)
     except MissingProvenance as exc:
         _fail(f"training data without provenance: {exc}", as_json, "missing_provenance", 2)
+    except SimulatedData as exc:
+        _fail(f"simulated training data refused: {exc}", as_json, "simulated_data", 2)
     except DatasetError as exc:
         _fail(f"invalid training data: {exc}", as_json, "invalid_data", 2)
     except NoTrainedModel as exc:
         _fail(str(exc), as_json, "no_trained_model", 3)
     except (ModelUnavailable, ValueError, KeyError) as exc:
         _fail(str(exc), as_json, "error", 1)
+
+
+_ALLOW_SIMULATED_HELP = (
+    "Accept directories whose provenance says simulated (sim: backend dry runs); "
+    "everything produced is then marked simulated."
+)
+
+
+def _load(data: Path, allow_simulated: bool) -> list[GpuDataset]:
+    """Load training data, warning on stderr when synthetic rows were let in."""
+    from predictor.dataset import any_simulated, load_training_data
+
+    datasets = load_training_data(data, allow_simulated=allow_simulated)
+    if any_simulated(datasets):
+        typer.echo("warning: training on SIMULATED data; outputs are marked simulated", err=True)
+    return datasets
 
 
 def _progress(desc: str) -> Callable[[Any], Any]:
@@ -124,15 +145,15 @@ def train_command(
         "--baselines/--no-baselines",
         help="Also cross-validate ridge, random forest, hist GB.",
     ),
+    allow_simulated: bool = typer.Option(False, "--allow-simulated", help=_ALLOW_SIMULATED_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Train the utilisation model (leave-one-family-out CV) and fit memory overhead."""
-    from predictor.dataset import load_training_data
     from predictor.model import KINDS
     from predictor.training import fit_all, save_artifacts
 
     def body() -> dict[str, Any]:
-        datasets = load_training_data(data)
+        datasets = _load(data, allow_simulated)
         kinds = KINDS if baselines else ("xgboost",)
         est, card, overheads, _ = fit_all(datasets, kinds, progress=_progress("cv folds"))
         save_artifacts(out, est, card, overheads, [d.provenance for d in datasets])
@@ -140,6 +161,7 @@ def train_command(
             "artifacts": str(out),
             "n_rows": card["n_rows"],
             "data_digest": card["data_digest"],
+            "simulated": card["simulated"],
             "rmsle": {k: v["rmsle"] for k, v in card["metrics"].items()},
         }
 
@@ -153,19 +175,31 @@ def evaluate_command(
     out_dir: Path = typer.Option(
         Path("benchmarks/results"), "--out-dir", help="Where predictor_evaluation.json/.png go."
     ),
+    baselines: bool = typer.Option(
+        True,
+        "--baselines/--no-baselines",
+        help="Also cross-validate ridge, random forest, hist GB.",
+    ),
+    allow_simulated: bool = typer.Option(False, "--allow-simulated", help=_ALLOW_SIMULATED_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """RMSLE per held-out family for XGBoost and baselines; JSON + predicted-vs-measured PNG."""
-    from predictor.dataset import load_training_data
+    from predictor.model import KINDS
     from predictor.training import build_table, cross_validate
 
     def body() -> dict[str, Any]:
-        datasets = load_training_data(data)
+        datasets = _load(data, allow_simulated)
         table = build_table(datasets)
-        cv = cross_validate(table, progress=_progress("cv folds"))
+        kinds = KINDS if baselines else ("xgboost",)
+        cv = cross_validate(table, kinds, progress=_progress("cv folds"))
         preds = cv.pop("_predictions")
         out_dir.mkdir(parents=True, exist_ok=True)
-        result = {"data_digest": table.data_digest, "n_rows": len(table.y), "metrics": cv}
+        result = {
+            "data_digest": table.data_digest,
+            "simulated": table.simulated,
+            "n_rows": len(table.y),
+            "metrics": cv,
+        }
         (out_dir / "predictor_evaluation.json").write_text(json.dumps(result, indent=2) + "\n")
         from predictor.plots import plot_predicted_vs_measured
 
@@ -182,18 +216,20 @@ def evaluate_command(
 def fit_curves_command(
     data: Path = typer.Option(DEFAULT_DATA, "--data", help="training_data/ root."),
     out: Path = typer.Option(DEFAULT_ARTIFACTS / "curves.json", "--out", help="Curves JSON."),
+    allow_simulated: bool = typer.Option(False, "--allow-simulated", help=_ALLOW_SIMULATED_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Fit slowdown vs cumulative utilisation per GPU type from colocated.csv (JSON + PNG)."""
     from predictor.curves import fit_curves, save_curves
-    from predictor.dataset import load_training_data
+    from predictor.dataset import any_simulated
     from predictor.training import data_digest
 
     def body() -> dict[str, Any]:
-        datasets = load_training_data(data)
+        datasets = _load(data, allow_simulated)
         curves = fit_curves([r for d in datasets for r in d.colocated])
         out.parent.mkdir(parents=True, exist_ok=True)
-        save_curves(out, curves, data_digest(datasets))
+        simulated = any_simulated(datasets)
+        save_curves(out, curves, data_digest(datasets), simulated)
         from predictor.plots import plot_curves
 
         png = plot_curves(
@@ -202,6 +238,7 @@ def fit_curves_command(
         return {
             "curves": str(out),
             "plot": str(png) if png else None,
+            "simulated": simulated,
             "r2": {g: {"below": c.r2_below, "above": c.r2_above} for g, c in curves.items()},
         }
 

@@ -12,13 +12,14 @@ and another above it. Here, per GPU product, from ok rows of ``colocated.csv``
 JSON written by ``save_curves`` (``format: tandem.interference-curves/v1``)::
 
     {"format": "tandem.interference-curves/v1", "data_digest": "<sha256>",
-     "fitted_at": "...", "curves": {"<gpu product>": {
+     "simulated": false, "fitted_at": "...", "curves": {"<gpu product>": {
         "below": {"intercept": 1.0, "slope": 0.004, "r2": 0.8, "n_points": 40},
         "above": {"at_100": 1.4, "linear": 0.01, "quadratic": 5e-05, "r2": 0.7,
                   "n_points": 25},
         "domain_percent": [12.0, 260.0],
         "points": [[0, 1.0], [10, 1.04], ...]}}}
 
+``simulated`` is true when any co-location row came from the ``sim:`` backend.
 ``points`` samples the curve every 10% from 0 to 300% (and the domain's end) for
 consumers that use the shared piecewise-linear helper; the coefficients are exact.
 """
@@ -175,11 +176,17 @@ def fit_curves(rows: Iterable[Mapping[str, Any]]) -> dict[str, InterferenceCurve
     return {gpu: fit_curve(gpu, xs, ys) for gpu, (xs, ys) in sorted(points.items())}
 
 
-def save_curves(path: Path, curves: Mapping[str, InterferenceCurve], data_digest: str) -> Path:
+def save_curves(
+    path: Path,
+    curves: Mapping[str, InterferenceCurve],
+    data_digest: str,
+    simulated: bool = False,
+) -> Path:
     """Write the curves JSON (format in the module docstring)."""
     payload = {
         "format": CURVES_FORMAT,
         "data_digest": data_digest,
+        "simulated": simulated,
         "fitted_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "curves": {gpu: c.to_json() for gpu, c in sorted(curves.items())},
     }

@@ -25,7 +25,10 @@ One directory per GPU product holds what ``tandem profile`` measured on it:
     latency_std_ms, mem_mib, n_samples (inference latency of one batch).
 ``provenance.json`` command, tandem_version, started_at, finished_at,
     hardware {gpu_product, driver_version, cuda_version, cpu}, software
-    {package: version}, notes. Training refuses a directory without it.
+    {package: version}, notes, and optionally ``simulated`` (a JSON boolean;
+    ``true`` for rows from the profiler's ``sim:`` backend). Training refuses a
+    directory without provenance, and one marked simulated unless asked to
+    accept it (``allow_simulated``), so synthetic rows never pass for measurements.
 
 Measurement columns may be empty on rows whose status is not ``ok`` (an OOM run
 has no utilisation); on ``ok`` rows they are required. ``validate_rows`` returns
@@ -190,6 +193,10 @@ class MissingProvenance(DatasetError):
     """The directory has no valid provenance.json, so its data cannot be trusted."""
 
 
+class SimulatedData(DatasetError):
+    """The directory holds synthetic rows (``"simulated": true``) and they were not allowed."""
+
+
 @dataclass(frozen=True)
 class Problem:
     """One invalid cell: ``row`` is 1-based over data rows (0 = the header or file)."""
@@ -301,6 +308,9 @@ def validate_provenance(data: Any, file: str = PROVENANCE_FILE) -> list[Problem]
             ]
     if "software" in data and not isinstance(data["software"], dict):
         problems.append(Problem(file, 0, "software", "must be an object of package -> version"))
+    if "simulated" in data and not isinstance(data["simulated"], bool):
+        # "false" as a string would be truthy: refuse anything but a JSON boolean
+        problems.append(Problem(file, 0, "simulated", "must be true or false"))
     return problems
 
 
@@ -353,6 +363,11 @@ class GpuDataset:
     colocated: tuple[dict[str, Any], ...]
     batching: tuple[dict[str, Any], ...]
 
+    @property
+    def simulated(self) -> bool:
+        """Whether provenance marks these rows as synthetic (the ``sim:`` backend)."""
+        return self.provenance.get("simulated") is True
+
 
 def load_provenance(directory: Path) -> dict[str, Any]:
     """Read and validate ``provenance.json``; raises MissingProvenance when absent or invalid."""
@@ -401,8 +416,17 @@ def load_gpu_dir(directory: Path) -> GpuDataset:
     )
 
 
-def load_training_data(root: Path) -> list[GpuDataset]:
-    """Load every ``<gpu-product>/`` directory under ``root`` (sorted by name)."""
+def any_simulated(datasets: Iterable[GpuDataset]) -> bool:
+    """Whether any of ``datasets`` is synthetic; what it trains must then say so."""
+    return any(d.simulated for d in datasets)
+
+
+def load_training_data(root: Path, allow_simulated: bool = False) -> list[GpuDataset]:
+    """Load every ``<gpu-product>/`` directory under ``root`` (sorted by name).
+
+    A directory whose provenance says ``"simulated": true`` raises SimulatedData
+    unless ``allow_simulated``; callers then mark what they produce as simulated.
+    """
     root = Path(root)
     if not root.is_dir():
         raise DatasetError([f"{root}: not a directory"])
@@ -415,4 +439,14 @@ def load_training_data(root: Path) -> list[GpuDataset]:
                 "colocated.csv or batching.csv"
             ]
         )
-    return [load_gpu_dir(d) for d in data_dirs]
+    datasets = [load_gpu_dir(d) for d in data_dirs]
+    simulated = [d.gpu_product for d in datasets if d.simulated]
+    if simulated and not allow_simulated:
+        raise SimulatedData(
+            [
+                f"{root / name}: provenance.json says simulated (synthetic rows from the "
+                "sim: backend, not measurements); pass --allow-simulated for a dry run"
+                for name in simulated
+            ]
+        )
+    return datasets

@@ -6,7 +6,9 @@ Artifacts directory layout (``save_artifacts``/``load_artifacts``):
 - ``utilisation.xgb.json``: the XGBoost model (XGBoost's own JSON format).
 - ``model_card.json``: feature names, GPU types, data digest (sha256 over the CSV
   files), provenance summary, per-learner RMSLE overall and per held-out family,
-  library versions, and the sha256 of the model file (``model_digest``).
+  library versions, the sha256 of the model file (``model_digest``) and
+  ``simulated``: true when any training directory was synthetic (``sim:``), in
+  which case every prediction's source says ``,simulated`` too.
 - ``memory_overhead.json``: ``predictor.memory`` overheads per (framework, workload).
 """
 
@@ -22,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from predictor.dataset import FILES, GpuDataset
+from predictor.dataset import FILES, GpuDataset, any_simulated
 from predictor.errors import NoTrainedModel
 from predictor.memory import Overhead, fit_overhead, load_overheads, save_overheads
 from predictor.model import KINDS, UtilisationRegressor, feature_names, feature_row, rmsle
@@ -44,6 +46,8 @@ class TrainingTable:
     feature_names: tuple[str, ...]
     data_digest: str
     rows: tuple[dict[str, Any], ...]
+    simulated: bool = False
+    """True when any row came from a directory marked simulated."""
 
 
 def data_digest(datasets: Sequence[GpuDataset]) -> str:
@@ -95,6 +99,7 @@ def build_table(datasets: Sequence[GpuDataset]) -> TrainingTable:
         feature_names(gpu_types),
         data_digest(datasets),
         tuple(rows),
+        any_simulated(datasets),
     )
 
 
@@ -143,6 +148,7 @@ def train(
         "families": sorted(set(table.families)),
         "n_rows": int(len(table.y)),
         "data_digest": table.data_digest,
+        "simulated": table.simulated,
         "hyperparameters": est.get_params(),
         "cv": "leave-one-family-out",
         "metrics": metrics,
@@ -185,7 +191,8 @@ def save_artifacts(
     (directory / CARD_FILE).write_text(
         json.dumps(card, indent=2, sort_keys=True) + "\n", encoding="utf-8"
     )
-    save_overheads(directory / OVERHEAD_FILE, overheads, {"data_digest": card["data_digest"]})
+    meta = {"data_digest": card["data_digest"], "simulated": bool(card.get("simulated", False))}
+    save_overheads(directory / OVERHEAD_FILE, overheads, meta)
     return directory
 
 
@@ -203,9 +210,15 @@ class TrainedArtifacts:
         return tuple(self.card["gpu_types"])
 
     @property
+    def simulated(self) -> bool:
+        """Whether the model was trained on synthetic (``sim:``) rows."""
+        return self.card.get("simulated") is True
+
+    @property
     def source(self) -> str:
-        """``xgboost:<first 12 hex of the model digest>``."""
-        return f"xgboost:{self.card['model_digest'][:12]}"
+        """``xgboost:<first 12 hex of the model digest>``, plus ``,simulated`` if synthetic."""
+        tag = ",simulated" if self.simulated else ""
+        return f"xgboost:{self.card['model_digest'][:12]}{tag}"
 
 
 def load_artifacts(directory: Path) -> TrainedArtifacts:

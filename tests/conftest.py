@@ -1,7 +1,8 @@
 """Shared pytest setup: opt-in markers and common fixtures.
 
 Warnings are errors (pyproject). ``gpu`` tests run only where NVML sees a GPU;
-``kube`` tests only with ``--with-kube`` (they need a real API server).
+``kube`` tests only with ``--with-kube`` (they need a real API server);
+``slow`` (exhaustive) tests only with ``--with-slow``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ SHARED_DIR = REPO_ROOT.parent / "shared"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--with-kube", action="store_true", help="run tests that need a cluster")
+    parser.addoption("--with-slow", action="store_true", help="run exhaustive `slow` tests")
 
 
 @functools.cache
@@ -36,11 +38,14 @@ def _gpu_present() -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU (NVML found none)")
     skip_kube = pytest.mark.skip(reason="needs a cluster: pass --with-kube")
+    skip_slow = pytest.mark.skip(reason="exhaustive check: pass --with-slow")
     for item in items:
         if "gpu" in item.keywords and not _gpu_present():
             item.add_marker(skip_gpu)
         if "kube" in item.keywords and not config.getoption("--with-kube"):
             item.add_marker(skip_kube)
+        if "slow" in item.keywords and not config.getoption("--with-slow"):
+            item.add_marker(skip_slow)
 
 
 @pytest.fixture(scope="session")

@@ -111,3 +111,88 @@ def test_export_rejects_unknown_names_and_parameters(tmp_path: Path) -> None:
         export_onnx("alexnet", 1, tmp_path / "x.onnx")
     with pytest.raises(TypeError, match="widht"):
         ZOO["resnet18"].build(widht=0.5)
+
+
+# One small member per family (the slow test below covers every entry).
+FAMILY_REPRESENTATIVES = (
+    "densenet121", "dpn26", "googlenet", "gru", "lstm", "mlp", "mnasnet_0.5", "mobilenet_v1",
+    "mobilenet_v2", "mobilenet_v3_075", "pyramidnet56_a48", "resnet18", "resnext11_2x16d",
+    "shufflenet_v2_0.5", "squeezenet1_0", "transformer_encoder", "vgg11",
+)  # fmt: skip
+# Inputs shrunk so that the default suite stays fast; the graph's operators are the same.
+_SMALL_INPUTS = {"cv224": {"resolution": 64}, "nlp": {"seq_len": 16, "vocab": 500}}
+
+
+def _small_inputs(name: str) -> dict[str, int]:
+    entry = ZOO[name]
+    if entry.kind == "cv" and entry.input_params.get("resolution") == 224:
+        return _SMALL_INPUTS["cv224"]
+    return dict(_SMALL_INPUTS["nlp"]) if entry.kind == "nlp" else {}
+
+
+def _assert_dynamic_batch(path: Path) -> None:
+    import onnx
+
+    dim = (
+        onnx.load(str(path), load_external_data=False).graph.input[0].type.tensor_type.shape.dim[0]
+    )
+    assert dim.dim_param == "batch"
+    features = FeatureExtractor().extract(path, 3)  # bound to a batch it was not traced at
+    assert features.unresolved_nodes == 0
+    assert features.batch_size == 3 and features.flops > 0
+
+
+# Families alternate between inference (constant folding on: a folded batch would show
+# here) and training graphs (batch norm on batch statistics, dropout); the slow test
+# below covers every entry in both modes.
+REPRESENTATIVES = [
+    pytest.param(name, i % 2 == 1, id=f"{name}-{'training' if i % 2 else 'inference'}")
+    for i, name in enumerate(FAMILY_REPRESENTATIVES)
+]
+
+
+@pytest.mark.parametrize(("name", "training"), REPRESENTATIVES)
+def test_one_model_per_family_exports_with_a_dynamic_batch(
+    name: str, training: bool, tmp_path: Path
+) -> None:
+    path = export_onnx(
+        name, 2, tmp_path / "m.onnx", training=training, dynamic_batch=True, **_small_inputs(name)
+    )
+    _assert_dynamic_batch(path)
+
+
+def test_representatives_cover_every_family() -> None:
+    assert {ZOO[p.values[0]].family for p in REPRESENTATIVES} == {e.family for e in ZOO.values()}
+
+
+# About 270 s of CPU: run with `pytest --with-slow`.
+@pytest.mark.slow
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_every_zoo_entry_exports_with_a_dynamic_batch(
+    name: str, training: bool, tmp_path: Path
+) -> None:
+    """Full-size graphs, as the profiler exports them (about 270 s of CPU for all 78)."""
+    _assert_dynamic_batch(
+        export_onnx(name, 1, tmp_path / "m.onnx", training=training, dynamic_batch=True)
+    )
+
+
+@pytest.mark.parametrize("name", ["vgg11", "lstm", "mlp", "transformer_encoder", "resnet18"])
+def test_build_model_accepts_the_entrys_example_input(name: str) -> None:
+    import torch
+
+    from predictor.zoo import build_model
+
+    params = _small_inputs(name)
+    model = build_model(name, **params).eval()
+    with torch.inference_mode():
+        out = model(ZOO[name].example_input(2, **params))
+    assert out.shape[0] == 2
+
+
+def test_build_model_rejects_unknown_names() -> None:
+    from predictor.zoo import build_model
+
+    with pytest.raises(KeyError, match="alexnet"):
+        build_model("alexnet")

@@ -25,8 +25,14 @@ from predictor.profiling.store import DataDir
 
 
 def _curve(util: float, step: float, base: float, per: float) -> dict[str, float]:
-    return {"util_percent_b1": util, "util_exponent": 0.35, "step_time_ms_b1": step,
-            "time_exponent": 0.8, "memory_mib_base": base, "memory_mib_per_sample": per}
+    return {
+        "util_percent_b1": util,
+        "util_exponent": 0.35,
+        "step_time_ms_b1": step,
+        "time_exponent": 0.8,
+        "memory_mib_base": base,
+        "memory_mib_per_sample": per,
+    }
 
 
 SIM = {
@@ -34,17 +40,27 @@ SIM = {
     "seconds_per_run": 10,
     "colocation": {"linear": 0.3, "quadratic": 1.2},
     "models": {
-        name: {"family": fam, "training": _curve(u, s, b, p),
-               "inference": _curve(u / 2, s / 3, b / 2, p / 3),
-               "features": {"flops_per_sample": 1e9, "params_bytes": 4e7,
-                            "activations_bytes_per_sample": 2e7, "op_counts": {"Conv": 3}}}
-        for name, fam, u, s, b, p in [("resnet18", "resnet", 20, 4, 600, 30),
-                                      ("vgg19", "vgg", 40, 10, 2500, 120),  # b=128 training: OOM
-                                      ("lstm", "lstm", 10, 6, 400, 8)]
+        name: {
+            "family": fam,
+            "training": _curve(u, s, b, p),
+            "inference": _curve(u / 2, s / 3, b / 2, p / 3),
+            "features": {
+                "flops_per_sample": 1e9,
+                "params_bytes": 4e7,
+                "activations_bytes_per_sample": 2e7,
+                "op_counts": {"Conv": 3},
+            },
+        }
+        for name, fam, u, s, b, p in [
+            ("resnet18", "resnet", 20, 4, 600, 30),
+            ("vgg19", "vgg", 40, 10, 2500, 120),  # b=128 training: OOM
+            ("lstm", "lstm", 10, 6, 400, 8),
+        ]
     },
 }
-SPEC = CampaignSpec(batch_sizes={"training": (8, 32, 128), "inference": (1, 16)}, pairs=6,
-                    triples=4, seed=3)
+SPEC = CampaignSpec(
+    batch_sizes={"training": (8, 32, 128), "inference": (1, 16)}, pairs=6, triples=4, seed=3
+)
 
 
 class FakeClock:
@@ -69,8 +85,15 @@ def sim_file(tmp_path: Path) -> Path:
 
 def _run(sim_file: Path, out: Path, spec: CampaignSpec = SPEC, **kw: Any) -> dict[str, Any]:
     clock = kw.pop("clock", None) or FakeClock()
-    return run_campaign(BackendChoice("sim", sim_file), out, spec, clock=clock,
-                        wallclock=lambda: 1.8e9, sleep=clock.sleep, **kw)
+    return run_campaign(
+        BackendChoice("sim", sim_file),
+        out,
+        spec,
+        clock=clock,
+        wallclock=lambda: 1.8e9,
+        sleep=clock.sleep,
+        **kw,
+    )
 
 
 def _csv(path: Path) -> list[dict[str, str]]:
@@ -83,16 +106,20 @@ def test_campaign_writes_files_that_validate_against_the_dataset_schema(sim_file
     gpu_dir = tmp_path / "out" / "sim-gpu-16gb"
     data = load_gpu_dir(gpu_dir)  # raises on any schema problem
     n_iso = 3 * (3 + 2)
-    assert (summary["state"], summary["isolated_run"], len(data.isolated)) == ("complete", n_iso,
-                                                                               n_iso)
+    assert (summary["state"], summary["isolated_run"], len(data.isolated)) == (
+        "complete",
+        n_iso,
+        n_iso,
+    )
     assert len({r["combo_id"] for r in data.colocated}) == summary["colocated_run"] == 10
     assert Counter(r["n_jobs"] for r in data.colocated) == {2: 12, 3: 12}
     for kind in ("isolated", "colocated", "batching"):
         assert validate_rows(kind, _csv(gpu_dir / f"{kind}.csv")) == []
     assert data.provenance["simulated"] is True
     assert data.provenance["hardware"]["gpu_product"] == "SIM GPU 16GB"
-    ok_inference = [r for r in data.isolated
-                    if r["workload"] == "inference" and r["status"] == "ok"]
+    ok_inference = [
+        r for r in data.isolated if r["workload"] == "inference" and r["status"] == "ok"
+    ]
     assert len(data.batching) == len(ok_inference) == 6
 
 
@@ -100,8 +127,9 @@ def test_oom_is_recorded_once_and_not_retried_on_resume(sim_file, tmp_path):
     _run(sim_file, tmp_path / "out")
     rows = load_gpu_dir(tmp_path / "out" / "sim-gpu-16gb").isolated
     oom = [r for r in rows if r["status"] == "oom"]
-    assert [(r["model"], r["workload"], r["batch_size"]) for r in oom] == [("vgg19", "training",
-                                                                           128)]
+    assert [(r["model"], r["workload"], r["batch_size"]) for r in oom] == [
+        ("vgg19", "training", 128)
+    ]
     assert oom[0]["util_mean_percent"] is None and "MiB" in oom[0]["error"]
     again = _run(sim_file, tmp_path / "out", resume=True)
     assert (again["isolated_run"], again["isolated_existing"], again["colocated_run"]) == (0, 15, 0)
@@ -117,8 +145,9 @@ def test_colocation_bookkeeping_uses_isolated_baselines(sim_file, tmp_path):
         combos.setdefault(row["combo_id"], []).append(row)
     for rows in combos.values():
         assert sorted(r["job_index"] for r in rows) == list(range(rows[0]["n_jobs"]))
-        cumulative = sum(iso[(r["model"], r["workload"], r["batch_size"])]["util_mean_percent"]
-                         for r in rows)
+        cumulative = sum(
+            iso[(r["model"], r["workload"], r["batch_size"])]["util_mean_percent"] for r in rows
+        )
         for r in rows:
             base = iso[(r["model"], r["workload"], r["batch_size"])]
             assert r["isolated_step_time_ms"] == pytest.approx(base["step_time_ms"])
@@ -149,8 +178,9 @@ def _crashing_campaign(sim_file: Path, out: Path, n: int, exc: BaseException) ->
     with open_backend(BackendChoice("sim", sim_file), SPEC.measure, sleep=clock.sleep) as ob:
         data = prepare_data_dir(out, ob.environment, resume=True)
         recorder = ProvenanceRecorder(data, ob.environment, "test", "sim", SPEC, lambda: 1.8e9)
-        campaign = Campaign(SPEC, CrashAfter(ob.backend, n, exc), ob.environment, data,
-                            ob.features, clock)
+        campaign = Campaign(
+            SPEC, CrashAfter(ob.backend, n, exc), ob.environment, data, ob.features, clock
+        )
         campaign.on_run(lambda: recorder.write(campaign.summary))
         try:
             campaign.run(plan_isolated(SPEC, ob.catalogue), ("isolated", "colocated"))
@@ -158,8 +188,9 @@ def _crashing_campaign(sim_file: Path, out: Path, n: int, exc: BaseException) ->
             recorder.write(campaign.summary)  # as run_campaign does on the way out
 
 
-@pytest.mark.parametrize("crash_after", [4, 15, 21], ids=["mid-isolated", "at-phase-switch",
-                                                         "mid-colocated"])
+@pytest.mark.parametrize(
+    "crash_after", [4, 15, 21], ids=["mid-isolated", "at-phase-switch", "mid-colocated"]
+)
 def test_resume_after_crash_loses_nothing_and_duplicates_nothing(sim_file, tmp_path, crash_after):
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
@@ -176,9 +207,11 @@ def test_resume_after_crash_loses_nothing_and_duplicates_nothing(sim_file, tmp_p
     got, want = load_gpu_dir(gpu_dir), load_gpu_dir(tmp_path / "ref" / "sim-gpu-16gb")
     key = ("model", "workload", "batch_size", "status")
     assert sorted(tuple(r[k] for k in key) for r in got.isolated) == sorted(
-        tuple(r[k] for k in key) for r in want.isolated)
-    assert sorted(r["combo_id"] for r in got.colocated) == sorted(r["combo_id"]
-                                                                  for r in want.colocated)
+        tuple(r[k] for k in key) for r in want.isolated
+    )
+    assert sorted(r["combo_id"] for r in got.colocated) == sorted(
+        r["combo_id"] for r in want.colocated
+    )
     assert len(got.batching) == len(want.batching)
     assert summary["repairs"] == [f"isolated.csv: cut a torn last line ({len(torn)} bytes)"]
     assert reference["state"] == summary["state"] == "complete"
@@ -205,8 +238,9 @@ def test_partial_combination_and_orphan_batching_rows_are_dropped_on_open(sim_fi
     [(35.0, 3, 0), (145.0, 14, 0), (205.0, 15, 5), (10_000.0, 15, 10)],
     ids=["first-estimate", "mid-isolated", "mid-colocated", "ample"],
 )
-def test_time_budget_is_respected_and_skips_are_recorded(sim_file, tmp_path, budget_seconds,
-                                                         isolated_run, colocated_run):
+def test_time_budget_is_respected_and_skips_are_recorded(
+    sim_file, tmp_path, budget_seconds, isolated_run, colocated_run
+):
     clock = FakeClock()
     start = clock.now
     spec = CampaignSpec(**{**SPEC.__dict__, "budget_seconds": budget_seconds})
@@ -216,8 +250,9 @@ def test_time_budget_is_respected_and_skips_are_recorded(sim_file, tmp_path, bud
     assert clock.now - start <= budget_seconds
     complete = isolated_run == 15 and colocated_run == 10
     assert summary["state"] == ("complete" if complete else "budget_exhausted")
-    assert all(s["reason"] in ("budget", "not started: budget exhausted")
-               for s in summary["skipped"])
+    assert all(
+        s["reason"] in ("budget", "not started: budget exhausted") for s in summary["skipped"]
+    )
     if isolated_run < 15:
         assert len(summary["skipped"]) == 15 - isolated_run + 1  # + the co-located phase
     prov = load_gpu_dir(tmp_path / "out" / "sim-gpu-16gb").provenance
@@ -226,9 +261,11 @@ def test_time_budget_is_respected_and_skips_are_recorded(sim_file, tmp_path, bud
 
 @pytest.mark.parametrize(
     ("existing", "resume", "message"),
-    [({"simulated": False}, True, "holds real data"),
-     ({"hardware": {"gpu_product": "NVIDIA H100"}}, True, "was measured on"),
-     ({}, False, "pass --resume")],
+    [
+        ({"simulated": False}, True, "holds real data"),
+        ({"hardware": {"gpu_product": "NVIDIA H100"}}, True, "was measured on"),
+        ({}, False, "pass --resume"),
+    ],
     ids=["real-vs-simulated", "other-gpu", "no-resume"],
 )
 def test_directory_conflicts_are_refused(sim_file, tmp_path, existing, resume, message):

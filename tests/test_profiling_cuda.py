@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from predictor.api import Predictor
 from predictor.profiling.backend import JobSpec, MeasureSettings
 from predictor.profiling.errors import BackendUnavailable
 from predictor.profiling.nvml import UtilizationSampler, open_device
@@ -36,8 +37,13 @@ class FakeNvml:
     NVML_ERROR_NOT_SUPPORTED = NOT_SUPPORTED
     NVML_ERROR_NOT_FOUND = NOT_FOUND
 
-    def __init__(self, samples: list[Any] | None = None, init_error: int | None = None,
-                 rates: list[int] | None = None, processes: list[Any] | None = None):
+    def __init__(
+        self,
+        samples: list[Any] | None = None,
+        init_error: int | None = None,
+        rates: list[int] | None = None,
+        processes: list[Any] | None = None,
+    ):
         self.samples = samples or []  # each item: list[(ts, value)] or an error code
         self.init_error = init_error
         self.rates = rates or []
@@ -93,8 +99,14 @@ def _sampler(nvml: FakeNvml, now: list[int], pids: tuple[int, ...] = ()) -> Util
 
 def test_samples_after_prime_are_collected_once_each_and_windowed():
     warmup = [(100, 5), (200, 7)]
-    nvml = FakeNvml(samples=[warmup, warmup + [(1100, 40), (1200, 60)], NOT_FOUND,
-                             [(1200, 60), (1300, 80), (2600, 99)]])
+    nvml = FakeNvml(
+        samples=[
+            warmup,
+            warmup + [(1100, 40), (1200, 60)],
+            NOT_FOUND,
+            [(1200, 60), (1300, 80), (2600, 99)],
+        ]
+    )
     now = [1000]
     s = _sampler(nvml, now)
     s.prime()
@@ -151,7 +163,11 @@ def test_driver_not_loaded_is_a_clear_backend_error(code):
 def test_device_description_decodes_nvml_values():
     d = open_device(FakeNvml(), 0)
     assert (d.product, d.driver_version, d.cuda_driver_version, d.uuid) == (
-        "NVIDIA H100 80GB HBM3", "580.159.04", "12.4", "GPU-1234")
+        "NVIDIA H100 80GB HBM3",
+        "580.159.04",
+        "12.4",
+        "GPU-1234",
+    )
     with pytest.raises(BackendUnavailable, match="out of range"):
         open_device(FakeNvml(), 3)
 
@@ -162,8 +178,11 @@ class ScriptedSampler:
     def __init__(self, nvml: Any, handle: Any, interval_ms: float, pids: Any = ()):
         from predictor.profiling.nvml import SamplerResult
 
-        self.result = SamplerResult([50.0, 70.0, 90.0], device_used_max_mib=3000.0,
-                                    process_used_max_mib={p: 900.0 for p in list(pids)[:1]})
+        self.result = SamplerResult(
+            [50.0, 70.0, 90.0],
+            device_used_max_mib=3000.0,
+            process_used_max_mib={p: 900.0 for p in list(pids)[:1]},
+        )
 
     def start(self) -> None:
         pass
@@ -176,23 +195,30 @@ def test_cuda_backend_end_to_end_with_cpu_workers_and_fake_nvml():
     """Real worker processes (on CPU) and the real protocol; only NVML is faked."""
     from predictor.profiling.cuda import CudaBackend
 
-    settings = MeasureSettings(warmup_seconds=0.0, measure_seconds=0.05, min_steps=2,
-                               timeout_seconds=60.0)
+    settings = MeasureSettings(
+        warmup_seconds=0.0, measure_seconds=0.05, min_steps=2, timeout_seconds=60.0
+    )
     argv = [sys.executable, "-m", "predictor.profiling.worker", "--device", "cpu"]
-    backend = CudaBackend(settings, nvml=FakeNvml(), worker_argv=argv,
-                          sampler_factory=ScriptedSampler)
+    backend = CudaBackend(
+        settings, nvml=FakeNvml(), worker_argv=argv, sampler_factory=ScriptedSampler
+    )
     try:
         env = backend.environment()
-        assert (env.gpu_product, env.simulated, env.framework) == ("NVIDIA H100 80GB HBM3",
-                                                                   False, "torch")
+        # the predictor fits memory overheads per framework and looks them up by its own name
+        assert (env.gpu_product, env.simulated, env.framework) == (
+            "NVIDIA H100 80GB HBM3",
+            False,
+            Predictor().framework,
+        )
         mlp = JobSpec("mlp", "mlp", "training", 4)
         iso = backend.measure([mlp])
         assert iso.jobs[0].status == "ok", iso.jobs[0].error
         assert iso.jobs[0].n_steps >= 2 and iso.jobs[0].step_time_ms > 0
         assert iso.jobs[0].mem_used_nvml_mib == 900.0  # NVML's per-process figure
         assert (iso.util_mean_percent, iso.util_p50_percent, iso.n_samples) == (70.0, 70.0, 3)
-        pair = backend.measure([JobSpec("mlp", "mlp", "inference", 2),
-                                JobSpec("no_such_model", "x", "inference", 2)])
+        pair = backend.measure(
+            [JobSpec("mlp", "mlp", "inference", 2), JobSpec("no_such_model", "x", "inference", 2)]
+        )
         assert [j.status for j in pair.jobs] == ["error", "error"]
         assert "KeyError" in pair.jobs[1].error and "aborted" in pair.jobs[0].error
         assert backend.memory_sources == {"nvml_process": 1}

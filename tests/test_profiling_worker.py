@@ -15,8 +15,9 @@ from predictor.profiling.errors import WorkerFailed, WorkerTimeout
 from predictor.profiling.pool import WorkerProcess
 from predictor.profiling.worker import PREFIX, JobRunner, is_oom, serve
 
-FAST = MeasureSettings(warmup_seconds=0.0, measure_seconds=0.02, min_steps=3, max_steps=5,
-                       timeout_seconds=30.0)
+FAST = MeasureSettings(
+    warmup_seconds=0.0, measure_seconds=0.02, min_steps=3, max_steps=5, timeout_seconds=30.0
+)
 
 
 @pytest.mark.parametrize("workload", ["training", "inference"])
@@ -32,12 +33,19 @@ def test_job_runner_runs_a_zoo_model_on_cpu(workload):
 
 @pytest.mark.parametrize(
     ("exc", "oom"),
-    [(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
-     (RuntimeError("[ONNXRuntimeError] : 6 : BFCArena::AllocateRawInternal Failed to allocate "
-                   "memory for requested buffer"), True),
-     (RuntimeError("CUDNN_STATUS_ALLOC_FAILED"), True),
-     (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), False),
-     (KeyError("resnet"), False)],
+    [
+        (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
+        (
+            RuntimeError(
+                "[ONNXRuntimeError] : 6 : BFCArena::AllocateRawInternal Failed to allocate "
+                "memory for requested buffer"
+            ),
+            True,
+        ),
+        (RuntimeError("CUDNN_STATUS_ALLOC_FAILED"), True),
+        (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), False),
+        (KeyError("resnet"), False),
+    ],
     ids=["torch-oom", "ort-arena", "cudnn-alloc", "shape-bug", "unknown-model"],
 )
 def test_oom_is_told_apart_from_other_failures(exc, oom):
@@ -52,12 +60,17 @@ def test_torch_out_of_memory_error_is_oom():
 
 def test_serve_answers_every_op_and_survives_bad_messages():
     job = asdict(JobSpec("no_such_model", "x", "inference", 1))
-    lines = [json.dumps({"op": "prepare", "job": job, "settings": asdict(FAST)}), "not json",
-             json.dumps({"op": "dance"}), json.dumps({"op": "release"}),
-             json.dumps({"op": "exit"}), json.dumps({"op": "release"})]
+    lines = [
+        json.dumps({"op": "prepare", "job": job, "settings": asdict(FAST)}),
+        "not json",
+        json.dumps({"op": "dance"}),
+        json.dumps({"op": "release"}),
+        json.dumps({"op": "exit"}),
+        json.dumps({"op": "release"}),
+    ]
     out = io.StringIO()
     serve(JobRunner("cpu"), io.StringIO("\n".join(lines) + "\n"), out)
-    replies = [json.loads(line[len(PREFIX):]) for line in out.getvalue().splitlines()]
+    replies = [json.loads(line[len(PREFIX) :]) for line in out.getvalue().splitlines()]
     assert [r["event"] for r in replies] == ["hello", "result", "error", "error", "released"]
     assert replies[1]["status"] == "error" and "no_such_model" in replies[1]["error"]
 

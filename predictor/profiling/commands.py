@@ -93,9 +93,16 @@ def profile_command(
         if action is Action.plan:
             result = plan_report(choice, out, campaign_spec, gpu_index)
         else:
-            result = run_campaign(choice, out, campaign_spec, phases, resume=resume,
-                                  command=command, gpu_index=gpu_index,
-                                  progress=tqdm_progress if progress else no_progress)
+            result = run_campaign(
+                choice,
+                out,
+                campaign_spec,
+                phases,
+                resume=resume,
+                command=command,
+                gpu_index=gpu_index,
+                progress=tqdm_progress if progress else no_progress,
+            )
     except ProfilingError as exc:
         typer.echo(f"tandem profile: {exc}", err=True)
         raise typer.Exit(2) from exc
@@ -115,10 +122,14 @@ def _command_line(argv: list[str]) -> str:
 def _human(action: Action, result: dict[str, Any]) -> str:
     if action is Action.plan:
         iso, colo = result["isolated"], result["colocated"]
-        return (f"{result['gpu_dir'] or '(GPU unknown)'}: {iso['todo']} isolated to run "
-                f"({iso['done']} done), {len(colo['combos'])} co-located planned "
-                f"({colo['done']} done); about {result['estimated_seconds']:.0f} s")
-    return (f"{result['gpu_dir']}: {result['state']}; isolated {result['isolated_run']} run, "
-            f"{result['isolated_existing']} already there; co-located {result['colocated_run']} "
-            f"run, {result['colocated_existing']} already there; statuses {result['statuses']}; "
-            f"{len(result['skipped'])} skipped")
+        return (
+            f"{result['gpu_dir'] or '(GPU unknown)'}: {iso['todo']} isolated to run "
+            f"({iso['done']} done), {len(colo['combos'])} co-located planned "
+            f"({colo['done']} done); about {result['estimated_seconds']:.0f} s"
+        )
+    return (
+        f"{result['gpu_dir']}: {result['state']}; isolated {result['isolated_run']} run, "
+        f"{result['isolated_existing']} already there; co-located {result['colocated_run']} "
+        f"run, {result['colocated_existing']} already there; statuses {result['statuses']}; "
+        f"{len(result['skipped'])} skipped"
+    )

@@ -103,7 +103,8 @@ class CudaBackend:
         return Environment(
             gpu_product=d.product, gpu_memory_mib=d.memory_total_mib,
             driver_version=d.driver_version, cuda_version=cuda_runtime or d.cuda_driver_version,
-            framework="torch", framework_version=framework_version, simulated=False,
+            # "pytorch": the framework key predictor.api.Predictor looks memory overheads up by
+            framework="pytorch", framework_version=framework_version, simulated=False,
             cpu=_cpu_model(), software={**software, "cuda_driver": d.cuda_driver_version},
             notes=(f"GPU {d.index} ({d.uuid}); NVML utilisation samples over the measured "
                    f"window after warm-up; settings {asdict(self.settings)}"),
@@ -134,8 +135,9 @@ class CudaBackend:
         # Prepare all at once: co-located jobs build and warm up side by side.
         sent = [self._send(w, {"op": "prepare", "job": asdict(job), "settings": settings})
                 for w, job in zip(workers, jobs, strict=True)]  # fmt: skip
-        replies = [r or self._receive(w, s.timeout_seconds) for w, r in zip(workers, sent,
-                                                                             strict=True)]
+        replies = [
+            r or self._receive(w, s.timeout_seconds) for w, r in zip(workers, sent, strict=True)
+        ]
         failed = [i for i, r in enumerate(replies) if r.get("event") != "ready"]
         if failed:
             for i, w in enumerate(workers):

@@ -111,8 +111,10 @@ def prepare_data_dir(root: Path, env: Environment, resume: bool) -> DataDir:
     if prov is not None:
         if bool(prov.get("simulated")) != env.simulated:
             kind = "simulated" if prov.get("simulated") else "real"
-            raise DataDirError(f"{data.path} holds {kind} data; this campaign is "
-                               f"{'simulated' if env.simulated else 'real'}: use another --out")
+            raise DataDirError(
+                f"{data.path} holds {kind} data; this campaign is "
+                f"{'simulated' if env.simulated else 'real'}: use another --out"
+            )
         product = (prov.get("hardware") or {}).get("gpu_product")
         if product != env.gpu_product:
             raise DataDirError(f"{data.path} was measured on {product!r}, not {env.gpu_product!r}")
@@ -269,7 +271,7 @@ def plan_report(
 
             device = open_device(pynvml, gpu_index)
             env = Environment(device.product, device.memory_total_mib, device.driver_version,
-                              device.cuda_driver_version, "torch", "", False)  # fmt: skip
+                              device.cuda_driver_version, "pytorch", "", False)  # fmt: skip
     isolated = plan_isolated(spec, catalogue)
     data = DataDir(Path(out) / gpu_slug(env.gpu_product)) if env else None
     done: set[str] = set()

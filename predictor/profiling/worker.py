@@ -70,15 +70,12 @@ def _scalar_loss(output: Any) -> Any:
 def _zoo_step(job: JobSpec, settings: MeasureSettings, device: str) -> Callable[[], None]:
     import torch
 
-    from predictor.zoo import ZOO
+    from predictor.zoo import ZOO, build_model
 
-    if job.model not in ZOO:
-        raise KeyError(f"unknown zoo model {job.model!r}")
-    entry = ZOO[job.model]
-    # Input parameters are passed to build as export_onnx does: build keeps the
-    # ones its constructor takes (vocabulary, resolution, input width).
-    model = entry.build(**entry.input_params).to(device)
-    x = entry.example_input(job.batch_size).to(device)
+    # The same construction export_onnx uses, so the measured model is the graph
+    # whose features the row records.
+    model = build_model(job.model).to(device)
+    x = ZOO[job.model].example_input(job.batch_size).to(device)
     if job.workload == "inference":
         model.eval()
 

@@ -180,6 +180,26 @@ ZOO: Mapping[str, ZooEntry] = MappingProxyType(_entries())
 """Every zoo configuration by name (e.g. ``"resnet50"``)."""
 
 
+def _entry(name: str) -> ZooEntry:
+    if name not in ZOO:
+        raise KeyError(f"unknown zoo model {name!r}; known: {', '.join(sorted(ZOO))}")
+    return ZOO[name]
+
+
+def build_model(name: str, **params: Any) -> Any:
+    """The torch module of zoo model ``name``, sized for the input ``example_input`` makes.
+
+    Input parameters (``resolution``, ``seq_len``, ``vocab``, ``input_dim``) start
+    from the entry's defaults and ``params`` override them and constructor
+    defaults. They reach the constructors that take them (VGG's classifier depends
+    on the resolution, a language model's embedding on the vocabulary), so the
+    model always accepts ``ZOO[name].example_input(batch, **params)``. The
+    profiler's worker and ``export_onnx`` both build through here.
+    """
+    entry = _entry(name)
+    return entry.build(**{**entry.input_params, **params})
+
+
 def export_onnx(
     name: str,
     batch_size: int,
@@ -198,20 +218,9 @@ def export_onnx(
     import onnx
     import torch
 
-    if name not in ZOO:
-        raise KeyError(f"unknown zoo model {name!r}; known: {', '.join(sorted(ZOO))}")
-    entry = ZOO[name]
+    entry = _entry(name)
     input_params = {k: v for k, v in params.items() if k in _INPUT_KEYS}
-    build_params = dict(params)
-    if entry.kind == "cv" and entry.cls == "VGG":
-        build_params.setdefault("resolution", entry.input_params.get("resolution", 224))
-    if entry.kind == "nlp":
-        build_params.setdefault("vocab", entry.input_params["vocab"])
-        if entry.cls == "TransformerEncoder":
-            build_params.setdefault("seq_len", entry.input_params["seq_len"])
-    if entry.kind == "fc":
-        build_params.setdefault("input_dim", entry.input_params["input_dim"])
-    model = entry.build(**build_params)
+    model = build_model(name, **params)
     model.train(training)
     example = entry.example_input(batch_size, **input_params)
     path = Path(path)
@@ -241,7 +250,7 @@ def export_onnx(
     return path
 
 
-__all__ = ["ONNX_IR_VERSION", "ONNX_OPSET", "ZOO", "ZooEntry", "export_onnx"]
+__all__ = ["ONNX_IR_VERSION", "ONNX_OPSET", "ZOO", "ZooEntry", "build_model", "export_onnx"]
 
 
 def family_names() -> list[str]:
