@@ -126,7 +126,9 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool
         "token_file": ((str, type(None)), None, ""),
         "token_env": (str, None, ""),
     },
-    "limits": {"max_pods_per_gpu": (int, lambda v: 1 <= v <= 1024, "must be in 1..1024")},
+    "limits": {"max_pods_per_gpu": (int, lambda v: 1 <= v <= 1024, "must be in 1..1024"),
+               "min_best_effort_slack_percent": ((int, float), lambda v: 0 <= v < 100,
+                                                 "must be in [0, 100)")},
     "profiles": {"files": (list, None, ""), "nexus": (list, None, "")},
     "predictor": {"enabled": (bool, None, ""), "artifacts_dir": ((str, type(None)), None, ""),
                   "model_store": ((str, type(None)), None, "")},
@@ -248,6 +250,8 @@ def build_config(raw: Any, source_path: str | None = None) -> ExtenderConfig:
         w_mem=float(cost.get("w_mem", 1.0)), w_util=float(cost.get("w_util", 1.0)),
         curves=curves, default_curve=default_curve,
         max_pods_per_gpu=sections["limits"].get("max_pods_per_gpu", 8),
+        min_best_effort_slack_percent=float(
+            sections["limits"].get("min_best_effort_slack_percent", 10.0)),
         staleness_seconds=float(reports.staleness_seconds),
     )
     return ExtenderConfig(

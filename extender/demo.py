@@ -1,11 +1,13 @@
 """``tandem demo``: the real extender over HTTP on an embedded simulated cluster.
 
 It starts cheroot on loopback (port 0), then plays kube-scheduler with
-``nodeCacheCapable: true`` for a packaged stream of training and inference pods:
-filter -> prioritize (skipped when one node is left, as the scheduler does) ->
-pick the best score -> bind. When the agent package's simulated GPUs and report
-builder are installed, simulated agents post reports after every bind so the
-observed load shows beside the predictions.
+``nodeCacheCapable: true`` for a packaged stream of training jobs, SLO inference
+sessions and best-effort inference pods: filter -> prioritize (skipped when one
+node is left, as the scheduler does) -> pick the best score -> bind. When the
+agent package's simulated GPUs and report builder are installed, simulated agents
+(seeded noise) post reports after every bind so the observed load shows beside
+the predictions. Given the seed, everything but the timings is deterministic;
+the text rendering lives in :mod:`extender.demo_render`.
 """
 
 from __future__ import annotations
@@ -18,17 +20,23 @@ from typing import Any
 
 import typer
 
+from extender.demo_render import render
+
 HERE = Path(__file__).parent
 CLUSTER = HERE / "demo_cluster.yaml"
 PODS = HERE / "demo_pods.yaml"
 PROFILES = HERE / "demo_profiles.yaml"
 
 
+DEFAULT_SEED = 7
+
+
 def demo_command(
     json_out: bool = typer.Option(False, "--json", help="print one JSON object instead"),
+    seed: int = typer.Option(DEFAULT_SEED, "--seed", help="seed of the simulated agents' noise"),
 ) -> None:
     """Place a stream of pods on a simulated cluster through the real extender."""
-    result = run_demo()
+    result = run_demo(seed=seed)
     if json_out:
         typer.echo(json.dumps(result, indent=2))
     else:
@@ -50,7 +58,7 @@ def _pods() -> list[dict[str, Any]]:
     return pods
 
 
-def run_demo() -> dict[str, Any]:
+def run_demo(seed: int = DEFAULT_SEED) -> dict[str, Any]:
     """Run the whole demo and return its result document (the ``--json`` output)."""
     import httpx
 
@@ -69,21 +77,37 @@ def run_demo() -> dict[str, Any]:
                      profiles=load_profiles([str(PROFILES)]), planner=default_planner(),
                      environ={cfg.reports.token_env: token})
     server = start_background(app, cfg.server, port=0)
-    agents = SimAgents.create(sim, token)
+    server_start = time.perf_counter() - started
+    agents = SimAgents.create(sim, token, seed)
     placements: list[dict[str, Any]] = []
+    cycles_ms: list[float] = []
     try:
         with httpx.Client(base_url=server.url, timeout=10.0) as http:
             agents.post(http)
             names = [n.name for n in sim.nodes]
             for pod in _pods():
                 sim.create_pod(pod)
+                cycle = time.perf_counter()
                 placements.append(schedule_one(http, pod, names, sim))
+                cycles_ms.append(1000.0 * (time.perf_counter() - cycle))
                 agents.post(http)
             state = http.get("/v1/state").json()
     finally:
         server.stop()
-    return {"placements": placements, "summary": summarise(placements, state),
+    summary = summarise(placements, state)
+    summary["seed"] = seed
+    summary["timings"] = {"server_start_seconds": round(server_start, 3),
+                          "cycle_ms_mean": round(sum(cycles_ms) / max(len(cycles_ms), 1), 2),
+                          "cycle_ms_max": round(max(cycles_ms, default=0.0), 2)}
+    return {"placements": placements, "summary": summary,
             "agents": agents.enabled, "elapsed_seconds": round(time.perf_counter() - started, 3)}
+
+
+def kind_of(annotations: dict[str, str]) -> str:
+    """``training``, ``slo`` (an SLO inference session) or ``best-effort`` (inference, no SLO)."""
+    if annotations.get("tandem.io/workload", "training") != "inference":
+        return "training"
+    return "slo" if "tandem.io/slo-ms" in annotations else "best-effort"
 
 
 def schedule_one(http: Any, pod: dict[str, Any], names: list[str], sim: Any) -> dict[str, Any]:
@@ -92,6 +116,9 @@ def schedule_one(http: Any, pod: dict[str, Any], names: list[str], sim: Any) -> 
     ann = meta["annotations"]
     row: dict[str, Any] = {"pod": meta["name"],
                            "workload": ann.get("tandem.io/workload", "training"),
+                           "kind": kind_of(ann),
+                           "weight": ann.get("tandem.io/weight"),
+                           "priority": ann.get("tandem.io/priority"),
                            "gpus_requested": int(pod["spec"]["containers"][0]["resources"]
                                                  ["limits"]["tandem.io/gpu"])}
     args = {"Pod": pod, "NodeNames": names}
@@ -116,6 +143,7 @@ def schedule_one(http: Any, pod: dict[str, Any], names: list[str], sim: Any) -> 
             "gpu_index": out.get("tandem.io/gpu-index"),
             "predicted_util_percent": float(out.get("tandem.io/predicted-gpu-util", 0)),
             "predicted_mem_mib": float(out.get("tandem.io/predicted-gpu-mem-mib", 0)),
+            "cost": float(out.get("tandem.io/cost", 0)),
             "batch": out.get("tandem.io/batch"),
             "duty_cycle_ms": out.get("tandem.io/duty-cycle-ms"), "candidates": len(passed)}
 
@@ -136,6 +164,7 @@ def summarise(placements: list[dict[str, Any]], state: dict[str, Any]) -> dict[s
     for node, info in sorted(state["nodes"].items()):
         for g in info["gpus"]:
             gpus.append({"node": node, "index": g["index"], "product": g["product"],
+                         "role": _role(g["pods"]),
                          "predicted_util_percent": round(g["predicted_util"], 1),
                          "observed_util_percent": None if g["observed_util"] is None
                          else round(g["observed_util"], 1),
@@ -145,9 +174,15 @@ def summarise(placements: list[dict[str, Any]], state: dict[str, Any]) -> dict[s
     used = [g for g in gpus if g["pods"]]
     rejected = [{"pod": p["pod"], "reason": p["reason"]} for p in placements
                 if p["outcome"] != "placed"]
-    return {"gpus_total": len(gpus), "gpus_used": len(used),
+    return {"nodes_total": len(state["nodes"]), "gpus_total": len(gpus), "gpus_used": len(used),
             "pods_placed": sum(p["outcome"] == "placed" for p in placements),
             "pods_rejected": len(rejected), "gpus": gpus, "rejected": rejected}
+
+
+def _role(pods: list[dict[str, Any]]) -> str:
+    """``serving`` (hosts inference sessions), ``training`` or ``idle``."""
+    kinds = {p["workload"] for p in pods}
+    return "serving" if "inference" in kinds else "training" if kinds else "idle"
 
 
 class SimAgents:
@@ -164,7 +199,7 @@ class SimAgents:
         return bool(self.sources)
 
     @classmethod
-    def create(cls, sim: Any, token: str) -> SimAgents:
+    def create(cls, sim: Any, token: str, seed: int = DEFAULT_SEED) -> SimAgents:
         """One simulated GPU source per GPU node; load follows the pods bound there."""
         try:
             from agent.reporter import build_report
@@ -191,7 +226,7 @@ class SimAgents:
         for node in sim.nodes:
             if node.gpus:
                 sources[node.name] = SimGpuSource(load_sim_gpus(CLUSTER, node.name),
-                                                  jobs_for(node.name), seed=7)
+                                                  jobs_for(node.name), seed=seed)
         return cls(sources, build_report, token)
 
     def post(self, http: Any) -> None:
@@ -200,38 +235,3 @@ class SimAgents:
             report = self.build_report(node, source.sample(1.0))
             http.post("/v1/agents/report", json=report,
                       headers={"Authorization": f"Bearer {self.token}"})
-
-
-def render(result: dict[str, Any]) -> str:
-    """The human-readable tables."""
-    lines = ["tandem demo: simulated cluster, real extender over HTTP "
-             f"({'with' if result['agents'] else 'without'} simulated agents)", ""]
-    head = f"{'pod':<18} {'kind':<9} {'GPUs':>4}  {'node':<15} {'gpu':<8} {'util%':>6} " \
-           f"{'score':>5}  detail"
-    lines += [head, "-" * len(head)]
-    for p in result["placements"]:
-        if p["outcome"] == "placed":
-            extra = f"batch {p['batch']}, duty cycle {p['duty_cycle_ms']} ms" if p.get("batch") \
-                else f"{p['predicted_mem_mib']:.0f} MiB, best of {p['candidates']} nodes"
-            lines.append(f"{p['pod']:<18} {p['workload']:<9} {p['gpus_requested']:>4}  "
-                         f"{p['node']:<15} {p['gpu_index']:<8} "
-                         f"{p['predicted_util_percent']:>6.1f} {str(p.get('score') or '-'):>5}  "
-                         f"{extra}")
-        else:
-            lines.append(f"{p['pod']:<18} {p['workload']:<9} {p['gpus_requested']:>4}  "
-                         f"{'REJECTED':<15} {'':<8} {'':>6} {'':>5}  {p['reason']}")
-    s = result["summary"]
-    lines += ["", f"GPUs used: {s['gpus_used']}/{s['gpus_total']}   pods placed: "
-              f"{s['pods_placed']}   rejected: {s['pods_rejected']}", ""]
-    lines.append(f"{'node':<15} {'gpu':>3} {'product':<24} {'pred%':>6} {'obs%':>6} "
-                 f"{'MiB used':>15}  pods")
-    for g in s["gpus"]:
-        obs = "-" if g["observed_util_percent"] is None else f"{g['observed_util_percent']:.1f}"
-        lines.append(f"{g['node']:<15} {g['index']:>3} {g['product']:<24} "
-                     f"{g['predicted_util_percent']:>6.1f} {obs:>6} "
-                     f"{g['reserved_mib']:>7}/{g['memory_mib']:<7.0f}  {', '.join(g['pods'])}")
-    if s["rejected"]:
-        lines += ["", "Rejected pods:"]
-        lines += [f"  {r['pod']}: {r['reason']}" for r in s["rejected"]]
-    lines += ["", f"finished in {result['elapsed_seconds']:.2f} s"]
-    return "\n".join(lines)

@@ -196,7 +196,8 @@ class Extender:
                 placement, annotations=tuple(sorted({**dict(inputs), **annotations}.items()))))
         else:
             self.state.finish_binding(placement.pod_uid)
-        what = "session" if placement.workload is Workload.INFERENCE else "job"
+        what = ("best-effort session" if placement.best_effort else "session") \
+            if placement.workload is Workload.INFERENCE else "job"
         self.source.record_event(
             ref, "TandemBound",
             f"{what} placed on {args.node} GPU {annotations['tandem.io/gpu-index']} "

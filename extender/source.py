@@ -84,9 +84,19 @@ def placement_from_pod(pod: Mapping[str, Any]) -> Placement | None:
             session = SessionSpec(ref.key, str(ann.get(A + "model")), float(ann[A + "slo-ms"]),
                                   float(ann[A + "rate-rps"]))
         except (KeyError, TypeError, ValueError):
-            session = None
+            session = None  # no SLO: a best-effort session
+    weight = _share_weight(ann) if workload is Workload.INFERENCE and session is None else 1
     return Placement(ref.uid, ref.key, node, indices, max(util, 0.0), max(mem, 0.0),
-                     workload, session, tandem_annotations(ann))
+                     workload, session, tandem_annotations(ann), weight)
+
+
+def _share_weight(ann: Mapping[str, Any]) -> int:
+    """A best-effort session's spread weight, as ``JobDemand.share_weight`` computes it."""
+    raw = ann.get(A + "weight")
+    if ann.get(A + "priority") is not None or not isinstance(raw, str):
+        return 1
+    text = raw.strip()
+    return int(text) if text.isdigit() and 1 <= int(text) <= 1_000_000 else 1
 
 
 def tandem_annotations(ann: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:

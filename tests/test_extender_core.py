@@ -78,7 +78,7 @@ def test_every_reason_has_code_event_and_mapping(reason):
     assert reason.event_reason.isalnum() and reason.event_reason[0].isupper()
     assert isinstance(is_unresolvable(reason), bool)
     resolvable = {Reason.INSUFFICIENT_GPU_MEMORY, Reason.COLOCATION_LIMIT,
-                  Reason.WORKLOAD_CONFLICT, Reason.SLO_INFEASIBLE}
+                  Reason.WORKLOAD_CONFLICT, Reason.SLO_INFEASIBLE, Reason.NO_BEST_EFFORT_SLACK}
     assert is_unresolvable(reason) == (reason not in resolvable)
 
 

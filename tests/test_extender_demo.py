@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from extender.demo import demo_command, render, run_demo
+from extender.demo_render import short_reason
 
 
-def test_demo_places_mixed_pods_and_explains_rejections():
-    result = run_demo()
+@pytest.fixture(scope="module")
+def result():
+    return run_demo()
+
+
+def test_demo_places_mixed_pods_and_explains_rejections(result):
     by_pod = {p["pod"]: p for p in result["placements"]}
     assert by_pod["train-resnet50"]["outcome"] == "placed"
     assert by_pod["train-gpt-small"]["node"] == "h100-node-1"  # only H100 has 60 GB free
@@ -26,7 +32,62 @@ def test_demo_places_mixed_pods_and_explains_rejections():
         training = any(by_pod[p]["workload"] == "training" for p in gpu["pods"])
         inference = any(by_pod[p]["workload"] == "inference" for p in gpu["pods"])
         assert not (training and inference)  # serving GPUs get no training jobs
+        assert gpu["role"] == ("serving" if inference else "training" if training else "idle")
     assert "REJECTED" in render(result)
+
+
+def test_demo_places_best_effort_pods_spread_over_serving_and_idle_gpus(result):
+    best_effort = [p for p in result["placements"] if p["kind"] == "best-effort"]
+    assert len(best_effort) >= 3 and all(p["outcome"] == "placed" for p in best_effort)
+    gpus = {f"{g['node']}/{g['index']}": g for g in result["summary"]["gpus"]}
+    targets = {f"{p['node']}/{p['gpu_index']}" for p in best_effort}
+    assert len(targets) == len(best_effort)  # spread: one per GPU while slack is plentiful
+    assert all(gpus[t]["role"] == "serving" for t in targets)
+
+
+# Lines that a newcomer reads first; they depend only on decisions and the seed.
+KEY_LINES = [
+    "tandem demo",
+    "  simulated:  5 nodes with 12 GPUs (6x A100-SXM4-40GB, 2x GeForce-GTX-1080, "
+    "4x H100-80GB-HBM3),",
+    "              node agents reporting GPU load after every bind (seed 7),",
+    "train-resnet50    training       1  h100-node-1/0         45.0    12000  "
+    "cost 0.305, best of 3 node(s)",
+    "serve-resnet50    slo            1  a100-node-1/0         28.5     2500  "
+    "batch 32 in a 77.8 ms duty cycle",
+    "batch-embed       best-effort    1  gtx1080-node-1/0     100.0     2500  "
+    "weight 3, slack share 100% of the GPU",
+    "batch-rerank      best-effort    1  a100-node-2/1         25.0     3500  "
+    "weight 1, slack share 87% of the GPU",
+    "train-huge        training       1  -                        -        -  "
+    "REJECTED: GPU memory smaller than the job",
+    "  serve-tight-slo",
+    "    1 node(s): SLO unreachable on this GPU type on 2/2 GPUs",
+]
+
+
+def test_demo_text_is_deterministic_given_the_seed(result):
+    text = render(result)
+    lines = text.splitlines()
+    for line in KEY_LINES:
+        assert line in lines, line
+    again = render(run_demo(seed=7)).splitlines()
+    assert lines[:-1] == again[:-1]  # all but the closing timing line
+    assert lines[-1].startswith("Placed 15 of 19 pods on 12 of 12 GPUs in ")
+    assert "scheduling cycle filter+prioritize+bind over HTTP: mean" in lines[-1]
+
+
+@pytest.mark.parametrize(("reason", "short"), [
+    ("2 node(s): GPU memory smaller than the job on 2/2 GPUs | 1 node(s): no known GPU inventory",
+     "GPU memory smaller than the job"),
+    ("1 node(s): GPU serves the other workload kind on 3/4 GPUs; duty cycle cannot absorb the "
+     "session on 1/4 GPUs", "GPU serves the other workload kind"),
+    ("5 node(s): bad pod request: tandem.io/gpu-util='lots': must be a number in (0, 100]",
+     "bad pod request: tandem.io/gpu-util='lots': must be a number in (0, 100]"),
+    ("tandem: cluster state not synced yet", "tandem: cluster state not synced yet"),
+], ids=["counts-dropped", "first-of-several", "bad-request-kept-whole", "plain-error"])
+def test_short_reason(reason, short):
+    assert short_reason(reason) == short
 
 
 def test_demo_cli_json():
@@ -34,7 +95,9 @@ def test_demo_cli_json():
 
     app = typer.Typer()
     app.command()(demo_command)
-    out = CliRunner().invoke(app, ["--json"])
+    out = CliRunner().invoke(app, ["--json", "--seed", "3"])
     assert out.exit_code == 0
     doc = json.loads(out.stdout)
     assert set(doc) == {"placements", "summary", "agents", "elapsed_seconds"}
+    assert doc["summary"]["seed"] == 3
+    assert {"pod", "workload", "outcome", "node"} <= set(doc["placements"][0])

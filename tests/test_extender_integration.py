@@ -35,6 +35,15 @@ SESSION_PODS = [
                      rate_rps="50", batch_size="8", weight="3", priority="high"),
                  {"name": "default.batched", "model": "resnet50", "slo_ms": 250.0,
                   "rate_rps": 50.0}, id="slo-session-with-weight"),
+    pytest.param(pod("batch", workload="inference", model="resnet50", weight="3"),
+                 {"name": "default.batch", "model": "resnet50", "weight": 3},
+                 id="best-effort-weighted"),
+    pytest.param(pod("nightly", workload="inference", model="resnet50", priority="2"),
+                 {"name": "default.nightly", "model": "resnet50", "priority": 2},
+                 id="best-effort-priority"),
+    pytest.param(pod("plain", workload="inference", model="resnet50"),
+                 {"name": "default.plain", "model": "resnet50", "weight": 1},
+                 id="best-effort-default-weight"),
 ]
 
 

@@ -20,6 +20,10 @@ Public API (import from the submodules or from here):
   ``.rejections``, ``.scores()``, ``.node_cost``), ``choose(evaluation,
   position, pod_uid, pod) -> Placement | None``, ``InferenceContext``.
 
+Inference pods without ``tandem.io/slo-ms``/``rate-rps`` are best-effort sessions
+(``JobDemand.best_effort``, ``Placement.best_effort``): they go only to serving or
+empty GPUs with enough duty-cycle slack and spread by weight (``extender.core.decide``).
+
 The rule combining reservations with observed NVML load is documented in
 ``extender.core.cost``: per GPU, ``max(sum of reservations, fresh observation)``.
 """

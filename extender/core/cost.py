@@ -67,6 +67,9 @@ class CostPolicy:
     """Co-location limit: most pods sharing one GPU (>= 1)."""
     staleness_seconds: float = 10.0
     """An agent observation older than this is ignored."""
+    min_best_effort_slack_percent: float = 10.0
+    """A serving GPU takes a best-effort session only if its SLO sessions leave more than
+    this share of the duty cycle idle (0..100)."""
 
     def curve_for(self, gpu_type: str) -> InterferenceCurve:
         """The curve configured for ``gpu_type``, else the default."""

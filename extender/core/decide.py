@@ -12,9 +12,23 @@ Hard constraints, in the order they are checked per GPU (first one wins):
 demand unknown for the GPU type; GPU memory smaller than the job; SLO
 unreachable on an empty GPU of that type; GPU already serving the other workload
 kind; not enough free memory (``capacity - max(reserved, fresh observed)``);
-co-location limit; for inference sessions, the GPU's duty cycle cannot absorb
-the session. Utilisation is scored, never filtered: kube-scheduler has no requeue
-hint for extenders, so a pod filtered for a transient load would wait minutes.
+co-location limit; for SLO sessions, the GPU's duty cycle cannot absorb the
+session; for best-effort sessions, the GPU's SLO sessions leave no more than
+``min_best_effort_slack_percent`` of the duty cycle idle. Utilisation is scored,
+never filtered: kube-scheduler has no requeue hint for extenders, so a pod
+filtered for a transient load would wait minutes.
+
+Costs (lower is better). Training: Horus Eq. 7. SLO session: best fit, ``1 -
+occupancy`` of the duty cycle with the session added. Best-effort session:
+spread, ``1 - slack * w / (W + w)`` where ``slack`` is the idle share of the
+duty cycle (1 on an empty GPU), ``W`` the weights of the best-effort sessions
+already there and ``w`` the new one's (priority sessions count 1): the GPU that
+would give the new session the largest share of its slack wins, so weighted
+jobs spread instead of piling onto one GPU; ties go to the lower GPU row. The
+session's predicted utilisation is ``min(its demand, 100 * that share)`` at bind;
+later best-effort arrivals shrink its share without rewriting its annotation, so
+a serving GPU's summed prediction may exceed 100%: read it as demand, as on
+training GPUs.
 """
 
 from __future__ import annotations
@@ -84,6 +98,8 @@ class Evaluation:
     table: GpuTable = field(repr=False)
     plans: Mapping[int, Any] = field(default_factory=dict)
     demand: ResolvedDemand | None = None
+    shares: Mapping[int, float] = field(default_factory=dict)
+    """Best-effort only: per feasible row, the share of the GPU (0..1) the session would get."""
 
     @property
     def feasible(self) -> np.ndarray:
@@ -158,7 +174,11 @@ def evaluate(
 
     plans: dict[int, Any] = {}
     notes = {t: f"demand unknown: {why}" for t, why in demand.gaps.items()}
-    if inferring:
+    shares: dict[int, float] = {}
+    if inferring and demand.job.best_effort:
+        cost = _best_effort_costs(table, rows, code, demand, inference, plans, notes, shares,
+                                  policy.min_best_effort_slack_percent / 100.0)
+    elif inferring:
         cost = _inference_costs(table, rows, code, demand, inference, plans, notes)
     elif not with_costs:
         cost = np.zeros(rows.size)
@@ -179,7 +199,7 @@ def evaluate(
     rejections = _rejections(table, names, ids, rows, owner, code, used_mib, demand, node_cost,
                              notes)
     return Evaluation(tuple(names), node_cost, rejections, rows[sel], owner[sel], table, plans,
-                      demand)
+                      demand, shares)
 
 
 def _best_gpus(owner: np.ndarray, rows: np.ndarray, cost: np.ndarray, need: int,
@@ -233,6 +253,54 @@ def _inference_costs(
             message = getattr(plan, "message", None)
             notes.setdefault(gpu_type, message() if callable(message) else str(plan))
     return cost
+
+
+def _best_effort_costs(
+    table: GpuTable, rows: np.ndarray, code: np.ndarray, demand: ResolvedDemand,
+    inference: InferenceContext | None, plans: dict[int, Any], notes: dict[str, str],
+    shares: dict[int, float], min_slack: float,
+) -> np.ndarray:
+    """Spread: cost = 1 - the share of the GPU's slack the session would get (module doc)."""
+    occupancy = np.zeros(rows.size)
+    unknown: dict[str, str] = {}
+    cache: dict[tuple[str, tuple[SessionSpec, ...], float], Any] = {}
+    for i in np.flatnonzero(code == 0).tolist():
+        row = int(rows[i])
+        existing = table.sessions.get(row)
+        if not existing:
+            continue  # no SLO session: the whole GPU is slack
+        gpu_type = table.type_names[table.type_id[row]]
+        if inference is None:
+            occupancy[i] = 1.0
+            unknown.setdefault(gpu_type, "no planner to compute the SLO sessions' duty cycle")
+            continue
+        key = (gpu_type, existing, float(table.capacity_mib[row]))
+        if key not in cache:
+            cache[key] = inference.planner(existing, inference.profiles, gpu_type,
+                                           float(table.capacity_mib[row]))
+        plan = cache[key]
+        if is_plan(plan):
+            plans[row] = plan
+            occupancy[i] = float(plan.occupancy)
+        else:  # profiles changed since the sessions were placed: promise nothing more
+            occupancy[i] = 1.0
+            unknown.setdefault(gpu_type, "the SLO sessions' duty cycle no longer plans")
+    slack = np.clip(1.0 - occupancy, 0.0, 1.0)
+    starved = (code == 0) & (slack <= min_slack + 1e-9)
+    best_slack: dict[str, float] = {}
+    for i in np.flatnonzero(starved).tolist():
+        gpu_type = table.type_names[table.type_id[rows[i]]]
+        best_slack[gpu_type] = max(float(slack[i]), best_slack.get(gpu_type, 0.0))
+    for gpu_type, most in best_slack.items():
+        notes.setdefault(gpu_type, unknown.get(gpu_type) or (
+            f"SLO sessions leave at most {100 * most:.0f}% of the duty cycle idle; "
+            f"best effort needs more than {100 * min_slack:.0f}%"))
+    code[starved] = Reason.NO_BEST_EFFORT_SLACK.code
+    weight = float(demand.job.share_weight)
+    share = slack * weight / (table.best_effort_weight[rows] + weight)
+    ok = np.flatnonzero(code == 0)
+    shares.update(zip(rows[ok].tolist(), share[ok].tolist(), strict=True))
+    return np.where(code == 0, 1.0 - share, np.inf)
 
 
 def _rejections(
@@ -295,9 +363,12 @@ def choose(evaluation: Evaluation, position: int, pod_uid: str, pod: str) -> Pla
     session = demand.session
     if demand.job.workload is Workload.INFERENCE and session is not None:
         util = session_util_percent(evaluation.plans[rows[0]], session)
+    elif demand.job.best_effort:
+        # What quanta would give it now: its share of the slack, never more than it uses.
+        util = min(util, 100.0 * evaluation.shares.get(rows[0], 0.0))
     return Placement(
         pod_uid=pod_uid, pod=pod, node=node,
         gpu_indices=tuple(table.gpus[r].index for r in rows),
         util_percent=util, mem_mib=type_demand.mem_mib,
-        workload=demand.job.workload, session=session,
+        workload=demand.job.workload, session=session, weight=demand.job.share_weight,
     )

@@ -8,6 +8,15 @@ utilisation and memory: user-asserted values win; otherwise the injected
 ``tandem.io/model`` at its batch size; inference memory comes from the batching
 profile of the model on that GPU type. A type whose demand cannot be determined
 is a *gap* with a reason, and its GPUs are rejected as ``DEMAND_UNKNOWN``.
+
+Inference pods come in two kinds. With ``tandem.io/slo-ms`` and
+``tandem.io/rate-rps`` they are SLO sessions (duty-cycle slots). With neither
+they are best-effort sessions (batch inference) that share the duty cycle's slack
+in quanta by ``tandem.io/weight`` (default 1) or ``tandem.io/priority`` (an
+integer, what the inference server accepts). A best-effort session's memory is
+the asserted ``tandem.io/gpu-mem-mib``, else its batching profile's, else the
+predictor's; its utilisation is the asserted or predicted one, else 100% (a
+batch job takes all the slack it is given).
 """
 
 from __future__ import annotations
@@ -79,6 +88,16 @@ class JobDemand:
     rate_rps: float | None = None
     weight: int | None = None
     priority: str | None = None
+
+    @property
+    def best_effort(self) -> bool:
+        """An inference pod without an SLO: it shares the duty cycle's slack."""
+        return self.workload is Workload.INFERENCE and self.slo_ms is None
+
+    @property
+    def share_weight(self) -> int:
+        """Weight used to spread best-effort sessions (priority sessions count 1)."""
+        return self.weight if self.weight is not None and self.priority is None else 1
 
 
 @dataclass(frozen=True)
@@ -225,10 +244,16 @@ def parse_demand(pod: Mapping[str, Any]) -> JobDemand:
         priority=priority,
     )
     if workload is Workload.INFERENCE:
-        required = (("model", job.model), ("slo-ms", job.slo_ms), ("rate-rps", job.rate_rps))
-        for key, value in required:
-            if value is None:
-                raise DemandError(PREFIX + key, None, "required for inference pods")
+        if job.model is None:
+            raise DemandError(PREFIX + "model", None, "required for inference pods")
+        if (job.slo_ms is None) != (job.rate_rps is None):
+            missing = "slo-ms" if job.slo_ms is None else "rate-rps"
+            raise DemandError(PREFIX + missing, None,
+                              "an SLO session needs both tandem.io/slo-ms and "
+                              "tandem.io/rate-rps (give neither for best effort)")
+        if job.best_effort and priority is not None and not _is_int_text(priority):
+            raise DemandError(PREFIX + "priority", priority,
+                              "must be an integer for best-effort inference sessions")
         if job.gpu_count != 1:
             raise DemandError(GPU_RESOURCE, job.gpu_count, "an inference session takes 1 GPU")
     elif job.model is None and (job.util_percent is None or job.mem_mib is None):
@@ -237,6 +262,12 @@ def parse_demand(pod: Mapping[str, Any]) -> JobDemand:
             "give tandem.io/model, or both tandem.io/gpu-util and tandem.io/gpu-mem-mib",
         )
     return job
+
+
+def _is_int_text(text: str) -> bool:
+    body = text.strip()
+    body = body[1:] if body[:1] in "+-" else body
+    return body.isdigit() and len(body) <= 9
 
 
 def profile_keys(model: str) -> tuple[str, ...]:
@@ -275,6 +306,8 @@ def _one_type(
         assert job.model is not None
         profile = next((profiles[(k, gpu_type)] for k in profile_keys(job.model)
                         if (k, gpu_type) in profiles), None)
+        if job.best_effort:
+            return _best_effort_type(job, gpu_type, profile, predict)
         if profile is None:
             raise DemandUnavailable("no-profile", f"no batching profile for {job.model}")
         mem = job.mem_mib if job.mem_mib is not None else float(profile.memory_mib)
@@ -290,6 +323,31 @@ def _one_type(
         source,
     )
 
+
+def _best_effort_type(job: JobDemand, gpu_type: str, profile: Any,
+                      predict: PredictFn | None) -> TypeDemand:
+    """Memory: asserted, else profile, else predicted. Utilisation: asserted, else
+    predicted, else 100 (a batch job is greedy: quanta give it the slack, never more)."""
+    assert job.model is not None
+    mem = job.mem_mib if job.mem_mib is not None else (
+        float(profile.memory_mib) if profile is not None else None)
+    known = "asserted" if job.mem_mib is not None else "profile"
+    if mem is not None and (job.util_percent is not None or predict is None):
+        return TypeDemand(job.util_percent if job.util_percent is not None else 100.0, mem,
+                          known)
+    if predict is None:
+        raise DemandUnavailable("no-profile", f"no batching profile, predictor or "
+                                f"tandem.io/gpu-mem-mib for {job.model}")
+    try:
+        util, predicted_mem, source = predict(job.model, job.batch_size, gpu_type,
+                                              job.workload.value)
+    except DemandUnavailable:
+        if mem is None:
+            raise
+        return TypeDemand(job.util_percent if job.util_percent is not None else 100.0, mem,
+                          known)
+    return TypeDemand(job.util_percent if job.util_percent is not None else float(util),
+                      mem if mem is not None else float(predicted_mem), source)
 
 
 class ProfileIndex(Mapping[tuple[str, str], Any]):

@@ -69,6 +69,13 @@ class Placement:
     session: SessionSpec | None = None
     annotations: tuple[tuple[str, str], ...] = field(default=(), compare=False)
     """The pod's ``tandem.io/*`` annotations, sorted (for operators and the agent's sync)."""
+    weight: int = 1
+    """Share weight of a best-effort session (inference without SLO); 1 for everything else."""
+
+    @property
+    def best_effort(self) -> bool:
+        """An inference session without an SLO: it runs in the duty cycle's slack."""
+        return self.workload is Workload.INFERENCE and self.session is None
 
 
 @dataclass(frozen=True)

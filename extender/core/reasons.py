@@ -28,6 +28,7 @@ class Reason(enum.Enum):
     INSUFFICIENT_GPU_MEMORY = "insufficient free GPU memory"
     COLOCATION_LIMIT = "per-GPU co-location limit reached"
     SLO_INFEASIBLE = "duty cycle cannot absorb the session"
+    NO_BEST_EFFORT_SLACK = "no slack left for best-effort sessions"
 
     @property
     def code(self) -> int:

@@ -62,6 +62,9 @@ class GpuTable:
     observed_mib: np.ndarray
     observed_at: np.ndarray
     sessions: dict[int, tuple[SessionSpec, ...]]
+    """SLO sessions per row (rows without any are absent)."""
+    best_effort_weight: np.ndarray
+    """Sum of the share weights of the best-effort sessions per row."""
 
     @classmethod
     def build(
@@ -92,6 +95,7 @@ class GpuTable:
             observed_mib=np.full(rows, np.nan),
             observed_at=np.full(rows, -np.inf),
             sessions={},
+            best_effort_weight=np.zeros(rows),
         )
         for placement in placements:
             table.place(placement)
@@ -105,6 +109,7 @@ class GpuTable:
             self.reserved_mib.copy(), self.reserved_util.copy(), self.pod_count.copy(),
             self.training_count.copy(), self.serving_count.copy(), self.observed_util.copy(),
             self.observed_mib.copy(), self.observed_at.copy(), dict(self.sessions),
+            self.best_effort_weight.copy(),
         )
 
     @property
@@ -143,7 +148,10 @@ class GpuTable:
             self.pod_count[row] += sign
             if p.workload is Workload.INFERENCE:
                 self.serving_count[row] += sign
-                if p.session is not None:
+                if p.best_effort:
+                    self.best_effort_weight[row] = max(
+                        0.0, self.best_effort_weight[row] + sign * p.weight)
+                elif p.session is not None:
                     current = self.sessions.get(row, ())
                     updated = (*current, p.session) if sign > 0 else tuple(
                         s for s in current if s != p.session)

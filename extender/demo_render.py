@@ -1,0 +1,133 @@
+"""Text rendering of ``tandem demo``'s result document, for a first-time reader.
+
+Sections: what is real and what is simulated, the placements in arrival order,
+the GPUs, the rejected pods with the reasons kube-scheduler would show, and one
+closing line with the timings. Everything but that last line is a function of
+the result's decisions, so the text is deterministic given the seed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+KINDS = (
+    "  kinds:      training     a self-managed job, placed by the Horus interference cost",
+    "              slo          an inference session with a latency SLO: a duty-cycle slot",
+    "              best-effort  inference without an SLO: shares the idle part of the duty",
+    "                           cycle by weight or priority, never on a training GPU",
+)
+
+
+def short_product(product: str) -> str:
+    """``NVIDIA-A100-SXM4-40GB`` -> ``A100-SXM4-40GB`` (the vendor is always NVIDIA here)."""
+    return product.removeprefix("NVIDIA-").removeprefix("NVIDIA ")
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def short_reason(reason: str) -> str:
+    """The most common node reason, without node and GPU counts."""
+    first = reason.split(" | ", 1)[0]
+    text = first.split(": ", 1)[1] if " node(s): " in first else first
+    main = text.split("; ", 1)[0]
+    # "<reason> on 3/4 GPUs": the counts differ per node, the reason is what a reader needs
+    return main.rsplit(" on ", 1)[0] if main.endswith(" GPUs") else main
+
+
+def _decision(p: dict[str, Any]) -> str:
+    if p["kind"] == "slo":
+        return f"batch {p['batch']} in a {float(p['duty_cycle_ms']):.1f} ms duty cycle"
+    if p["kind"] == "best-effort":
+        share = f"priority {p['priority']}" if p.get("priority") is not None \
+            else f"weight {p.get('weight') or 1}"
+        return f"{share}, slack share {100.0 * (1.0 - p['cost']):.0f}% of the GPU"
+    return f"cost {p['cost']:.3f}, best of {p['candidates']} node(s)"
+
+
+def header(result: dict[str, Any]) -> list[str]:
+    """What is real and what is simulated."""
+    s = result["summary"]
+    types = Counter(short_product(g["product"]) for g in s["gpus"])
+    mix = ", ".join(f"{n}x {t}" for t, n in sorted(types.items()))
+    agents = f"node agents reporting GPU load after every bind (seed {s['seed']})" \
+        if result["agents"] else "no node agents (agent package not installed)"
+    return [
+        "tandem demo",
+        "  real:       the tandem extender (filter, prioritize, bind, agent reports) served by",
+        "              cheroot and called over loopback HTTP the way kube-scheduler calls it,",
+        "              running the same decision code as in a cluster",
+        f"  simulated:  {s['nodes_total']} nodes with {s['gpus_total']} GPUs ({mix}),",
+        f"              {agents},",
+        f"              and a stream of {len(result['placements'])} pods",
+        "  not needed: Kubernetes, a GPU",
+        *KINDS,
+    ]
+
+
+def placement_table(result: dict[str, Any]) -> list[str]:
+    """One row per pod in arrival order."""
+    head = f"{'pod':<17} {'kind':<11} {'GPUs':>4}  {'node/GPU':<19} {'util%':>6} " \
+           f"{'mem MiB':>8}  decision"
+    lines = ["Placements, in arrival order (util and memory are tandem's predictions)", head,
+             "-" * 100]
+    for p in result["placements"]:
+        left = f"{p['pod']:<17} {p['kind']:<11} {p['gpus_requested']:>4}  "
+        if p["outcome"] == "placed":
+            where = f"{p['node']}/{p['gpu_index']}"
+            lines.append(f"{left}{where:<19} {p['predicted_util_percent']:>6.1f} "
+                         f"{p['predicted_mem_mib']:>8.0f}  {_decision(p)}")
+        else:
+            word = "REJECTED" if p["outcome"] == "rejected" else "BIND FAILED"
+            lines.append(f"{left}{'-':<19} {'-':>6} {'-':>8}  "
+                         f"{word}: {_clip(short_reason(p['reason']), 52)}")
+    return lines
+
+
+def gpu_table(result: dict[str, Any]) -> list[str]:
+    """One row per GPU: type, role, predicted vs observed utilisation, memory, pods."""
+    s = result["summary"]
+    head = f"{'node/GPU':<19} {'type':<21} {'role':<8} {'pred%':>6} {'obs%':>6} " \
+           f"{'MiB reserved':>14}  pods"
+    lines = [f"GPUs: {s['gpus_used']} of {s['gpus_total']} in use (pred = sum of the "
+             "predictions placed there, obs = the simulated agent's report)", head, "-" * 100]
+    for g in s["gpus"]:
+        obs = "-" if g["observed_util_percent"] is None else f"{g['observed_util_percent']:.1f}"
+        memory = f"{g['reserved_mib']}/{g['memory_mib']:.0f}"
+        lines.append(f"{g['node'] + '/' + str(g['index']):<19} "
+                     f"{_clip(short_product(g['product']), 21):<21} {g['role']:<8} "
+                     f"{g['predicted_util_percent']:>6.1f} {obs:>6} {memory:>14}  "
+                     f"{', '.join(g['pods']) or '-'}")
+    return lines
+
+
+def rejected_section(result: dict[str, Any]) -> list[str]:
+    """Every rejected pod with its full reasons, one node group a line."""
+    rejected = result["summary"]["rejected"]
+    if not rejected:
+        return ["No pod was rejected."]
+    lines = ["Rejected pods: kube-scheduler keeps them Pending and puts these reasons in "
+             "their events"]
+    for r in rejected:
+        lines.append(f"  {r['pod']}")
+        lines += [f"    {part}" for part in r["reason"].split(" | ")]
+    return lines
+
+
+def closing(result: dict[str, Any]) -> str:
+    """Counts and timings (the only line that changes from run to run)."""
+    s, t = result["summary"], result["summary"]["timings"]
+    return (f"Placed {s['pods_placed']} of {len(result['placements'])} pods on "
+            f"{s['gpus_used']} of {s['gpus_total']} GPUs in {result['elapsed_seconds']:.2f} s "
+            f"(server start {t['server_start_seconds']:.2f} s; scheduling cycle "
+            f"filter+prioritize+bind over HTTP: mean {t['cycle_ms_mean']:.1f} ms, "
+            f"max {t['cycle_ms_max']:.1f} ms)")
+
+
+def render(result: dict[str, Any]) -> str:
+    """The whole text report."""
+    blocks = [header(result), placement_table(result), gpu_table(result),
+              rejected_section(result), [closing(result)]]
+    return "\n\n".join("\n".join(block) for block in blocks)
