@@ -15,16 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
-from importlib.metadata import version
-from pathlib import Path
 
+import _common
 import httpx
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -36,8 +31,7 @@ from agent.runner import Agent, AgentConfig
 from agent.sim import SimGpuSource, SimGpuSpec
 from agent.state import PlacedJobs, StateClient, ViewHolder
 
-ROOT = Path(__file__).resolve().parent.parent
-PROC = ROOT / "tests" / "data" / "agent" / "proc"
+PROC = _common.ROOT / "tests" / "data" / "agent" / "proc"
 NODE = "bench-node"
 GPUS = 8
 PODS_PER_GPU = 4
@@ -113,25 +107,11 @@ def _measure(agent: Agent, steps: int, before_step: Callable[[int], None]) -> di
     }
 
 
-def _machine() -> dict:
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu_model": model, "cores": os.cpu_count(), "python": platform.python_version(),
-            "load_avg_1m": round(os.getloadavg()[0], 2),
-            "packages": {p: version(p) for p in ("httpx", "prometheus-client", "nvidia-ml-py")}}
-
-
 def main() -> None:
     """Run both backends and print/write the JSON result."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/agent_overhead.json")
+    _common.add_out_option(parser, "agent_overhead")
     args = parser.parse_args()
 
     clock = [1000.0]
@@ -146,7 +126,6 @@ def main() -> None:
 
     specs = [SimGpuSpec(i, "NVIDIA-H100-80GB-HBM3", 81559, f"GPU-{i}") for i in range(GPUS)]
     sim_agent = _agent(lambda views: SimGpuSource(specs, PlacedJobs(views), seed=1))
-    load = os.getloadavg()[0]
     result = {
         "benchmark": "agent_overhead",
         "gpus": GPUS,
@@ -155,16 +134,10 @@ def main() -> None:
         "goal": "< 1% of one core at a 1 s interval (10 ms CPU per report)",
         "nvml_mocked": _measure(nvml_agent, args.steps, tick),
         "sim": _measure(sim_agent, args.steps, lambda k: None),
-        "machine": _machine(),
-        "busy_machine": load > (os.cpu_count() or 1) * 0.5,
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "note": "thread CPU time of agent.step(); extender and servers are in-process mocks",
+        **_common.context(("httpx", "prometheus-client", "nvidia-ml-py")),
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n")
+    _common.write_result(result, args.out)
 
 
 if __name__ == "__main__":

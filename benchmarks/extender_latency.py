@@ -11,29 +11,21 @@ object and writes benchmarks/results/extender_latency.json.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import http.client
 import json
-import os
-import platform
 import random
 import statistics
-import sys
 import time
-from importlib.metadata import version
-from pathlib import Path
 
-if __name__ == "__main__" and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent:
-    sys.path[0] = str(Path(__file__).resolve().parents[1])  # benchmarks/ shadows `predictor`
+import _common
 
-from extender.config import ConfigHolder, load_config  # noqa: E402
-from extender.core import GpuSpec, NodeSpec  # noqa: E402
-from extender.routes import create_app  # noqa: E402
-from extender.server import start_background  # noqa: E402
-from extender.sim import SimSource  # noqa: E402
+from extender.config import ConfigHolder, load_config
+from extender.core import GpuSpec, NodeSpec
+from extender.routes import create_app
+from extender.server import start_background
+from extender.sim import SimSource
 
 NODES, GPUS, CANDIDATES = 1000, 8, 500
-RESULT = Path(__file__).parent / "results" / "extender_latency.json"
 
 
 def cluster(rng: random.Random) -> SimSource:
@@ -64,6 +56,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cycles", type=int, default=400)
     parser.add_argument("--warmup", type=int, default=30)
+    _common.add_out_option(parser, "extender_latency")
     opts = parser.parse_args()
     rng = random.Random(42)
     cfg = load_config(None, environ={"TANDEM__LOGGING__LEVEL": "warning"})
@@ -113,12 +106,6 @@ def main() -> None:
             lat["bind"].append(t_b)
     elapsed = time.perf_counter() - (cycle_start or time.perf_counter())
     server.stop()
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text()
-                .splitlines() if line.startswith("model name")), platform.processor())
-    try:
-        load = os.getloadavg()
-    except OSError:
-        load = (0.0, 0.0, 0.0)
     doc = {
         "benchmark": "extender_latency",
         "cluster": {"nodes": NODES, "gpus_per_node": GPUS, "placed_pods": NODES * GPUS,
@@ -130,17 +117,9 @@ def main() -> None:
         "cycles_per_second": round(opts.cycles / elapsed, 1),
         "goals": {"p99_ms_per_verb": 3.0, "cycles_per_second": 300},
         "state_build_seconds": round(build_seconds, 3),
-        "machine": {"cpu": cpu, "cores": os.cpu_count(), "loadavg_at_end": [round(x, 2)
-                                                                            for x in load],
-                    "python": sys.version.split()[0], "numpy": version("numpy"),
-                    "flask": version("flask"), "cheroot": version("cheroot"),
-                    "note": "shared machine: other engineers were running tests at the same "
-                            "time (see loadavg); the lead may re-run it"},
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "command": "python benchmarks/extender_latency.py " + " ".join(sys.argv[1:]),
+        **_common.context(("numpy", "flask", "cheroot")),
     }
-    RESULT.write_text(json.dumps(doc, indent=2) + "\n")
-    print(json.dumps(doc))
+    _common.write_result(doc, opts.out)
 
 
 if __name__ == "__main__":

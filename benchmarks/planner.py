@@ -11,31 +11,24 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
-import json
 import math
-import os
-import platform
 import random
 import statistics
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import _common
 
-from extender.planner import SessionSpec  # noqa: E402
-from extender.planner.bounds import gpu_lower_bound  # noqa: E402
-from extender.planner.exact import exact_pack  # noqa: E402
-from extender.planner.options import SWITCHES, GpuType, HarpagonOptions  # noqa: E402
-from extender.planner.packing import pack  # noqa: E402
-from extender.planner.plan import plan, split_query  # noqa: E402
-from extender.planner.query import QueryError, QueryModule, QuerySpec  # noqa: E402
-from extender.planner.replan import replan  # noqa: E402
-from extender.planner.saturate import ConfigPlanner, ProfileIndex  # noqa: E402
-from predictor.batching import BatchingProfile  # noqa: E402
-from predictor.profiles import load_nexus_dir  # noqa: E402
+from extender.planner import SessionSpec
+from extender.planner.bounds import gpu_lower_bound
+from extender.planner.exact import exact_pack
+from extender.planner.options import SWITCHES, GpuType, HarpagonOptions
+from extender.planner.packing import pack
+from extender.planner.plan import plan, split_query
+from extender.planner.query import QueryError, QueryModule, QuerySpec
+from extender.planner.replan import replan
+from extender.planner.saturate import ConfigPlanner, ProfileIndex
+from predictor.batching import BatchingProfile
+from predictor.profiles import load_nexus_dir
 
 GPU = "titanx"
 TYPES = [GpuType(GPU, 12288)]
@@ -46,7 +39,7 @@ QUERY_ONLY_SWITCHES = ("latency_reassignment", "latency_cost_split")
 
 def load_profiles() -> dict[tuple[str, str], BatchingProfile]:
     profiles = {}
-    for nexus in load_nexus_dir(ROOT.parent / "shared" / "data" / "nexus-profiles"):
+    for nexus in load_nexus_dir(_common.ROOT.parent / "shared" / "data" / "nexus-profiles"):
         p = nexus.to_profile(GPU)
         profiles[(p.model, GPU)] = p
     rng = random.Random(7)
@@ -189,6 +182,7 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=150)
     parser.add_argument("--large", type=int, default=20)
     parser.add_argument("--query-workloads", type=int, default=25)
+    _common.add_out_option(parser, "planner")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     profiles = load_profiles()
@@ -248,9 +242,6 @@ def main() -> None:
 
     queries = measure_queries(rng, profiles, args.query_workloads)
 
-    import numpy
-    import yaml
-
     result = {
         "small_workloads": total,
         "greedy_optimal_share": round(optimal / max(total, 1), 4),
@@ -274,41 +265,10 @@ def main() -> None:
             "plan_ms_100": 10,
             "plan_ms_1000": 200,
         },
-        "machine": {
-            "cpu": _cpu_model(),
-            "cores": os.cpu_count(),
-            "python": platform.python_version(),
-            "numpy": numpy.__version__,
-            "pyyaml": yaml.__version__,
-            "busy": "shared machine, several engineers running tests at the same time",
-            "load_average_1_5_15": _load_average(),
-        },
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join([".venv/bin/python", "benchmarks/planner.py", *sys.argv[1:]]),
         "seed": args.seed,
+        **_common.context(("numpy", "pyyaml")),
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    out = ROOT / "benchmarks" / "results" / "planner.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n", encoding="utf-8")
-
-
-def _load_average() -> list[float]:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    _common.write_result(result, args.out)
 
 
 if __name__ == "__main__":

@@ -18,46 +18,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
-import sys
 import tempfile
 import time
-from datetime import UTC, datetime
-from importlib.metadata import version
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import _common
 
-from predictor.api import Predictor  # noqa: E402
-from predictor.dataset import DatasetError, load_training_data  # noqa: E402
-from predictor.features import FeatureExtractor  # noqa: E402
-from predictor.store import ModelStore  # noqa: E402
-
-
-def _machine() -> dict:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    load = os.getloadavg()
-    cores = os.cpu_count() or 1
-    return {
-        "cpu": cpu,
-        "cores": cores,
-        "python": platform.python_version(),
-        "load_average_1m": round(load[0], 2),
-        "busy": load[0] > 0.5 * cores,
-        "packages": {
-            p: version(p) for p in ("onnx", "xgboost-cpu", "numpy", "torch", "scikit-learn")
-        },
-    }
+from predictor.api import Predictor
+from predictor.dataset import DatasetError, load_training_data
+from predictor.features import FeatureExtractor
+from predictor.store import ModelStore
 
 
 def _timing_artifacts(tmp: Path):
@@ -144,8 +115,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--data", type=Path, default=ROOT / "training_data")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/predictor.json")
+    parser.add_argument("--data", type=Path, default=_common.ROOT / "training_data")
+    _common.add_out_option(parser, "predictor")
     args = parser.parse_args()
     from predictor.zoo import export_onnx
 
@@ -182,9 +153,7 @@ def main() -> None:
 
     result = {
         "benchmark": "predictor",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": _machine(),
+        **_common.context(("onnx", "xgboost-cpu", "numpy", "torch", "scikit-learn")),
         "model": {
             "name": "resnet50 (zoo, 224x224)",
             "batch_size": args.batch_size,
@@ -206,9 +175,7 @@ def main() -> None:
         },
         "rmsle_per_held_out_family": _real_rmsle(args.data),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
+    _common.write_result(result, args.out)
 
 
 if __name__ == "__main__":

@@ -31,36 +31,29 @@ noise, while planning uses Nexus's (mean + std) * 1.15):
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
-import platform
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import _common
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from agent.quanta import jain_index, weighted_share_errors  # noqa: E402
-from agent.server.clock import MonotonicClock, VirtualClock  # noqa: E402
-from agent.server.dispatch import DropPolicy  # noqa: E402
-from agent.server.errors import AdmissionRefused  # noqa: E402
-from agent.server.executors import ModelLimits, OrtExecutor, SimExecutor  # noqa: E402
-from agent.server.profiles import load_nexus  # noqa: E402
-from agent.server.replay import Arrival, merge, poisson_arrivals, replay  # noqa: E402
-from agent.server.runtime import RuntimeConfig, ServingRuntime  # noqa: E402
-from extender.planner import GpuPlan, SessionSpec, plan_gpu, saturated_config  # noqa: E402
-from predictor.batching import BatchingProfile  # noqa: E402
-from predictor.profiles import NEXUS_MARGIN, NO_MARGIN  # noqa: E402
+from agent.quanta import jain_index, weighted_share_errors
+from agent.server.clock import MonotonicClock, VirtualClock
+from agent.server.dispatch import DropPolicy
+from agent.server.errors import AdmissionRefused
+from agent.server.executors import ModelLimits, OrtExecutor, SimExecutor
+from agent.server.profiles import load_nexus
+from agent.server.replay import Arrival, merge, poisson_arrivals, replay
+from agent.server.runtime import RuntimeConfig, ServingRuntime
+from extender.planner import GpuPlan, SessionSpec, plan_gpu, saturated_config
+from predictor.batching import BatchingProfile
+from predictor.profiles import NEXUS_MARGIN, NO_MARGIN
 
 GPU = "titanx"
-NEXUS_DIR = ROOT.parent / "shared" / "data" / "nexus-profiles"
+NEXUS_DIR = _common.ROOT.parent / "shared" / "data" / "nexus-profiles"
 # (session, model, SLO ms, relative rate): a mix in the spirit of Nexus's game/traffic apps.
 MIX = [("vgg16", "vgg16", 200.0, 1.0), ("face", "vgg_face", 300.0, 0.6),
        ("vgg_s", "vgg_s", 100.0, 3.0), ("yolo", "yolo9000", 500.0, 0.3)]  # fmt: skip
@@ -439,31 +432,6 @@ def onnxruntime_run(device: str, seconds: float) -> dict:
     }
 
 
-def machine() -> dict:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import onnxruntime
-
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "onnxruntime": onnxruntime.__version__,
-        "loadavg_1m": load,
-        "busy_machine": load is not None and load > (os.cpu_count() or 1) * 0.5,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -475,14 +443,15 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--duration-s", type=float, default=60.0, help="virtual seconds per run")
     parser.add_argument("--realtime-s", type=float, default=3.0)
+    _common.add_out_option(parser, None)  # default: serving_cpu.json or serving_gpu.json
     args = parser.parse_args()
     started = time.perf_counter()
-    out: dict = {"benchmark": "serving", "machine": machine()}
+    out: dict = {"benchmark": "serving"}
     if args.executor == "sim":
         planned, executed, rel_std = nexus_profiles()
         scale, plan = capacity_scale(planned)
         out["profiles"] = {
-            "source": str(NEXUS_DIR.relative_to(ROOT.parent)),
+            "source": str(NEXUS_DIR.relative_to(_common.ROOT.parent)),
             "planning_margin": "(mean + std) * 1.15",
             "executed": "mean, Gaussian noise of "
             f"{JITTER_STD_FRACTION:.0%} std (profiles' own: {rel_std:.1%})",
@@ -501,10 +470,9 @@ def main() -> None:
         out["realtime_sim"] = realtime_sim(planned, executed, scale, args.realtime_s)
     out["onnxruntime"] = onnxruntime_run(args.device, args.realtime_s)
     out["wall_seconds"] = time.perf_counter() - started
-    text = json.dumps(out, indent=2, sort_keys=True)
-    print(text)
-    name = "serving_cpu.json" if args.device == "cpu" else "serving_gpu.json"
-    (ROOT / "benchmarks" / "results" / name).write_text(text + "\n")
+    out.update(_common.context(("numpy", "onnxruntime")))
+    name = "serving_cpu" if args.device == "cpu" else "serving_gpu"
+    _common.write_result(out, args.out or _common.RESULTS / f"{name}.json")
 
 
 if __name__ == "__main__":

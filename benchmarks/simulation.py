@@ -19,47 +19,18 @@ object and writes it to ``benchmarks/results/simulation.json``.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
-import sys
 import time
-from datetime import UTC, datetime
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import _common
 
-from extender.simulator.cluster import builtin_cluster  # noqa: E402
-from extender.simulator.engine import EngineConfig  # noqa: E402
-from extender.simulator.policies import POLICIES  # noqa: E402
-from extender.simulator.runner import simulate  # noqa: E402
-from extender.simulator.workloads import generate, production  # noqa: E402
+from extender.simulator.cluster import builtin_cluster
+from extender.simulator.engine import EngineConfig
+from extender.simulator.policies import POLICIES
+from extender.simulator.runner import simulate
+from extender.simulator.workloads import generate, production
 
 CO_LOCATORS = ("horus", "horus-f", "tandem")
-
-
-def machine() -> dict[str, object]:
-    """CPU model, cores, load, versions: the context the numbers were taken in."""
-    import numpy
-
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    load = os.getloadavg()
-    return {"cpu": cpu, "cores": os.cpu_count(), "loadavg_1_5_15": [round(v, 2) for v in load],
-            "busy": load[0] > 1.0,
-            "note": "shared 2-core machine; other engineers ran tests at the same time"
-            if load[0] > 1.0 else "machine idle at start",
-            "python": platform.python_version(), "numpy": numpy.__version__,
-            "date": datetime.now(UTC).isoformat(timespec="seconds"),
-            "command": " ".join([Path(sys.executable).name, *sys.argv])}
 
 
 def reductions(results: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
@@ -138,12 +109,12 @@ def main() -> None:
     """Run everything, print and save the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 seed, 500 and 2,000 jobs")
+    _common.add_out_option(parser, "simulation")
     args = parser.parse_args()
     seeds = [1] if args.quick else [1, 2, 3, 4, 5]
     started = time.perf_counter()
     report = {
         "benchmark": "simulation",
-        "machine": machine(),
         "paper": {"makespan_reduction_percent": [23.7, 30.7],
                   "wait_reduction_percent": [66.4, 68.3],
                   "goal_makespan_reduction_percent": 30.0, "goal_wait_reduction_percent": 68.0},
@@ -152,11 +123,8 @@ def main() -> None:
         "speed": speed(2000 if args.quick else 10_000),
     }
     report["total_wall_s"] = round(time.perf_counter() - started, 1)
-    text = json.dumps(report, indent=1)
-    out = ROOT / "benchmarks" / "results" / "simulation.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
-    print(text)
+    report.update(_common.context(("numpy",)))
+    _common.write_result(report, args.out)
 
 
 if __name__ == "__main__":

@@ -53,10 +53,31 @@ def _guarded(as_json: bool, body: Callable[[], Any]) -> Any:
         _fail(str(exc), as_json, "error", 1)
 
 
-_ALLOW_SIMULATED_HELP = (
-    "Accept directories whose provenance says simulated (sim: backend dry runs); "
-    "everything produced is then marked simulated."
+# Options several commands share, declared once so their flags and help stay the same.
+_JSON = typer.Option(False, "--json", help="Print one JSON object.")
+_DATA = typer.Option(DEFAULT_DATA, "--data", help="training_data/ root.")
+_BASELINES = typer.Option(
+    True, "--baselines/--no-baselines", help="Also cross-validate ridge, random forest, hist GB."
 )
+_ALLOW_SIMULATED = typer.Option(
+    False,
+    "--allow-simulated",
+    help="Accept directories whose provenance says simulated (sim: backend dry runs); "
+    "everything produced is then marked simulated.",
+)
+
+
+def _echo_guarded(as_json: bool, body: Callable[[], dict[str, Any]]) -> None:
+    """Run ``body`` under ``_guarded`` and print its result: one line with --json, else indented."""
+    result = _guarded(as_json, body)
+    typer.echo(json.dumps(result) if as_json else json.dumps(result, indent=2))
+
+
+def _kinds(baselines: bool) -> tuple[str, ...]:
+    """Model kinds to cross-validate: XGBoost, plus the baselines unless --no-baselines."""
+    from predictor.model import KINDS
+
+    return KINDS if baselines else ("xgboost",)
 
 
 def _load(data: Path, allow_simulated: bool) -> list[GpuDataset]:
@@ -81,7 +102,7 @@ def _progress(desc: str) -> Callable[[Any], Any]:
 def features_command(
     model: str = typer.Argument(..., help="ONNX file (path, file:// or https://)."),
     batch_size: int = typer.Option(1, "--batch-size", min=1, help="Batch size to bind."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    as_json: bool = _JSON,
 ) -> None:
     """Graph features of an ONNX model: FLOPs, parameter/activation bytes, op counts."""
     from predictor.api import Predictor
@@ -111,7 +132,7 @@ def predict_command(
     gpu_type: str = typer.Option(None, "--gpu-type", help="GPU product the model was trained on."),
     workload: str = typer.Option("training", "--workload", help="training or inference."),
     artifacts: Path = typer.Option(DEFAULT_ARTIFACTS, "--artifacts", help="Trained artifacts."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    as_json: bool = _JSON,
 ) -> None:
     """Predicted GPU utilisation (percent) and memory (MiB) of a job."""
     from predictor.api import Predictor
@@ -138,24 +159,20 @@ def predict_command(
 
 @app.command("train")
 def train_command(
-    data: Path = typer.Option(DEFAULT_DATA, "--data", help="training_data/ root."),
+    data: Path = _DATA,
     out: Path = typer.Option(DEFAULT_ARTIFACTS, "--out", help="Artifacts directory."),
-    baselines: bool = typer.Option(
-        True,
-        "--baselines/--no-baselines",
-        help="Also cross-validate ridge, random forest, hist GB.",
-    ),
-    allow_simulated: bool = typer.Option(False, "--allow-simulated", help=_ALLOW_SIMULATED_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    baselines: bool = _BASELINES,
+    allow_simulated: bool = _ALLOW_SIMULATED,
+    as_json: bool = _JSON,
 ) -> None:
     """Train the utilisation model (leave-one-family-out CV) and fit memory overhead."""
-    from predictor.model import KINDS
     from predictor.training import fit_all, save_artifacts
 
     def body() -> dict[str, Any]:
         datasets = _load(data, allow_simulated)
-        kinds = KINDS if baselines else ("xgboost",)
-        est, card, overheads, _ = fit_all(datasets, kinds, progress=_progress("cv folds"))
+        est, card, overheads, _ = fit_all(
+            datasets, _kinds(baselines), progress=_progress("cv folds")
+        )
         save_artifacts(out, est, card, overheads, [d.provenance for d in datasets])
         return {
             "artifacts": str(out),
@@ -165,33 +182,26 @@ def train_command(
             "rmsle": {k: v["rmsle"] for k, v in card["metrics"].items()},
         }
 
-    summary = _guarded(as_json, body)
-    typer.echo(json.dumps(summary) if as_json else json.dumps(summary, indent=2))
+    _echo_guarded(as_json, body)
 
 
 @app.command("evaluate")
 def evaluate_command(
-    data: Path = typer.Option(DEFAULT_DATA, "--data", help="training_data/ root."),
+    data: Path = _DATA,
     out_dir: Path = typer.Option(
         Path("benchmarks/results"), "--out-dir", help="Where predictor_evaluation.json/.png go."
     ),
-    baselines: bool = typer.Option(
-        True,
-        "--baselines/--no-baselines",
-        help="Also cross-validate ridge, random forest, hist GB.",
-    ),
-    allow_simulated: bool = typer.Option(False, "--allow-simulated", help=_ALLOW_SIMULATED_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    baselines: bool = _BASELINES,
+    allow_simulated: bool = _ALLOW_SIMULATED,
+    as_json: bool = _JSON,
 ) -> None:
     """RMSLE per held-out family for XGBoost and baselines; JSON + predicted-vs-measured PNG."""
-    from predictor.model import KINDS
     from predictor.training import build_table, cross_validate
 
     def body() -> dict[str, Any]:
         datasets = _load(data, allow_simulated)
         table = build_table(datasets)
-        kinds = KINDS if baselines else ("xgboost",)
-        cv = cross_validate(table, kinds, progress=_progress("cv folds"))
+        cv = cross_validate(table, _kinds(baselines), progress=_progress("cv folds"))
         preds = cv.pop("_predictions")
         out_dir.mkdir(parents=True, exist_ok=True)
         result = {
@@ -208,16 +218,15 @@ def evaluate_command(
         )
         return dict(result, plot=str(png) if png else None)
 
-    result = _guarded(as_json, body)
-    typer.echo(json.dumps(result) if as_json else json.dumps(result, indent=2))
+    _echo_guarded(as_json, body)
 
 
 @app.command("fit-curves")
 def fit_curves_command(
-    data: Path = typer.Option(DEFAULT_DATA, "--data", help="training_data/ root."),
+    data: Path = _DATA,
     out: Path = typer.Option(DEFAULT_ARTIFACTS / "curves.json", "--out", help="Curves JSON."),
-    allow_simulated: bool = typer.Option(False, "--allow-simulated", help=_ALLOW_SIMULATED_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    allow_simulated: bool = _ALLOW_SIMULATED,
+    as_json: bool = _JSON,
 ) -> None:
     """Fit slowdown vs cumulative utilisation per GPU type from colocated.csv (JSON + PNG)."""
     from predictor.curves import fit_curves, save_curves
@@ -242,8 +251,7 @@ def fit_curves_command(
             "r2": {g: {"below": c.r2_below, "above": c.r2_above} for g, c in curves.items()},
         }
 
-    result = _guarded(as_json, body)
-    typer.echo(json.dumps(result) if as_json else json.dumps(result, indent=2))
+    _echo_guarded(as_json, body)
 
 
 @app.command("export-zoo")
@@ -252,7 +260,7 @@ def export_zoo_command(
     models: str = typer.Option("", "--models", help="Comma list (default: the whole zoo)."),
     batch_sizes: str = typer.Option("1", "--batch-sizes", help="Comma list of batch sizes."),
     training: bool = typer.Option(False, "--training", help="Export training-mode graphs."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    as_json: bool = _JSON,
 ) -> None:
     """Export zoo models to ONNX (CPU; needs the 'zoo' extra: torch)."""
     from predictor.zoo import ZOO, export_onnx

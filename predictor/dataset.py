@@ -150,27 +150,11 @@ _KINDS: dict[str, str] = {
     "latency_std_ms": "float",
     "mem_mib": "float",
 }
-# Columns that only ok rows must fill (the rest are always required, except "text").
+# Columns that only ok rows must fill (the rest are always required, except "text"): in
+# both per-run schemas, everything after ``status, error`` is a measurement.
 _MEASUREMENTS = frozenset(
-    {
-        "flops",
-        "params_bytes",
-        "activations_bytes",
-        "peak_activation_bytes",
-        "op_counts",
-        "util_mean_percent",
-        "util_p50_percent",
-        "util_p90_percent",
-        "mem_used_nvml_mib",
-        "mem_peak_framework_mib",
-        "step_time_ms",
-        "throughput_per_s",
-        "n_samples",
-        "isolated_util_percent",
-        "cumulative_isolated_util_percent",
-        "isolated_step_time_ms",
-        "slowdown",
-    }
+    ISOLATED_COLUMNS[ISOLATED_COLUMNS.index("error") + 1 :]
+    + COLOCATED_COLUMNS[COLOCATED_COLUMNS.index("error") + 1 :]
 )
 _SCHEMAS = {
     "isolated": ISOLATED_COLUMNS,

@@ -267,15 +267,18 @@ def load_model(path: Path, limits: FeatureLimits) -> Any:
     return model
 
 
-def check_external_data(model: Any, base_dir: Path, limits: FeatureLimits) -> None:
-    """Refuse external-data references outside ``base_dir``, missing, or too short."""
+def external_tensors(model: Any) -> list[Any]:
+    """Tensors whose data lives in another file (subgraphs and node attributes included)."""
     from onnx import TensorProto
 
+    return [t for t in _all_initializers(model.graph) if t.data_location == TensorProto.EXTERNAL]
+
+
+def check_external_data(model: Any, base_dir: Path, limits: FeatureLimits) -> None:
+    """Refuse external-data references outside ``base_dir``, missing, or too short."""
     root = base_dir.resolve()
     total = 0
-    for tensor in _all_initializers(model.graph):
-        if tensor.data_location != TensorProto.EXTERNAL:
-            continue
+    for tensor in external_tensors(model):
         info = {e.key: e.value for e in tensor.external_data}
         location = info.get("location", "")
         target = (root / location).resolve()

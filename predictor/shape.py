@@ -43,7 +43,9 @@ def validate_points(points: Iterable[Sequence[float]], path: str = "points") -> 
             problems.append(f"{path}[{i}]: values must be finite")
             continue
         if previous_x is not None and x <= previous_x:
-            problems.append(f"{path}[{i}]: x={x:g} is not greater than the previous x={previous_x:g}")
+            problems.append(
+                f"{path}[{i}]: x={x:g} is not greater than the previous x={previous_x:g}"
+            )
         previous_x = x
     return problems
 
@@ -56,7 +58,9 @@ class PiecewiseLinear:
     ys: tuple[float, ...]
 
     @classmethod
-    def from_points(cls, points: Iterable[Sequence[float]], path: str = "points") -> PiecewiseLinear:
+    def from_points(
+        cls, points: Iterable[Sequence[float]], path: str = "points"
+    ) -> PiecewiseLinear:
         """Build from [[x, y], ...]; raises ShapeError listing every problem."""
         rows = [tuple(r) for r in points]
         problems = validate_points(rows, path)

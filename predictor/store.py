@@ -10,6 +10,11 @@ Accepted forms:
 - ``https://host/model.onnx``: streamed with a size cap and a timeout into the
   cache directory under the sha256 of the URL; a URL is treated as immutable
   (publish a new URL for a new model). Plain ``http://`` is refused unless allowed.
+
+Two switches serve readers that see only a mounted store (the inference server):
+``allow_remote=False`` refuses ``http(s)://`` references, and
+``absolute_inside_root=True`` reads a plain absolute path as ``file://`` (allowed
+only inside the root).
 """
 
 from __future__ import annotations
@@ -36,6 +41,10 @@ class StoreConfig:
     max_download_bytes: int = 2_000_000_000
     timeout_seconds: float = 30.0
     allow_http: bool = False
+    allow_remote: bool = True
+    """False refuses ``http(s)://`` references instead of downloading them."""
+    absolute_inside_root: bool = False
+    """With a root, accept a plain absolute path that lies inside it (as ``file://`` is)."""
 
 
 class ModelStore:
@@ -51,6 +60,10 @@ class ModelStore:
             raise ModelRejected(RejectReason.BAD_REFERENCE, "empty or NUL in model reference")
         parsed = urlparse(ref)
         if parsed.scheme in ("https", "http"):
+            if not self.config.allow_remote:
+                raise ModelRejected(
+                    RejectReason.BAD_REFERENCE, "remote references are not allowed", model=ref
+                )
             if parsed.scheme == "http" and not self.config.allow_http:
                 raise ModelRejected(
                     RejectReason.BAD_REFERENCE, "plain http is not allowed", model=ref
@@ -66,7 +79,8 @@ class ModelStore:
             raise ModelRejected(
                 RejectReason.BAD_REFERENCE, f"unsupported scheme {parsed.scheme!r}", model=ref
             )
-        return self._local(Path(ref), ref, absolute_ok=self.config.root is None)
+        absolute_ok = self.config.root is None or self.config.absolute_inside_root
+        return self._local(Path(ref), ref, absolute_ok=absolute_ok)
 
     def _local(self, path: Path, ref: str, absolute_ok: bool) -> Path:
         root = self.config.root

@@ -50,6 +50,31 @@ def test_store_paths_and_file_urls_resolve(store_root: Path) -> None:
         store.resolve("vision/missing.onnx")
 
 
+SERVER_CONFIG = {"allow_remote": False, "absolute_inside_root": True}
+"""The inference server's switches: only the mounted store, absolute paths inside it."""
+
+
+@pytest.mark.parametrize(
+    ("ref", "reason"),
+    [
+        pytest.param("https://example.com/m.onnx", RejectReason.BAD_REFERENCE, id="remote"),
+        pytest.param("/etc/passwd", RejectReason.PATH_OUTSIDE_STORE, id="absolute-outside"),
+        pytest.param("../outside.onnx", RejectReason.PATH_OUTSIDE_STORE, id="dotdot"),
+    ],
+)
+def test_server_switches_still_refuse_what_leaves_the_store(
+    store_root: Path, ref: str, reason: RejectReason
+) -> None:
+    with pytest.raises(ModelRejected) as info:
+        ModelStore(StoreConfig(root=store_root, **SERVER_CONFIG)).resolve(ref)
+    assert info.value.reason is reason
+
+
+def test_server_switches_accept_an_absolute_path_inside_the_store(store_root: Path) -> None:
+    target = (store_root / "vision" / "m.onnx").resolve()
+    assert ModelStore(StoreConfig(root=store_root, **SERVER_CONFIG)).resolve(str(target)) == target
+
+
 def _transport(body: bytes, status: int = 200, length: bool = True) -> httpx.MockTransport:
     calls = []
 

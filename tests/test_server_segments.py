@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from test_server_helpers import chain_model, save
@@ -81,20 +82,47 @@ def test_ort_executor_profiles_and_runs_segments_like_the_whole_model(executor, 
     assert all(y >= 0 for y in curve.curve.ys)
 
 
-@pytest.mark.parametrize(
-    ("name", "content"),
-    [
-        pytest.param("../outside.onnx", None, id="outside-store"),
-        pytest.param("missing.onnx", None, id="missing"),
-        pytest.param("garbage.onnx", b"\x00not a protobuf" * 10, id="garbage"),
-        pytest.param("big.onnx", b"\x00" * (2 << 20), id="too-big"),
-        pytest.param("model.txt", b"hello", id="not-onnx-suffix"),
-    ],
-)
-def test_hostile_model_files_are_rejected(executor, tmp_path, name, content) -> None:
-    if content is not None:
+def _write_hostile(tmp_path: Path, name: str, content: bytes | str | None) -> str:
+    """Lay out one hostile case in the store and return the reference a client sends."""
+    if isinstance(content, bytes):
         (tmp_path / name).write_bytes(content)
+    elif content is not None:  # weights in a side file, at the location given
+        model = chain_model()
+        onnx.save(
+            model,
+            str(tmp_path / name),
+            save_as_external_data=True,
+            location="w.bin",
+            size_threshold=0,
+        )
+        if content != "w.bin":
+            saved = onnx.load(str(tmp_path / name), load_external_data=False)
+            for tensor in saved.graph.initializer:
+                for entry in tensor.external_data:
+                    if entry.key == "location":
+                        entry.value = content
+            onnx.save(saved, str(tmp_path / name))
     if name.startswith(".."):
         save(chain_model(), tmp_path.parent / "outside.onnx")
-    with pytest.raises(ModelRejected):
-        executor.load(str(tmp_path / name) if not name.startswith("..") else name)
+        return name
+    return name if "://" in name else str(tmp_path / name)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "reason"),
+    [
+        pytest.param("../outside.onnx", None, "path_outside_store", id="outside-store"),
+        pytest.param("missing.onnx", None, None, id="missing"),
+        pytest.param("garbage.onnx", b"\x00not a protobuf" * 10, "decode_error", id="garbage"),
+        pytest.param("big.onnx", b"\x00" * (2 << 20), "too_large", id="too-big"),
+        pytest.param("model.txt", b"hello", None, id="not-onnx-suffix"),
+        pytest.param("https://example.com/m.onnx", None, "bad_reference", id="remote-url"),
+        pytest.param("side.onnx", "../w.bin", "external_data_outside", id="external-outside"),
+        pytest.param("side.onnx", "w.bin", None, id="external-inside-not-inline"),
+    ],
+)
+def test_hostile_model_files_are_rejected(executor, tmp_path, name, content, reason) -> None:
+    ref = _write_hostile(tmp_path, name, content)
+    with pytest.raises(ModelRejected) as info:
+        executor.load(ref)
+    assert info.value.details.get("reason") == reason

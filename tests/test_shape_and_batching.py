@@ -82,7 +82,8 @@ def test_invalid_linear_profiles_raise(kwargs):
 
 
 @pytest.mark.parametrize(
-    "rows", [[[0, 1]], [[1.5, 2]], [[1, 0]], [[2, 1], [1, 2]]],
+    "rows",
+    [[[0, 1]], [[1.5, 2]], [[1, 0]], [[2, 1], [1, 2]]],
     ids=["zero-batch", "fractional-batch", "zero-latency", "unsorted"],
 )
 def test_invalid_tables_raise(rows):

@@ -15,7 +15,11 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+
+import predictor.errors as predictor_errors
 
 
 class ServerError(Exception):
@@ -61,6 +65,21 @@ class ModelRejected(ServerError):
     """The model cannot be loaded: missing, outside the store, over a limit, or invalid."""
 
     status = 422
+
+
+@contextmanager
+def predictor_rejections(ref: str) -> Iterator[None]:
+    """Re-raise the predictor's model errors (the checks it owns) as the server's 422."""
+    try:
+        yield
+    except predictor_errors.ModelRejected as exc:
+        details: dict[str, Any] = {"reason": exc.reason.value}
+        if exc.limit is not None:
+            details["limit"] = exc.limit
+        raise ModelRejected(f"model {ref!r}: {exc.reason.value}: {exc.detail}", **details) from exc
+    except predictor_errors.ModelUnavailable as exc:
+        # The server reads only its mounted store: a file that is not there will not appear.
+        raise ModelRejected(f"model {ref!r} is not available: {exc}") from exc
 
 
 class AdmissionRefused(ServerError):

@@ -69,21 +69,26 @@ class RuntimeCollector(Collector):
                 quantum.add_metric([*key, "mean"], s["quantum_mean_ms"] / 1000.0)
                 quantum.add_metric([*key, "std"], s["quantum_std_ms"] / 1000.0)
         yield from (requests, drops, batches, gpu, share, goodput, attainment, quantum, queue)
-        target = GaugeMetricFamily("tandem_server_quantum_target_seconds", "Chosen quantum Q.")
-        target.add_metric([], snap["quantum_ms"] / 1000.0)
-        yield target
-        if snap["duty_cycle_ms"] is not None:
-            cycle = GaugeMetricFamily("tandem_server_duty_cycle_seconds", "Planned duty cycle.")
-            cycle.add_metric([], snap["duty_cycle_ms"] / 1000.0)
-            occupancy = GaugeMetricFamily(
-                "tandem_server_occupancy_ratio", "Planned GPU occupancy of the duty cycle."
-            )
-            occupancy.add_metric([], snap["occupancy"])
-            yield from (cycle, occupancy)
-        busy = CounterMetricFamily("tandem_server_busy_seconds", "Executor busy time.")
-        busy.add_metric([], snap["busy_ms"] / 1000.0)
-        sched = CounterMetricFamily(
-            "tandem_server_scheduler_seconds", "CPU time spent in scheduling decisions."
+        # Unlabelled families take their one value in the constructor.
+        yield GaugeMetricFamily(
+            "tandem_server_quantum_target_seconds", "Chosen quantum Q.", snap["quantum_ms"] / 1000.0
         )
-        sched.add_metric([], snap["scheduler_seconds"])
-        yield from (busy, sched)
+        if snap["duty_cycle_ms"] is not None:
+            yield GaugeMetricFamily(
+                "tandem_server_duty_cycle_seconds",
+                "Planned duty cycle.",
+                snap["duty_cycle_ms"] / 1000.0,
+            )
+            yield GaugeMetricFamily(
+                "tandem_server_occupancy_ratio",
+                "Planned GPU occupancy of the duty cycle.",
+                snap["occupancy"],
+            )
+        yield CounterMetricFamily(
+            "tandem_server_busy_seconds", "Executor busy time.", snap["busy_ms"] / 1000.0
+        )
+        yield CounterMetricFamily(
+            "tandem_server_scheduler_seconds",
+            "CPU time spent in scheduling decisions.",
+            snap["scheduler_seconds"],
+        )

@@ -1,9 +1,20 @@
-"""Validate a model file before anything loads it: path, size, graph, input contract.
+"""Validate a model file before the inference server loads it.
 
-A session's model path comes from a client, so it is hostile until checked: it
-must resolve inside the model store (when one is configured), stay under the size
-limit, carry no external-data references, pass the ONNX checker and have exactly
-one graph input (the inference API takes one tensor).
+A session's model reference comes from a client, so it is hostile until checked.
+The predictor owns the checks every reader shares, and the server uses them:
+resolving the reference (``predictor.store``: store root, ``file://``, nothing
+outside the store, no downloads), the size and decode limits and the
+external-data policy (``predictor.features``). Their ``ModelRejected`` becomes
+the server's 422 in one place (``errors.predictor_rejections``).
+
+What stays here is what only the server needs:
+
+- an ``.onnx`` file name (the API takes ``PATH.onnx``);
+- weights inline: the graph goes to ONNX Runtime as bytes and is cut into
+  segments, so tensors in side files would not come along;
+- a graph the ONNX checker accepts (ONNX Runtime gets it next);
+- exactly one graph input with a leading batch dimension and a NumPy element
+  type (the inference API takes one tensor).
 """
 
 from __future__ import annotations
@@ -15,7 +26,9 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from agent.server.errors import ModelRejected
+from agent.server.errors import ModelRejected, predictor_rejections
+from predictor.features import FeatureLimits, check_external_data, external_tensors, load_model
+from predictor.store import ModelStore, StoreConfig
 
 if TYPE_CHECKING:
     from agent.server.executors import ModelLimits
@@ -23,22 +36,14 @@ if TYPE_CHECKING:
 
 def resolve_model_path(ref: str, limits: ModelLimits) -> Path:
     """The model's real path, inside the store if one is set; raises ModelRejected."""
-    raw = ref.removeprefix("file://")
-    path = Path(raw)
-    if limits.store_root is not None:
-        root = limits.store_root.resolve()
-        path = (root / path).resolve() if not path.is_absolute() else path.resolve()
-        if not path.is_relative_to(root):
-            raise ModelRejected(f"model path {ref!r} is outside the model store", limit=str(root))
-    else:
-        path = path.resolve()
+    # Absolute paths stay accepted inside the store: clients name files they see mounted.
+    store = ModelStore(
+        StoreConfig(root=limits.store_root, allow_remote=False, absolute_inside_root=True)
+    )
+    with predictor_rejections(ref):
+        path = store.resolve(ref)
     if path.suffix != ".onnx":
         raise ModelRejected(f"model {ref!r} is not an .onnx file")
-    if not path.is_file():
-        raise ModelRejected(f"model file {ref!r} does not exist")
-    size = path.stat().st_size
-    if size > limits.max_model_bytes:
-        raise ModelRejected(f"model {ref!r} is {size} bytes", limit_bytes=limits.max_model_bytes)
     return path
 
 
@@ -47,13 +52,17 @@ def check_model_file(
 ) -> tuple[Any, str, np.dtype, tuple[int | None, ...]]:
     """Load and check; returns (ModelProto, input name, input dtype, per-sample shape)."""
     path = resolve_model_path(ref, limits)
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # protobuf decode errors have several types
-        raise ModelRejected(f"{ref} is not a readable ONNX model: {exc}") from exc
-    for tensor in model.graph.initializer:
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            raise ModelRejected(f"{ref}: external tensor data is not accepted ({tensor.name})")
+    feature_limits = FeatureLimits(max_model_bytes=limits.max_model_bytes)
+    with predictor_rejections(ref):
+        model = load_model(path, feature_limits)
+        # The shared policy first, so a hostile reference is reported as one.
+        check_external_data(model, path.parent, feature_limits)
+    external = external_tensors(model)
+    if external:
+        raise ModelRejected(
+            f"{ref}: external tensor data is not accepted ({external[0].name}); "
+            "the server needs the weights inside the .onnx file"
+        )
     try:
         onnx.checker.check_model(model)
     except Exception as exc:  # ValidationError and friends

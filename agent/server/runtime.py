@@ -331,12 +331,9 @@ class ServingRuntime:
                 self._cycle_pos += 1
                 if sess is None or not sess.queue:
                     continue
-                batch, dropped = form_batch(
-                    sess.queue, now, sess.batch, sess.profile.latency_ms, self.config.drop_policy
-                )
-                self._record_drops(sess, dropped)
-                if batch:
-                    return Action("batch", sess, batch)
+                action = self._batch_action(sess, now)
+                if action is not None:
+                    return action
             cycle_end = (
                 self._cycle_start_ms + self.plan.duty_cycle_ms if order and self.plan else math.inf
             )
@@ -368,13 +365,18 @@ class ServingRuntime:
             size = min(len(sess.queue), sess.batch)
             if now + sess.profile.latency_ms(size) > cycle_end:
                 continue
-            batch, dropped = form_batch(
-                sess.queue, now, sess.batch, sess.profile.latency_ms, self.config.drop_policy
-            )
-            self._record_drops(sess, dropped)
-            if batch:
-                return Action("batch", sess, batch)
+            action = self._batch_action(sess, now)
+            if action is not None:
+                return action
         return None
+
+    def _batch_action(self, sess: SloState, now: float) -> Action | None:
+        """The session's next batch under the drop policy, counting what it drops."""
+        batch, dropped = form_batch(
+            sess.queue, now, sess.batch, sess.profile.latency_ms, self.config.drop_policy
+        )
+        self._record_drops(sess, dropped)
+        return Action("batch", sess, batch) if batch else None
 
     def _record_drops(self, sess: SloState, dropped: list[Request]) -> None:
         reason = (

@@ -18,6 +18,11 @@ Workload = Literal["training", "inference"]
 Status = Literal["ok", "oom", "error", "timeout"]
 
 
+def config_key(model: str, workload: str, batch_size: int) -> str:
+    """Identity of a model configuration on one GPU: resume matches rows to jobs by it."""
+    return f"{model}|{workload}|{batch_size}"
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """One model configuration to run: zoo model or user ONNX file, workload, batch size."""
@@ -32,7 +37,7 @@ class JobSpec:
     @property
     def key(self) -> str:
         """Deterministic identity of the configuration on one GPU (resume uses it)."""
-        return f"{self.model}|{self.workload}|{self.batch_size}"
+        return config_key(self.model, self.workload, self.batch_size)
 
 
 @dataclass(frozen=True)

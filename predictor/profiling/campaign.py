@@ -15,14 +15,21 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
-from predictor.profiling.backend import Environment, JobSpec, Measurement, ProfilingBackend
+from predictor.profiling.backend import (
+    Environment,
+    JobSpec,
+    Measurement,
+    ProfilingBackend,
+    config_key,
+)
 from predictor.profiling.plan import Combo, baselines_from_rows, choose_combos
 from predictor.profiling.spec import CampaignSpec
 from predictor.profiling.store import DataDir
 
 Phase = Literal["isolated", "colocated"]
+T = TypeVar("T")
 # Process start, model build and transfers around the measured window (seconds):
 # the first budget estimate before any run has been timed.
 _FIRST_RUN_OVERHEAD_SECONDS = 5.0
@@ -92,7 +99,13 @@ class CampaignSummary:
         return out
 
 
-def _iso(ts: float) -> str:
+def isolated_done(data: DataDir) -> set[str]:
+    """Keys (``JobSpec.key``) of the isolated configurations ``data`` already holds."""
+    return {config_key(r["model"], r["workload"], r["batch_size"]) for r in data.rows("isolated")}
+
+
+def iso_timestamp(ts: float) -> str:
+    """UTC ISO-8601 to the second: the time format of rows and provenance."""
     return datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="seconds")
 
 
@@ -163,21 +176,14 @@ class Campaign:
         return self.summary
 
     def _run_isolated(self, jobs: Sequence[JobSpec]) -> None:
-        rows = self.data.rows("isolated")
-        done = {f"{r['model']}|{r['workload']}|{r['batch_size']}" for r in rows}
+        done = isolated_done(self.data)
         todo = [j for j in jobs if j.key not in done]
         self.summary.isolated_existing = len(jobs) - len(todo)
-        bar = self.progress(len(todo), "isolated")
-        try:
-            for i, job in enumerate(todo):
-                if not self._within_budget():
-                    self._skip_rest([j.key for j in todo[i:]])
-                    return
-                bar.set_postfix_str(f"{job.model} {job.workload} b={job.batch_size}")
-                self._run_one_isolated(job)
-                bar.update(1)
-        finally:
-            bar.close()
+        self._run_under_budget(
+            "isolated",
+            [(j.key, f"{j.model} {j.workload} b={j.batch_size}", j) for j in todo],
+            self._run_one_isolated,
+        )
 
     def _run_one_isolated(self, job: JobSpec) -> None:
         row: dict[str, Any] = self._isolated_base(job)
@@ -223,7 +229,7 @@ class Campaign:
     def _isolated_base(self, job: JobSpec) -> dict[str, Any]:
         e = self.env
         return {
-            "run_id": uuid.uuid4().hex[:16], "timestamp": _iso(self.wallclock()),
+            "run_id": uuid.uuid4().hex[:16], "timestamp": iso_timestamp(self.wallclock()),
             "gpu_product": e.gpu_product, "driver_version": e.driver_version,
             "cuda_version": e.cuda_version, "framework": e.framework,
             "framework_version": e.framework_version, "model": job.model, "family": job.family,
@@ -251,21 +257,31 @@ class Campaign:
             return
         combos, existing = self.planned_combos()
         self.summary.colocated_existing = existing
-        bar = self.progress(len(combos), "colocated")
+        labelled = [
+            (c.combo_id, " + ".join(f"{j.model}/b{j.batch_size}" for j in c.jobs), c)
+            for c in combos
+        ]
+        self._run_under_budget("colocated", labelled, self._run_one_combo)
+
+    def _run_under_budget(
+        self, phase: str, items: Sequence[tuple[str, str, T]], run_one: Callable[[T], None]
+    ) -> None:
+        """Run each ``(key, label, item)`` with a progress bar; skip the rest once over budget."""
+        bar = self.progress(len(items), phase)
         try:
-            for i, combo in enumerate(combos):
+            for i, (_key, label, item) in enumerate(items):
                 if not self._within_budget():
-                    self._skip_rest([c.combo_id for c in combos[i:]])
+                    self._skip_rest([key for key, _label, _item in items[i:]])
                     return
-                bar.set_postfix_str(" + ".join(f"{j.model}/b{j.batch_size}" for j in combo.jobs))
-                self._run_one_combo(combo)
+                bar.set_postfix_str(label)
+                run_one(item)
                 bar.update(1)
         finally:
             bar.close()
 
     def _run_one_combo(self, combo: Combo) -> None:
         m = self._measure(combo.jobs)
-        ts = _iso(self.wallclock())
+        ts = iso_timestamp(self.wallclock())
         run_id = uuid.uuid4().hex[:16]
         rows = []
         for i, (base, r) in enumerate(zip(combo.members, m.jobs, strict=True)):

@@ -13,7 +13,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,8 @@ from predictor.profiling.campaign import (
     CampaignSummary,
     FeatureSource,
     ProgressFactory,
+    iso_timestamp,
+    isolated_done,
     no_progress,
 )
 from predictor.profiling.errors import DataDirError, ProfilingError, SpecError
@@ -143,10 +144,6 @@ def tandem_version() -> str:
             return "unknown"
 
 
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="seconds")
-
-
 class ProvenanceRecorder:
     """Keeps provenance.json current: rewritten after every run, so a crash leaves it valid."""
 
@@ -166,12 +163,12 @@ class ProvenanceRecorder:
         self.spec = spec
         self.wallclock = wallclock
         self.previous = data.read_provenance() or {}
-        self.started_at = _iso(wallclock())
+        self.started_at = iso_timestamp(wallclock())
 
     def write(self, summary: CampaignSummary, extra: Mapping[str, Any] | None = None) -> None:
         """Write provenance with this invocation's record appended to ``campaigns``."""
         e = self.env
-        now = _iso(self.wallclock())
+        now = iso_timestamp(self.wallclock())
         record = {
             "command": self.command, "backend": self.backend_name, "started_at": self.started_at,
             "finished_at": now, "spec": _spec_record(self.spec), **summary.as_dict(),
@@ -278,7 +275,7 @@ def plan_report(
     combos: list[Combo] = []
     colo_done = 0
     if data is not None and env is not None:
-        done = {f"{r['model']}|{r['workload']}|{r['batch_size']}" for r in data.rows("isolated")}
+        done = isolated_done(data)
         planner = Campaign(spec, _NoBackend(), env, data, _NoFeatures())
         combos, colo_done = planner.planned_combos()
     todo = [j for j in isolated if j.key not in done]

@@ -1,0 +1,120 @@
+"""What every benchmark shares: the import-path guard, the run's context, the result file.
+
+A benchmark run as a script (``.venv/bin/python benchmarks/NAME.py``) has
+``benchmarks/`` as ``sys.path[0]``, where this folder's ``predictor.py`` would
+shadow the ``predictor`` package. So each benchmark's first import is
+``import _common`` (found in ``benchmarks/`` itself, and sorted by ruff before the
+project's packages): importing it puts the repository root in that slot, and every
+later import comes from the checkout.
+
+``context(packages)`` is the run's context for the result: CPU model (from
+``/proc/cpuinfo``), core count, Python and package versions, load average and
+whether the machine was busy, the date and the command. ``write_result`` prints
+the result as one JSON object and writes the same text to ``--out`` (by default
+``benchmarks/results/<name>.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+BUSY_LOAD_PER_CORE = 0.5
+"""1-minute load per core above which the numbers were taken beside other work."""
+
+
+def _guard_import_path() -> None:
+    # Only the script's own folder is replaced: under pytest or -m the path is left alone.
+    if sys.path and Path(sys.path[0] or ".").resolve() == HERE:
+        sys.path[0] = str(ROOT)
+
+
+_guard_import_path()
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (``platform.processor()`` elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def load_average() -> list[float]:
+    """1, 5 and 15-minute load averages, rounded; empty where the OS has none."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return []
+
+
+def _package_version(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def _relative(path: str) -> str:
+    # Absolute, not resolved: the venv's python is a symlink whose name is the point.
+    absolute = Path(path).absolute()
+    return str(absolute.relative_to(ROOT)) if absolute.is_relative_to(ROOT) else path
+
+
+def command() -> str:
+    """The command line that ran this benchmark, with paths relative to the repository."""
+    return " ".join([_relative(sys.executable), _relative(sys.argv[0]), *sys.argv[1:]])
+
+
+def context(packages: Sequence[str]) -> dict[str, Any]:
+    """``machine`` (CPU, cores, versions, load, busy), ``date`` and ``command`` of this run."""
+    cores = os.cpu_count() or 1
+    load = load_average()
+    busy = bool(load) and load[0] > BUSY_LOAD_PER_CORE * cores
+    machine: dict[str, Any] = {
+        "cpu": cpu_model(),
+        "cores": cores,
+        "python": platform.python_version(),
+        "packages": {name: _package_version(name) for name in packages},
+        "load_average_1_5_15": load,
+        "busy": busy,
+    }
+    if busy:
+        machine["note"] = "other work ran on this machine at the same time; the lead may re-run it"
+    return {
+        "machine": machine,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": command(),
+    }
+
+
+def add_out_option(parser: argparse.ArgumentParser, name: str | None) -> None:
+    """``--out PATH``: where the result goes (``benchmarks/results/<name>.json`` by default)."""
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None if name is None else RESULTS / f"{name}.json",
+        help="where to write the result JSON (default: benchmarks/results/)",
+    )
+
+
+def write_result(result: dict[str, Any], out: Path) -> None:
+    """Print the result as one JSON object and write the same text to ``out``."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text + "\n", encoding="utf-8")
