@@ -33,26 +33,35 @@ def serve(
     )
     from extender.logs import setup_logging
     from extender.profiles import ProfileFileError, load_profiles
+    from extender.queue import QueueError
     from extender.routes import create_app
     from extender.runtime import (
         PredictorSetupError,
+        QueueGateThread,
         SourceSpecError,
         build_predictor,
+        build_queue_gate,
         build_source,
         default_planner,
+        predictor_demand_fn,
     )
     from extender.server import make_server, reload_loop
     from extender.sim import SimFileError
 
+    gate = None
     try:
         cfg = load_config(config)
         log = setup_logging(cfg.log_level)
         predictor = build_predictor(cfg.predictor)
         profiles = load_profiles(cfg.profile_files, cfg.nexus_profiles)
+        if cfg.queue.enabled and cluster != "kube":
+            raise SourceSpecError("queue.enabled needs --cluster kube (the gate patches real pods)")
         leader, loop = setup_leadership(leadership, lease_name)
         source = build_source(cluster)
+        if cfg.queue.enabled:
+            gate = build_queue_gate(cfg.queue, demand_fn=predictor_demand_fn(predictor))
     except (ConfigError, SimFileError, SourceSpecError, ProfileFileError,
-            LeadershipSetupError, PredictorSetupError) as exc:
+            LeadershipSetupError, PredictorSetupError, QueueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     holder = ConfigHolder(cfg, loader=lambda: load_config(config))
@@ -67,8 +76,11 @@ def serve(
     signal.signal(signal.SIGTERM, shutdown.on_signal)
     if loop is not None:
         loop.start()
+    # The gate shares `stop` with the shutdown sequence and releases only while
+    # this replica leads, so standbys never release pods.
+    gate_thread = QueueGateThread(gate, leader.is_leader, stop).start() if gate else None
     log.info("serving", extra={"path": f"{cfg.server.host}:{port or cfg.server.port}",
-                               "leadership": leadership})
+                               "leadership": leadership, "queue_gate": gate is not None})
     try:
         server.safe_start()
     finally:
@@ -77,4 +89,71 @@ def serve(
             shutdown.wait(shutdown.shutdown_timeout_seconds + 5)
         else:
             shutdown.run()
+        if gate_thread is not None:
+            gate_thread.stop()
         source.stop()
+
+
+@app.command("queue-gate")
+def queue_gate(
+    config: Path | None = typer.Option(None, "--config", help="YAML config (default: packaged)"),
+    interval_seconds: float | None = typer.Option(
+        None, "--interval-seconds", help="override queue.interval_seconds"),
+    beta: int | None = typer.Option(None, "--beta", help="override queue.beta"),
+    k: int | None = typer.Option(None, "--k", help="override queue.k"),
+    leadership: str = typer.Option(
+        "single", "--leadership",
+        help="single (one replica) | elect (replicas elect on --lease-name) | "
+             "follow-scheduler (beside kube-scheduler: follow its Lease)"),
+    lease_name: str | None = typer.Option(
+        None, "--lease-name", help="Lease to elect on or follow (POD_NAMESPACE's)"),
+    once: bool = typer.Option(
+        False, "--once", help="run one round, print its report as JSON, exit"),
+) -> None:
+    """Release pods held by the queue's scheduling gate in Horus's weighted-fair order."""
+    import json
+    from dataclasses import asdict
+
+    from extender.config import ConfigError, load_config
+    from extender.lifecycle import LeadershipSetupError, setup_leadership
+    from extender.logs import setup_logging
+    from extender.queue import QueueError
+    from extender.runtime import (
+        PredictorSetupError,
+        build_predictor,
+        build_queue_gate,
+        predictor_demand_fn,
+    )
+
+    try:
+        cfg = load_config(config)
+        log = setup_logging(cfg.log_level)
+        predictor = build_predictor(cfg.predictor)
+        leader, loop = setup_leadership(leadership, lease_name)
+        controller = build_queue_gate(
+            cfg.queue, demand_fn=predictor_demand_fn(predictor),
+            k=k, beta=beta, interval_seconds=interval_seconds)
+    except (ConfigError, LeadershipSetupError, PredictorSetupError, QueueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if once:
+        report = controller.reconcile()
+        typer.echo(json.dumps(asdict(report), sort_keys=True))
+        raise typer.Exit(1 if report.error else 0)
+    stop = threading.Event()
+
+    def on_signal(*_: object) -> None:
+        stop.set()  # the round in progress finishes; its patches are atomic per pod
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    if loop is not None:
+        loop.start()
+    log.info("queue gate running", extra={"leadership": leadership,
+                                          "gate": controller.config.gate_name})
+    try:
+        controller.run(stop, leader.is_leader)
+    finally:
+        if loop is not None:
+            loop.stop()  # releases an elected Lease so a standby takes over at once
+        log.info("queue gate stopped")

@@ -10,6 +10,7 @@ A bad edit during hot reload keeps the old config and reports the problems.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -79,6 +80,28 @@ class PredictorConfig:
     """Directory of ``tandem predictor train`` output (model + card); None = no trained model."""
     model_store: str | None = None
     """Root that plain ``tandem.io/model`` paths resolve under; None = any local path."""
+    allow_simulated: bool = False
+    """Load artifacts whose model card says ``simulated: true`` (a dry run, not measurements)."""
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """Horus's weighted-fair queue as a scheduling gate (``extender/queue/``)."""
+
+    enabled: bool = False
+    """Run the gate controller inside ``tandem extender serve`` (while leader)."""
+    k: int = 3
+    """Number of k-means job classes (Horus-f: 3)."""
+    beta: int = 15
+    """Pods released per round, in flight included (Horus testbed: 15)."""
+    starvation_seconds: float = 3600.0
+    """A pod gated at least this long is released ahead of the weighted picks."""
+    interval_seconds: float = 5.0
+    """Time between release rounds."""
+    gate_name: str = "tandem.io/queue"
+    """The ``spec.schedulingGates`` name the controller removes."""
+    namespaces: tuple[str, ...] = ()
+    """Namespaces whose pods are queued; empty = all namespaces."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +126,7 @@ class ExtenderConfig:
     nexus_profiles: tuple[NexusProfileSource, ...] = ()
     """Nexus profile files, each mapped to the GPU type it was measured on."""
     predictor: PredictorConfig = PredictorConfig()
+    queue: QueueSettings = QueueSettings()
     log_level: str = "info"
     reload_interval_seconds: float = 5.0
     source_path: str | None = field(default=None, compare=False)
@@ -131,12 +155,30 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool
                                                  "must be in [0, 100)")},
     "profiles": {"files": (list, None, ""), "nexus": (list, None, "")},
     "predictor": {"enabled": (bool, None, ""), "artifacts_dir": ((str, type(None)), None, ""),
-                  "model_store": ((str, type(None)), None, "")},
+                  "model_store": ((str, type(None)), None, ""),
+                  "allow_simulated": (bool, None, "")},
+    "queue": {"enabled": (bool, None, ""),
+              "k": (int, lambda v: 1 <= v <= 64, "must be in 1..64"),
+              "beta": (int, lambda v: 1 <= v <= 10_000, "must be in 1..10000"),
+              "starvation_seconds": ((int, float), lambda v: 0 < v < float("inf"),
+                                     "must be > 0 and finite"),
+              "interval_seconds": ((int, float), lambda v: 0.1 <= v <= 3600,
+                                   "must be in 0.1..3600"),
+              "gate_name": (str, lambda v: _QUALIFIED_NAME.fullmatch(v) is not None,
+                            "must be a qualified name such as tandem.io/queue"),
+              "namespaces": (list, lambda v: all(isinstance(n, str) and _DNS_LABEL.fullmatch(n)
+                                                 for n in v),
+                             "must be a list of namespace names (DNS-1123 labels)")},
     "logging": {"level": (str, lambda v: v in ("debug", "info", "warning", "error"),
                           "must be one of debug, info, warning, error")},
     "reload": {"interval_seconds": ((int, float), lambda v: v > 0, "must be > 0")},
 }
 _CURVE_KEYS = ("slope", "over_slope", "over_quadratic")
+# Kubernetes' rules for a scheduling gate (a qualified name) and a namespace name.
+_QUALIFIED_NAME = re.compile(
+    r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _NEXUS_KEYS = ("path", "gpu_type")
 
 
@@ -258,10 +300,21 @@ def build_config(raw: Any, source_path: str | None = None) -> ExtenderConfig:
         server=ServerConfig(**sections["server"]), state=StateConfig(**sections["state"]),
         reports=reports, policy=policy, profile_files=tuple(files) if isinstance(files, list)
         else (), nexus_profiles=nexus, predictor=PredictorConfig(**sections["predictor"]),
+        queue=_queue_settings(sections["queue"]),
         log_level=sections["logging"].get("level", "info"),
         reload_interval_seconds=float(sections["reload"].get("interval_seconds", 5.0)),
         source_path=source_path,
     )
+
+
+def _queue_settings(section: Mapping[str, Any]) -> QueueSettings:
+    values = dict(section)
+    if "starvation_seconds" in values:
+        values["starvation_seconds"] = float(values["starvation_seconds"])
+    if "interval_seconds" in values:
+        values["interval_seconds"] = float(values["interval_seconds"])
+    values["namespaces"] = tuple(values.get("namespaces") or ())
+    return QueueSettings(**values)
 
 
 def apply_env(raw: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:

@@ -1,12 +1,19 @@
-"""Wiring shared by ``tandem extender serve`` and ``tandem demo``: sources, predictor, planner."""
+"""Wiring shared by ``tandem extender serve``, ``queue-gate`` and ``tandem demo``.
+
+Sources, the predictor (with the guard against simulated artifacts), the
+planner, and the weighted-fair queue gate's controller thread.
+"""
 
 from __future__ import annotations
 
 import importlib
+import json
+import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from extender.config import PredictorConfig
+from extender.config import PredictorConfig, QueueSettings
 from extender.core.decide import PlannerFn
 from extender.logs import get_logger
 
@@ -38,7 +45,36 @@ def default_planner() -> PlannerFn | None:
 
 
 class PredictorSetupError(ValueError):
-    """The configured predictor artifacts exist but cannot be loaded."""
+    """The configured predictor artifacts exist but cannot (or must not) be loaded."""
+
+
+CARD_FILE = "model_card.json"
+"""The model card ``tandem predictor train`` writes beside the model (predictor.training)."""
+
+
+def check_not_simulated(cfg: PredictorConfig) -> None:
+    """Refuse artifacts whose model card says ``simulated: true`` unless allowed.
+
+    Read from the card before loading the model, so the refusal does not depend
+    on the predictor's dependencies. A model fitted on the profiler's ``sim:``
+    rows predicts made-up numbers; placing real pods on them must be a choice.
+    """
+    if not cfg.artifacts_dir or cfg.allow_simulated:
+        return
+    card_path = Path(cfg.artifacts_dir) / CARD_FILE
+    try:
+        card = json.loads(card_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return  # no trained model: handled (with a warning) by build_predictor
+    except (OSError, ValueError) as exc:
+        raise PredictorSetupError(f"predictor.artifacts_dir {cfg.artifacts_dir}: "
+                                  f"cannot read {CARD_FILE}: {exc}") from None
+    if isinstance(card, Mapping) and card.get("simulated") is True:
+        raise PredictorSetupError(
+            f"predictor.artifacts_dir {cfg.artifacts_dir}: the model card says "
+            '"simulated": true (trained on the profiler\'s sim: backend, not on measurements); '
+            "train on real profiling data, or set predictor.allow_simulated: true "
+            "for a dry run")
 
 
 def build_predictor(cfg: PredictorConfig) -> Any:
@@ -48,10 +84,12 @@ def build_predictor(cfg: PredictorConfig) -> Any:
     ``tandem.io/model`` without asserted values are then rejected per GPU type
     with ``DemandUnknown`` and the predictor's ``NoTrainedModel`` text, which
     tells the operator to run ``tandem predictor train``. Artifacts that exist
-    but do not load (digest mismatch, corrupt JSON) are a configuration error.
+    but do not load (digest mismatch, corrupt JSON) are a configuration error,
+    and so are simulated artifacts unless ``predictor.allow_simulated``.
     """
     if not cfg.enabled:
         return None
+    check_not_simulated(cfg)
     try:
         api = importlib.import_module("predictor.api")
     except ImportError as exc:  # extender installed without the predictor's dependencies
@@ -64,9 +102,94 @@ def build_predictor(cfg: PredictorConfig) -> Any:
     except (OSError, ValueError, KeyError) as exc:
         raise PredictorSetupError(
             f"predictor.artifacts_dir {cfg.artifacts_dir}: cannot load: {exc}") from None
+    if getattr(predictor.artifacts, "simulated", False):
+        if not cfg.allow_simulated:  # the card changed between the check and the load
+            raise PredictorSetupError(
+                f"predictor.artifacts_dir {cfg.artifacts_dir}: simulated artifacts "
+                "(set predictor.allow_simulated: true for a dry run)")
+        get_logger().warning("predictor artifacts are simulated (predictor.allow_simulated): "
+                             "predictions are not measurements", extra={"path": cfg.artifacts_dir})
     if predictor.artifacts is None:
         get_logger().warning(
             "no trained utilisation model: pods naming tandem.io/model without "
             "tandem.io/gpu-util are rejected until `tandem predictor train` output is "
             "configured", extra={"path": cfg.artifacts_dir})
     return predictor
+
+
+def gate_config(settings: QueueSettings, *, k: int | None = None, beta: int | None = None,
+                interval_seconds: float | None = None) -> Any:
+    """The controller's ``GateConfig`` from the ``queue:`` section plus command-line overrides.
+
+    Raises ``extender.queue.QueueError`` when an override is out of range.
+    """
+    from extender.queue.fair import QueueConfig
+    from extender.queue.gate import GateConfig
+
+    queue = QueueConfig(k=settings.k if k is None else k,
+                        beta=settings.beta if beta is None else beta,
+                        starvation_seconds=settings.starvation_seconds)
+    return GateConfig(queue=queue, gate_name=settings.gate_name,
+                      namespaces=settings.namespaces,
+                      interval_seconds=(settings.interval_seconds if interval_seconds is None
+                                        else interval_seconds))
+
+
+def predictor_demand_fn(
+        predictor: Any) -> Callable[[Mapping[str, Any]], tuple[float, float]] | None:
+    """``pod -> (util %, mem MiB)`` from the predictor, for gated pods that name a model.
+
+    None without a predictor or a trained model (the gate then counts such pods
+    as (0, 0) without a warning per pod and round). The GPU type is not known
+    before placement, so the predictor answers with its largest prediction over
+    the trained types (the conservative class). Pods without a model count as
+    (0, 0); predictor errors are logged by the gate, which queues the pod with (0, 0).
+    """
+    from extender.core.demand import parse_demand
+
+    if predictor is None or getattr(predictor, "artifacts", None) is None:
+        return None
+
+    def demand(pod: Mapping[str, Any]) -> tuple[float, float]:
+        job = parse_demand(pod)
+        if job.model is None:
+            return 0.0, 0.0
+        answer = predictor.predict(job.model, job.batch_size, None, job.workload.value)
+        return float(answer.gpu_util_percent), float(answer.gpu_mem_mib)
+
+    return demand
+
+
+def build_queue_gate(settings: QueueSettings, *, api: Any = None,
+                     demand_fn: Callable[[Mapping[str, Any]], tuple[float, float]] | None = None,
+                     **overrides: Any) -> Any:
+    """A ``GateController`` on ``api`` (default: in-cluster service account, else kubeconfig)."""
+    from extender.queue.gate import GateController, controller_from_kube
+
+    config = gate_config(settings, **overrides)
+    if api is None:
+        return controller_from_kube(config, demand_fn=demand_fn)
+    return GateController(api, config, demand_fn=demand_fn)
+
+
+class QueueGateThread:
+    """The gate controller on a daemon thread, releasing only while ``is_leader()``."""
+
+    def __init__(self, controller: Any, is_leader: Callable[[], bool],
+                 stop: threading.Event | None = None):
+        self.controller = controller
+        self.stop_event = stop or threading.Event()
+        self._thread = threading.Thread(
+            target=controller.run, args=(self.stop_event, is_leader),
+            name="tandem-queue-gate", daemon=True)
+
+    def start(self) -> QueueGateThread:
+        """Start the rounds; returns self."""
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_seconds: float = 5.0) -> None:
+        """Ask the loop to stop and wait for the round in progress."""
+        self.stop_event.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_seconds)

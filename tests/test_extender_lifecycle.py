@@ -241,7 +241,7 @@ def test_serve_command_wires_leadership_readiness_and_sigterm(
     previous = signal.getsignal(signal.SIGTERM)
     try:
         result = CliRunner().invoke(commands.app, [
-            f"--cluster=sim:{cluster}", "--leadership=elect",
+            "serve", f"--cluster=sim:{cluster}", "--leadership=elect",
             "--lease-name=tandem-extender"])
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -255,7 +255,7 @@ def test_serve_command_wires_leadership_readiness_and_sigterm(
 
 def test_serve_command_reports_leadership_errors_as_usage_errors(tmp_path: Path) -> None:
     result = CliRunner().invoke(commands.app, [
-        "--cluster=sim:/nonexistent", "--leadership=elect"],
+        "serve", "--cluster=sim:/nonexistent", "--leadership=elect"],
         env={"POD_NAMESPACE": "", "POD_NAME": ""})
     assert result.exit_code == 2
     assert "needs POD_NAMESPACE and POD_NAME" in result.output

@@ -12,6 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from test_manifests_helpers import (
+    ADDONS,
     BUILT_IN_ROLES,
     CREATED_AT_INSTALL,
     K8S_VERSION,
@@ -91,6 +92,8 @@ def test_every_yaml_file_is_used_and_every_reference_exists() -> None:
         missing = sorted(str(f) for f in files if not f.is_file())
         assert not missing, f"{overlay} references missing files: {missing}"
         used |= files
+    for addon in ADDONS:
+        used |= kustomize_files(MANIFESTS / "addons" / addon)
     stray = [
         p.relative_to(MANIFESTS).as_posix()
         for p in _yaml_files()

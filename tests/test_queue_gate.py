@@ -65,13 +65,24 @@ class FakeCoreV1:
     fail_list: bool = False
     conflict_on: set[str] = field(default_factory=set)
     patches: list[tuple[str, str, Any, Mapping[str, Any]]] = field(default_factory=list)
+    lists: list[str | None] = field(default_factory=list)
+    """Namespace of each list call (None = all namespaces)."""
 
     def list_pod_for_all_namespaces(self, **kwargs: Any) -> _Response:
+        return self._list(None, kwargs)
+
+    def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> _Response:
+        return self._list(namespace, kwargs)
+
+    def _list(self, namespace: str | None, kwargs: Mapping[str, Any]) -> _Response:
         assert kwargs["field_selector"] == "status.phase=Pending"
         assert kwargs["_preload_content"] is False
+        self.lists.append(namespace)
         if self.fail_list:
             raise ConnectionError("apiserver unreachable")
-        return _Response(json.dumps({"items": self.pods}).encode())
+        items = [p for p in self.pods
+                 if namespace is None or p["metadata"]["namespace"] == namespace]
+        return _Response(json.dumps({"items": items}).encode())
 
     def patch_namespaced_pod(self, name: str, namespace: str, body: Any, **kwargs: Any) -> None:
         if name in self.conflict_on:
@@ -182,3 +193,61 @@ def test_interval_must_be_positive() -> None:
     with pytest.raises(QueueError) as err:
         GateConfig(interval_seconds=0)
     assert err.value.field == "interval_seconds"
+
+
+def test_namespaces_limit_listing_to_those_namespaces() -> None:
+    other = pod("elsewhere", age_s=500)
+    other["metadata"]["namespace"] = "team-b"
+    api = FakeCoreV1([pod("here", age_s=5), other])
+    cfg = GateConfig(queue=QueueConfig(k=1, beta=5), namespaces=("ml",))
+    report = GateController(api, cfg, clock=lambda: NOW).reconcile()
+    assert api.lists == ["ml"]
+    assert report.released == ("ml/here",)
+
+
+def test_all_namespaces_is_one_cluster_wide_list() -> None:
+    api = FakeCoreV1([pod("a")])
+    controller(api).reconcile()
+    assert api.lists == [None]
+
+
+def test_custom_gate_name_is_the_only_gate_removed() -> None:
+    api = FakeCoreV1([pod("ours", gated=False, other_gates=("example.com/fair",)),
+                      pod("default-gate", age_s=99)])
+    cfg = GateConfig(queue=QueueConfig(k=1, beta=5), gate_name="example.com/fair")
+    report = GateController(api, cfg, clock=lambda: NOW).reconcile()
+    assert report.released == ("ml/ours",)
+    assert api.patches[0][2][0]["value"] == "example.com/fair"
+
+
+@pytest.mark.parametrize(("leading", "rounds"), [(True, 1), (False, 0)],
+                         ids=["leader-releases", "standby-idles"])
+def test_run_reconciles_only_while_leading(leading: bool, rounds: int) -> None:
+    import threading
+
+    api = FakeCoreV1([pod("a")])
+    stop = threading.Event()
+    checks: list[bool] = []
+
+    def is_leader() -> bool:
+        stop.set()  # ask to stop now: the loop must still finish this one iteration
+        checks.append(leading)
+        return leading
+
+    ctrl = GateController(api, GateConfig(interval_seconds=0.001), clock=lambda: NOW)
+    ctrl.run(stop, is_leader)
+    assert checks == [leading]
+    assert len(api.lists) == rounds
+    assert len(api.patches) == rounds
+
+
+@pytest.mark.parametrize(("kwargs", "field_name"), [
+    ({"gate_name": ""}, "gate_name"),
+    ({"namespaces": ("ml", "")}, "namespaces"),
+], ids=["empty-gate-name", "empty-namespace"])
+def test_gate_config_rejects(kwargs: dict[str, Any], field_name: str) -> None:
+    from extender.queue.fair import QueueError
+
+    with pytest.raises(QueueError) as err:
+        GateConfig(**kwargs)
+    assert err.value.field == field_name

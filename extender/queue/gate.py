@@ -22,6 +22,12 @@ tasks = gated pods with the same controller owner, GPUs per task =
 ``tandem.io/gpu-mem-mib`` annotations (or an injected ``demand_fn``, e.g. the
 predictor), 0 when unknown; waiting time counts from ``creationTimestamp``.
 
+**Scope.** With ``namespaces`` empty the controller lists pending pods in all
+namespaces (RBAC: a ClusterRole); with a list it lists only those, so a Role
+per namespace is enough. **Leadership**: :meth:`GateController.run` takes an
+``is_leader`` callable and skips rounds while it is false, so replicas of the
+extender (or of ``tandem extender queue-gate``) never release in parallel.
+
 **Release** is one JSON patch per pod that tests the gate is still at the index
 read, removes it and stamps ``tandem.io/queue-released-at``; a pod that changed
 meanwhile fails the test (HTTP 422) and is simply seen again next round. All
@@ -50,10 +56,13 @@ DemandFn = Callable[[Mapping[str, Any]], tuple[float, float]]
 
 
 class CoreV1Like(Protocol):
-    """The two ``kubernetes.client.CoreV1Api`` calls the controller makes."""
+    """The ``kubernetes.client.CoreV1Api`` calls the controller makes."""
 
     def list_pod_for_all_namespaces(self, **kwargs: Any) -> Any:
         """List pods (called with ``_preload_content=False``; ``.data`` is the JSON)."""
+
+    def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> Any:
+        """List one namespace's pods (same call convention)."""
 
     def patch_namespaced_pod(self, name: str, namespace: str, body: Any, **kwargs: Any) -> Any:
         """Patch one pod."""
@@ -66,10 +75,18 @@ class GateConfig:
     queue: QueueConfig = QueueConfig()
     interval_seconds: float = 5.0
     """Time between rounds (> 0)."""
+    gate_name: str = GATE_NAME
+    """The ``spec.schedulingGates`` entry this controller owns and removes."""
+    namespaces: tuple[str, ...] = ()
+    """Namespaces to watch; empty = all namespaces."""
 
     def __post_init__(self) -> None:
         if not self.interval_seconds > 0:
             raise QueueError("interval_seconds", "must be > 0")
+        if not self.gate_name:
+            raise QueueError("gate_name", "must be non-empty")
+        if any(not ns for ns in self.namespaces):
+            raise QueueError("namespaces", "must not contain empty names")
 
 
 @dataclass(frozen=True)
@@ -86,11 +103,11 @@ class RoundReport:
     """(class, length, median wait s, weight) per class."""
 
 
-def gate_index(pod: Mapping[str, Any]) -> int | None:
-    """Index of our gate in ``spec.schedulingGates`` (None when absent)."""
+def gate_index(pod: Mapping[str, Any], gate_name: str = GATE_NAME) -> int | None:
+    """Index of the gate ``gate_name`` in ``spec.schedulingGates`` (None when absent)."""
     gates = (pod.get("spec") or {}).get("schedulingGates") or []
     for i, gate in enumerate(gates):
-        if isinstance(gate, Mapping) and gate.get("name") == GATE_NAME:
+        if isinstance(gate, Mapping) and gate.get("name") == gate_name:
             return i
     return None
 
@@ -119,11 +136,12 @@ def pod_key(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
 
 
-def release_patch(pod: Mapping[str, Any], index: int, now_seconds: float) -> list[dict[str, Any]]:
+def release_patch(pod: Mapping[str, Any], index: int, now_seconds: float,
+                  gate_name: str = GATE_NAME) -> list[dict[str, Any]]:
     """JSON patch: test the gate is at ``index``, remove it, stamp the release time."""
     stamp = datetime.fromtimestamp(now_seconds).astimezone().isoformat()
     ops: list[dict[str, Any]] = [
-        {"op": "test", "path": f"/spec/schedulingGates/{index}/name", "value": GATE_NAME},
+        {"op": "test", "path": f"/spec/schedulingGates/{index}/name", "value": gate_name},
         {"op": "remove", "path": f"/spec/schedulingGates/{index}"},
     ]
     if (pod.get("metadata") or {}).get("annotations"):
@@ -148,11 +166,20 @@ class GateController:
         self.demand_fn = demand_fn
 
     def _list_pending(self) -> list[Mapping[str, Any]]:
-        response = self.api.list_pod_for_all_namespaces(
-            field_selector="status.phase=Pending", _preload_content=False)
-        data = json.loads(response.data)
-        items = data.get("items") if isinstance(data, Mapping) else None
-        return [p for p in items or [] if isinstance(p, Mapping)]
+        selector = "status.phase=Pending"
+        if self.config.namespaces:
+            responses = [self.api.list_namespaced_pod(ns, field_selector=selector,
+                                                      _preload_content=False)
+                         for ns in self.config.namespaces]
+        else:
+            responses = [self.api.list_pod_for_all_namespaces(field_selector=selector,
+                                                              _preload_content=False)]
+        pods: list[Mapping[str, Any]] = []
+        for response in responses:
+            data = json.loads(response.data)
+            items = data.get("items") if isinstance(data, Mapping) else None
+            pods.extend(p for p in items or [] if isinstance(p, Mapping))
+        return pods
 
     def _item(self, pod: Mapping[str, Any], tasks: int, now: float) -> QueueItem:
         util = mem = 0.0
@@ -182,8 +209,9 @@ class GateController:
             pods = self._list_pending()
         except Exception as exc:  # noqa: BLE001 - API down: report and try next round
             return RoundReport(error=f"list pods: {exc}")
-        gated = [p for p in pods if gate_index(p) is not None and _safe_gpu_count(p) > 0]
-        in_flight = sum(1 for p in pods if gate_index(p) is None
+        name = self.config.gate_name
+        gated = [p for p in pods if gate_index(p, name) is not None and _safe_gpu_count(p) > 0]
+        in_flight = sum(1 for p in pods if gate_index(p, name) is None
                         and RELEASED_ANNOTATION in ((p.get("metadata") or {}).get("annotations")
                                                     or {})
                         and not (p.get("spec") or {}).get("nodeName"))
@@ -202,12 +230,13 @@ class GateController:
         for item in picked:
             pod = by_key[item.key]
             meta = pod.get("metadata") or {}
-            index = gate_index(pod)
+            index = gate_index(pod, name)
             assert index is not None
             try:
                 self.api.patch_namespaced_pod(
                     meta.get("name", ""), meta.get("namespace", "default"),
-                    release_patch(pod, index, now), _content_type="application/json-patch+json")
+                    release_patch(pod, index, now, name),
+                    _content_type="application/json-patch+json")
                 released.append(item.key)
                 log.info(json.dumps({"pod": item.key, "event": "released",
                                      "class": queue.class_of(item.key)}))
@@ -220,12 +249,16 @@ class GateController:
         return RoundReport(gated=len(gated), in_flight=in_flight, released=tuple(released),
                            conflicts=tuple(conflicts), classes=classes)
 
-    def run(self, stop: threading.Event) -> None:
-        """Reconcile every ``interval_seconds`` until ``stop`` is set."""
+    def run(self, stop: threading.Event, is_leader: Callable[[], bool] | None = None,
+            on_round: Callable[[RoundReport], None] | None = None) -> None:
+        """Reconcile every ``interval_seconds`` until ``stop`` is set; idle while not leader."""
         while not stop.is_set():
-            report = self.reconcile()
-            if report.error:
-                log.warning(json.dumps({"event": "round-failed", "error": report.error}))
+            if is_leader is None or is_leader():
+                report = self.reconcile()
+                if report.error:
+                    log.warning(json.dumps({"event": "round-failed", "error": report.error}))
+                if on_round is not None:
+                    on_round(report)
             stop.wait(self.config.interval_seconds)
 
 
