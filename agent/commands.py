@@ -1,4 +1,5 @@
-"""``tandem agent``: the node agent (``run``) and the per-GPU inference server (``serve``).
+"""``tandem agent``: the node agent (``run``), the per-GPU inference server (``serve``) and
+the thin session process of an inference pod (``session``).
 
 Heavy imports (NVML, httpx, prometheus_client) happen inside the command so
 ``tandem --help`` stays fast.
@@ -35,6 +36,12 @@ def run_command(
     session_base_port: int = typer.Option(DEFAULT_SESSION_BASE_PORT,
                                           help="GPU i's inference server port is base + i."),
     sessions: bool = typer.Option(True, help="Sync inference sessions to the GPU servers."),
+    serve_gpus: bool = typer.Option(False, "--serve-gpus/--no-serve-gpus",
+                                    help="Run and restart one 'tandem agent serve' per GPU."),
+    serve_host: str = typer.Option("127.0.0.1", help="Listen address of the supervised servers "
+                                   "(0.0.0.0 where the pod publishes them as hostPorts)."),
+    serve_arg: list[str] = typer.Option([], "--serve-arg", help="Extra 'tandem agent serve' "
+                                        "argument, repeatable (e.g. --serve-arg=--executor=sim)."),
     seed: int = typer.Option(0, help="Noise seed of the sim backend."),
     once: bool = typer.Option(False, help="Take one sample, push it, print it, exit."),
     json_output: bool = typer.Option(False, "--json", help="With --once: print the report."),
@@ -42,13 +49,17 @@ def run_command(
     """Run the node agent: NVML (or sim) metrics, reports, /metrics, session sync."""
     from agent.errors import ConfigError
     from agent.main import build_agent, run_forever, run_once
+    from agent.supervisor import SupervisorConfig
 
     node_name = node or os.environ.get("NODE_NAME", "")
     try:
+        serve = SupervisorConfig(base_port=session_base_port, host=serve_host,
+                                 serve_args=tuple(serve_arg)) if serve_gpus and not once else None
         agent, closers = build_agent(
             node=node_name, gpus=gpus, extender=extender, interval_seconds=interval_seconds,
             token_file=token_file, proc_root=proc_root, session_host=session_host,
-            session_base_port=session_base_port, sessions=sessions and not once, seed=seed)
+            session_base_port=session_base_port, sessions=sessions and not once, seed=seed,
+            serve=serve)
     except ConfigError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
@@ -59,3 +70,68 @@ def run_command(
     finally:
         for close in closers:
             close()
+
+
+@app.command("session")
+def session_command(
+    model: str = typer.Option(..., envvar="TANDEM_MODEL",
+                              help="Model reference (annotation tandem.io/model)."),
+    name: str | None = typer.Option(None, envvar="TANDEM_SESSION_NAME", help="Session name "
+                                    "(default: $POD_NAMESPACE.$POD_NAME, as the agent names it)."),
+    slo_ms: float | None = typer.Option(None, envvar="TANDEM_SLO_MS", help="Latency SLO."),
+    rate_rps: float | None = typer.Option(None, envvar="TANDEM_RATE_RPS",
+                                          help="Expected request rate (with --slo-ms)."),
+    weight: int | None = typer.Option(None, envvar="TANDEM_WEIGHT",
+                                      help="Best effort: integer share (default 1)."),
+    priority: int | None = typer.Option(None, envvar="TANDEM_PRIORITY",
+                                        help="Best effort: priority class."),
+    server: str | None = typer.Option(None, envvar="TANDEM_SERVER_URL",
+                                      help="Inference server URL (default: from the next two)."),
+    gpu_index: str | None = typer.Option(None, envvar="TANDEM_GPU_INDEX",
+                                         help="Annotation tandem.io/gpu-index (one GPU)."),
+    server_host: str = typer.Option("127.0.0.1", envvar="TANDEM_SERVER_HOST",
+                                    help="Node address of the servers (status.hostIP)."),
+    server_base_port: int = typer.Option(DEFAULT_SESSION_BASE_PORT,
+                                         help="GPU i's server port is base + i."),
+    listen: int = typer.Option(8080, help="Port this process serves the inference API on."),
+    listen_host: str = typer.Option("0.0.0.0", help="Listen address."),
+    max_body_mib: int = typer.Option(64, help="Largest request body forwarded."),
+    check_interval_seconds: float = typer.Option(5.0, help="Registration re-check period."),
+    shutdown_delay_seconds: float = typer.Option(3.0, help="Serve this long after SIGTERM "
+                                                 "while not ready (endpoint removal lag)."),
+    deregister: bool = typer.Option(True, help="Delete the session on shutdown."),
+) -> None:
+    """Register this pod's session with its GPU's server and forward requests to it."""
+    from agent.logs import configure_json_logging
+    from agent.session_http import ProxyConfig, ProxyServer, serve_forever
+    from agent.session_proxy import (
+        ProxyConfigError,
+        SessionLink,
+        parse_gpu_index,
+        server_url,
+        session_request,
+    )
+
+    configure_json_logging()
+    try:
+        if name is None:
+            pod, namespace = os.environ.get("POD_NAME", ""), os.environ.get("POD_NAMESPACE", "")
+            name = f"{namespace}.{pod}"
+        index = parse_gpu_index(gpu_index) if server is None or gpu_index else 0
+        url = server or server_url(server_host, index, server_base_port)
+        request = session_request(name, model, index, slo_ms=slo_ms, rate_rps=rate_rps,
+                                  weight=weight, priority=priority)
+        config = ProxyConfig(listen_host=listen_host, listen_port=listen,
+                             max_body_bytes=max_body_mib * 2**20,
+                             check_interval_seconds=check_interval_seconds,
+                             shutdown_delay_seconds=shutdown_delay_seconds,
+                             deregister=deregister)
+        proxy = ProxyServer(SessionLink(url, request), config)
+    except (ProxyConfigError, OSError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        serve_forever(proxy)
+    except OSError as err:  # the listen port is taken or not allowed
+        typer.echo(f"error: cannot listen on {listen_host}:{listen}: {err}", err=True)
+        raise typer.Exit(1) from None

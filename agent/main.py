@@ -20,6 +20,7 @@ from agent.runner import Agent, AgentConfig
 from agent.sessions import SessionSync
 from agent.sim import SimGpuSource, load_sim_gpus
 from agent.state import PlacedJobs, StateClient, ViewHolder
+from agent.supervisor import ServerSupervisor, SupervisorConfig
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +29,12 @@ def build_agent(*, node: str, gpus: str, extender: str | None, interval_seconds:
                 token_file: Path | None, proc_root: Path, session_host: str,
                 session_base_port: int, sessions: bool, seed: int,
                 registry: CollectorRegistry | None = None,
+                serve: SupervisorConfig | None = None,
                 ) -> tuple[Agent, list[Callable[[], None]]]:
-    """Build the agent and the close functions of what it opened; ``ConfigError`` if invalid."""
+    """Build the agent and the close functions of what it opened; ``ConfigError`` if invalid.
+
+    ``serve``: supervise one ``tandem agent serve`` child per GPU (started by ``run_forever``).
+    """
     config = AgentConfig(node=node, interval_seconds=interval_seconds)
     spec = parse_gpu_source(gpus)
     views = ViewHolder()
@@ -55,7 +60,8 @@ def build_agent(*, node: str, gpus: str, extender: str | None, interval_seconds:
         raise ConfigError("--token-file given without --extender")
     agent = Agent(config, source, registry=registry or CollectorRegistry(),
                   attributor=ProcAttributor(proc_root), reporter=reporter, state=state,
-                  views=views, sessions=sync, token=token)
+                  views=views, sessions=sync, token=token,
+                  servers=ServerSupervisor(serve) if serve is not None else None)
     return agent, closers
 
 
@@ -89,9 +95,20 @@ def run_forever(agent: Agent, metrics_addr: str, metrics_port: int,
     log.info("agent started", extra={"node": agent.config.node,
                                      "metrics_port": server.server_port,
                                      "interval_seconds": agent.config.interval_seconds})
+    servers = agent.servers
+    watcher = None
+    if servers is not None:
+        watcher = threading.Thread(target=servers.run, args=(stop,), name="server-supervisor",
+                                   daemon=True)
+        watcher.start()
     try:
         agent.run(stop)
     finally:
+        stop.set()
+        if watcher is not None and servers is not None:
+            watcher.join(timeout=5)
+            codes = servers.stop_children()  # SIGTERM reached only us: pass it on
+            log.info("inference servers stopped", extra={"exit_codes": codes})
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)

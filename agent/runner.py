@@ -1,5 +1,8 @@
 """The agent loop: sample, attribute, publish, report, sync sessions; once per interval.
 
+With a server supervisor, each sample's GPU indices also tell it which per-GPU
+inference servers to keep running (``agent/supervisor.py``).
+
 Each step is independent and failure-tolerant: a down GPU source publishes
 "source down" and skips the push (the extender's staleness limit then falls back
 to reservations), an unreachable extender costs only this interval's report, and
@@ -25,6 +28,7 @@ from agent.gpus import GpuSource, NodeSample
 from agent.reporter import Reporter, TokenSource, build_report
 from agent.sessions import SessionSync, SyncResult
 from agent.state import StateClient, ViewHolder
+from agent.supervisor import ServerSupervisor
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +74,8 @@ class Agent:
                  state: StateClient | None = None,
                  views: ViewHolder | None = None,
                  sessions: SessionSync | None = None,
-                 token: TokenSource | None = None) -> None:
+                 token: TokenSource | None = None,
+                 servers: ServerSupervisor | None = None) -> None:
         self.config = config
         self.registry = registry
         self._source = source
@@ -80,6 +85,7 @@ class Agent:
         self.views = views or ViewHolder()
         self._sessions = sessions
         self._token = token
+        self._servers = servers
         self._latest: Observation | None = None
         self._lock = threading.Lock()
         registry.register(AgentCollector(self.latest, config.node))
@@ -87,6 +93,11 @@ class Agent:
                                 ["outcome"], registry=registry)
         self._errors = Counter("tandem_agent_errors", "Agent step errors by kind.",
                                ["kind"], registry=registry)
+
+    @property
+    def servers(self) -> ServerSupervisor | None:
+        """The per-GPU server supervisor, if this agent runs the servers."""
+        return self._servers
 
     def latest(self) -> Observation | None:
         """The newest observation (read by the Prometheus collector at scrape time)."""
@@ -108,6 +119,8 @@ class Agent:
             return StepResult(None, source_error=str(err), state_error=state_error)
         with self._lock:
             self._latest = Observation(sample, view)
+        if self._servers is not None:  # one inference server per GPU the source lists
+            self._servers.ensure(g.info.index for g in sample.gpus)
         report = build_report(self.config.node, sample)
         attempts, push_error = self._push(report)
         synced = self._sessions.sync(view) if self._sessions and view is not None else None

@@ -38,6 +38,11 @@ profiles:
 """)
 NODES = ["a100-node", "small-node", "cpu-node"]
 _FIELD_REF = re.compile(r"^metadata\.annotations\['([^']+)'\]$")
+_POD_FIELDS = {
+    "metadata.name": lambda pod: pod["metadata"]["name"],
+    "metadata.namespace": lambda pod: pod["metadata"].get("namespace", ""),
+    "status.hostIP": lambda pod: pod.get("status", {}).get("hostIP", ""),
+}
 
 
 def example_pods() -> list[tuple[str, dict[str, Any]]]:
@@ -66,7 +71,11 @@ def resolve_env(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str
         if "value" in var:
             env[var["name"]] = var["value"]
             continue
-        match = _FIELD_REF.match(var["valueFrom"]["fieldRef"]["fieldPath"])
+        path = var["valueFrom"]["fieldRef"]["fieldPath"]
+        if path in _POD_FIELDS:  # the session process's name and node address
+            env[var["name"]] = _POD_FIELDS[path](pod)
+            continue
+        match = _FIELD_REF.match(path)
         assert match, var
         env[var["name"]] = annotations.get(match.group(1), "")  # missing -> ""
     return env
