@@ -3,7 +3,7 @@
 Run: .venv/bin/python benchmarks/planner.py [--seed N]
 Prints one JSON object and writes benchmarks/results/planner.json.
 Workloads are random (seeded) over the real TITAN X profiles in
-../shared/data/nexus-profiles (parsed with predictor.profiles) plus linear profiles;
+training_data/nexus-profiles (parsed with predictor.profiles) plus linear profiles;
 the query workload (latency splits) uses the real profiles only.
 """
 
@@ -39,7 +39,7 @@ QUERY_ONLY_SWITCHES = ("latency_reassignment", "latency_cost_split")
 
 def load_profiles() -> dict[tuple[str, str], BatchingProfile]:
     profiles = {}
-    for nexus in load_nexus_dir(_common.ROOT.parent / "shared" / "data" / "nexus-profiles"):
+    for nexus in load_nexus_dir(_common.ROOT / "training_data" / "nexus-profiles"):
         p = nexus.to_profile(GPU)
         profiles[(p.model, GPU)] = p
     rng = random.Random(7)

@@ -53,7 +53,7 @@ from predictor.batching import BatchingProfile
 from predictor.profiles import NEXUS_MARGIN, NO_MARGIN
 
 GPU = "titanx"
-NEXUS_DIR = _common.ROOT.parent / "shared" / "data" / "nexus-profiles"
+NEXUS_DIR = _common.ROOT / "training_data" / "nexus-profiles"
 # (session, model, SLO ms, relative rate): a mix in the spirit of Nexus's game/traffic apps.
 MIX = [("vgg16", "vgg16", 200.0, 1.0), ("face", "vgg_face", 300.0, 0.6),
        ("vgg_s", "vgg_s", 100.0, 3.0), ("yolo", "yolo9000", 500.0, 0.3)]  # fmt: skip

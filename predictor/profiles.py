@@ -2,7 +2,7 @@
 
 Sources:
 
-- Nexus profile files (``../shared/data/nexus-profiles``): a profile id, a GPU
+- Nexus profile files (``training_data/nexus-profiles``): a profile id, a GPU
   name, a ``Forward latency`` CSV of ``batch,latency(us),std(us),memory(B)``, and
   pre/post-processing sections. Nexus plans with ``(mean + std) * 1.15``; that is
   ``NEXUS_MARGIN``, a parameter here, recorded on every loaded profile.

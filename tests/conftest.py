@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SHARED_DIR = REPO_ROOT.parent / "shared"
+NEXUS_PROFILES_DIR = REPO_ROOT / "training_data" / "nexus-profiles"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -55,8 +55,5 @@ def repo_root() -> Path:
 
 @pytest.fixture(scope="session")
 def nexus_profiles_dir() -> Path:
-    """The real TITAN X batching profiles shipped in ../shared/data (skip if absent)."""
-    path = SHARED_DIR / "data" / "nexus-profiles"
-    if not path.is_dir():
-        pytest.skip("../shared/data/nexus-profiles is not beside this checkout")
-    return path
+    """The real TITAN X batching profiles published with Nexus (vendored, BSD licence)."""
+    return NEXUS_PROFILES_DIR
