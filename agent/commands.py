@@ -42,6 +42,9 @@ def run_command(
                                    "(0.0.0.0 where the pod publishes them as hostPorts)."),
     serve_arg: list[str] = typer.Option([], "--serve-arg", help="Extra 'tandem agent serve' "
                                         "argument, repeatable (e.g. --serve-arg=--executor=sim)."),
+    admin_token_file: Path | None = typer.Option(
+        None, help="Bearer token of the servers' session endpoints (else $TANDEM_ADMIN_TOKEN); "
+        "sent by the session sync and passed to the --serve-gpus servers."),
     seed: int = typer.Option(0, help="Noise seed of the sim backend."),
     once: bool = typer.Option(False, help="Take one sample, push it, print it, exit."),
     json_output: bool = typer.Option(False, "--json", help="With --once: print the report."),
@@ -59,7 +62,7 @@ def run_command(
             node=node_name, gpus=gpus, extender=extender, interval_seconds=interval_seconds,
             token_file=token_file, proc_root=proc_root, session_host=session_host,
             session_base_port=session_base_port, sessions=sessions and not once, seed=seed,
-            serve=serve)
+            serve=serve, admin_token_file=admin_token_file)
     except ConfigError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
@@ -100,9 +103,13 @@ def session_command(
     shutdown_delay_seconds: float = typer.Option(3.0, help="Serve this long after SIGTERM "
                                                  "while not ready (endpoint removal lag)."),
     deregister: bool = typer.Option(True, help="Delete the session on shutdown."),
+    admin_token_file: Path | None = typer.Option(
+        None, help="The servers' admin bearer token, sent when registering and deleting "
+        "the session (else $TANDEM_ADMIN_TOKEN)."),
 ) -> None:
     """Register this pod's session with its GPU's server and forward requests to it."""
     from agent.logs import configure_json_logging
+    from agent.server.auth import AdminToken, AdminTokenError
     from agent.session_http import ProxyConfig, ProxyServer, serve_forever
     from agent.session_proxy import (
         ProxyConfigError,
@@ -126,8 +133,9 @@ def session_command(
                              check_interval_seconds=check_interval_seconds,
                              shutdown_delay_seconds=shutdown_delay_seconds,
                              deregister=deregister)
-        proxy = ProxyServer(SessionLink(url, request), config)
-    except (ProxyConfigError, OSError) as err:
+        token = AdminToken.configured(admin_token_file)
+        proxy = ProxyServer(SessionLink(url, request, admin_token=token), config)
+    except (ProxyConfigError, AdminTokenError, OSError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
     try:

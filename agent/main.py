@@ -6,7 +6,8 @@ import json
 import logging
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -17,6 +18,7 @@ from agent.gpus import GpuSource, parse_gpu_source
 from agent.logs import configure_json_logging
 from agent.reporter import Reporter, TokenSource
 from agent.runner import Agent, AgentConfig
+from agent.server.auth import AdminToken, AdminTokenError, is_loopback
 from agent.sessions import SessionSync
 from agent.sim import SimGpuSource, load_sim_gpus
 from agent.state import PlacedJobs, StateClient, ViewHolder
@@ -30,11 +32,24 @@ def build_agent(*, node: str, gpus: str, extender: str | None, interval_seconds:
                 session_base_port: int, sessions: bool, seed: int,
                 registry: CollectorRegistry | None = None,
                 serve: SupervisorConfig | None = None,
+                admin_token_file: Path | None = None,
+                environ: Mapping[str, str] | None = None,
                 ) -> tuple[Agent, list[Callable[[], None]]]:
     """Build the agent and the close functions of what it opened; ``ConfigError`` if invalid.
 
     ``serve``: supervise one ``tandem agent serve`` child per GPU (started by ``run_forever``).
+    ``admin_token_file``: the servers' admin bearer token (else ``$TANDEM_ADMIN_TOKEN``),
+    sent by the session sync and handed to the supervised servers.
     """
+    try:
+        admin_token = AdminToken.configured(admin_token_file, environ=environ)
+    except AdminTokenError as err:
+        raise ConfigError(str(err)) from None
+    if serve is not None:
+        if admin_token is None and not is_loopback(serve.host):
+            raise ConfigError(f"--serve-host {serve.host} publishes the servers beyond this "
+                              "host: give --admin-token-file or set TANDEM_ADMIN_TOKEN")
+        serve = replace(serve, admin_token_file=admin_token_file)
     config = AgentConfig(node=node, interval_seconds=interval_seconds)
     spec = parse_gpu_source(gpus)
     views = ViewHolder()
@@ -54,7 +69,8 @@ def build_agent(*, node: str, gpus: str, extender: str | None, interval_seconds:
         reporter, state = Reporter(extender, token), StateClient(extender)
         closers += [reporter.close, state.close]
         if sessions:
-            sync = SessionSync(lambda i: f"http://{session_host}:{session_base_port + i}")
+            sync = SessionSync(lambda i: f"http://{session_host}:{session_base_port + i}",
+                               admin_token=admin_token)
             closers.append(sync.close)
     elif token_file is not None:
         raise ConfigError("--token-file given without --extender")

@@ -12,7 +12,11 @@ server's port as a hostPort; the pod learns ``status.hostIP`` and
 was the alternative; it was not chosen because (a) user pods would need a
 hostPath volume, which the Pod Security ``baseline`` level forbids, and (b) the
 server binds TCP only. The cost: the server's port is reachable from the pod
-network of the cluster, so restrict it with a NetworkPolicy (docs/deploy.md).
+network of the cluster, so restrict it with a NetworkPolicy (docs/deploy.md),
+and registering or deleting a session needs the servers' admin bearer token
+(``--admin-token-file``, a mounted Secret, else ``$TANDEM_ADMIN_TOKEN``), which
+this process sends on its ``POST`` and ``DELETE`` only, never on forwarded
+inference requests.
 
 Session name and who is authoritative: the name is ``<namespace>.<pod>``, the
 name the agent's session sync uses, and the request body is built by the same
@@ -46,6 +50,7 @@ from urllib.parse import quote
 
 import httpx
 
+from agent.server.auth import AdminToken, AdminTokenError
 from agent.sessions import session_spec
 from agent.state import PodPlacement
 
@@ -177,9 +182,11 @@ class SessionLink:
                  transport: httpx.BaseTransport | None = None,
                  admin_timeout_seconds: float = 5.0,
                  register_timeout_seconds: float = 60.0,
-                 infer_timeout_seconds: float = 90.0) -> None:
+                 infer_timeout_seconds: float = 90.0,
+                 admin_token: AdminToken | None = None) -> None:
         self.server = server.rstrip("/")
         self.session = session
+        self.admin_token = admin_token
         self._client = httpx.Client(transport=transport, timeout=admin_timeout_seconds)
         # Registration loads and profiles the model on the server: seconds, not ms.
         self._register_timeout = httpx.Timeout(register_timeout_seconds, connect=5.0)
@@ -223,7 +230,7 @@ class SessionLink:
             self._check_same(present[self.session.name])
             return False
         response = self._request("POST", "/v1/sessions", json=self.session.json(),
-                                 timeout=self._register_timeout)
+                                 timeout=self._register_timeout, admin=True)
         if response.status_code < 300:
             return True
         kind, reason = _error_of(response)
@@ -248,7 +255,14 @@ class SessionLink:
             self._log_once(logging.WARNING, "session registered with other values",
                            f"fields {differs} differ; keeping the server's")
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _request(self, method: str, path: str, *, admin: bool = False,
+                 **kwargs: Any) -> httpx.Response:
+        """One call to the server; ``admin`` calls carry the bearer token."""
+        if admin and self.admin_token is not None:
+            try:
+                kwargs["headers"] = self.admin_token.headers()  # re-read: rotation needs no restart
+            except AdminTokenError as err:
+                raise ProxyConfigError(str(err)) from None
         try:
             response = self._client.request(method, f"{self.server}{path}", **kwargs)
         except httpx.HTTPError as err:
@@ -263,8 +277,8 @@ class SessionLink:
         # Wait (bounded) for a registration in flight, so it cannot land after the DELETE.
         locked = self._lock.acquire(timeout=_DEREGISTER_WAIT_SECONDS)
         try:
-            response = self._request("DELETE", self._path)
-        except ServerUnreachable as err:
+            response = self._request("DELETE", self._path, admin=True)
+        except (ServerUnreachable, ProxyConfigError) as err:
             log.warning("deregistration failed", extra={"session": self.session.name,
                                                         "error": str(err)})
             return False

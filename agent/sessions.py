@@ -4,8 +4,10 @@ Desired state: pods on this node with ``tandem.io/workload: inference``, grouped
 by the GPU the extender bound them to. Actual state: ``GET /v1/sessions`` on
 that GPU's server. Sync adds what is missing (``POST /v1/sessions``), deletes
 what is gone (``DELETE /v1/sessions/NAME``) and leaves the rest, so running it
-every interval is idempotent. The agent is the servers' only administrative
-client, so a session no pod asks for is removed.
+every interval is idempotent. The agent is the servers' authoritative
+administrative client, so a session no pod asks for is removed. With an
+``AdminToken``, adds and deletes carry ``Authorization: Bearer <token>`` (the
+servers answer 401 without it); the listing is open and sent without it.
 
 Session name: ``<namespace>.<pod name>`` (namespaces have no dots, so it is
 unambiguous and URL-safe). Body: ``{"name", "model", "slo_ms", "rate_rps"}`` when
@@ -23,6 +25,7 @@ from urllib.parse import quote
 
 import httpx
 
+from agent.server.auth import AdminToken, AdminTokenError
 from agent.state import NodeView, PodPlacement
 
 log = logging.getLogger(__name__)
@@ -109,8 +112,10 @@ class SessionSync:
 
     def __init__(self, server_url: Callable[[int], str], *,
                  transport: httpx.BaseTransport | None = None,
-                 timeout_seconds: float = 5.0) -> None:
+                 timeout_seconds: float = 5.0,
+                 admin_token: AdminToken | None = None) -> None:
         self._url = server_url
+        self._token = admin_token
         self._client = httpx.Client(transport=transport, timeout=timeout_seconds)
         self._refused: set[tuple[str, int]] = set()
 
@@ -140,10 +145,15 @@ class SessionSync:
             kept.extend(sorted(present & specs.keys()))
         return SyncResult(tuple(added), tuple(removed), tuple(kept), tuple(failed), skipped)
 
+    def _headers(self) -> dict[str, str]:
+        """The admin header (re-reads a rotated token file); AdminTokenError if unreadable."""
+        return self._token.headers() if self._token is not None else {}
+
     def _post(self, base: str, index: int, spec: SessionSpec) -> bool:
         try:
-            response = self._client.post(f"{base}/v1/sessions", json=spec.json())
-        except httpx.HTTPError as err:
+            response = self._client.post(f"{base}/v1/sessions", json=spec.json(),
+                                         headers=self._headers())
+        except (httpx.HTTPError, AdminTokenError) as err:
             log.warning("session add failed", extra={"session": spec.name, "gpu": index,
                                                      "error": type(err).__name__})
             return False
@@ -159,8 +169,11 @@ class SessionSync:
 
     def _delete(self, base: str, name: str) -> bool:
         try:
-            response = self._client.delete(f"{base}/v1/sessions/{quote(name, safe='')}")
-        except httpx.HTTPError:
+            response = self._client.delete(f"{base}/v1/sessions/{quote(name, safe='')}",
+                                           headers=self._headers())
+        except (httpx.HTTPError, AdminTokenError) as err:
+            log.warning("session delete failed", extra={"session": name,
+                                                        "error": type(err).__name__})
             return False
         return response.status_code < 300 or response.status_code == 404
 

@@ -91,6 +91,9 @@ class SupervisorConfig:
     """a child that ran this long restarts its backoff from the initial delay"""
     stop_grace_seconds: float = 10.0
     """time between SIGTERM and SIGKILL on shutdown; kept below the pod's grace period"""
+    admin_token_file: Path | None = None
+    """passed to each server as ``--admin-token-file`` (the session endpoints' bearer token);
+    without it a server reads ``$TANDEM_ADMIN_TOKEN``, which children inherit"""
 
     def __post_init__(self) -> None:
         if not 1 <= self.base_port <= 65535 - 64:
@@ -103,15 +106,18 @@ class SupervisorConfig:
             raise ConfigError("grace and stable periods must be >= 0")
         if not self.command_prefix:
             raise ConfigError("command_prefix is empty")
-        owned = {"--gpu", "--port", "--host"}
+        owned = {"--gpu", "--port", "--host", "--admin-token-file"}
         clash = sorted(a.split("=", 1)[0] for a in self.serve_args if a.split("=", 1)[0] in owned)
         if clash:
             raise ConfigError(f"--serve-arg may not set {clash}: the supervisor sets them per GPU")
 
     def argv(self, gpu_index: int) -> tuple[str, ...]:
         """The command line of GPU ``gpu_index``'s server."""
+        token = (f"--admin-token-file={self.admin_token_file}",) \
+            if self.admin_token_file is not None else ()
         return (*self.command_prefix, "agent", "serve", f"--gpu={gpu_index}",
-                f"--port={self.base_port + gpu_index}", f"--host={self.host}", *self.serve_args)
+                f"--port={self.base_port + gpu_index}", f"--host={self.host}", *token,
+                *self.serve_args)
 
 
 @dataclass(frozen=True)

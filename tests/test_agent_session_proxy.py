@@ -405,7 +405,7 @@ def test_cli_session_refuses_a_bad_pod_spec_with_exit_2(
 # ---- the example Deployment configures exactly the session the agent registers ----------
 
 def test_example_deployment_runs_the_session_the_agent_would_register(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 ) -> None:
     import yaml
 
@@ -425,6 +425,13 @@ def test_example_deployment_runs_the_session_the_agent_would_register(
         ref = var["valueFrom"]["fieldRef"]["fieldPath"]
         key = ref.removeprefix("metadata.annotations['").removesuffix("']")
         env[var["name"]] = annotations.get(key, "") if key != ref else fields[ref]
+    # The kubelet mounts Secret tandem-admin-token; here its file lies under tmp_path.
+    (mount,) = c["volumeMounts"]
+    volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+    assert volumes[mount["name"]]["secret"]["secretName"] == "tandem-admin-token"
+    (tmp_path / "token").write_text("example-token\n")
+    args = [a.replace(mount["mountPath"], str(tmp_path)) for a in c["args"][1:]]
+    assert f"--admin-token-file={tmp_path}/token" in args
     seen: dict[str, Any] = {}
 
     class Captured(Exception):
@@ -438,9 +445,10 @@ def test_example_deployment_runs_the_session_the_agent_would_register(
     monkeypatch.setattr("agent.logs.configure_json_logging", lambda: None)
     from typer.testing import CliRunner
 
-    result = CliRunner().invoke(commands.app, c["args"][1:], env=env)
+    result = CliRunner().invoke(commands.app, args, env=env)
     assert isinstance(result.exception, Captured), result.output
     link = seen["link"]
+    assert link.admin_token.headers() == {"Authorization": "Bearer example-token"}
     pod = PodPlacement("uid", "web-abc12", "team-a", 2, None, None, tuple(annotations.items()))
     agents = session_spec(pod)
     assert agents is not None

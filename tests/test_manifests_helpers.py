@@ -24,6 +24,7 @@ K8S_VERSION = "1.30.0"  # oldest minor we document support for; see docs/deploy.
 # Objects the operator creates at install time (docs/deploy.md), never committed.
 CREATED_AT_INSTALL = {
     ("Secret", "tandem-agent-token"),
+    ("Secret", "tandem-admin-token"),
     ("Secret", "tandem-extender-tls"),
     ("ConfigMap", "tandem-extender-ca"),
 }

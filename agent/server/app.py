@@ -3,7 +3,9 @@
 Routes (DESIGN.md, "Inference server"): ``POST/GET /v1/sessions``,
 ``DELETE /v1/sessions/NAME``, ``POST /v1/sessions/NAME/infer``, ``/metrics``,
 ``/livez``, ``/readyz``. Every error is JSON from one handler; bodies over the
-limit get 413 before they are read.
+limit get 413 before they are read. With an ``AdminGuard``, adding and deleting
+sessions need ``Authorization: Bearer <token>`` (401 otherwise); the rest stays
+open, for the reasons in ``agent.server.auth``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from agent.server.errors import BadRequest, DropReason, RequestDropped, ServerError
+from agent.server.auth import AdminGuard
+from agent.server.errors import (
+    BadRequest,
+    DropReason,
+    RequestDropped,
+    ServerError,
+    Unauthorized,
+)
 from agent.server.metrics import RuntimeCollector
 from agent.server.runtime import ServingRuntime
 from agent.server.tensors import NPY_TYPE, coerce_input, decode_json_inputs, decode_npy, encode_npy
@@ -31,8 +40,13 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     best_effort_timeout_seconds: float = 60.0,
     registry: CollectorRegistry | None = None,
+    admin: AdminGuard | None = None,
 ) -> Flask:
-    """The inference server's Flask app over ``runtime``."""
+    """The inference server's Flask app over ``runtime``.
+
+    ``admin``: the guard of the session-management endpoints; None leaves them
+    open, which ``serve.py`` allows only on a loopback address.
+    """
     app = Flask("tandem-inference-server")
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     registry = registry or CollectorRegistry()
@@ -40,7 +54,14 @@ def create_app(
 
     @app.errorhandler(ServerError)
     def _server_error(err: ServerError) -> tuple[Response, int]:
-        return jsonify(err.to_json()), err.status
+        response = jsonify(err.to_json())
+        if isinstance(err, Unauthorized):
+            response.headers["WWW-Authenticate"] = 'Bearer realm="tandem-admin"'
+        return response, err.status
+
+    def _authorize() -> None:
+        if admin is not None:
+            admin.check(request.headers.get("Authorization"))
 
     @app.errorhandler(HTTPException)
     def _http_error(err: HTTPException) -> tuple[Response, int]:
@@ -50,6 +71,7 @@ def create_app(
 
     @app.post("/v1/sessions")
     def add_session() -> tuple[Response, int]:
+        _authorize()  # before the body is read: an unauthenticated caller costs nothing
         body = _json_object()
         if "slo_ms" in body or "rate_rps" in body:
             _check_fields(body, SLO_FIELDS, SLO_FIELDS)
@@ -75,6 +97,7 @@ def create_app(
 
     @app.delete("/v1/sessions/<name>")
     def delete_session(name: str) -> tuple[Response, int]:
+        _authorize()
         runtime.remove_session(name)
         return jsonify({"deleted": name}), 200
 

@@ -28,9 +28,13 @@ def serve_command(
     max_body_mib: int = typer.Option(64, help="Largest accepted request body."),
     post_workers: int = typer.Option(4, help="Post-processing threads beside the GPU thread."),
     threads: int = typer.Option(16, help="HTTP worker threads."),
+    admin_token_file: Path | None = typer.Option(
+        None, help="Bearer token of POST/DELETE /v1/sessions (else $TANDEM_ADMIN_TOKEN); "
+        "required unless --host is loopback."
+    ),
 ) -> None:
     """Run the per-GPU inference server: Nexus duty cycles and Olympian quanta."""
-    from agent.server.serve import ServeOptions, build_runtime, serve_forever
+    from agent.server.serve import ServeOptions, admin_guard, build_runtime, serve_forever
 
     options = ServeOptions(
         gpu_index=gpu,
@@ -49,10 +53,17 @@ def serve_command(
         max_body_bytes=max_body_mib * 2**20,
         post_workers=post_workers,
         http_threads=threads,
+        admin_token_file=admin_token_file,
     )
     try:
+        admin = admin_guard(options)  # first: a missing token must not wait for model loads
         runtime = build_runtime(options)
     except (ValueError, RuntimeError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    serve_forever(runtime, options)
+    try:
+        code = serve_forever(runtime, options, admin)
+    except OSError as exc:  # the port is taken or not allowed
+        typer.echo(f"error: cannot listen on {options.host}:{options.port}: {exc}", err=True)
+        raise typer.Exit(1) from None
+    raise typer.Exit(code)

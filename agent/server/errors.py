@@ -4,11 +4,13 @@
 
     ServerError
      ├── BadRequest            malformed body, wrong dtype/shape, unknown field (400)
+     ├── Unauthorized          admin endpoint without the right bearer token (401)
      ├── PayloadTooLarge       body over the configured limit (413)
      ├── SessionNotFound       no session of that name (404)
      ├── SessionConflict       a session of that name exists (409)
      ├── ModelRejected         model file missing, outside the store, too big or broken (422)
      ├── AdmissionRefused      the new session would break an existing SLO; state unchanged (409)
+     ├── ServerStopping        a session change arrived while the server shuts down (503)
      └── RequestDropped        a request was dropped or missed its deadline (503)
 """
 
@@ -41,6 +43,18 @@ class BadRequest(ServerError):
     """The request body or parameters are invalid."""
 
     status = 400
+
+
+class Unauthorized(ServerError):
+    """A session-management call without the right bearer token."""
+
+    status = 401
+
+
+class ServerStopping(ServerError):
+    """The server is shutting down and takes no new sessions."""
+
+    status = 503
 
 
 class PayloadTooLarge(ServerError):

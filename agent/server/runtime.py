@@ -38,6 +38,7 @@ from agent.server.errors import (
     AdmissionRefused,
     BadRequest,
     DropReason,
+    ServerStopping,
     SessionConflict,
     SessionNotFound,
 )
@@ -93,6 +94,7 @@ class ServingRuntime:
     ) -> dict[str, Any]:
         """Register an SLO session, or raise AdmissionRefused with state unchanged."""
         with self._admin:
+            self._check_open()
             self._check_free(name)
             try:
                 spec = SessionSpec(name, model, float(slo_ms), float(rate_rps))
@@ -134,6 +136,7 @@ class ServingRuntime:
     ) -> dict[str, Any]:
         """Register a best-effort job that shares the duty cycle's slack in quanta."""
         with self._admin:
+            self._check_open()
             self._check_free(name)
             try:
                 job = JobSpec(name, weight, priority)
@@ -188,6 +191,10 @@ class ServingRuntime:
                 raise SessionNotFound(f"no session {name!r}")
             self._cv.notify_all()
         self._flush_drops()
+
+    def _check_open(self) -> None:
+        if self._stopping:
+            raise ServerStopping("the server is shutting down; no session changes")
 
     def _check_free(self, name: str) -> None:
         if not isinstance(name, str) or not name or len(name) > 128 or "/" in name:
@@ -268,6 +275,10 @@ class ServingRuntime:
             target = slo if slo is not None else be
             assert target is not None
             target.stats.arrived += 1
+            if self._stopping:  # the loop is gone: answer now rather than at the HTTP timeout
+                target.stats.record_drop(DropReason.SHUTDOWN)
+                on_done(Outcome(None, DropReason.SHUTDOWN, 0.0))
+                return
             if len(target.queue) >= self.config.max_queue:
                 target.stats.record_drop(DropReason.QUEUE_FULL)
                 on_done(Outcome(None, DropReason.QUEUE_FULL, 0.0))
@@ -293,6 +304,8 @@ class ServingRuntime:
             return fn()
         future: Future[Any] = Future()
         with self._cv:
+            if self._stopping:  # ``stop`` fails queued tasks once; none may follow it
+                raise ServerStopping("the server is shutting down; no session changes")
             self._tasks.append((fn, future))
             self._cv.notify_all()
         return future.result()
@@ -472,11 +485,14 @@ class ServingRuntime:
 
     def _deliver(self, results: list[tuple[Request, Outcome]]) -> None:
         """Hand results to the post-processing pool so the GPU loop moves on at once."""
-        if self._post is None:
-            for req, outcome in results:
-                req.on_done(outcome)
-        else:
-            self._post.submit(lambda: [req.on_done(o) for req, o in results])
+        if self._post is not None:
+            try:
+                self._post.submit(lambda: [req.on_done(o) for req, o in results])
+                return
+            except RuntimeError:  # the pool is shut down (after ``stop``): answer inline
+                pass
+        for req, outcome in results:
+            req.on_done(outcome)
 
     def _flush_drops(self) -> None:
         with self._cv:
@@ -538,16 +554,31 @@ class ServingRuntime:
         self._thread = threading.Thread(target=self.run_forever, name="tandem-gpu", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop the loop and answer every queued request with SHUTDOWN."""
+    def stop(self, join_timeout_seconds: float = 5.0) -> None:
+        """Stop the loop: the batch or segment running finishes and is answered; every
+        queued request, a best-effort job between its segments and every later request
+        is answered with SHUTDOWN (HTTP 503, reason ``shutdown``). Idempotent."""
         with self._cv:
             self._stopping = True
             for sess in list(self._slo.values()) + list(self._be.values()):
-                self._drops.extend((r, DropReason.SHUTDOWN) for r in sess.queue)
+                for req in sess.queue:
+                    sess.stats.record_drop(DropReason.SHUTDOWN)
+                    self._drops.append((req, DropReason.SHUTDOWN))
                 sess.queue.clear()
             self._cv.notify_all()
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=join_timeout_seconds)
+        with self._cv:
+            # The loop has stopped between two steps: a job paused between segments
+            # will not resume, and registrations waiting for the loop get an answer.
+            for be in self._be.values():
+                if be.current is not None:
+                    self._drops.append((be.current.request, DropReason.SHUTDOWN))
+                    be.stats.record_drop(DropReason.SHUTDOWN)
+                    be.current = None
+            tasks, self._tasks = list(self._tasks), deque()
+        for _fn, future in tasks:
+            future.set_exception(ServerStopping("the server stopped before the model loaded"))
         self._flush_drops()
         if self._post is not None:
             self._post.shutdown(wait=True)

@@ -6,9 +6,11 @@ import json
 import signal
 import sys
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.server.auth import ADMIN_TOKEN_ENV, AdminGuard, AdminToken, is_loopback
 from agent.server.clock import MonotonicClock
 from agent.server.dispatch import DropPolicy
 from agent.server.executors import Executor, ModelLimits, OrtExecutor, SimExecutor
@@ -37,6 +39,12 @@ class ServeOptions:
     max_body_bytes: int
     post_workers: int
     http_threads: int
+    admin_token_file: Path | None = None
+    """bearer token of the session endpoints (else $TANDEM_ADMIN_TOKEN)"""
+
+
+_POLL_SECONDS = 0.2
+_JOIN_SECONDS = 10.0
 
 
 def build_runtime(options: ServeOptions) -> ServingRuntime:
@@ -78,38 +86,61 @@ def build_runtime(options: ServeOptions) -> ServingRuntime:
     return ServingRuntime(executor, clock, config, profiles, post_workers=options.post_workers)
 
 
-def serve_forever(runtime: ServingRuntime, options: ServeOptions) -> None:
-    """Start the executor thread and the HTTP server; stop both on SIGTERM/SIGINT."""
+def admin_guard(options: ServeOptions, environ: Mapping[str, str] | None = None
+                ) -> AdminGuard | None:
+    """The admin endpoints' guard; ValueError when a non-loopback listener would have none.
+
+    Without a token the session endpoints are open, which is safe only where no one
+    else can connect: a server on the node's address (hostPorts) must have a token.
+    """
+    token = AdminToken.configured(options.admin_token_file, environ=environ)
+    if token is not None:
+        return AdminGuard(token)
+    if not is_loopback(options.host):
+        raise ValueError(f"--host {options.host} is reachable from other hosts: give "
+                         f"--admin-token-file or set {ADMIN_TOKEN_ENV}")
+    return None
+
+
+def serve_forever(runtime: ServingRuntime, options: ServeOptions,
+                  admin: AdminGuard | None = None,
+                  stop: threading.Event | None = None) -> int:
+    """Serve until SIGTERM/SIGINT (or ``stop``), then shut down; the exit status.
+
+    cheroot serves on a thread; the signal handler only sets ``stop``, and the
+    main thread does the shutdown, because stopping cheroot from inside its own
+    ``start()`` (the handler runs on the thread that called it) hangs it. Order:
+    the runtime stops first, so the batch running finishes and is answered while
+    queued and later requests get 503 ``shutdown``; then cheroot stops after its
+    workers sent those answers. 1 if the HTTP thread died on its own.
+    """
     from cheroot import wsgi
 
     from agent.server.app import create_app
 
-    app = create_app(runtime, max_body_bytes=options.max_body_bytes)
+    app = create_app(runtime, max_body_bytes=options.max_body_bytes, admin=admin)
     server = wsgi.Server((options.host, options.port), app, numthreads=options.http_threads)
-    stop = threading.Event()
-
-    def _stop(_signum: int, _frame: object) -> None:
-        stop.set()
-        server.stop()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+    server.prepare()  # bind here, so a taken port fails before anything starts
     runtime.start()
-    print(
-        json.dumps(
-            {
-                "event": "serving",
-                "host": options.host,
-                "port": options.port,
-                "gpu": options.gpu_index,
-                "executor": runtime.executor.kind,
-                "gpu_type": runtime.config.gpu_type,
-            }
-        ),
-        file=sys.stderr,
-        flush=True,
-    )
-    try:
-        server.start()
-    finally:
-        runtime.stop()
+    http = threading.Thread(target=server.serve, name="tandem-http", daemon=True)
+    http.start()
+    _event("serving", host=options.host, port=int(server.bind_addr[1]), gpu=options.gpu_index,
+           executor=runtime.executor.kind, gpu_type=runtime.config.gpu_type,
+           admin_auth=admin is not None)
+    # Poll rather than wait forever, so a dead HTTP thread also ends the process.
+    while not stop.wait(_POLL_SECONDS) and http.is_alive():
+        pass
+    crashed = not stop.is_set()
+    runtime.stop()
+    server.stop()
+    http.join(timeout=_JOIN_SECONDS)
+    _event("stopped", gpu=options.gpu_index, reason="http thread died" if crashed else "signal")
+    return 1 if crashed else 0
+
+
+def _event(name: str, **fields: object) -> None:
+    print(json.dumps({"event": name, **fields}), file=sys.stderr, flush=True)
