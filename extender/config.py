@@ -23,6 +23,8 @@ from extender.core import CostPolicy, InterferenceCurve, gpu_type_of
 
 ENV_PREFIX = "TANDEM__"
 DEFAULT_CONFIG = Path(__file__).with_name("default_config.yaml")
+DEFAULT_MIN_COLOCATION_GAIN = 0.0
+"""``limits.min_colocation_gain_percent`` when the file omits it (chosen with the simulator)."""
 
 
 class ConfigError(ValueError):
@@ -152,7 +154,13 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool
     },
     "limits": {"max_pods_per_gpu": (int, lambda v: 1 <= v <= 1024, "must be in 1..1024"),
                "min_best_effort_slack_percent": ((int, float), lambda v: 0 <= v < 100,
-                                                 "must be in [0, 100)")},
+                                                 "must be in [0, 100)"),
+               "min_colocation_gain_percent": ((int, float, type(None)),
+                                               lambda v: v is None or -100 < v <= 1000,
+                                               "must be null or in (-100, 1000]"),
+               "max_colocated_util_percent": ((int, float, type(None)),
+                                              lambda v: v is None or 0 < v <= 10000,
+                                              "must be null or in (0, 10000]")},
     "profiles": {"files": (list, None, ""), "nexus": (list, None, "")},
     "predictor": {"enabled": (bool, None, ""), "artifacts_dir": ((str, type(None)), None, ""),
                   "model_store": ((str, type(None)), None, ""),
@@ -294,6 +302,10 @@ def build_config(raw: Any, source_path: str | None = None) -> ExtenderConfig:
         max_pods_per_gpu=sections["limits"].get("max_pods_per_gpu", 8),
         min_best_effort_slack_percent=float(
             sections["limits"].get("min_best_effort_slack_percent", 10.0)),
+        min_colocation_gain_percent=_optional_float(
+            sections["limits"].get("min_colocation_gain_percent", DEFAULT_MIN_COLOCATION_GAIN)),
+        max_colocated_util_percent=_optional_float(
+            sections["limits"].get("max_colocated_util_percent")),
         staleness_seconds=float(reports.staleness_seconds),
     )
     return ExtenderConfig(
@@ -315,6 +327,10 @@ def _queue_settings(section: Mapping[str, Any]) -> QueueSettings:
         values["interval_seconds"] = float(values["interval_seconds"])
     values["namespaces"] = tuple(values.get("namespaces") or ())
     return QueueSettings(**values)
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def apply_env(raw: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:

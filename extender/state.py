@@ -83,6 +83,9 @@ class ClusterState:
         self._reports: dict[str, AgentReport] = {}
         self._placed: dict[str, Placement] = {}
         self._assumed: dict[str, tuple[Placement, float | None]] = {}
+        self._applied_at: dict[str, float] = {}
+        """When each ledger entry was first applied: a rebuild re-stamps it, so placements
+        newer than an agent's sample still count on top of it (``extender.core.cost``)."""
         self._table = GpuTable.build([])
         self.synced = False
 
@@ -116,14 +119,14 @@ class ClusterState:
 
     def _rebuild(self) -> None:
         table = GpuTable.build(self._effective_nodes())
-        for p in self._all_placements():
-            try:
-                table.place(p)
-            except PlacementError:
-                continue  # pod on a node or GPU we have no inventory for: kept in the ledger
         for report in self._reports.values():
             if report.node in table.node_index:
                 table.observe(report.node, _observations(report))
+        for p in self._all_placements():  # after the samples: each is stamped against them
+            try:
+                table.place(p, self._applied_at.get(p.pod_uid))
+            except PlacementError:
+                continue  # pod on a node or GPU we have no inventory for: kept in the ledger
         self._table = table
 
     def _all_placements(self) -> list[Placement]:
@@ -132,7 +135,10 @@ class ClusterState:
     # ---- ledger ----------------------------------------------------------------------
     def _table_apply(self, p: Placement, sign: int) -> None:
         with contextlib.suppress(PlacementError):
-            (self._table.place if sign > 0 else self._table.remove)(p)
+            if sign > 0:
+                self._table.place(p, self._applied_at.get(p.pod_uid))
+            else:
+                self._table.remove(p)
 
     def _drop(self, uid: str) -> Placement | None:
         p = self._placed.pop(uid, None)
@@ -141,13 +147,17 @@ class ClusterState:
             p = entry[0] if entry else None
         if p is not None:
             self._table_apply(p, -1)
+        self._applied_at.pop(uid, None)
         return p
 
     def confirm(self, p: Placement) -> None:
         """The source shows the pod bound with these annotations: it is placed."""
         with self.lock:
+            # An assumed pod keeps its bind time: a sample taken since then may show it.
+            applied_at = self._applied_at.get(p.pod_uid, self._clock())
             self._drop(p.pod_uid)
             self._placed[p.pod_uid] = p
+            self._applied_at[p.pod_uid] = applied_at
             self._table_apply(p, +1)
 
     def forget(self, uid: str) -> None:
@@ -215,7 +225,8 @@ class ClusterState:
                                             mem_mib=float(round(placement.mem_mib)),
                                             annotations=annotations)
             self._assumed[pod_uid] = (placement, None)
-            self._table.place(placement)
+            self._applied_at[pod_uid] = self._clock()
+            self._table.place(placement, self._applied_at[pod_uid])
             uuids = [self._table.gpus[r].uuid for r in rows]
             return placement, ev.plans.get(rows[0]), float(ev.node_cost[0]), uuids
 

@@ -23,7 +23,7 @@ from extender.core import (
     parse_demand,
     resolve_demand,
 )
-from extender.core.cost import curve_costs, scores_from_costs
+from extender.core.cost import curve_costs, effective_load, scores_from_costs
 from extender.core.decide import InferenceContext
 from extender.planner import plan_gpu
 
@@ -78,7 +78,8 @@ def test_every_reason_has_code_event_and_mapping(reason):
     assert reason.event_reason.isalnum() and reason.event_reason[0].isupper()
     assert isinstance(is_unresolvable(reason), bool)
     resolvable = {Reason.INSUFFICIENT_GPU_MEMORY, Reason.COLOCATION_LIMIT,
-                  Reason.WORKLOAD_CONFLICT, Reason.SLO_INFEASIBLE, Reason.NO_BEST_EFFORT_SLACK}
+                  Reason.COLOCATION_SLOWDOWN, Reason.WORKLOAD_CONFLICT, Reason.SLO_INFEASIBLE,
+                  Reason.NO_BEST_EFFORT_SLACK}
     assert is_unresolvable(reason) == (reason not in resolvable)
 
 
@@ -149,6 +150,72 @@ def test_colocation_limit_and_unknown_and_empty_nodes():
     assert ev.rejections["empty"].reason is Reason.NO_GPU_INVENTORY
 
 
+def _load_steps(steps: str) -> GpuTable:
+    """One GPU; ``steps`` is a space-separated script: ``+X`` places pod X (30%, 1000 MiB),
+    ``-X`` removes it, ``oT`` records an observation of 90% / 3000 MiB taken at time T,
+    ``+X@T`` places X stamped at time T (as a ledger rebuild does)."""
+    t = table_with(Placement("a", "a", "n1", (0,), 50, 2000), nodes=[node("n1", 1)])
+    pods: dict[str, Placement] = {"a": Placement("a", "a", "n1", (0,), 50, 2000)}
+    for step in steps.split():
+        if step[0] == "o":
+            t.observe("n1", [GpuObservation(0, 90.0, 3000.0, float(step[1:]))])
+            continue
+        name, _, at = step[1:].partition("@")
+        p = pods.setdefault(name, Placement(name, name, "n1", (0,), 30, 1000))
+        if step[0] == "+":
+            t.place(p, float(at) if at else None)
+        else:
+            t.remove(p)
+    return t
+
+
+# Reserved: a = 50% / 2000 MiB, each other pod 30% / 1000 MiB; observation 90% / 3000 MiB.
+@pytest.mark.parametrize(("steps", "now", "util", "mib"), [
+    ("o100", 101, 90, 3000),
+    ("o100 +b", 101, 120, 4000),
+    ("o100 +b +c", 101, 150, 5000),
+    ("+b o100", 101, 90, 3000),
+    ("o100 +b -b", 101, 90, 3000),
+    ("+b o100 -b", 101, 90, 3000),
+    ("o100 +b o102", 103, 90, 3000),
+    ("o100 +b@99", 101, 90, 3000),
+    ("o100 +b@101", 101, 120, 4000),
+    ("o100 +b +c -b", 101, 120, 4000),
+    ("+b +c +d", 101, 140, 5000),
+    ("o100 +b", 200, 80, 3000),
+    ("o100 +b +c +d", 101, 180, 6000),
+], ids=["fresh-observation-above-reservations", "pod-bound-after-sample-adds-to-it",
+        "two-pods-after-sample", "pod-bound-before-sample-is-in-it", "newer-pod-removed-again",
+        "older-pod-removed-observation-still-shows-it", "next-sample-resets-the-newer-sum",
+        "rebuild-stamp-before-sample", "rebuild-stamp-after-sample",
+        "one-of-two-newer-pods-removed", "no-observation-reservations-only",
+        "stale-observation-reservations-only", "reservations-below-observation-plus-newer"])
+def test_load_rule_adds_reservations_newer_than_the_observation(steps, now, util, mib):
+    # The old rule max(reserved, observed) gives 90% / 3000 MiB for every fresh case
+    # with pods bound after the sample: each such pod was absorbed for free.
+    t = _load_steps(steps)
+    got_util = effective_load(t.reserved_util, t.observed_util, t.observed_at, now, 10.0,
+                              t.since_util)
+    got_mib = effective_load(t.reserved_mib, t.observed_mib, t.observed_at, now, 10.0,
+                             t.since_mib)
+    assert (got_util[0], got_mib[0]) == (pytest.approx(util), pytest.approx(mib))
+    copy = t.copy()
+    assert np.array_equal(copy.since_mib, t.since_mib) and copy.newer == t.newer
+
+
+def test_second_pod_after_a_sample_sees_the_first_one_in_free_memory():
+    # 40 GiB GPU: reserved 20 GiB, observed 30 GiB (prediction too low). A 6 GiB pod fits
+    # (34 GiB), a second one does not (40 GiB + 6): max(R + r, O) said 32 GiB, room for it.
+    t = table_with(Placement("a", "a", "n1", (0,), 50, 20480), nodes=[node("n1", 1)])
+    t.observe("n1", [GpuObservation(0, 60.0, 30720.0, 100.0)])
+    demand = resolved(training(util=10, mem=6144), t)
+    first = choose(evaluate(t, ["n1"], demand, CostPolicy(), 101.0), 0, "b", "b")
+    assert first is not None
+    t.place(first)
+    ev = evaluate(t, ["n1"], demand, CostPolicy(), 101.0)
+    assert ev.rejections["n1"].reason is Reason.INSUFFICIENT_GPU_MEMORY
+
+
 @pytest.mark.parametrize(("observed", "age", "expected_util"), [
     (90.0, 1.0, 90.0), (10.0, 1.0, 50.0), (90.0, 60.0, 50.0)],
     ids=["fresh-higher-wins", "reservation-higher-wins", "stale-ignored"])
@@ -159,6 +226,66 @@ def test_observed_load_rule_is_max_of_fresh(observed, age, expected_util):
     policy = CostPolicy(w_mem=0.0, curves={}, default_curve=InterferenceCurve(1.0, 1.0, 0.0))
     ev = evaluate(t, ["n1"], demand, policy, 100.0 + age)
     assert ev.node_cost[0] == pytest.approx(expected_util / 100.0, abs=1e-4)
+
+
+# Curve 0.5 / 0.5 / 1.0: predicted slowdown 1.5 at 100%, 2.0 at 150%, 3.0 at 200%.
+@pytest.mark.parametrize(("on_gpu", "job_util", "gain", "fits"), [
+    ([], 100, 0.0, True),
+    ([50], 40, 0.0, True),
+    ([100], 100, 0.0, False),
+    ([75], 75, 0.0, False),
+    ([74], 75, 0.0, True),
+    ([60], 60, 20.0, True),
+    ([60], 60, 25.0, False),
+    ([100], 100, None, True),
+    ([40, 40], 40, 0.0, True),
+    ([40, 40], 80, 0.0, False),
+], ids=["idle-gpu-always", "pair-below-break-even", "pair-at-200pct",
+        "pair-exactly-at-break-even", "pair-just-below-break-even", "gain-22pct-over-margin-20",
+        "gain-22pct-under-margin-25", "rule-off-horus", "third-light-job-raises-the-rate",
+        "third-job-lowers-the-rate-though-above-serial"])
+def test_colocation_throughput_rule(on_gpu, job_util, gain, fits):
+    t = table_with(*(Placement(f"u{i}", "x", "n1", (0,), u, 100) for i, u in enumerate(on_gpu)),
+                   nodes=[node("n1", 1)])
+    policy = CostPolicy(default_curve=InterferenceCurve(0.5, 0.5, 1.0),
+                        min_colocation_gain_percent=gain)
+    demand = resolved(training(util=job_util, mem=100), t)
+    for with_costs in (True, False):  # filter and prioritize/bind agree
+        ev = evaluate(t, ["n1"], demand, policy, 0.0, with_costs=with_costs)
+        assert ev.feasible_names() == (["n1"] if fits else [])
+    if not fits:
+        rej = ev.rejections["n1"]
+        assert (rej.reason, rej.unresolvable) == (Reason.COLOCATION_SLOWDOWN, False)
+        assert rej.reason.event_reason == "ColocationSlowdown"
+
+
+def test_colocation_rule_sends_the_job_to_the_gpu_where_it_pays():
+    # GPU 0 runs a 100% job (a second heavy job there is a loss), GPU 1 a 20% one.
+    t = table_with(Placement("a", "a", "n1", (0,), 100, 100),
+                   Placement("b", "b", "n1", (1,), 20, 100), nodes=[node("n1", 2)])
+    policy = CostPolicy(min_colocation_gain_percent=0.0)
+    demand = resolved(training(util=90, mem=100), t)
+    ev = evaluate(t, ["n1"], demand, policy, 0.0)
+    assert choose(ev, 0, "c", "c").gpu_indices == (1,)
+    both = evaluate(t, ["n1"], resolved(training(util=90, mem=100, gpus=2), t), policy, 0.0)
+    rej = both.rejections["n1"]  # GPU 0: rate 1 -> 2 / 2.76 at 190%; GPU 1: 1 -> 2 / 1.56
+    assert rej.gpu_counts == {Reason.COLOCATION_SLOWDOWN: 1} and not rej.unresolvable
+    assert "co-location would slow" in rej.message()
+
+
+@pytest.mark.parametrize(("co_runners", "fits"), [
+    ([Placement("a", "a", "n1", (0,), 50, 100), Placement("b", "b", "n1", (1,), 50, 100)], True),
+    ([Placement("a", "a", "n1", (0, 1), 50, 100)], False),
+], ids=["single-gpu-co-runners", "two-gpu-gang"])
+def test_colocation_rule_weighs_a_gang_by_its_gpus(co_runners, fits):
+    # Both GPUs run 50%; a 40% newcomer is predicted at 1.45x (90%). Next to a single-GPU
+    # pod the GPU's rate goes 1 -> 2/1.45 (+38%); next to a 2-GPU gang, which moves at the
+    # pace of its slowest GPU, 2 -> 3/1.45 (+3%): below a 10% margin.
+    t = table_with(*co_runners, nodes=[node("n1", 2)])
+    policy = CostPolicy(default_curve=InterferenceCurve(0.5, 0.5, 1.0),
+                        min_colocation_gain_percent=10.0)
+    ev = evaluate(t, ["n1"], resolved(training(util=40, mem=100), t), policy, 0.0)
+    assert ev.feasible_names() == (["n1"] if fits else [])
 
 
 def test_inference_best_fit_and_separation():
@@ -228,3 +355,34 @@ def _profiles():
     from extender.core import ProfileIndex
 
     return ProfileIndex(PROFILES)
+
+
+def test_ledger_rebuild_and_confirm_keep_pods_newer_than_the_sample():
+    # extender.state feeds the table bind and report times on one clock; a rebuild
+    # (inventory change) and the watch's confirm must not fold a newer pod into the sample.
+    from extender.state import ClusterState
+
+    clock = [10.0]
+    state = ClusterState(lambda: CostPolicy(), lambda: clock[0])
+    state.set_nodes([node("n1", 1)])
+    gpus = state._table.gpus
+    state.report("n1", gpus, [60.0], [30000.0])
+    clock[0] = 11.0
+    demand = resolved(training(util=10, mem=4000), state._table)
+    placement, *_ = state.assume_best("n1", demand, None, "u1", "default/p1")
+
+    def since() -> float:
+        return float(state._table.since_mib[state._table.row_of("n1", 0)])
+
+    assert since() == 4000.0
+    state.upsert_node(node("n2", 1))  # rebuild
+    assert since() == 4000.0
+    state.confirm(placement)
+    assert since() == 4000.0
+    clock[0] = 12.0
+    state.report("n1", gpus, [70.0], [34000.0])  # the sample now shows the pod
+    assert since() == 0.0
+    state.upsert_node(node("n3", 1))
+    assert since() == 0.0
+    ev = state.evaluate(["n1"], resolved(training(util=10, mem=7000), state._table), None)
+    assert ev.feasible_names() == [] and ev.rejections["n1"].best_free_mib == 40960 - 34000

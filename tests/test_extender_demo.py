@@ -73,7 +73,7 @@ def test_demo_text_is_deterministic_given_the_seed(result):
         assert line in lines, line
     again = render(run_demo(seed=7)).splitlines()
     assert lines[:-1] == again[:-1]  # all but the closing timing line
-    assert lines[-1].startswith("Placed 15 of 19 pods on 12 of 12 GPUs in ")
+    assert lines[-1].startswith("Placed 14 of 19 pods on 12 of 12 GPUs in ")
     assert "scheduling cycle filter+prioritize+bind over HTTP: mean" in lines[-1]
 
 

@@ -61,6 +61,20 @@ def test_sweep_writes_a_valid_extender_config_snippet(trace: Path, tmp_path: Pat
     assert config.policy.max_pods_per_gpu == int(body["best"]["max_pods_per_gpu"])
 
 
+def test_sweep_switches_the_colocation_rule_off_and_on(trace: Path, tmp_path: Path) -> None:
+    out = tmp_path / "best.yaml"
+    result = runner.invoke(app, ["simulate", "--trace", str(trace), "--cluster", "testbed",
+                                 "--sweep", "--grid", "min_colocation_gain_percent=off,10",
+                                 "--sweep-out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.output)
+    assert sorted(s["min_colocation_gain_percent"] is None for s in body["settings"]) == [
+        False, True]
+    config = build_config(yaml.safe_load(out.read_text()))
+    assert config.policy.min_colocation_gain_percent == body["best"][
+        "min_colocation_gain_percent"]
+
+
 def test_plots_are_written(trace: Path, tmp_path: Path) -> None:
     result = runner.invoke(app, ["simulate", "--trace", str(trace), "--cluster", "testbed",
                                  "--policy", "fifo", "--plots", str(tmp_path / "p")])
@@ -79,6 +93,8 @@ def test_plots_are_written(trace: Path, tmp_path: Path) -> None:
                      id="interference"),
         pytest.param(["--workload", "w-small", "--sweep", "--grid", "gamma=1"], "KEY=V1",
                      id="grid"),
+        pytest.param(["--workload", "w-small", "--sweep", "--grid", "w_mem=off"],
+                     "must be numbers", id="grid-off-for-a-required-key"),
         pytest.param(["--workload", "w-small", "--cluster", "sim:/nonexistent.yaml"],
                      "cannot read", id="cluster"),
     ],

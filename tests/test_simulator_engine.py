@@ -171,3 +171,46 @@ def test_unknown_names_list_the_valid_ones(call, error) -> None:  # type: ignore
 def test_a_job_too_big_for_the_cluster_is_reported_unfinished() -> None:
     r = simulate([job("ok"), job("huge", tasks=1, gpus=4)], ONE_GPU, "horus")
     assert (r.finished, r.unfinished) == (1, 1)
+
+
+HEAVY_PAIR = [job("a", util=100), job("b", t=1, util=100)]
+LIGHT_PAIR = [job("a", util=40), job("b", util=40)]
+# Heavy pair together: a runs 1 s alone, then both at 200% (capped 2.4x): a ends at
+# 1 + 99 * 2.4 = 238.6 s, b has 1 s of work left and ends at 239.6 s. In turn: 200 s.
+SHARED_HEAVY_S = 1 + 99 * 2.4 + 1
+
+
+@pytest.mark.parametrize(
+    ("policy", "gain", "jobs", "makespan", "wait"),
+    [
+        pytest.param("horus", "policy", HEAVY_PAIR, SHARED_HEAVY_S, 0.0,
+                     id="horus-over-commits-heavy-pair"),
+        pytest.param("tandem", "policy", HEAVY_PAIR, 200.0, 99.0 / 2,
+                     id="tandem-runs-heavy-pair-in-turn"),
+        pytest.param("tandem", None, HEAVY_PAIR, SHARED_HEAVY_S, 0.0,
+                     id="tandem-rule-off-behaves-like-horus"),
+        pytest.param("tandem", "policy", LIGHT_PAIR, 100 * (1 + LINE_2080 * 0.8), 0.0,
+                     id="tandem-still-shares-light-pair"),
+    ],
+)
+def test_colocation_throughput_rule_on_tiny_traces(policy: str, gain: object, jobs: list[SimJob],
+                                                   makespan: float, wait: float) -> None:
+    from dataclasses import replace
+
+    from extender.simulator.policies import PolicyOptions, tandem_cost
+
+    options = None if gain == "policy" else PolicyOptions(
+        cost=replace(tandem_cost(), min_colocation_gain_percent=gain))
+    engine = Engine(ONE_GPU, jobs, make_policy(policy, options), EngineConfig()).run()
+    r = summarize(engine, policy)
+    assert r.makespan_s == pytest.approx(makespan)
+    assert r.avg_wait_s == pytest.approx(wait)
+    assert r.oom_events == 0 and r.finished == 2
+
+
+def test_tandem_default_config_turns_the_rule_on_and_horus_keeps_it_off() -> None:
+    from extender.simulator.policies import tandem_cost
+
+    assert tandem_cost().min_colocation_gain_percent is not None
+    horus = make_policy("horus")
+    assert horus.settings.cost.min_colocation_gain_percent is None  # type: ignore[attr-defined]

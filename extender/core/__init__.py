@@ -5,7 +5,8 @@ Public API (import from the submodules or from here):
 - values (``extender.core.model``): ``GpuSpec``, ``NodeSpec``, ``Placement``,
   ``GpuObservation``, ``SessionSpec``, ``Workload``, ``gpu_type_of``.
 - snapshot (``extender.core.table``): ``GpuTable.build(nodes, placements)``,
-  ``.place(p)``, ``.remove(p)``, ``.observe(node, observations)``, ``.copy()``,
+  ``.place(p, at_seconds=None)``, ``.remove(p)``, ``.observe(node, observations)``,
+  ``.observe_rows(rows, util, mib, at)``, ``.copy()``,
   ``Role``, ``PlacementError``.
 - demand (``extender.core.demand``): ``parse_demand(pod) -> JobDemand`` (raises
   ``DemandError`` with ``.field``), ``pod_ref(pod)``, ``resolve_demand(job,
@@ -14,7 +15,8 @@ Public API (import from the submodules or from here):
 - reasons (``extender.core.reasons``): ``Reason``, ``is_unresolvable(reason)``,
   ``Rejection`` (``.message()``, ``.reason.event_reason``).
 - cost (``extender.core.cost``): ``CostPolicy``, ``InterferenceCurve``,
-  ``horus_cost``, ``curve_costs``, ``effective_load``, ``scores_from_costs``.
+  ``horus_cost``, ``curve_costs``, ``effective_load``, ``predicted_slowdown``,
+  ``colocation_gain``, ``scores_from_costs``.
 - decisions (``extender.core.decide``): ``evaluate(table, node_names, demand,
   policy, now_seconds, inference) -> Evaluation`` (``.feasible_names()``,
   ``.rejections``, ``.scores()``, ``.node_cost``), ``choose(evaluation,
@@ -25,7 +27,10 @@ Inference pods without ``tandem.io/slo-ms``/``rate-rps`` are best-effort session
 empty GPUs with enough duty-cycle slack and spread by weight (``extender.core.decide``).
 
 The rule combining reservations with observed NVML load is documented in
-``extender.core.cost``: per GPU, ``max(sum of reservations, fresh observation)``.
+``extender.core.cost``: per GPU, ``max(sum of reservations, fresh observation +
+reservations placed after it)``. The co-location throughput rule
+(``CostPolicy.min_colocation_gain_percent``, reason ``COLOCATION_SLOWDOWN``) is
+documented in ``extender.core.decide``.
 """
 
 from extender.core.cost import CostPolicy, InterferenceCurve

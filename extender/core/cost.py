@@ -13,14 +13,23 @@
 
 i.e. linear up to full use and quadratic beyond it, continuous at 100%.
 
-**Current utilisation.** Per GPU, ``current_util = max(sum of reserved
-predictions, fresh observed utilisation)`` and likewise for memory. Reservations
-cover jobs that were just placed but whose load NVML does not show yet (start-up
-takes tens of seconds); the observation covers jobs whose prediction is too low
-and foreign processes. Adding the two would count every running reserved job
-twice, so the larger one is the honest lower bound of what the GPU carries. An
-observation is fresh for ``staleness_seconds`` after it was taken; a stale or
-missing report falls back to reservations alone.
+**Current utilisation.** Per GPU, with ``R`` the sum of reserved predictions,
+``O`` a fresh observed load and ``S`` the reservations placed *after* that
+observation was taken::
+
+    current = max(R, O + S)          (observation fresh)
+    current = R                      (observation stale or missing)
+
+and likewise for memory. Reservations cover jobs that were just placed but whose
+load NVML does not show yet (start-up takes tens of seconds); the observation
+covers jobs whose prediction is too low and foreign processes. Adding ``R`` and
+``O`` would count every running reserved job twice. But a job bound after the
+agent's sample cannot be in it, so it adds to the observation: with the older
+rule ``max(R, O)`` a GPU whose observed load exceeded its reservations absorbed
+newly reserved pods for free (``max(R + r, O) < O + r``), and the simulator saw
+most of its OOM events from exactly that. ``S`` is kept per GPU by
+:class:`extender.core.table.GpuTable` and reset by every observation. An
+observation is fresh for ``staleness_seconds`` after it was taken.
 """
 
 from __future__ import annotations
@@ -70,6 +79,14 @@ class CostPolicy:
     min_best_effort_slack_percent: float = 10.0
     """A serving GPU takes a best-effort session only if its SLO sessions leave more than
     this share of the duty cycle idle (0..100)."""
+    min_colocation_gain_percent: float | None = None
+    """Throughput rule for training co-location (``extender.core.decide``): a GPU that
+    already runs training jobs takes another only if its predicted combined progress
+    rate grows by more than this many percent. None = off (Horus: utilisation is only
+    ranked). The extender's shipped config turns it on."""
+    max_colocated_util_percent: float | None = None
+    """Cap on a shared GPU's cumulative predicted utilisation (percent, > 0): a GPU that
+    already runs training jobs takes another only up to this total. None = no cap."""
 
     def curve_for(self, gpu_type: str) -> InterferenceCurve:
         """The curve configured for ``gpu_type``, else the default."""
@@ -91,11 +108,43 @@ def curve_costs(util_percent: np.ndarray, coeffs: np.ndarray) -> np.ndarray:
 
 def effective_load(
     reserved: np.ndarray, observed: np.ndarray, observed_at: np.ndarray,
-    now_seconds: float, staleness_seconds: float,
+    now_seconds: float, staleness_seconds: float, since: np.ndarray | None = None,
 ) -> np.ndarray:
-    """``max(reserved, observed)`` where the observation is fresh, else ``reserved``."""
+    """``max(reserved, observed + since)`` where the observation is fresh, else ``reserved``.
+
+    ``since``: reservations placed after the observation (module doc); None = none.
+    """
     fresh = (now_seconds - observed_at) <= staleness_seconds
-    return np.where(fresh & ~np.isnan(observed), np.maximum(reserved, observed), reserved)
+    seen = observed if since is None else observed + since
+    return np.where(fresh & ~np.isnan(observed), np.maximum(reserved, seen), reserved)
+
+
+def predicted_slowdown(util_percent: np.ndarray, jobs: np.ndarray,
+                       coeffs: np.ndarray) -> np.ndarray:
+    """JCT slowdown the curves predict for ``jobs`` sharing a GPU: ``1 + f(u)``, 1 when alone.
+
+    The curves are shaped as relative JCT increase (Horus Fig. 4: cost 0.5 at 100%
+    is a 1.5x JCT), so the cost itself is the predicted extra time.
+    """
+    return np.where(jobs >= 2, 1.0 + curve_costs(util_percent, coeffs), 1.0)
+
+
+def colocation_gain(util_now: np.ndarray, job_util: np.ndarray, jobs_now: np.ndarray,
+                    coeffs: np.ndarray, width_now: np.ndarray | None = None) -> np.ndarray:
+    """Predicted relative change of a GPU's progress rate if one more pod joins.
+
+    Pods that each run ``s`` times slower progress at ``1 / s`` per GPU. A pod already
+    here that spans ``w`` GPUs moves at the pace of its slowest GPU, so slowing it here
+    stalls all ``w``: the rate before is ``W / s``, ``W`` the summed GPU counts of the
+    pods here (``width_now``; None = one each). The newcomer counts 1: each of its GPUs
+    answers for its own share. Running one after another keeps each at full speed.
+    Returns ``rate_after / rate_before - 1`` (``inf`` on an idle GPU).
+    """
+    width = jobs_now if width_now is None else width_now
+    before = width / predicted_slowdown(util_now, jobs_now, coeffs)
+    after = (width + 1) / predicted_slowdown(util_now + job_util, jobs_now + 1, coeffs)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(jobs_now > 0, after / np.where(jobs_now > 0, before, 1.0) - 1.0, np.inf)
 
 
 def horus_cost(

@@ -27,6 +27,7 @@ class Reason(enum.Enum):
     WORKLOAD_CONFLICT = "GPU serves the other workload kind"
     INSUFFICIENT_GPU_MEMORY = "insufficient free GPU memory"
     COLOCATION_LIMIT = "per-GPU co-location limit reached"
+    COLOCATION_SLOWDOWN = "co-location would slow the GPU's jobs more than it gains"
     SLO_INFEASIBLE = "duty cycle cannot absorb the session"
     NO_BEST_EFFORT_SLACK = "no slack left for best-effort sessions"
 

@@ -3,9 +3,19 @@
 One row per GPU, nodes' rows contiguous (``node_start[i]:node_start[i+1]``), so a
 filter over 500 candidate nodes is a handful of numpy operations instead of 4,000
 Python objects. The table is a plain value with explicit mutators (``place``,
-``remove``, ``observe``) and ``copy()`` for checkpoint/undo; the service's
+``remove``, ``observe``, ``observe_rows``) and ``copy()`` for checkpoint/undo; the service's
 ``ClusterState`` is its only writer and holds a lock around every change, the
 simulator owns its own copy. Nothing here reads a clock or does I/O.
+
+**Reservations newer than the observation.** Besides the reservation totals,
+each row keeps ``since_mib``/``since_util``: the reservations placed *after* the
+row's last agent observation, which the observation cannot show yet (the load
+rule in :func:`extender.core.cost.effective_load` adds them to it). An
+observation resets them to zero. Removing a placement takes it off again only if
+it is still newer than the row's observation (an observation generation per row
+and one small record per such placement tell); an older placement's load is part
+of the observation, which keeps showing it until the next report (the
+conservative side).
 """
 
 from __future__ import annotations
@@ -57,10 +67,20 @@ class GpuTable:
     reserved_util: np.ndarray
     pod_count: np.ndarray
     training_count: np.ndarray
+    training_width: np.ndarray
+    """Sum over the row's training pods of each pod's GPU count (a gang's stake in the row)."""
     serving_count: np.ndarray
     observed_util: np.ndarray
     observed_mib: np.ndarray
     observed_at: np.ndarray
+    since_mib: np.ndarray
+    """Reserved memory placed after the row's observation (not in ``observed_mib`` yet)."""
+    since_util: np.ndarray
+    """Reserved utilisation placed after the row's observation."""
+    observed_gen: np.ndarray
+    """Observation generation per row: bumped by every observation of the row."""
+    newer: dict[str, list[tuple[tuple[int, ...], tuple[int, ...]]]]
+    """Per pod uid: (rows, their generations) of placements counted in ``since_*``."""
     sessions: dict[int, tuple[SessionSpec, ...]]
     """SLO sessions per row (rows without any are absent)."""
     best_effort_weight: np.ndarray
@@ -90,10 +110,15 @@ class GpuTable:
             reserved_util=np.zeros(rows),
             pod_count=np.zeros(rows, dtype=np.int64),
             training_count=np.zeros(rows, dtype=np.int64),
+            training_width=np.zeros(rows, dtype=np.int64),
             serving_count=np.zeros(rows, dtype=np.int64),
             observed_util=np.full(rows, np.nan),
             observed_mib=np.full(rows, np.nan),
             observed_at=np.full(rows, -np.inf),
+            since_mib=np.zeros(rows),
+            since_util=np.zeros(rows),
+            observed_gen=np.zeros(rows, dtype=np.int64),
+            newer={},
             sessions={},
             best_effort_weight=np.zeros(rows),
         )
@@ -104,12 +129,18 @@ class GpuTable:
     def copy(self) -> GpuTable:
         """An independent copy (checkpoint for tentative moves)."""
         return GpuTable(
-            list(self.node_names), dict(self.node_index), self.node_start.copy(), list(self.gpus),
-            list(self.type_names), self.type_id.copy(), self.capacity_mib.copy(),
-            self.reserved_mib.copy(), self.reserved_util.copy(), self.pod_count.copy(),
-            self.training_count.copy(), self.serving_count.copy(), self.observed_util.copy(),
-            self.observed_mib.copy(), self.observed_at.copy(), dict(self.sessions),
-            self.best_effort_weight.copy(),
+            node_names=list(self.node_names), node_index=dict(self.node_index),
+            node_start=self.node_start.copy(), gpus=list(self.gpus),
+            type_names=list(self.type_names), type_id=self.type_id.copy(),
+            capacity_mib=self.capacity_mib.copy(), reserved_mib=self.reserved_mib.copy(),
+            reserved_util=self.reserved_util.copy(), pod_count=self.pod_count.copy(),
+            training_count=self.training_count.copy(),
+            training_width=self.training_width.copy(), serving_count=self.serving_count.copy(),
+            observed_util=self.observed_util.copy(), observed_mib=self.observed_mib.copy(),
+            observed_at=self.observed_at.copy(), since_mib=self.since_mib.copy(),
+            since_util=self.since_util.copy(), observed_gen=self.observed_gen.copy(),
+            newer={uid: list(entries) for uid, entries in self.newer.items()},
+            sessions=dict(self.sessions), best_effort_weight=self.best_effort_weight.copy(),
         )
 
     @property
@@ -132,15 +163,37 @@ class GpuTable:
                 return row
         raise PlacementError(f"node {node!r} has no GPU {gpu_index}")
 
-    def place(self, p: Placement) -> None:
-        """Add a placement's reservations to its GPUs."""
-        self._apply(p, +1)
+    def place(self, p: Placement, at_seconds: float | None = None) -> None:
+        """Add a placement's reservations to its GPUs.
+
+        ``at_seconds`` is when the placement was made (the observations' clock); it
+        counts as newer than a row's observation unless it is earlier (a tie counts
+        as newer: the conservative side). ``None``
+        means "now": newer than every observation applied so far (the incremental case).
+        """
+        rows = self._apply(p, +1)
+        fresh = [r for r in rows if at_seconds is None or at_seconds >= self.observed_at[r]]
+        if fresh:
+            self.since_mib[fresh] += p.mem_mib
+            self.since_util[fresh] += p.util_percent
+            gens = tuple(int(g) for g in self.observed_gen[fresh])
+            self.newer.setdefault(p.pod_uid, []).append((tuple(fresh), gens))
 
     def remove(self, p: Placement) -> None:
         """Take a placement's reservations off its GPUs again."""
         self._apply(p, -1)
+        entries = self.newer.get(p.pod_uid)
+        if not entries:
+            return
+        rows, gens = entries.pop()
+        if not entries:
+            del self.newer[p.pod_uid]
+        still = [r for r, g in zip(rows, gens, strict=True) if self.observed_gen[r] == g]
+        if still:  # still newer than the row's observation: it never showed up there
+            self.since_mib[still] = np.maximum(0.0, self.since_mib[still] - p.mem_mib)
+            self.since_util[still] = np.maximum(0.0, self.since_util[still] - p.util_percent)
 
-    def _apply(self, p: Placement, sign: int) -> None:
+    def _apply(self, p: Placement, sign: int) -> list[int]:
         rows = [self.row_of(p.node, i) for i in p.gpu_indices]
         for row in rows:
             self.reserved_mib[row] = max(0.0, self.reserved_mib[row] + sign * p.mem_mib)
@@ -161,6 +214,8 @@ class GpuTable:
                         self.sessions.pop(row, None)
             else:
                 self.training_count[row] += sign
+                self.training_width[row] += sign * len(rows)
+        return rows
 
     def observe(self, node: str, observations: Iterable[GpuObservation]) -> None:
         """Record an agent's measurements for GPUs of ``node`` (unknown indices ignored)."""
@@ -171,6 +226,22 @@ class GpuTable:
                 self.observed_util[row] = obs.util_percent
                 self.observed_mib[row] = obs.memory_used_mib
                 self.observed_at[row] = obs.observed_at_seconds
+                self._reset_since(row)
+
+    def observe_rows(self, rows: np.ndarray | slice, util_percent: np.ndarray,
+                     memory_used_mib: np.ndarray, at_seconds: float) -> None:
+        """Vectorised :meth:`observe` of many rows at one instant (the simulator's agents)."""
+        self.observed_util[rows] = util_percent
+        self.observed_mib[rows] = memory_used_mib
+        self.observed_at[rows] = at_seconds
+        self._reset_since(rows)
+
+    def _reset_since(self, rows: np.ndarray | slice | int) -> None:
+        # The observation now shows everything placed before it; records of older
+        # generations are recognised (and ignored) at removal, so none is scanned here.
+        self.since_mib[rows] = 0.0
+        self.since_util[rows] = 0.0
+        self.observed_gen[rows] += 1
 
     def rows_for(self, node_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """All rows of the given node ids, and for each row its position in ``node_ids``."""

@@ -115,7 +115,7 @@ class ArrivalOrderPolicy:
         for pos, key in enumerate(keys):
             if stale:  # refresh the per-GPU view only after a placement changed it
                 used = effective_load(table.reserved_mib, table.observed_mib, table.observed_at,
-                                      ctx.now_s, self.staleness_seconds)
+                                      ctx.now_s, self.staleness_seconds, table.since_mib)
                 free = table.capacity_mib - used
                 avail = self._available(ctx)
                 n_avail = int(avail.sum())

@@ -6,6 +6,7 @@ import csv
 import io
 import platform
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -50,11 +51,16 @@ def _options(config: Path | None) -> PolicyOptions:
     if config is None:
         return PolicyOptions()
     from extender.config import ConfigError, load_config
+    from extender.simulator.policies import tandem_queue
 
     try:
-        return PolicyOptions(cost=load_config(config, environ={}).policy)
+        cfg = load_config(config, environ={})
     except ConfigError as exc:
         raise CommandError(f"--config {config}: {exc}") from None
+    # The sweep's base queue comes from the file too; the simulator keeps its refit cadence.
+    queue = replace(tandem_queue(), k=cfg.queue.k, beta=cfg.queue.beta,
+                    starvation_seconds=cfg.queue.starvation_seconds)
+    return PolicyOptions(cost=cfg.policy, queue=queue)
 
 
 def _table(results: dict[str, SimulationResult]) -> str:
@@ -119,6 +125,10 @@ def _plots(results: dict[str, SimulationResult], out: Path) -> list[Path]:
     return write_plots(results, out)
 
 
+def _setting(value: float | None) -> str:
+    return "off" if value is None else f"{value:g}"
+
+
 def _sweep(job_list: list[Any], nodes: list[Any], label: str, options: PolicyOptions,
            engine_config: EngineConfig, grid_text: str | None, out: Path) -> dict[str, Any]:
     from extender.simulator.policies import tandem_cost, tandem_queue
@@ -134,7 +144,7 @@ def _sweep(job_list: list[Any], nodes: list[Any], label: str, options: PolicyOpt
     lines = [header]
     for row in rows:
         r = row.result
-        lines.append(" ".join(f"{row.setting[k]:>16g}" for k in keys)
+        lines.append(" ".join(f"{_setting(row.setting[k]):>16}" for k in keys)
                      + f" {r.makespan_s:>11.0f} {r.avg_wait_s:>10.0f} {r.avg_gpu_util:>7.1f}"
                      f" {r.avg_jct_s:>10.0f}")
     body = {"trace": label, "best": {**rows[0].setting, **{k: rows[0].result.summary()[k]

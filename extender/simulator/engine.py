@@ -203,9 +203,7 @@ class Engine:
                 break
             if self.config.agent_reports:
                 # The agents report continuously: the snapshot sees the true load now.
-                self.table.observed_util[:] = self._contrib
-                self.table.observed_mib[:] = self.mem_true
-                self.table.observed_at[:] = t
+                self.table.observe_rows(slice(None), self._contrib, self.mem_true, t)
             self.rounds += 1
             if self.policy.schedule(ctx) == 0:
                 break

@@ -19,9 +19,10 @@ Node choice, the one step kube-scheduler owns:
   order so that replays are exact.
 
 Before calling ``evaluate`` the adapter drops nodes that cannot host a task by a
-necessary condition that uses the core's own load rule
-(:func:`extender.core.cost.effective_load`): fewer than ``gpus_per_task`` GPUs
-with enough free memory under the co-location limit. Such nodes would be
+necessary condition that uses the core's own load rule and co-location rule
+(:func:`extender.core.cost.effective_load`, :func:`extender.core.cost.colocation_gain`):
+fewer than ``gpus_per_task`` GPUs with enough free memory under the co-location
+limit that the rule would let the job join. Such nodes would be
 rejected anyway; skipping them only saves building their rejection reasons.
 """
 
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from extender.core import CostPolicy, JobDemand, Placement, choose, evaluate, resolve_demand
-from extender.core.cost import effective_load
+from extender.core.cost import colocation_gain, curve_coefficients, effective_load
 from extender.core.table import GpuTable
 from extender.queue.fair import FairQueue, QueueConfig, QueueItem
 from extender.simulator.baselines import node_of_rows
@@ -56,7 +57,8 @@ class FreeView:
     Computed once per round and refreshed only after a placement changed the table,
     so the β jobs a full cluster cannot take are turned away with a scalar compare.
     A job that failed marks a *failure point*: until the next refresh, any job needing
-    at least as much memory, GPUs per task and GPUs is turned away without numpy.
+    at least as much memory, GPUs per task and GPUs (and, under the co-location
+    throughput rule, utilisation) is turned away without numpy.
     """
 
     def __init__(self, table: GpuTable, node_of: np.ndarray, policy: CostPolicy, now_s: float):
@@ -67,27 +69,58 @@ class FreeView:
         """Recompute after the table changed."""
         t = self.table
         used = effective_load(t.reserved_mib, t.observed_mib, t.observed_at, self.now_s,
-                              self.policy.staleness_seconds)
+                              self.policy.staleness_seconds, t.since_mib)
         self.free = t.capacity_mib - used
         self.open = (t.pod_count < self.policy.max_pods_per_gpu) & (t.serving_count == 0)
         self.open_count = int(self.open.sum())
         self.max_free = float(self.free[self.open].max()) if self.open_count else -np.inf
-        self.failed: list[tuple[float, int, int]] = []
+        self.failed: list[tuple[float, int, int, float]] = []
+        p = self.policy
+        self.rule = (p.min_colocation_gain_percent is not None
+                     or p.max_colocated_util_percent is not None)
+        if self.rule:  # the same inputs the core's co-location rule reads
+            self.util_now = effective_load(t.reserved_util, t.observed_util, t.observed_at,
+                                           self.now_s, p.staleness_seconds, t.since_util)
+            self.coeffs = curve_coefficients(p, t.type_names)[t.type_id]
+
+    def _rule_ok(self, util: float) -> np.ndarray:
+        """GPUs where the core's co-location rule would let a job of ``util`` join."""
+        t, p = self.table, self.policy
+        ok = np.ones(t.pod_count.size, dtype=bool)
+        if p.min_colocation_gain_percent is not None:
+            gain = colocation_gain(self.util_now, np.full(ok.size, util), t.training_count,
+                                   self.coeffs, t.training_width)
+            ok &= gain > p.min_colocation_gain_percent / 100.0
+        if p.max_colocated_util_percent is not None:
+            ok &= (t.training_count == 0) | (self.util_now + util
+                                              <= p.max_colocated_util_percent)
+        return ok
+
+    def _util_key(self, run: JobRun) -> float:
+        # With the co-location throughput rule a busier job can fail where a lighter one
+        # fits, so utilisation joins the failure point; without it any utilisation fits.
+        rule = (self.policy.min_colocation_gain_percent is not None
+                or self.policy.max_colocated_util_percent is not None)
+        return run.pred_util if rule else 0.0
 
     def fails(self, run: JobRun) -> bool:
         """True when an earlier failure this round proves ``run`` cannot start either."""
-        m, p, g = run.pred_mem, run.job.gpus_per_task, run.job.gpus
-        return any(m >= fm and p >= fp and g >= fg for fm, fp, fg in self.failed)
+        m, p, g, u = run.pred_mem, run.job.gpus_per_task, run.job.gpus, self._util_key(run)
+        return any(m >= fm and p >= fp and g >= fg and u >= fu
+                   for fm, fp, fg, fu in self.failed)
 
     def record_failure(self, run: JobRun) -> None:
         """Remember that ``run`` could not start on the current table."""
-        self.failed.append((run.pred_mem, run.job.gpus_per_task, run.job.gpus))
+        self.failed.append((run.pred_mem, run.job.gpus_per_task, run.job.gpus,
+                            self._util_key(run)))
 
     def candidate_nodes(self, run: JobRun) -> list[str]:
         """Nodes with at least ``gpus_per_task`` GPUs that could hold one task."""
         if run.job.gpus > self.open_count or run.pred_mem > self.max_free:
             return []
         ok = self.open & (self.free >= run.pred_mem)
+        if self.rule:
+            ok &= self._rule_ok(run.pred_util)
         if int(ok.sum()) < run.job.gpus:
             return []
         counts = np.bincount(self.node_of[ok], minlength=len(self.table.node_names))
@@ -113,7 +146,7 @@ def place_with_core(view: FreeView, run: JobRun, settings: HorusSettings
             names = FreeView(work, view.node_of, settings.cost, now_s).candidate_nodes(run)
             if not names:
                 return None
-        ev = evaluate(work, names, demand, settings.cost, now_s)
+        ev = evaluate(work, names, demand, settings.cost, now_s, with_rejections=False)
         if not ev.feasible.any():
             return None
         if settings.node_pick == "score":
