@@ -112,7 +112,7 @@ class NvmlGpuSource:
             raise DriverNotLoaded(f"NVML init failed: {err}") from err
         devices = []
         for index in range(count):
-            # A placeholder keeps the slot (indices stay stable) until the GPU answers.
+            # An unidentified entry keeps the slot (indices stay stable) until the GPU answers.
             device = _Device(GpuInfo(index, f"unknown-{index}", "unknown", None), None, None)
             try:
                 self._attach(device)

@@ -44,7 +44,7 @@ def test_profile_train_evaluate_fit_curves_predict_on_a_simulated_gpu(tmp_path: 
                 "--pairs", "10", "--triples", "8", "--seed", "0", "--json"]  # fmt: skip
 
     plan = _tandem("profile", "plan", *campaign)
-    assert plan["isolated"]["todo"] == 4 * 2 * 3 and plan["isolated"]["families"] == sorted(
+    assert plan["isolated"]["remaining"] == 4 * 2 * 3 and plan["isolated"]["families"] == sorted(
         FAMILIES
     )
     run = _tandem("profile", "run", *campaign, "--no-progress")
@@ -53,7 +53,7 @@ def test_profile_train_evaluate_fit_curves_predict_on_a_simulated_gpu(tmp_path: 
     assert run["statuses"]["oom"] >= 1 and run["colocated_run"] == 18
     assert json.loads((gpu_dir / "provenance.json").read_text())["simulated"] is True
     again = _tandem("profile", "plan", *campaign)  # resuming would run nothing
-    assert again["isolated"]["todo"] == 0 and again["colocated"]["done"] == 18
+    assert again["isolated"]["remaining"] == 0 and again["colocated"]["done"] == 18
 
     # Synthetic rows never train anything by accident.
     refused = _tandem("predictor", "train", "--data", data, "--out", art, "--json", code=2)

@@ -163,7 +163,7 @@ def test_cli_plan_then_run_then_plan_shows_progress(tmp_path: Path):
     ]
     runner = CliRunner()
     before = json.loads(runner.invoke(_app(), ["plan", *common]).stdout)
-    assert (before["isolated"]["todo"], before["colocated"]["combos"]) == (12, [])
+    assert (before["isolated"]["remaining"], before["colocated"]["combos"]) == (12, [])
     ran = runner.invoke(_app(), ["run", *common, "--no-progress"])
     assert ran.exit_code == 0, ran.output
     assert json.loads(ran.stdout)["colocated_run"] == 4

@@ -177,11 +177,11 @@ class Campaign:
 
     def _run_isolated(self, jobs: Sequence[JobSpec]) -> None:
         done = isolated_done(self.data)
-        todo = [j for j in jobs if j.key not in done]
-        self.summary.isolated_existing = len(jobs) - len(todo)
+        pending = [j for j in jobs if j.key not in done]
+        self.summary.isolated_existing = len(jobs) - len(pending)
         self._run_under_budget(
             "isolated",
-            [(j.key, f"{j.model} {j.workload} b={j.batch_size}", j) for j in todo],
+            [(j.key, f"{j.model} {j.workload} b={j.batch_size}", j) for j in pending],
             self._run_one_isolated,
         )
 

@@ -123,7 +123,7 @@ def _human(action: Action, result: dict[str, Any]) -> str:
     if action is Action.plan:
         iso, colo = result["isolated"], result["colocated"]
         return (
-            f"{result['gpu_dir'] or '(GPU unknown)'}: {iso['todo']} isolated to run "
+            f"{result['gpu_dir'] or '(GPU unknown)'}: {iso['remaining']} isolated to run "
             f"({iso['done']} done), {len(colo['combos'])} co-located planned "
             f"({colo['done']} done); about {result['estimated_seconds']:.0f} s"
         )

@@ -278,12 +278,12 @@ def plan_report(
         done = isolated_done(data)
         planner = Campaign(spec, _NoBackend(), env, data, _NoFeatures())
         combos, colo_done = planner.planned_combos()
-    todo = [j for j in isolated if j.key not in done]
+    remaining = [j for j in isolated if j.key not in done]
     return {
         "backend": str(choice), "gpu_dir": str(data.path) if data else None,
         "gpu_product": env.gpu_product if env else None,
-        "isolated": {"planned": len(isolated), "done": len(isolated) - len(todo),
-                     "todo": len(todo), "families": sorted({j.family for j in isolated}),
+        "isolated": {"planned": len(isolated), "done": len(isolated) - len(remaining),
+                     "remaining": len(remaining), "families": sorted({j.family for j in isolated}),
                      "configs": [{**asdict(j), "key": j.key, "done": j.key in done}
                                  for j in isolated]},
         "colocated": {"pairs": spec.pairs, "triples": spec.triples, "done": colo_done,
@@ -292,7 +292,7 @@ def plan_report(
                                  for c in combos],
                       "note": "" if data and data.file("isolated").is_file() else
                       "chosen from measured isolated rows: run the isolated phase first"},
-        "estimated_seconds": _estimate(spec, len(todo) + len(combos)),
+        "estimated_seconds": _estimate(spec, len(remaining) + len(combos)),
     }  # fmt: skip
 
 
