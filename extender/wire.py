@@ -197,18 +197,29 @@ class EncodedJson(bytes):
     """A response body already encoded as JSON (the hot path skips the generic encoder)."""
 
 
+_SCORE_TAIL = {s: f',"Score":{s}}},{{"Host":' for s in range(11)}
+"""What follows a host's quoted name, per valid score (ints 0..10; equal floats hash alike)."""
+
+
 def encode_host_priorities(names: list[str], scores: list[int]) -> EncodedJson:
     """The prioritize answer as JSON bytes, equal to ``dumps(host_priorities(names, scores))``.
 
-    Builds the array from one template instead of 500 dicts through the generic
-    encoder: prioritize answers every candidate, so this is most of its encode time.
+    Interleaves the quoted names with one pre-built tail per score and joins once,
+    instead of 500 dicts through the generic encoder: prioritize answers every
+    candidate, so this is most of its encode time.
     """
     if len(names) != len(scores):
         raise ValueError("one score per host")
-    quote = json.encoder.encode_basestring_ascii  # what json.dumps uses for str (C)
-    clamped = [s if type(s) is int and 0 <= s <= 10 else max(0, min(10, int(s))) for s in scores]
-    entry = '{{"Host":{},"Score":{}}}'.format
-    return EncodedJson(("[" + ",".join(map(entry, map(quote, names), clamped)) + "]").encode())
+    if not names:
+        return EncodedJson(b"[]")
+    tails = list(map(_SCORE_TAIL.get, scores))
+    if None in tails:  # out of range or not integral: clamp like host_priorities
+        tails = [_SCORE_TAIL[max(0, min(10, int(s)))] for s in scores]
+    tails[-1] = tails[-1][: -len(',{"Host":')] + "]"
+    parts: list[str] = [""] * (2 * len(names))
+    parts[0::2] = map(json.encoder.encode_basestring_ascii, names)  # what json.dumps uses (C)
+    parts[1::2] = tails
+    return EncodedJson(('[{"Host":' + "".join(parts)).encode())
 
 
 def preemption_result(victims: Mapping[str, list[str]]) -> dict[str, Any]:

@@ -119,14 +119,29 @@ def effective_load(
     return np.where(fresh & ~np.isnan(observed), np.maximum(reserved, seen), reserved)
 
 
+def _rows(values: np.ndarray, picked: np.ndarray | None, size: int) -> np.ndarray:
+    """``values`` (one entry per GPU, or one broadcast entry) at the ``picked`` GPUs."""
+    return values if picked is None or len(values) != size else values[picked]
+
+
 def predicted_slowdown(util_percent: np.ndarray, jobs: np.ndarray,
                        coeffs: np.ndarray) -> np.ndarray:
     """JCT slowdown the curves predict for ``jobs`` sharing a GPU: ``1 + f(u)``, 1 when alone.
 
     The curves are shaped as relative JCT increase (Horus Fig. 4: cost 0.5 at 100%
-    is a 1.5x JCT), so the cost itself is the predicted extra time.
+    is a 1.5x JCT), so the cost itself is the predicted extra time. ``util_percent``
+    and ``jobs`` have one entry per GPU; ``coeffs`` one row per GPU or one for all.
+    The curve is evaluated only where GPUs are shared.
     """
-    return np.where(jobs >= 2, 1.0 + curve_costs(util_percent, coeffs), 1.0)
+    shared = jobs >= 2
+    if shared.all():
+        return 1.0 + curve_costs(util_percent, coeffs)
+    slowdown = np.ones(shared.shape)
+    if shared.any():
+        picked = np.flatnonzero(shared)
+        slowdown[picked] = 1.0 + curve_costs(util_percent[picked],
+                                             _rows(coeffs, picked, shared.size))
+    return slowdown
 
 
 def colocation_gain(util_now: np.ndarray, job_util: np.ndarray, jobs_now: np.ndarray,
@@ -138,13 +153,23 @@ def colocation_gain(util_now: np.ndarray, job_util: np.ndarray, jobs_now: np.nda
     stalls all ``w``: the rate before is ``W / s``, ``W`` the summed GPU counts of the
     pods here (``width_now``; None = one each). The newcomer counts 1: each of its GPUs
     answers for its own share. Running one after another keeps each at full speed.
-    Returns ``rate_after / rate_before - 1`` (``inf`` on an idle GPU).
+    Returns ``rate_after / rate_before - 1`` (``inf`` on an idle GPU). Arrays have one
+    entry per GPU; ``job_util`` and ``coeffs`` may have one for all.
     """
     width = jobs_now if width_now is None else width_now
-    before = width / predicted_slowdown(util_now, jobs_now, coeffs)
-    after = (width + 1) / predicted_slowdown(util_now + job_util, jobs_now + 1, coeffs)
+    busy = jobs_now > 0
+    picked = None if busy.all() else np.flatnonzero(busy)  # idle GPUs: inf, nothing to compute
+    util, job, jobs, held, curve = (_rows(values, picked, busy.size)
+                                    for values in (util_now, job_util, jobs_now, width, coeffs))
+    before = held / predicted_slowdown(util, jobs, curve)
+    after = (held + 1) / predicted_slowdown(util + job, jobs + 1, curve)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(jobs_now > 0, after / np.where(jobs_now > 0, before, 1.0) - 1.0, np.inf)
+        rate_change = after / before - 1.0
+    if picked is None:
+        return rate_change
+    gain = np.full(busy.shape, np.inf)
+    gain[picked] = rate_change
+    return gain
 
 
 def horus_cost(

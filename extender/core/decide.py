@@ -175,38 +175,37 @@ def evaluate(
     """
     need = demand.job.gpu_count
     positions = len(names)
-    index = table.node_index
     # map() over dict.get keeps the per-name lookup in C (500 names per call).
-    ids = np.fromiter(map(index.get, names, repeat(-1)), dtype=np.int64, count=positions)
-    known = np.flatnonzero(ids >= 0)
-    rows, owner_k = table.rows_for(ids[known])
-    owner = known[owner_k]
-    tid = table.type_id[rows]
+    ids = np.fromiter(map(table.node_index.get, names, repeat(-1)), dtype=np.int64,
+                      count=positions)
+    rows, owner = _candidate_rows(table, ids)
+    # With one GPU type (the usual cluster) per-type values stay shape (1,) and broadcast:
+    # the elementwise results are the same as gathering them per row, without the gathers.
+    tid = table.type_id[rows] if len(table.type_names) > 1 else None
 
-    d_util = np.full(max(len(table.type_names), 1), np.nan)
-    d_mem = d_util.copy()
+    by_type = np.full((2, max(len(table.type_names), 1)), np.nan)  # (util, mem) per type id
     for t, type_name in enumerate(table.type_names):
         td = demand.for_type(type_name)
         if td is not None:
-            d_util[t], d_mem[t] = td.util_percent, td.mem_mib
-    job_util, job_mem = d_util[tid], d_mem[tid]
+            by_type[:, t] = td.util_percent, td.mem_mib
+    unknown = _per_row(np.isnan(by_type[1]), tid)
+    # Rows whose demand is unknown are rejected first, so the other rules may read 0 there.
+    known_by_type = by_type if np.isfinite(by_type).all() else np.nan_to_num(by_type)
+    job_util, job_mem = _per_row(known_by_type[0], tid), _per_row(known_by_type[1], tid)
     capacity = table.capacity_mib[rows]
     used_mib = effective_load(table.reserved_mib[rows], table.observed_mib[rows],
                               table.observed_at[rows], now_seconds, policy.staleness_seconds,
                               table.since_mib[rows])
-    code = np.zeros(rows.size, dtype=np.int64)
-
-    def mark(mask: np.ndarray, reason: Reason) -> None:
-        code[(code == 0) & mask] = reason.code
 
     inferring = demand.job.workload is Workload.INFERENCE
     other = table.training_count if inferring else table.serving_count
-    with np.errstate(invalid="ignore"):
-        mark(np.isnan(job_mem), Reason.DEMAND_UNKNOWN)
-        mark(capacity < job_mem, Reason.GPU_MEMORY_TOO_SMALL)
-        mark(other[rows] > 0, Reason.WORKLOAD_CONFLICT)
-        mark(capacity - used_mib < job_mem, Reason.INSUFFICIENT_GPU_MEMORY)
-    mark(table.pod_count[rows] >= policy.max_pods_per_gpu, Reason.COLOCATION_LIMIT)
+    checks = [  # hard constraints in precedence order: a GPU's code is the first that holds
+        (unknown, Reason.DEMAND_UNKNOWN),
+        (capacity < job_mem, Reason.GPU_MEMORY_TOO_SMALL),
+        (other[rows] > 0, Reason.WORKLOAD_CONFLICT),
+        (capacity - used_mib < job_mem, Reason.INSUFFICIENT_GPU_MEMORY),
+        (table.pod_count[rows] >= policy.max_pods_per_gpu, Reason.COLOCATION_LIMIT),
+    ]
     training_costs = not inferring and with_costs
     gain_rule = not inferring and (policy.min_colocation_gain_percent is not None
                                    or policy.max_colocated_util_percent is not None)
@@ -214,16 +213,18 @@ def evaluate(
         util_now = effective_load(table.reserved_util[rows], table.observed_util[rows],
                                   table.observed_at[rows], now_seconds, policy.staleness_seconds,
                                   table.since_util[rows])
-        coeffs = curve_coefficients(policy, table.type_names)[tid]
+        per_type = curve_coefficients(policy, table.type_names)
+        coeffs = per_type if tid is None else per_type[tid]
     if gain_rule:
         sharing = table.training_count[rows]
         if policy.min_colocation_gain_percent is not None:
-            gain = colocation_gain(util_now, np.nan_to_num(job_util), sharing, coeffs,
-                                   table.training_width[rows])
-            mark(gain <= policy.min_colocation_gain_percent / 100.0, Reason.COLOCATION_SLOWDOWN)
+            gain = colocation_gain(util_now, job_util, sharing, coeffs, table.training_width[rows])
+            checks.append((gain <= policy.min_colocation_gain_percent / 100.0,
+                           Reason.COLOCATION_SLOWDOWN))
         if policy.max_colocated_util_percent is not None:
-            over = util_now + np.nan_to_num(job_util) > policy.max_colocated_util_percent
-            mark((sharing > 0) & over, Reason.COLOCATION_SLOWDOWN)
+            over = util_now + job_util > policy.max_colocated_util_percent
+            checks.append(((sharing > 0) & over, Reason.COLOCATION_SLOWDOWN))
+    code = _first_reasons(checks, rows.size)
 
     plans: dict[int, Any] = {}
     notes = {t: f"demand unknown: {why}" for t, why in demand.gaps.items()}
@@ -236,12 +237,11 @@ def evaluate(
     elif not with_costs:
         cost = np.zeros(rows.size)
     else:
-        cost = horus_cost(policy, used_mib, np.nan_to_num(job_mem), capacity, util_now,
-                          np.nan_to_num(job_util), coeffs)
+        cost = horus_cost(policy, used_mib, job_mem, capacity, util_now, job_util, coeffs)
     cost = np.where(code == 0, cost, np.inf)
 
     ok_count = np.bincount(owner[code == 0], minlength=positions)
-    sel = _best_gpus(owner, rows, cost, need, positions)
+    sel = _best_gpus(owner, rows, cost, need, table.gpus_per_node)
     node_cost = np.bincount(owner[sel], weights=np.where(np.isfinite(cost[sel]), cost[sel], 0.0),
                             minlength=positions) / max(need, 1)
     node_cost = np.where(ok_count >= need, node_cost, np.inf)
@@ -252,15 +252,55 @@ def evaluate(
                       demand, shares)
 
 
+def _candidate_rows(table: GpuTable, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of the known candidate nodes (``ids`` -1 = unknown) and each row's position."""
+    if ids.size and ids.min() < 0:
+        known = np.flatnonzero(ids >= 0)
+        rows, owner = table.rows_for(ids[known])
+        return rows, known[owner]
+    return table.rows_for(ids)
+
+
+def _per_row(by_type: np.ndarray, tid: np.ndarray | None) -> np.ndarray:
+    """A per-type-id value per row; with one type (``tid`` None) the shape-(1,) array itself."""
+    return by_type if tid is None else by_type[tid]
+
+
+def _first_reasons(checks: Sequence[tuple[np.ndarray, Reason]], size: int) -> np.ndarray:
+    """Per row, the code of the first check that holds (0 when none does).
+
+    Assigned in reverse so that earlier checks overwrite later ones: one masked store
+    per check instead of a test against the codes so far. A shape-(1,) mask (one GPU
+    type, see ``_per_row``) holds for every row or for none.
+    """
+    code = np.zeros(size, dtype=np.int64)
+    for mask, reason in reversed(checks):
+        if mask.shape == code.shape:
+            code[mask] = reason.code
+        elif mask.any():
+            code[:] = reason.code
+    return code
+
+
 def _best_gpus(owner: np.ndarray, rows: np.ndarray, cost: np.ndarray, need: int,
-               positions: int) -> np.ndarray:
+               width: int | None) -> np.ndarray:
     """Indices (into ``rows``) of each node's ``need`` cheapest GPUs, ties by lower row.
 
-    Rows arrive grouped by node in ascending row order, so for one GPU a stable
-    per-group argmin suffices; several GPUs need the general (node, cost, row) sort.
+    Rows arrive grouped by node in ascending row order. When every node has ``width``
+    GPUs the groups are the rows of a ``(nodes, width)`` matrix, and a first-minimum
+    ``argmin`` (one GPU) or a stable ``argsort`` (several) per row is the tie rule.
+    Otherwise, for one GPU a stable per-group argmin suffices; several GPUs need the
+    general (node, cost, row) sort.
     """
     if rows.size == 0:
         return np.zeros(0, dtype=np.int64)
+    if width:
+        by_node = cost.reshape(-1, width)
+        first_of_node = np.arange(0, rows.size, width)
+        if need == 1:
+            return first_of_node + by_node.argmin(axis=1)
+        cheapest = np.argsort(by_node, axis=1, kind="stable")[:, :need]
+        return (cheapest + first_of_node[:, None]).ravel()
     if need == 1:
         starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
         group_min = np.minimum.reduceat(cost, starts)

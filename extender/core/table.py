@@ -23,6 +23,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -149,6 +150,15 @@ class GpuTable:
         return np.where(self.serving_count > 0, Role.SERVING,
                         np.where(self.training_count > 0, Role.TRAINING, Role.IDLE))
 
+    @cached_property
+    def gpus_per_node(self) -> int | None:
+        """The GPU count every node has, or None when counts differ (or no nodes).
+
+        Cached: the node layout is fixed at :meth:`build` (mutators change only columns).
+        """
+        counts = np.diff(self.node_start)
+        return int(counts[0]) if counts.size and bool((counts == counts[0]).all()) else None
+
     def node_rows(self, node: str) -> range:
         """Row indices of ``node``'s GPUs (raises KeyError for an unknown node)."""
         i = self.node_index[node]
@@ -246,6 +256,10 @@ class GpuTable:
     def rows_for(self, node_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """All rows of the given node ids, and for each row its position in ``node_ids``."""
         starts = self.node_start[node_ids]
+        width = self.gpus_per_node
+        if width is not None:  # equal nodes: a (nodes, width) grid, no ragged arithmetic
+            return ((starts[:, None] + np.arange(width)).ravel(),
+                    np.repeat(np.arange(node_ids.size), width))
         counts = self.node_start[node_ids + 1] - starts
         owner = np.repeat(np.arange(node_ids.size), counts)
         offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
