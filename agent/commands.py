@@ -108,7 +108,6 @@ def session_command(
         "the session (else $TANDEM_ADMIN_TOKEN)."),
 ) -> None:
     """Register this pod's session with its GPU's server and forward requests to it."""
-    from agent.logs import configure_json_logging
     from agent.server.auth import AdminToken, AdminTokenError
     from agent.session_http import ProxyConfig, ProxyServer, serve_forever
     from agent.session_proxy import (
@@ -118,8 +117,9 @@ def session_command(
         server_url,
         session_request,
     )
+    from extender.logs import setup_logging
 
-    configure_json_logging()
+    setup_logging(logger_name="")
     try:
         if name is None:
             pod, namespace = os.environ.get("POD_NAME", ""), os.environ.get("POD_NAMESPACE", "")

@@ -15,7 +15,6 @@ from prometheus_client import CollectorRegistry, start_http_server
 from agent.attribution import ProcAttributor
 from agent.errors import ConfigError
 from agent.gpus import GpuSource, parse_gpu_source
-from agent.logs import configure_json_logging
 from agent.reporter import Reporter, TokenSource
 from agent.runner import Agent, AgentConfig
 from agent.server.auth import AdminToken, AdminTokenError, is_loopback
@@ -23,6 +22,7 @@ from agent.sessions import SessionSync
 from agent.sim import SimGpuSource, load_sim_gpus
 from agent.state import PlacedJobs, StateClient, ViewHolder
 from agent.supervisor import ServerSupervisor, SupervisorConfig
+from extender.logs import setup_logging
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def run_once(agent: Agent, json_output: bool) -> int:
 def run_forever(agent: Agent, metrics_addr: str, metrics_port: int,
                 stop: threading.Event | None = None) -> None:
     """Serve /metrics and step every interval until SIGTERM/SIGINT (or ``stop``)."""
-    configure_json_logging()
+    setup_logging(logger_name="")  # the agent logs through the root logger
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):

@@ -1,4 +1,11 @@
-"""Structured logs: one JSON object a line with pod, node, verb and duration_seconds."""
+"""Structured logs for every tandem process: one JSON object a line.
+
+A record renders as ``{"ts", "time", "level", "logger", "msg", **extra}``: the
+extender passes ``pod``, ``node``, ``verb`` and ``duration_seconds`` as ``extra``;
+the agent and the inference server pass their own fields. The handler writes to
+whatever ``sys.stderr`` is when a record is emitted, not the stream of the moment
+logging was set up, because CLIs and test runners swap and close that stream.
+"""
 
 from __future__ import annotations
 
@@ -9,35 +16,55 @@ import time
 from typing import Any, TextIO
 
 LOGGER_NAME = "tandem.extender"
-_FIELDS = ("verb", "pod", "node", "duration_seconds", "status", "passed", "reasons", "error",
-           "gpus", "path", "problems")
+
+# Attributes every LogRecord has; anything else on a record came from ``extra``.
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
 
 class JsonFormatter(logging.Formatter):
     """Render a record and its ``extra`` fields as one JSON line."""
 
     def format(self, record: logging.LogRecord) -> str:
+        """One record as one JSON line."""
         doc: dict[str, Any] = {
-            "ts": round(record.created, 3), "level": record.levelname.lower(),
-            "logger": record.name, "msg": record.getMessage(),
+            "ts": round(record.created, 3),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
         }
-        for key in _FIELDS:
-            if key in record.__dict__:
-                doc[key] = record.__dict__[key]
+        doc.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
         return json.dumps(doc, default=str)
 
 
-def setup_logging(level: str = "info", stream: TextIO | None = None) -> logging.Logger:
-    """Configure the extender logger (idempotent) and return it."""
-    logger = logging.getLogger(LOGGER_NAME)
-    logger.setLevel(level.upper())
-    if not any(getattr(h, "_tandem", False) for h in logger.handlers):
-        handler = logging.StreamHandler(stream or sys.stderr)
-        handler.setFormatter(JsonFormatter())
-        handler._tandem = True  # type: ignore[attr-defined]
-        logger.addHandler(handler)
+class StderrHandler(logging.StreamHandler):
+    """A stream handler bound to the current ``sys.stderr`` at every record."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: TextIO) -> None:
+        pass  # always the current sys.stderr
+
+
+def setup_logging(level: str | int = "info", stream: TextIO | None = None,
+                  logger_name: str = LOGGER_NAME) -> logging.Logger:
+    """Send ``logger_name``'s records (``""``: the root's) out as JSON lines; idempotent."""
+    logger = logging.getLogger(logger_name)
+    logger.setLevel(level.upper() if isinstance(level, str) else level)
+    logger.handlers[:] = [h for h in logger.handlers if not getattr(h, "_tandem", False)]
+    handler = logging.StreamHandler(stream) if stream is not None else StderrHandler()
+    handler.setFormatter(JsonFormatter())
+    handler._tandem = True  # type: ignore[attr-defined]
+    logger.addHandler(handler)
+    if logger_name:
         logger.propagate = False
     return logger
 

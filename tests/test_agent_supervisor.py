@@ -267,7 +267,7 @@ def test_build_agent_supervises_only_when_asked() -> None:
 def test_run_forever_starts_servers_and_passes_sigterm_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("agent.main.configure_json_logging", lambda: None)
+    monkeypatch.setattr("agent.main.setup_logging", lambda **_: None)
     launcher = Launcher()
     sup = ServerSupervisor(SupervisorConfig(command_prefix=PREFIX), launcher=launcher,
                            environ={})
