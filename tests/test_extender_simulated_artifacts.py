@@ -104,3 +104,46 @@ def test_serve_exits_2_on_simulated_artifacts(trained: dict[bool, Path], tmp_pat
         "--cluster", f"sim:{REPO / 'extender/demo_cluster.yaml'}"])
     assert result.exit_code == 2
     assert "simulated" in result.output and "allow_simulated" in result.output
+
+
+class _SpyPredictor:
+    """Delegates to the real Predictor and records what each predict() returned."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner, self.calls = inner, []
+
+    def predict(self, *args: object, **kwargs: object) -> object:
+        result = self._inner.predict(*args, **kwargs)
+        self.calls.append((args, kwargs, result))
+        return result
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+def test_extender_places_a_model_only_pod_with_the_trained_predictors_answer(
+        trained: dict[bool, Path], tmp_path: Path) -> None:
+    from extender_builders import args, binding, make_app, node, pod
+    from test_extender_integration import tiny_model
+
+    store = tmp_path / "store"
+    store.mkdir()
+    tiny_model(store / "tiny.onnx")
+    spy = _SpyPredictor(build_predictor(PredictorConfig(
+        artifacts_dir=str(trained[False]), model_store=str(store))))
+    app, _, source, _ = make_app([node("n1", 2)], predictor=spy)
+    p = pod("model-only", model="tiny.onnx", batch_size="16")
+    source.create_pod(p)
+    client = app.test_client()
+    assert client.post("/filter", json=args(p, ["n1"])).get_json()["NodeNames"] == ["n1"]
+    assert client.post("/bind", json=binding(p, "n1")).get_json() == {"Error": ""}
+
+    assert spy.calls, "the extender never asked the predictor"
+    call_args, _, prediction = spy.calls[-1]
+    assert call_args[0] == "tiny.onnx" and call_args[1] == 16
+    (bound,) = [q for q in source.pods() if q["metadata"]["name"] == "model-only"]
+    notes = bound["metadata"]["annotations"]
+    assert float(notes["tandem.io/predicted-gpu-util"]) == pytest.approx(
+        prediction.gpu_util_percent, abs=0.05)
+    assert float(notes["tandem.io/predicted-gpu-mem-mib"]) == pytest.approx(
+        prediction.gpu_mem_mib, abs=0.5)
