@@ -9,20 +9,18 @@ from pathlib import Path
 
 import httpx
 import pytest
+from test_server_helpers import running_tiny_runtime
 from typer.testing import CliRunner
 
 from agent.errors import ConfigError
 from agent.main import build_agent
 from agent.server.app import create_app
 from agent.server.auth import AdminGuard, AdminToken
-from agent.server.clock import MonotonicClock
-from agent.server.executors import SimExecutor
-from agent.server.runtime import RuntimeConfig, ServingRuntime
+from agent.server.runtime import ServingRuntime
 from agent.session_proxy import SessionLink, session_request
 from agent.sessions import SessionSync
 from agent.state import NodeView, parse_node_view
 from agent.supervisor import SupervisorConfig
-from predictor.batching import BatchingProfile
 
 TOKEN = "admin-token-for-tests"
 NODE = "gpu-node-1"
@@ -49,13 +47,7 @@ def token_file(tmp_path: Path) -> Path:
 
 @pytest.fixture()
 def runtime() -> Iterator[ServingRuntime]:
-    clock = MonotonicClock()
-    profiles = {"tiny": BatchingProfile.linear("tiny", "sim", 0.01, 0.05, max_batch=32)}
-    rt = ServingRuntime(SimExecutor(profiles, clock, "sim"), clock,
-                        RuntimeConfig("sim", quantum_ms=1.0))
-    rt.start()
-    yield rt
-    rt.stop()
+    yield from running_tiny_runtime()
 
 
 def guarded_transport(runtime: ServingRuntime, token_file: Path) -> httpx.WSGITransport:

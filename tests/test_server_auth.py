@@ -11,15 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from flask.testing import FlaskClient
+from test_server_helpers import running_tiny_runtime
 
 from agent.server.app import create_app
 from agent.server.auth import AdminGuard, AdminToken, AdminTokenError, is_loopback
-from agent.server.clock import MonotonicClock
 from agent.server.errors import Unauthorized
-from agent.server.executors import SimExecutor
-from agent.server.runtime import RuntimeConfig, ServingRuntime
+from agent.server.runtime import ServingRuntime
 from agent.server.serve import ServeOptions, admin_guard
-from predictor.batching import BatchingProfile
 
 TOKEN = "t0ken-for-tests-only"
 SESSION = {"name": "s", "model": "tiny", "slo_ms": 2000, "rate_rps": 100}
@@ -28,13 +26,7 @@ NPY = "application/x-npy"
 
 @pytest.fixture()
 def runtime() -> Iterator[ServingRuntime]:
-    clock = MonotonicClock()
-    profiles = {"tiny": BatchingProfile.linear("tiny", "sim", 0.01, 0.05, max_batch=32)}
-    rt = ServingRuntime(SimExecutor(profiles, clock, "sim"), clock,
-                        RuntimeConfig("sim", quantum_ms=1.0))
-    rt.start()
-    yield rt
-    rt.stop()
+    yield from running_tiny_runtime()
 
 
 @pytest.fixture()

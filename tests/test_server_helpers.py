@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from agent.server.clock import MonotonicClock
+from agent.server.executors import SimExecutor
+from agent.server.runtime import RuntimeConfig, ServingRuntime
+from predictor.batching import BatchingProfile
 
 
 def chain_model(
@@ -43,3 +49,14 @@ def chain_model(
 def save(model: onnx.ModelProto, path: Path) -> Path:
     onnx.save(model, str(path))
     return path
+
+
+def running_tiny_runtime() -> Iterator[ServingRuntime]:
+    """A started runtime on the sim executor with one tiny linear profile; stopped after."""
+    clock = MonotonicClock()
+    profiles = {"tiny": BatchingProfile.linear("tiny", "sim", 0.01, 0.05, max_batch=32)}
+    rt = ServingRuntime(SimExecutor(profiles, clock, "sim"), clock,
+                        RuntimeConfig("sim", quantum_ms=1.0))
+    rt.start()
+    yield rt
+    rt.stop()
