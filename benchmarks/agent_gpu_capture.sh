@@ -1,20 +1,39 @@
 #!/usr/bin/env bash
 # Real-GPU capture for the node agent (issue 5): the agent's report and /metrics
-# scraped while a model runs, beside nvidia-smi in the same run. Run as-is from the
-# repository root on a machine with an NVIDIA GPU:
-#     bash benchmarks/agent_gpu_capture.sh [OUT_DIR]
-# Writes OUT_DIR (default benchmarks/results/agent_gpu_capture/): environment.txt,
-# nvidia-smi-before/during/after.csv, compute-apps-during.csv, report-once.json,
-# report-during.json, metrics-during.txt, load.log, pytest-gpu.txt, summary.json.
-set -euo pipefail
+# scraped while a model runs, beside nvidia-smi in the same run.
+#
+# On a machine with an NVIDIA GPU, from the repository root:
+#     bash benchmarks/agent_gpu_capture.sh [DEST]
+# Through the device tool (at most 8 files come back, so the capture is bundled):
+#     run(command="DEVICE_OUT=$OUT bash benchmarks/agent_gpu_capture.sh", timeout_s=300)
+#   then unpack $files_at/agent_gpu_capture.tar.gz into benchmarks/results/agent_gpu_capture/.
+#
+# DEST (default benchmarks/results/agent_gpu_capture/) receives environment.txt,
+# nvidia-smi-{before,during,during-2,after}.csv, compute-apps-during.csv,
+# report-once.json, report-during.json, metrics-during.txt, load.log, agent-*.log,
+# pytest-gpu.txt and summary.json (benchmarks/agent_gpu_capture_summary.py).
+# Settings: PYTHON (default .venv/bin/python, else python3: the GPU image has no
+# venv), LOAD_SECONDS (40), WARMUP_SECONDS (15), METRICS_PORT (19401), DEVICE_OUT.
+# A failing step is recorded in errors.txt and the capture goes on, so one broken
+# call does not cost the rest of a device session.
+set -uo pipefail
 
-PY="${PYTHON:-.venv/bin/python}"
-OUT="${1:-benchmarks/results/agent_gpu_capture}"
+if [ -n "${PYTHON:-}" ]; then PY="$PYTHON"
+elif [ -x .venv/bin/python ]; then PY=.venv/bin/python
+else PY=python3; fi
+DEST="${1:-benchmarks/results/agent_gpu_capture}"
 PORT="${METRICS_PORT:-19401}"
 LOAD_SECONDS="${LOAD_SECONDS:-40}"
-mkdir -p "$OUT"
-export NODE_NAME="${NODE_NAME:-$(hostname)}"
-tandem() { "$PY" -c 'from extender.cli import main; main()' "$@"; }
+WARMUP_SECONDS="${WARMUP_SECONDS:-15}"
+mkdir -p "$DEST"
+: > "$DEST/errors.txt"
+export NODE_NAME="${NODE_NAME:-$(hostname)}" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+TANDEM=("$PY" -c 'from extender.cli import main; main()')  # no function: $! must be its PID
+tandem() { "${TANDEM[@]}" "$@"; }
+step() {  # step NAME CMD...: run, and note a failure without stopping the capture
+  local name="$1"; shift
+  "$@" || echo "$name: exit $?" >> "$DEST/errors.txt"
+}
 smi() {
   nvidia-smi --query-gpu=timestamp,index,uuid,name,memory.total,memory.used,utilization.gpu,utilization.memory,power.draw,temperature.gpu,mig.mode.current \
     --format=csv,nounits > "$1"
@@ -23,19 +42,21 @@ smi() {
 {
   date -u +%Y-%m-%dT%H:%M:%SZ
   nvidia-smi --query-gpu=driver_version,name --format=csv
-  "$PY" -c 'import platform, importlib.metadata as m; print(platform.python_version(), m.version("nvidia-ml-py"))'
+  "$PY" -c 'import platform, importlib.metadata as m; print("python", platform.python_version(), "nvidia-ml-py", m.version("nvidia-ml-py"))'
   git rev-parse HEAD 2>/dev/null || true
-} > "$OUT/environment.txt" 2>&1
+} > "$DEST/environment.txt" 2>&1
 
-smi "$OUT/nvidia-smi-before.csv"
-tandem agent run --gpus nvml --once --json > "$OUT/report-once.json"
+step nvidia-smi-before smi "$DEST/nvidia-smi-before.csv"
+step report-once tandem agent run --gpus nvml --once --json > "$DEST/report-once.json"
 
-# A model on GPU 0: torch (CUDA) convolution net if available, else ONNX Runtime's
-# CUDA provider on a small conv graph. The load log says which one ran.
-"$PY" - "$LOAD_SECONDS" > "$OUT/load.log" 2>&1 <<'PYLOAD' &
-import sys, time
+# A model on GPU 0: a torch (CUDA) convolution net if torch sees a GPU, else ONNX
+# Runtime's CUDA provider on a small conv graph. The load log says which one ran
+# and its PID, which the summary looks for among the agent's processes.
+"$PY" - "$LOAD_SECONDS" > "$DEST/load.log" 2>&1 <<'PYLOAD' &
+import os, sys, time
 seconds = float(sys.argv[1])
 end = time.time() + seconds
+print("pid", os.getpid(), flush=True)
 try:
     import torch
     assert torch.cuda.is_available(), "torch without CUDA"
@@ -61,6 +82,8 @@ except Exception as err:  # fall back to ONNX Runtime
     model.ir_version = 10
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CUDAExecutionProvider"])
     print("load: onnxruntime", ort.__version__, sess.get_providers(), flush=True)
+    if "CUDAExecutionProvider" not in sess.get_providers():
+        sys.exit("no GPU load: neither torch nor ONNX Runtime can use CUDA here")
     x = np.random.rand(16, 64, 112, 112).astype("float32")
     n = 0
     while time.time() < end:
@@ -70,55 +93,33 @@ PYLOAD
 LOAD_PID=$!
 
 # The long-running agent (no extender: reports are built but not pushed) serving /metrics.
-tandem agent run --gpus nvml --interval-seconds 1 --metrics-port "$PORT" --metrics-addr 127.0.0.1 \
-  > "$OUT/agent-stdout.log" 2> "$OUT/agent-stderr.log" &
+"${TANDEM[@]}" agent run --gpus nvml --interval-seconds 1 --metrics-port "$PORT" \
+  --metrics-addr 127.0.0.1 > "$DEST/agent-stdout.log" 2> "$DEST/agent-stderr.log" &
 AGENT_PID=$!
 trap 'kill "$AGENT_PID" "$LOAD_PID" 2>/dev/null || true' EXIT
 
-sleep 15   # model warm-up plus several agent intervals
-smi "$OUT/nvidia-smi-during.csv"
-nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,nounits > "$OUT/compute-apps-during.csv"
-tandem agent run --gpus nvml --interval-seconds 1 --once --json > "$OUT/report-during.json"
-"$PY" -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$PORT/metrics').read().decode())" \
-  > "$OUT/metrics-during.txt"
-smi "$OUT/nvidia-smi-during-2.csv"
+sleep "$WARMUP_SECONDS"   # model warm-up plus several agent intervals
+step nvidia-smi-during smi "$DEST/nvidia-smi-during.csv"
+step compute-apps nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,nounits \
+  > "$DEST/compute-apps-during.csv"
+step report-during tandem agent run --gpus nvml --interval-seconds 1 --once --json \
+  > "$DEST/report-during.json"
+step metrics "$PY" -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$PORT/metrics', timeout=10).read().decode())" \
+  > "$DEST/metrics-during.txt"
+step nvidia-smi-during-2 smi "$DEST/nvidia-smi-during-2.csv"
 
-kill -TERM "$AGENT_PID"; wait "$AGENT_PID" || true   # SIGTERM must stop it cleanly
-wait "$LOAD_PID" || true
+kill -TERM "$AGENT_PID"
+wait "$AGENT_PID"; echo "agent exit on SIGTERM: $?" >> "$DEST/agent-stderr.log"
+wait "$LOAD_PID" || echo "load: exit $?" >> "$DEST/errors.txt"
 trap - EXIT
-smi "$OUT/nvidia-smi-after.csv"
-"$PY" -m pytest -q -p no:cacheprovider tests/test_agent_sources.py -m gpu > "$OUT/pytest-gpu.txt" 2>&1 || true
+step nvidia-smi-after smi "$DEST/nvidia-smi-after.csv"
+step pytest-gpu "$PY" -m pytest -q -p no:cacheprovider tests/test_agent_sources.py -m gpu \
+  > "$DEST/pytest-gpu.txt" 2>&1
+step summary "$PY" benchmarks/agent_gpu_capture_summary.py "$DEST"
 
-# Side-by-side summary: GPU utilisation and memory as nvidia-smi and the agent saw them.
-"$PY" - "$OUT" <<'PYSUM'
-import csv, json, re, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-def smi(name):
-    rows = list(csv.reader((out / name).read_text().splitlines()))
-    head = [h.strip() for h in rows[0]]
-    return [dict(zip(head, (c.strip() for c in r))) for r in rows[1:]]
-report = json.loads((out / "report-during.json").read_text())
-metrics = (out / "metrics-during.txt").read_text()
-def metric(name, gpu):
-    m = re.search(rf'^{name}{{[^}}]*gpu="{gpu}"[^}}]*}} (\S+)$', metrics, re.M)
-    return float(m.group(1)) if m else None
-summary = {"gpus": []}
-for g in report["gpus"]:
-    i = g["index"]
-    rows = [r for name in ("nvidia-smi-during.csv", "nvidia-smi-during-2.csv") for r in smi(name) if r["index"] == str(i)]
-    summary["gpus"].append({
-        "index": i, "product": g["product"],
-        "nvidia_smi_util_percent": [r["utilization.gpu [%]"] for r in rows],
-        "agent_report_util_percent": g["utilization_percent"],
-        "metrics_DCGM_FI_DEV_GPU_UTIL": metric("DCGM_FI_DEV_GPU_UTIL", i),
-        "nvidia_smi_memory_used_mib": [r["memory.used [MiB]"] for r in rows],
-        "agent_report_memory_used_mib": g["memory_used_mib"],
-        "metrics_DCGM_FI_DEV_FB_USED": metric("DCGM_FI_DEV_FB_USED", i),
-        "agent_processes": g["processes"],
-    })
-summary["load"] = (out / "load.log").read_text().splitlines()[:3]
-(out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-print(json.dumps(summary, indent=2))
-PYSUM
-echo "captured into $OUT"
+if [ -n "${DEVICE_OUT:-}" ]; then
+  tar -czf "$DEVICE_OUT/agent_gpu_capture.tar.gz" -C "$DEST" .
+  cp "$DEST/summary.json" "$DEVICE_OUT/agent_gpu_capture_summary.json" 2>/dev/null || true
+fi
+echo "captured into $DEST"
+[ ! -s "$DEST/errors.txt" ] || { echo "failed steps:"; cat "$DEST/errors.txt"; exit 1; }

@@ -11,19 +11,24 @@
 #   $OUT/summary.json  the campaign summary (state: complete | budget_exhausted)
 #   $OUT/log.txt       GPU identity and the profiler's stderr
 #   $OUT/<gpu-slug>/   isolated.csv, colocated.csv, batching.csv, provenance.json
+# Only directories whose provenance says "simulated": false come back.
+# BACKEND (default cuda) and DATA_ROOT (default training_data) exist so that
+# tests/test_profiling_device_chunk.py can run this script without a GPU.
 set -uo pipefail
 budget="${1:-480}"
 spec="${2:-predictor/profiling/campaigns/hopper.yaml}"
 out="${OUT:?run this through the device tool: \$OUT is where results come back}"
-export PYTHONPATH=. PYTHONUNBUFFERED=1
+backend="${BACKEND:-cuda}"
+data="${DATA_ROOT:-training_data}"
+export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$out/log.txt" 2>&1
-python3 -m predictor.profiling run --backend cuda --out training_data --spec "$spec" \
+"${PYTHON:-python3}" -m predictor.profiling run --backend "$backend" --out "$data" --spec "$spec" \
   --resume --budget-seconds "$budget" --no-progress --json >"$out/summary.json" 2>>"$out/log.txt"
 rc=$?
 
 # Copy back every real GPU directory (one per product; a machine has one).
-for dir in training_data/*/; do
+for dir in "$data"/*/; do
   prov="$dir/provenance.json"
   [ -f "$prov" ] && grep -q '"simulated": false' "$prov" || continue
   slug="$(basename "$dir")"
