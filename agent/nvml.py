@@ -31,6 +31,7 @@ from typing import Any
 
 from agent.errors import DriverNotLoaded, GpuLost
 from agent.gpus import GpuInfo, GpuSample, NodeSample, ProcessSample
+from predictor.profiling.nvml import sample_value
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +217,7 @@ class NvmlGpuSource:
         fresh = [s for s in samples if s.timeStamp > floor_us]
         if not fresh:
             return None, last_us
-        values = [_sample_value(m, value_type, s.sampleValue) for s in fresh]
+        values = [sample_value(value_type, s.sampleValue) for s in fresh]
         return sum(values) / len(values), max(s.timeStamp for s in fresh)
 
     def _drain_xid(self, device: _Device) -> None:
@@ -273,16 +274,3 @@ def _text(value: Any) -> str | None:
     if value is None:
         return None
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _sample_value(m: Any, value_type: int, value: Any) -> float:
-    """Read the member of NVML's value union that ``value_type`` names."""
-    member = {
-        m.NVML_VALUE_TYPE_DOUBLE: "dVal",
-        m.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-        m.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
-        m.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-        m.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
-        m.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
-    }.get(value_type, "uiVal")
-    return float(getattr(value, member))

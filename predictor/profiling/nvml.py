@@ -23,9 +23,18 @@ import numpy as np
 from predictor.profiling.errors import BackendUnavailable
 
 _MIB = 1024.0 * 1024.0
-# NVML value-type enum -> the c_nvmlValue_t union member holding it.
+# NVML value-type enum (nvmlValueType_t) -> the c_nvmlValue_t union member holding it.
 _VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal",
                  6: "usVal"}  # fmt: skip
+
+
+def sample_value(value_type: int, value: Any) -> float:
+    """The number in NVML's value union ``value`` whose type ``value_type`` names.
+
+    ``nvmlDeviceGetSamples`` answers with one type for all its samples; the agent
+    and the profiler both read utilisation samples through this.
+    """
+    return float(getattr(value, _VALUE_FIELDS.get(int(value_type), "uiVal")))
 
 
 def _text(value: Any) -> str:
@@ -153,13 +162,12 @@ class UtilizationSampler:
                 self._poll_util()
             return
         lo, hi = self._window
-        member = _VALUE_FIELDS.get(int(vtype), "uiVal")
         for s in sorted(samples, key=lambda s: s.timeStamp):
             if s.timeStamp <= self._last_ts:
                 continue
             self._last_ts = s.timeStamp
             if lo <= s.timeStamp <= hi:
-                self.result.values_percent.append(float(getattr(s.sampleValue, member)))
+                self.result.values_percent.append(sample_value(vtype, s.sampleValue))
 
     def _handle_samples_error(self, exc: Exception) -> bool:
         """True when the caller should retry with the fallback source."""
