@@ -32,8 +32,10 @@ def serve(
         setup_leadership,
     )
     from extender.logs import setup_logging
+    from extender.metrics import Metrics
     from extender.profiles import ProfileFileError, load_profiles
     from extender.queue import QueueError
+    from extender.queue.metrics import QueueMetrics
     from extender.routes import create_app
     from extender.runtime import (
         PredictorSetupError,
@@ -66,9 +68,10 @@ def serve(
         raise typer.Exit(2) from None
     holder = ConfigHolder(cfg, loader=lambda: load_config(config))
     draining = Draining()
+    metrics = Metrics()
     app_ = create_app(holder, source, predictor=predictor,
                       profiles=profiles, planner=default_planner(), readiness=[draining],
-                      may_bind=leader.is_leader)
+                      may_bind=leader.is_leader, metrics=metrics)
     server = make_server(app_, cfg.server, port)
     stop = threading.Event()
     reload_loop(holder, stop)
@@ -78,7 +81,9 @@ def serve(
         loop.start()
     # The gate shares `stop` with the shutdown sequence and releases only while
     # this replica leads, so standbys never release pods.
-    gate_thread = QueueGateThread(gate, leader.is_leader, stop).start() if gate else None
+    gate_thread = QueueGateThread(
+        gate, leader.is_leader, stop, on_round=QueueMetrics(metrics.registry).observe,
+    ).start() if gate else None
     log.info("serving", extra={"path": f"{cfg.server.host}:{port or cfg.server.port}",
                                "leadership": leadership, "queue_gate": gate is not None})
     try:
@@ -109,6 +114,9 @@ def queue_gate(
         None, "--lease-name", help="Lease to elect on or follow (POD_NAMESPACE's)"),
     once: bool = typer.Option(
         False, "--once", help="run one round, print its report as JSON, exit"),
+    metrics_port: int = typer.Option(
+        9402, "--metrics-port", help="serve Prometheus /metrics here (0: off)"),
+    metrics_addr: str = typer.Option("0.0.0.0", "--metrics-addr", help="address for /metrics"),
 ) -> None:
     """Release pods held by the queue's scheduling gate in Horus's weighted-fair order."""
     import json
@@ -118,6 +126,7 @@ def queue_gate(
     from extender.lifecycle import LeadershipSetupError, setup_leadership
     from extender.logs import setup_logging
     from extender.queue import QueueError
+    from extender.queue.metrics import QueueMetrics
     from extender.runtime import (
         PredictorSetupError,
         build_predictor,
@@ -145,15 +154,30 @@ def queue_gate(
     def on_signal(*_: object) -> None:
         stop.set()  # the round in progress finishes; its patches are atomic per pod
 
+    metrics = QueueMetrics()
+    metrics_server = None
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        try:
+            metrics_server, _ = start_http_server(metrics_port, metrics_addr, metrics.registry)
+        except OSError as exc:
+            typer.echo(f"error: cannot serve /metrics on {metrics_addr}:{metrics_port}: {exc}",
+                       err=True)  # fmt: skip
+            raise typer.Exit(2) from None
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     if loop is not None:
         loop.start()
     log.info("queue gate running", extra={"leadership": leadership,
-                                          "gate": controller.config.gate_name})
+                                          "gate": controller.config.gate_name,
+                                          "metrics_port": metrics_port})
     try:
-        controller.run(stop, leader.is_leader)
+        controller.run(stop, leader.is_leader, metrics.observe)
     finally:
         if loop is not None:
             loop.stop()  # releases an elected Lease so a standby takes over at once
+        if metrics_server is not None:
+            metrics_server.shutdown()
+            metrics_server.server_close()
         log.info("queue gate stopped")

@@ -176,11 +176,12 @@ class QueueGateThread:
     """The gate controller on a daemon thread, releasing only while ``is_leader()``."""
 
     def __init__(self, controller: Any, is_leader: Callable[[], bool],
-                 stop: threading.Event | None = None):
+                 stop: threading.Event | None = None,
+                 on_round: Callable[[Any], None] | None = None):
         self.controller = controller
         self.stop_event = stop or threading.Event()
         self._thread = threading.Thread(
-            target=controller.run, args=(self.stop_event, is_leader),
+            target=controller.run, args=(self.stop_event, is_leader, on_round),
             name="tandem-queue-gate", daemon=True)
 
     def start(self) -> QueueGateThread:

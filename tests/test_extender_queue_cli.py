@@ -73,7 +73,17 @@ def light(name: str, age_s: float) -> dict[str, Any]:
 
 
 def run_gate(*args: str) -> Any:
-    return CliRunner().invoke(commands.app, ["queue-gate", *args])
+    """The command, with /metrics off unless a test asks for it (tests run in parallel)."""
+    port = [] if "--metrics-port" in args else ["--metrics-port", "0"]
+    return CliRunner().invoke(commands.app, ["queue-gate", *port, *args])
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def test_once_releases_in_weighted_fair_order_not_fifo(fake_api: ApplyingCoreV1,
@@ -131,6 +141,49 @@ def test_run_loop_respects_in_flight_pods_and_stops_on_sigterm(
     # Round 1 releases two; rounds 2 and 3 see them unbound (in flight) and wait.
     assert [p[0] for p in fake_api.patches] == ["h4", "h3"]
     assert len(fake_api.lists) == 3
+
+
+def test_run_loop_serves_queue_metrics(fake_api: ApplyingCoreV1,
+                                       config_file: Callable[[str], Path]) -> None:
+    import urllib.request
+
+    fake_api.pods = [heavy(f"h{i}", 10 + i) for i in range(3)]
+    port = free_port()
+    scraped: list[str] = []
+
+    def on_list(calls_before: int) -> None:
+        if calls_before == 1:  # round 2 begins: round 1 has been observed
+            url = f"http://127.0.0.1:{port}/metrics"
+            scraped.append(urllib.request.urlopen(url, timeout=5).read().decode())
+            signal.raise_signal(signal.SIGTERM)
+
+    fake_api.on_list = on_list
+    cfg = config_file("queue: {k: 1, beta: 2}\npredictor: {enabled: false}\n")
+    result = run_gate("--config", str(cfg), "--interval-seconds", "0.01",
+                      "--metrics-port", str(port), "--metrics-addr", "127.0.0.1")
+    assert result.exit_code == 0, result.output
+    (text,) = scraped
+    assert "tandem_queue_released_pods_total 2.0" in text
+    assert "tandem_queue_gated_pods 3.0" in text
+    assert 'tandem_queue_rounds_total{outcome="ok"} 1.0' in text
+    # The server is gone with the command.
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_metrics_port_in_use_exits_2(fake_api: ApplyingCoreV1,
+                                     config_file: Callable[[str], Path]) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_gate("--config", str(config_file("predictor: {enabled: false}\n")),
+                          "--metrics-port", str(port), "--metrics-addr", "127.0.0.1")
+    assert result.exit_code == 2
+    assert f"cannot serve /metrics on 127.0.0.1:{port}" in result.output
+    assert fake_api.lists == []
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -199,7 +252,9 @@ def test_serve_runs_the_gate_in_process_and_stops_it(
         def stop(self) -> None:
             pass
 
-    monkeypatch.setattr(extender.server, "make_server", lambda *_: Server())
+    apps: list[Any] = []
+    monkeypatch.setattr(extender.server, "make_server",
+                        lambda app, *_: apps.append(app) or Server())
     monkeypatch.setattr(extender.runtime, "build_source",
                         lambda _spec: SimSource.from_file(REPO / "extender/demo_cluster.yaml"))
     cfg = config_file("queue: {enabled: true, k: 1, beta: 1, interval_seconds: 0.1}\n"
@@ -208,6 +263,10 @@ def test_serve_runs_the_gate_in_process_and_stops_it(
     assert result.exit_code == 0, result.output
     assert released.is_set()
     assert [p[0] for p in fake_api.patches] == ["h1"]  # beta 1: the older pod, once
+    # The gate's metrics are on the extender's own /metrics.
+    text = apps[0].test_client().get("/metrics").get_data(as_text=True)
+    assert "tandem_queue_released_pods_total 1.0" in text
+    assert "tandem_extender_state_synced" in text
 
 
 def test_serve_refuses_the_gate_on_a_simulated_cluster(

@@ -251,3 +251,17 @@ def test_gate_config_rejects(kwargs: dict[str, Any], field_name: str) -> None:
     with pytest.raises(QueueError) as err:
         GateConfig(**kwargs)
     assert err.value.field == field_name
+
+
+def test_report_names_the_oldest_wait_and_classes_even_without_a_free_slot() -> None:
+    api = FakeCoreV1([pod("a", age_s=50), pod("b", age_s=400),
+                      pod("flying", gated=False, released=True)])
+    report = controller(api, beta=1).reconcile()
+    assert report.in_flight == 1 and report.released == ()
+    assert report.oldest_wait_seconds == 400.0
+    assert report.classes == ((0, 2, 225.0, 450.0),)
+
+
+def test_report_of_an_empty_queue() -> None:
+    report = controller(FakeCoreV1([pod("cpu", gpus=0)])).reconcile()
+    assert report.gated == 0 and report.oldest_wait_seconds == 0.0 and report.classes == ()

@@ -4,8 +4,9 @@
 weights ``w_x = max(len, median_wait * len)``, ``beta`` releases per round and a
 starvation guard. ``gate`` is the Kubernetes controller that holds GPU pods
 behind the ``tandem.io/queue`` scheduling gate and releases them in the order the
-queue picks. ``tandem simulate`` drives the same ``fair`` code with a virtual
-clock. Importing this package does not import ``kubernetes``.
+queue picks; ``metrics`` exports what each round saw to Prometheus. ``tandem
+simulate`` drives the same ``fair`` code with a virtual clock. Importing this
+package does not import ``kubernetes``.
 """
 
 from extender.queue.fair import (

@@ -101,6 +101,8 @@ class RoundReport:
     error: str | None = None
     classes: tuple[tuple[int, int, float, float], ...] = field(default=())
     """(class, length, median wait s, weight) per class."""
+    oldest_wait_seconds: float = 0.0
+    """How long the oldest gated pod has waited (0 when none is gated)."""
 
 
 def gate_index(pod: Mapping[str, Any], gate_name: str = GATE_NAME) -> int | None:
@@ -225,7 +227,7 @@ class GateController:
             by_key[item.key] = p
             queue.add(item)
         slots = max(0, self.config.queue.beta - in_flight)
-        picked = queue.select(now, slots) if slots else []
+        picked = queue.select(now, slots)  # with no slot: classes for the report, no release
         released, conflicts = [], []
         for item in picked:
             pod = by_key[item.key]
@@ -246,8 +248,10 @@ class GateController:
                                      "status": getattr(exc, "status", None)}))
         classes = tuple((c.index, c.length, round(c.median_wait_seconds, 3), round(c.weight, 3))
                         for c in queue.last_classes)
+        oldest = max((now - item.enqueued_at_seconds for item in queue.items()), default=0.0)
         return RoundReport(gated=len(gated), in_flight=in_flight, released=tuple(released),
-                           conflicts=tuple(conflicts), classes=classes)
+                           conflicts=tuple(conflicts), classes=classes,
+                           oldest_wait_seconds=round(max(0.0, oldest), 3))
 
     def run(self, stop: threading.Event, is_leader: Callable[[], bool] | None = None,
             on_round: Callable[[RoundReport], None] | None = None) -> None:
