@@ -43,7 +43,14 @@ from agent.server.errors import (
     SessionNotFound,
 )
 from agent.server.executors import Executor, LoadedModel
-from agent.server.state import Action, BestEffortState, InFlight, RuntimeConfig, SloState
+from agent.server.state import (
+    Action,
+    BestEffortState,
+    InFlight,
+    RuntimeConfig,
+    SloState,
+    profile_json,
+)
 from agent.server.stats import Outcome
 from extender.planner import GpuPlan, Infeasible, SessionError, SessionSpec, plan_gpu
 from predictor.batching import BatchingProfile
@@ -128,7 +135,7 @@ class ServingRuntime:
                     "duty_cycle_ms": plan.duty_cycle_ms,
                     "occupancy": plan.occupancy,
                     "worst_case_latency_ms": alloc.latency_ms if alloc else None,
-                    "profile": _profile_json(profile),
+                    "profile": profile_json(profile),
                 }
 
     def add_best_effort_session(
@@ -170,7 +177,7 @@ class ServingRuntime:
                 "priority": priority,
                 "quantum_ms": quantum,
                 "duty_cycle_ms": self.plan.duty_cycle_ms if self.plan else None,
-                "profile": _profile_json(profile),
+                "profile": profile_json(profile),
             }
 
     def remove_session(self, name: str) -> None:
@@ -592,36 +599,8 @@ class ServingRuntime:
             total_gpu = sum(s.stats.gpu_time_ms for s in self._slo.values()) + sum(
                 b.stats.gpu_time_ms for b in self._be.values()
             )
-            sessions = []
-            for s in self._slo.values():
-                sessions.append(
-                    {
-                        "name": s.spec.name,
-                        "kind": "slo",
-                        "model": s.spec.model,
-                        "slo_ms": s.spec.slo_ms,
-                        "rate_rps": s.spec.rate_rps,
-                        "observed_rate_rps": s.rate_ewma_rps,
-                        "batch": s.batch,
-                        "queue": len(s.queue),
-                        "gpu_share": s.stats.gpu_time_ms / total_gpu if total_gpu else 0.0,
-                        **s.stats.to_json(elapsed),
-                    }
-                )
-            for b in self._be.values():
-                sessions.append(
-                    {
-                        "name": b.job.name,
-                        "kind": "best_effort",
-                        "model": b.loaded.ref,
-                        "weight": b.job.weight,
-                        "segments": len(b.loaded.segment_fractions or ()),
-                        "priority": b.job.priority,
-                        "queue": len(b.queue) + (1 if b.current else 0),
-                        "gpu_share": b.stats.gpu_time_ms / total_gpu if total_gpu else 0.0,
-                        **b.stats.to_json(elapsed),
-                    }
-                )
+            sessions = [s.to_json(total_gpu, elapsed) for s in self._slo.values()]
+            sessions += [b.to_json(total_gpu, elapsed) for b in self._be.values()]
             plan = self.plan
             return {
                 "gpu_type": self.config.gpu_type,
@@ -636,13 +615,3 @@ class ServingRuntime:
                 "sessions": sessions,
             }
 
-
-def _profile_json(profile: BatchingProfile) -> dict[str, Any]:
-    return {
-        "model": profile.model,
-        "gpu_type": profile.gpu_type,
-        "max_batch": profile.max_batch,
-        "alpha_ms": profile.alpha_ms,
-        "beta_ms": profile.beta_ms,
-        "latency_batch1_ms": profile.latency_ms(1),
-    }

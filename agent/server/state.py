@@ -37,6 +37,18 @@ class RuntimeConfig:
     max_queue: int = 10_000
 
 
+def profile_json(profile: BatchingProfile) -> dict[str, Any]:
+    """The batching profile a session runs with, as the HTTP API shows it."""
+    return {
+        "model": profile.model,
+        "gpu_type": profile.gpu_type,
+        "max_batch": profile.max_batch,
+        "alpha_ms": profile.alpha_ms,
+        "beta_ms": profile.beta_ms,
+        "latency_batch1_ms": profile.latency_ms(1),
+    }
+
+
 @dataclass
 class SloState:
     spec: SessionSpec
@@ -48,6 +60,17 @@ class SloState:
     window_start_ms: float = 0.0
     window_count: int = 0
     rate_ewma_rps: float = 0.0
+
+    def to_json(self, total_gpu_ms: float, elapsed_ms: float) -> dict[str, Any]:
+        """This session's entry in GET /v1/sessions."""
+        return {
+            "name": self.spec.name, "kind": "slo", "model": self.spec.model,
+            "slo_ms": self.spec.slo_ms, "rate_rps": self.spec.rate_rps,
+            "observed_rate_rps": self.rate_ewma_rps, "batch": self.batch,
+            "queue": len(self.queue),
+            "gpu_share": self.stats.gpu_time_ms / total_gpu_ms if total_gpu_ms else 0.0,
+            **self.stats.to_json(elapsed_ms),
+        }  # fmt: skip
 
 
 @dataclass
@@ -69,6 +92,17 @@ class BestEffortState:
 
     def runnable(self) -> bool:
         return self.current is not None or bool(self.queue)
+
+    def to_json(self, total_gpu_ms: float, elapsed_ms: float) -> dict[str, Any]:
+        """This session's entry in GET /v1/sessions."""
+        return {
+            "name": self.job.name, "kind": "best_effort", "model": self.loaded.ref,
+            "weight": self.job.weight, "segments": len(self.loaded.segment_fractions or ()),
+            "priority": self.job.priority,
+            "queue": len(self.queue) + (1 if self.current else 0),
+            "gpu_share": self.stats.gpu_time_ms / total_gpu_ms if total_gpu_ms else 0.0,
+            **self.stats.to_json(elapsed_ms),
+        }  # fmt: skip
 
 
 @dataclass
