@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 Workload = Literal["training", "inference"]
 Status = Literal["ok", "oom", "error", "timeout"]
@@ -23,9 +23,45 @@ def config_key(model: str, workload: str, batch_size: int) -> str:
     return f"{model}|{workload}|{batch_size}"
 
 
+TORCH_INPUT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "int64", "int32")
+
+
+@dataclass(frozen=True)
+class TorchModelSpec:
+    """A user's torch model: how to build it and what one input sample looks like.
+
+    ``factory`` is ``package.module:callable`` (importable by the profiler and its
+    workers, e.g. through PYTHONPATH) or ``/path/to/file.py:callable``; calling it
+    with no arguments returns a ``torch.nn.Module``. Inputs are random tensors of
+    shape ``(batch, *input_shape)``; integer inputs (token ids) are drawn from
+    ``[0, input_high)``. :mod:`predictor.profiling.usermodels` builds both.
+    """
+
+    factory: str
+    input_shape: tuple[int, ...]
+    input_dtype: str = "float32"
+    input_high: int = 2
+
+    def problems(self) -> list[str]:
+        """Every invalid field as ``name: reason``."""
+        out = []
+        module, sep, attr = self.factory.rpartition(":")
+        if not sep or not module or not attr.isidentifier():
+            out.append(f"factory: {self.factory!r} is not 'module:callable' or 'file.py:callable'")
+        if not self.input_shape or any(d < 1 for d in self.input_shape):
+            out.append(f"input_shape: {list(self.input_shape)} needs one or more sizes >= 1")
+        if self.input_dtype not in TORCH_INPUT_DTYPES:
+            out.append(f"input_dtype: {self.input_dtype!r} is not one of "
+                       f"{'|'.join(TORCH_INPUT_DTYPES)}")  # fmt: skip
+        if self.input_high < 1:
+            out.append("input_high: must be >= 1")
+        return out
+
+
 @dataclass(frozen=True)
 class JobSpec:
-    """One model configuration to run: zoo model or user ONNX file, workload, batch size."""
+    """One model configuration to run: a catalogue (zoo) model, a user ONNX file or a
+    user torch model, with its workload and batch size."""
 
     model: str
     family: str
@@ -33,11 +69,22 @@ class JobSpec:
     batch_size: int
     onnx_path: str | None = None
     """A user ONNX model (inference only) instead of a zoo model."""
+    torch_model: TorchModelSpec | None = None
+    """A user torch model (training and inference) instead of a zoo model."""
 
     @property
     def key(self) -> str:
         """Deterministic identity of the configuration on one GPU (resume uses it)."""
         return config_key(self.model, self.workload, self.batch_size)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobSpec:
+        """The inverse of ``dataclasses.asdict`` (the worker protocol sends that)."""
+        torch_model = data.get("torch_model")
+        if torch_model is not None:
+            torch_model = TorchModelSpec(**{**torch_model,
+                                            "input_shape": tuple(torch_model["input_shape"])})
+        return cls(**{**data, "torch_model": torch_model})
 
 
 @dataclass(frozen=True)

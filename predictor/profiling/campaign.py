@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -24,7 +24,7 @@ from predictor.profiling.backend import (
     ProfilingBackend,
     config_key,
 )
-from predictor.profiling.plan import Combo, baselines_from_rows, choose_combos
+from predictor.profiling.plan import Combo, IsolatedBaseline, baselines_from_rows, choose_combos
 from predictor.profiling.spec import CampaignSpec
 from predictor.profiling.store import DataDir
 
@@ -122,8 +122,11 @@ class Campaign:
         clock: Callable[[], float] = time.monotonic,
         wallclock: Callable[[], float] = time.time,
         progress: ProgressFactory = no_progress,
+        catalogue: Collection[str] | None = None,
     ):
+        """``catalogue``: the models the backend can run by name (None: trust every row)."""
         self.spec = spec
+        self.catalogue = catalogue
         self.backend = backend
         self.env = environment
         self.data = data_dir
@@ -135,6 +138,7 @@ class Campaign:
         self._started = clock()
         self._durations: list[float] = []
         self._on_run: Callable[[], None] = lambda: None
+        self.unrunnable_models: list[str] = []
 
     def on_run(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` after every appended run (the CLI refreshes provenance)."""
@@ -236,9 +240,31 @@ class Campaign:
             "workload": job.workload, "batch_size": job.batch_size,
         }  # fmt: skip
 
+    def runnable(self, baselines: Iterable[IsolatedBaseline]) -> tuple[list[IsolatedBaseline],
+                                                                       list[str]]:  # fmt: skip
+        """Baselines with their jobs' user-model details restored, and the models left out.
+
+        Rows keep only a model's name. A user model's ONNX path or torch factory
+        comes back from the spec; a row of a model that neither the spec nor the
+        catalogue knows (a user model of an earlier campaign) cannot be run again.
+        """
+        user = {m.name: m for m in self.spec.user_models()}
+        out, unknown = [], []
+        for b in baselines:
+            entry = user.get(b.job.model)
+            if entry is not None:
+                job = replace(b.job, onnx_path=entry.onnx_path, torch_model=entry.torch_model)
+                out.append(replace(b, job=job))
+            elif self.catalogue is None or b.job.model in self.catalogue:
+                out.append(b)
+            else:
+                unknown.append(b.job.model)
+        return out, sorted(set(unknown))
+
     def planned_combos(self) -> tuple[list[Combo], int]:
         """New combinations to run now, and how many exist already."""
-        baselines = baselines_from_rows(self.data.rows("isolated"))
+        baselines, self.unrunnable_models = self.runnable(
+            baselines_from_rows(self.data.rows("isolated")))
         existing = self.data.rows("colocated")
         done_ids = {r["combo_id"] for r in existing}
         per_size = Counter(r["n_jobs"] for r in existing if r["job_index"] == 0)
@@ -257,6 +283,11 @@ class Campaign:
             return
         combos, existing = self.planned_combos()
         self.summary.colocated_existing = existing
+        if self.unrunnable_models:
+            self.summary.skipped.append(Skipped(
+                ",".join(self.unrunnable_models),
+                "isolated rows of models neither the spec nor the catalogue knows: "
+                "not co-located"))  # fmt: skip
         labelled = [
             (c.combo_id, " + ".join(f"{j.model}/b{j.batch_size}" for j in c.jobs), c)
             for c in combos

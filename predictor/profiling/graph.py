@@ -1,12 +1,12 @@
 """Graph-feature columns of a profiled job, from its exported ONNX graph.
 
-Zoo models are exported once per (model, workload) with a symbolic batch
-dimension and read at each batch size (:func:`predictor.features.extract_features`
-binds it). If that graph cannot be read, or binding leaves nodes whose shapes
-shape inference could not resolve (features would then be lower bounds), the
-model is exported again at the fixed batch size and read from that graph. User
-ONNX files are read as they are. Exports live in a temporary directory for the
-campaign's lifetime.
+Zoo models and user torch models are exported once per (model, workload) with a
+symbolic batch dimension and read at each batch size
+(:func:`predictor.features.extract_features` binds it). If that graph cannot be
+read, or binding leaves nodes whose shapes shape inference could not resolve
+(features would then be lower bounds), the model is exported again at the fixed
+batch size and read from that graph. User ONNX files are read as they are.
+Exports live in a temporary directory for the campaign's lifetime.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from predictor.profiling.backend import JobSpec
+from predictor.profiling.backend import JobSpec, TorchModelSpec
 
 Exporter = Callable[..., Path]
-"""``export_onnx(name, batch_size, path, training=..., dynamic_batch=...)``."""
+"""``exporter(name, batch_size, path, training=..., dynamic_batch=..., torch_model=...)``:
+a zoo model by name, or the user torch model ``torch_model`` describes."""
 Extractor = Callable[[Path, int], Any]
 """``extract_features(path, batch_size)`` returning a ``GraphFeatures``-like value."""
 
@@ -35,10 +36,20 @@ def feature_columns(features: Any) -> dict[str, Any]:
     }
 
 
-def _default_exporter(*args: Any, **kwargs: Any) -> Path:
-    from predictor.zoo import export_onnx
+def _default_exporter(name: str, batch_size: int, path: Path, *, training: bool,
+                      dynamic_batch: bool, torch_model: TorchModelSpec | None = None) -> Path:
+    if torch_model is None:
+        from predictor.zoo import export_onnx
 
-    return export_onnx(*args, **kwargs)
+        return export_onnx(name, batch_size, path, training=training,
+                           dynamic_batch=dynamic_batch)  # fmt: skip
+    from predictor.profiling.usermodels import build_module, example_input
+    from predictor.zoo import export_module
+
+    model = build_module(torch_model)
+    doc = f"tandem user model {name} ({torch_model.factory}) batch={batch_size}"
+    return export_module(model, example_input(torch_model, batch_size), path, training,
+                         dynamic_batch, doc)  # fmt: skip
 
 
 def _default_extractor(path: Path, batch_size: int) -> Any:
@@ -73,9 +84,10 @@ class GraphFeatureSource:
         key = (job.model, job.workload, batch)
         if key not in self._exports:
             name = f"{job.model}-{job.workload}-{batch or 'dyn'}.onnx"
+            extra = {"torch_model": job.torch_model} if job.torch_model is not None else {}
             self._exports[key] = self._exporter(
                 job.model, batch or 1, self.workdir / name,
-                training=job.workload == "training", dynamic_batch=batch is None,
+                training=job.workload == "training", dynamic_batch=batch is None, **extra,
             )  # fmt: skip
         return self._exports[key]
 

@@ -191,6 +191,7 @@ def _spec_record(spec: CampaignSpec) -> dict[str, Any]:
     out = asdict(spec)
     out["batch_sizes"] = {k: list(v) for k, v in spec.batch_sizes.items()}
     out["onnx_models"] = [asdict(m) for m in spec.onnx_models]
+    out["torch_models"] = [asdict(m) for m in spec.torch_models]
     return out
 
 
@@ -216,12 +217,13 @@ def run_campaign(
     sleep: Callable[[float], None] = lambda _s: None,
 ) -> dict[str, Any]:
     """Run a campaign end to end; returns the summary as a JSON-ready dict."""
+    check_user_models(spec)
     with open_backend(choice, spec.measure, gpu_index, sleep) as ob:
         isolated = plan_isolated(spec, ob.catalogue)
         data = prepare_data_dir(out, ob.environment, resume)
         recorder = ProvenanceRecorder(data, ob.environment, command, str(choice), spec, wallclock)
         campaign = Campaign(spec, ob.backend, ob.environment, data, ob.features, clock, wallclock,
-                            progress)  # fmt: skip
+                            progress, catalogue=set(ob.catalogue))  # fmt: skip
         campaign.summary.repairs = list(data.repairs)
 
         def refresh() -> None:
@@ -234,6 +236,18 @@ def run_campaign(
             # Written on success, budget stop, Ctrl-C and crash alike.
             refresh()
         return campaign.summary.as_dict()
+
+
+def check_user_models(spec: CampaignSpec) -> None:
+    """Resolve every user torch factory here, before any run: SpecError naming each failure."""
+    if not spec.torch_models:
+        return
+    from predictor.profiling.usermodels import factory_problems
+
+    problems = factory_problems((m.name, m.torch_model) for m in spec.torch_models
+                                if m.torch_model is not None)  # fmt: skip
+    if problems:
+        raise SpecError(problems)
 
 
 def _backend_counters(backend: Any) -> dict[str, Any]:
@@ -255,6 +269,7 @@ def plan_report(
     listed only once ``OUT/<gpu>/isolated.csv`` exists. For ``cuda`` without a
     usable GPU here, the GPU directory is unknown and only the isolated plan shows.
     """
+    check_user_models(spec)
     env: Environment | None = None
     if choice.kind == "sim":
         with open_backend(choice, spec.measure) as ob:
@@ -276,7 +291,8 @@ def plan_report(
     colo_done = 0
     if data is not None and env is not None:
         done = isolated_done(data)
-        planner = Campaign(spec, _NoBackend(), env, data, _NoFeatures())
+        planner = Campaign(spec, _NoBackend(), env, data, _NoFeatures(),
+                           catalogue=set(catalogue))  # fmt: skip
         combos, colo_done = planner.planned_combos()
     remaining = [j for j in isolated if j.key not in done]
     return {

@@ -7,6 +7,9 @@ A spec comes from a YAML file (``--spec``) with CLI options overriding its keys:
     workloads: [training, inference]
     batch_sizes: {training: [16, 32, 64], inference: [1, 8, 32]}   # or one list for both
     onnx_models: [{name: mine, family: custom, path: models/mine.onnx}]   # inference only
+    torch_models:                        # training and inference
+      - {name: mynet, family: custom, factory: "mypkg.nets:build",   # or "nets.py:build"
+         input_shape: [3, 224, 224], input_dtype: float32}   # int64 token ids: input_high
     pairs: 60                            # co-located combinations of two jobs
     triples: 40                          # ... of three jobs
     seed: 0
@@ -26,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from predictor.profiling.backend import JobSpec, MeasureSettings
+from predictor.profiling.backend import JobSpec, MeasureSettings, TorchModelSpec
 from predictor.profiling.errors import SpecError
 
 WORKLOADS: tuple[str, ...] = ("training", "inference")
@@ -44,6 +47,7 @@ class CatalogueEntry:
     family: str
     workloads: tuple[str, ...] = WORKLOADS
     onnx_path: str | None = None
+    torch_model: TorchModelSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ class CampaignSpec:
         default_factory=lambda: dict(DEFAULT_BATCH_SIZES)
     )
     onnx_models: tuple[CatalogueEntry, ...] = ()
+    torch_models: tuple[CatalogueEntry, ...] = ()
     pairs: int = 60
     triples: int = 40
     seed: int = 0
@@ -92,7 +97,19 @@ class CampaignSpec:
         for i, m in enumerate(self.onnx_models):
             if not m.onnx_path or not Path(m.onnx_path).is_file():
                 out.append(f"onnx_models[{i}].path: no such file {m.onnx_path!r}")
+        for i, m in enumerate(self.torch_models):
+            assert m.torch_model is not None
+            out += [f"torch_models[{i}].{p}" for p in m.torch_model.problems()]
+            out += [f"torch_models[{i}].workloads: {w!r} is not one of {'|'.join(WORKLOADS)}"
+                    for w in m.workloads if w not in WORKLOADS]  # fmt: skip
+        names = [m.name for m in self.user_models()]
+        out += [f"user models: the name {n!r} is used twice"
+                for n in sorted({n for n in names if names.count(n) > 1})]  # fmt: skip
         return out
+
+    def user_models(self) -> tuple[CatalogueEntry, ...]:
+        """The user's own models (ONNX files and torch factories), in spec order."""
+        return (*self.onnx_models, *self.torch_models)
 
     def validated(self) -> CampaignSpec:
         """Return self, or raise SpecError listing every problem."""
@@ -168,6 +185,8 @@ def spec_from_mapping(data: Mapping[str, Any], base_dir: Path = Path(".")) -> Ca
             entries.append(CatalogueEntry(str(m["name"]), str(m["family"]), ("inference",),
                                           str(path)))  # fmt: skip
         kw["onnx_models"] = tuple(entries)
+    if "torch_models" in data:
+        kw["torch_models"] = tuple(_torch_entries(data["torch_models"], base_dir, problems))
     if "measure" in data:
         raw = data["measure"]
         if not isinstance(raw, Mapping):
@@ -184,6 +203,40 @@ def spec_from_mapping(data: Mapping[str, Any], base_dir: Path = Path(".")) -> Ca
     return CampaignSpec(**kw).validated()
 
 
+_TORCH_KEYS = {"name", "family", "factory", "input_shape", "input_dtype", "input_high",
+               "workloads"}  # fmt: skip
+
+
+def _torch_entries(raw: Any, base_dir: Path, problems: list[str]) -> list[CatalogueEntry]:
+    """Catalogue entries of the ``torch_models`` list (field values checked by ``problems``)."""
+    entries = []
+    for i, m in enumerate(raw or []):
+        where = f"torch_models[{i}]"
+        if not isinstance(m, Mapping) or not {"name", "family", "factory", "input_shape"} <= set(m):
+            problems.append(f"{where}: expected {{name, family, factory, input_shape}}")
+            continue
+        problems += [f"{where}.{k}: unknown key" for k in sorted(set(m) - _TORCH_KEYS)]
+        shape = m["input_shape"]
+        if not isinstance(shape, list | tuple) or not all(
+                isinstance(d, int) and not isinstance(d, bool) for d in shape):  # fmt: skip
+            problems.append(f"{where}.input_shape: expected a list of integers")
+            continue
+        high = m.get("input_high", 2)
+        if isinstance(high, bool) or not isinstance(high, int):
+            problems.append(f"{where}.input_high: expected an integer")
+            continue
+        factory = str(m["factory"])
+        module, sep, attr = factory.rpartition(":")
+        if sep and module.endswith(".py") and not Path(module).is_absolute():
+            factory = f"{base_dir / module}:{attr}"  # files are relative to the spec
+        workloads = _tuple_of(m.get("workloads", list(WORKLOADS)), str, f"{where}.workloads",
+                              problems)  # fmt: skip
+        spec = TorchModelSpec(factory, tuple(shape), str(m.get("input_dtype", "float32")), high)
+        entries.append(CatalogueEntry(str(m["name"]), str(m["family"]), workloads,
+                                      torch_model=spec))  # fmt: skip
+    return entries
+
+
 def load_spec(path: Path) -> CampaignSpec:
     """Read a campaign spec YAML file."""
     try:
@@ -196,9 +249,11 @@ def load_spec(path: Path) -> CampaignSpec:
 def plan_isolated(spec: CampaignSpec, catalogue: Mapping[str, CatalogueEntry]) -> list[JobSpec]:
     """Isolated configurations in run order: model, then workload, then batch size."""
     entries = dict(catalogue)
-    for m in spec.onnx_models:
+    problems = [f"user models: {m.name!r} is also a catalogue model; choose another name"
+                for m in spec.user_models() if m.name in entries]  # fmt: skip
+    user_names = {m.name for m in spec.user_models()}
+    for m in spec.user_models():
         entries[m.name] = m
-    problems = []
     if spec.models is not None:
         problems += [f"models: {m!r} is not in the catalogue (known: {', '.join(sorted(entries))})"
                      for m in spec.models if m not in entries]  # fmt: skip
@@ -211,8 +266,8 @@ def plan_isolated(spec: CampaignSpec, catalogue: Mapping[str, CatalogueEntry]) -
     jobs = []
     for name in sorted(entries):
         entry = entries[name]
-        onnx_name = any(m.name == name for m in spec.onnx_models)
-        if spec.models is not None and name not in spec.models and not onnx_name:
+        # The user's own models always run: naming them in the spec is the choice.
+        if spec.models is not None and name not in spec.models and name not in user_names:
             continue
         if spec.families is not None and entry.family not in spec.families:
             continue
@@ -221,7 +276,7 @@ def plan_isolated(spec: CampaignSpec, catalogue: Mapping[str, CatalogueEntry]) -
                 continue
             for batch in sorted(set(spec.batch_sizes.get(workload, ()))):
                 jobs.append(JobSpec(name, entry.family, workload, batch,  # type: ignore[arg-type]
-                                    entry.onnx_path))  # fmt: skip
+                                    entry.onnx_path, entry.torch_model))  # fmt: skip
     return jobs
 
 

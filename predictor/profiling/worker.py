@@ -68,14 +68,31 @@ def _scalar_loss(output: Any) -> Any:
 
 
 def _zoo_step(job: JobSpec, settings: MeasureSettings, device: str) -> Callable[[], None]:
-    import torch
-
     from predictor.zoo import ZOO, build_model
 
     # The same construction export_onnx uses, so the measured model is the graph
     # whose features the row records.
-    model = build_model(job.model).to(device)
-    x = ZOO[job.model].example_input(job.batch_size).to(device)
+    model = build_model(job.model)
+    return _module_step(model, ZOO[job.model].example_input(job.batch_size), job, settings,
+                        device)  # fmt: skip
+
+
+def _torch_step(job: JobSpec, settings: MeasureSettings, device: str) -> Callable[[], None]:
+    from predictor.profiling.usermodels import build_module, example_input
+
+    assert job.torch_model is not None
+    model = build_module(job.torch_model)
+    return _module_step(model, example_input(job.torch_model, job.batch_size), job, settings,
+                        device)  # fmt: skip
+
+
+def _module_step(model: Any, x: Any, job: JobSpec, settings: MeasureSettings,
+                 device: str) -> Callable[[], None]:  # fmt: skip
+    """One training step (forward, backward, optimiser) or one inference batch."""
+    import torch
+
+    model = model.to(device)
+    x = x.to(device)
     if job.workload == "inference":
         model.eval()
 
@@ -160,8 +177,12 @@ class JobRunner:
 
                 torch.backends.cudnn.benchmark = True
                 torch.cuda.reset_peak_memory_stats()
-            self._step = _onnx_step(job, self.device) if job.onnx_path else _zoo_step(
-                job, settings, self.device)  # fmt: skip
+            if job.onnx_path:
+                self._step = _onnx_step(job, self.device)
+            elif job.torch_model is not None:
+                self._step = _torch_step(job, settings, self.device)
+            else:
+                self._step = _zoo_step(job, settings, self.device)
             deadline = time.perf_counter() + settings.warmup_seconds
             n = 0
             while n < 2 or time.perf_counter() < deadline:
@@ -238,7 +259,7 @@ def serve(runner: JobRunner, inp: TextIO, out: TextIO) -> None:
             send({"event": "error", "error": f"bad message {line[:200]!r}"})
             continue
         if op == "prepare":
-            send(runner.prepare(JobSpec(**msg["job"]), MeasureSettings(**msg["settings"])))
+            send(runner.prepare(JobSpec.from_json(msg["job"]), MeasureSettings(**msg["settings"])))
         elif op == "measure":
             send(runner.measure())
         elif op == "release":

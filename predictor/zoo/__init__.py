@@ -215,14 +215,33 @@ def export_onnx(
     ``input_dim``); vocabulary and input width are passed to both. With
     ``dynamic_batch`` the batch dimension is the symbolic ``batch``.
     """
-    import onnx
-    import torch
-
     entry = _entry(name)
     input_params = {k: v for k, v in params.items() if k in _INPUT_KEYS}
     model = build_model(name, **params)
-    model.train(training)
     example = entry.example_input(batch_size, **input_params)
+    doc = f"tandem zoo {name} batch={batch_size} training={training} params={params}"
+    return export_module(model, example, path, training, dynamic_batch, doc)
+
+
+def export_module(
+    model: Any,
+    example: Any,
+    path: Path | str,
+    training: bool = False,
+    dynamic_batch: bool = False,
+    doc_string: str = "",
+) -> Path:
+    """Export a torch module on CPU to ONNX with input ``example``; returns ``path``.
+
+    The one export the zoo and the profiler's user torch models share: TorchScript
+    exporter, opset ``ONNX_OPSET``, IR ``ONNX_IR_VERSION``, input ``input`` and
+    output ``output``, the batch dimension symbolic (``batch``) with
+    ``dynamic_batch``.
+    """
+    import onnx
+    import torch
+
+    model.train(training)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL
@@ -245,12 +264,13 @@ def export_onnx(
         )
     proto = onnx.load(str(path))
     proto.ir_version = ONNX_IR_VERSION
-    proto.doc_string = f"tandem zoo {name} batch={batch_size} training={training} params={params}"
+    proto.doc_string = doc_string
     onnx.save(proto, str(path))
     return path
 
 
-__all__ = ["ONNX_IR_VERSION", "ONNX_OPSET", "ZOO", "ZooEntry", "build_model", "export_onnx"]
+__all__ = ["ONNX_IR_VERSION", "ONNX_OPSET", "ZOO", "ZooEntry", "build_model", "export_module",
+           "export_onnx"]
 
 
 def family_names() -> list[str]:
