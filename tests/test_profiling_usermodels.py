@@ -268,7 +268,8 @@ def test_colocated_runs_get_the_user_models_back_from_the_spec(nets: Path,
         onnx_models=(CatalogueEntry("tiny", "custom", ("inference",), str(onnx_file)),),
         torch_models=(CatalogueEntry("mine", "custom", torch_model=_spec(nets)),),
     )  # fmt: skip
-    env = Environment("TEST GPU", 16384.0, "1", "12.4", "pytorch", "2.0", False)
+    env = Environment("TEST GPU", 16384.0, "1", "12.4", "pytorch", "2.0", False,
+                      software={"onnxruntime": "1.31.1"})
     catalogue = {"mlp": CatalogueEntry("mlp", "mlp")}
     data = DataDir(tmp_path / "gpu")
     backend = RecordingBackend()
@@ -281,6 +282,11 @@ def test_colocated_runs_get_the_user_models_back_from_the_spec(nets: Path,
     assert members["mine"].torch_model == _spec(nets)
     assert members["tiny"].onnx_path == str(onnx_file)
     assert members["mlp"].torch_model is None and members["mlp"].onnx_path is None
+    # Memory overheads are fitted per framework: the ONNX model's rows say onnxruntime.
+    frameworks = {(r["model"], r["framework"], r["framework_version"])
+                  for r in data.rows("isolated")}  # fmt: skip
+    assert frameworks == {("mlp", "pytorch", "2.0"), ("mine", "pytorch", "2.0"),
+                          ("tiny", "onnxruntime", "1.31.1")}  # fmt: skip
 
     # A later campaign whose spec no longer names "mine" cannot run its rows again.
     later = dataclasses.replace(spec, torch_models=(), pairs=20)

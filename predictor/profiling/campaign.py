@@ -232,11 +232,16 @@ class Campaign:
 
     def _isolated_base(self, job: JobSpec) -> dict[str, Any]:
         e = self.env
+        framework, version = e.framework, e.framework_version
+        if job.onnx_path:
+            # Memory overheads are fitted per framework: ONNX Runtime's rows must not
+            # land among torch's.
+            framework, version = "onnxruntime", e.software.get("onnxruntime", "")
         return {
             "run_id": uuid.uuid4().hex[:16], "timestamp": iso_timestamp(self.wallclock()),
             "gpu_product": e.gpu_product, "driver_version": e.driver_version,
-            "cuda_version": e.cuda_version, "framework": e.framework,
-            "framework_version": e.framework_version, "model": job.model, "family": job.family,
+            "cuda_version": e.cuda_version, "framework": framework,
+            "framework_version": version, "model": job.model, "family": job.family,
             "workload": job.workload, "batch_size": job.batch_size,
         }  # fmt: skip
 
