@@ -117,7 +117,7 @@ def session_command(
         server_url,
         session_request,
     )
-    from extender.logs import setup_logging
+    from contracts.logs import setup_logging
 
     setup_logging(logger_name="")
     try:

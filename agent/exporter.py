@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from agent.extender_view import NodeView
 from agent.gpus import GpuSample, NodeSample
-from agent.state import NodeView
 
 _MIB = 1 << 20
 _GPU_LABELS = ["gpu", "UUID", "modelName", "Hostname", "pod", "namespace"]

@@ -14,15 +14,15 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from agent.attribution import ProcAttributor
 from agent.errors import ConfigError
+from agent.extender_view import PlacedJobs, StateClient, ViewHolder
 from agent.gpus import GpuSource, parse_gpu_source
 from agent.reporter import Reporter, TokenSource
 from agent.runner import Agent, AgentConfig
 from agent.server.auth import AdminToken, AdminTokenError, is_loopback
 from agent.sessions import SessionSync
-from agent.sim import SimGpuSource, load_sim_gpus
-from agent.state import PlacedJobs, StateClient, ViewHolder
+from agent.sim_gpus import SimGpuSource, load_sim_gpus
 from agent.supervisor import ServerSupervisor, SupervisorConfig
-from extender.logs import setup_logging
+from contracts.logs import setup_logging
 
 log = logging.getLogger(__name__)
 

@@ -24,10 +24,10 @@ from prometheus_client import CollectorRegistry, Counter
 from agent.attribution import ProcAttributor
 from agent.errors import ConfigError, GpuSourceError, ReportError, StateError
 from agent.exporter import AgentCollector, Observation
+from agent.extender_view import StateClient, ViewHolder
 from agent.gpus import GpuSource, NodeSample
 from agent.reporter import Reporter, TokenSource, build_report
 from agent.sessions import SessionSync, SyncResult
-from agent.state import StateClient, ViewHolder
 from agent.supervisor import ServerSupervisor
 
 log = logging.getLogger(__name__)

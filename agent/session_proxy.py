@@ -50,9 +50,9 @@ from urllib.parse import quote
 
 import httpx
 
+from agent.extender_view import PodPlacement
 from agent.server.auth import AdminToken, AdminTokenError
 from agent.sessions import session_spec
-from agent.state import PodPlacement
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from urllib.parse import quote
 
 import httpx
 
+from agent.extender_view import NodeView, PodPlacement
 from agent.server.auth import AdminToken, AdminTokenError
-from agent.state import NodeView, PodPlacement
 
 log = logging.getLogger(__name__)
 

@@ -69,7 +69,7 @@ def default_command_prefix() -> tuple[str, ...]:
     script = Path(sys.executable).with_name("tandem")
     if script.is_file() and os.access(script, os.X_OK):
         return (str(script),)
-    return (sys.executable, "-c", "from extender.cli import main; main()")
+    return (sys.executable, "-c", "from tandem.cli import main; main()")
 
 
 @dataclass(frozen=True)

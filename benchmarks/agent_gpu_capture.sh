@@ -28,7 +28,7 @@ WARMUP_SECONDS="${WARMUP_SECONDS:-15}"
 mkdir -p "$DEST"
 : > "$DEST/errors.txt"
 export NODE_NAME="${NODE_NAME:-$(hostname)}" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-TANDEM=("$PY" -c 'from extender.cli import main; main()')  # no function: $! must be its PID
+TANDEM=("$PY" -c 'from tandem.cli import main; main()')  # no function: $! must be its PID
 tandem() { "${TANDEM[@]}" "$@"; }
 step() {  # step NAME CMD...: run, and note a failure without stopping the capture
   local name="$1"; shift

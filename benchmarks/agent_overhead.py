@@ -24,12 +24,12 @@ import httpx
 from prometheus_client import CollectorRegistry, generate_latest
 
 from agent.attribution import ProcAttributor
+from agent.extender_view import PlacedJobs, StateClient, ViewHolder
 from agent.nvml import NvmlGpuSource
 from agent.nvml_fake import FakeGpu, FakeNvml
 from agent.reporter import Reporter, TokenSource
 from agent.runner import Agent, AgentConfig
-from agent.sim import SimGpuSource, SimGpuSpec
-from agent.state import PlacedJobs, StateClient, ViewHolder
+from agent.sim_gpus import SimGpuSource, SimGpuSpec
 
 PROC = _common.ROOT / "tests" / "data" / "agent" / "proc"
 NODE = "bench-node"

@@ -43,7 +43,7 @@ from extender.config import ConfigHolder, ExtenderConfig, load_config
 from extender.core import GpuSpec, NodeSpec
 from extender.routes import create_app
 from extender.server import start_background
-from extender.sim import SimSource
+from extender.sim_cluster import SimSource
 
 NODES, GPUS, CANDIDATES = 1000, 8, 500
 

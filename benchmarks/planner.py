@@ -18,15 +18,15 @@ import time
 
 import _common
 
-from extender.planner import SessionSpec
-from extender.planner.bounds import gpu_lower_bound
-from extender.planner.exact import exact_pack
-from extender.planner.options import SWITCHES, GpuType, HarpagonOptions
-from extender.planner.packing import pack
-from extender.planner.plan import plan, split_query
-from extender.planner.query import QueryError, QueryModule, QuerySpec
-from extender.planner.replan import replan
-from extender.planner.saturate import ConfigPlanner, ProfileIndex
+from planner import SessionSpec
+from planner.bounds import gpu_lower_bound
+from planner.exact import exact_pack
+from planner.options import SWITCHES, GpuType, HarpagonOptions
+from planner.packing import pack
+from planner.plan import plan, split_query
+from planner.query import QueryError, QueryModule, QuerySpec
+from planner.replan import replan
+from planner.saturate import ConfigPlanner, ProfileIndex
 from predictor.batching import BatchingProfile
 from predictor.profiles import load_nexus_dir
 

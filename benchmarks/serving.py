@@ -48,7 +48,7 @@ from agent.server.executors import ModelLimits, OrtExecutor, SimExecutor
 from agent.server.profiles import load_nexus
 from agent.server.replay import Arrival, merge, poisson_arrivals, replay
 from agent.server.runtime import RuntimeConfig, ServingRuntime
-from extender.planner import GpuPlan, SessionSpec, plan_gpu, saturated_config
+from planner import GpuPlan, SessionSpec, plan_gpu, saturated_config
 from predictor.batching import BatchingProfile
 from predictor.profiles import NEXUS_MARGIN, NO_MARGIN
 

@@ -2,5 +2,5 @@
 packing, bind, queue gate and the cluster simulator.
 
 Importing this package must stay cheap and free of Flask/Kubernetes: the agent
-imports the pure planner math from ``extender.planner``.
+imports the pure planner math from ``planner``.
 """

@@ -24,6 +24,7 @@ def serve(
         None, "--lease-name", help="Lease to follow or elect on (POD_NAMESPACE's)"),
 ) -> None:
     """Run the kube-scheduler extender on cheroot until SIGTERM/SIGINT."""
+    from contracts.logs import setup_logging
     from extender.config import ConfigError, ConfigHolder, load_config
     from extender.lifecycle import (
         Draining,
@@ -31,13 +32,14 @@ def serve(
         LeadershipSetupError,
         setup_leadership,
     )
-    from extender.logs import setup_logging
     from extender.metrics import Metrics
     from extender.profiles import ProfileFileError, load_profiles
     from extender.queue import QueueError
     from extender.queue.metrics import QueueMetrics
     from extender.routes import create_app
-    from extender.runtime import (
+    from extender.server import make_server, reload_loop
+    from extender.sim_cluster import SimFileError
+    from extender.wiring import (
         PredictorSetupError,
         QueueGateThread,
         SourceSpecError,
@@ -47,8 +49,6 @@ def serve(
         default_planner,
         predictor_demand_fn,
     )
-    from extender.server import make_server, reload_loop
-    from extender.sim import SimFileError
 
     gate = None
     try:
@@ -122,12 +122,12 @@ def queue_gate(
     import json
     from dataclasses import asdict
 
+    from contracts.logs import setup_logging
     from extender.config import ConfigError, load_config
     from extender.lifecycle import LeadershipSetupError, setup_leadership
-    from extender.logs import setup_logging
     from extender.queue import QueueError
     from extender.queue.metrics import QueueMetrics
-    from extender.runtime import (
+    from extender.wiring import (
         PredictorSetupError,
         build_predictor,
         build_queue_gate,

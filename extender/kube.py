@@ -25,8 +25,8 @@ from typing import Any
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
+from contracts.logs import get_logger
 from extender.core import GpuSpec, NodeSpec, PodRef
-from extender.logs import get_logger
 from extender.source import DONE_PHASES, placement_from_pod
 
 GFD_COUNT = "nvidia.com/gpu.count"

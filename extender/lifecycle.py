@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from contracts.logs import get_logger
 from extender.leader import (
     LEADERSHIP_MODES,
     LeaderConfigError,
@@ -33,7 +34,6 @@ from extender.leader import (
     LeadershipLoop,
     build_leadership,
 )
-from extender.logs import get_logger
 
 SHUTDOWN_TIMEOUT_SECONDS = 20.0
 """How long in-flight requests may run after SIGTERM (below the 30 s grace period)."""

@@ -19,15 +19,15 @@ from typing import Any
 from flask import Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from contracts.logs import get_logger
 from extender.config import ConfigHolder
 from extender.core.decide import PlannerFn
 from extender.errors import BadRequest, ExtenderError
-from extender.logs import get_logger
+from extender.ledger import ClusterState
 from extender.metrics import Metrics
 from extender.reports import check_token, decode_report
 from extender.service import DemandPredictor, Extender
 from extender.source import ClusterSource
-from extender.state import ClusterState
 from extender.wire import (
     decode_binding_args,
     decode_extender_args,

@@ -9,8 +9,8 @@ from typing import Any
 
 from cheroot import wsgi
 
+from contracts.logs import get_logger
 from extender.config import ConfigHolder, ServerConfig
-from extender.logs import get_logger
 
 
 @dataclass

@@ -32,8 +32,8 @@ from extender.core import (
 )
 from extender.core.decide import PlannerFn
 from extender.errors import BadRequest, BindConflict, NotLeader, NotReady, PodRejected, SourceError
+from extender.ledger import ClusterState
 from extender.source import ClusterSource, output_annotations, tandem_annotations
-from extender.state import ClusterState
 from extender.wire import (
     BindingArgs,
     EncodedJson,

@@ -10,8 +10,8 @@ from extender.core import GpuSpec, NodeSpec
 from extender.metrics import Metrics
 from extender.profiles import parse_profiles
 from extender.routes import create_app
-from extender.runtime import default_planner
-from extender.sim import SimSource
+from extender.sim_cluster import SimSource
+from extender.wiring import default_planner
 
 TOKEN = "s3cret-token"
 _uids = itertools.count()

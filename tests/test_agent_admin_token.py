@@ -13,13 +13,13 @@ from test_server_helpers import running_tiny_runtime
 from typer.testing import CliRunner
 
 from agent.errors import ConfigError
+from agent.extender_view import NodeView, parse_node_view
 from agent.main import build_agent
 from agent.server.app import create_app
 from agent.server.auth import AdminGuard, AdminToken
 from agent.server.runtime import ServingRuntime
 from agent.session_proxy import SessionLink, session_request
 from agent.sessions import SessionSync
-from agent.state import NodeView, parse_node_view
 from agent.supervisor import SupervisorConfig
 
 TOKEN = "admin-token-for-tests"

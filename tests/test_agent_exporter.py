@@ -6,8 +6,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from agent.exporter import AgentCollector, Observation
+from agent.extender_view import parse_node_view
 from agent.gpus import GpuInfo, GpuSample, NodeSample, ProcessSample
-from agent.state import parse_node_view
 
 HOST = "gpu-node-1"
 H100 = "NVIDIA H100 80GB HBM3"

@@ -14,14 +14,14 @@ from typer.testing import CliRunner
 
 from agent.attribution import ProcAttributor
 from agent.errors import ConfigError
+from agent.extender_view import PlacedJobs, StateClient, ViewHolder
 from agent.main import build_agent
 from agent.nvml import NvmlGpuSource
 from agent.nvml_fake import FakeNvml
 from agent.reporter import BackoffPolicy, Reporter, TokenSource, build_report
 from agent.runner import Agent, AgentConfig
 from agent.sessions import SessionSync
-from agent.sim import SimGpuSource, load_sim_gpus, true_load_factor
-from agent.state import PlacedJobs, StateClient, ViewHolder
+from agent.sim_gpus import SimGpuSource, load_sim_gpus, true_load_factor
 from extender.reports import decode_report
 
 DATA = Path(__file__).parent / "data" / "agent"

@@ -21,6 +21,7 @@ import pytest
 from cheroot import wsgi
 from flask import Flask
 
+from agent.extender_view import PodPlacement
 from agent.server.app import create_app
 from agent.server.clock import MonotonicClock
 from agent.server.executors import SimExecutor
@@ -35,7 +36,6 @@ from agent.session_proxy import (
     session_request,
 )
 from agent.sessions import session_spec
-from agent.state import PodPlacement
 from predictor.batching import BatchingProfile
 
 NPY = "application/x-npy"
@@ -392,7 +392,7 @@ def test_cli_session_refuses_a_bad_pod_spec_with_exit_2(
 
     from agent.commands import app
 
-    monkeypatch.setattr("extender.logs.setup_logging", lambda **_: None)
+    monkeypatch.setattr("contracts.logs.setup_logging", lambda **_: None)
     for key in ("POD_NAME", "POD_NAMESPACE", "TANDEM_SESSION_NAME", "TANDEM_MODEL",
                 "TANDEM_SLO_MS", "TANDEM_RATE_RPS", "TANDEM_WEIGHT", "TANDEM_PRIORITY",
                 "TANDEM_SERVER_URL", "TANDEM_SERVER_HOST", "TANDEM_GPU_INDEX"):
@@ -442,7 +442,7 @@ def test_example_deployment_runs_the_session_the_agent_would_register(
         raise Captured
 
     monkeypatch.setattr("agent.session_http.serve_forever", capture)
-    monkeypatch.setattr("extender.logs.setup_logging", lambda **_: None)
+    monkeypatch.setattr("contracts.logs.setup_logging", lambda **_: None)
     from typer.testing import CliRunner
 
     result = CliRunner().invoke(commands.app, args, env=env)

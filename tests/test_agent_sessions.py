@@ -7,8 +7,8 @@ import json
 import httpx
 import pytest
 
+from agent.extender_view import NodeView, PodPlacement, parse_node_view
 from agent.sessions import SessionSync, desired_sessions, session_spec
-from agent.state import NodeView, PodPlacement, parse_node_view
 
 NODE = "gpu-node-1"
 

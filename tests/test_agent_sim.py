@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from agent.errors import ConfigError
+from agent.extender_view import PlacedJobs, ViewHolder, parse_node_view
 from agent.gpus import GpuSource, parse_gpu_source
-from agent.sim import (
+from agent.sim_gpus import (
     SimGpuSource,
     SimGpuSpec,
     SimJob,
@@ -17,7 +18,6 @@ from agent.sim import (
     sim_pid,
     true_load_factor,
 )
-from agent.state import PlacedJobs, ViewHolder, parse_node_view
 
 DATA = Path(__file__).parent / "data" / "agent"
 H100 = SimGpuSpec(0, "H100", 81559, "GPU-a", power_idle_watts=50.0, power_max_watts=350.0)

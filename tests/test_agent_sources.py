@@ -11,7 +11,7 @@ import pytest
 from agent.gpus import GpuSource
 from agent.nvml import NvmlGpuSource
 from agent.nvml_fake import FakeNvml
-from agent.sim import SimGpuSource, SimJob, load_sim_gpus
+from agent.sim_gpus import SimGpuSource, SimJob, load_sim_gpus
 
 DATA = Path(__file__).parent / "data" / "agent"
 

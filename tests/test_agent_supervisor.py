@@ -19,10 +19,10 @@ from typer.testing import CliRunner
 
 from agent.attribution import ProcAttributor
 from agent.errors import ConfigError
+from agent.extender_view import PlacedJobs, ViewHolder
 from agent.main import build_agent, run_forever
 from agent.runner import Agent, AgentConfig
-from agent.sim import SimGpuSource, load_sim_gpus
-from agent.state import PlacedJobs, ViewHolder
+from agent.sim_gpus import SimGpuSource, load_sim_gpus
 from agent.supervisor import ServerSupervisor, SupervisorConfig, popen_launcher
 
 PREFIX = ("tandem",)

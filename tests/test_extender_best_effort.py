@@ -23,7 +23,7 @@ from extender.core import (
     parse_demand,
     resolve_demand,
 )
-from extender.planner import plan_gpu
+from planner import plan_gpu
 
 CTX = InferenceContext(plan_gpu, ProfileIndex(PROFILES))
 

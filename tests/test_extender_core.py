@@ -25,7 +25,7 @@ from extender.core import (
 )
 from extender.core.cost import curve_costs, effective_load, scores_from_costs
 from extender.core.decide import InferenceContext
-from extender.planner import plan_gpu
+from planner import plan_gpu
 
 
 def resolved(p, table, predict=None, profiles=None):
@@ -358,9 +358,9 @@ def _profiles():
 
 
 def test_ledger_rebuild_and_confirm_keep_pods_newer_than_the_sample():
-    # extender.state feeds the table bind and report times on one clock; a rebuild
+    # extender.ledger feeds the table bind and report times on one clock; a rebuild
     # (inventory change) and the watch's confirm must not fold a newer pod into the sample.
-    from extender.state import ClusterState
+    from extender.ledger import ClusterState
 
     clock = [10.0]
     state = ClusterState(lambda: CostPolicy(), lambda: clock[0])

@@ -7,8 +7,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from extender.demo import demo_command, render, run_demo
-from extender.demo_render import short_reason
+from tandem.demo import demo_command, render, run_demo
+from tandem.demo_render import short_reason
 
 
 @pytest.fixture(scope="module")

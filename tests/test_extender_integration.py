@@ -10,12 +10,12 @@ import pytest
 from extender_builders import args, binding, make_app, node, pod
 from onnx import TensorProto, helper
 
+from agent.extender_view import parse_node_view
 from agent.sessions import desired_sessions
-from agent.state import parse_node_view
 from extender.config import ConfigError, NexusProfileSource, PredictorConfig, build_config
 from extender.profiles import ProfileFileError, load_nexus_profiles, load_profiles
-from extender.runtime import PredictorSetupError, build_predictor
-from extender.sim import SimSource
+from extender.sim_cluster import SimSource
+from extender.wiring import PredictorSetupError, build_predictor
 from predictor.profiles import parse_nexus
 
 TITANX = "NVIDIA-TITAN-X-Pascal"

@@ -21,7 +21,7 @@ from extender.leader import AlwaysLeader, LeaseElector, LeaseFollower
 from extender.lifecycle import Draining, GracefulShutdown, LeadershipSetupError, setup_leadership
 from extender.routes import create_app
 from extender.server import start_background
-from extender.sim import SimSource
+from extender.sim_cluster import SimSource
 
 ENV = {"POD_NAMESPACE": "tandem-system", "POD_NAME": "tandem-scheduler-abc"}
 

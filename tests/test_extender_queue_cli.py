@@ -235,9 +235,9 @@ def test_standby_never_releases(fake_api: ApplyingCoreV1, config_file: Callable[
 def test_serve_runs_the_gate_in_process_and_stops_it(
         fake_api: ApplyingCoreV1, config_file: Callable[[str], Path],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import extender.runtime
     import extender.server
-    from extender.sim import SimSource
+    import extender.wiring
+    from extender.sim_cluster import SimSource
 
     fake_api.pods = [heavy("h0", 10), heavy("h1", 20)]
     released = threading.Event()
@@ -255,7 +255,7 @@ def test_serve_runs_the_gate_in_process_and_stops_it(
     apps: list[Any] = []
     monkeypatch.setattr(extender.server, "make_server",
                         lambda app, *_: apps.append(app) or Server())
-    monkeypatch.setattr(extender.runtime, "build_source",
+    monkeypatch.setattr(extender.wiring, "build_source",
                         lambda _spec: SimSource.from_file(REPO / "extender/demo_cluster.yaml"))
     cfg = config_file("queue: {enabled: true, k: 1, beta: 1, interval_seconds: 0.1}\n"
                       "predictor: {enabled: false}\n")

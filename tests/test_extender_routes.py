@@ -20,7 +20,7 @@ from extender_builders import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from extender.sim import SimSource
+from extender.sim_cluster import SimSource
 
 
 @pytest.fixture

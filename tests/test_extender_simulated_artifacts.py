@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from extender import commands
 from extender.config import PredictorConfig
-from extender.runtime import CARD_FILE, PredictorSetupError, build_predictor, check_not_simulated
+from extender.wiring import CARD_FILE, PredictorSetupError, build_predictor, check_not_simulated
 from predictor.dataset import load_training_data
 from predictor.training import CARD_FILE as PREDICTOR_CARD_FILE
 from predictor.training import fit_all, save_artifacts

@@ -9,9 +9,9 @@ from extender_builders import args, binding, inference, make_app, node, training
 
 from extender.config import ConfigHolder, build_config
 from extender.core import CostPolicy, Placement
+from extender.ledger import ClusterState
 from extender.routes import create_app
-from extender.sim import SimSource, parse_cluster
-from extender.state import ClusterState
+from extender.sim_cluster import SimSource, parse_cluster
 
 
 @pytest.mark.parametrize(("mem", "feasible"), [(8000, 5), (13000, 3), (41000, 0)],
@@ -131,7 +131,7 @@ def test_sim_file_prebound_pods_and_bad_files():
     state = ClusterState(lambda: CostPolicy(), lambda: 0.0)
     SimSource(nodes, pods).start(state)
     assert state.view()["nodes"]["n"]["gpus"][1]["reserved_mib"] == 50
-    from extender.sim import SimFileError
+    from extender.sim_cluster import SimFileError
 
     with pytest.raises(SimFileError) as info:
         parse_cluster({"nodes": [{"name": "n", "gpus": [{"product": "", "memory_mib": -1}]}],

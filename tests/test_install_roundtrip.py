@@ -16,8 +16,8 @@ from test_manifests_helpers import MANIFESTS, example_objects
 from extender.config import ConfigHolder, load_config
 from extender.profiles import parse_profiles
 from extender.routes import create_app
-from extender.runtime import default_planner
-from extender.sim import SimSource, parse_cluster
+from extender.sim_cluster import SimSource, parse_cluster
+from extender.wiring import default_planner
 
 CLUSTER = yaml.safe_load("""
 nodes:

@@ -20,7 +20,7 @@ from test_manifests_helpers import MANIFESTS, example_objects
 from extender.config import ConfigHolder, load_config
 from extender.routes import create_app
 from extender.server import start_background
-from extender.sim import SimSource, parse_cluster
+from extender.sim_cluster import SimSource, parse_cluster
 
 pytestmark = pytest.mark.skipif(
     shutil.which("openssl") is None or shutil.which("sh") is None,

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from extender.logs import setup_logging
+from contracts.logs import setup_logging
 
 
 def test_handler_follows_the_current_stderr(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from extender.cli import app
+from tandem.cli import app
 
 DESIGN_EXAMPLE = {
     "gpu_types": {"titanx": {"memory_mib": 12288}},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from extender.planner import (
+from planner import (
     GpuPlan,
     Infeasible,
     InfeasibleReason,

@@ -10,13 +10,13 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from extender.cli import app
-from extender.planner.lcsplit import ModuleOption, latency_cost_efficiency, lc_split
-from extender.planner.options import GpuType, HarpagonOptions
-from extender.planner.plan import plan, profile_options, split_query
-from extender.planner.query import QueryError, QueryModule, QuerySpec
-from extender.planner.saturate import ConfigPlanner
+from planner.lcsplit import ModuleOption, latency_cost_efficiency, lc_split
+from planner.options import GpuType, HarpagonOptions
+from planner.plan import plan, profile_options, split_query
+from planner.query import QueryError, QueryModule, QuerySpec
+from planner.saturate import ConfigPlanner
 from predictor.batching import BatchingProfile
+from tandem.cli import app
 
 # Harpagon Table I, module M1: (batch, duration s); throughput b/d = 12.5, 20, 25 rps.
 M1 = [(2, 0.160), (4, 0.200), (8, 0.320)]

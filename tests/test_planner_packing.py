@@ -6,19 +6,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extender.planner import GpuPlan, SessionSpec, plan_shares
-from extender.planner.bounds import gpu_lower_bound
-from extender.planner.exact import exact_pack
-from extender.planner.options import GpuType, HarpagonOptions
-from extender.planner.packing import pack
-from extender.planner.query import (
+from planner import GpuPlan, SessionSpec, plan_shares
+from planner.bounds import gpu_lower_bound
+from planner.exact import exact_pack
+from planner.options import GpuType, HarpagonOptions
+from planner.packing import pack
+from planner.query import (
     QueryError,
     QueryModule,
     QuerySpec,
     module_throughput_table,
     split_latency,
 )
-from extender.planner.saturate import ConfigPlanner
+from planner.saturate import ConfigPlanner
 from predictor.batching import BatchingProfile
 
 GPU = "titanx"

@@ -5,10 +5,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extender.planner import GpuPlan, SessionSpec, plan_shares
-from extender.planner.options import GpuType
-from extender.planner.packing import ClusterPlan, pack
-from extender.planner.replan import replan
+from planner import GpuPlan, SessionSpec, plan_shares
+from planner.options import GpuType
+from planner.packing import ClusterPlan, pack
+from planner.replan import replan
 from predictor.batching import BatchingProfile
 
 GPU = "titanx"

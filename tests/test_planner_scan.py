@@ -6,14 +6,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extender.planner import SessionSpec
-from extender.planner import scan as scan_module
-from extender.planner.bounds import CostFloor
-from extender.planner.exact import exact_pack
-from extender.planner.merge import Packing, default_orders, merge_best
-from extender.planner.options import GpuType, HarpagonOptions
-from extender.planner.packing import pack, residual_items
-from extender.planner.saturate import ConfigPlanner
+from planner import SessionSpec
+from planner import scan as scan_module
+from planner.bounds import CostFloor
+from planner.exact import exact_pack
+from planner.merge import Packing, default_orders, merge_best
+from planner.options import GpuType, HarpagonOptions
+from planner.packing import pack, residual_items
+from planner.saturate import ConfigPlanner
 from predictor.batching import BatchingProfile
 
 GPU = "titanx"

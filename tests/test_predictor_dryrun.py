@@ -3,7 +3,7 @@
 ``tandem profile plan|run --backend sim:FILE`` -> ``training_data``-shaped tmp dir ->
 ``tandem predictor train --allow-simulated`` -> ``evaluate`` (RMSLE per held-out
 family) -> ``fit-curves`` -> ``predict MODEL.onnx --json`` with the trained
-artifacts, all through the same Typer commands ``extender/cli.py`` mounts.
+artifacts, all through the same Typer commands ``tandem/cli.py`` mounts.
 Every number here is SYNTHETIC (tests/data/profiling/sim-dryrun.yaml).
 """
 
@@ -24,7 +24,7 @@ SIM_FILE = Path(__file__).parent / "data" / "profiling" / "sim-dryrun.yaml"
 GPU = "SIM DRYRUN GPU 16GB"
 FAMILIES = {"resnet", "vgg", "lstm", "mlp"}
 
-# The root CLI's wiring for these two commands (extender/cli.py), without the
+# The root CLI's wiring for these two commands (tandem/cli.py), without the
 # extender's and agent's imports.
 tandem = typer.Typer()
 tandem.command("profile")(profile_command)

@@ -9,7 +9,7 @@ import pytest
 
 from extender.config import ConfigError, QueueSettings, apply_env, build_config, load_config
 from extender.queue import QueueError
-from extender.runtime import gate_config
+from extender.wiring import gate_config
 
 
 def test_defaults_follow_horus_and_leave_the_gate_off() -> None:
@@ -119,7 +119,7 @@ def _model_pod(annotations: dict[str, str]) -> dict[str, Any]:
 
 
 def test_predictor_demand_asks_with_no_gpu_type_for_the_conservative_answer() -> None:
-    from extender.runtime import predictor_demand_fn
+    from extender.wiring import predictor_demand_fn
 
     fake = _FakePredictor(artifacts=object())
     demand = predictor_demand_fn(fake)
@@ -132,6 +132,6 @@ def test_predictor_demand_asks_with_no_gpu_type_for_the_conservative_answer() ->
 @pytest.mark.parametrize("predictor", [None, _FakePredictor(artifacts=None)],
                          ids=["no-predictor", "untrained"])
 def test_no_demand_function_without_a_trained_model(predictor: object) -> None:
-    from extender.runtime import predictor_demand_fn
+    from extender.wiring import predictor_demand_fn
 
     assert predictor_demand_fn(predictor) is None

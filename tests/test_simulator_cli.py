@@ -9,10 +9,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from extender.cli import app
 from extender.config import build_config
 from extender.simulator.jobs import dump_trace
 from extender.simulator.workloads import generate
+from tandem.cli import app
 
 runner = CliRunner()
 

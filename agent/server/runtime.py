@@ -13,7 +13,7 @@ State of the executor loop (one decision per ``step``)::
 
 Only the executor thread touches the device: registrations that must measure a
 model hand their work to it (``_on_executor``). HTTP threads only enqueue. The
-duty cycle comes from ``extender.planner.plan_gpu`` (the one implementation) and
+duty cycle comes from ``planner.plan_gpu`` (the one implementation) and
 is recomputed when sessions change or an EWMA of a session's arrival rate drifts.
 """
 
@@ -43,7 +43,7 @@ from agent.server.errors import (
     SessionNotFound,
 )
 from agent.server.executors import Executor, LoadedModel
-from agent.server.state import (
+from agent.server.session_state import (
     Action,
     BestEffortState,
     InFlight,
@@ -52,7 +52,7 @@ from agent.server.state import (
     profile_json,
 )
 from agent.server.stats import Outcome
-from extender.planner import GpuPlan, Infeasible, SessionError, SessionSpec, plan_gpu
+from planner import GpuPlan, Infeasible, SessionError, SessionSpec, plan_gpu
 from predictor.batching import BatchingProfile
 
 

@@ -2,7 +2,7 @@
 
 Public API (import from the submodules or from here):
 
-- values (``extender.core.model``): ``GpuSpec``, ``NodeSpec``, ``Placement``,
+- values (``extender.core.snapshot``): ``GpuSpec``, ``NodeSpec``, ``Placement``,
   ``GpuObservation``, ``SessionSpec``, ``Workload``, ``gpu_type_of``.
 - snapshot (``extender.core.table``): ``GpuTable.build(nodes, placements)``,
   ``.place(p, at_seconds=None)``, ``.remove(p)``, ``.observe(node, observations)``,
@@ -48,7 +48,8 @@ from extender.core.demand import (
     pod_ref,
     resolve_demand,
 )
-from extender.core.model import (
+from extender.core.reasons import Reason, Rejection, is_unresolvable
+from extender.core.snapshot import (
     GpuObservation,
     GpuSpec,
     NodeSpec,
@@ -57,7 +58,6 @@ from extender.core.model import (
     Workload,
     gpu_type_of,
 )
-from extender.core.reasons import Reason, Rejection, is_unresolvable
 from extender.core.table import GpuTable, PlacementError, Role
 
 __all__ = [

@@ -80,8 +80,8 @@ from extender.core.cost import (
     scores_from_costs,
 )
 from extender.core.demand import ResolvedDemand
-from extender.core.model import Placement, SessionSpec, Workload
 from extender.core.reasons import REASON_BY_CODE, Reason, Rejection, is_unresolvable
+from extender.core.snapshot import Placement, SessionSpec, Workload
 from extender.core.table import GpuTable
 
 PlannerFn = Callable[[Sequence[SessionSpec], Mapping[tuple[str, str], Any], str, float], Any]

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from extender.core.model import SessionSpec, Workload
+from extender.core.snapshot import SessionSpec, Workload
 
 PREFIX = "tandem.io/"
 GPU_RESOURCE = "tandem.io/gpu"

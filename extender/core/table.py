@@ -27,7 +27,7 @@ from functools import cached_property
 
 import numpy as np
 
-from extender.core.model import (
+from extender.core.snapshot import (
     GpuObservation,
     GpuSpec,
     NodeSpec,

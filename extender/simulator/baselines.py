@@ -24,7 +24,7 @@ import math
 import numpy as np
 
 from extender.core.cost import effective_load
-from extender.core.model import Placement
+from extender.core.snapshot import Placement
 from extender.core.table import GpuTable
 from extender.simulator.engine import JobRun, SchedulingContext
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from extender.core.model import GpuSpec, NodeSpec
+from extender.core.snapshot import GpuSpec, NodeSpec
 
 RTX_2080 = ("NVIDIA GeForce RTX 2080", 8192.0)
 GTX_1080 = ("NVIDIA GeForce GTX 1080", 8192.0)

@@ -32,7 +32,7 @@ from typing import Protocol
 
 import numpy as np
 
-from extender.core.model import NodeSpec, Placement
+from extender.core.snapshot import NodeSpec, Placement
 from extender.core.table import GpuTable
 from extender.simulator.interference import SlowdownModel
 from extender.simulator.jobs import SimJob

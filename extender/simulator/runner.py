@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from extender.core.model import NodeSpec
+from extender.core.snapshot import NodeSpec
 from extender.simulator.engine import Engine, EngineConfig
 from extender.simulator.jobs import SimJob
 from extender.simulator.metrics import SimulationResult, summarize

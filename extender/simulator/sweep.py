@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from extender.core import CostPolicy
-from extender.core.model import NodeSpec
+from extender.core.snapshot import NodeSpec
 from extender.queue.fair import QueueConfig
 from extender.simulator.engine import EngineConfig
 from extender.simulator.jobs import SimJob

@@ -4,7 +4,7 @@ A backend runs one or more jobs *together* on one GPU and returns what it
 measured: one job is an isolated run, two or three are a co-located combination.
 Two implementations exist and are chosen explicitly, never as a fallback:
 ``cuda`` (:mod:`predictor.profiling.cuda`, real GPU, NVML) and ``sim:FILE``
-(:mod:`predictor.profiling.sim`, synthetic numbers for tests and dry runs).
+(:mod:`predictor.profiling.sim_backend`, synthetic numbers for tests and dry runs).
 """
 
 from __future__ import annotations

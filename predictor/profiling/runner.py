@@ -86,7 +86,7 @@ def open_backend(
 ) -> Iterator[OpenBackend]:
     """Start the chosen backend; stops its workers and NVML on exit."""
     if choice.kind == "sim":
-        from predictor.profiling.sim import SimBackend
+        from predictor.profiling.sim_backend import SimBackend
 
         assert choice.path is not None
         sim = SimBackend(choice.path, settings, sleep)

@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from extender.planner.duty_cycle import batch_for, max_duty_cycle_ms, plan_shares
-from extender.planner.merge import Item, ItemFit, TypeNodes, merge_best
-from extender.planner.options import GpuType, HarpagonOptions
-from extender.planner.saturate import ConfigPlanner, ProfileIndex, SessionConfig, Tier
-from extender.planner.types import (
+from planner.duty_cycle import batch_for, max_duty_cycle_ms, plan_shares
+from planner.merge import Item, ItemFit, TypeNodes, merge_best
+from planner.options import GpuType, HarpagonOptions
+from planner.saturate import ConfigPlanner, ProfileIndex, SessionConfig, Tier
+from planner.types import (
     GpuPlan,
     Infeasible,
     InfeasibleReason,

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from extender.planner.duty_cycle import batch_for, max_duty_cycle_ms
-from extender.planner.options import GpuType, HarpagonOptions
-from extender.planner.types import SessionSpec
+from planner.duty_cycle import batch_for, max_duty_cycle_ms
+from planner.options import GpuType, HarpagonOptions
+from planner.types import SessionSpec
 from predictor.batching import BatchingProfile
 
 _EPS = 1e-9

@@ -4,7 +4,7 @@ Pure library (no I/O, no clock): the extender's admission filter, the agent's
 inference server and ``tandem plan`` all import it.
 """
 
-from extender.planner.duty_cycle import (
+from planner.duty_cycle import (
     SaturatedConfig,
     batch_for,
     max_duty_cycle_ms,
@@ -13,7 +13,7 @@ from extender.planner.duty_cycle import (
     plan_shares,
     saturated_config,
 )
-from extender.planner.types import (
+from planner.types import (
     GpuPlan,
     Infeasible,
     InfeasibleReason,

@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from extender.planner.options import SWITCHES, GpuType, HarpagonOptions
-from extender.planner.query import QueryModule, QuerySpec
-from extender.planner.types import PlanFileError, SessionSpec
+from planner.options import SWITCHES, GpuType, HarpagonOptions
+from planner.query import QueryModule, QuerySpec
+from planner.types import PlanFileError, SessionSpec
 from predictor.batching import BatchingProfile, ProfileError
 from predictor.profiles import parse_nexus
 

@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from extender.planner.duty_cycle import plan_shares
-from extender.planner.merge import Item, Packing
-from extender.planner.options import GpuType, HarpagonOptions
-from extender.planner.packing import (
+from planner.duty_cycle import plan_shares
+from planner.merge import Item, Packing
+from planner.options import GpuType, HarpagonOptions
+from planner.packing import (
     ClusterPlan,
     Move,
     PlannedGpu,
@@ -38,8 +38,8 @@ from extender.planner.packing import (
     node_plan,
     residual_items,
 )
-from extender.planner.saturate import ConfigPlanner
-from extender.planner.types import GpuPlan, Infeasible, SessionSpec
+from planner.saturate import ConfigPlanner
+from planner.types import GpuPlan, Infeasible, SessionSpec
 from predictor.batching import BatchingProfile
 
 _EPS = 1e-9

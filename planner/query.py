@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from extender.planner.types import PlannerError
+from planner.types import PlannerError
 
 
 class QueryError(PlannerError):

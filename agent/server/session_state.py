@@ -10,7 +10,7 @@ from agent.quanta import JobSpec
 from agent.server.dispatch import DropPolicy, Request
 from agent.server.executors import LoadedModel
 from agent.server.stats import SessionStats
-from extender.planner import SessionSpec
+from planner import SessionSpec
 from predictor.batching import BatchingProfile
 
 

@@ -5,7 +5,7 @@ GPU (exported beside the observed one), pod names for metric labels, and the
 inference pods whose sessions it keeps in sync with each GPU's server. The
 simulated GPU source also turns these placements into load (``placed_jobs``).
 
-Shape read (as ``extender/state.py`` writes it)::
+Shape read (as ``extender/ledger.py`` writes it)::
 
     {"nodes": {NAME: {"gpus": [{"index", "uuid", "predicted_util", ...,
         "pods": [{"pod": "NS/NAME", "uid", "workload", "util_percent", "mem_mib",
@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from agent.errors import StateError
-from agent.sim import SimJob, true_load_factor
+from agent.sim_gpus import SimJob, true_load_factor
 
 _MAX_STATE_BYTES = 16 << 20
 

@@ -18,7 +18,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from extender.planner.types import (
+from planner.types import (
     GpuPlan,
     Infeasible,
     InfeasibleReason,

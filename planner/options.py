@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from extender.planner.types import PlannerError
+from planner.types import PlannerError
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from extender.planner.query import QueryError, QueryModule, QuerySpec, QuerySplit
+from planner.query import QueryError, QueryModule, QuerySpec, QuerySplit
 
 _EPS = 1e-9
 

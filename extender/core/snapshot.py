@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import NewType
 
-from extender.planner.types import SessionSpec
+from planner.types import SessionSpec
 
 NodeName = NewType("NodeName", str)
 PodUid = NewType("PodUid", str)

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from extender.planner.duty_cycle import plan_shares
-from extender.planner.options import GpuType, HarpagonOptions
-from extender.planner.types import GpuPlan, PlannerError, SessionSpec
+from planner.duty_cycle import plan_shares
+from planner.options import GpuType, HarpagonOptions
+from planner.types import GpuPlan, PlannerError, SessionSpec
 from predictor.batching import BatchingProfile
 
 MAX_EXACT_SESSIONS = 14

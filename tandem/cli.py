@@ -11,11 +11,11 @@ import typer
 
 from agent.commands import app as agent_app
 from extender.commands import app as extender_app
-from extender.demo import demo_command
-from extender.planner.commands import plan_command
 from extender.simulator.commands import simulate_command
+from planner.commands import plan_command
 from predictor.commands import app as predictor_app
 from predictor.profiling.commands import profile_command
+from tandem.demo import demo_command
 
 app = typer.Typer(
     name="tandem",

@@ -48,10 +48,10 @@ def plan_command(
 
     import yaml
 
-    from extender.planner.options import HarpagonOptions
-    from extender.planner.plan import plan
-    from extender.planner.planfile import parse_plan
-    from extender.planner.types import PlanFileError
+    from planner.options import HarpagonOptions
+    from planner.plan import plan
+    from planner.planfile import parse_plan
+    from planner.types import PlanFileError
 
     try:
         text = file.read_text(encoding="utf-8")

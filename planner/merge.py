@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from extender.planner.bounds import CostFloor
-from extender.planner.options import GpuType
-from extender.planner.scan import batch_at, scan
-from extender.planner.types import SessionSpec
+from planner.bounds import CostFloor
+from planner.options import GpuType
+from planner.scan import batch_at, scan
+from planner.types import SessionSpec
 
 _EPS = 1e-9
 

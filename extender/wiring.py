@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from contracts.logs import get_logger
 from extender.config import PredictorConfig, QueueSettings
 from extender.core.decide import PlannerFn
-from extender.logs import get_logger
 
 
 class SourceSpecError(ValueError):
@@ -29,16 +29,16 @@ def build_source(spec: str) -> Any:
 
         return KubeSource.from_environment()
     if spec.startswith("sim:") and len(spec) > 4:
-        from extender.sim import SimSource
+        from extender.sim_cluster import SimSource
 
         return SimSource.from_file(spec[4:])
     raise SourceSpecError(f"--cluster must be 'kube' or 'sim:FILE', got {spec!r}")
 
 
 def default_planner() -> PlannerFn | None:
-    """``extender.planner.plan_gpu`` (None if the planner is not installed)."""
+    """``planner.plan_gpu`` (None if the planner is not installed)."""
     try:
-        from extender.planner import plan_gpu
+        from planner import plan_gpu
     except ImportError:
         return None
     return plan_gpu

@@ -7,7 +7,7 @@ node is left, as the scheduler does) -> pick the best score -> bind. When the
 agent package's simulated GPUs and report builder are installed, simulated agents
 (seeded noise) post reports after every bind so the observed load shows beside
 the predictions. Given the seed, everything but the timings is deterministic;
-the text rendering lives in :mod:`extender.demo_render`.
+the text rendering lives in :mod:`tandem.demo_render`.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ from typing import Any
 
 import typer
 
-from extender.demo_render import render
+from tandem.demo_render import render
 
 HERE = Path(__file__).parent
-CLUSTER = HERE / "demo_cluster.yaml"
 PODS = HERE / "demo_pods.yaml"
 PROFILES = HERE / "demo_profiles.yaml"
 
@@ -65,13 +64,15 @@ def run_demo(seed: int = DEFAULT_SEED) -> dict[str, Any]:
     from extender.config import ConfigHolder, load_config
     from extender.profiles import load_profiles
     from extender.routes import create_app
-    from extender.runtime import default_planner
     from extender.server import start_background
-    from extender.sim import SimSource
+    from extender.sim_cluster import SimSource
+    from extender.wiring import default_planner
 
     started = time.perf_counter()
     token = secrets.token_urlsafe(24)
     cfg = load_config(None, environ={"TANDEM__LOGGING__LEVEL": "warning"})
+    from extender.sim_cluster import DEFAULT_CLUSTER as CLUSTER
+
     sim = SimSource.from_file(CLUSTER)
     app = create_app(ConfigHolder(cfg), sim, predictor=None,
                      profiles=load_profiles([str(PROFILES)]), planner=default_planner(),
@@ -186,7 +187,7 @@ def _role(pods: list[dict[str, Any]]) -> str:
 
 
 class SimAgents:
-    """Simulated node agents (``agent.sim`` + ``agent.reporter``) when installed."""
+    """Simulated node agents (``agent.sim_gpus`` + ``agent.reporter``) when installed."""
 
     def __init__(self, sources: dict[str, Any], build_report: Any, token: str):
         self.sources = sources
@@ -203,7 +204,8 @@ class SimAgents:
         """One simulated GPU source per GPU node; load follows the pods bound there."""
         try:
             from agent.reporter import build_report
-            from agent.sim import SimGpuSource, SimJob, load_sim_gpus
+            from agent.sim_gpus import SimGpuSource, SimJob, load_sim_gpus
+            from extender.sim_cluster import DEFAULT_CLUSTER
         except ImportError:
             return cls({}, None, token)
 
@@ -225,7 +227,7 @@ class SimAgents:
         sources = {}
         for node in sim.nodes:
             if node.gpus:
-                sources[node.name] = SimGpuSource(load_sim_gpus(CLUSTER, node.name),
+                sources[node.name] = SimGpuSource(load_sim_gpus(DEFAULT_CLUSTER, node.name),
                                                   jobs_for(node.name), seed=seed)
         return cls(sources, build_report, token)
 

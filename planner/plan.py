@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from extender.planner.lcsplit import ModuleOption, OptionsFn, lc_split
-from extender.planner.options import GpuType, HarpagonOptions
-from extender.planner.packing import ClusterPlan, pack_configs
-from extender.planner.query import QueryModule, QuerySpec, QuerySplit, split_latency
-from extender.planner.saturate import ConfigPlanner, SessionConfig
-from extender.planner.types import SessionSpec
+from planner.lcsplit import ModuleOption, OptionsFn, lc_split
+from planner.options import GpuType, HarpagonOptions
+from planner.packing import ClusterPlan, pack_configs
+from planner.query import QueryModule, QuerySpec, QuerySplit, split_latency
+from planner.saturate import ConfigPlanner, SessionConfig
+from planner.types import SessionSpec
 from predictor.batching import BatchingProfile
 
 DEFAULT_STEP_MS = 1.0

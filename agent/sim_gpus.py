@@ -7,7 +7,7 @@ utilisation is the sum of their profiles capped at 100 % plus seeded Gaussian
 noise, memory the sum of theirs capped at the GPU's total. Power and temperature
 are simple linear functions of utilisation so dashboards have something to draw.
 
-GPU keys and identities match the extender's sim source (``extender/sim.py``) so
+GPU keys and identities match the extender's sim source (``extender/sim_cluster.py``) so
 reports line up with its inventory: ``product``, ``memory_mib``, ``count``, and on a
 single-GPU entry ``index`` and ``uuid``; the default UUID is ``GPU-sim-NODE-INDEX``.
 """

@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from extender.planner.options import GpuType
-from extender.planner.types import SessionSpec
+from planner.options import GpuType
+from planner.types import SessionSpec
 from predictor.batching import BatchingProfile
 
 if TYPE_CHECKING:  # merge imports this module; the types are for annotations only
-    from extender.planner.merge import Item, ItemFit
+    from planner.merge import Item, ItemFit
 
 _EPS = 1e-9
 
