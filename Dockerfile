@@ -17,13 +17,16 @@ WORKDIR /src
 RUN python -m venv /opt/tandem
 # Dependencies first, in their own layer, so code edits do not reinstall them.
 COPY pyproject.toml README.md ./
-RUN mkdir -p extender predictor agent \
- && touch extender/__init__.py predictor/__init__.py agent/__init__.py \
+RUN for p in tandem extender agent planner predictor contracts; do \
+      mkdir -p $p && touch $p/__init__.py; done \
  && /opt/tandem/bin/pip install . \
  && /opt/tandem/bin/pip uninstall -y tandem
+COPY tandem ./tandem
 COPY extender ./extender
-COPY predictor ./predictor
 COPY agent ./agent
+COPY planner ./planner
+COPY predictor ./predictor
+COPY contracts ./contracts
 # A regular (not editable) install: the packages live in site-packages, with
 # their YAML/JSON data files, and the source tree is not needed at run time.
 RUN /opt/tandem/bin/pip install --no-deps . \
