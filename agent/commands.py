@@ -143,3 +143,55 @@ def session_command(
     except OSError as err:  # the listen port is taken or not allowed
         typer.echo(f"error: cannot listen on {listen_host}:{listen}: {err}", err=True)
         raise typer.Exit(1) from None
+
+
+@app.command("device-plugin")
+def device_plugin_command(
+    extender: str = typer.Option(..., help="Extender base URL: its /v1/state says which "
+                                 "GPUs each pod was bound to."),
+    gpus: str = typer.Option("nvml", help="GPU source for inventory and health: 'nvml' or "
+                             "'sim:FILE' (explicit)."),
+    node: str | None = typer.Option(None, help="Node name (default: $NODE_NAME)."),
+    token_file: Path | None = typer.Option(None, help="Bearer token file for the extender "
+                                           "(else $TANDEM_AGENT_TOKEN)."),
+    shares: int = typer.Option(8, help="Devices advertised per GPU: the co-location limit "
+                               "(the extender's max_pods_per_gpu)."),
+    plugin_dir: Path = typer.Option(Path("/var/lib/kubelet/device-plugins"),
+                                    help="The kubelet's device plugin directory."),
+    pod_resources_socket: Path = typer.Option(
+        Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+        help="The kubelet's pod resources API (which pods already hold devices)."),
+    cdi_dir: list[Path] = typer.Option([], "--cdi-dir", help="CDI spec directory, repeatable "
+                                       "(default: /etc/cdi and /var/run/cdi)."),
+    health_interval_seconds: float = typer.Option(5.0, help="GPU health poll period."),
+) -> None:
+    """Serve tandem.io/gpu to the kubelet: each container gets the GPUs its pod was bound to."""
+    import threading
+
+    from agent.device_plugin.main import build_runner, gpu_source, run_plugin
+    from agent.device_plugin.server import PluginConfig
+    from agent.errors import ConfigError
+    from agent.extender_view import StateClient
+    from agent.reporter import TokenSource
+    from contracts.logs import setup_logging
+
+    setup_logging(logger_name="")
+    node_name = node or os.environ.get("NODE_NAME", "")
+    stop = threading.Event()
+    try:
+        if not node_name:
+            raise ConfigError("no node name: pass --node or set NODE_NAME")
+        token = TokenSource(token_file)
+        state = StateClient(extender)
+        config = PluginConfig(node=node_name, plugin_dir=plugin_dir, shares_per_gpu=shares,
+                              health_interval_seconds=health_interval_seconds)
+        runner = build_runner(config, gpu_source(gpus, node_name),
+                              lambda: state.fetch(node_name, token.get()),
+                              pod_resources_socket, cdi_dir, stop)
+    except ConfigError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        run_plugin(runner, stop)
+    finally:
+        state.close()

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 MANIFESTS = REPO / "manifests"
 OVERLAYS = ("sidecar", "standalone")
 # Optional kustomizations applied after an overlay (they use its namespace and config).
-ADDONS = ("queue-gate",)
+ADDONS = ("queue-gate", "device-plugin")
 K8S_VERSION = "1.30.0"  # oldest minor we document support for; see docs/deploy.md
 
 # Objects the operator creates at install time (docs/deploy.md), never committed.

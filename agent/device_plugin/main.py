@@ -1,0 +1,85 @@
+"""Assembles the device plugin from command-line values (``tandem agent device-plugin``)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from agent.device_plugin.cdi import DEFAULT_DIRS, cdi_device_names
+from agent.device_plugin.health import HealthTracker
+from agent.device_plugin.server import (
+    DevicePluginRunner,
+    DevicePluginService,
+    Placements,
+    PluginConfig,
+    pod_resources_holding,
+)
+from agent.errors import ConfigError, StateError
+from agent.extender_view import NodeView
+from agent.gpus import GpuSource, parse_gpu_source
+
+log = logging.getLogger(__name__)
+
+
+def placements_of(view: NodeView) -> Placements:
+    """(namespace, name, uid, GPU index, GPU uuid) for every pod and GPU in the view."""
+    return [(p.namespace, p.name, p.uid, g.index, g.uuid) for g in view.gpus for p in g.pods]
+
+
+def fetching_placements(fetch: Callable[[], NodeView]) -> Callable[[], Placements]:
+    """Placements fetched fresh from the extender at each call (Allocate is rare and must
+    see a pod bound a moment ago); an unreachable extender gives none, so admission
+    fails with a reason rather than guessing."""
+
+    def current() -> Placements:
+        try:
+            return placements_of(fetch())
+        except StateError as err:
+            log.warning("extender state unavailable", extra={"error": str(err)})
+            return []
+
+    return current
+
+
+def gpu_source(gpus: str, node: str) -> GpuSource:
+    """The ``--gpus`` source: NVML, or an explicit simulated file."""
+    spec = parse_gpu_source(gpus)
+    if spec.kind == "sim" and spec.path is not None:
+        from agent.sim_gpus import SimGpuSource, load_sim_gpus
+
+        return SimGpuSource(load_sim_gpus(spec.path, node), lambda: (), seed=0)
+    from agent.nvml import NvmlGpuSource
+
+    return NvmlGpuSource()
+
+
+def build_runner(config: PluginConfig, source: GpuSource, fetch: Callable[[], NodeView],
+                 pod_resources_socket: Path, cdi_dirs: Sequence[Path],
+                 stop: threading.Event) -> DevicePluginRunner:
+    """The runner, wired to the extender's state, the kubelet's pod resources and CDI."""
+    if config.shares_per_gpu < 1 or config.shares_per_gpu > 64:
+        raise ConfigError(f"--shares {config.shares_per_gpu}: must be between 1 and 64")
+    if not config.plugin_dir.is_dir():
+        raise ConfigError(f"--plugin-dir {config.plugin_dir} is not a directory (mount the "
+                          "kubelet's device-plugins directory)")
+    service = DevicePluginService(
+        config, HealthTracker(source, config.health_interval_seconds),
+        fetching_placements(fetch),
+        lambda: pod_resources_holding(pod_resources_socket, config.resource_name),
+        lambda: cdi_device_names(cdi_dirs or DEFAULT_DIRS), stop)
+    return DevicePluginRunner(service, stop)
+
+
+def run_plugin(runner: DevicePluginRunner, stop: threading.Event) -> None:
+    """Run until SIGTERM/SIGINT."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+    log.info("device plugin started", extra={
+        "node": runner.config.node, "resource": runner.config.resource_name,
+        "shares_per_gpu": runner.config.shares_per_gpu, "socket": str(runner.socket)})
+    runner.run()
+    log.info("device plugin stopped", extra={"node": runner.config.node})

@@ -1,0 +1,274 @@
+"""The ``tandem.io/gpu`` device plugin: gRPC on the kubelet's plugin socket directory.
+
+Life cycle (kubelet device plugin API v1beta1):
+
+1. serve ``DevicePlugin`` on ``<plugin dir>/tandem-gpu.sock``;
+2. ``Register`` with the kubelet on ``<plugin dir>/kubelet.sock`` (resource name,
+   endpoint, options: preferred allocation on, no PreStartContainer);
+3. ``ListAndWatch`` streams ``shares`` devices per GPU (the co-location limit), each
+   Healthy or Unhealthy (:mod:`agent.device_plugin.health`);
+4. ``Allocate`` hands the container the GPUs the extender bound its pod to
+   (:mod:`agent.device_plugin.assign`), or fails admission with the reason;
+5. when the kubelet restarts it wipes the directory: our socket disappears (or
+   ``kubelet.sock`` is a new file), and the plugin serves and registers again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from agent.device_plugin import protocol as api
+from agent.device_plugin.assign import (
+    Candidate,
+    Refusal,
+    candidates,
+    choose,
+    grant,
+    preferred,
+    share_ids,
+    unhealthy_reason,
+)
+from agent.device_plugin.health import HealthTracker
+
+log = logging.getLogger(__name__)
+
+Placements = Iterable[tuple[str, str, str, int, str | None]]
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    """Where and what the plugin serves."""
+
+    node: str
+    plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
+    socket_name: str = "tandem-gpu.sock"
+    resource_name: str = "tandem.io/gpu"
+    shares_per_gpu: int = 8
+    health_interval_seconds: float = 5.0
+    assignment_retry_seconds: float = 2.0
+    """How long Allocate waits for the extender's state to show a pod bound a moment ago."""
+
+
+class DevicePluginService:
+    """The ``v1beta1.DevicePlugin`` handlers; state comes in through callables."""
+
+    def __init__(self, config: PluginConfig, health: HealthTracker,
+                 placements: Callable[[], Placements],
+                 holding: Callable[[], set[tuple[str, str]]],
+                 cdi_names: Callable[[], set[str]],
+                 stop: threading.Event,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.config, self.health = config, health
+        self._placements, self._holding, self._cdi = placements, holding, cdi_names
+        self._stop, self._sleep = stop, sleep
+        self._granted: set[tuple[str, str]] = set()  # fallback when no pod resources API
+
+    def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
+        """Preferred allocation is answered; PreStartContainer is not needed."""
+        return api.DevicePluginOptions(pre_start_required=False,
+                                       get_preferred_allocation_available=True)
+
+    def ListAndWatch(self, request: Any, context: Any) -> Iterator[Any]:
+        """The device list now, then again whenever a GPU's health changes."""
+        seen = -1
+        while not self._stop.is_set() and (context is None or context.is_active()):
+            version = self.health.version()
+            if version != seen:
+                seen = version
+                yield self._device_list()
+            self.health.wait_change(seen, 1.0)
+
+    def _device_list(self) -> Any:
+        response = api.ListAndWatchResponse()
+        for gpu in sorted(self.health.gpus().values(), key=lambda g: g.index):
+            for device_id in share_ids(gpu, self.config.shares_per_gpu):
+                response.devices.add(ID=device_id,
+                                     health=api.HEALTHY if gpu.healthy else api.UNHEALTHY)
+        return response
+
+    def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
+        """Prefer shares of the GPUs the pending pod of that size was bound to."""
+        response = api.PreferredAllocationResponse()
+        pods = self._candidates()
+        for req in request.container_requests:
+            # A pod of N GPUs asks for N shares, one per GPU.
+            picked = choose(pods, req.allocation_size, self.config.node)
+            target = [g.uuid for g in picked.gpus] if isinstance(picked, Candidate) else []
+            response.container_responses.add(deviceIDs=preferred(
+                list(req.available_deviceIDs), list(req.must_include_deviceIDs),
+                req.allocation_size, target))
+        return response
+
+    def Allocate(self, request: Any, context: Any) -> Any:
+        """Each container gets its pod's bound GPUs, or admission fails with the reason."""
+        response = api.AllocateResponse()
+        for req in request.container_requests:
+            count = len(req.devices_ids)
+            pod = self._find(count)
+            if isinstance(pod, Refusal):
+                log.warning("allocation refused", extra={"reason": pod.reason,
+                                                         "detail": pod.message})
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"tandem {pod.reason}: {pod.message}")
+            sick = [r for r in (unhealthy_reason(g) for g in pod.gpus) if r]
+            if sick:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"tandem Unhealthy: {'; '.join(sick)}")
+            given = grant(pod, self._cdi())
+            container = response.container_responses.add()
+            for name in given.cdi_devices:
+                container.cdi_devices.add(name=name)
+            for path in given.device_nodes:
+                container.devices.add(container_path=path, host_path=path, permissions="rw")
+            container.envs.update(dict(given.envs))
+            container.annotations.update(dict(given.annotations))
+            self._granted.add((pod.namespace, pod.name))
+            log.info("allocated", extra={"pod": pod.key, "uid": pod.uid,
+                                         "gpus": [g.uuid for g in pod.gpus],
+                                         "cdi": bool(given.cdi_devices),
+                                         "share_ids": sorted(req.devices_ids)})
+        return response
+
+    def PreStartContainer(self, request: Any, context: Any) -> Any:
+        """Not requested in the options; answered empty for a kubelet that calls anyway."""
+        return api.PreStartContainerResponse()
+
+    def _candidates(self) -> list[Candidate]:
+        try:
+            holding = self._holding()
+        except PodResourcesUnavailable:
+            holding = set(self._granted)
+        return candidates(self._placements(), self.health.gpus(), holding)
+
+    def _find(self, count: int) -> Candidate | Refusal:
+        """Choose the pod; a pod bound a moment ago may not be in the state yet: retry."""
+        deadline = time.monotonic() + self.config.assignment_retry_seconds
+        while True:
+            pod = choose(self._candidates(), count, self.config.node)
+            if not isinstance(pod, Refusal) or pod.reason != "NoAssignment" or \
+                    time.monotonic() >= deadline:
+                return pod
+            self._sleep(0.2)
+
+
+class PodResourcesUnavailable(Exception):
+    """The kubelet's pod resources API cannot be reached."""
+
+
+def pod_resources_holding(socket: Path, resource: str,
+                          timeout_seconds: float = 2.0) -> set[tuple[str, str]]:
+    """(namespace, name) of pods whose containers hold ``resource`` devices (kubelet's List)."""
+    if not socket.exists():
+        raise PodResourcesUnavailable(f"{socket} does not exist")
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        call = channel.unary_unary(f"/{api.POD_RESOURCES_SERVICE}/List",
+                                   **api.serializers(api.POD_RESOURCES_SERVICE, "List"))
+        try:
+            listing = call(api.ListPodResourcesRequest(), timeout=timeout_seconds)
+        except grpc.RpcError as err:
+            raise PodResourcesUnavailable(f"List: {err.code()}") from None
+    return {(pod.namespace, pod.name) for pod in listing.pod_resources
+            if any(d.resource_name == resource and d.device_ids
+                   for c in pod.containers for d in c.devices)}
+
+
+def _handlers(service: DevicePluginService) -> grpc.GenericRpcHandler:
+    methods = {}
+    for name in ("GetDevicePluginOptions", "GetPreferredAllocation", "Allocate",
+                 "PreStartContainer", "ListAndWatch"):
+        request, response = api.method_types(api.DEVICE_PLUGIN_SERVICE, name)
+        make = grpc.unary_stream_rpc_method_handler if name == "ListAndWatch" \
+            else grpc.unary_unary_rpc_method_handler
+        methods[name] = make(getattr(service, name), request_deserializer=request.FromString,
+                             response_serializer=response.SerializeToString)
+    return grpc.method_handlers_generic_handler(api.DEVICE_PLUGIN_SERVICE, methods)
+
+
+class DevicePluginRunner:
+    """Serves the plugin, registers it, and starts over when the kubelet restarts."""
+
+    def __init__(self, service: DevicePluginService, stop: threading.Event) -> None:
+        self.service, self._stop = service, stop
+        self.config = service.config
+        self.registrations = 0
+
+    @property
+    def socket(self) -> Path:
+        """The plugin's own socket."""
+        return self.config.plugin_dir / self.config.socket_name
+
+    def _serve(self) -> grpc.Server:
+        if self.socket.exists():
+            self.socket.unlink()  # a stale socket from a previous run
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        server.add_generic_rpc_handlers((_handlers(self.service),))
+        server.add_insecure_port(f"unix://{self.socket}")
+        server.start()
+        return server
+
+    def _register(self) -> None:
+        kubelet = self.config.plugin_dir / api.KUBELET_SOCKET
+        with grpc.insecure_channel(f"unix://{kubelet}") as channel:
+            register = channel.unary_unary(
+                f"/{api.REGISTRATION_SERVICE}/Register",
+                **api.serializers(api.REGISTRATION_SERVICE, "Register"))
+            register(api.RegisterRequest(
+                version=api.API_VERSION, endpoint=self.config.socket_name,
+                resource_name=self.config.resource_name,
+                options=api.DevicePluginOptions(get_preferred_allocation_available=True)),
+                timeout=5.0)
+        self.registrations += 1
+        log.info("registered with the kubelet", extra={
+            "resource": self.config.resource_name, "socket": str(self.socket),
+            "registrations": self.registrations})
+
+    def _kubelet_id(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.config.plugin_dir / api.KUBELET_SOCKET)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_ctime_ns)
+
+    def run(self) -> None:
+        """Poll health, serve and register; again after every kubelet restart, until stop."""
+        server: grpc.Server | None = None
+        kubelet: tuple[int, int] | None = None
+        try:
+            while not self._stop.is_set():
+                self.service.health.poll()
+                current = self._kubelet_id()
+                if server is not None and (not self.socket.exists() or current != kubelet):
+                    log.info("kubelet restarted or socket removed: registering again")
+                    server.stop(grace=1.0).wait()
+                    server = None
+                if server is None and current is not None:
+                    try:
+                        server = self._serve()
+                        self._register()
+                        kubelet = current
+                    except (grpc.RpcError, OSError) as err:
+                        log.warning("registration failed; retrying",
+                                    extra={"error": type(err).__name__})
+                        if server is not None:
+                            server.stop(grace=0).wait()
+                        server = None
+                self._stop.wait(min(self.config.health_interval_seconds, 1.0)
+                                if server is None else self.config.health_interval_seconds)
+        finally:
+            self._stop.set()
+            self.service.health.wake()
+            if server is not None:
+                server.stop(grace=1.0).wait()
+            if self.socket.exists():
+                self.socket.unlink()
+
