@@ -1,15 +1,15 @@
 """The explicit ``sim:FILE`` GPU source, for CI and the demo (never a silent fallback).
 
-GPUs come from the same YAML as the extender's simulated cluster (``nodes: [{name,
-gpus: [{product, memory_mib, count}]}]``); this node's entry is picked by name.
+GPUs come from the simulated cluster file the extender reads (``--cluster sim:FILE``),
+parsed by the one shared parser (``contracts/clusterfile.py``); this node's entry is
+picked by name.
 Load follows the jobs an injected provider says are placed on each GPU:
 utilisation is the sum of their profiles capped at 100 % plus seeded Gaussian
 noise, memory the sum of theirs capped at the GPU's total. Power and temperature
 are simple linear functions of utilisation so dashboards have something to draw.
 
-GPU keys and identities match the extender's sim source (``extender/sim_cluster.py``) so
-reports line up with its inventory: ``product``, ``memory_mib``, ``count``, and on a
-single-GPU entry ``index`` and ``uuid``; the default UUID is ``GPU-sim-NODE-INDEX``.
+Because the extender builds its inventory from the same parse, GPU indices, UUIDs,
+products and memory sizes in this source's reports match the extender's GPUs.
 """
 
 from __future__ import annotations
@@ -20,12 +20,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from agent.errors import ConfigError
 from agent.gpus import GpuInfo, GpuSample, NodeSample, ProcessSample
+from contracts.clusterfile import ClusterFileError, SimNode, load_cluster_file
 
 
 @dataclass(frozen=True)
@@ -53,11 +51,6 @@ class SimGpuSpec:
     power_max_watts: float = 300.0
 
 
-def sim_gpu_uuid(node: str, index: int) -> str:
-    """The UUID of simulated GPU ``index`` on ``node`` (the extender's sim scheme)."""
-    return f"GPU-sim-{node}-{index}"
-
-
 def true_load_factor(pod_uid: str, low: float = 0.6, high: float = 1.5) -> float:
     """A deterministic per-pod factor in [low, high): how far reality is from the prediction."""
     digest = hashlib.sha256(pod_uid.encode()).digest()
@@ -71,55 +64,17 @@ def sim_pid(pod_uid: str) -> int:
 
 
 def load_sim_gpus(path: Path, node: str) -> tuple[SimGpuSpec, ...]:
-    """Read ``node``'s GPUs from a simulated-cluster YAML file, with clear errors."""
+    """``node``'s GPUs from a simulated cluster file; ``ConfigError`` naming every problem."""
     try:
-        document = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as err:
-        raise ConfigError(f"sim file {path}: {err}") from err
-    nodes = document.get("nodes") if isinstance(document, dict) else None
-    if not isinstance(nodes, list):
-        raise ConfigError(f"sim file {path}: expected a mapping with a 'nodes' list")
-    names = [n.get("name") for n in nodes if isinstance(n, dict)]
-    entry = next((n for n in nodes if isinstance(n, dict) and n.get("name") == node), None)
-    if entry is None:
-        known = ", ".join(map(str, names))
-        raise ConfigError(f"sim file {path}: no node {node!r} (nodes: {known})")
-    gpus: list[SimGpuSpec] = []
-    for position, raw in enumerate(entry.get("gpus") or []):
-        where = f"sim file {path}: nodes[{node}].gpus[{position}]"
-        gpus.extend(_parse_gpu_entry(raw, where, node, len(gpus)))
-    if len({g.index for g in gpus}) != len(gpus):
-        raise ConfigError(f"sim file {path}: nodes[{node}]: GPU indices repeat")
-    return tuple(sorted(gpus, key=lambda g: g.index))
+        return sim_gpu_specs(load_cluster_file(path).node(node))
+    except ClusterFileError as err:
+        # The agent's CLI turns ConfigError into exit code 2; keep the parser's message.
+        raise ConfigError(str(err)) from err
 
 
-_GPU_KEYS = {"product", "memory_mib", "count", "index", "uuid"}  # as the extender accepts
-
-
-def _parse_gpu_entry(raw: Any, where: str, node: str, position: int) -> list[SimGpuSpec]:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: expected a mapping")
-    unknown = sorted(set(raw) - _GPU_KEYS)
-    if unknown:
-        raise ConfigError(f"{where}: unknown keys {unknown}")
-    product, memory, count = raw.get("product"), raw.get("memory_mib"), raw.get("count", 1)
-    if not isinstance(product, str) or not product:
-        raise ConfigError(f"{where}.product: expected a non-empty string")
-    if isinstance(memory, bool) or not isinstance(memory, int) or memory <= 0:
-        raise ConfigError(f"{where}.memory_mib: expected a positive integer")
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 64:
-        raise ConfigError(f"{where}.count: expected an integer in 1..64")
-    given_uuid, given_index = raw.get("uuid"), raw.get("index")
-    if given_uuid is not None and (count != 1 or not isinstance(given_uuid, str)):
-        raise ConfigError(f"{where}.uuid: a string, only on an entry with count 1")
-    if given_index is not None and (count != 1 or isinstance(given_index, bool)
-                                    or not isinstance(given_index, int) or given_index < 0):
-        raise ConfigError(f"{where}.index: a non-negative integer, only on an entry with count 1")
-    if count == 1:
-        index = position if given_index is None else given_index
-        return [SimGpuSpec(index, product, memory, given_uuid or sim_gpu_uuid(node, index))]
-    return [SimGpuSpec(position + k, product, memory, sim_gpu_uuid(node, position + k))
-            for k in range(count)]
+def sim_gpu_specs(node: SimNode) -> tuple[SimGpuSpec, ...]:
+    """The simulated GPUs of one node of a parsed cluster file."""
+    return tuple(SimGpuSpec(g.index, g.product, g.memory_mib, g.uuid) for g in node.gpus)
 
 
 class SimGpuSource:

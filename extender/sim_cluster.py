@@ -1,15 +1,9 @@
 """The ``sim:FILE`` cluster source: nodes (and optionally bound pods) from YAML.
 
-File format (DESIGN; extra keys are errors so typos surface)::
-
-    nodes:
-      - name: gpu-node-1
-        gpus:                         # one entry per GPU, or use count
-          - {product: NVIDIA-H100-80GB-HBM3, memory_mib: 81559, count: 8}
-      - name: cpu-node                # no gpus: inventory unknown
-    pods:                             # optional, already bound (restart scenarios, benchmarks)
-      - {name: p1, namespace: default, uid: u1, node: gpu-node-1, gpu_index: [0],
-         util_percent: 30, mem_mib: 8000, workload: training}
+The file is the shared contract ``contracts/clusterfile.py`` parses and validates
+(the same parser the agent and ``tandem simulate`` use); this module turns its
+nodes into the core's ``NodeSpec`` and its pods into pod objects carrying the
+placement annotations, as the extender would have written them.
 
 The source keeps an in-memory pod registry that plays the API server: ``bind``
 writes annotations and ``spec.nodeName`` into it, and a fresh ``ClusterState``
@@ -25,20 +19,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from contracts.clusterfile import (
+    ClusterFile,
+    ClusterFileError,
+    SimPod,
+    load_cluster_file,
+    parse_cluster_file,
+)
 from extender.core import GpuSpec, NodeSpec, PodRef, pod_ref
 from extender.source import OUT_GPU_INDEX, OUT_MEM, OUT_UTIL, placement_from_pod
 
 DEFAULT_CLUSTER = Path(__file__).with_name("demo_cluster.yaml")
 
-
-class SimFileError(ValueError):
-    """The sim cluster file is invalid; ``problems`` holds every problem with its path."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("invalid sim cluster:\n  " + "\n  ".join(problems))
+# `extender serve` maps this error to exit code 2 under its historical name.
+SimFileError = ClusterFileError
 
 
 @dataclass(frozen=True)
@@ -51,87 +45,34 @@ class SimEvent:
     warning: bool
 
 
-def _gpus(node: str, raw: Any, path: str, problems: list[str]) -> tuple[GpuSpec, ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        problems.append(f"{path}: must be a list")
-        return ()
-    gpus: list[GpuSpec] = []
-    for i, entry in enumerate(raw):
-        where = f"{path}[{i}]"
-        if not isinstance(entry, Mapping):
-            problems.append(f"{where}: must be a mapping")
-            continue
-        unknown = set(entry) - {"product", "memory_mib", "count", "index", "uuid"}
-        if unknown:
-            problems.append(f"{where}: unknown keys {sorted(unknown)}")
-        product, mem = entry.get("product"), entry.get("memory_mib")
-        count = entry.get("count", 1)
-        if not isinstance(product, str) or not product:
-            problems.append(f"{where}.product: must be a non-empty string")
-            continue
-        if isinstance(mem, bool) or not isinstance(mem, (int, float)) or mem <= 0:
-            problems.append(f"{where}.memory_mib: must be a positive number")
-            continue
-        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 64:
-            problems.append(f"{where}.count: must be an integer in 1..64")
-            continue
-        for _ in range(count):
-            index = entry.get("index", len(gpus)) if count == 1 else len(gpus)
-            uuid = entry.get("uuid") if count == 1 and "uuid" in entry else \
-                f"GPU-sim-{node}-{index}"
-            gpus.append(GpuSpec(int(index), str(uuid), product, float(mem)))
-    if len({g.index for g in gpus}) != len(gpus):
-        problems.append(f"{path}: GPU indices repeat")
-    return tuple(gpus)
+def node_specs(cluster: ClusterFile) -> list[NodeSpec]:
+    """The core's view of the file's nodes (memory as the core's float MiB)."""
+    return [NodeSpec(n.name, tuple(GpuSpec(g.index, g.uuid, g.product, float(g.memory_mib))
+                                   for g in n.gpus))
+            for n in cluster.nodes]
+
+
+def pod_object(pod: SimPod) -> dict[str, Any]:
+    """A bound pod object whose annotations record the file's placement."""
+    annotations = {
+        "tandem.io/workload": pod.workload,
+        OUT_GPU_INDEX: ",".join(str(i) for i in pod.gpu_index),
+        OUT_UTIL: str(pod.util_percent),
+        OUT_MEM: str(pod.mem_mib),
+        **dict(pod.annotations),
+    }
+    return {
+        "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid,
+                     "annotations": annotations},
+        "spec": {"nodeName": pod.node},
+        "status": {"phase": "Running"},
+    }
 
 
 def parse_cluster(raw: Any) -> tuple[list[NodeSpec], list[dict[str, Any]]]:
-    """Nodes and bound pod objects from a decoded sim file; raises SimFileError."""
-    problems: list[str] = []
-    if not isinstance(raw, Mapping) or not isinstance(raw.get("nodes"), list):
-        raise SimFileError(["nodes: a list of nodes is required"])
-    for key in set(raw) - {"nodes", "pods"}:
-        problems.append(f"{key}: unknown key (valid: nodes, pods)")
-    nodes: list[NodeSpec] = []
-    for i, entry in enumerate(raw["nodes"]):
-        if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
-            problems.append(f"nodes[{i}].name: must be a string")
-            continue
-        nodes.append(NodeSpec(entry["name"], _gpus(entry["name"], entry.get("gpus"),
-                                                   f"nodes[{i}].gpus", problems)))
-    if len({n.name for n in nodes}) != len(nodes):
-        problems.append("nodes: names repeat")
-    pods = [_pod(entry, f"pods[{i}]", problems) for i, entry in enumerate(raw.get("pods") or [])]
-    if problems:
-        raise SimFileError(problems)
-    return nodes, pods
-
-
-def _pod(entry: Any, path: str, problems: list[str]) -> dict[str, Any]:
-    if not isinstance(entry, Mapping):
-        problems.append(f"{path}: must be a mapping")
-        return {}
-    try:
-        indices = [int(i) for i in entry.get("gpu_index", [0])]
-        annotations = {
-            "tandem.io/workload": str(entry.get("workload", "training")),
-            OUT_GPU_INDEX: ",".join(str(i) for i in indices),
-            OUT_UTIL: str(float(entry.get("util_percent", 0.0))),
-            OUT_MEM: str(float(entry.get("mem_mib", 0.0))),
-            **{str(k): str(v) for k, v in (entry.get("annotations") or {}).items()},
-        }
-        name = str(entry["name"])
-    except (KeyError, TypeError, ValueError) as exc:
-        problems.append(f"{path}: {exc!r}")
-        return {}
-    return {
-        "metadata": {"name": name, "namespace": str(entry.get("namespace", "default")),
-                     "uid": str(entry.get("uid", f"uid-{name}")), "annotations": annotations},
-        "spec": {"nodeName": str(entry.get("node", ""))},
-        "status": {"phase": "Running"},
-    }
+    """Nodes and bound pod objects from a decoded sim file; raises ClusterFileError."""
+    cluster = parse_cluster_file(raw)
+    return node_specs(cluster), [pod_object(p) for p in cluster.pods]
 
 
 class SimSource:
@@ -148,13 +89,13 @@ class SimSource:
 
     @classmethod
     def from_file(cls, path: str | Path) -> SimSource:
-        """Load a sim cluster file; raises SimFileError (also for unreadable files)."""
-        try:
-            raw = yaml.safe_load(Path(path).read_text())
-        except (OSError, yaml.YAMLError) as exc:
-            raise SimFileError([f"{path}: {exc}"]) from None
-        nodes, pods = parse_cluster(raw)
-        return cls(nodes, pods)
+        """Load a sim cluster file; raises ClusterFileError (also for unreadable files)."""
+        return cls.from_cluster(load_cluster_file(path))
+
+    @classmethod
+    def from_cluster(cls, cluster: ClusterFile) -> SimSource:
+        """A source holding a parsed cluster file's nodes and bound pods."""
+        return cls(node_specs(cluster), [pod_object(p) for p in cluster.pods])
 
     def create_pod(self, pod: Mapping[str, Any]) -> PodRef:
         """Register a pod (deep-copied), as a user's ``kubectl apply`` would."""
@@ -162,11 +103,6 @@ class SimSource:
         with self._lock:
             self._pods[(ref.namespace, ref.name)] = copy.deepcopy(dict(pod))
         return ref
-
-    def delete_pod(self, namespace: str, name: str) -> None:
-        """Remove a pod from the registry (the ledger learns of it through ``forget``)."""
-        with self._lock:
-            self._pods.pop((namespace, name), None)
 
     def pods(self) -> list[dict[str, Any]]:
         """Copies of every registered pod."""

@@ -61,25 +61,25 @@ def run_demo(seed: int = DEFAULT_SEED) -> dict[str, Any]:
     """Run the whole demo and return its result document (the ``--json`` output)."""
     import httpx
 
+    from contracts.clusterfile import load_cluster_file
     from extender.config import ConfigHolder, load_config
     from extender.profiles import load_profiles
     from extender.routes import create_app
     from extender.server import start_background
-    from extender.sim_cluster import SimSource
+    from extender.sim_cluster import DEFAULT_CLUSTER, SimSource
     from extender.wiring import default_planner
 
     started = time.perf_counter()
     token = secrets.token_urlsafe(24)
     cfg = load_config(None, environ={"TANDEM__LOGGING__LEVEL": "warning"})
-    from extender.sim_cluster import DEFAULT_CLUSTER as CLUSTER
-
-    sim = SimSource.from_file(CLUSTER)
+    cluster = load_cluster_file(DEFAULT_CLUSTER)  # parsed once: the extender and the agents
+    sim = SimSource.from_cluster(cluster)
     app = create_app(ConfigHolder(cfg), sim, predictor=None,
                      profiles=load_profiles([str(PROFILES)]), planner=default_planner(),
                      environ={cfg.reports.token_env: token})
     server = start_background(app, cfg.server, port=0)
     server_start = time.perf_counter() - started
-    agents = SimAgents.create(sim, token, seed)
+    agents = SimAgents.create(sim, cluster, token, seed)
     placements: list[dict[str, Any]] = []
     cycles_ms: list[float] = []
     try:
@@ -200,12 +200,11 @@ class SimAgents:
         return bool(self.sources)
 
     @classmethod
-    def create(cls, sim: Any, token: str, seed: int = DEFAULT_SEED) -> SimAgents:
-        """One simulated GPU source per GPU node; load follows the pods bound there."""
+    def create(cls, sim: Any, cluster: Any, token: str, seed: int = DEFAULT_SEED) -> SimAgents:
+        """One simulated GPU source per GPU node of ``cluster``; load follows its bound pods."""
         try:
             from agent.reporter import build_report
-            from agent.sim_gpus import SimGpuSource, SimJob, load_sim_gpus
-            from extender.sim_cluster import DEFAULT_CLUSTER
+            from agent.sim_gpus import SimGpuSource, SimJob, sim_gpu_specs
         except ImportError:
             return cls({}, None, token)
 
@@ -225,10 +224,10 @@ class SimAgents:
             return provider
 
         sources = {}
-        for node in sim.nodes:
+        for node in cluster.nodes:
             if node.gpus:
-                sources[node.name] = SimGpuSource(load_sim_gpus(DEFAULT_CLUSTER, node.name),
-                                                  jobs_for(node.name), seed=seed)
+                sources[node.name] = SimGpuSource(sim_gpu_specs(node), jobs_for(node.name),
+                                                  seed=seed)
         return cls(sources, build_report, token)
 
     def post(self, http: Any) -> None:

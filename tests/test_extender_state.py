@@ -131,9 +131,9 @@ def test_sim_file_prebound_pods_and_bad_files():
     state = ClusterState(lambda: CostPolicy(), lambda: 0.0)
     SimSource(nodes, pods).start(state)
     assert state.view()["nodes"]["n"]["gpus"][1]["reserved_mib"] == 50
-    from extender.sim_cluster import SimFileError
+    from contracts.clusterfile import ClusterFileError
 
-    with pytest.raises(SimFileError) as info:
+    with pytest.raises(ClusterFileError) as info:
         parse_cluster({"nodes": [{"name": "n", "gpus": [{"product": "", "memory_mib": -1}]}],
                        "extra": 1})
     assert any("extra" in p for p in info.value.problems)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from extender.simulator.cluster import ClusterError, builtin_cluster, cluster_from_mapping
+from extender.simulator.cluster import ClusterError, builtin_cluster, load_cluster
 from extender.simulator.jobs import TraceError, dump_trace, job_from_mapping, load_trace
 from extender.simulator.workloads import (
     LIGHT_HEAVY_SPLIT_PERCENT,
@@ -77,30 +77,28 @@ def test_bad_trace_files(tmp_path: Path, text: str, suffix: str) -> None:
         load_trace(file)
 
 
-def test_cluster_file_format_of_design() -> None:
-    nodes = cluster_from_mapping({"nodes": [
-        {"name": "n1", "gpus": [{"product": "NVIDIA-H100-80GB-HBM3", "memory_mib": 81559,
-                                 "count": 8}]},
-        {"name": "n2", "gpus": [{"product": "NVIDIA-A100-SXM4-40GB", "memory_mib": 40960}]}]})
-    assert [len(n.gpus) for n in nodes] == [8, 1]
-    assert nodes[0].gpus[7].index == 7
+def test_cluster_file_format_of_design(tmp_path: Path) -> None:
+    file = tmp_path / "cluster.yaml"
+    file.write_text("""
+nodes:
+  - {name: n1, gpus: [{product: NVIDIA-H100-80GB-HBM3, memory_mib: 81559, count: 8}]}
+  - {name: n2, gpus: [{product: NVIDIA-A100-SXM4-40GB, memory_mib: 40960}]}
+""")
+    for spec in (str(file), f"sim:{file}"):
+        nodes = load_cluster(spec)
+        assert [len(n.gpus) for n in nodes] == [8, 1]
+        assert (nodes[0].gpus[7].index, nodes[0].gpus[7].uuid) == (7, "GPU-sim-n1-7")
 
 
-@pytest.mark.parametrize(
-    ("doc", "path"),
-    [
-        pytest.param({"nodes": "x"}, "cluster", id="nodes-not-a-list"),
-        pytest.param({"nodes": [{"name": "a", "gpus": [{"product": "p", "memory_mib": -1}]}]},
-                     "cluster.nodes[0].gpus[0].memory_mib", id="negative-memory"),
-        pytest.param({"nodes": [{"name": "a", "gpus": [{"product": "p", "memory_mib": 1}]},
-                                {"name": "a"}]}, "cluster.nodes[1].name", id="duplicate-node"),
-        pytest.param({"nodes": [{"name": "a"}]}, "cluster", id="no-gpus"),
-    ],
-)
-def test_bad_cluster_files(doc: dict, path: str) -> None:
+def test_bad_cluster_file_names_the_file_and_every_problem(tmp_path: Path) -> None:
+    file = tmp_path / "cluster.yaml"
+    file.write_text("nodes: [{name: a, gpus: [{product: p, memory_mib: -1, count: 100}]}]")
     with pytest.raises(ClusterError) as err:
-        cluster_from_mapping(doc)
-    assert err.value.path == path
+        load_cluster(str(file))
+    assert err.value.source == str(file)
+    assert err.value.problems == (
+        "nodes[0].gpus[0].memory_mib: must be a positive integer (MiB), got -1",
+        "nodes[0].gpus[0].count: must be an integer in 1..64, got 100")
 
 
 def test_builtin_large_cluster_is_the_papers_size_with_two_types() -> None:
