@@ -27,6 +27,7 @@ import httpx
 
 from agent.errors import StateError
 from agent.sim_gpus import SimJob, true_load_factor
+from contracts.annotations import PREDICTED_MEM_MIB, PREDICTED_UTIL, WORKLOAD
 
 _MAX_STATE_BYTES = 16 << 20
 
@@ -104,10 +105,10 @@ def _parse_pod(raw: Any, gpu_index: int) -> PodPlacement | None:
     notes = {str(k): str(v) for k, v in annotations.items()} \
         if isinstance(annotations, Mapping) else {}
     workload = raw.get("workload")
-    if isinstance(workload, str) and "tandem.io/workload" not in notes:
-        notes["tandem.io/workload"] = workload
-    util = _number(raw.get("util_percent", notes.get("tandem.io/predicted-gpu-util")))
-    memory = _number(raw.get("mem_mib", notes.get("tandem.io/predicted-gpu-mem-mib")))
+    if isinstance(workload, str) and WORKLOAD not in notes:
+        notes[WORKLOAD] = workload
+    util = _number(raw.get("util_percent", notes.get(PREDICTED_UTIL)))
+    memory = _number(raw.get("mem_mib", notes.get(PREDICTED_MEM_MIB)))
     namespace, _, name = str(raw.get("pod", "")).rpartition("/")
     return PodPlacement(
         uid=uid,

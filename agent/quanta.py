@@ -26,6 +26,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from contracts.annotations import PRIORITY_RANGE, WEIGHT_RANGE, AnnotationError
 from predictor.shape import PiecewiseLinear, ShapeError
 
 
@@ -44,10 +45,13 @@ class JobSpec:
     def __post_init__(self) -> None:
         if not self.name:
             raise QuantaError("a job needs a name")
-        if not (isinstance(self.weight, int) and 1 <= self.weight <= 1000):
-            raise QuantaError(f"{self.name}: weight must be an integer in 1..1000")
-        if not isinstance(self.priority, int) or abs(self.priority) > 1_000_000:
-            raise QuantaError(f"{self.name}: priority must be an integer in -1e6..1e6")
+        # The ranges are the annotation contract's: what the extender lets bind runs here.
+        for key, value, valid in (("weight", self.weight, WEIGHT_RANGE),
+                                  ("priority", self.priority, PRIORITY_RANGE)):
+            try:
+                valid.check(value, key)
+            except AnnotationError as exc:
+                raise QuantaError(f"{self.name}: {key} {exc.problem}") from None
 
 
 @dataclass(frozen=True)

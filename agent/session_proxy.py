@@ -20,9 +20,10 @@ inference requests.
 
 Session name and who is authoritative: the name is ``<namespace>.<pod>``, the
 name the agent's session sync uses, and the request body is built by the same
-function (``agent.sessions.session_spec``) from the same values (the pod's
-``tandem.io/*`` annotations, passed in through the downward API), so whichever
-registers first, the other finds the session and adds nothing. The agent's sync
+function (``agent.sessions.session_spec``, over the shared annotation validator)
+from the same values (the pod's ``tandem.io/*`` annotations, passed in through
+the downward API), so whichever registers first, the other finds the session and
+adds nothing. The agent's sync
 is authoritative: it removes sessions no pod asks for. This process registers
 eagerly (the pod is ready as soon as its session is), re-registers when the
 server lost it (a restarted server answers 404; a periodic check catches it
@@ -42,7 +43,6 @@ from __future__ import annotations
 import logging
 import re
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -53,6 +53,18 @@ import httpx
 from agent.extender_view import PodPlacement
 from agent.server.auth import AdminToken, AdminTokenError
 from agent.sessions import session_spec
+from contracts.annotations import (
+    GPU_INDEX,
+    INFERENCE,
+    MODEL,
+    PREFIX,
+    PRIORITY,
+    RATE_RPS,
+    SLO_MS,
+    WEIGHT,
+    WORKLOAD,
+    AnnotationError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -106,40 +118,31 @@ def session_request(name: str, model: str, gpu_index: int, *, slo_ms: float | No
     if not _NAMESPACE.match(namespace) or not _POD.match(pod):
         raise ProxyConfigError(f"session name {name!r}: expected <namespace>.<pod>, the name "
                                "the agent uses (set POD_NAMESPACE and POD_NAME)")
-    if not model:
-        raise ProxyConfigError("--model is empty (annotation tandem.io/model)")
-    if (slo_ms is None) != (rate_rps is None):
-        raise ProxyConfigError("--slo-ms and --rate-rps go together")
-    modes = [m for m, v in (("slo", slo_ms), ("weight", weight), ("priority", priority))
-             if v is not None]
-    if len(modes) > 1:
-        raise ProxyConfigError(
-            f"give one of --slo-ms/--rate-rps, --weight, --priority; got {modes}")
-    if slo_ms is not None and rate_rps is not None and not (slo_ms > 0 and rate_rps > 0):
-        raise ProxyConfigError("--slo-ms and --rate-rps must be > 0")
-    if weight is not None and weight < 1:
-        raise ProxyConfigError("--weight must be >= 1")
-    annotations = {"tandem.io/model": model, "tandem.io/slo-ms": slo_ms,
-                   "tandem.io/rate-rps": rate_rps, "tandem.io/weight": weight,
-                   "tandem.io/priority": priority}
+    # The flags carry the pod's annotations (downward API), so they go through the
+    # extender's validator and become the very body the agent's sync would send: an
+    # SLO wins over a weight or priority, a priority over a weight.
+    values = {MODEL: model, SLO_MS: slo_ms, RATE_RPS: rate_rps, WEIGHT: weight,
+              PRIORITY: priority}
+    annotations = {WORKLOAD: INFERENCE, **{k: str(v) for k, v in values.items() if v is not None}}
     placement = PodPlacement(uid="", name=pod, namespace=namespace, gpu_index=gpu_index,
                              predicted_util_percent=None, memory_mib=None,
-                             annotations=tuple((k, str(v)) for k, v in annotations.items()
-                                               if v is not None))
-    spec = session_spec(placement)
-    if spec is None:  # unreachable after the checks above, kept as a guard on the contract
-        raise ProxyConfigError(f"session {name!r}: the agent would not accept these values")
+                             annotations=tuple(sorted(annotations.items())))
+    try:
+        spec = session_spec(placement)
+    except AnnotationError as err:  # the same check the extender and the agent make
+        flag = "--" + err.field.removeprefix(PREFIX)
+        raise ProxyConfigError(f"{flag} {err.value!r}: {err.problem}") from None
     return SessionRequest(spec.name, gpu_index, spec.body)
 
 
 def parse_gpu_index(value: str | None) -> int:
     """The one GPU index of ``tandem.io/gpu-index``; a session lives on exactly one GPU."""
     if not value:
-        raise ProxyConfigError("no GPU index: the pod has no tandem.io/gpu-index annotation "
+        raise ProxyConfigError(f"no GPU index: the pod has no {GPU_INDEX} annotation "
                                "(was it scheduled with schedulerName: tandem?)")
     parts = value.split(",")
     if len(parts) != 1 or not parts[0].strip().isdigit():
-        raise ProxyConfigError(f"tandem.io/gpu-index {value!r}: a session needs exactly one GPU")
+        raise ProxyConfigError(f"{GPU_INDEX} {value!r}: a session needs exactly one GPU")
     return int(parts[0])
 
 
@@ -369,15 +372,3 @@ class Checker:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=_JOIN_SECONDS)
-
-
-def wait_ready(link: SessionLink, timeout_seconds: float,
-               monotonic: Callable[[], float] = time.monotonic,
-               sleep: Callable[[float], None] = time.sleep) -> bool:
-    """Poll ``link.state`` until registered or the timeout passes (for tests and scripts)."""
-    deadline = monotonic() + timeout_seconds
-    while not (link.state.registered and link.state.server_reachable):
-        if monotonic() >= deadline:
-            return False
-        sleep(0.02)
-    return True

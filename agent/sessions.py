@@ -12,7 +12,10 @@ servers answer 401 without it); the listing is open and sent without it.
 Session name: ``<namespace>.<pod name>`` (namespaces have no dots, so it is
 unambiguous and URL-safe). Body: ``{"name", "model", "slo_ms", "rate_rps"}`` when
 the pod has ``tandem.io/slo-ms`` and ``tandem.io/rate-rps``, else the best-effort
-``{"name", "model", "weight"}`` (default weight 1) or ``{"name", "model", "priority"}``.
+``{"name", "model", "priority"}`` or ``{"name", "model", "weight"}`` (default 1).
+The annotations are read by :func:`contracts.annotations.parse_inputs`, the
+extender's validator: a pod it would reject (an SLO without a rate, a weight
+out of range) is skipped with a logged reason, never registered as something else.
 """
 
 from __future__ import annotations
@@ -27,10 +30,15 @@ import httpx
 
 from agent.extender_view import NodeView, PodPlacement
 from agent.server.auth import AdminToken, AdminTokenError
+from contracts.annotations import (
+    DEFAULT_WEIGHT,
+    INFERENCE,
+    WORKLOAD,
+    AnnotationError,
+    parse_inputs,
+)
 
 log = logging.getLogger(__name__)
-
-WORKLOAD = "tandem.io/workload"
 
 
 @dataclass(frozen=True)
@@ -62,39 +70,43 @@ def session_name(pod: PodPlacement) -> str:
     return f"{pod.namespace}.{pod.name}"
 
 
-def session_spec(pod: PodPlacement) -> SessionSpec | None:
-    """The session an inference pod asks for, or None if its annotations are unusable."""
-    model = pod.annotation("tandem.io/model")
-    if not model or not pod.name:
-        return None
-    body: dict[str, Any] = {"name": session_name(pod), "model": model}
-    slo, rate = pod.annotation("tandem.io/slo-ms"), pod.annotation("tandem.io/rate-rps")
-    priority, weight = pod.annotation("tandem.io/priority"), pod.annotation("tandem.io/weight")
-    try:
-        if slo is not None and rate is not None:
-            body.update(slo_ms=float(slo), rate_rps=float(rate))
-        elif priority is not None:
-            body["priority"] = int(priority) if priority.lstrip("-").isdigit() else priority
-        else:
-            body["weight"] = int(weight) if weight is not None else 1
-    except ValueError:
-        return None
+def session_spec(pod: PodPlacement) -> SessionSpec:
+    """The session an inference pod asks for; AnnotationError if its annotations are unusable.
+
+    The annotations go through the extender's own validator, so a pod the
+    extender would reject is skipped here too, never registered differently.
+    """
+    if not pod.name:
+        raise AnnotationError("pod", pod.name, "has no name")
+    inputs = parse_inputs(dict(pod.annotations))
+    if inputs.workload != INFERENCE:
+        raise AnnotationError(WORKLOAD, inputs.workload, "is not an inference pod")
+    body: dict[str, Any] = {"name": session_name(pod), "model": inputs.model}
+    if inputs.slo_ms is not None and inputs.rate_rps is not None:
+        body.update(slo_ms=inputs.slo_ms, rate_rps=inputs.rate_rps)
+    elif inputs.priority is not None:
+        body["priority"] = inputs.priority
+    else:
+        body["weight"] = inputs.weight if inputs.weight is not None else DEFAULT_WEIGHT
     return SessionSpec(body["name"], pod.gpu_index, tuple(body.items()))
 
 
-def desired_sessions(view: NodeView) -> tuple[dict[int, dict[str, SessionSpec]], tuple[str, ...]]:
-    """Per GPU index, the sessions its server should hold; plus unusable pods' names."""
+def desired_sessions(
+    view: NodeView,
+) -> tuple[dict[int, dict[str, SessionSpec]], tuple[tuple[str, str], ...]]:
+    """Per GPU index, the sessions its server should hold; plus ``(name, why)`` of unusable pods."""
     wanted: dict[int, dict[str, SessionSpec]] = {g.index: {} for g in view.gpus}
-    skipped = []
+    skipped: dict[str, str] = {}
     for pod in view.pods():
-        if pod.annotation(WORKLOAD) != "inference":
+        if pod.annotation(WORKLOAD) != INFERENCE:
             continue
-        spec = session_spec(pod)
-        if spec is None:
-            skipped.append(session_name(pod))
+        try:
+            spec = session_spec(pod)
+        except AnnotationError as err:
+            skipped[session_name(pod)] = str(err)
             continue
         wanted.setdefault(spec.gpu_index, {})[spec.name] = spec
-    return wanted, tuple(sorted(set(skipped)))
+    return wanted, tuple(sorted(skipped.items()))
 
 
 def _session_names(document: Any) -> set[str]:
@@ -118,10 +130,12 @@ class SessionSync:
         self._token = admin_token
         self._client = httpx.Client(transport=transport, timeout=timeout_seconds)
         self._refused: set[tuple[str, int]] = set()
+        self._skip_logged: dict[str, str] = {}
 
     def sync(self, view: NodeView) -> SyncResult:
         """One idempotent round over every GPU of the view."""
         wanted, skipped = desired_sessions(view)
+        self._log_skipped(skipped)
         added: list[str] = []
         removed: list[str] = []
         kept: list[str] = []
@@ -143,7 +157,16 @@ class SessionSync:
             for name in sorted(specs.keys() - present):
                 (added if self._post(base, index, specs[name]) else failed).append(name)
             kept.extend(sorted(present & specs.keys()))
-        return SyncResult(tuple(added), tuple(removed), tuple(kept), tuple(failed), skipped)
+        return SyncResult(tuple(added), tuple(removed), tuple(kept), tuple(failed),
+                          tuple(name for name, _ in skipped))
+
+    def _log_skipped(self, skipped: tuple[tuple[str, str], ...]) -> None:
+        """Log each skipped pod once per reason (sync repeats every interval)."""
+        for name, reason in skipped:
+            if self._skip_logged.get(name) != reason:
+                log.warning("session skipped: unusable annotations",
+                            extra={"session": name, "reason": reason})
+        self._skip_logged = dict(skipped)
 
     def _headers(self) -> dict[str, str]:
         """The admin header (re-reads a rotated token file); AdminTokenError if unreadable."""

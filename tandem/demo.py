@@ -20,6 +20,7 @@ from typing import Any
 
 import typer
 
+from contracts import annotations as keys
 from tandem.demo_render import render
 
 HERE = Path(__file__).parent
@@ -52,7 +53,7 @@ def _pods() -> list[dict[str, Any]]:
             "metadata": {"name": entry["name"], "namespace": "demo", "uid": f"demo-uid-{i:03d}",
                          "resourceVersion": "1", "annotations": dict(entry["annotations"])},
             "spec": {"containers": [{"name": "main", "resources": {
-                "limits": {"tandem.io/gpu": str(entry["gpus"])}}}]},
+                "limits": {keys.GPU_RESOURCE: str(entry["gpus"])}}}]},
         })
     return pods
 
@@ -106,9 +107,9 @@ def run_demo(seed: int = DEFAULT_SEED) -> dict[str, Any]:
 
 def kind_of(annotations: dict[str, str]) -> str:
     """``training``, ``slo`` (an SLO inference session) or ``best-effort`` (inference, no SLO)."""
-    if annotations.get("tandem.io/workload", "training") != "inference":
+    if annotations.get(keys.WORKLOAD, keys.TRAINING) != keys.INFERENCE:
         return "training"
-    return "slo" if "tandem.io/slo-ms" in annotations else "best-effort"
+    return "slo" if keys.SLO_MS in annotations else "best-effort"
 
 
 def schedule_one(http: Any, pod: dict[str, Any], names: list[str], sim: Any) -> dict[str, Any]:
@@ -116,12 +117,12 @@ def schedule_one(http: Any, pod: dict[str, Any], names: list[str], sim: Any) -> 
     meta = pod["metadata"]
     ann = meta["annotations"]
     row: dict[str, Any] = {"pod": meta["name"],
-                           "workload": ann.get("tandem.io/workload", "training"),
+                           "workload": ann.get(keys.WORKLOAD, keys.TRAINING),
                            "kind": kind_of(ann),
-                           "weight": ann.get("tandem.io/weight"),
-                           "priority": ann.get("tandem.io/priority"),
+                           "weight": ann.get(keys.WEIGHT),
+                           "priority": ann.get(keys.PRIORITY),
                            "gpus_requested": int(pod["spec"]["containers"][0]["resources"]
-                                                 ["limits"]["tandem.io/gpu"])}
+                                                 ["limits"][keys.GPU_RESOURCE])}
     args = {"Pod": pod, "NodeNames": names}
     filtered = http.post("/filter", json=args).json()
     passed = filtered.get("NodeNames") or []
@@ -141,12 +142,12 @@ def schedule_one(http: Any, pod: dict[str, Any], names: list[str], sim: Any) -> 
         return {**row, "outcome": "bind-failed", "node": node, "reason": bound["Error"]}
     out = (sim.read_pod(meta["namespace"], meta["name"]) or {})["metadata"]["annotations"]
     return {**row, "outcome": "placed", "node": node, "score": scores.get(node),
-            "gpu_index": out.get("tandem.io/gpu-index"),
-            "predicted_util_percent": float(out.get("tandem.io/predicted-gpu-util", 0)),
-            "predicted_mem_mib": float(out.get("tandem.io/predicted-gpu-mem-mib", 0)),
-            "cost": float(out.get("tandem.io/cost", 0)),
-            "batch": out.get("tandem.io/batch"),
-            "duty_cycle_ms": out.get("tandem.io/duty-cycle-ms"), "candidates": len(passed)}
+            "gpu_index": out.get(keys.GPU_INDEX),
+            "predicted_util_percent": float(out.get(keys.PREDICTED_UTIL, 0)),
+            "predicted_mem_mib": float(out.get(keys.PREDICTED_MEM_MIB, 0)),
+            "cost": float(out.get(keys.COST, 0)),
+            "batch": out.get(keys.BATCH),
+            "duty_cycle_ms": out.get(keys.DUTY_CYCLE_MS), "candidates": len(passed)}
 
 
 def _main_reason(reasons: dict[str, str]) -> str:
@@ -213,13 +214,12 @@ class SimAgents:
                 jobs = []
                 for pod in sim.pods():
                     ann = pod["metadata"].get("annotations", {})
-                    if pod.get("spec", {}).get("nodeName") != node or \
-                            "tandem.io/gpu-index" not in ann:
+                    if pod.get("spec", {}).get("nodeName") != node or keys.GPU_INDEX not in ann:
                         continue
-                    for idx in ann["tandem.io/gpu-index"].split(","):
+                    for idx in ann[keys.GPU_INDEX].split(","):
                         jobs.append(SimJob(int(idx), pod["metadata"]["uid"],
-                                           float(ann["tandem.io/predicted-gpu-util"]),
-                                           int(float(ann["tandem.io/predicted-gpu-mem-mib"]))))
+                                           float(ann[keys.PREDICTED_UTIL]),
+                                           int(float(ann[keys.PREDICTED_MEM_MIB]))))
                 return jobs
             return provider
 

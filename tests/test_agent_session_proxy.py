@@ -122,13 +122,18 @@ def proxy(link: SessionLink) -> Any:
     pytest.param({"weight": 3}, {"tandem.io/weight": "3"}, id="weight"),
     pytest.param({"priority": 2}, {"tandem.io/priority": "2"}, id="priority"),
     pytest.param({}, {}, id="default-weight"),
+    # Flags come from the annotations, so a mix binds and the agent registers one mode.
+    pytest.param({"slo_ms": 50.0, "rate_rps": 5.0, "weight": 2},
+                 {"tandem.io/slo-ms": "50", "tandem.io/rate-rps": "5", "tandem.io/weight": "2"},
+                 id="slo-wins-over-weight"),
+    pytest.param({"weight": 2, "priority": 1}, {"tandem.io/weight": "2", "tandem.io/priority": "1"},
+                 id="priority-wins-over-weight"),
 ])
 def test_body_and_name_equal_what_the_agent_registers(kwargs: dict, annotations: dict) -> None:
     ours = session_request("team-a.web-7d9f-x2", "m.onnx", 1, **kwargs)
-    pod = PodPlacement("uid", "web-7d9f-x2", "team-a", 1, None, None,
-                       tuple({"tandem.io/model": "m.onnx", **annotations}.items()))
-    agents = session_spec(pod)
-    assert agents is not None
+    notes = {"tandem.io/workload": "inference", "tandem.io/model": "m.onnx", **annotations}
+    agents = session_spec(PodPlacement("uid", "web-7d9f-x2", "team-a", 1, None, None,
+                                       tuple(notes.items())))
     assert (ours.name, ours.json()) == (agents.name, agents.json())
 
 
@@ -139,8 +144,7 @@ def test_body_and_name_equal_what_the_agent_registers(kwargs: dict, annotations:
     pytest.param({"model": ""}, id="empty-model"),
     pytest.param({"slo_ms": 50.0}, id="slo-without-rate"),
     pytest.param({"rate_rps": 5.0}, id="rate-without-slo"),
-    pytest.param({"slo_ms": 50.0, "rate_rps": 5.0, "weight": 2}, id="slo-and-weight"),
-    pytest.param({"weight": 2, "priority": 1}, id="weight-and-priority"),
+    pytest.param({"weight": 5000}, id="weight-over-quanta-limit"),
     pytest.param({"slo_ms": -1.0, "rate_rps": 5.0}, id="negative-slo"),
     pytest.param({"weight": 0}, id="zero-weight"),
 ])

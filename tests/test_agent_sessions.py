@@ -37,22 +37,39 @@ def view(*gpus: list[dict]) -> NodeView:
                  id="priority"),
     pytest.param({}, {"name": "ns.a", "model": "models/a.onnx", "weight": 1},
                  id="best-effort-default-weight"),
-    pytest.param({"slo_ms": "50"}, {"name": "ns.a", "model": "models/a.onnx", "weight": 1},
-                 id="slo-without-rate-is-best-effort"),
+    pytest.param({"priority": "+5"}, {"name": "ns.a", "model": "models/a.onnx", "priority": 5},
+                 id="signed-priority"),
 ])
 def test_session_spec_bodies(notes: dict[str, str], body: dict) -> None:
     spec = session_spec(view([pod("a", **notes)]).pods()[0])
-    assert spec is not None and spec.json() == body
+    assert spec.json() == body
 
 
-@pytest.mark.parametrize("notes", [
-    pytest.param({"slo_ms": "fast", "rate_rps": "1"}, id="bad-number"),
-    pytest.param({"weight": "heavy"}, id="bad-weight"),
-    pytest.param({"model": ""}, id="no-model"),
+@pytest.mark.parametrize(("notes", "field"), [
+    pytest.param({"slo_ms": "fast", "rate_rps": "1"}, "tandem.io/slo-ms", id="bad-number"),
+    pytest.param({"weight": "heavy"}, "tandem.io/weight", id="bad-weight"),
+    pytest.param({"model": ""}, "tandem.io/model", id="no-model"),
+    # The extender rejects an SLO without a rate; the agent skips it (never best effort).
+    pytest.param({"slo_ms": "50"}, "tandem.io/rate-rps", id="slo-without-rate"),
+    pytest.param({"weight": "5000"}, "tandem.io/weight", id="weight-over-quanta-limit"),
 ])
-def test_unusable_pods_are_skipped(notes: dict[str, str]) -> None:
+def test_unusable_pods_are_skipped_with_the_field_named(notes: dict[str, str], field: str) -> None:
     wanted, skipped = desired_sessions(view([pod("a", **notes)]))
-    assert wanted == {0: {}} and skipped == ("ns.a",)
+    assert wanted == {0: {}}
+    ((name, reason),) = skipped
+    assert name == "ns.a" and reason.startswith(field + "=")
+
+
+def test_a_skipped_pod_is_logged_once_per_reason(caplog: pytest.LogCaptureFixture) -> None:
+    sync = SessionSync(lambda i: f"http://127.0.0.1:{8700 + i}",
+                       transport=httpx.MockTransport(FakeServers({0: set()})))
+    bad = view([pod("a", slo_ms="50")])
+    with caplog.at_level("WARNING", logger="agent.sessions"):
+        results = [sync.sync(bad), sync.sync(bad)]
+    assert [r.skipped for r in results] == [("ns.a",), ("ns.a",)]
+    skips = [r for r in caplog.records if r.getMessage().startswith("session skipped")]
+    assert [(r.session, r.reason.split("=")[0]) for r in skips] == [
+        ("ns.a", "tandem.io/rate-rps")]
 
 
 def test_training_pods_are_not_sessions() -> None:

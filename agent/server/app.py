@@ -11,7 +11,7 @@ open, for the reasons in ``agent.server.auth``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from flask import Flask, Response, jsonify, request
 from prometheus_client import CollectorRegistry, generate_latest
@@ -29,10 +29,21 @@ from agent.server.errors import (
 from agent.server.metrics import RuntimeCollector
 from agent.server.runtime import ServingRuntime
 from agent.server.tensors import NPY_TYPE, coerce_input, decode_json_inputs, decode_npy, encode_npy
+from contracts.annotations import (
+    DEFAULT_WEIGHT,
+    PRIORITY_RANGE,
+    RATE_RPS_RANGE,
+    SLO_MS_RANGE,
+    WEIGHT_RANGE,
+    AnnotationError,
+    IntRange,
+    NumberRange,
+)
 
 DEFAULT_MAX_BODY_BYTES = 64 * 2**20
 SLO_FIELDS = {"name", "model", "slo_ms", "rate_rps"}
 BEST_EFFORT_FIELDS = {"name", "model", "weight", "priority"}
+_N = TypeVar("_N", int, float)
 
 
 def create_app(
@@ -78,16 +89,16 @@ def create_app(
             answer = runtime.add_slo_session(
                 _str(body, "name"),
                 _str(body, "model"),
-                _number(body, "slo_ms"),
-                _number(body, "rate_rps"),
+                _in_range(_number(body, "slo_ms"), SLO_MS_RANGE, "slo_ms"),
+                _in_range(_number(body, "rate_rps"), RATE_RPS_RANGE, "rate_rps"),
             )
         else:
             _check_fields(body, BEST_EFFORT_FIELDS, {"name", "model"})
             answer = runtime.add_best_effort_session(
                 _str(body, "name"),
                 _str(body, "model"),
-                _int(body, "weight", 1),
-                _int(body, "priority", 0),
+                _in_range(_int(body, "weight", DEFAULT_WEIGHT), WEIGHT_RANGE, "weight"),
+                _in_range(_int(body, "priority", 0), PRIORITY_RANGE, "priority"),
             )
         return jsonify(answer), 201
 
@@ -178,6 +189,15 @@ def _number(body: Mapping[str, Any], key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise BadRequest(f"{key} must be a number")
     return float(value)
+
+
+def _in_range(value: _N, valid: IntRange | NumberRange, key: str) -> _N:
+    """``value`` if the shared annotation contract accepts it (what the extender let bind)."""
+    try:
+        valid.check(value, key)  # type: ignore[arg-type]
+    except AnnotationError as exc:
+        raise BadRequest(f"{key} {exc.problem}") from None
+    return value
 
 
 def _int(body: Mapping[str, Any], key: str, default: int) -> int:

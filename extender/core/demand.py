@@ -2,6 +2,11 @@
 
 Parsing (:func:`parse_demand`) is strict and reports the offending field, so a
 typo in ``tandem.io/gpu-util`` is an error the user sees, never a silent default.
+The annotation keys, their ranges and the parser are the shared contract in
+:mod:`contracts.annotations` (the node agent and the inference server accept
+exactly what passes here); this module adds the GPU count and the extender's
+policy.
+
 Resolution (:func:`resolve_demand`) turns the parsed request into per-GPU-type
 utilisation and memory: user-asserted values win; otherwise the injected
 ``predict`` callable (the predictor facade behind a small adapter) is asked for
@@ -13,34 +18,25 @@ Inference pods come in two kinds. With ``tandem.io/slo-ms`` and
 ``tandem.io/rate-rps`` they are SLO sessions (duty-cycle slots). With neither
 they are best-effort sessions (batch inference) that share the duty cycle's slack
 in quanta by ``tandem.io/weight`` (default 1) or ``tandem.io/priority`` (an
-integer, what the inference server accepts). A best-effort session's memory is
-the asserted ``tandem.io/gpu-mem-mib``, else its batching profile's, else the
-predictor's; its utilisation is the asserted or predicted one, else 100% (a
-batch job takes all the slack it is given).
+integer; both in the ranges the inference server's quanta honour). A best-effort
+session's memory is the asserted ``tandem.io/gpu-mem-mib``, else its batching
+profile's, else the predictor's; its utilisation is the asserted or predicted
+one, else 100% (a batch job takes all the slack it is given).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from contracts.annotations import GPU_RESOURCE, AnnotationError, PodInputs, parse_inputs
 from extender.core.snapshot import SessionSpec, Workload
 
-PREFIX = "tandem.io/"
-GPU_RESOURCE = "tandem.io/gpu"
 DEFAULT_BATCH = {Workload.INFERENCE: 1, Workload.TRAINING: 32}
 
 
-class DemandError(ValueError):
-    """The pod's request cannot be understood; ``field`` names the culprit."""
-
-    def __init__(self, field_name: str, value: object, problem: str):
-        self.field = field_name
-        self.value = value
-        self.problem = problem
-        super().__init__(f"{field_name}={value!r}: {problem}")
+DemandError = AnnotationError  # the pod's request cannot be understood; ``field`` names it
 
 
 class DemandUnavailable(Exception):
@@ -87,7 +83,7 @@ class JobDemand:
     slo_ms: float | None = None
     rate_rps: float | None = None
     weight: int | None = None
-    priority: str | None = None
+    priority: int | None = None
 
     @property
     def best_effort(self) -> bool:
@@ -97,7 +93,7 @@ class JobDemand:
     @property
     def share_weight(self) -> int:
         """Weight used to spread best-effort sessions (priority sessions count 1)."""
-        return self.weight if self.weight is not None and self.priority is None else 1
+        return PodInputs(weight=self.weight, priority=self.priority).share_weight
 
 
 @dataclass(frozen=True)
@@ -192,82 +188,25 @@ def _quantity(value: object, path: str) -> int:
     return n
 
 
-def _number(ann: Mapping[str, Any], key: str, low: float, high: float) -> float | None:
-    raw = ann.get(PREFIX + key)
-    if raw is None:
-        return None
-    try:
-        value = float(raw) if isinstance(raw, (int, float, str)) and not isinstance(raw, bool) \
-            else math.nan
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and low < value <= high):
-        raise DemandError(PREFIX + key, raw, f"must be a number in ({low:g}, {high:g}]")
-    return value
-
-
-def _integer(ann: Mapping[str, Any], key: str, high: int) -> int | None:
-    raw = ann.get(PREFIX + key)
-    if raw is None:
-        return None
-    text = str(raw).strip() if isinstance(raw, (int, str)) and not isinstance(raw, bool) else ""
-    if not text.isdigit() or not 1 <= int(text) <= high:
-        raise DemandError(PREFIX + key, raw, f"must be an integer in [1, {high}]")
-    return int(text)
-
-
 def parse_demand(pod: Mapping[str, Any]) -> JobDemand:
     """Read a Pod's GPU count and ``tandem.io/*`` annotations; raises DemandError."""
-    ann = annotations_of(pod)
-    raw_workload = ann.get(PREFIX + "workload", Workload.TRAINING.value)
-    try:
-        workload = Workload(raw_workload)
-    except ValueError:
-        raise DemandError(PREFIX + "workload", raw_workload, "must be training or inference") \
-            from None
-    model = ann.get(PREFIX + "model")
-    if model is not None and (not isinstance(model, str) or not model.strip()):
-        raise DemandError(PREFIX + "model", model, "must be a non-empty string")
-    priority = ann.get(PREFIX + "priority")
-    if priority is not None and not isinstance(priority, str):
-        raise DemandError(PREFIX + "priority", priority, "must be a string")
+    inputs = parse_inputs(annotations_of(pod))
+    workload = Workload(inputs.workload)
     job = JobDemand(
         gpu_count=gpu_count_of(pod),
         workload=workload,
-        model=model,
-        batch_size=_integer(ann, "batch-size", 65536) or DEFAULT_BATCH[workload],
-        util_percent=_number(ann, "gpu-util", 0.0, 100.0),
-        mem_mib=_number(ann, "gpu-mem-mib", 0.0, 4.0e6),
-        slo_ms=_number(ann, "slo-ms", 0.0, 3.6e6),
-        rate_rps=_number(ann, "rate-rps", 0.0, 1.0e7),
-        weight=_integer(ann, "weight", 1_000_000),
-        priority=priority,
+        model=inputs.model,
+        batch_size=inputs.batch_size or DEFAULT_BATCH[workload],
+        util_percent=inputs.util_percent,
+        mem_mib=inputs.mem_mib,
+        slo_ms=inputs.slo_ms,
+        rate_rps=inputs.rate_rps,
+        weight=inputs.weight,
+        priority=inputs.priority,
     )
-    if workload is Workload.INFERENCE:
-        if job.model is None:
-            raise DemandError(PREFIX + "model", None, "required for inference pods")
-        if (job.slo_ms is None) != (job.rate_rps is None):
-            missing = "slo-ms" if job.slo_ms is None else "rate-rps"
-            raise DemandError(PREFIX + missing, None,
-                              "an SLO session needs both tandem.io/slo-ms and "
-                              "tandem.io/rate-rps (give neither for best effort)")
-        if job.best_effort and priority is not None and not _is_int_text(priority):
-            raise DemandError(PREFIX + "priority", priority,
-                              "must be an integer for best-effort inference sessions")
-        if job.gpu_count != 1:
-            raise DemandError(GPU_RESOURCE, job.gpu_count, "an inference session takes 1 GPU")
-    elif job.model is None and (job.util_percent is None or job.mem_mib is None):
-        raise DemandError(
-            PREFIX + "model", None,
-            "give tandem.io/model, or both tandem.io/gpu-util and tandem.io/gpu-mem-mib",
-        )
+    if workload is Workload.INFERENCE and job.gpu_count != 1:
+        raise DemandError(GPU_RESOURCE, job.gpu_count, "an inference session takes 1 GPU")
     return job
-
-
-def _is_int_text(text: str) -> bool:
-    body = text.strip()
-    body = body[1:] if body[:1] in "+-" else body
-    return body.isdigit() and len(body) <= 9
 
 
 def profile_keys(model: str) -> tuple[str, ...]:

@@ -1,0 +1,318 @@
+"""The ``tandem.io/*`` pod annotations: key names, accepted ranges, one codec.
+
+Inputs (what a pod owner writes) are parsed by :func:`parse_inputs`, the one
+validator the extender (at filter), the node agent (session sync), the session
+proxy and, for ``weight``/``priority``/``slo-ms``/``rate-rps``, the inference
+server (session registration) all use, so whatever binds can run. A rejection
+is an :class:`AnnotationError` naming the field, the value and the problem.
+
+Outputs (what bind writes) are encoded by :func:`encode_outputs` and read back by
+:func:`decode_outputs` when the ledger is rebuilt from bound pods.
+
+The ranges are the ones every consumer can honour. ``weight`` and ``priority``
+come from the inference server's Olympian quanta: a job of weight ``w`` holds
+the token for ``w`` quanta per turn (1000 quanta of a few milliseconds already
+starve its peers for seconds), and priority classes are compared as integers.
+
+Nothing here imports another tandem package: values are plain numbers and
+strings, and each deployable builds its own types from them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+PREFIX = "tandem.io/"
+GPU_RESOURCE = PREFIX + "gpu"
+
+# Inputs, written by the pod owner.
+WORKLOAD = PREFIX + "workload"
+MODEL = PREFIX + "model"
+BATCH_SIZE = PREFIX + "batch-size"
+GPU_UTIL = PREFIX + "gpu-util"
+GPU_MEM_MIB = PREFIX + "gpu-mem-mib"
+SLO_MS = PREFIX + "slo-ms"
+RATE_RPS = PREFIX + "rate-rps"
+WEIGHT = PREFIX + "weight"
+PRIORITY = PREFIX + "priority"
+
+# Outputs, written by the extender at bind.
+GPU_INDEX = PREFIX + "gpu-index"
+GPU_UUID = PREFIX + "gpu-uuid"
+PREDICTED_UTIL = PREFIX + "predicted-gpu-util"
+PREDICTED_MEM_MIB = PREFIX + "predicted-gpu-mem-mib"
+COST = PREFIX + "cost"
+BATCH = PREFIX + "batch"
+DUTY_CYCLE_MS = PREFIX + "duty-cycle-ms"
+
+TRAINING = "training"
+INFERENCE = "inference"
+WORKLOADS = (TRAINING, INFERENCE)
+
+_MAX_TEXT = 64  # longer numeric text is refused before conversion (no 5,000-digit ints)
+_INT_TEXT = re.compile(r"[+-]?[0-9]{1,18}")
+_NUMBER_TEXT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,3})?")
+
+
+class AnnotationError(ValueError):
+    """An annotation (or a session field) is unusable; ``field`` names the culprit."""
+
+    def __init__(self, field_name: str, value: object, problem: str):
+        self.field = field_name
+        self.value = value
+        self.problem = problem
+        super().__init__(f"{field_name}={value!r}: {problem}")
+
+
+@dataclass(frozen=True)
+class NumberRange:
+    """Accepted values ``(low, high]`` of a real-valued field."""
+
+    low: float
+    high: float
+
+    @property
+    def text(self) -> str:
+        """``a number in (low, high]``."""
+        return f"a number in ({self.low:g}, {self.high:g}]"
+
+    def check(self, value: float, field_name: str) -> float:
+        """``value`` if finite and in range, else AnnotationError."""
+        if not (math.isfinite(value) and self.low < value <= self.high):
+            raise AnnotationError(field_name, value, f"must be {self.text}")
+        return value
+
+
+@dataclass(frozen=True)
+class IntRange:
+    """Accepted values ``[low, high]`` of an integer field."""
+
+    low: int
+    high: int
+
+    @property
+    def text(self) -> str:
+        """``an integer in [low, high]``."""
+        return f"an integer in [{self.low}, {self.high}]"
+
+    def check(self, value: int, field_name: str) -> int:
+        """``value`` if an integer (not a bool) in range, else AnnotationError."""
+        if isinstance(value, bool) or not isinstance(value, int) \
+                or not self.low <= value <= self.high:
+            raise AnnotationError(field_name, value, f"must be {self.text}")
+        return value
+
+
+BATCH_SIZE_RANGE = IntRange(1, 65536)
+GPU_UTIL_RANGE = NumberRange(0.0, 100.0)
+GPU_MEM_MIB_RANGE = NumberRange(0.0, 4.0e6)
+SLO_MS_RANGE = NumberRange(0.0, 3.6e6)
+RATE_RPS_RANGE = NumberRange(0.0, 1.0e7)
+WEIGHT_RANGE = IntRange(1, 1000)
+PRIORITY_RANGE = IntRange(-1_000_000, 1_000_000)
+DEFAULT_WEIGHT = 1
+
+
+def parse_number(raw: object, field_name: str, valid: NumberRange) -> float:
+    """An annotation's text (or a JSON number) as a float in ``valid``; AnnotationError."""
+    value = math.nan
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        value = float(raw)
+    elif isinstance(raw, str) and len(raw) <= _MAX_TEXT and _NUMBER_TEXT.fullmatch(raw.strip()):
+        value = float(raw.strip())
+    if not (math.isfinite(value) and valid.low < value <= valid.high):
+        raise AnnotationError(field_name, raw, f"must be {valid.text}")
+    return value
+
+
+def parse_integer(raw: object, field_name: str, valid: IntRange) -> int:
+    """An annotation's text (ASCII digits, optional sign) or a JSON integer, in ``valid``."""
+    value: int | None = None
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        value = raw
+    elif isinstance(raw, str) and len(raw) <= _MAX_TEXT and _INT_TEXT.fullmatch(raw.strip()):
+        value = int(raw.strip())
+    if value is None or not valid.low <= value <= valid.high:
+        raise AnnotationError(field_name, raw, f"must be {valid.text}")
+    return value
+
+
+@dataclass(frozen=True)
+class PodInputs:
+    """A pod's ``tandem.io/*`` inputs as typed values (None: not given)."""
+
+    workload: str = TRAINING
+    model: str | None = None
+    batch_size: int | None = None
+    util_percent: float | None = None
+    mem_mib: float | None = None
+    slo_ms: float | None = None
+    rate_rps: float | None = None
+    weight: int | None = None
+    priority: int | None = None
+
+    @property
+    def best_effort(self) -> bool:
+        """An inference pod without an SLO: it shares the duty cycle's slack in quanta."""
+        return self.workload == INFERENCE and self.slo_ms is None
+
+    @property
+    def share_weight(self) -> int:
+        """Weight used to spread best-effort sessions (priority sessions count 1)."""
+        return self.weight if self.weight is not None and self.priority is None \
+            else DEFAULT_WEIGHT
+
+
+def parse_inputs(ann: Mapping[str, object]) -> PodInputs:
+    """Every input annotation, typed, range-checked and cross-checked; AnnotationError."""
+    workload = ann.get(WORKLOAD, TRAINING)
+    if workload not in WORKLOADS:
+        raise AnnotationError(WORKLOAD, workload, "must be training or inference")
+    model = ann.get(MODEL)
+    if model is not None and (not isinstance(model, str) or not model.strip()):
+        raise AnnotationError(MODEL, model, "must be a non-empty string")
+
+    def number(key: str, valid: NumberRange) -> float | None:
+        return None if ann.get(key) is None else parse_number(ann[key], key, valid)
+
+    def integer(key: str, valid: IntRange) -> int | None:
+        return None if ann.get(key) is None else parse_integer(ann[key], key, valid)
+
+    inputs = PodInputs(
+        workload=str(workload), model=model,
+        batch_size=integer(BATCH_SIZE, BATCH_SIZE_RANGE),
+        util_percent=number(GPU_UTIL, GPU_UTIL_RANGE),
+        mem_mib=number(GPU_MEM_MIB, GPU_MEM_MIB_RANGE),
+        slo_ms=number(SLO_MS, SLO_MS_RANGE),
+        rate_rps=number(RATE_RPS, RATE_RPS_RANGE),
+        weight=integer(WEIGHT, WEIGHT_RANGE),
+    )
+    if inputs.workload == INFERENCE:
+        if inputs.model is None:
+            raise AnnotationError(MODEL, None, "required for inference pods")
+        if (inputs.slo_ms is None) != (inputs.rate_rps is None):
+            missing = SLO_MS if inputs.slo_ms is None else RATE_RPS
+            raise AnnotationError(missing, None,
+                                  "an SLO session needs both tandem.io/slo-ms and "
+                                  "tandem.io/rate-rps (give neither for best effort)")
+        if inputs.best_effort:  # only quanta read a priority; elsewhere it is ignored
+            inputs = replace(inputs, priority=integer(PRIORITY, PRIORITY_RANGE))
+    elif inputs.model is None and (inputs.util_percent is None or inputs.mem_mib is None):
+        raise AnnotationError(MODEL, None, "give tandem.io/model, or both tandem.io/gpu-util "
+                              "and tandem.io/gpu-mem-mib")
+    return inputs
+
+
+def read_bound_inputs(ann: Mapping[str, object]) -> PodInputs:
+    """The inputs of a pod that is already bound, never raising.
+
+    A running pod must stay accounted for even if its annotations no longer
+    parse (edited after bind, or bound under older rules): a field that does not
+    parse counts as not given, and an SLO needs both of its fields.
+    """
+    slo = _lenient_number(ann, SLO_MS, SLO_MS_RANGE)
+    rate = _lenient_number(ann, RATE_RPS, RATE_RPS_RANGE)
+    model = ann.get(MODEL)
+    priority = None
+    # A priority present but unreadable still makes a priority session (it counts 1).
+    if ann.get(PRIORITY) is not None and (slo is None or rate is None):
+        priority = _lenient_integer(ann, PRIORITY, PRIORITY_RANGE) or 0
+    return PodInputs(
+        workload=INFERENCE if ann.get(WORKLOAD) == INFERENCE else TRAINING,
+        model=model if isinstance(model, str) and model.strip() else None,
+        slo_ms=slo if rate is not None else None,
+        rate_rps=rate if slo is not None else None,
+        weight=_lenient_integer(ann, WEIGHT, WEIGHT_RANGE),
+        priority=priority,
+    )
+
+
+def _lenient_number(ann: Mapping[str, object], key: str, valid: NumberRange) -> float | None:
+    try:
+        return None if ann.get(key) is None else parse_number(ann[key], key, valid)
+    except AnnotationError:
+        return None
+
+
+def _lenient_integer(ann: Mapping[str, object], key: str, valid: IntRange) -> int | None:
+    try:
+        return None if ann.get(key) is None else parse_integer(ann[key], key, valid)
+    except AnnotationError:
+        return None
+
+
+def tandem_annotations(ann: Mapping[str, object]) -> tuple[tuple[str, str], ...]:
+    """The ``tandem.io/*`` string annotations, sorted by key (what ``/v1/state`` shows)."""
+    return tuple(sorted((k, v) for k, v in ann.items()
+                        if isinstance(k, str) and k.startswith(PREFIX) and isinstance(v, str)))
+
+
+@dataclass(frozen=True)
+class BindOutputs:
+    """What bind records on a pod: GPUs, predictions, cost and, for sessions, the plan."""
+
+    gpu_indices: tuple[int, ...]
+    gpu_uuids: tuple[str, ...] = ()
+    util_percent: float = 0.0
+    mem_mib: float = 0.0
+    cost: float | None = None
+    batch: int | None = None
+    duty_cycle_ms: float | None = None
+
+
+def encode_outputs(out: BindOutputs) -> dict[str, str]:
+    """The annotations bind writes (DESIGN outputs plus batch and duty cycle for sessions)."""
+    ann = {
+        GPU_INDEX: ",".join(str(i) for i in out.gpu_indices),
+        GPU_UUID: ",".join(out.gpu_uuids),
+        PREDICTED_UTIL: f"{out.util_percent:.2f}",
+        PREDICTED_MEM_MIB: f"{out.mem_mib:.0f}",
+    }
+    if out.cost is not None:
+        ann[COST] = f"{out.cost:.4f}"
+    if out.batch is not None:
+        ann[BATCH] = str(out.batch)
+    if out.duty_cycle_ms is not None:
+        ann[DUTY_CYCLE_MS] = f"{out.duty_cycle_ms:.3f}"
+    return ann
+
+
+def decode_outputs(ann: Mapping[str, object]) -> BindOutputs | None:
+    """What bind recorded, or None when the pod carries no readable GPU assignment.
+
+    Only ``gpu-index`` is required (a simulated cluster file records just the
+    index and the predictions); a missing prediction reads as 0, a negative one
+    as 0.
+    """
+    raw_index = ann.get(GPU_INDEX)
+    if not isinstance(raw_index, str):
+        return None
+    try:
+        indices = tuple(int(x) for x in raw_index.split(",") if x.strip())
+        util = float(ann.get(PREDICTED_UTIL, "0"))  # type: ignore[arg-type]
+        mem = float(ann.get(PREDICTED_MEM_MIB, "0"))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    if not indices or not (math.isfinite(util) and math.isfinite(mem)):
+        return None
+    uuids = ann.get(GPU_UUID)
+    batch = ann.get(BATCH)
+    return BindOutputs(
+        gpu_indices=indices,
+        gpu_uuids=tuple(u for u in uuids.split(",") if u) if isinstance(uuids, str) else (),
+        util_percent=max(util, 0.0), mem_mib=max(mem, 0.0),
+        # Records for people only: an unreadable one is dropped, never the placement.
+        cost=_float_or_none(ann.get(COST)),
+        batch=int(batch) if isinstance(batch, str) and _INT_TEXT.fullmatch(batch) else None,
+        duty_cycle_ms=_float_or_none(ann.get(DUTY_CYCLE_MS)),
+    )
+
+
+def _float_or_none(raw: object) -> float | None:
+    if not isinstance(raw, str) or len(raw) > _MAX_TEXT or not _NUMBER_TEXT.fullmatch(raw):
+        return None
+    value = float(raw)
+    return value if math.isfinite(value) else None
