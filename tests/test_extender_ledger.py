@@ -5,7 +5,17 @@ from __future__ import annotations
 import threading
 
 import pytest
-from extender_builders import args, binding, inference, make_app, node, training
+from extender_builders import (
+    PodBuilder,
+    args,
+    binding,
+    demand,
+    inference,
+    make_app,
+    node,
+    placement,
+    training,
+)
 
 from extender.config import ConfigHolder, build_config
 from extender.core import CostPolicy, Placement
@@ -76,15 +86,20 @@ def test_restart_rebuilds_from_annotations_without_loss_or_double_booking():
     assert body["NodeNames"] == fitting
 
 
-def test_assumed_placement_expires_without_confirmation():
+def _assume(state: ClusterState, util: float = 10, mem: float = 1000) -> Placement:
+    """Assume pod ``d/p`` (uid ``u1``) on n1 through the ledger's bind path."""
+    p = PodBuilder("p", namespace="d").uid("u1").util(util).mem(mem).obj()
+    assumed, *_ = state.assume_best("n1", demand(p, state.gpu_types()), None, "u1", "d/p")
+    return assumed
+
+
+def test_assumed_placement_is_kept_while_binding_before_its_ttl_and_once_confirmed():
     clock = [100.0]
     state = ClusterState(lambda: CostPolicy(), lambda: clock[0], assume_ttl_seconds=30)
     state.set_nodes([node("n1", 1)])
-    p = Placement("u1", "d/p", "n1", (0,), 10, 1000)
-    state._assumed["u1"] = (p, None)
-    state._table.place(p)
-    state.expire()
-    assert state.is_known("u1")  # bind in flight: no deadline yet
+    p = _assume(state)
+    assert p == placement("u1", pod="d/p", node="n1", gpus=(0,), util=10, mem=1000)
+    assert state.expire() == [] and state.is_known("u1")  # bind in flight: no deadline yet
     state.finish_binding("u1")
     clock[0] += 29
     assert state.expire() == [] and state.is_known("u1")
@@ -99,12 +114,12 @@ def test_assumed_placement_dropped_after_ttl():
     clock = [0.0]
     state = ClusterState(lambda: CostPolicy(), lambda: clock[0], assume_ttl_seconds=5)
     state.set_nodes([node("n1", 1)])
-    p = Placement("u1", "d/p", "n1", (0,), 10, 1000)
-    state._assumed["u1"] = (p, None)
-    state._table.place(p)
+    p = _assume(state)
+    assert state.view()["nodes"]["n1"]["gpus"][0]["reserved_mib"] == 1000
     state.finish_binding("u1")
     clock[0] = 6
     assert state.expire() == [p]
+    assert not state.is_known("u1")
     assert state.view()["nodes"]["n1"]["gpus"][0]["reserved_mib"] == 0
 
 
