@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from extender.config import ConfigHolder, build_config
@@ -233,6 +234,23 @@ class NodeBuilder:
 def node(name: str, count: int = 4, product: str = A100, memory_mib: float = A100_MIB) -> NodeSpec:
     """A node with ``count`` identical GPUs."""
     return NodeBuilder(name).gpus(count, product, memory_mib).obj()
+
+
+# ---- models -------------------------------------------------------------------------------
+
+def tiny_model(path: Path) -> Path:
+    """A one-MatMul ONNX model (IR 10, which ONNX Runtime 1.31 reads)."""
+    import onnx  # here: most extender tests never need it
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
+    w = helper.make_tensor("w", TensorProto.FLOAT, [8, 4], [0.0] * 32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x], [y], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save(model, path)
+    return path
 
 
 # ---- apps and wire arguments ---------------------------------------------------------------
