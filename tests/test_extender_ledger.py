@@ -6,6 +6,8 @@ import threading
 
 import pytest
 from extender_builders import (
+    H100,
+    NodeBuilder,
     PodBuilder,
     args,
     binding,
@@ -18,7 +20,7 @@ from extender_builders import (
 )
 
 from extender.config import ConfigHolder, build_config
-from extender.core import CostPolicy, Placement
+from extender.core import CostPolicy, Placement, SessionSpec, Workload
 from extender.ledger import ClusterState
 from extender.routes import create_app
 from extender.sim_cluster import SimSource, parse_cluster
@@ -121,6 +123,39 @@ def test_assumed_placement_dropped_after_ttl():
     assert state.expire() == [p]
     assert not state.is_known("u1")
     assert state.view()["nodes"]["n1"]["gpus"][0]["reserved_mib"] == 0
+
+
+MIXED = NodeBuilder("n1").gpus(1).gpus(1, product=H100, memory_mib=81559).obj()
+
+
+# (pod as bind left it, the placement a restarted ledger must hold; None = not in the ledger)
+BOUND_PODS = [
+    ("training-gang", PodBuilder("t").uid("t").gpus(2).util(40).mem(9000)
+     .bound("n1", 0, 1, util=40, mem=9000),
+     placement("t", gpus=(0, 1), util=40, mem=9000)),
+    ("slo-session", PodBuilder("s").uid("s").inference().slo(100, 200)
+     .bound("n1", 1, util=16.01, mem=2500),
+     placement("s", gpus=(1,), util=16.01, mem=2500,
+               session=SessionSpec("default/s", "resnet50", 100.0, 200.0))),
+    ("weighted-best-effort", PodBuilder("b").uid("b").inference().weight(3)
+     .bound("n1", 0, util=75, mem=2500),
+     placement("b", gpus=(0,), util=75, mem=2500, weight=3)),
+    ("priority-counts-one", PodBuilder("b").uid("b").inference().weight(3).priority(1)
+     .bound("n1", 0, util=75, mem=2500),
+     placement("b", gpus=(0,), util=75, mem=2500, workload=Workload.INFERENCE)),
+    ("finished", PodBuilder("t").uid("t").util(40).mem(9000).bound("n1", 0, util=40, mem=9000)
+     .phase("Succeeded"), None),
+    ("never-bound", PodBuilder("t").uid("t").util(40).mem(9000), None),
+]
+
+
+@pytest.mark.parametrize(("pod", "expected"), [pytest.param(b.obj(), e, id=n)
+                                               for n, b, e in BOUND_PODS])
+def test_restart_rebuilds_each_placement_from_its_pod(pod, expected):
+    state = ClusterState(lambda: CostPolicy(), lambda: 0.0)
+    SimSource([MIXED], [pod]).start(state)
+    assert state.placement_of(pod["metadata"]["uid"]) == expected
+    assert state.view()["placed"] == (expected is not None)
 
 
 def test_bind_source_failure_forgets_the_assumption():
