@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_server_helpers import running_tiny_runtime
+from server_helpers import running_tiny_runtime
 from typer.testing import CliRunner
 
 from agent.errors import ConfigError

@@ -5,7 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from extender_builders import A100, PROFILES, args, binding, make_app, node, pod, training
+from extender_builders import (
+    A100,
+    PROFILES,
+    args,
+    binding,
+    make_app,
+    node,
+    placement,
+    pod,
+    rejection,
+    training,
+)
 
 from extender.core import (
     CostPolicy,
@@ -16,7 +27,9 @@ from extender.core import (
     Placement,
     ProfileIndex,
     Reason,
+    Rejection,
     SessionSpec,
+    TypeDemand,
     Workload,
     choose,
     evaluate,
@@ -100,8 +113,7 @@ def _failing(model, batch, gpu_type, workload):
 def test_best_effort_demand_sources(annotations, model, predict, expected):
     t = GpuTable.build([node("n1", 1)])
     d = resolved(best_effort(model=model, **annotations), t, predict)
-    td = d.for_type(A100)
-    assert (td.util_percent, td.mem_mib, td.source) == expected
+    assert d.for_type(A100) == TypeDemand(*expected)
     assert d.session is None  # no duty-cycle slot
 
 
@@ -117,33 +129,38 @@ def test_best_effort_without_any_memory_source_is_demand_unknown(predict):
 # ---- filter and score ----------------------------------------------------------------------
 
 SLO = SessionSpec("default/s", "resnet50", 100.0, 300.0)
+SLO_IDLE_PERCENT = 100.0 * (1.0 - plan_gpu([SLO], ProfileIndex(PROFILES), A100, 40960.0).occupancy)
+"""Share of the duty cycle a GPU serving only ``SLO`` leaves idle."""
 
 
 def slo_placement(uid: str, gpu: int, session: SessionSpec = SLO) -> Placement:
-    return Placement(uid, session.name, "n1", (gpu,), 20.0, 2500.0, Workload.INFERENCE, session)
+    return placement(uid, pod=session.name, gpus=(gpu,), util=20.0, mem=2500.0,
+                     session=session)
 
 
 def be_placement(uid: str, gpu: int, weight: int) -> Placement:
-    return Placement(uid, f"default/{uid}", "n1", (gpu,), 30.0, 1000.0, Workload.INFERENCE,
-                     None, weight=weight)
+    return placement(uid, gpus=(gpu,), util=30.0, mem=1000.0, workload=Workload.INFERENCE,
+                     weight=weight)
 
 
 def train_placement(uid: str, gpu: int, mem: float = 1000.0) -> Placement:
-    return Placement(uid, f"default/{uid}", "n1", (gpu,), 30.0, mem)
+    return placement(uid, gpus=(gpu,), util=30.0, mem=mem)
 
 
-# (name, placements on n1's 3 GPUs, pod annotations, expected GPU or rejection reason)
+# (name, placements on n1's 3 GPUs, pod annotations, expected (GPU, util) or rejection reason);
+# the util is the newcomer's weighted share of the GPU's slack (greedy: it asks for 100%).
 CHOICES = [
-    ("empty-gpus-tie-to-lowest-index", [], {}, 0),
-    ("training-gpus-are-never-used", [train_placement("t0", 0), train_placement("t1", 1)], {}, 2),
-    ("empty-beats-slo-slack", [slo_placement("s0", 0)], {}, 1),
+    ("empty-gpus-tie-to-lowest-index", [], {}, (0, 100.0)),
+    ("training-gpus-are-never-used", [train_placement("t0", 0), train_placement("t1", 1)], {},
+     (2, 100.0)),
+    ("empty-beats-slo-slack", [slo_placement("s0", 0)], {}, (1, 100.0)),
     ("spread-to-lighter-weight", [be_placement("a", 0, 3), be_placement("b", 1, 1),
-                                  train_placement("t", 2)], {}, 1),
+                                  train_placement("t", 2)], {}, (1, 100.0 * 1 / 2)),
     ("heavy-newcomer-still-picks-most-slack-per-weight",
      [be_placement("a", 0, 1), be_placement("b", 1, 2), train_placement("t", 2)],
-     {"weight": "10"}, 0),
+     {"weight": "10"}, (0, 100.0 * 10 / 11)),
     ("slack-beats-crowd", [slo_placement("s0", 0), be_placement("a", 1, 4),
-                           train_placement("t", 2)], {}, 0),
+                           train_placement("t", 2)], {}, (0, SLO_IDLE_PERCENT)),
     ("all-training", [train_placement(f"t{i}", i) for i in range(3)], {},
      Reason.WORKLOAD_CONFLICT),
     ("memory", [be_placement(f"b{i}", i, 1) for i in range(3)], {"gpu_mem_mib": "40000"},
@@ -156,36 +173,48 @@ CHOICES = [
 def test_best_effort_choice(placements, annotations, expected):
     t = GpuTable.build([node("n1", 3)], placements)
     ev = evaluate(t, ["n1"], resolved(best_effort(**annotations), t), CostPolicy(), 0.0, CTX)
+    mem = float(annotations.get("gpu_mem_mib", 2500))  # else the resnet50 profile's
     if isinstance(expected, Reason):
-        assert ev.feasible_names() == [] and ev.rejections["n1"].reason is expected
+        assert ev.feasible_names() == []
+        assert ev.rejections == {"n1": rejection(  # every GPU already holds 1000 MiB
+            "n1", expected, False, on_gpus=3, gpus_total=3, requested_mib=mem,
+            best_free_mib=40960.0 - 1000)}
         return
-    placement = choose(ev, 0, "u-new", "default/b")
-    assert placement is not None and placement.gpu_indices == (expected,)
-    assert placement.best_effort and placement.weight == parse_demand(
-        best_effort(**annotations)).share_weight
+    gpu, util = expected
+    chosen = choose(ev, 0, "u-new", "default/b")
+    assert chosen == placement("u-new", pod="default/b", gpus=(gpu,), util=pytest.approx(util),
+                               mem=mem, workload=Workload.INFERENCE,
+                               weight=parse_demand(best_effort(**annotations)).share_weight)
+    assert chosen.best_effort
 
 
 def test_colocation_limit_applies_to_best_effort():
     t = GpuTable.build([node("n1", 1)], [be_placement(f"b{i}", 0, 1) for i in range(2)])
     ev = evaluate(t, ["n1"], resolved(best_effort(), t), CostPolicy(max_pods_per_gpu=2), 0.0,
                   CTX)
-    assert ev.rejections["n1"].reason is Reason.COLOCATION_LIMIT
+    assert ev.rejections == {"n1": rejection(
+        "n1", Reason.COLOCATION_LIMIT, False, on_gpus=1, gpus_total=1, requested_mib=2500.0,
+        best_free_mib=40960.0 - 2 * 1000)}
 
 
 @pytest.mark.parametrize(("margin_percent", "fits"), [(-1.0, True), (1.0, False)],
                          ids=["slack-just-above-minimum", "slack-just-below-minimum"])
 def test_slack_threshold_is_exact_and_explained(margin_percent, fits):
     t = GpuTable.build([node("n1", 1)], [slo_placement("s0", 0)])
-    occupancy = plan_gpu([SLO], ProfileIndex(PROFILES), A100, 40960.0).occupancy
-    idle_percent = 100.0 * (1.0 - occupancy)
+    idle_percent = SLO_IDLE_PERCENT
     policy = CostPolicy(min_best_effort_slack_percent=idle_percent + margin_percent)
     ev = evaluate(t, ["n1"], resolved(best_effort(), t), policy, 0.0, CTX)
     if fits:
-        placement = choose(ev, 0, "u", "default/b")
-        assert placement.util_percent == pytest.approx(idle_percent)  # greedy: all the slack
+        assert choose(ev, 0, "u", "default/b") == placement(  # greedy: all the slack
+            "u", pod="default/b", util=pytest.approx(idle_percent), mem=2500.0,
+            workload=Workload.INFERENCE)
         return
     rej = ev.rejections["n1"]
-    assert rej.reason is Reason.NO_BEST_EFFORT_SLACK and not rej.unresolvable
+    assert rej == rejection(
+        "n1", Reason.NO_BEST_EFFORT_SLACK, False, on_gpus=1, gpus_total=1, requested_mib=2500.0,
+        best_free_mib=40960.0 - 2500,
+        detail=f"{A100}: SLO sessions leave at most {idle_percent:.0f}% of the duty cycle idle; "
+               f"best effort needs more than {idle_percent + margin_percent:.0f}%")
     assert f"leave at most {idle_percent:.0f}% of the duty cycle idle" in rej.message()
     assert "no slack left for best-effort sessions on 1/1 GPUs" in rej.message()
 
@@ -194,10 +223,12 @@ def test_best_effort_util_is_its_share_capped_by_its_demand():
     t = GpuTable.build([node("n1", 1)], [be_placement("a", 0, 1)])
     greedy = choose(evaluate(t, ["n1"], resolved(best_effort(weight="3"), t), CostPolicy(), 0.0,
                              CTX), 0, "u", "default/b")
-    assert greedy.util_percent == pytest.approx(75.0)  # 3 / (1 + 3) of an all-slack GPU
+    assert greedy == placement("u", pod="default/b", util=pytest.approx(75.0), mem=2500.0,
+                               weight=3)  # 3 / (1 + 3) of an all-slack GPU
     light = choose(evaluate(t, ["n1"], resolved(best_effort(gpu_util="20"), t), CostPolicy(),
                             0.0, CTX), 0, "u", "default/c")
-    assert light.util_percent == pytest.approx(20.0)
+    assert light == placement("u", pod="default/c", util=pytest.approx(20.0), mem=2500.0,
+                              workload=Workload.INFERENCE)
 
 
 def test_gpu_with_best_effort_is_a_serving_gpu():
@@ -205,16 +236,22 @@ def test_gpu_with_best_effort_is_a_serving_gpu():
     ev = evaluate(t, ["n1"], resolved(best_effort(), t), CostPolicy(), 0.0, CTX)
     t.place(choose(ev, 0, "u1", "default/b"))
     ev = evaluate(t, ["n1"], resolved(training(), t), CostPolicy(), 0.0)
-    assert choose(ev, 0, "u2", "default/t").gpu_indices == (1,)  # training avoids GPU 0
-    t.place(choose(ev, 0, "u2", "default/t"))
+    trained = choose(ev, 0, "u2", "default/t")
+    assert trained == placement("u2", pod="default/t", gpus=(1,), util=40,  # avoids GPU 0
+                                mem=10000)
+    t.place(trained)
     ev = evaluate(t, ["n1"], resolved(training(mem=35000), t), CostPolicy(), 0.0)
-    assert ev.rejections["n1"].gpu_counts == {Reason.WORKLOAD_CONFLICT: 1,
-                                              Reason.INSUFFICIENT_GPU_MEMORY: 1}
+    assert ev.rejections == {"n1": Rejection(
+        node="n1", reason=Reason.WORKLOAD_CONFLICT, unresolvable=False,
+        gpu_counts={Reason.WORKLOAD_CONFLICT: 1, Reason.INSUFFICIENT_GPU_MEMORY: 1},
+        gpus_total=2, requested_mib=35000.0, best_free_mib=40960.0 - 2500)}
     slo = resolve_demand(parse_demand(pod("s", 1, workload="inference", model="resnet50",
                                           slo_ms="100", rate_rps="100")),
                          t.type_names, None, ProfileIndex(PROFILES), session_name="default/s")
     ev = evaluate(t, ["n1"], slo, CostPolicy(), 0.0, CTX)
-    assert choose(ev, 0, "u3", "default/s").gpu_indices == (0,)  # SLO sessions may join it
+    assert choose(ev, 0, "u3", "default/s") == placement(  # SLO sessions may join it
+        "u3", pod="default/s", gpus=(0,), util=pytest.approx(900 / 91), mem=2500.0,
+        session=SessionSpec("default/s", "resnet50", 100.0, 100.0))  # batch 10: 9 of 91 ms
 
 
 def test_table_place_remove_tracks_best_effort_weight():

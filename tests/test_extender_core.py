@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from extender_builders import A100, H100, inference, node, pod, training
+from extender_builders import A100, H100, inference, node, placement, pod, rejection, training
 
 from extender.core import (
     CostPolicy,
@@ -14,8 +14,12 @@ from extender.core import (
     GpuObservation,
     GpuTable,
     InterferenceCurve,
+    JobDemand,
     Placement,
     Reason,
+    ResolvedDemand,
+    SessionSpec,
+    TypeDemand,
     Workload,
     choose,
     evaluate,
@@ -65,12 +69,11 @@ def test_bad_gpu_count(gpus, field):
 
 
 def test_defaults_and_values():
-    job = parse_demand(pod("p", 2, model="m.onnx"))
-    assert (job.gpu_count, job.workload, job.batch_size, job.model) == (2, Workload.TRAINING, 32,
-                                                                        "m.onnx")
-    job = parse_demand(inference())
-    assert (job.workload, job.batch_size, job.slo_ms, job.rate_rps) == (Workload.INFERENCE, 1,
-                                                                        100.0, 200.0)
+    assert parse_demand(pod("p", 2, model="m.onnx")) == JobDemand(
+        gpu_count=2, workload=Workload.TRAINING, model="m.onnx", batch_size=32)
+    assert parse_demand(inference()) == JobDemand(
+        gpu_count=1, workload=Workload.INFERENCE, model="resnet50", batch_size=1, slo_ms=100.0,
+        rate_rps=200.0)
 
 
 @pytest.mark.parametrize("reason", list(Reason), ids=lambda r: r.name)
@@ -104,64 +107,71 @@ def table_with(*placements, nodes=None):
 
 
 def test_horus_cost_prefers_the_less_loaded_gpu():
-    busy = Placement("u0", "x", "n1", (0,), 80, 20000)
-    busy2 = Placement("u1", "y", "n1", (1,), 80, 20000)
+    busy = placement("u0", pod="x", node="n1", gpus=(0,), util=80, mem=20000)
+    busy2 = placement("u1", pod="y", node="n1", gpus=(1,), util=80, mem=20000)
     t = table_with(busy, busy2)
     ev = evaluate(t, ["n1", "n2"], resolved(training(util=40, mem=5000), t), CostPolicy(), 0.0)
     assert ev.feasible_names() == ["n1", "n2"]
     assert ev.scores() == [0, 10]
-    p = choose(ev, 1, "u", "default/t")
-    assert p is not None and p.node == "n2" and p.gpu_indices == (0,)
+    assert choose(ev, 1, "u", "default/t") == placement(
+        "u", pod="default/t", node="n2", gpus=(0,), util=40, mem=5000)
 
 
 def test_multi_gpu_job_takes_best_n_gpus_and_needs_n():
-    t = table_with(Placement("u0", "x", "n1", (0,), 90, 1000))
+    t = table_with(placement("u0", pod="x", node="n1", gpus=(0,), util=90, mem=1000))
     ev = evaluate(t, ["n1"], resolved(training(gpus=1), t), CostPolicy(), 0.0)
-    assert choose(ev, 0, "u", "p").gpu_indices == (1,)
+    assert choose(ev, 0, "u", "p") == placement("u", pod="p", node="n1", gpus=(1,), util=40,
+                                                 mem=10000)
     ev = evaluate(t, ["n1", "n2"], resolved(training(gpus=3), t), CostPolicy(), 0.0)
     assert ev.feasible_names() == []
-    assert ev.rejections["n1"].reason is Reason.TOO_FEW_GPUS
-    assert ev.rejections["n1"].unresolvable
+    too_few = {"gpus_total": 2, "requested_gpus": 3, "requested_mib": 10000.0}
+    assert ev.rejections == {n: rejection(n, Reason.TOO_FEW_GPUS, True, **too_few)
+                             for n in ("n1", "n2")}
 
 
-@pytest.mark.parametrize(("placements", "demand", "reason", "unresolvable"), [
-    ([], training(mem=50000), Reason.GPU_MEMORY_TOO_SMALL, True),
-    ([Placement("a", "a", "n1", (0, 1), 10, 35000)], training(mem=10000),
-     Reason.INSUFFICIENT_GPU_MEMORY, False),
-    ([Placement("a", "a", "n1", (0, 1), 10, 100, Workload.INFERENCE)], training(),
-     Reason.WORKLOAD_CONFLICT, False),
+@pytest.mark.parametrize(("placements", "demand", "reason", "unresolvable", "best_free_mib"), [
+    ([], training(mem=50000), Reason.GPU_MEMORY_TOO_SMALL, True, 40960.0),
+    ([placement("a", pod="a", gpus=(0, 1), util=10, mem=35000)], training(mem=10000),
+     Reason.INSUFFICIENT_GPU_MEMORY, False, 40960.0 - 35000),
+    ([placement("a", pod="a", gpus=(0, 1), util=10, mem=100, workload=Workload.INFERENCE)],
+     training(), Reason.WORKLOAD_CONFLICT, False, 40960.0 - 100),
 ], ids=["too-small", "insufficient-free", "serving-gpu"])
-def test_rejection_reasons(placements, demand, reason, unresolvable):
+def test_rejection_reasons(placements, demand, reason, unresolvable, best_free_mib):
     t = table_with(*placements)
     ev = evaluate(t, ["n1"], resolved(demand, t), CostPolicy(), 0.0)
     rej = ev.rejections["n1"]
-    assert (rej.reason, rej.unresolvable) == (reason, unresolvable)
-    assert rej.gpu_counts[reason] == 2 and rej.message().startswith("tandem: ")
+    requested_mib = float(demand["metadata"]["annotations"]["tandem.io/gpu-mem-mib"])
+    assert rej == rejection("n1", reason, unresolvable, on_gpus=2, gpus_total=2,
+                            requested_mib=requested_mib, best_free_mib=best_free_mib)
+    assert rej.message().startswith("tandem: ")
 
 
 def test_colocation_limit_and_unknown_and_empty_nodes():
     t = GpuTable.build([node("n1", 1), node("empty", 0)],
-                       [Placement(f"u{i}", "x", "n1", (0,), 1, 1) for i in range(2)])
+                       [placement(f"u{i}", pod="x", util=1, mem=1) for i in range(2)])
     ev = evaluate(t, ["n1", "ghost", "empty"], resolved(training(mem=1), t),
                   CostPolicy(max_pods_per_gpu=2), 0.0)
-    assert ev.rejections["n1"].reason is Reason.COLOCATION_LIMIT
-    assert not ev.rejections["n1"].unresolvable
-    assert ev.rejections["ghost"].reason is Reason.UNKNOWN_NODE
-    assert ev.rejections["empty"].reason is Reason.NO_GPU_INVENTORY
+    assert ev.rejections == {
+        "n1": rejection("n1", Reason.COLOCATION_LIMIT, False, on_gpus=1, gpus_total=1,
+                        requested_mib=1.0, best_free_mib=40960.0 - 2),
+        "ghost": rejection("ghost", Reason.UNKNOWN_NODE, True, requested_mib=1.0),
+        "empty": rejection("empty", Reason.NO_GPU_INVENTORY, True, requested_mib=1.0),
+    }
 
 
 def _load_steps(steps: str) -> GpuTable:
     """One GPU; ``steps`` is a space-separated script: ``+X`` places pod X (30%, 1000 MiB),
     ``-X`` removes it, ``oT`` records an observation of 90% / 3000 MiB taken at time T,
     ``+X@T`` places X stamped at time T (as a ledger rebuild does)."""
-    t = table_with(Placement("a", "a", "n1", (0,), 50, 2000), nodes=[node("n1", 1)])
-    pods: dict[str, Placement] = {"a": Placement("a", "a", "n1", (0,), 50, 2000)}
+    a = placement("a", pod="a", node="n1", gpus=(0,), util=50, mem=2000)
+    t = table_with(a, nodes=[node("n1", 1)])
+    pods: dict[str, Placement] = {"a": a}
     for step in steps.split():
         if step[0] == "o":
             t.observe("n1", [GpuObservation(0, 90.0, 3000.0, float(step[1:]))])
             continue
         name, _, at = step[1:].partition("@")
-        p = pods.setdefault(name, Placement(name, name, "n1", (0,), 30, 1000))
+        p = pods.setdefault(name, placement(name, pod=name, util=30, mem=1000))
         if step[0] == "+":
             t.place(p, float(at) if at else None)
         else:
@@ -206,21 +216,23 @@ def test_load_rule_adds_reservations_newer_than_the_observation(steps, now, util
 def test_second_pod_after_a_sample_sees_the_first_one_in_free_memory():
     # 40 GiB GPU: reserved 20 GiB, observed 30 GiB (prediction too low). A 6 GiB pod fits
     # (34 GiB), a second one does not (40 GiB + 6): max(R + r, O) said 32 GiB, room for it.
-    t = table_with(Placement("a", "a", "n1", (0,), 50, 20480), nodes=[node("n1", 1)])
+    t = table_with(placement("a", pod="a", util=50, mem=20480), nodes=[node("n1", 1)])
     t.observe("n1", [GpuObservation(0, 60.0, 30720.0, 100.0)])
     demand = resolved(training(util=10, mem=6144), t)
     first = choose(evaluate(t, ["n1"], demand, CostPolicy(), 101.0), 0, "b", "b")
-    assert first is not None
+    assert first == placement("b", pod="b", util=10, mem=6144)
     t.place(first)
     ev = evaluate(t, ["n1"], demand, CostPolicy(), 101.0)
-    assert ev.rejections["n1"].reason is Reason.INSUFFICIENT_GPU_MEMORY
+    assert ev.rejections == {"n1": rejection(  # free: 40 GiB - (30 GiB observed + 6 GiB newer)
+        "n1", Reason.INSUFFICIENT_GPU_MEMORY, False, on_gpus=1, gpus_total=1,
+        requested_mib=6144.0, best_free_mib=40960.0 - 30720 - 6144)}
 
 
 @pytest.mark.parametrize(("observed", "age", "expected_util"), [
     (90.0, 1.0, 90.0), (10.0, 1.0, 50.0), (90.0, 60.0, 50.0)],
     ids=["fresh-higher-wins", "reservation-higher-wins", "stale-ignored"])
 def test_observed_load_rule_is_max_of_fresh(observed, age, expected_util):
-    t = table_with(Placement("a", "a", "n1", (0,), 50, 1000), nodes=[node("n1", 1)])
+    t = table_with(placement("a", pod="a", util=50, mem=1000), nodes=[node("n1", 1)])
     t.observe("n1", [GpuObservation(0, observed, 0.0, 100.0)])
     demand = resolved(training(util=0.001, mem=1), t)
     policy = CostPolicy(w_mem=0.0, curves={}, default_curve=InterferenceCurve(1.0, 1.0, 0.0))
@@ -245,7 +257,7 @@ def test_observed_load_rule_is_max_of_fresh(observed, age, expected_util):
         "gain-22pct-under-margin-25", "rule-off-horus", "third-light-job-raises-the-rate",
         "third-job-lowers-the-rate-though-above-serial"])
 def test_colocation_throughput_rule(on_gpu, job_util, gain, fits):
-    t = table_with(*(Placement(f"u{i}", "x", "n1", (0,), u, 100) for i, u in enumerate(on_gpu)),
+    t = table_with(*(placement(f"u{i}", pod="x", util=u, mem=100) for i, u in enumerate(on_gpu)),
                    nodes=[node("n1", 1)])
     policy = CostPolicy(default_curve=InterferenceCurve(0.5, 0.5, 1.0),
                         min_colocation_gain_percent=gain)
@@ -255,27 +267,30 @@ def test_colocation_throughput_rule(on_gpu, job_util, gain, fits):
         assert ev.feasible_names() == (["n1"] if fits else [])
     if not fits:
         rej = ev.rejections["n1"]
-        assert (rej.reason, rej.unresolvable) == (Reason.COLOCATION_SLOWDOWN, False)
+        assert rej == rejection("n1", Reason.COLOCATION_SLOWDOWN, False, on_gpus=1, gpus_total=1,
+                                requested_mib=100.0, best_free_mib=40960.0 - 100 * len(on_gpu))
         assert rej.reason.event_reason == "ColocationSlowdown"
 
 
 def test_colocation_rule_sends_the_job_to_the_gpu_where_it_pays():
     # GPU 0 runs a 100% job (a second heavy job there is a loss), GPU 1 a 20% one.
-    t = table_with(Placement("a", "a", "n1", (0,), 100, 100),
-                   Placement("b", "b", "n1", (1,), 20, 100), nodes=[node("n1", 2)])
+    t = table_with(placement("a", pod="a", gpus=(0,), util=100, mem=100),
+                   placement("b", pod="b", gpus=(1,), util=20, mem=100), nodes=[node("n1", 2)])
     policy = CostPolicy(min_colocation_gain_percent=0.0)
     demand = resolved(training(util=90, mem=100), t)
     ev = evaluate(t, ["n1"], demand, policy, 0.0)
-    assert choose(ev, 0, "c", "c").gpu_indices == (1,)
+    assert choose(ev, 0, "c", "c") == placement("c", pod="c", gpus=(1,), util=90, mem=100)
     both = evaluate(t, ["n1"], resolved(training(util=90, mem=100, gpus=2), t), policy, 0.0)
     rej = both.rejections["n1"]  # GPU 0: rate 1 -> 2 / 2.76 at 190%; GPU 1: 1 -> 2 / 1.56
-    assert rej.gpu_counts == {Reason.COLOCATION_SLOWDOWN: 1} and not rej.unresolvable
+    assert rej == rejection("n1", Reason.COLOCATION_SLOWDOWN, False, on_gpus=1, gpus_total=2,
+                            requested_gpus=2, requested_mib=100.0, best_free_mib=40960.0 - 100)
     assert "co-location would slow" in rej.message()
 
 
 @pytest.mark.parametrize(("co_runners", "fits"), [
-    ([Placement("a", "a", "n1", (0,), 50, 100), Placement("b", "b", "n1", (1,), 50, 100)], True),
-    ([Placement("a", "a", "n1", (0, 1), 50, 100)], False),
+    ([placement("a", pod="a", gpus=(0,), util=50, mem=100),
+      placement("b", pod="b", gpus=(1,), util=50, mem=100)], True),
+    ([placement("a", pod="a", gpus=(0, 1), util=50, mem=100)], False),
 ], ids=["single-gpu-co-runners", "two-gpu-gang"])
 def test_colocation_rule_weighs_a_gang_by_its_gpus(co_runners, fits):
     # Both GPUs run 50%; a 40% newcomer is predicted at 1.45x (90%). Next to a single-GPU
@@ -293,14 +308,21 @@ def test_inference_best_fit_and_separation():
     ctx = InferenceContext(plan_gpu, _profiles())
     first = resolved(inference("s1", rate=200), t, profiles=_profiles())
     ev = evaluate(t, ["n1"], first, CostPolicy(), 0.0, ctx)
-    placement = choose(ev, 0, "u1", "default/s1")
-    assert placement.workload is Workload.INFERENCE and placement.util_percent > 0
-    t.place(placement)
+    s1 = choose(ev, 0, "u1", "default/s1")
+    # A100 resnet50 latency 0.6 ms x batch + 3 ms; 100 ms SLO: s1 alone runs batches of 18
+    # (13.8 ms) in an 86.2 ms duty cycle; s2 joins that cycle with batches of 9 (8.4 ms).
+    assert s1 == placement("u1", pod="default/s1", gpus=(0,), util=pytest.approx(1380 / 86.2),
+                           mem=2500.0,
+                           session=SessionSpec("default/s1", "resnet50", 100.0, 200.0))
+    t.place(s1)
     second = resolved(inference("s2", rate=100), t, profiles=_profiles())
     ev = evaluate(t, ["n1"], second, CostPolicy(), 0.0, ctx)
-    assert choose(ev, 0, "u2", "default/s2").gpu_indices == placement.gpu_indices  # best fit
+    assert choose(ev, 0, "u2", "default/s2") == placement(  # best fit: s1's GPU
+        "u2", pod="default/s2", gpus=s1.gpu_indices, util=pytest.approx(840 / 86.2), mem=2500.0,
+        session=SessionSpec("default/s2", "resnet50", 100.0, 100.0))
     ev = evaluate(t, ["n1"], resolved(training(), t), CostPolicy(), 0.0)
-    assert choose(ev, 0, "u3", "t").gpu_indices != placement.gpu_indices  # training elsewhere
+    assert choose(ev, 0, "u3", "t") == placement(  # training elsewhere
+        "u3", pod="t", gpus=(1,), util=40, mem=10000)
 
 
 def test_inference_without_profile_or_with_impossible_slo():
@@ -308,11 +330,15 @@ def test_inference_without_profile_or_with_impossible_slo():
     ctx = InferenceContext(plan_gpu, _profiles())
     ev = evaluate(t, ["n1"], resolved(inference(model="nope"), t, profiles=_profiles()),
                   CostPolicy(), 0.0, ctx)
-    assert ev.rejections["n1"].reason is Reason.DEMAND_UNKNOWN
+    h100 = {"gpus_total": 1, "best_free_mib": 81559.0}
+    assert ev.rejections == {"n1": rejection(
+        "n1", Reason.DEMAND_UNKNOWN, True, on_gpus=1, requested_mib=0.0, **h100,
+        detail=f"{H100}: demand unknown: no-profile: no batching profile for nope")}
     ev = evaluate(t, ["n1"], resolved(inference(slo=1), t, profiles=_profiles()), CostPolicy(),
                   0.0, ctx)
-    assert ev.rejections["n1"].reason is Reason.SLO_UNREACHABLE
-    assert "SloTooTight" in ev.rejections["n1"].detail
+    assert ev.rejections == {"n1": rejection(  # H100: one request takes 0.35 + 2 ms
+        "n1", Reason.SLO_UNREACHABLE, True, on_gpus=1, requested_mib=2500.0, **h100,
+        detail=f"{H100}: session default/s: SloTooTight (needs 4.7 ms, available 1 ms)")}
 
 
 def test_predictor_gaps_become_demand_unknown():
@@ -325,22 +351,27 @@ def test_predictor_gaps_become_demand_unknown():
 
     t = GpuTable.build([node("a", 1), node("h", 1, product=H100, memory_mib=81559)])
     d = resolved(pod("p", 1, model="m.onnx"), t, predict=predict)
-    assert set(d.gaps) == {A100} and d.by_type[H100].util_percent == 30.0
+    assert d == ResolvedDemand(job=JobDemand(gpu_count=1, model="m.onnx"),
+                               by_type={H100: TypeDemand(30.0, 4000.0, "fake")},
+                               gaps={A100: "NoTrainedModel: no model for A100"})
     ev = evaluate(t, ["a", "h"], d, CostPolicy(), 0.0)
     assert ev.feasible_names() == ["h"]
-    assert "no model for A100" in ev.rejections["a"].detail
+    assert ev.rejections == {"a": rejection(
+        "a", Reason.DEMAND_UNKNOWN, True, on_gpus=1, gpus_total=1, requested_mib=4000.0,
+        best_free_mib=40960.0, detail=f"{A100}: demand unknown: NoTrainedModel: no model for A100")}
 
 
 def test_asserted_values_override_prediction():
     t = GpuTable.build([node("a", 1)])
     d = resolved(pod("p", 1, model="m", gpu_util="12"), t,
                  predict=lambda *a: (99.0, 2048.0, "fake"))
-    assert (d.by_type[A100].util_percent, d.by_type[A100].mem_mib) == (12.0, 2048.0)
+    assert d == ResolvedDemand(job=JobDemand(gpu_count=1, model="m", util_percent=12.0),
+                               by_type={A100: TypeDemand(12.0, 2048.0, "fake")})
 
 
 def test_table_place_remove_roundtrip_and_copy_is_independent():
     t = table_with()
-    p = Placement("a", "a", "n1", (1,), 30, 1000)
+    p = placement("a", pod="a", gpus=(1,), util=30, mem=1000)
     snapshot = t.copy()
     t.place(p)
     assert t.reserved_mib.sum() == 1000 and snapshot.reserved_mib.sum() == 0
@@ -369,7 +400,8 @@ def test_ledger_rebuild_and_confirm_keep_pods_newer_than_the_sample():
     state.report("n1", gpus, [60.0], [30000.0])
     clock[0] = 11.0
     demand = resolved(training(util=10, mem=4000), state._table)
-    placement, *_ = state.assume_best("n1", demand, None, "u1", "default/p1")
+    assumed, *_ = state.assume_best("n1", demand, None, "u1", "default/p1")
+    assert assumed == placement("u1", pod="default/p1", util=10, mem=4000)
 
     def since() -> float:
         return float(state._table.since_mib[state._table.row_of("n1", 0)])
@@ -377,7 +409,7 @@ def test_ledger_rebuild_and_confirm_keep_pods_newer_than_the_sample():
     assert since() == 4000.0
     state.upsert_node(node("n2", 1))  # rebuild
     assert since() == 4000.0
-    state.confirm(placement)
+    state.confirm(assumed)
     assert since() == 4000.0
     clock[0] = 12.0
     state.report("n1", gpus, [70.0], [34000.0])  # the sample now shows the pod
@@ -385,4 +417,7 @@ def test_ledger_rebuild_and_confirm_keep_pods_newer_than_the_sample():
     state.upsert_node(node("n3", 1))
     assert since() == 0.0
     ev = state.evaluate(["n1"], resolved(training(util=10, mem=7000), state._table), None)
-    assert ev.feasible_names() == [] and ev.rejections["n1"].best_free_mib == 40960 - 34000
+    assert ev.feasible_names() == []
+    assert ev.rejections == {"n1": rejection(
+        "n1", Reason.INSUFFICIENT_GPU_MEMORY, False, on_gpus=1, gpus_total=1,
+        requested_mib=7000.0, best_free_mib=40960.0 - 34000)}

@@ -5,10 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import onnx
 import pytest
-from extender_builders import args, binding, make_app, node, pod
-from onnx import TensorProto, helper
+from extender_builders import args, binding, make_app, node, pod, tiny_model
 
 from agent.extender_view import parse_node_view
 from agent.sessions import desired_sessions
@@ -80,18 +78,6 @@ def test_state_shows_only_tandem_annotations() -> None:
 
 
 # ---- predictor from config ------------------------------------------------------------------
-
-
-def tiny_model(path: Path) -> Path:
-    """A one-MatMul ONNX model (IR 10, which ONNX Runtime 1.31 reads)."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
-    w = helper.make_tensor("w", TensorProto.FLOAT, [8, 4], [0.0] * 32)
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x], [y], [w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 10
-    onnx.save(model, path)
-    return path
 
 
 @pytest.mark.parametrize("artifacts", ["unset", "empty-dir"])

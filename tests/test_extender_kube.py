@@ -5,6 +5,7 @@ from __future__ import annotations
 from unittest import mock
 
 import pytest
+from extender_builders import PodBuilder, demand, placement
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -151,10 +152,9 @@ def test_pod_events_forget_finished_pods(api, kind, phase, placed):
 def test_pending_pod_without_node_keeps_its_assumption(api):
     app, source = make(api)
     state = app.extensions["tandem"].state
-    from extender.core import Placement
-
-    p = Placement("uid-x", "ml/x", "gpu-1", (0,), 10, 100)
-    state._assumed["uid-x"] = (p, None)
+    x = PodBuilder("x", namespace="ml").uid("uid-x").util(10).mem(100).obj()
+    assumed, *_ = state.assume_best("gpu-1", demand(x, state.gpu_types()), None, "uid-x", "ml/x")
+    assert assumed == placement("uid-x", pod="ml/x", node="gpu-1", gpus=(0,), util=10, mem=100)
     source.apply_pod_event(state, "MODIFIED", {"metadata": {"uid": "uid-x", "annotations": BOUND},
                                                "spec": {}, "status": {"phase": "Pending"}})
     assert state.is_known("uid-x")

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import yaml
 from extender_builders import binding, make_app, node, training
-from test_manifests_helpers import MANIFESTS, container, pod_specs, resolve
+from manifests_helpers import MANIFESTS, container, pod_specs, resolve
 from typer.testing import CliRunner
 
 from extender import commands

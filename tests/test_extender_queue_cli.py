@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_queue_gate import NOW, FakeCoreV1, pod
+from queue_gate_fakes import NOW, FakeCoreV1, pod
 from typer.testing import CliRunner
 
 from extender import commands

@@ -123,8 +123,7 @@ class _SpyPredictor:
 
 def test_extender_places_a_model_only_pod_with_the_trained_predictors_answer(
         trained: dict[bool, Path], tmp_path: Path) -> None:
-    from extender_builders import args, binding, make_app, node, pod
-    from test_extender_integration import tiny_model
+    from extender_builders import args, binding, make_app, node, pod, tiny_model
 
     store = tmp_path / "store"
     store.mkdir()

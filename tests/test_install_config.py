@@ -7,7 +7,7 @@ import re
 
 import pytest
 import yaml
-from test_manifests_helpers import MANIFESTS, OVERLAYS, container, find, pod_specs, resolve
+from manifests_helpers import MANIFESTS, OVERLAYS, container, find, pod_specs, resolve
 
 from extender import config as extender_config
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from test_manifests_helpers import MANIFESTS, example_objects
+from manifests_helpers import MANIFESTS, example_objects
 
 from extender.config import ConfigHolder, load_config
 from extender.profiles import parse_profiles

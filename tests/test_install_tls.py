@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 import yaml
-from test_manifests_helpers import MANIFESTS, example_objects
+from manifests_helpers import MANIFESTS, example_objects
 
 from extender.config import ConfigHolder, load_config
 from extender.routes import create_app

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
-from test_manifests_helpers import (
+from manifests_helpers import (
     MANIFESTS,
     container,
     example_objects,

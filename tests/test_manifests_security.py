@@ -7,9 +7,10 @@ import re
 from typing import Any
 
 import pytest
-from test_manifests_helpers import (
+from manifests_helpers import (
     MANIFESTS,
     OVERLAYS,
+    assert_restricted_pod_security,
     container,
     containers_of,
     example_objects,
@@ -27,25 +28,9 @@ WORKLOADS = [
 REPO = MANIFESTS.parent
 
 
-def _effective(spec: dict[str, Any], c: dict[str, Any], key: str) -> Any:
-    return c.get("securityContext", {}).get(key, spec.get("securityContext", {}).get(key))
-
-
 @pytest.mark.parametrize(("name", "spec"), WORKLOADS, ids=[n for n, _ in WORKLOADS])
 def test_containers_meet_the_restricted_pod_security_level(name: str, spec: dict) -> None:
-    for c in [*spec.get("initContainers", []), *spec["containers"]]:
-        sc = c.get("securityContext", {})
-        assert _effective(spec, c, "runAsNonRoot") is True, c["name"]
-        assert _effective(spec, c, "runAsUser") not in (None, 0), c["name"]
-        assert sc.get("allowPrivilegeEscalation") is False, c["name"]
-        assert sc.get("privileged", False) is False, c["name"]
-        assert sc.get("readOnlyRootFilesystem") is True, c["name"]
-        assert sc.get("capabilities", {}).get("drop") == ["ALL"], c["name"]
-        assert not sc.get("capabilities", {}).get("add"), c["name"]
-        seccomp = sc.get("seccompProfile") or spec.get("securityContext", {}).get("seccompProfile")
-        assert seccomp == {"type": "RuntimeDefault"}, c["name"]
-    assert not spec.get("hostNetwork") and not spec.get("hostIPC")
-    assert all("hostPath" not in v for v in spec.get("volumes", []))
+    assert_restricted_pod_security(spec)
 
 
 def test_host_pid_only_for_the_agent() -> None:

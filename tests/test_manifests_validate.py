@@ -11,7 +11,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from test_manifests_helpers import (
+from manifests_helpers import (
     ADDONS,
     BUILT_IN_ROLES,
     CREATED_AT_INSTALL,

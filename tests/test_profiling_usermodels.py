@@ -301,8 +301,8 @@ def test_cuda_backend_runs_a_user_torch_model_beside_a_user_onnx_model(nets: Pat
                                                                        tmp_path: Path) -> None:
     """Real CPU worker processes: both kinds of user model, co-located."""
     import onnx
+    from nvml_fakes import FakeNvml, ScriptedSampler
     from onnx import TensorProto, helper
-    from test_profiling_cuda import FakeNvml, ScriptedSampler
 
     from predictor.profiling.cuda import CudaBackend
 

@@ -8,19 +8,17 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from test_manifests_helpers import (
+from manifests_helpers import (
     ADDONS,
     CREATED_AT_INSTALL,
     K8S_VERSION,
     MANIFESTS,
     OVERLAYS,
+    assert_restricted_pod_security,
     container,
     find,
     pod_specs,
     resolve,
-)
-from test_manifests_security import (
-    test_containers_meet_the_restricted_pod_security_level as restricted_level_check,
 )
 
 ADDON = {name: resolve(MANIFESTS / "addons" / name) for name in ADDONS}
@@ -52,7 +50,7 @@ def test_addon_on_top_of_each_overlay_is_self_consistent(overlay: str) -> None:
 @pytest.mark.parametrize(("name", "spec"), list(pod_specs(GATE)),
                          ids=[n for n, _ in pod_specs(GATE)])
 def test_gate_pods_meet_the_restricted_level(name: str, spec: dict[str, Any]) -> None:
-    restricted_level_check(name, spec)
+    assert_restricted_pod_security(spec)
 
 
 def _rules(kind: str, name: str) -> set[tuple[str, str, str, tuple[str, ...]]]:

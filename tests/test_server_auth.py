@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from flask.testing import FlaskClient
-from test_server_helpers import running_tiny_runtime
+from server_helpers import running_tiny_runtime
 
 from agent.server.app import create_app
 from agent.server.auth import AdminGuard, AdminToken, AdminTokenError, is_loopback

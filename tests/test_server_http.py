@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 from cheroot import wsgi
 from flask.testing import FlaskClient
-from test_server_helpers import chain_model, save
+from server_helpers import chain_model, save
 
 from agent.server.app import create_app
 from agent.server.clock import MonotonicClock

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from test_server_helpers import chain_model, save
+from server_helpers import chain_model, save
 
 from agent.server.errors import ModelRejected
 from agent.server.executors import ModelLimits, OrtExecutor

@@ -134,3 +134,24 @@ def container(pod_spec: dict[str, Any], name: str) -> dict[str, Any]:
 def example_objects() -> list[dict[str, Any]]:
     """The example workloads under manifests/examples/."""
     return [d for p in sorted((MANIFESTS / "examples").glob("*.yaml")) for d in load_docs(p)]
+
+
+def _effective(spec: dict[str, Any], c: dict[str, Any], key: str) -> Any:
+    return c.get("securityContext", {}).get(key, spec.get("securityContext", {}).get(key))
+
+
+def assert_restricted_pod_security(spec: dict[str, Any]) -> None:
+    """Fail unless every container of the pod spec meets the restricted Pod Security level."""
+    for c in [*spec.get("initContainers", []), *spec["containers"]]:
+        sc = c.get("securityContext", {})
+        assert _effective(spec, c, "runAsNonRoot") is True, c["name"]
+        assert _effective(spec, c, "runAsUser") not in (None, 0), c["name"]
+        assert sc.get("allowPrivilegeEscalation") is False, c["name"]
+        assert sc.get("privileged", False) is False, c["name"]
+        assert sc.get("readOnlyRootFilesystem") is True, c["name"]
+        assert sc.get("capabilities", {}).get("drop") == ["ALL"], c["name"]
+        assert not sc.get("capabilities", {}).get("add"), c["name"]
+        seccomp = sc.get("seccompProfile") or spec.get("securityContext", {}).get("seccompProfile")
+        assert seccomp == {"type": "RuntimeDefault"}, c["name"]
+    assert not spec.get("hostNetwork") and not spec.get("hostIPC")
+    assert all("hostPath" not in v for v in spec.get("volumes", []))

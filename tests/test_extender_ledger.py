@@ -5,10 +5,22 @@ from __future__ import annotations
 import threading
 
 import pytest
-from extender_builders import args, binding, inference, make_app, node, training
+from extender_builders import (
+    H100,
+    NodeBuilder,
+    PodBuilder,
+    args,
+    binding,
+    demand,
+    inference,
+    make_app,
+    node,
+    placement,
+    training,
+)
 
 from extender.config import ConfigHolder, build_config
-from extender.core import CostPolicy, Placement
+from extender.core import CostPolicy, Placement, SessionSpec, Workload
 from extender.ledger import ClusterState
 from extender.routes import create_app
 from extender.sim_cluster import SimSource, parse_cluster
@@ -76,15 +88,20 @@ def test_restart_rebuilds_from_annotations_without_loss_or_double_booking():
     assert body["NodeNames"] == fitting
 
 
-def test_assumed_placement_expires_without_confirmation():
+def _assume(state: ClusterState, util: float = 10, mem: float = 1000) -> Placement:
+    """Assume pod ``d/p`` (uid ``u1``) on n1 through the ledger's bind path."""
+    p = PodBuilder("p", namespace="d").uid("u1").util(util).mem(mem).obj()
+    assumed, *_ = state.assume_best("n1", demand(p, state.gpu_types()), None, "u1", "d/p")
+    return assumed
+
+
+def test_assumed_placement_is_kept_while_binding_before_its_ttl_and_once_confirmed():
     clock = [100.0]
     state = ClusterState(lambda: CostPolicy(), lambda: clock[0], assume_ttl_seconds=30)
     state.set_nodes([node("n1", 1)])
-    p = Placement("u1", "d/p", "n1", (0,), 10, 1000)
-    state._assumed["u1"] = (p, None)
-    state._table.place(p)
-    state.expire()
-    assert state.is_known("u1")  # bind in flight: no deadline yet
+    p = _assume(state)
+    assert p == placement("u1", pod="d/p", node="n1", gpus=(0,), util=10, mem=1000)
+    assert state.expire() == [] and state.is_known("u1")  # bind in flight: no deadline yet
     state.finish_binding("u1")
     clock[0] += 29
     assert state.expire() == [] and state.is_known("u1")
@@ -99,13 +116,46 @@ def test_assumed_placement_dropped_after_ttl():
     clock = [0.0]
     state = ClusterState(lambda: CostPolicy(), lambda: clock[0], assume_ttl_seconds=5)
     state.set_nodes([node("n1", 1)])
-    p = Placement("u1", "d/p", "n1", (0,), 10, 1000)
-    state._assumed["u1"] = (p, None)
-    state._table.place(p)
+    p = _assume(state)
+    assert state.view()["nodes"]["n1"]["gpus"][0]["reserved_mib"] == 1000
     state.finish_binding("u1")
     clock[0] = 6
     assert state.expire() == [p]
+    assert not state.is_known("u1")
     assert state.view()["nodes"]["n1"]["gpus"][0]["reserved_mib"] == 0
+
+
+MIXED = NodeBuilder("n1").gpus(1).gpus(1, product=H100, memory_mib=81559).obj()
+
+
+# (pod as bind left it, the placement a restarted ledger must hold; None = not in the ledger)
+BOUND_PODS = [
+    ("training-gang", PodBuilder("t").uid("t").gpus(2).util(40).mem(9000)
+     .bound("n1", 0, 1, util=40, mem=9000),
+     placement("t", gpus=(0, 1), util=40, mem=9000)),
+    ("slo-session", PodBuilder("s").uid("s").inference().slo(100, 200)
+     .bound("n1", 1, util=16.01, mem=2500),
+     placement("s", gpus=(1,), util=16.01, mem=2500,
+               session=SessionSpec("default/s", "resnet50", 100.0, 200.0))),
+    ("weighted-best-effort", PodBuilder("b").uid("b").inference().weight(3)
+     .bound("n1", 0, util=75, mem=2500),
+     placement("b", gpus=(0,), util=75, mem=2500, weight=3)),
+    ("priority-counts-one", PodBuilder("b").uid("b").inference().weight(3).priority(1)
+     .bound("n1", 0, util=75, mem=2500),
+     placement("b", gpus=(0,), util=75, mem=2500, workload=Workload.INFERENCE)),
+    ("finished", PodBuilder("t").uid("t").util(40).mem(9000).bound("n1", 0, util=40, mem=9000)
+     .phase("Succeeded"), None),
+    ("never-bound", PodBuilder("t").uid("t").util(40).mem(9000), None),
+]
+
+
+@pytest.mark.parametrize(("pod", "expected"), [pytest.param(b.obj(), e, id=n)
+                                               for n, b, e in BOUND_PODS])
+def test_restart_rebuilds_each_placement_from_its_pod(pod, expected):
+    state = ClusterState(lambda: CostPolicy(), lambda: 0.0)
+    SimSource([MIXED], [pod]).start(state)
+    assert state.placement_of(pod["metadata"]["uid"]) == expected
+    assert state.view()["placed"] == (expected is not None)
 
 
 def test_bind_source_failure_forgets_the_assumption():
