@@ -272,8 +272,9 @@ def save_curves(path: Path, fits: Mapping[str, CurveFit], data_digest: str,
     header = ("# Interference curves fitted by `tandem predictor fit-curves`. Point the extender\n"
               "# at this file with `cost.curves_file`, or copy the `curves` entries into\n"
               "# `cost.curves` of its config unchanged (docs/training.md).\n")
+    # a wide line keeps each curve on one line, so entries can be copied into cost.curves
     path.write_text(header + yaml.safe_dump(payload, sort_keys=False, default_flow_style=None,
-                                            width=100), encoding="utf-8")
+                                            width=1000), encoding="utf-8")
     return path
 
 
