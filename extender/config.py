@@ -19,7 +19,15 @@ from typing import Any
 
 import yaml
 
-from extender.core import CostPolicy, InterferenceCurve, gpu_type_of
+from extender.core import CostPolicy, gpu_type_of
+from predictor.curves import (
+    CURVE_KEYS,
+    CurveFileError,
+    InterferenceCurve,
+    load_curves,
+    parse_curve,
+    parse_curves,
+)
 
 ENV_PREFIX = "TANDEM__"
 DEFAULT_CONFIG = Path(__file__).with_name("default_config.yaml")
@@ -132,6 +140,8 @@ class ExtenderConfig:
     log_level: str = "info"
     reload_interval_seconds: float = 5.0
     source_path: str | None = field(default=None, compare=False)
+    curves_file: str | None = None
+    """The resolved ``cost.curves_file``; a change to it reloads the config too."""
 
 
 _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool] | None, str]]] = {
@@ -181,7 +191,8 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool
                           "must be one of debug, info, warning, error")},
     "reload": {"interval_seconds": ((int, float), lambda v: v > 0, "must be > 0")},
 }
-_CURVE_KEYS = ("slope", "over_slope", "over_quadratic")
+_COST_KEYS = ("w_mem", "w_util", "default_curve", "curves", "curves_file")
+_CURVE_KEYS = CURVE_KEYS  # documented keys of one curve (docs/configuration.md)
 # Kubernetes' rules for a scheduling gate (a qualified name) and a namespace name.
 _QUALIFIED_NAME = re.compile(
     r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
@@ -205,20 +216,30 @@ def _type_name(types: Any) -> str:
     return " or ".join("null" if n == "NoneType" else n for n in names)
 
 
-def _curve(raw: Any, path: str, problems: list[str]) -> InterferenceCurve:
-    if not isinstance(raw, Mapping):
-        problems.append(f"{path}: must be a mapping with {', '.join(_CURVE_KEYS)}")
-        return InterferenceCurve()
-    for key in raw:
-        if key not in _CURVE_KEYS:
-            problems.append(f"{path}.{key}: unknown key (valid: {', '.join(_CURVE_KEYS)})")
-    values = {}
-    for key in _CURVE_KEYS:
-        if key in raw:
-            _check(raw[key], (int, float), lambda v: v >= 0, "must be >= 0", f"{path}.{key}",
-                   problems)
-            values[key] = float(raw[key]) if isinstance(raw[key], (int, float)) else 0.0
-    return InterferenceCurve(**values)
+def _cost_curves(cost: Mapping[str, Any], source_path: str | None, allow_simulated: Any,
+                 problems: list[str]) -> tuple[dict[str, InterferenceCurve], str | None]:
+    """``cost.curves_file`` entries overlaid by ``cost.curves``, keyed by canonical GPU type."""
+    curves: dict[str, InterferenceCurve] = {}
+    file = cost.get("curves_file")
+    resolved = None
+    if file is not None and (not isinstance(file, str) or not file.strip()):
+        problems.append("cost.curves_file: must be a path string or null")
+    elif file is not None:
+        # relative to the config file, so a config and its curves can move together
+        base = Path(source_path).parent if source_path else Path.cwd()
+        resolved = str(base / Path(file).expanduser())
+        try:
+            loaded = load_curves(Path(resolved))
+        except CurveFileError as exc:
+            problems.extend(f"cost.curves_file: {p}" for p in exc.problems)
+        else:
+            if loaded.simulated and allow_simulated is not True:
+                problems.append(f"cost.curves_file: {resolved} was fitted on simulated data; "
+                                "set predictor.allow_simulated: true to use it (dry runs only)")
+            curves.update({gpu_type_of(k): c for k, c in loaded.curves.items()})
+    inline = parse_curves(cost.get("curves"), "cost.curves", problems)
+    curves.update({gpu_type_of(k): c for k, c in inline.items()})  # the config file wins
+    return curves, resolved
 
 
 def _nexus_sources(raw: Any, problems: list[str]) -> tuple[NexusProfileSource, ...]:
@@ -270,20 +291,15 @@ def build_config(raw: Any, source_path: str | None = None) -> ExtenderConfig:
         problems.append("cost: must be a mapping")
         cost = {}
     for key in cost:
-        if key not in ("w_mem", "w_util", "default_curve", "curves"):
-            problems.append(
-                f"cost.{key}: unknown key (valid: w_mem, w_util, default_curve, curves)")
+        if key not in _COST_KEYS:
+            problems.append(f"cost.{key}: unknown key (valid: {', '.join(_COST_KEYS)})")
     for key in ("w_mem", "w_util"):
         if key in cost:
             _check(cost[key], (int, float), lambda v: v >= 0, "must be >= 0", f"cost.{key}",
                    problems)
-    curves_raw = cost.get("curves") or {}
-    if not isinstance(curves_raw, Mapping):
-        problems.append("cost.curves: must be a mapping of GPU type to curve")
-        curves_raw = {}
-    curves = {gpu_type_of(str(k)): _curve(v, f"cost.curves.{k}", problems)
-              for k, v in curves_raw.items()}
-    default_curve = _curve(cost.get("default_curve", {}), "cost.default_curve", problems)
+    curves, curves_file = _cost_curves(cost, source_path,
+                                       sections["predictor"].get("allow_simulated"), problems)
+    default_curve = parse_curve(cost.get("default_curve", {}), "cost.default_curve", problems)
     files = sections["profiles"].get("files", [])
     if isinstance(files, list):
         for i, f in enumerate(files):
@@ -315,7 +331,7 @@ def build_config(raw: Any, source_path: str | None = None) -> ExtenderConfig:
         queue=_queue_settings(sections["queue"]),
         log_level=sections["logging"].get("level", "info"),
         reload_interval_seconds=float(sections["reload"].get("interval_seconds", 5.0)),
-        source_path=source_path,
+        source_path=source_path, curves_file=curves_file,
     )
 
 
@@ -379,7 +395,7 @@ class ConfigHolder:
         self._config = config
         self._loader = loader
         self._lock = threading.Lock()
-        self._mtime = _mtime(config.source_path)
+        self._mtime = _mtimes(config)
 
     def current(self) -> ExtenderConfig:
         """The config in force now (a frozen value; never mutated)."""
@@ -390,9 +406,8 @@ class ConfigHolder:
         return self._config.policy
 
     def reload_if_changed(self) -> list[str] | None:
-        """Reload when the file changed; returns problems (old config kept) or None."""
-        path = self._config.source_path
-        mtime = _mtime(path)
+        """Reload when the file (or its curves file) changed; problems (old kept) or None."""
+        mtime = _mtimes(self._config)
         if self._loader is None or mtime == self._mtime:
             return None
         with self._lock:
@@ -402,7 +417,12 @@ class ConfigHolder:
             except ConfigError as exc:
                 return exc.problems
             self._config = new
+            self._mtime = _mtimes(new)  # the new config may name another curves file
             return []
+
+
+def _mtimes(config: ExtenderConfig) -> tuple[float | None, ...]:
+    return tuple(_mtime(p) for p in (config.source_path, config.curves_file))
 
 
 def _mtime(path: str | None) -> float | None:

@@ -224,31 +224,38 @@ def evaluate_command(
 @app.command("fit-curves")
 def fit_curves_command(
     data: Path = _DATA,
-    out: Path = typer.Option(DEFAULT_ARTIFACTS / "curves.json", "--out", help="Curves JSON."),
+    out: Path = typer.Option(
+        DEFAULT_ARTIFACTS / "curves.yaml", "--out",
+        help="Curves file (YAML) for the extender's cost.curves_file.",
+    ),
     allow_simulated: bool = _ALLOW_SIMULATED,
     as_json: bool = _JSON,
 ) -> None:
-    """Fit slowdown vs cumulative utilisation per GPU type from colocated.csv (JSON + PNG)."""
+    """Fit interference curves per GPU type from colocated.csv, in the extender's config form."""
     from predictor.curves import fit_curves, save_curves
     from predictor.dataset import any_simulated
     from predictor.training import data_digest
 
+    if out.suffix not in (".yaml", ".yml"):
+        _fail(f"--out {out}: the curves file is YAML; name it *.yaml", as_json)
+
     def body() -> dict[str, Any]:
         datasets = _load(data, allow_simulated)
-        curves = fit_curves([r for d in datasets for r in d.colocated])
+        fits = fit_curves([r for d in datasets for r in d.colocated])
         out.parent.mkdir(parents=True, exist_ok=True)
         simulated = any_simulated(datasets)
-        save_curves(out, curves, data_digest(datasets), simulated)
+        save_curves(out, fits, data_digest(datasets), simulated)
         from predictor.plots import plot_curves
 
         png = plot_curves(
-            out.with_suffix(".png"), curves, [r for d in datasets for r in d.colocated]
+            out.with_suffix(".png"), fits, [r for d in datasets for r in d.colocated]
         )
         return {
             "curves": str(out),
             "plot": str(png) if png else None,
             "simulated": simulated,
-            "r2": {g: {"below": c.r2_below, "above": c.r2_above} for g, c in curves.items()},
+            "r2": {g: {"below": f.r2_below, "above": f.r2_above} for g, f in fits.items()},
+            "cost_curves": {g: f.curve.to_config() for g, f in fits.items()},
         }
 
     _echo_guarded(as_json, body)

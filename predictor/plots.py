@@ -69,7 +69,7 @@ def plot_curves(
         xs = [x / 2 for x in range(0, int(2 * max(300, curve.domain_percent[1])) + 1)]
         ax.plot(
             xs,
-            [curve(x) for x in xs],
+            [curve.slowdown(x) for x in xs],  # CurveFit: the curve is a cost
             label=f"{gpu} (R2 {curve.r2_below:.2f}/{curve.r2_above:.2f})",
         )
     ax.axvline(100, color="grey", linestyle=":")

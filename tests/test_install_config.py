@@ -19,7 +19,7 @@ def code_keys() -> list[str]:
     """Every dotted key extender/config.py accepts."""
     keys = [f"{section}.{key}" for section, fields in extender_config._SCHEMA.items()
             for key in fields]
-    keys += [f"cost.{k}" for k in ("w_mem", "w_util", "default_curve", "curves")]
+    keys += [f"cost.{k}" for k in extender_config._COST_KEYS]
     return keys
 
 

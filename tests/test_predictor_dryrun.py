@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+import yaml
 from typer.testing import CliRunner
 
 from predictor.commands import app as predictor_app
@@ -76,10 +77,12 @@ def test_profile_train_evaluate_fit_curves_predict_on_a_simulated_gpu(tmp_path: 
     saved = json.loads((tmp_path / "eval" / "predictor_evaluation.json").read_text())
     assert saved["metrics"]["xgboost"]["rmsle_per_family"] == per_family
 
-    curves = _tandem("predictor", "fit-curves", "--data", data, "--out", art / "curves.json",
+    curves = _tandem("predictor", "fit-curves", "--data", data, "--out", art / "curves.yaml",
                      "--allow-simulated", "--json")  # fmt: skip
     assert set(curves["r2"]) == {GPU} and curves["simulated"] is True
-    assert json.loads((art / "curves.json").read_text())["curves"][GPU]["above"]["n_points"] > 0
+    written = yaml.safe_load((art / "curves.yaml").read_text())
+    assert written["fit"][GPU]["n_above"] > 0 and written["simulated"] is True
+    assert written["curves"][GPU] == curves["cost_curves"][GPU]
 
     exported = _tandem("predictor", "export-zoo", "--out", tmp_path / "zoo", "--models", "mlp",
                        "--json")  # fmt: skip

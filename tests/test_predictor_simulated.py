@@ -3,7 +3,7 @@
 Directories whose provenance.json says ``"simulated": true`` come from the
 profiler's ``sim:`` backend. ``train``, ``evaluate`` and ``fit-curves`` refuse
 them without ``--allow-simulated``; with it, the model card, evaluation JSON,
-curves JSON and every ``Prediction.source`` say ``simulated``. All rows here are
+curves file and every ``Prediction.source`` say ``simulated``. All rows here are
 SYNTHETIC (see test_predictor_training.py).
 """
 
@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from test_predictor_training import FAST, GPU, _tiny_model, write_dataset
 from typer.testing import CliRunner
 
@@ -37,7 +38,7 @@ def _args(command: str, root: Path, out: Path) -> list[str]:
     outputs = {
         "train": ["--out", str(out / "art"), "--no-baselines"],
         "evaluate": ["--out-dir", str(out / "eval"), "--no-baselines"],
-        "fit-curves": ["--out", str(out / "art" / "curves.json")],
+        "fit-curves": ["--out", str(out / "art" / "curves.yaml")],
     }
     return [command, "--data", str(root), *outputs[command], "--json"]
 
@@ -75,9 +76,9 @@ def test_outputs_say_whether_they_came_from_simulated_data(
     written = {
         "train": tmp_path / "art" / "model_card.json",
         "evaluate": tmp_path / "eval" / "predictor_evaluation.json",
-        "fit-curves": tmp_path / "art" / "curves.json",
+        "fit-curves": tmp_path / "art" / "curves.yaml",
     }[command]
-    assert json.loads(written.read_text())["simulated"] is want
+    assert yaml.safe_load(written.read_text())["simulated"] is want  # JSON is YAML too
 
 
 @pytest.mark.parametrize("value", ["false", 1, None], ids=["string", "number", "null"])

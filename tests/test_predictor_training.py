@@ -168,12 +168,14 @@ def test_memory_estimate_components_and_fitted_overhead() -> None:
 
 
 def test_curves_fit_are_continuous_and_round_trip(tmp_path: Path) -> None:
-    [curve] = fit_curves(synthetic_colocated()).values()
-    assert curve.slope == pytest.approx(0.004) and curve.intercept == pytest.approx(1.0)
-    assert curve.quadratic == pytest.approx(5e-5) and curve.r2_above == pytest.approx(1.0)
-    assert curve(100.0) == pytest.approx(curve(100.0 + 1e-9), abs=1e-6)
-    save_curves(tmp_path / "c.json", {GPU: curve}, "digest")
-    assert load_curves(tmp_path / "c.json")[GPU] == curve
+    [fit] = fit_curves(synthetic_colocated()).values()
+    # synthetic slowdown 1 + 0.004u, then 1.4 + 0.01d + 5e-5d^2 (percent), in config units:
+    assert fit.curve.to_config() == pytest.approx(
+        {"intercept": 0.0, "slope": 0.4, "over_slope": 1.0, "over_quadratic": 0.5}, abs=1e-9)
+    assert fit.r2_above == pytest.approx(1.0)
+    assert fit.curve(100.0) == pytest.approx(fit.curve(100.0 + 1e-9), abs=1e-6)
+    save_curves(tmp_path / "c.yaml", {GPU: fit}, "digest")
+    assert load_curves(tmp_path / "c.yaml").curves[GPU] == fit.curve  # bit for bit
     with pytest.raises(CurveFitError, match="above 100"):
         fit_curve(GPU, [10, 50, 90], [1.0, 1.1, 1.2])
 
@@ -242,12 +244,13 @@ def test_cli_features_predict_and_fit_curves(trained: Path, tmp_path: Path) -> N
             "--data",
             str(trained.parent),
             "--out",
-            str(tmp_path / "curves.json"),
+            str(tmp_path / "curves.yaml"),
             "--json",
         ],
     )
     assert out.exit_code == 0, out.output
-    assert GPU in load_curves(tmp_path / "curves.json")
+    loaded = load_curves(tmp_path / "curves.yaml").curves[GPU]
+    assert json.loads(out.stdout)["cost_curves"][GPU] == loaded.to_config()
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"\x00garbage")
     out = runner.invoke(predictor_app, ["features", str(bad), "--json"])

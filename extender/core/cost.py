@@ -6,12 +6,10 @@
 
 ``f_type`` is the GPU type's interference curve, fitted against JCT slowdown
 (Horus Fig. 4: below 100% cumulative utilisation co-located jobs slow down
-1x-1.5x, above it 1.5x-3x). With ``x = u / 100``:
-
-    f(x) = slope * x                                              for x <= 1
-    f(x) = slope + over_slope * (x - 1) + over_quadratic * (x - 1)^2   for x > 1
-
-i.e. linear up to full use and quadratic beyond it, continuous at 100%.
+1x-1.5x, above it 1.5x-3x): linear up to full use and quadratic beyond it,
+continuous at 100%. The curve type, its config form, its vectorised form and its
+fit live once, in :mod:`predictor.curves`; ``tandem predictor fit-curves`` writes
+exactly what ``cost.curves`` and ``cost.curves_file`` load.
 
 **Current utilisation.** Per GPU, with ``R`` the sum of reserved predictions,
 ``O`` a fresh observed load and ``S`` the reservations placed *after* that
@@ -40,25 +38,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from predictor.curves import InterferenceCurve, coefficient_table, curve_costs
 
-@dataclass(frozen=True)
-class InterferenceCurve:
-    """Slowdown-shaped cost of a GPU type's cumulative utilisation (see module doc)."""
-
-    slope: float = 0.5
-    """Cost at 100% utilisation (linear from 0); >= 0. Default 0.5 (Horus: ~1.5x JCT)."""
-    over_slope: float = 0.5
-    """Linear growth per 100 points above 100%; >= 0."""
-    over_quadratic: float = 1.0
-    """Quadratic growth above 100%; >= 0. Default gives cost 2.0 (3x JCT) at 200%."""
-
-    def __call__(self, util_percent: float) -> float:
-        """Cost at one cumulative utilisation (scalar form of :func:`curve_costs`)."""
-        x = util_percent / 100.0
-        if x <= 1.0:
-            return self.slope * x
-        over = x - 1.0
-        return self.slope + self.over_slope * over + self.over_quadratic * over * over
+__all__ = [  # the curve type and its vectorised form live in predictor.curves
+    "CostPolicy", "InterferenceCurve", "colocation_gain", "curve_coefficients", "curve_costs",
+    "effective_load", "horus_cost", "predicted_slowdown", "scores_from_costs",
+]
 
 
 @dataclass(frozen=True)
@@ -94,16 +79,8 @@ class CostPolicy:
 
 
 def curve_coefficients(policy: CostPolicy, type_names: list[str]) -> np.ndarray:
-    """A ``(types, 3)`` array of (slope, over_slope, over_quadratic) per type id."""
-    rows = [policy.curve_for(t) for t in type_names] or [policy.default_curve]
-    return np.array([(c.slope, c.over_slope, c.over_quadratic) for c in rows], dtype=np.float64)
-
-
-def curve_costs(util_percent: np.ndarray, coeffs: np.ndarray) -> np.ndarray:
-    """Vectorised interference curve: ``coeffs`` holds one (slope, over, quad) row per GPU."""
-    x = util_percent / 100.0
-    over = np.maximum(x - 1.0, 0.0)
-    return coeffs[:, 0] * np.minimum(x, 1.0) + coeffs[:, 1] * over + coeffs[:, 2] * over * over
+    """A ``(types, 4)`` array of :meth:`InterferenceCurve.coefficients` rows per type id."""
+    return coefficient_table([policy.curve_for(t) for t in type_names] or [policy.default_curve])
 
 
 def effective_load(

@@ -18,6 +18,12 @@ otherwise give 5x at 200%, beyond anything measured.
 Utilization"): the same line as below 100%, continued above it, same cap.
 
 Unknown GPU types use the RTX 2080 coefficients (the testbed card, §5.1).
+
+This is the simulated world's truth, not the extender's belief, so it reads no
+configured curves. The shipped config gives these two cards the same function as
+:class:`predictor.curves.InterferenceCurve` (``slope = a+b+c-1``, ``over_slope =
+2a+b``, ``over_quadratic = a``; a test ties them). The arithmetic here stays in
+the paper's form because replays must reproduce the recorded figures to the bit.
 """
 
 from __future__ import annotations
