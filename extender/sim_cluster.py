@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from contracts.annotations import GPU_INDEX, PREDICTED_MEM_MIB, PREDICTED_UTIL
 from contracts.clusterfile import (
     ClusterFile,
     ClusterFileError,
@@ -27,7 +28,7 @@ from contracts.clusterfile import (
     parse_cluster_file,
 )
 from extender.core import GpuSpec, NodeSpec, PodRef, pod_ref
-from extender.source import OUT_GPU_INDEX, OUT_MEM, OUT_UTIL, placement_from_pod
+from extender.source import placement_from_pod
 
 DEFAULT_CLUSTER = Path(__file__).with_name("demo_cluster.yaml")
 
@@ -56,9 +57,9 @@ def pod_object(pod: SimPod) -> dict[str, Any]:
     """A bound pod object whose annotations record the file's placement."""
     annotations = {
         "tandem.io/workload": pod.workload,
-        OUT_GPU_INDEX: ",".join(str(i) for i in pod.gpu_index),
-        OUT_UTIL: str(pod.util_percent),
-        OUT_MEM: str(pod.mem_mib),
+        GPU_INDEX: ",".join(str(i) for i in pod.gpu_index),
+        PREDICTED_UTIL: str(pod.util_percent),
+        PREDICTED_MEM_MIB: str(pod.mem_mib),
         **dict(pod.annotations),
     }
     return {

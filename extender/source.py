@@ -31,10 +31,6 @@ from extender.core import (
     pod_ref,
 )
 
-# Output keys under the names the extender's modules use (the contract owns them).
-OUT_GPU_INDEX = ann_contract.GPU_INDEX
-OUT_UTIL = ann_contract.PREDICTED_UTIL
-OUT_MEM = ann_contract.PREDICTED_MEM_MIB
 DONE_PHASES = ("Succeeded", "Failed")
 
 

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_predictor_training import FAST, GPU, write_dataset
+from predictor_fixtures import FAST, GPU, write_dataset
 from typer.testing import CliRunner
 
 from extender import commands

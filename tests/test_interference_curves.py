@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from test_predictor_training import GPU, write_dataset
+from predictor_fixtures import GPU, write_dataset
 from typer.testing import CliRunner
 
 from extender.config import ConfigError, ConfigHolder, build_config, load_config

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_predictor_training import FAST, GPU, _tiny_model, write_dataset
+from predictor_fixtures import FAST, GPU, write_dataset
+from predictor_fixtures import tiny_model as _tiny_model
 from typer.testing import CliRunner
 
 from predictor.api import Predictor
