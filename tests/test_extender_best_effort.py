@@ -9,6 +9,7 @@ from extender_builders import A100, PROFILES, args, binding, make_app, node, pod
 
 from extender.core import (
     CostPolicy,
+    DecisionContext,
     DemandError,
     DemandUnavailable,
     GpuTable,
@@ -110,7 +111,7 @@ def test_best_effort_without_any_memory_source_is_demand_unknown(predict):
     t = GpuTable.build([node("n1", 1)])
     d = resolved(best_effort(model="unprofiled"), t, predict)
     assert A100 in d.gaps
-    ev = evaluate(t, ["n1"], d, CostPolicy(), 0.0, CTX)
+    ev = evaluate(t, ["n1"], d, DecisionContext(CostPolicy(), 0.0, CTX))
     assert ev.rejections["n1"].reason is Reason.DEMAND_UNKNOWN
 
 
@@ -155,7 +156,8 @@ CHOICES = [
                          [pytest.param(p, a, e, id=n) for n, p, a, e in CHOICES])
 def test_best_effort_choice(placements, annotations, expected):
     t = GpuTable.build([node("n1", 3)], placements)
-    ev = evaluate(t, ["n1"], resolved(best_effort(**annotations), t), CostPolicy(), 0.0, CTX)
+    ev = evaluate(t, ["n1"], resolved(best_effort(**annotations), t),
+                  DecisionContext(CostPolicy(), 0.0, CTX))
     if isinstance(expected, Reason):
         assert ev.feasible_names() == [] and ev.rejections["n1"].reason is expected
         return
@@ -167,8 +169,8 @@ def test_best_effort_choice(placements, annotations, expected):
 
 def test_colocation_limit_applies_to_best_effort():
     t = GpuTable.build([node("n1", 1)], [be_placement(f"b{i}", 0, 1) for i in range(2)])
-    ev = evaluate(t, ["n1"], resolved(best_effort(), t), CostPolicy(max_pods_per_gpu=2), 0.0,
-                  CTX)
+    ev = evaluate(t, ["n1"], resolved(best_effort(), t),
+                  DecisionContext(CostPolicy(max_pods_per_gpu=2), 0.0, CTX))
     assert ev.rejections["n1"].reason is Reason.COLOCATION_LIMIT
 
 
@@ -179,7 +181,7 @@ def test_slack_threshold_is_exact_and_explained(margin_percent, fits):
     occupancy = plan_gpu([SLO], ProfileIndex(PROFILES), A100, 40960.0).occupancy
     idle_percent = 100.0 * (1.0 - occupancy)
     policy = CostPolicy(min_best_effort_slack_percent=idle_percent + margin_percent)
-    ev = evaluate(t, ["n1"], resolved(best_effort(), t), policy, 0.0, CTX)
+    ev = evaluate(t, ["n1"], resolved(best_effort(), t), DecisionContext(policy, 0.0, CTX))
     if fits:
         placement = choose(ev, 0, "u", "default/b")
         assert placement.util_percent == pytest.approx(idle_percent)  # greedy: all the slack
@@ -192,28 +194,28 @@ def test_slack_threshold_is_exact_and_explained(margin_percent, fits):
 
 def test_best_effort_util_is_its_share_capped_by_its_demand():
     t = GpuTable.build([node("n1", 1)], [be_placement("a", 0, 1)])
-    greedy = choose(evaluate(t, ["n1"], resolved(best_effort(weight="3"), t), CostPolicy(), 0.0,
-                             CTX), 0, "u", "default/b")
+    greedy = choose(evaluate(t, ["n1"], resolved(best_effort(weight="3"), t),
+                             DecisionContext(CostPolicy(), 0.0, CTX)), 0, "u", "default/b")
     assert greedy.util_percent == pytest.approx(75.0)  # 3 / (1 + 3) of an all-slack GPU
-    light = choose(evaluate(t, ["n1"], resolved(best_effort(gpu_util="20"), t), CostPolicy(),
-                            0.0, CTX), 0, "u", "default/c")
+    light = choose(evaluate(t, ["n1"], resolved(best_effort(gpu_util="20"), t),
+                            DecisionContext(CostPolicy(), 0.0, CTX)), 0, "u", "default/c")
     assert light.util_percent == pytest.approx(20.0)
 
 
 def test_gpu_with_best_effort_is_a_serving_gpu():
     t = GpuTable.build([node("n1", 2)])
-    ev = evaluate(t, ["n1"], resolved(best_effort(), t), CostPolicy(), 0.0, CTX)
+    ev = evaluate(t, ["n1"], resolved(best_effort(), t), DecisionContext(CostPolicy(), 0.0, CTX))
     t.place(choose(ev, 0, "u1", "default/b"))
-    ev = evaluate(t, ["n1"], resolved(training(), t), CostPolicy(), 0.0)
+    ev = evaluate(t, ["n1"], resolved(training(), t), DecisionContext(CostPolicy(), 0.0))
     assert choose(ev, 0, "u2", "default/t").gpu_indices == (1,)  # training avoids GPU 0
     t.place(choose(ev, 0, "u2", "default/t"))
-    ev = evaluate(t, ["n1"], resolved(training(mem=35000), t), CostPolicy(), 0.0)
+    ev = evaluate(t, ["n1"], resolved(training(mem=35000), t), DecisionContext(CostPolicy(), 0.0))
     assert ev.rejections["n1"].gpu_counts == {Reason.WORKLOAD_CONFLICT: 1,
                                               Reason.INSUFFICIENT_GPU_MEMORY: 1}
     slo = resolve_demand(parse_demand(pod("s", 1, workload="inference", model="resnet50",
                                           slo_ms="100", rate_rps="100")),
                          t.type_names, None, ProfileIndex(PROFILES), session_name="default/s")
-    ev = evaluate(t, ["n1"], slo, CostPolicy(), 0.0, CTX)
+    ev = evaluate(t, ["n1"], slo, DecisionContext(CostPolicy(), 0.0, CTX))
     assert choose(ev, 0, "u3", "default/s").gpu_indices == (0,)  # SLO sessions may join it
 
 

@@ -10,11 +10,13 @@ from extender_builders import A100, H100, inference, node, pod, training
 
 from extender.core import (
     CostPolicy,
+    DecisionContext,
     DemandError,
     GpuObservation,
     GpuTable,
     InterferenceCurve,
     Placement,
+    Purpose,
     Reason,
     Workload,
     choose,
@@ -107,7 +109,8 @@ def test_horus_cost_prefers_the_less_loaded_gpu():
     busy = Placement("u0", "x", "n1", (0,), 80, 20000)
     busy2 = Placement("u1", "y", "n1", (1,), 80, 20000)
     t = table_with(busy, busy2)
-    ev = evaluate(t, ["n1", "n2"], resolved(training(util=40, mem=5000), t), CostPolicy(), 0.0)
+    ev = evaluate(t, ["n1", "n2"], resolved(training(util=40, mem=5000), t),
+                  DecisionContext(CostPolicy(), 0.0))
     assert ev.feasible_names() == ["n1", "n2"]
     assert ev.scores() == [0, 10]
     p = choose(ev, 1, "u", "default/t")
@@ -116,9 +119,10 @@ def test_horus_cost_prefers_the_less_loaded_gpu():
 
 def test_multi_gpu_job_takes_best_n_gpus_and_needs_n():
     t = table_with(Placement("u0", "x", "n1", (0,), 90, 1000))
-    ev = evaluate(t, ["n1"], resolved(training(gpus=1), t), CostPolicy(), 0.0)
+    ev = evaluate(t, ["n1"], resolved(training(gpus=1), t), DecisionContext(CostPolicy(), 0.0))
     assert choose(ev, 0, "u", "p").gpu_indices == (1,)
-    ev = evaluate(t, ["n1", "n2"], resolved(training(gpus=3), t), CostPolicy(), 0.0)
+    ev = evaluate(t, ["n1", "n2"], resolved(training(gpus=3), t),
+                  DecisionContext(CostPolicy(), 0.0))
     assert ev.feasible_names() == []
     assert ev.rejections["n1"].reason is Reason.TOO_FEW_GPUS
     assert ev.rejections["n1"].unresolvable
@@ -133,7 +137,7 @@ def test_multi_gpu_job_takes_best_n_gpus_and_needs_n():
 ], ids=["too-small", "insufficient-free", "serving-gpu"])
 def test_rejection_reasons(placements, demand, reason, unresolvable):
     t = table_with(*placements)
-    ev = evaluate(t, ["n1"], resolved(demand, t), CostPolicy(), 0.0)
+    ev = evaluate(t, ["n1"], resolved(demand, t), DecisionContext(CostPolicy(), 0.0))
     rej = ev.rejections["n1"]
     assert (rej.reason, rej.unresolvable) == (reason, unresolvable)
     assert rej.gpu_counts[reason] == 2 and rej.message().startswith("tandem: ")
@@ -143,7 +147,7 @@ def test_colocation_limit_and_unknown_and_empty_nodes():
     t = GpuTable.build([node("n1", 1), node("empty", 0)],
                        [Placement(f"u{i}", "x", "n1", (0,), 1, 1) for i in range(2)])
     ev = evaluate(t, ["n1", "ghost", "empty"], resolved(training(mem=1), t),
-                  CostPolicy(max_pods_per_gpu=2), 0.0)
+                  DecisionContext(CostPolicy(max_pods_per_gpu=2), 0.0))
     assert ev.rejections["n1"].reason is Reason.COLOCATION_LIMIT
     assert not ev.rejections["n1"].unresolvable
     assert ev.rejections["ghost"].reason is Reason.UNKNOWN_NODE
@@ -209,10 +213,10 @@ def test_second_pod_after_a_sample_sees_the_first_one_in_free_memory():
     t = table_with(Placement("a", "a", "n1", (0,), 50, 20480), nodes=[node("n1", 1)])
     t.observe("n1", [GpuObservation(0, 60.0, 30720.0, 100.0)])
     demand = resolved(training(util=10, mem=6144), t)
-    first = choose(evaluate(t, ["n1"], demand, CostPolicy(), 101.0), 0, "b", "b")
+    first = choose(evaluate(t, ["n1"], demand, DecisionContext(CostPolicy(), 101.0)), 0, "b", "b")
     assert first is not None
     t.place(first)
-    ev = evaluate(t, ["n1"], demand, CostPolicy(), 101.0)
+    ev = evaluate(t, ["n1"], demand, DecisionContext(CostPolicy(), 101.0))
     assert ev.rejections["n1"].reason is Reason.INSUFFICIENT_GPU_MEMORY
 
 
@@ -224,7 +228,7 @@ def test_observed_load_rule_is_max_of_fresh(observed, age, expected_util):
     t.observe("n1", [GpuObservation(0, observed, 0.0, 100.0)])
     demand = resolved(training(util=0.001, mem=1), t)
     policy = CostPolicy(w_mem=0.0, curves={}, default_curve=InterferenceCurve(1.0, 1.0, 0.0))
-    ev = evaluate(t, ["n1"], demand, policy, 100.0 + age)
+    ev = evaluate(t, ["n1"], demand, DecisionContext(policy, 100.0 + age))
     assert ev.node_cost[0] == pytest.approx(expected_util / 100.0, abs=1e-4)
 
 
@@ -250,8 +254,8 @@ def test_colocation_throughput_rule(on_gpu, job_util, gain, fits):
     policy = CostPolicy(default_curve=InterferenceCurve(0.5, 0.5, 1.0),
                         min_colocation_gain_percent=gain)
     demand = resolved(training(util=job_util, mem=100), t)
-    for with_costs in (True, False):  # filter and prioritize/bind agree
-        ev = evaluate(t, ["n1"], demand, policy, 0.0, with_costs=with_costs)
+    for purpose in (Purpose.SCORE, Purpose.FILTER):  # filter and prioritize/bind agree
+        ev = evaluate(t, ["n1"], demand, DecisionContext(policy, 0.0), purpose)
         assert ev.feasible_names() == (["n1"] if fits else [])
     if not fits:
         rej = ev.rejections["n1"]
@@ -265,9 +269,10 @@ def test_colocation_rule_sends_the_job_to_the_gpu_where_it_pays():
                    Placement("b", "b", "n1", (1,), 20, 100), nodes=[node("n1", 2)])
     policy = CostPolicy(min_colocation_gain_percent=0.0)
     demand = resolved(training(util=90, mem=100), t)
-    ev = evaluate(t, ["n1"], demand, policy, 0.0)
+    ev = evaluate(t, ["n1"], demand, DecisionContext(policy, 0.0))
     assert choose(ev, 0, "c", "c").gpu_indices == (1,)
-    both = evaluate(t, ["n1"], resolved(training(util=90, mem=100, gpus=2), t), policy, 0.0)
+    both = evaluate(t, ["n1"], resolved(training(util=90, mem=100, gpus=2), t),
+                    DecisionContext(policy, 0.0))
     rej = both.rejections["n1"]  # GPU 0: rate 1 -> 2 / 2.76 at 190%; GPU 1: 1 -> 2 / 1.56
     assert rej.gpu_counts == {Reason.COLOCATION_SLOWDOWN: 1} and not rej.unresolvable
     assert "co-location would slow" in rej.message()
@@ -284,7 +289,7 @@ def test_colocation_rule_weighs_a_gang_by_its_gpus(co_runners, fits):
     t = table_with(*co_runners, nodes=[node("n1", 2)])
     policy = CostPolicy(default_curve=InterferenceCurve(0.5, 0.5, 1.0),
                         min_colocation_gain_percent=10.0)
-    ev = evaluate(t, ["n1"], resolved(training(util=40, mem=100), t), policy, 0.0)
+    ev = evaluate(t, ["n1"], resolved(training(util=40, mem=100), t), DecisionContext(policy, 0.0))
     assert ev.feasible_names() == (["n1"] if fits else [])
 
 
@@ -292,14 +297,14 @@ def test_inference_best_fit_and_separation():
     t = GpuTable.build([node("n1", 2)])
     ctx = InferenceContext(plan_gpu, _profiles())
     first = resolved(inference("s1", rate=200), t, profiles=_profiles())
-    ev = evaluate(t, ["n1"], first, CostPolicy(), 0.0, ctx)
+    ev = evaluate(t, ["n1"], first, DecisionContext(CostPolicy(), 0.0, ctx))
     placement = choose(ev, 0, "u1", "default/s1")
     assert placement.workload is Workload.INFERENCE and placement.util_percent > 0
     t.place(placement)
     second = resolved(inference("s2", rate=100), t, profiles=_profiles())
-    ev = evaluate(t, ["n1"], second, CostPolicy(), 0.0, ctx)
+    ev = evaluate(t, ["n1"], second, DecisionContext(CostPolicy(), 0.0, ctx))
     assert choose(ev, 0, "u2", "default/s2").gpu_indices == placement.gpu_indices  # best fit
-    ev = evaluate(t, ["n1"], resolved(training(), t), CostPolicy(), 0.0)
+    ev = evaluate(t, ["n1"], resolved(training(), t), DecisionContext(CostPolicy(), 0.0))
     assert choose(ev, 0, "u3", "t").gpu_indices != placement.gpu_indices  # training elsewhere
 
 
@@ -307,10 +312,10 @@ def test_inference_without_profile_or_with_impossible_slo():
     t = GpuTable.build([node("n1", 1, product=H100, memory_mib=81559)])
     ctx = InferenceContext(plan_gpu, _profiles())
     ev = evaluate(t, ["n1"], resolved(inference(model="nope"), t, profiles=_profiles()),
-                  CostPolicy(), 0.0, ctx)
+                  DecisionContext(CostPolicy(), 0.0, ctx))
     assert ev.rejections["n1"].reason is Reason.DEMAND_UNKNOWN
-    ev = evaluate(t, ["n1"], resolved(inference(slo=1), t, profiles=_profiles()), CostPolicy(),
-                  0.0, ctx)
+    ev = evaluate(t, ["n1"], resolved(inference(slo=1), t, profiles=_profiles()),
+                  DecisionContext(CostPolicy(), 0.0, ctx))
     assert ev.rejections["n1"].reason is Reason.SLO_UNREACHABLE
     assert "SloTooTight" in ev.rejections["n1"].detail
 
@@ -326,7 +331,7 @@ def test_predictor_gaps_become_demand_unknown():
     t = GpuTable.build([node("a", 1), node("h", 1, product=H100, memory_mib=81559)])
     d = resolved(pod("p", 1, model="m.onnx"), t, predict=predict)
     assert set(d.gaps) == {A100} and d.by_type[H100].util_percent == 30.0
-    ev = evaluate(t, ["a", "h"], d, CostPolicy(), 0.0)
+    ev = evaluate(t, ["a", "h"], d, DecisionContext(CostPolicy(), 0.0))
     assert ev.feasible_names() == ["h"]
     assert "no model for A100" in ev.rejections["a"].detail
 
