@@ -69,11 +69,14 @@ class FreeView:
     :meth:`refresh` reads the load (:meth:`GpuLoad.read`) after a placement changed
     the table; :meth:`candidate_nodes` then applies :func:`gpu_checks` for a job's
     demand to every row. Because the rules are monotone in the demand, the verdict
-    for a job needing nothing bounds every job: a GPU closed to it is closed to all,
-    so the β jobs a full cluster cannot take are turned away with a scalar compare.
+    for a job needing nothing (co-location rule left out: a looser bound, one curve
+    less per round) bounds every job: a GPU closed to it is closed to all, so the β
+    jobs a full cluster cannot take are turned away with a scalar compare.
     A job that failed marks a *failure point*: until the next refresh, any job needing
     at least as much memory, GPUs per task and GPUs (and, under the co-location
-    throughput rule, utilisation) is turned away without numpy.
+    throughput rule, utilisation) is turned away without numpy. For one-task jobs
+    that follows from the monotone rules; for gangs it is the simulator's assumption
+    that a job needing more of everything cannot start where a lighter one could not.
     """
 
     def __init__(self, table: GpuTable, node_of: np.ndarray, policy: CostPolicy, now_s: float):
@@ -119,13 +122,13 @@ class FreeView:
     def candidate_nodes(self, run: JobRun) -> list[str]:
         """Nodes with at least ``gpus_per_task`` GPUs that pass the core's rules for ``run``.
 
-        The whole job is turned away when fewer GPUs than it has in all pass (the gang
-        of its tasks is placed one GPU set after another).
+        Exactly the nodes where the core would accept one task: tasks of a gang may
+        share a GPU there, so the job's total GPU count does not cut the list.
         """
         if run.job.gpus_per_task > self.open_count or run.pred_mem > self.max_free:
             return []
         ok = self.passing(run.pred_mem, run.pred_util)
-        if int(ok.sum()) < run.job.gpus_per_task:
+        if int(ok.sum()) < run.job.gpus_per_task:  # no node can have enough: skip the bincount
             return []
         counts = np.bincount(self.node_of[ok], minlength=len(self.table.node_names))
         names = self.table.node_names
