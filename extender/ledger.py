@@ -42,6 +42,7 @@ from typing import Any
 
 from extender.core import (
     CostPolicy,
+    DecisionContext,
     Evaluation,
     GpuObservation,
     GpuSpec,
@@ -50,6 +51,7 @@ from extender.core import (
     NodeSpec,
     Placement,
     PlacementError,
+    Purpose,
     ResolvedDemand,
     choose,
     evaluate,
@@ -198,12 +200,15 @@ class ClusterState:
             return list(self._table.type_names)
 
     def evaluate(self, names: Sequence[str], demand: ResolvedDemand,
-                 inference: InferenceContext | None, with_costs: bool = True) -> Evaluation:
+                 inference: InferenceContext | None,
+                 purpose: Purpose = Purpose.SCORE) -> Evaluation:
         """Run the core evaluation on the current table (read-only)."""
         self.expire()
         with self.lock:
-            return evaluate(self._table, names, demand, self._policy(), self._clock(), inference,
-                            with_costs)
+            return evaluate(self._table, names, demand, self._context(inference), purpose)
+
+    def _context(self, inference: InferenceContext | None) -> DecisionContext:
+        return DecisionContext(self._policy(), self._clock(), inference)
 
     def assume_best(self, node: str, demand: ResolvedDemand, inference: InferenceContext | None,
                     pod_uid: str, pod: str, annotations: tuple[tuple[str, str], ...] = (),
@@ -213,7 +218,7 @@ class ClusterState:
         with self.lock:
             if pod_uid in self._placed or pod_uid in self._assumed:
                 raise BindConflict(f"pod {pod} is already bound or being bound", None)
-            ev = evaluate(self._table, [node], demand, self._policy(), self._clock(), inference)
+            ev = evaluate(self._table, [node], demand, self._context(inference))
             placement = choose(ev, 0, pod_uid, pod)
             if placement is None:
                 raise BindConflict(f"node {node} no longer fits pod {pod}",
@@ -240,7 +245,7 @@ class ClusterState:
                 if p is not None and p.node == node:
                     with contextlib.suppress(PlacementError):
                         table.remove(p)
-            ev = evaluate(table, [node], demand, self._policy(), self._clock(), inference)
+            ev = evaluate(table, [node], demand, self._context(inference))
             return bool(ev.feasible[0])
 
     # ---- agent reports ---------------------------------------------------------------

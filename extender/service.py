@@ -23,6 +23,7 @@ from extender.core import (
     InferenceContext,
     PodRef,
     ProfileIndex,
+    Purpose,
     ResolvedDemand,
     Workload,
     annotations_of,
@@ -148,7 +149,7 @@ class Extender:
         except PodRejected as exc:
             result = filter_result(args, [], {}, {n: str(exc) for n in names})
             return dict(result), FilterOutcome(0, {"BadPodRequest": len(names)})
-        ev = self.state.evaluate(names, demand, self._inference, with_costs=False)
+        ev = self.state.evaluate(names, demand, self._inference, Purpose.FILTER)
         failed, unresolvable, reasons = {}, {}, {}
         for name, rej in ev.rejections.items():
             (unresolvable if rej.unresolvable else failed)[name] = rej.message()

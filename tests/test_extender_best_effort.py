@@ -20,6 +20,7 @@ from extender_builders import (
 
 from extender.core import (
     CostPolicy,
+    DecisionContext,
     DemandError,
     DemandUnavailable,
     GpuTable,
@@ -122,7 +123,7 @@ def test_best_effort_without_any_memory_source_is_demand_unknown(predict):
     t = GpuTable.build([node("n1", 1)])
     d = resolved(best_effort(model="unprofiled"), t, predict)
     assert A100 in d.gaps
-    ev = evaluate(t, ["n1"], d, CostPolicy(), 0.0, CTX)
+    ev = evaluate(t, ["n1"], d, DecisionContext(CostPolicy(), 0.0, CTX))
     assert ev.rejections["n1"].reason is Reason.DEMAND_UNKNOWN
 
 
@@ -172,7 +173,8 @@ CHOICES = [
                          [pytest.param(p, a, e, id=n) for n, p, a, e in CHOICES])
 def test_best_effort_choice(placements, annotations, expected):
     t = GpuTable.build([node("n1", 3)], placements)
-    ev = evaluate(t, ["n1"], resolved(best_effort(**annotations), t), CostPolicy(), 0.0, CTX)
+    ev = evaluate(t, ["n1"], resolved(best_effort(**annotations), t),
+                  DecisionContext(CostPolicy(), 0.0, CTX))
     mem = float(annotations.get("gpu_mem_mib", 2500))  # else the resnet50 profile's
     if isinstance(expected, Reason):
         assert ev.feasible_names() == []
@@ -190,8 +192,8 @@ def test_best_effort_choice(placements, annotations, expected):
 
 def test_colocation_limit_applies_to_best_effort():
     t = GpuTable.build([node("n1", 1)], [be_placement(f"b{i}", 0, 1) for i in range(2)])
-    ev = evaluate(t, ["n1"], resolved(best_effort(), t), CostPolicy(max_pods_per_gpu=2), 0.0,
-                  CTX)
+    ev = evaluate(t, ["n1"], resolved(best_effort(), t),
+                  DecisionContext(CostPolicy(max_pods_per_gpu=2), 0.0, CTX))
     assert ev.rejections == {"n1": rejection(
         "n1", Reason.COLOCATION_LIMIT, False, on_gpus=1, gpus_total=1, requested_mib=2500.0,
         best_free_mib=40960.0 - 2 * 1000)}
@@ -203,7 +205,7 @@ def test_slack_threshold_is_exact_and_explained(margin_percent, fits):
     t = GpuTable.build([node("n1", 1)], [slo_placement("s0", 0)])
     idle_percent = SLO_IDLE_PERCENT
     policy = CostPolicy(min_best_effort_slack_percent=idle_percent + margin_percent)
-    ev = evaluate(t, ["n1"], resolved(best_effort(), t), policy, 0.0, CTX)
+    ev = evaluate(t, ["n1"], resolved(best_effort(), t), DecisionContext(policy, 0.0, CTX))
     if fits:
         assert choose(ev, 0, "u", "default/b") == placement(  # greedy: all the slack
             "u", pod="default/b", util=pytest.approx(idle_percent), mem=2500.0,
@@ -221,26 +223,26 @@ def test_slack_threshold_is_exact_and_explained(margin_percent, fits):
 
 def test_best_effort_util_is_its_share_capped_by_its_demand():
     t = GpuTable.build([node("n1", 1)], [be_placement("a", 0, 1)])
-    greedy = choose(evaluate(t, ["n1"], resolved(best_effort(weight="3"), t), CostPolicy(), 0.0,
-                             CTX), 0, "u", "default/b")
+    greedy = choose(evaluate(t, ["n1"], resolved(best_effort(weight="3"), t),
+                             DecisionContext(CostPolicy(), 0.0, CTX)), 0, "u", "default/b")
     assert greedy == placement("u", pod="default/b", util=pytest.approx(75.0), mem=2500.0,
                                weight=3)  # 3 / (1 + 3) of an all-slack GPU
-    light = choose(evaluate(t, ["n1"], resolved(best_effort(gpu_util="20"), t), CostPolicy(),
-                            0.0, CTX), 0, "u", "default/c")
+    light = choose(evaluate(t, ["n1"], resolved(best_effort(gpu_util="20"), t),
+                            DecisionContext(CostPolicy(), 0.0, CTX)), 0, "u", "default/c")
     assert light == placement("u", pod="default/c", util=pytest.approx(20.0), mem=2500.0,
                               workload=Workload.INFERENCE)
 
 
 def test_gpu_with_best_effort_is_a_serving_gpu():
     t = GpuTable.build([node("n1", 2)])
-    ev = evaluate(t, ["n1"], resolved(best_effort(), t), CostPolicy(), 0.0, CTX)
+    ev = evaluate(t, ["n1"], resolved(best_effort(), t), DecisionContext(CostPolicy(), 0.0, CTX))
     t.place(choose(ev, 0, "u1", "default/b"))
-    ev = evaluate(t, ["n1"], resolved(training(), t), CostPolicy(), 0.0)
+    ev = evaluate(t, ["n1"], resolved(training(), t), DecisionContext(CostPolicy(), 0.0))
     trained = choose(ev, 0, "u2", "default/t")
     assert trained == placement("u2", pod="default/t", gpus=(1,), util=40,  # avoids GPU 0
                                 mem=10000)
     t.place(trained)
-    ev = evaluate(t, ["n1"], resolved(training(mem=35000), t), CostPolicy(), 0.0)
+    ev = evaluate(t, ["n1"], resolved(training(mem=35000), t), DecisionContext(CostPolicy(), 0.0))
     assert ev.rejections == {"n1": Rejection(
         node="n1", reason=Reason.WORKLOAD_CONFLICT, unresolvable=False,
         gpu_counts={Reason.WORKLOAD_CONFLICT: 1, Reason.INSUFFICIENT_GPU_MEMORY: 1},
@@ -248,7 +250,7 @@ def test_gpu_with_best_effort_is_a_serving_gpu():
     slo = resolve_demand(parse_demand(pod("s", 1, workload="inference", model="resnet50",
                                           slo_ms="100", rate_rps="100")),
                          t.type_names, None, ProfileIndex(PROFILES), session_name="default/s")
-    ev = evaluate(t, ["n1"], slo, CostPolicy(), 0.0, CTX)
+    ev = evaluate(t, ["n1"], slo, DecisionContext(CostPolicy(), 0.0, CTX))
     assert choose(ev, 0, "u3", "default/s") == placement(  # SLO sessions may join it
         "u3", pod="default/s", gpus=(0,), util=pytest.approx(900 / 91), mem=2500.0,
         session=SessionSpec("default/s", "resnet50", 100.0, 100.0))  # batch 10: 9 of 91 ms

@@ -10,12 +10,14 @@ from extender_builders import A100, H100, inference, node, placement, pod, rejec
 
 from extender.core import (
     CostPolicy,
+    DecisionContext,
     DemandError,
     GpuObservation,
     GpuTable,
     InterferenceCurve,
     JobDemand,
     Placement,
+    Purpose,
     Reason,
     ResolvedDemand,
     SessionSpec,
@@ -110,7 +112,8 @@ def test_horus_cost_prefers_the_less_loaded_gpu():
     busy = placement("u0", pod="x", node="n1", gpus=(0,), util=80, mem=20000)
     busy2 = placement("u1", pod="y", node="n1", gpus=(1,), util=80, mem=20000)
     t = table_with(busy, busy2)
-    ev = evaluate(t, ["n1", "n2"], resolved(training(util=40, mem=5000), t), CostPolicy(), 0.0)
+    ev = evaluate(t, ["n1", "n2"], resolved(training(util=40, mem=5000), t),
+                  DecisionContext(CostPolicy(), 0.0))
     assert ev.feasible_names() == ["n1", "n2"]
     assert ev.scores() == [0, 10]
     assert choose(ev, 1, "u", "default/t") == placement(
@@ -119,10 +122,11 @@ def test_horus_cost_prefers_the_less_loaded_gpu():
 
 def test_multi_gpu_job_takes_best_n_gpus_and_needs_n():
     t = table_with(placement("u0", pod="x", node="n1", gpus=(0,), util=90, mem=1000))
-    ev = evaluate(t, ["n1"], resolved(training(gpus=1), t), CostPolicy(), 0.0)
+    ev = evaluate(t, ["n1"], resolved(training(gpus=1), t), DecisionContext(CostPolicy(), 0.0))
     assert choose(ev, 0, "u", "p") == placement("u", pod="p", node="n1", gpus=(1,), util=40,
                                                  mem=10000)
-    ev = evaluate(t, ["n1", "n2"], resolved(training(gpus=3), t), CostPolicy(), 0.0)
+    ev = evaluate(t, ["n1", "n2"], resolved(training(gpus=3), t),
+                  DecisionContext(CostPolicy(), 0.0))
     assert ev.feasible_names() == []
     too_few = {"gpus_total": 2, "requested_gpus": 3, "requested_mib": 10000.0}
     assert ev.rejections == {n: rejection(n, Reason.TOO_FEW_GPUS, True, **too_few)
@@ -138,7 +142,7 @@ def test_multi_gpu_job_takes_best_n_gpus_and_needs_n():
 ], ids=["too-small", "insufficient-free", "serving-gpu"])
 def test_rejection_reasons(placements, demand, reason, unresolvable, best_free_mib):
     t = table_with(*placements)
-    ev = evaluate(t, ["n1"], resolved(demand, t), CostPolicy(), 0.0)
+    ev = evaluate(t, ["n1"], resolved(demand, t), DecisionContext(CostPolicy(), 0.0))
     rej = ev.rejections["n1"]
     requested_mib = float(demand["metadata"]["annotations"]["tandem.io/gpu-mem-mib"])
     assert rej == rejection("n1", reason, unresolvable, on_gpus=2, gpus_total=2,
@@ -150,7 +154,7 @@ def test_colocation_limit_and_unknown_and_empty_nodes():
     t = GpuTable.build([node("n1", 1), node("empty", 0)],
                        [placement(f"u{i}", pod="x", util=1, mem=1) for i in range(2)])
     ev = evaluate(t, ["n1", "ghost", "empty"], resolved(training(mem=1), t),
-                  CostPolicy(max_pods_per_gpu=2), 0.0)
+                  DecisionContext(CostPolicy(max_pods_per_gpu=2), 0.0))
     assert ev.rejections == {
         "n1": rejection("n1", Reason.COLOCATION_LIMIT, False, on_gpus=1, gpus_total=1,
                         requested_mib=1.0, best_free_mib=40960.0 - 2),
@@ -219,10 +223,10 @@ def test_second_pod_after_a_sample_sees_the_first_one_in_free_memory():
     t = table_with(placement("a", pod="a", util=50, mem=20480), nodes=[node("n1", 1)])
     t.observe("n1", [GpuObservation(0, 60.0, 30720.0, 100.0)])
     demand = resolved(training(util=10, mem=6144), t)
-    first = choose(evaluate(t, ["n1"], demand, CostPolicy(), 101.0), 0, "b", "b")
+    first = choose(evaluate(t, ["n1"], demand, DecisionContext(CostPolicy(), 101.0)), 0, "b", "b")
     assert first == placement("b", pod="b", util=10, mem=6144)
     t.place(first)
-    ev = evaluate(t, ["n1"], demand, CostPolicy(), 101.0)
+    ev = evaluate(t, ["n1"], demand, DecisionContext(CostPolicy(), 101.0))
     assert ev.rejections == {"n1": rejection(  # free: 40 GiB - (30 GiB observed + 6 GiB newer)
         "n1", Reason.INSUFFICIENT_GPU_MEMORY, False, on_gpus=1, gpus_total=1,
         requested_mib=6144.0, best_free_mib=40960.0 - 30720 - 6144)}
@@ -236,7 +240,7 @@ def test_observed_load_rule_is_max_of_fresh(observed, age, expected_util):
     t.observe("n1", [GpuObservation(0, observed, 0.0, 100.0)])
     demand = resolved(training(util=0.001, mem=1), t)
     policy = CostPolicy(w_mem=0.0, curves={}, default_curve=InterferenceCurve(1.0, 1.0, 0.0))
-    ev = evaluate(t, ["n1"], demand, policy, 100.0 + age)
+    ev = evaluate(t, ["n1"], demand, DecisionContext(policy, 100.0 + age))
     assert ev.node_cost[0] == pytest.approx(expected_util / 100.0, abs=1e-4)
 
 
@@ -262,8 +266,8 @@ def test_colocation_throughput_rule(on_gpu, job_util, gain, fits):
     policy = CostPolicy(default_curve=InterferenceCurve(0.5, 0.5, 1.0),
                         min_colocation_gain_percent=gain)
     demand = resolved(training(util=job_util, mem=100), t)
-    for with_costs in (True, False):  # filter and prioritize/bind agree
-        ev = evaluate(t, ["n1"], demand, policy, 0.0, with_costs=with_costs)
+    for purpose in (Purpose.SCORE, Purpose.FILTER):  # filter and prioritize/bind agree
+        ev = evaluate(t, ["n1"], demand, DecisionContext(policy, 0.0), purpose)
         assert ev.feasible_names() == (["n1"] if fits else [])
     if not fits:
         rej = ev.rejections["n1"]
@@ -278,9 +282,10 @@ def test_colocation_rule_sends_the_job_to_the_gpu_where_it_pays():
                    placement("b", pod="b", gpus=(1,), util=20, mem=100), nodes=[node("n1", 2)])
     policy = CostPolicy(min_colocation_gain_percent=0.0)
     demand = resolved(training(util=90, mem=100), t)
-    ev = evaluate(t, ["n1"], demand, policy, 0.0)
+    ev = evaluate(t, ["n1"], demand, DecisionContext(policy, 0.0))
     assert choose(ev, 0, "c", "c") == placement("c", pod="c", gpus=(1,), util=90, mem=100)
-    both = evaluate(t, ["n1"], resolved(training(util=90, mem=100, gpus=2), t), policy, 0.0)
+    both = evaluate(t, ["n1"], resolved(training(util=90, mem=100, gpus=2), t),
+                    DecisionContext(policy, 0.0))
     rej = both.rejections["n1"]  # GPU 0: rate 1 -> 2 / 2.76 at 190%; GPU 1: 1 -> 2 / 1.56
     assert rej == rejection("n1", Reason.COLOCATION_SLOWDOWN, False, on_gpus=1, gpus_total=2,
                             requested_gpus=2, requested_mib=100.0, best_free_mib=40960.0 - 100)
@@ -299,7 +304,7 @@ def test_colocation_rule_weighs_a_gang_by_its_gpus(co_runners, fits):
     t = table_with(*co_runners, nodes=[node("n1", 2)])
     policy = CostPolicy(default_curve=InterferenceCurve(0.5, 0.5, 1.0),
                         min_colocation_gain_percent=10.0)
-    ev = evaluate(t, ["n1"], resolved(training(util=40, mem=100), t), policy, 0.0)
+    ev = evaluate(t, ["n1"], resolved(training(util=40, mem=100), t), DecisionContext(policy, 0.0))
     assert ev.feasible_names() == (["n1"] if fits else [])
 
 
@@ -307,7 +312,7 @@ def test_inference_best_fit_and_separation():
     t = GpuTable.build([node("n1", 2)])
     ctx = InferenceContext(plan_gpu, _profiles())
     first = resolved(inference("s1", rate=200), t, profiles=_profiles())
-    ev = evaluate(t, ["n1"], first, CostPolicy(), 0.0, ctx)
+    ev = evaluate(t, ["n1"], first, DecisionContext(CostPolicy(), 0.0, ctx))
     s1 = choose(ev, 0, "u1", "default/s1")
     # A100 resnet50 latency 0.6 ms x batch + 3 ms; 100 ms SLO: s1 alone runs batches of 18
     # (13.8 ms) in an 86.2 ms duty cycle; s2 joins that cycle with batches of 9 (8.4 ms).
@@ -316,11 +321,11 @@ def test_inference_best_fit_and_separation():
                            session=SessionSpec("default/s1", "resnet50", 100.0, 200.0))
     t.place(s1)
     second = resolved(inference("s2", rate=100), t, profiles=_profiles())
-    ev = evaluate(t, ["n1"], second, CostPolicy(), 0.0, ctx)
+    ev = evaluate(t, ["n1"], second, DecisionContext(CostPolicy(), 0.0, ctx))
     assert choose(ev, 0, "u2", "default/s2") == placement(  # best fit: s1's GPU
         "u2", pod="default/s2", gpus=s1.gpu_indices, util=pytest.approx(840 / 86.2), mem=2500.0,
         session=SessionSpec("default/s2", "resnet50", 100.0, 100.0))
-    ev = evaluate(t, ["n1"], resolved(training(), t), CostPolicy(), 0.0)
+    ev = evaluate(t, ["n1"], resolved(training(), t), DecisionContext(CostPolicy(), 0.0))
     assert choose(ev, 0, "u3", "t") == placement(  # training elsewhere
         "u3", pod="t", gpus=(1,), util=40, mem=10000)
 
@@ -329,13 +334,13 @@ def test_inference_without_profile_or_with_impossible_slo():
     t = GpuTable.build([node("n1", 1, product=H100, memory_mib=81559)])
     ctx = InferenceContext(plan_gpu, _profiles())
     ev = evaluate(t, ["n1"], resolved(inference(model="nope"), t, profiles=_profiles()),
-                  CostPolicy(), 0.0, ctx)
+                  DecisionContext(CostPolicy(), 0.0, ctx))
     h100 = {"gpus_total": 1, "best_free_mib": 81559.0}
     assert ev.rejections == {"n1": rejection(
         "n1", Reason.DEMAND_UNKNOWN, True, on_gpus=1, requested_mib=0.0, **h100,
         detail=f"{H100}: demand unknown: no-profile: no batching profile for nope")}
-    ev = evaluate(t, ["n1"], resolved(inference(slo=1), t, profiles=_profiles()), CostPolicy(),
-                  0.0, ctx)
+    ev = evaluate(t, ["n1"], resolved(inference(slo=1), t, profiles=_profiles()),
+                  DecisionContext(CostPolicy(), 0.0, ctx))
     assert ev.rejections == {"n1": rejection(  # H100: one request takes 0.35 + 2 ms
         "n1", Reason.SLO_UNREACHABLE, True, on_gpus=1, requested_mib=2500.0, **h100,
         detail=f"{H100}: session default/s: SloTooTight (needs 4.7 ms, available 1 ms)")}
@@ -354,7 +359,7 @@ def test_predictor_gaps_become_demand_unknown():
     assert d == ResolvedDemand(job=JobDemand(gpu_count=1, model="m.onnx"),
                                by_type={H100: TypeDemand(30.0, 4000.0, "fake")},
                                gaps={A100: "NoTrainedModel: no model for A100"})
-    ev = evaluate(t, ["a", "h"], d, CostPolicy(), 0.0)
+    ev = evaluate(t, ["a", "h"], d, DecisionContext(CostPolicy(), 0.0))
     assert ev.feasible_names() == ["h"]
     assert ev.rejections == {"a": rejection(
         "a", Reason.DEMAND_UNKNOWN, True, on_gpus=1, gpus_total=1, requested_mib=4000.0,

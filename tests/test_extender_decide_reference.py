@@ -3,7 +3,7 @@
 ``evaluate`` takes shortcuts for speed (broadcast per-type values on one-type
 clusters, a ``(nodes, width)`` grid when nodes are alike, curves evaluated only on
 shared GPUs, reasons assigned in reverse precedence). The reference below spells
-the training rules of ``extender.core.decide`` and ``extender.core.cost`` out one
+the training rules of ``extender.core.rules`` and ``extender.core.cost`` out one
 GPU at a time with the scalar curve, so any shortcut that changes a decision
 (feasibility, main reason, node cost, chosen GPUs) fails here.
 """
@@ -19,12 +19,14 @@ from extender_builders import A100, H100
 
 from extender.core import (
     CostPolicy,
+    DecisionContext,
     GpuObservation,
     GpuSpec,
     GpuTable,
     InterferenceCurve,
     NodeSpec,
     Placement,
+    Purpose,
     Reason,
     Workload,
     choose,
@@ -178,7 +180,7 @@ def test_evaluate_matches_per_gpu_reference(case: Case) -> None:
         by_type = {t: (d.util_percent, d.mem_mib) for t, d in demand.by_type.items()}
         names = rng.sample([*table.node_names, "ghost"], rng.randint(1, len(table.node_names)))
         expected = reference(table, names, by_type, need, policy)
-        ev = evaluate(table, names, demand, policy, NOW_SECONDS)
+        ev = evaluate(table, names, demand, DecisionContext(policy, NOW_SECONDS))
         for position, name in enumerate(names):
             if name not in expected:
                 assert ev.rejections[name].reason is Reason.UNKNOWN_NODE
@@ -194,6 +196,7 @@ def test_evaluate_matches_per_gpu_reference(case: Case) -> None:
                 assert sorted(table.row_of(name, i) for i in placed.gpu_indices) == rows
             else:
                 assert ev.node_cost[position] == math.inf
-        filtered = evaluate(table, names, demand, policy, NOW_SECONDS, with_costs=False)
+        filtered = evaluate(table, names, demand,
+                            DecisionContext(policy, NOW_SECONDS), Purpose.FILTER)
         assert filtered.feasible_names() == [n for n in names
                                              if n in expected and expected[n][0] is None]

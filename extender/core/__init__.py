@@ -3,7 +3,8 @@
 Public API (import from the submodules or from here):
 
 - values (``extender.core.snapshot``): ``GpuSpec``, ``NodeSpec``, ``Placement``,
-  ``GpuObservation``, ``SessionSpec``, ``Workload``, ``gpu_type_of``.
+  ``GpuObservation``, ``SessionSpec``, ``Workload``, ``gpu_type_of``; the ids
+  ``NodeName``, ``PodUid``, ``GpuUuid`` (``NewType`` over ``str``).
 - snapshot (``extender.core.table``): ``GpuTable.build(nodes, placements)``,
   ``.place(p, at_seconds=None)``, ``.remove(p)``, ``.observe(node, observations)``,
   ``.observe_rows(rows, util, mib, at)``, ``.copy()``,
@@ -17,10 +18,15 @@ Public API (import from the submodules or from here):
 - cost (``extender.core.cost``): ``CostPolicy``, ``InterferenceCurve``,
   ``horus_cost``, ``curve_costs``, ``effective_load``, ``predicted_slowdown``,
   ``colocation_gain``, ``scores_from_costs``.
+- rules (``extender.core.rules``): the per-GPU hard constraints, ``GpuLoad.read``,
+  ``gpu_checks``, ``first_reasons``, ``colocation_rule_on(policy)``; read by
+  ``evaluate`` and by the simulator's pre-filter alike.
 - decisions (``extender.core.decide``): ``evaluate(table, node_names, demand,
-  policy, now_seconds, inference) -> Evaluation`` (``.feasible_names()``,
-  ``.rejections``, ``.scores()``, ``.node_cost``), ``choose(evaluation,
-  position, pod_uid, pod) -> Placement | None``, ``InferenceContext``.
+  DecisionContext(policy, now_seconds, inference), purpose=Purpose.SCORE) ->
+  Evaluation`` (``.feasible_names()``, ``.rejections``, ``.scores()``,
+  ``.node_cost``), ``choose(evaluation, position, pod_uid, pod) -> Placement |
+  None``, ``InferenceContext(planner, profiles)`` with ``planner`` a ``PlannerFn``
+  (``planner.plan_gpu``: ``GpuPlan | Infeasible``).
 
 Inference pods without ``tandem.io/slo-ms``/``rate-rps`` are best-effort sessions
 (``JobDemand.best_effort``, ``Placement.best_effort``): they go only to serving or
@@ -30,11 +36,19 @@ The rule combining reservations with observed NVML load is documented in
 ``extender.core.cost``: per GPU, ``max(sum of reservations, fresh observation +
 reservations placed after it)``. The co-location throughput rule
 (``CostPolicy.min_colocation_gain_percent``, reason ``COLOCATION_SLOWDOWN``) is
-documented in ``extender.core.decide``.
+documented in ``extender.core.rules``.
 """
 
 from extender.core.cost import CostPolicy, InterferenceCurve
-from extender.core.decide import Evaluation, InferenceContext, choose, evaluate
+from extender.core.decide import (
+    DecisionContext,
+    Evaluation,
+    InferenceContext,
+    PlannerFn,
+    Purpose,
+    choose,
+    evaluate,
+)
 from extender.core.demand import (
     DemandError,
     DemandUnavailable,
@@ -52,8 +66,11 @@ from extender.core.reasons import Reason, Rejection, is_unresolvable
 from extender.core.snapshot import (
     GpuObservation,
     GpuSpec,
+    GpuUuid,
+    NodeName,
     NodeSpec,
     Placement,
+    PodUid,
     SessionSpec,
     Workload,
     gpu_type_of,
@@ -61,10 +78,11 @@ from extender.core.snapshot import (
 from extender.core.table import GpuTable, PlacementError, Role
 
 __all__ = [
-    "CostPolicy", "DemandError", "DemandUnavailable", "Evaluation", "GpuObservation", "GpuSpec",
-    "GpuTable", "InferenceContext", "InterferenceCurve", "JobDemand", "NodeSpec", "Placement",
-    "PlacementError", "PodRef", "ProfileIndex", "Reason", "Rejection", "ResolvedDemand", "Role",
-    "SessionSpec",
+    "CostPolicy", "DecisionContext", "DemandError", "DemandUnavailable", "Evaluation",
+    "GpuObservation", "GpuSpec", "GpuTable", "GpuUuid", "InferenceContext", "InterferenceCurve",
+    "JobDemand", "NodeName", "NodeSpec", "Placement", "PlacementError", "PlannerFn", "PodRef",
+    "PodUid", "ProfileIndex", "Purpose",
+    "Reason", "Rejection", "ResolvedDemand", "Role", "SessionSpec",
     "TypeDemand", "Workload", "annotations_of", "choose", "evaluate", "gpu_type_of",
     "is_unresolvable", "parse_demand", "pod_ref", "resolve_demand",
 ]

@@ -8,46 +8,13 @@ when it fits) and its Horus cost; a node is feasible when at least
 ``gpu_count`` GPUs (ties broken by GPU row, i.e. node order then GPU index, so
 replays are reproducible). Asking about one node is the same call with one name.
 
-Hard constraints, in the order they are checked per GPU (first one wins):
-demand unknown for the GPU type; GPU memory smaller than the job; SLO
-unreachable on an empty GPU of that type; GPU already serving the other workload
-kind; not enough free memory (``capacity`` minus the load rule of
-:mod:`extender.core.cost`, ``max(reserved, fresh observed + reserved since)``);
-co-location limit; for training jobs with ``min_colocation_gain_percent`` set,
-the co-location throughput rule below; for SLO sessions, the GPU's duty cycle
-cannot absorb the session; for best-effort sessions, the GPU's SLO sessions
-leave no more than ``min_best_effort_slack_percent`` of the duty cycle idle.
-
-**Co-location throughput rule** (tandem's default; off in the Horus policy).
-Horus only *ranks* GPUs by interference cost, so once every GPU is busy it keeps
-co-locating even when over-commitment makes the jobs run slower together than
-one after another. With training pods on a GPU whose curve predicts each to run
-``s(u) = 1 + f(u)`` times slower at cumulative utilisation ``u`` (1 when alone),
-a pod spanning ``w`` GPUs moves at the pace of its slowest GPU, so the GPU
-advances ``W / s(u)`` GPU-seconds of work per second, ``W`` the summed GPU
-counts of its pods. A new pod of utilisation ``j`` may join only if that rate
-grows by more than the margin ``g`` (the newcomer counts 1 per GPU: each of its
-GPUs answers for its own share)::
-
-    (W + 1) / s(u + j)  >  (1 + g) * W / s(u)          (idle GPUs always pass)
-
-For two single-GPU jobs with ``g = 0`` this is the break-even ``1/s + 1/s > 1``:
-co-locate only if it beats running the two in turn. Weighting by GPU count keeps
-small jobs from stalling a wide gang (the simulator's production trace showed
-16-GPU jobs slowed 1.8x by co-runners on one of their GPUs); pods of one job are
-not linked in the table, so a gang of several pods counts per pod. The margin
-absorbs prediction error (Horus's utilisation predictor has an RMSLE of 0.13)
-and curve fit error. ``max_colocated_util_percent``, when set, also caps a
-shared GPU's cumulative predicted utilisation, under the same reason.
-
-A GPU that fails is rejected with the *resolvable* reason
-``COLOCATION_SLOWDOWN``: the pod waits for a freed GPU instead of starting
-slower. DESIGN scores utilisation instead of filtering it because a filtered pod
-waits for a requeue. Here that wait is bounded: what makes the rule pass again
-is a job leaving the GPU, i.e. a pod completing or being deleted, which is a
-cluster event that moves pending pods back to the active queue (and
-kube-scheduler retries unschedulable pods periodically anyway). Utilisation that
-passes the rule is still only scored.
+The per-GPU hard constraints and the co-location throughput rule are
+:mod:`extender.core.rules`; after them come the session rules, which need the
+planner: for an SLO session, the GPU's duty cycle with the session added must
+plan (``SLO_UNREACHABLE`` on a GPU without sessions: the SLO cannot be met on
+that type at all; ``SLO_INFEASIBLE`` otherwise); for a best-effort session, the
+GPU's SLO sessions must leave more than ``min_best_effort_slack_percent`` of the
+duty cycle idle.
 
 Costs (lower is better). Training: Horus Eq. 7. SLO session: best fit, ``1 -
 occupancy`` of the duty cycle with the session added. Best-effort session:
@@ -60,32 +27,32 @@ session's predicted utilisation is ``min(its demand, 100 * that share)`` at bind
 later best-effort arrivals shrink its share without rewriting its annotation, so
 a serving GPU's summed prediction may exceed 100%: read it as demand, as on
 training GPUs.
+
+The planner is a seam (:class:`PlannerFn`): ``planner.plan_gpu`` in production,
+anything with its signature in tests. Its answer is a ``GpuPlan`` or an
+``Infeasible`` value, told apart with ``isinstance``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import enum
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from extender.core.cost import (
-    CostPolicy,
-    colocation_gain,
-    curve_coefficients,
-    effective_load,
-    horus_cost,
-    scores_from_costs,
-)
+from extender.core.cost import CostPolicy, horus_cost, scores_from_costs
 from extender.core.demand import ResolvedDemand
 from extender.core.reasons import REASON_BY_CODE, Reason, Rejection, is_unresolvable
-from extender.core.snapshot import Placement, SessionSpec, Workload
+from extender.core.rules import GpuLoad, colocation_rule_on, first_reasons, gpu_checks
+from extender.core.snapshot import NodeName, Placement, PodUid, SessionSpec, Workload
 from extender.core.table import GpuTable
+from planner.types import GpuPlan, Infeasible
 
-PlannerFn = Callable[[Sequence[SessionSpec], Mapping[tuple[str, str], Any], str, float], Any]
-"""``plan_gpu(sessions, profiles, gpu_type, memory_mib) -> GpuPlan | Infeasible``."""
+if TYPE_CHECKING:
+    from planner.duty_cycle import Profiles
 
 _K = len(REASON_BY_CODE)
 _RESOLVABLE_CODES = np.array(
@@ -93,28 +60,59 @@ _RESOLVABLE_CODES = np.array(
 )
 
 
+class PlannerFn(Protocol):
+    """The planner seam: ``planner.plan_gpu`` or anything with its signature."""
+
+    def __call__(self, sessions: Sequence[SessionSpec], profiles: Profiles, gpu_type: str,
+                 memory_mib: float, /) -> GpuPlan | Infeasible:
+        """The duty cycle of ``sessions`` sharing one GPU, or why they cannot."""
+        ...
+
+
 @dataclass(frozen=True)
 class InferenceContext:
     """What SLO feasibility needs: the planner function and batching profiles."""
 
     planner: PlannerFn
-    profiles: Mapping[tuple[str, str], Any]
+    profiles: Profiles
 
 
-def is_plan(result: Any) -> bool:
-    """True for a planner ``GpuPlan`` (duck-typed), False for ``Infeasible``."""
-    return hasattr(result, "duty_cycle_ms") and hasattr(result, "occupancy")
+@dataclass(frozen=True)
+class DecisionContext:
+    """What a decision depends on besides the table and the pod: policy, clock, planner."""
+
+    policy: CostPolicy
+    now_seconds: float
+    """The clock the table's observations are stamped with (freshness of agent reports)."""
+    inference: InferenceContext | None = None
+    """None: inference sessions are rejected as SLO unreachable (no planner)."""
 
 
-def session_util_percent(plan: Any, session: SessionSpec) -> float:
+class Purpose(enum.Enum):
+    """What the caller needs from :func:`evaluate`; each skips work the others need."""
+
+    FILTER = "filter"
+    """Feasibility and rejections; the Horus cost of training jobs is skipped (node cost 0)."""
+    SCORE = "score"
+    """Feasibility, rejections and costs (``/prioritize``, ``/bind``)."""
+    PLACE = "place"
+    """Feasibility and costs, no rejections (the simulator only needs the best node)."""
+
+
+def _plan(planner: PlannerFn, sessions: Sequence[SessionSpec], profiles: Profiles,
+          gpu_type: str, memory_mib: float) -> GpuPlan | Infeasible:
+    """Call the planner seam and hold it to its result type."""
+    result = planner(sessions, profiles, gpu_type, memory_mib)
+    if not isinstance(result, GpuPlan | Infeasible):
+        raise TypeError(f"planner returned {type(result).__name__}, "
+                        "expected planner.types.GpuPlan or Infeasible")
+    return result
+
+
+def session_util_percent(plan: GpuPlan, session: SessionSpec) -> float:
     """Share of the duty cycle the session's batches take, in percent."""
     busy = sum(a.batch_latency_ms for a in plan.allocations if a.session == session)
     return 100.0 * busy / plan.duty_cycle_ms if plan.duty_cycle_ms > 0 else 0.0
-
-
-def session_batch(plan: Any, session: SessionSpec) -> int:
-    """Batch size the plan gives the session (largest if split)."""
-    return max((a.batch for a in plan.allocations if a.session == session), default=0)
 
 
 @dataclass(frozen=True)
@@ -128,7 +126,7 @@ class Evaluation:
     selected_rows: np.ndarray
     selected_owner: np.ndarray
     table: GpuTable = field(repr=False)
-    plans: Mapping[int, Any] = field(default_factory=dict)
+    plans: Mapping[int, GpuPlan] = field(default_factory=dict)
     demand: ResolvedDemand | None = None
     shares: Mapping[int, float] = field(default_factory=dict)
     """Best-effort only: per feasible row, the share of the GPU (0..1) the session would get."""
@@ -156,23 +154,23 @@ class Evaluation:
         return sorted(self.selected_rows[self.selected_owner == position].tolist())
 
 
-def evaluate(
-    table: GpuTable,
-    names: Sequence[str],
-    demand: ResolvedDemand,
-    policy: CostPolicy,
-    now_seconds: float,
-    inference: InferenceContext | None = None,
-    with_costs: bool = True,
-    with_rejections: bool = True,
-) -> Evaluation:
-    """Check hard constraints and cost every GPU of every candidate node.
+@dataclass(frozen=True)
+class _SessionCosts:
+    """What the session rules found on the candidate rows."""
 
-    ``with_costs=False`` (filter) skips the Horus cost of training jobs: feasibility
-    does not depend on it. Node costs are then 0 for feasible nodes.
-    ``with_rejections=False`` (the simulator) leaves ``rejections`` empty: building a
-    reason per rejected node dominates a call that only needs the best node.
-    """
+    cost: np.ndarray
+    code: np.ndarray
+    """The rows' reason codes with the session rules' rejections added."""
+    plans: dict[int, GpuPlan] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+    """Per GPU type, why the planner refused (for the rejection's detail)."""
+    shares: dict[int, float] = field(default_factory=dict)
+
+
+def evaluate(table: GpuTable, names: Sequence[str], demand: ResolvedDemand,
+             context: DecisionContext, purpose: Purpose = Purpose.SCORE) -> Evaluation:
+    """Check hard constraints and cost every GPU of every candidate node (see :class:`Purpose`)."""
+    policy, now_seconds = context.policy, context.now_seconds
     need = demand.job.gpu_count
     positions = len(names)
     # map() over dict.get keeps the per-name lookup in C (500 names per call).
@@ -192,52 +190,28 @@ def evaluate(
     # Rows whose demand is unknown are rejected first, so the other rules may read 0 there.
     known_by_type = by_type if np.isfinite(by_type).all() else np.nan_to_num(by_type)
     job_util, job_mem = _per_row(known_by_type[0], tid), _per_row(known_by_type[1], tid)
-    capacity = table.capacity_mib[rows]
-    used_mib = effective_load(table.reserved_mib[rows], table.observed_mib[rows],
-                              table.observed_at[rows], now_seconds, policy.staleness_seconds,
-                              table.since_mib[rows])
 
     inferring = demand.job.workload is Workload.INFERENCE
-    other = table.training_count if inferring else table.serving_count
-    checks = [  # hard constraints in precedence order: a GPU's code is the first that holds
-        (unknown, Reason.DEMAND_UNKNOWN),
-        (capacity < job_mem, Reason.GPU_MEMORY_TOO_SMALL),
-        (other[rows] > 0, Reason.WORKLOAD_CONFLICT),
-        (capacity - used_mib < job_mem, Reason.INSUFFICIENT_GPU_MEMORY),
-        (table.pod_count[rows] >= policy.max_pods_per_gpu, Reason.COLOCATION_LIMIT),
-    ]
-    training_costs = not inferring and with_costs
-    gain_rule = not inferring and (policy.min_colocation_gain_percent is not None
-                                   or policy.max_colocated_util_percent is not None)
-    if training_costs or gain_rule:
-        util_now = effective_load(table.reserved_util[rows], table.observed_util[rows],
-                                  table.observed_at[rows], now_seconds, policy.staleness_seconds,
-                                  table.since_util[rows])
-        per_type = curve_coefficients(policy, table.type_names)
-        coeffs = per_type if tid is None else per_type[tid]
-    if gain_rule:
-        sharing = table.training_count[rows]
-        if policy.min_colocation_gain_percent is not None:
-            gain = colocation_gain(util_now, job_util, sharing, coeffs, table.training_width[rows])
-            checks.append((gain <= policy.min_colocation_gain_percent / 100.0,
-                           Reason.COLOCATION_SLOWDOWN))
-        if policy.max_colocated_util_percent is not None:
-            over = util_now + job_util > policy.max_colocated_util_percent
-            checks.append(((sharing > 0) & over, Reason.COLOCATION_SLOWDOWN))
-    code = _first_reasons(checks, rows.size)
+    training_costs = not inferring and purpose is not Purpose.FILTER
+    load = GpuLoad.read(table, rows, policy, now_seconds, with_util=training_costs or (
+        not inferring and colocation_rule_on(policy)))
+    code = first_reasons(gpu_checks(load, policy, inferring, job_util, job_mem, unknown),
+                         rows.size)
 
-    plans: dict[int, Any] = {}
-    notes = {t: f"demand unknown: {why}" for t, why in demand.gaps.items()}
-    shares: dict[int, float] = {}
-    if inferring and demand.job.best_effort:
-        cost = _best_effort_costs(table, rows, code, demand, inference, plans, notes, shares,
-                                  policy.min_best_effort_slack_percent / 100.0)
-    elif inferring:
-        cost = _inference_costs(table, rows, code, demand, inference, plans, notes)
-    elif not with_costs:
-        cost = np.zeros(rows.size)
+    gaps = {t: f"demand unknown: {why}" for t, why in demand.gaps.items()}
+    if inferring:
+        found = (_best_effort_costs(table, rows, code, demand, context) if demand.job.best_effort
+                 else _inference_costs(table, rows, code, demand, context.inference))
+        code, cost, plans, shares = found.code, found.cost, found.plans, found.shares
+        notes = {**found.notes, **gaps}  # an unknown demand explains a type before the planner
     else:
-        cost = horus_cost(policy, used_mib, job_mem, capacity, util_now, job_util, coeffs)
+        plans, shares, notes = {}, {}, gaps
+        if training_costs:
+            assert load.util_now is not None and load.coeffs is not None
+            cost = horus_cost(policy, load.used_mib, job_mem, load.capacity_mib, load.util_now,
+                              job_util, load.coeffs)
+        else:
+            cost = np.zeros(rows.size)
     cost = np.where(code == 0, cost, np.inf)
 
     ok_count = np.bincount(owner[code == 0], minlength=positions)
@@ -246,8 +220,8 @@ def evaluate(
                             minlength=positions) / max(need, 1)
     node_cost = np.where(ok_count >= need, node_cost, np.inf)
 
-    rejections = _rejections(table, names, ids, rows, owner, code, used_mib, demand, node_cost,
-                             notes) if with_rejections else {}
+    rejections = {} if purpose is Purpose.PLACE else _rejections(
+        table, names, ids, rows, owner, code, load.free_mib, demand, node_cost, notes)
     return Evaluation(tuple(names), node_cost, rejections, rows[sel], owner[sel], table, plans,
                       demand, shares)
 
@@ -264,22 +238,6 @@ def _candidate_rows(table: GpuTable, ids: np.ndarray) -> tuple[np.ndarray, np.nd
 def _per_row(by_type: np.ndarray, tid: np.ndarray | None) -> np.ndarray:
     """A per-type-id value per row; with one type (``tid`` None) the shape-(1,) array itself."""
     return by_type if tid is None else by_type[tid]
-
-
-def _first_reasons(checks: Sequence[tuple[np.ndarray, Reason]], size: int) -> np.ndarray:
-    """Per row, the code of the first check that holds (0 when none does).
-
-    Assigned in reverse so that earlier checks overwrite later ones: one masked store
-    per check instead of a test against the codes so far. A shape-(1,) mask (one GPU
-    type, see ``_per_row``) holds for every row or for none.
-    """
-    code = np.zeros(size, dtype=np.int64)
-    for mask, reason in reversed(checks):
-        if mask.shape == code.shape:
-            code[mask] = reason.code
-        elif mask.any():
-            code[:] = reason.code
-    return code
 
 
 def _best_gpus(owner: np.ndarray, rows: np.ndarray, cost: np.ndarray, need: int,
@@ -317,43 +275,47 @@ def _best_gpus(owner: np.ndarray, rows: np.ndarray, cost: np.ndarray, need: int,
 
 def _inference_costs(
     table: GpuTable, rows: np.ndarray, code: np.ndarray, demand: ResolvedDemand,
-    inference: InferenceContext | None, plans: dict[int, Any], notes: dict[str, str],
-) -> np.ndarray:
+    inference: InferenceContext | None,
+) -> _SessionCosts:
     """Best fit: cost = 1 - occupancy of the GPU's duty cycle with the session added."""
     cost = np.full(rows.size, np.inf)
+    code = code.copy()
     session = demand.session
     if inference is None or session is None:
         code[code == 0] = Reason.SLO_UNREACHABLE.code
-        return cost
-    cache: dict[tuple[str, tuple[SessionSpec, ...], float], Any] = {}
+        return _SessionCosts(cost, code)
+    plans: dict[int, GpuPlan] = {}
+    notes: dict[str, str] = {}
+    cache: dict[tuple[str, tuple[SessionSpec, ...], float], GpuPlan | Infeasible] = {}
     for i in np.flatnonzero(code == 0).tolist():
         row = int(rows[i])
         existing = table.sessions.get(row, ())
         gpu_type = table.type_names[table.type_id[row]]
         key = (gpu_type, existing, float(table.capacity_mib[row]))
         if key not in cache:
-            cache[key] = inference.planner((*existing, session), inference.profiles, gpu_type,
-                                           float(table.capacity_mib[row]))
+            cache[key] = _plan(inference.planner, (*existing, session), inference.profiles,
+                               gpu_type, float(table.capacity_mib[row]))
         plan = cache[key]
-        if is_plan(plan):
+        if isinstance(plan, GpuPlan):
             plans[row] = plan
             cost[i] = 1.0 - float(plan.occupancy)
         else:
             code[i] = (Reason.SLO_INFEASIBLE if existing else Reason.SLO_UNREACHABLE).code
-            message = getattr(plan, "message", None)
-            notes.setdefault(gpu_type, message() if callable(message) else str(plan))
-    return cost
+            notes.setdefault(gpu_type, plan.message())
+    return _SessionCosts(cost, code, plans, notes)
 
 
 def _best_effort_costs(
     table: GpuTable, rows: np.ndarray, code: np.ndarray, demand: ResolvedDemand,
-    inference: InferenceContext | None, plans: dict[int, Any], notes: dict[str, str],
-    shares: dict[int, float], min_slack: float,
-) -> np.ndarray:
+    context: DecisionContext,
+) -> _SessionCosts:
     """Spread: cost = 1 - the share of the GPU's slack the session would get (module doc)."""
+    inference = context.inference
+    min_slack = context.policy.min_best_effort_slack_percent / 100.0
     occupancy = np.zeros(rows.size)
+    plans: dict[int, GpuPlan] = {}
     unknown: dict[str, str] = {}
-    cache: dict[tuple[str, tuple[SessionSpec, ...], float], Any] = {}
+    cache: dict[tuple[str, tuple[SessionSpec, ...], float], GpuPlan | Infeasible] = {}
     for i in np.flatnonzero(code == 0).tolist():
         row = int(rows[i])
         existing = table.sessions.get(row)
@@ -366,10 +328,10 @@ def _best_effort_costs(
             continue
         key = (gpu_type, existing, float(table.capacity_mib[row]))
         if key not in cache:
-            cache[key] = inference.planner(existing, inference.profiles, gpu_type,
-                                           float(table.capacity_mib[row]))
+            cache[key] = _plan(inference.planner, existing, inference.profiles, gpu_type,
+                               float(table.capacity_mib[row]))
         plan = cache[key]
-        if is_plan(plan):
+        if isinstance(plan, GpuPlan):
             plans[row] = plan
             occupancy[i] = float(plan.occupancy)
         else:  # profiles changed since the sessions were placed: promise nothing more
@@ -381,21 +343,21 @@ def _best_effort_costs(
     for i in np.flatnonzero(starved).tolist():
         gpu_type = table.type_names[table.type_id[rows[i]]]
         best_slack[gpu_type] = max(float(slack[i]), best_slack.get(gpu_type, 0.0))
-    for gpu_type, most in best_slack.items():
-        notes.setdefault(gpu_type, unknown.get(gpu_type) or (
-            f"SLO sessions leave at most {100 * most:.0f}% of the duty cycle idle; "
-            f"best effort needs more than {100 * min_slack:.0f}%"))
-    code[starved] = Reason.NO_BEST_EFFORT_SLACK.code
+    notes = {gpu_type: unknown.get(gpu_type) or (
+        f"SLO sessions leave at most {100 * most:.0f}% of the duty cycle idle; "
+        f"best effort needs more than {100 * min_slack:.0f}%")
+        for gpu_type, most in best_slack.items()}
+    code = np.where(starved, Reason.NO_BEST_EFFORT_SLACK.code, code)
     weight = float(demand.job.share_weight)
     share = slack * weight / (table.best_effort_weight[rows] + weight)
     ok = np.flatnonzero(code == 0)
-    shares.update(zip(rows[ok].tolist(), share[ok].tolist(), strict=True))
-    return np.where(code == 0, 1.0 - share, np.inf)
+    shares = dict(zip(rows[ok].tolist(), share[ok].tolist(), strict=True))
+    return _SessionCosts(np.where(code == 0, 1.0 - share, np.inf), code, plans, notes, shares)
 
 
 def _rejections(
     table: GpuTable, names: Sequence[str], ids: np.ndarray, rows: np.ndarray, owner: np.ndarray,
-    code: np.ndarray, used_mib: np.ndarray, demand: ResolvedDemand, node_cost: np.ndarray,
+    code: np.ndarray, free_mib: np.ndarray, demand: ResolvedDemand, node_cost: np.ndarray,
     notes: Mapping[str, str],
 ) -> dict[str, Rejection]:
     bad = np.flatnonzero(~np.isfinite(node_cost))
@@ -405,7 +367,7 @@ def _rejections(
     need = demand.job.gpu_count
     counts = np.bincount(owner * _K + code, minlength=positions * _K).reshape(positions, _K)
     free = np.full(positions, -np.inf)
-    np.maximum.at(free, owner, table.capacity_mib[rows] - used_mib)
+    np.maximum.at(free, owner, free_mib)
     total = counts.sum(axis=1)
     fixable = counts[:, _RESOLVABLE_CODES].sum(axis=1)
     job_mib = max((t.mem_mib for t in demand.by_type.values()), default=0.0)
@@ -457,7 +419,7 @@ def choose(evaluation: Evaluation, position: int, pod_uid: str, pod: str) -> Pla
         # What quanta would give it now: its share of the slack, never more than it uses.
         util = min(util, 100.0 * evaluation.shares.get(rows[0], 0.0))
     return Placement(
-        pod_uid=pod_uid, pod=pod, node=node,
+        pod_uid=PodUid(pod_uid), pod=pod, node=NodeName(node),
         gpu_indices=tuple(table.gpus[r].index for r in rows),
         util_percent=util, mem_mib=type_demand.mem_mib,
         workload=demand.job.workload, session=session, weight=demand.job.share_weight,

@@ -15,8 +15,11 @@ from typing import NewType
 from planner.types import SessionSpec
 
 NodeName = NewType("NodeName", str)
+"""A Kubernetes node's name."""
 PodUid = NewType("PodUid", str)
+"""A pod's ``metadata.uid`` (names are reused across pods; uids are not)."""
 GpuUuid = NewType("GpuUuid", str)
+"""A GPU's NVML UUID (``GPU-...``), what ``tandem.io/gpu-uuid`` and the device plugin carry."""
 
 
 class Workload(enum.Enum):
@@ -36,7 +39,7 @@ class GpuSpec:
     """One physical GPU: its index on the node, uuid, product name and memory."""
 
     index: int
-    uuid: str
+    uuid: GpuUuid
     product: str
     memory_mib: float
 
@@ -50,7 +53,7 @@ class GpuSpec:
 class NodeSpec:
     """A node and its GPU inventory (empty when unknown)."""
 
-    name: str
+    name: NodeName
     gpus: tuple[GpuSpec, ...]
 
 
@@ -58,10 +61,10 @@ class NodeSpec:
 class Placement:
     """A pod placed (or assumed) on GPUs of one node, with its per-GPU demand."""
 
-    pod_uid: str
+    pod_uid: PodUid
     pod: str
     """``namespace/name``, for humans."""
-    node: str
+    node: NodeName
     gpu_indices: tuple[int, ...]
     util_percent: float
     mem_mib: float

@@ -34,7 +34,6 @@ from extender.core.snapshot import (
     Placement,
     SessionSpec,
     Workload,
-    gpu_type_of,
 )
 
 
@@ -44,9 +43,6 @@ class Role(enum.IntEnum):
     IDLE = 0
     TRAINING = 1
     SERVING = 2
-
-
-ROLE_OF = {Workload.TRAINING: Role.TRAINING, Workload.INFERENCE: Role.SERVING}
 
 
 class PlacementError(ValueError):
@@ -265,16 +261,3 @@ class GpuTable:
         offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
         return starts[owner] + offsets, owner
 
-
-def nodes_of(table: GpuTable) -> list[NodeSpec]:
-    """The inventory a table was built from (for rebuilding with a changed node set)."""
-    return [
-        NodeSpec(name, tuple(table.gpus[r] for r in table.node_rows(name)))
-        for name in table.node_names
-    ]
-
-
-def gpu_type_index(table: GpuTable, product: str) -> int | None:
-    """Type id of ``product`` in ``table`` (None when no GPU of that type exists)."""
-    name = gpu_type_of(product)
-    return table.type_names.index(name) if name in table.type_names else None

@@ -18,26 +18,38 @@ Node choice, the one step kube-scheduler owns:
   the highest score; kube-scheduler breaks ties at random, the simulator on node
   order so that replays are exact.
 
-Before calling ``evaluate`` the adapter drops nodes that cannot host a task by a
-necessary condition that uses the core's own load rule and co-location rule
-(:func:`extender.core.cost.effective_load`, :func:`extender.core.cost.colocation_gain`):
-fewer than ``gpus_per_task`` GPUs with enough free memory under the co-location
-limit that the rule would let the job join. Such nodes would be
-rejected anyway; skipping them only saves building their rejection reasons.
+Before calling ``evaluate`` the adapter drops nodes by the core's own per-GPU rules
+(:mod:`extender.core.rules`), read for every GPU once per round (:class:`FreeView`):
+a node stays a candidate when at least ``gpus_per_task`` of its GPUs pass them,
+which is the core's own verdict on that node for one task. Skipping the others
+only saves building their rejection reasons; ``tests/test_simulator_prefilter.py``
+checks that no node the core would accept is dropped.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from extender.core import CostPolicy, JobDemand, Placement, choose, evaluate, resolve_demand
-from extender.core.cost import colocation_gain, curve_coefficients, effective_load
+from extender.core import (
+    CostPolicy,
+    DecisionContext,
+    JobDemand,
+    Placement,
+    Purpose,
+    choose,
+    evaluate,
+    resolve_demand,
+)
+from extender.core.rules import GpuLoad, colocation_rule_on, gpu_checks, passing
 from extender.core.table import GpuTable
 from extender.queue.fair import FairQueue, QueueConfig, QueueItem
 from extender.simulator.baselines import node_of_rows
 from extender.simulator.engine import JobRun, SchedulingContext
+
+_KNOWN = np.zeros(1, dtype=bool)  # the simulator asserts demand for every GPU type
+_ZERO = np.zeros(1)
 
 NODE_PICKS = ("cost", "score")
 
@@ -52,56 +64,49 @@ class HorusSettings:
 
 
 class FreeView:
-    """Free memory per GPU under the core's load rule, and which GPUs can take any pod.
+    """The core's per-GPU rules on every GPU of the table, read once per round.
 
-    Computed once per round and refreshed only after a placement changed the table,
-    so the β jobs a full cluster cannot take are turned away with a scalar compare.
+    :meth:`refresh` reads the load (:meth:`GpuLoad.read`) after a placement changed
+    the table; :meth:`candidate_nodes` then applies :func:`gpu_checks` for a job's
+    demand to every row. Because the rules are monotone in the demand, the verdict
+    for a job needing nothing (co-location rule left out: a looser bound, one curve
+    less per round) bounds every job: a GPU closed to it is closed to all, so the β
+    jobs a full cluster cannot take are turned away with a scalar compare.
     A job that failed marks a *failure point*: until the next refresh, any job needing
     at least as much memory, GPUs per task and GPUs (and, under the co-location
-    throughput rule, utilisation) is turned away without numpy.
+    throughput rule, utilisation) is turned away without numpy. For one-task jobs
+    that follows from the monotone rules; for gangs it is the simulator's assumption
+    that a job needing more of everything cannot start where a lighter one could not.
     """
 
     def __init__(self, table: GpuTable, node_of: np.ndarray, policy: CostPolicy, now_s: float):
         self.table, self.node_of, self.policy, self.now_s = table, node_of, policy, now_s
+        self.rule = colocation_rule_on(policy)
+        self._bound_policy = replace(policy, min_colocation_gain_percent=None,
+                                     max_colocated_util_percent=None) if self.rule else policy
         self.refresh()
 
     def refresh(self) -> None:
         """Recompute after the table changed."""
-        t = self.table
-        used = effective_load(t.reserved_mib, t.observed_mib, t.observed_at, self.now_s,
-                              self.policy.staleness_seconds, t.since_mib)
-        self.free = t.capacity_mib - used
-        self.open = (t.pod_count < self.policy.max_pods_per_gpu) & (t.serving_count == 0)
+        self.load = GpuLoad.read(self.table, slice(None), self.policy, self.now_s,
+                                 with_util=self.rule)
+        # The bound ignores the co-location rule: looser, but it costs one curve less per round.
+        self.open = passing(gpu_checks(self.load, self._bound_policy, False, _ZERO, _ZERO, _KNOWN),
+                            self.load.pod_count.size)
         self.open_count = int(self.open.sum())
-        self.max_free = float(self.free[self.open].max()) if self.open_count else -np.inf
+        self.max_free = float(self.load.free_mib[self.open].max()) if self.open_count else -np.inf
         self.failed: list[tuple[float, int, int, float]] = []
-        p = self.policy
-        self.rule = (p.min_colocation_gain_percent is not None
-                     or p.max_colocated_util_percent is not None)
-        if self.rule:  # the same inputs the core's co-location rule reads
-            self.util_now = effective_load(t.reserved_util, t.observed_util, t.observed_at,
-                                           self.now_s, p.staleness_seconds, t.since_util)
-            self.coeffs = curve_coefficients(p, t.type_names)[t.type_id]
 
-    def _rule_ok(self, util: float) -> np.ndarray:
-        """GPUs where the core's co-location rule would let a job of ``util`` join."""
-        t, p = self.table, self.policy
-        ok = np.ones(t.pod_count.size, dtype=bool)
-        if p.min_colocation_gain_percent is not None:
-            gain = colocation_gain(self.util_now, np.full(ok.size, util), t.training_count,
-                                   self.coeffs, t.training_width)
-            ok &= gain > p.min_colocation_gain_percent / 100.0
-        if p.max_colocated_util_percent is not None:
-            ok &= (t.training_count == 0) | (self.util_now + util
-                                              <= p.max_colocated_util_percent)
-        return ok
+    def passing(self, mem_mib: float, util_percent: float) -> np.ndarray:
+        """Rows where the core's hard constraints let one training pod of this demand in."""
+        checks = gpu_checks(self.load, self.policy, False, np.array([util_percent]),
+                            np.array([mem_mib]), _KNOWN)
+        return passing(checks, self.load.pod_count.size)
 
     def _util_key(self, run: JobRun) -> float:
         # With the co-location throughput rule a busier job can fail where a lighter one
         # fits, so utilisation joins the failure point; without it any utilisation fits.
-        rule = (self.policy.min_colocation_gain_percent is not None
-                or self.policy.max_colocated_util_percent is not None)
-        return run.pred_util if rule else 0.0
+        return run.pred_util if self.rule else 0.0
 
     def fails(self, run: JobRun) -> bool:
         """True when an earlier failure this round proves ``run`` cannot start either."""
@@ -115,13 +120,15 @@ class FreeView:
                             self._util_key(run)))
 
     def candidate_nodes(self, run: JobRun) -> list[str]:
-        """Nodes with at least ``gpus_per_task`` GPUs that could hold one task."""
-        if run.job.gpus > self.open_count or run.pred_mem > self.max_free:
+        """Nodes with at least ``gpus_per_task`` GPUs that pass the core's rules for ``run``.
+
+        Exactly the nodes where the core would accept one task: tasks of a gang may
+        share a GPU there, so the job's total GPU count does not cut the list.
+        """
+        if run.job.gpus_per_task > self.open_count or run.pred_mem > self.max_free:
             return []
-        ok = self.open & (self.free >= run.pred_mem)
-        if self.rule:
-            ok &= self._rule_ok(run.pred_util)
-        if int(ok.sum()) < run.job.gpus:
+        ok = self.passing(run.pred_mem, run.pred_util)
+        if int(ok.sum()) < run.job.gpus_per_task:  # no node can have enough: skip the bincount
             return []
         counts = np.bincount(self.node_of[ok], minlength=len(self.table.node_names))
         names = self.table.node_names
@@ -146,7 +153,8 @@ def place_with_core(view: FreeView, run: JobRun, settings: HorusSettings
             names = FreeView(work, view.node_of, settings.cost, now_s).candidate_nodes(run)
             if not names:
                 return None
-        ev = evaluate(work, names, demand, settings.cost, now_s, with_rejections=False)
+        ev = evaluate(work, names, demand, DecisionContext(settings.cost, now_s),
+                      Purpose.PLACE)
         if not ev.feasible.any():
             return None
         if settings.node_pick == "score":

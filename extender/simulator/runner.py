@@ -1,4 +1,4 @@
-"""Run one or several policies over the same trace and cluster."""
+"""Run one policy over a trace and a cluster (the simulator's entry point)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,3 @@ def simulate(jobs: Sequence[SimJob], nodes: Sequence[NodeSpec], policy: str,
     engine = Engine(nodes, jobs, make_policy(policy, options), config).run()
     return summarize(engine, policy)
 
-
-def compare(jobs: Sequence[SimJob], nodes: Sequence[NodeSpec], policies: Sequence[str],
-            options: PolicyOptions | None = None,
-            config: EngineConfig | None = None) -> dict[str, SimulationResult]:
-    """Every named policy on the same inputs (names validated before any run)."""
-    for name in policies:
-        make_policy(name, options)
-    return {name: simulate(jobs, nodes, name, options, config) for name in policies}
