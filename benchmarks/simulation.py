@@ -10,7 +10,7 @@ FIFO measured in the same run:
 - the simulator's speed: 10,000 jobs on 1,024 GPUs under the ``tandem`` policy.
 
 tandem's default (extender/default_config.yaml) adds the co-location throughput
-rule (``limits.min_colocation_gain_percent``, ``extender.core.decide``) to the
+rule (``limits.min_colocation_gain_percent``, ``extender.core.rules``) to the
 Horus cost; ``horus``/``horus-f`` keep the paper's behaviour. Each scenario
 reports tandem's rank among all policies on makespan and mean wait.
 

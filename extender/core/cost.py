@@ -65,7 +65,7 @@ class CostPolicy:
     """A serving GPU takes a best-effort session only if its SLO sessions leave more than
     this share of the duty cycle idle (0..100)."""
     min_colocation_gain_percent: float | None = None
-    """Throughput rule for training co-location (``extender.core.decide``): a GPU that
+    """Throughput rule for training co-location (``extender.core.rules``): a GPU that
     already runs training jobs takes another only if its predicted combined progress
     rate grows by more than this many percent. None = off (Horus: utilisation is only
     ranked). The extender's shipped config turns it on."""
