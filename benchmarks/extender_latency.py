@@ -1,28 +1,38 @@
-"""Extender latency through real HTTP to the cheroot server.
+"""Extender latency through real HTTP, on a simulated and a (fake) Kubernetes cluster.
 
-Simulated cluster: 1,000 nodes x 8 GPUs with 8,000 placed pods; each cycle sends
-500 candidate node names (nodeCacheCapable) to /filter, the survivors to
-/prioritize, and binds to the best node, like kube-scheduler. Prints one JSON
-object and writes benchmarks/results/extender_latency.json.
+1,000 nodes x 8 GPUs with 8,000 placed pods; each cycle sends 500 candidate node
+names (nodeCacheCapable) to /filter, the survivors to /prioritize, and binds to
+the best node, like kube-scheduler. Three extenders are measured in one run,
+interleaved, ``--repeats`` times each:
 
-The extender runs in its own (forked) process, as in production, and this
-process is the scheduler; ``--in-process`` serves from a thread of this process
-instead, where the client's and the server's threads hand the GIL to each other
+- ``sim``: tandem over its ``sim:`` cluster source (no API server);
+- ``kube``: tandem over its ``kube`` source, the official ``kubernetes`` client
+  talking real HTTP to ``fake_kube_api.py`` (list/watch, binding, events) in a
+  process of its own;
+- ``trivial``: ``trivial_extender.py`` (Flask on cheroot, GPU memory check only,
+  bind through the same client and fake API), the baseline a p99 is compared to.
+
+Prints one JSON object (per mode: p50/p99/mean per verb over all repeats, cycles/s
+per repeat and their median) and writes benchmarks/results/extender_latency.json.
+
+Each extender runs in its own (forked) process, as in production, and this
+process is the scheduler; ``--in-process`` serves ``sim`` from a thread of this
+process instead, where the client's and the server's threads hand the GIL to each other
 on every request. Either way most of a cycle is thread and process wake-ups, not
 decisions, so on a shared 2-core VM the figures move a lot from run to run (the
 separate process gave 185-450 cycles/s over 19 runs of the same code within 20
 minutes; ``state_build_seconds``, pure computation, moves with them): compare
-runs taken back to back. The load generator stays out of the measurement as far
-as it can: the pods and candidate lists are drawn before the clock starts (same
-random sequence as when they were drawn per cycle), and by default requests go
+modes of the same run, which is why they are interleaved. The load generator stays out of the
+measurement as far as it can: the pods and candidate lists are drawn before the clock starts
+(same random sequence as when they were drawn per cycle), and by default requests go
 over one keep-alive HTTP/1.1 socket with a minimal client (``--client raw``), because the standard
 library's ``http.client`` spends about 0.2 ms per request of its own on this
 machine (header parsing through ``email``), where kube-scheduler's Go client
 spends a few microseconds. ``--client http.client`` measures with it instead.
 Each cycle still encodes its requests and decodes the answers.
 
-    .venv/bin/python benchmarks/extender_latency.py [--cycles N] [--client raw|http.client]
-        [--in-process]
+    .venv/bin/python benchmarks/extender_latency.py [--cycles N] [--repeats N]
+        [--modes sim,kube,trivial] [--client raw|http.client] [--in-process]
 """
 
 from __future__ import annotations
@@ -35,24 +45,33 @@ import random
 import socket
 import statistics
 import time
+import traceback
 from collections.abc import Callable
 
 import _common
+from kubernetes import client
 
+from benchmarks import fake_kube_api, trivial_extender
 from extender.config import ConfigHolder, ExtenderConfig, load_config
 from extender.core import GpuSpec, NodeSpec
+from extender.kube import KubeSource
 from extender.routes import create_app
 from extender.server import start_background
 from extender.sim_cluster import SimSource
 
 NODES, GPUS, CANDIDATES = 1000, 8, 500
+GPU_PRODUCT, GPU_MIB = "NVIDIA-A100-SXM4-40GB", 40960
+MODES = ("sim", "kube", "trivial")
+GOALS = {"kube_bind_p50_ms": 2.0, "kube_cycles_per_second": 100.0, "p99_vs_trivial": 2.0}
+"""Issue goals: kube bind p50 and cycle rate, and every verb's p99 at most 2x trivial's."""
 
 
-def cluster(rng: random.Random) -> SimSource:
-    """1,000 x 8 A100-40GB with one placed training pod per GPU."""
-    nodes = [NodeSpec(f"node-{i:04d}", tuple(
-        GpuSpec(g, f"GPU-{i}-{g}", "NVIDIA-A100-SXM4-40GB", 40960) for g in range(GPUS)))
-        for i in range(NODES)]
+CONTAINER = {"name": "train", "image": "registry.example/train:1",
+             "resources": {"limits": {"tandem.io/gpu": "1"}}}
+
+
+def placed_pods(rng: random.Random) -> list[dict]:
+    """One placed training pod per GPU of the 1,000 x 8 A100-40GB cluster."""
     pods = []
     for i in range(NODES):
         for g in range(GPUS):
@@ -62,8 +81,38 @@ def cluster(rng: random.Random) -> SimSource:
                                           "tandem.io/predicted-gpu-util": str(rng.uniform(10, 70)),
                                           "tandem.io/predicted-gpu-mem-mib":
                                               str(rng.randrange(2000, 30000))}},
-                         "spec": {"nodeName": f"node-{i:04d}"}, "status": {"phase": "Running"}})
-    return SimSource(nodes, pods)
+                         "spec": {"nodeName": f"node-{i:04d}", "containers": [CONTAINER]},
+                         "status": {"phase": "Running"}})
+    return pods
+
+
+def node_names() -> list[str]:
+    """The cluster's node names."""
+    return [f"node-{i:04d}" for i in range(NODES)]
+
+
+def sim_source(placed: list[dict], jobs: list[tuple[dict, list[str]]]) -> SimSource:
+    """The cluster as a ``sim:`` source, with the jobs' pods created."""
+    nodes = [NodeSpec(name, tuple(GpuSpec(g, f"GPU-{i}-{g}", GPU_PRODUCT, GPU_MIB)
+                                  for g in range(GPUS))) for i, name in enumerate(node_names())]
+    source = SimSource(nodes, placed)
+    for pod, _ in jobs:  # the pods exist before the scheduler sees them
+        source.create_pod(pod)
+    return source
+
+
+def fake_api(placed: list[dict], jobs: list[tuple[dict, list[str]]]) -> fake_kube_api.FakeKubeApi:
+    """The cluster behind a fake API server: GFD-labelled nodes, placed and pending pods."""
+    labels = {"nvidia.com/gpu.count": str(GPUS), "nvidia.com/gpu.product": GPU_PRODUCT,
+              "nvidia.com/gpu.memory": str(GPU_MIB)}
+    nodes = [{"metadata": {"name": name, "labels": labels}} for name in node_names()]
+    pending = [{**pod, "status": {"phase": "Pending"}} for pod, _ in jobs]
+    return fake_kube_api.FakeKubeApi(nodes, placed + pending, record=False)
+
+
+def kube_client(port: int) -> client.CoreV1Api:
+    """The official client on the fake API server (built after fork: pools are per process)."""
+    return client.CoreV1Api(client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{port}")))
 
 
 class RawClient:
@@ -120,31 +169,33 @@ def workload(rng: random.Random, names: list[str], count: int) -> list[tuple[dic
 
 
 Serving = tuple[int, float, Callable[[], None]]
-"""(port, state build seconds, stop) of a started extender."""
+"""(port, build seconds, stop) of a started server."""
+Starter = Callable[[], tuple[int, Callable[[], None]]]
+"""Builds and starts a server in the calling process: (port, stop)."""
 
 
-def serve_in_child(cfg: ExtenderConfig, source: SimSource) -> Serving:
-    """Fork a process that builds the extender over ``source`` and serves it.
+def serve_in_child(start: Starter) -> Serving:
+    """Fork a process that runs ``start`` and serves until ``stop`` closes its pipe.
 
-    Returns (port, state build seconds, stop). The child serves until ``stop`` closes
-    the pipe it waits on, then stops its server and exits.
+    Returns (port, build seconds, stop); build seconds is how long ``start`` took
+    (for tandem: building the state, over HTTP from the API server in ``kube`` mode).
     """
     ready_r, ready_w = os.pipe()
     hold_r, hold_w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # child: the extender
+    if pid == 0:  # child: the server
         code = 1
         try:
             os.close(ready_r)
             os.close(hold_w)
-            start = time.perf_counter()
-            app = create_app(ConfigHolder(cfg), source)
-            build = time.perf_counter() - start
-            server = start_background(app, cfg.server, port=0)
-            os.write(ready_w, f"{server.port} {build}\n".encode())
+            begin = time.perf_counter()
+            port, stop = start()
+            os.write(ready_w, f"{port} {time.perf_counter() - begin}\n".encode())
             os.read(hold_r, 1)  # returns when the parent closes its end
-            server.stop()
+            stop()
             code = 0
+        except BaseException:
+            traceback.print_exc()  # os._exit below would swallow it
         finally:
             os._exit(code)
     os.close(ready_w)
@@ -158,13 +209,18 @@ def serve_in_child(cfg: ExtenderConfig, source: SimSource) -> Serving:
     return int(port), float(build), stop
 
 
-def serve_in_thread(cfg: ExtenderConfig, source: SimSource) -> Serving:
-    """The extender in a thread of this process: (port, state build seconds, stop)."""
-    start = time.perf_counter()
-    app = create_app(ConfigHolder(cfg), source)
-    build = time.perf_counter() - start
-    server = start_background(app, cfg.server, port=0)
-    return server.port, build, server.stop
+def tandem_starter(cfg: ExtenderConfig, source_factory: Callable[[], object]) -> Starter:
+    """Start tandem's app (over the source the factory builds) on its cheroot server."""
+    def start() -> tuple[int, Callable[[], None]]:
+        source = source_factory()
+        app = create_app(ConfigHolder(cfg), source)
+        server = start_background(app, cfg.server, port=0)
+
+        def stop() -> None:
+            server.stop()
+            source.stop()
+        return server.port, stop
+    return start
 
 
 def pct(values: list[float], q: float) -> float:
@@ -173,26 +229,10 @@ def pct(values: list[float], q: float) -> float:
     return round(1000 * ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))], 3)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--cycles", type=int, default=400)
-    parser.add_argument("--warmup", type=int, default=30)
-    parser.add_argument("--client", choices=("raw", "http.client"), default="raw",
-                        help="HTTP client of the load generator (module doc)")
-    parser.add_argument("--in-process", action="store_true",
-                        help="serve from a thread of the benchmark process (module doc)")
-    _common.add_out_option(parser, "extender_latency")
-    opts = parser.parse_args()
-    rng = random.Random(42)
-    cfg = load_config(None, environ={"TANDEM__LOGGING__LEVEL": "warning"})
-    source = cluster(rng)
-    names = [n.name for n in source.nodes]
-    jobs = workload(rng, names, opts.warmup + opts.cycles)
-    for pod, _ in jobs:  # the pods exist before the scheduler sees them
-        source.create_pod(pod)
-    port, build_seconds, stop = (serve_in_thread if opts.in_process else serve_in_child)(
-        cfg, source)
-    if opts.client == "raw":
+def run_cycles(port: int, jobs: list[tuple[dict, list[str]]], warmup: int, client_kind: str,
+               ) -> tuple[dict[str, list[float]], float, int]:
+    """Filter, prioritize, bind per job: (latencies per verb, cycles/s, binds succeeded)."""
+    if client_kind == "raw":
         raw = RawClient(port)
         send, close = raw.post, raw.close
     else:
@@ -210,7 +250,7 @@ def main() -> None:
     bound = 0
     cycle_start = None
     for c, (pod, cand) in enumerate(jobs):
-        if c == opts.warmup:
+        if c == warmup:
             cycle_start = time.perf_counter()
         t_f, filtered = post("/filter", {"Pod": pod, "NodeNames": cand})
         passed = filtered["NodeNames"]
@@ -218,27 +258,120 @@ def main() -> None:
         best = max(ranked, key=lambda h: h["Score"])["Host"]
         t_b, result = post("/bind", {"PodName": pod["metadata"]["name"], "PodNamespace": "bench",
                                      "PodUID": pod["metadata"]["uid"], "Node": best})
-        bound += result["Error"] == ""
-        if c >= opts.warmup:
+        bound += c >= warmup and result["Error"] == ""
+        if c >= warmup:
             lat["filter"].append(t_f)
             lat["prioritize"].append(t_p)
             lat["bind"].append(t_b)
     elapsed = time.perf_counter() - (cycle_start or time.perf_counter())
     close()
-    stop()
+    return lat, (len(jobs) - warmup) / elapsed, bound
+
+
+def run_mode(mode: str, cfg: ExtenderConfig, placed: list[dict],
+             jobs: list[tuple[dict, list[str]]], opts: argparse.Namespace,
+             ) -> tuple[dict[str, list[float]], float, int, float]:
+    """One measured run of one extender: (latencies, cycles/s, binds, build seconds)."""
+    stops = []
+    if mode == "sim":
+        source = sim_source(placed, jobs)
+        starter = tandem_starter(cfg, lambda: source)
+        if opts.in_process:
+            begin = time.perf_counter()
+            port, stop = starter()
+            serving = (port, time.perf_counter() - begin, stop)
+        else:
+            serving = serve_in_child(starter)
+    else:
+        api = fake_api(placed, jobs)
+        api_port, _, api_stop = serve_in_child(lambda: (api.start(), api.stop))
+        stops.append(api_stop)
+        if mode == "kube":
+            serving = serve_in_child(tandem_starter(cfg, lambda: KubeSource(kube_client(api_port))))
+        else:
+            serving = serve_in_child(lambda: trivial_extender.serve(
+                trivial_extender.create_trivial_app(kube_client(api_port)), cfg.server.threads))
+    port, build, stop = serving
+    stops.insert(0, stop)
+    try:
+        lat, rate, bound = run_cycles(port, jobs, opts.warmup, opts.client)
+    finally:
+        for stop in stops:
+            stop()
+    return lat, rate, bound, build
+
+
+def summary(runs: list[tuple[dict[str, list[float]], float, int, float]]) -> dict:
+    """Per verb percentiles over all repeats, cycles/s per repeat and their median."""
+    verbs = runs[0][0].keys()
+    pooled = {verb: [x for run in runs for x in run[0][verb]] for verb in verbs}
+    return {
+        "latency_ms": {verb: {"p50": pct(v, 50), "p99": pct(v, 99),
+                              "mean": round(1000 * statistics.fmean(v), 3)}
+                       for verb, v in pooled.items()},
+        "cycles_per_second": round(statistics.median(run[1] for run in runs), 1),
+        "cycles_per_second_runs": [round(run[1], 1) for run in runs],
+        "binds_succeeded": [run[2] for run in runs],
+        "state_build_seconds": [round(run[3], 3) for run in runs],
+    }
+
+
+def checks(modes: dict[str, dict]) -> dict:
+    """The issue's goals against this run (only for the modes measured)."""
+    out: dict[str, object] = {}
+    if "kube" in modes:
+        kube = modes["kube"]
+        out["kube_bind_p50_ms"] = kube["latency_ms"]["bind"]["p50"]
+        out["kube_cycles_per_second"] = kube["cycles_per_second"]
+        out["kube_bind_p50_ok"] = out["kube_bind_p50_ms"] <= GOALS["kube_bind_p50_ms"]
+        out["kube_cycles_ok"] = out["kube_cycles_per_second"] >= GOALS["kube_cycles_per_second"]
+    if "trivial" in modes:
+        base = modes["trivial"]["latency_ms"]
+        for mode in ("sim", "kube"):
+            if mode in modes:
+                ratios = {verb: round(v["p99"] / base[verb]["p99"], 2)
+                          for verb, v in modes[mode]["latency_ms"].items()}
+                out[f"{mode}_p99_vs_trivial"] = ratios
+                out[f"{mode}_p99_vs_trivial_ok"] = max(ratios.values()) <= GOALS["p99_vs_trivial"]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--cycles", type=int, default=400)
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="comma-separated subset of sim,kube,trivial (module doc)")
+    parser.add_argument("--client", choices=("raw", "http.client"), default="raw",
+                        help="HTTP client of the load generator (module doc)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="serve sim from a thread of the benchmark process (module doc)")
+    _common.add_out_option(parser, "extender_latency")
+    opts = parser.parse_args()
+    modes = [m for m in opts.modes.split(",") if m]
+    if not modes or set(modes) - set(MODES):
+        parser.error(f"--modes must be a non-empty subset of {','.join(MODES)}")
+    rng = random.Random(42)
+    cfg = load_config(None, environ={"TANDEM__LOGGING__LEVEL": "warning"})
+    placed = placed_pods(rng)
+    jobs = workload(rng, node_names(), opts.warmup + opts.cycles)
+    runs: dict[str, list] = {mode: [] for mode in modes}
+    for _ in range(opts.repeats):  # interleaved: load from elsewhere hits every mode alike
+        for mode in modes:
+            runs[mode].append(run_mode(mode, cfg, placed, jobs, opts))
+    results = {mode: summary(r) for mode, r in runs.items()}
     doc = {
         "benchmark": "extender_latency",
         "cluster": {"nodes": NODES, "gpus_per_node": GPUS, "placed_pods": NODES * GPUS,
                     "candidates_per_call": CANDIDATES},
-        "cycles": opts.cycles, "binds_succeeded": bound, "client": opts.client,
-        "server": "thread of the benchmark process" if opts.in_process else "own process",
-        "latency_ms": {verb: {"p50": pct(v, 50), "p99": pct(v, 99),
-                              "mean": round(1000 * statistics.fmean(v), 3)}
-                       for verb, v in lat.items()},
-        "cycles_per_second": round(opts.cycles / elapsed, 1),
-        "goals": {"p99_ms_per_verb": 3.0, "cycles_per_second": 300},
-        "state_build_seconds": round(build_seconds, 3),
-        **_common.context(("numpy", "flask", "cheroot")),
+        "cycles": opts.cycles, "repeats": opts.repeats, "client": opts.client,
+        "server": "own process per extender and for the fake API server"
+                  + ("; sim in a thread of the benchmark process" if opts.in_process else ""),
+        "modes": results,
+        "goals": {**GOALS, "sim_p99_ms_per_verb": 3.0, "sim_cycles_per_second": 300},
+        "checks": checks(results),
+        **_common.context(("numpy", "flask", "cheroot", "kubernetes", "urllib3")),
     }
     _common.write_result(doc, opts.out)
 

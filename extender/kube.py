@@ -7,16 +7,21 @@
   its index, which ``NVIDIA_VISIBLE_DEVICES`` accepts as well.
 - Placements are rebuilt from bound pods' ``tandem.io/*`` annotations on start
   (list), then kept fresh by watches; a watch that fails or expires (410) relists.
-- Bind patches the output annotations (with the pod UID as a precondition), then
-  creates ``pods/binding`` with the UID, so a recreated pod of the same name is
-  never bound by mistake. Events are posted by a background worker so the bind
-  path never waits on them.
+- Bind is one round trip: it creates ``pods/binding`` carrying the pod UID as a
+  precondition (a recreated pod of the same name is never bound by mistake) and
+  the output annotations, which the API server copies onto the pod in the same
+  update as ``nodeName``, so a bound pod always has its decision. Events are
+  posted by a background worker so the bind path never waits on them.
+- Reads and writes go through the official client with ``_preload_content=False``
+  and plain JSON: turning full Pod objects into client models and back costs more
+  than the rest of a bind (profiled), and nothing here needs the models.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import queue
 import threading
 from collections.abc import Callable, Mapping
@@ -34,6 +39,32 @@ GFD_PRODUCT = "nvidia.com/gpu.product"
 GFD_MEMORY = "nvidia.com/gpu.memory"
 COMPONENT = "tandem-extender"
 EVENT_QUEUE_LIMIT = 1000
+
+
+def _json(response: Any) -> Any:
+    """The body of a ``_preload_content=False`` answer as plain JSON; the connection goes back."""
+    try:
+        return json.loads(response.data)
+    finally:
+        response.release_conn()
+
+
+def _drain(response: Any) -> None:
+    """Read and drop an answer nobody needs, so its keep-alive connection can be reused."""
+    response.drain_conn()
+    response.release_conn()
+
+
+class PlainWatch(watch.Watch):
+    """A watch whose events carry plain JSON objects (no client models).
+
+    Unlike ``stream(..., deserialize=False)``, error events (410 Gone) still become
+    ``ApiException`` here, so an expired watch relists instead of retrying forever.
+    """
+
+    def get_return_type(self, func: Any) -> None:
+        """No model type: ``unmarshal_event`` then leaves the object as parsed JSON."""
+        return None
 
 
 def node_spec(node: Mapping[str, Any]) -> NodeSpec:
@@ -56,7 +87,7 @@ class KubeSource:
     """Nodes and pods from the API server; binds through ``pods/binding``."""
 
     def __init__(self, api: client.CoreV1Api,
-                 watch_factory: Callable[[], Any] = watch.Watch,
+                 watch_factory: Callable[[], Any] = PlainWatch,
                  watch_timeout_seconds: int = 300, background_events: bool = True):
         self.api = api
         self._watch_factory = watch_factory
@@ -64,7 +95,7 @@ class KubeSource:
         self._background_events = background_events
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._events: queue.Queue[client.CoreV1Event | None] = queue.Queue(EVENT_QUEUE_LIMIT)
+        self._events: queue.Queue[dict[str, Any] | None] = queue.Queue(EVENT_QUEUE_LIMIT)
         self._log = get_logger()
 
     @classmethod
@@ -79,18 +110,23 @@ class KubeSource:
     def _plain(self, obj: Any) -> dict[str, Any]:
         return self.api.api_client.sanitize_for_serialization(obj)
 
+    def _list(self, lister: Callable[..., Any], **kwargs: Any) -> tuple[list[Any], str]:
+        body = _json(lister(_preload_content=False, **kwargs))
+        return body.get("items") or [], str((body.get("metadata") or {}).get("resourceVersion"))
+
     # ---- sync and watch --------------------------------------------------------------
     def sync(self, state: Any) -> tuple[str, str]:
         """List nodes and bound pods into ``state``; returns (node, pod) resourceVersions."""
-        nodes = self.api.list_node()
-        state.set_nodes([node_spec(self._plain(n)) for n in nodes.items])
-        pods = self.api.list_pod_for_all_namespaces(field_selector="spec.nodeName!=")
-        for pod in pods.items:
-            placement = placement_from_pod(self._plain(pod))
+        nodes, node_rv = self._list(self.api.list_node)
+        state.set_nodes([node_spec(n) for n in nodes])
+        pods, pod_rv = self._list(self.api.list_pod_for_all_namespaces,
+                                  field_selector="spec.nodeName!=")
+        for pod in pods:
+            placement = placement_from_pod(pod)
             if placement is not None:
                 state.confirm(placement)
         state.synced = True
-        return nodes.metadata.resource_version, pods.metadata.resource_version
+        return node_rv, pod_rv
 
     def apply_node_event(self, state: Any, kind: str, node: Mapping[str, Any]) -> None:
         """Update the inventory from one watch event."""
@@ -170,38 +206,40 @@ class KubeSource:
     def read_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The pod as plain JSON, or None on 404."""
         try:
-            return self._plain(self.api.read_namespaced_pod(name, namespace))
+            return _json(self.api.read_namespaced_pod(name, namespace, _preload_content=False))
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
 
     def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> bool:
-        """Patch annotations (UID precondition), then create the binding; confirmation
-        arrives through the pod watch, so this returns False."""
-        self.api.patch_namespaced_pod(
-            pod.name, pod.namespace,
-            {"metadata": {"uid": pod.uid, "annotations": dict(annotations)}})
-        body = client.V1Binding(
-            metadata=client.V1ObjectMeta(name=pod.name, namespace=pod.namespace, uid=pod.uid),
-            target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
-        # _preload_content=False: the client cannot deserialise the Binding response
-        # (kubernetes-client/python#825) although the call succeeded.
-        self.api.create_namespaced_pod_binding(pod.name, pod.namespace, body,
-                                               _preload_content=False)
+        """Create the binding with the UID precondition and the annotations (one round trip);
+        confirmation arrives through the pod watch, so this returns False."""
+        if not pod.uid:
+            # without a UID the API server cannot tell a recreated pod from this one
+            raise ValueError(f"bind of {pod.key} needs the pod UID")
+        body = {"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid,
+                             "annotations": dict(annotations)},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        # _preload_content=False: the answer is a Status nobody reads (and the client cannot
+        # deserialise it as a Binding, kubernetes-client/python#825).
+        _drain(self.api.create_namespaced_pod_binding(pod.name, pod.namespace, body,
+                                                      _preload_content=False))
         return False
 
     def record_event(self, pod: PodRef, reason: str, message: str, warning: bool) -> None:
         """Queue an Event on the pod (dropped, with a log line, when the queue is full)."""
-        now = dt.datetime.now(dt.UTC)
-        event = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(generate_name=f"{pod.name}.", namespace=pod.namespace),
-            involved_object=client.V1ObjectReference(kind="Pod", api_version="v1",
-                                                     name=pod.name, namespace=pod.namespace,
-                                                     uid=pod.uid),
-            reason=reason, message=message[:1024], type="Warning" if warning else "Normal",
-            source=client.V1EventSource(component=COMPONENT), first_timestamp=now,
-            last_timestamp=now, count=1, reporting_component=COMPONENT)
+        now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
+            "involvedObject": {"kind": "Pod", "apiVersion": "v1", "name": pod.name,
+                               "namespace": pod.namespace, "uid": pod.uid},
+            "reason": reason, "message": message[:1024],
+            "type": "Warning" if warning else "Normal", "source": {"component": COMPONENT},
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+            "reportingComponent": COMPONENT}
         try:
             self._events.put_nowait(event)
         except queue.Full:
@@ -220,9 +258,10 @@ class KubeSource:
             self._post(event)
             posted += 1
 
-    def _post(self, event: client.CoreV1Event) -> None:
+    def _post(self, event: dict[str, Any]) -> None:
         try:
-            self.api.create_namespaced_event(event.metadata.namespace, event)
+            _drain(self.api.create_namespaced_event(event["metadata"]["namespace"], event,
+                                                    _preload_content=False))
         except ApiException as exc:
             self._log.warning("event not posted", extra={"error": str(exc.status)})
 

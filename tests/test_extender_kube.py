@@ -1,8 +1,11 @@
-"""The kube source with the client mocked at the CoreV1Api boundary (no cluster)."""
+"""The kube source over real HTTP: the official client against a fake API server on loopback."""
 
 from __future__ import annotations
 
-from unittest import mock
+import importlib.util
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from extender_builders import PodBuilder, demand, placement
@@ -11,29 +14,33 @@ from kubernetes.client.rest import ApiException
 
 from extender.config import ConfigHolder, build_config
 from extender.core import PodRef
-from extender.kube import KubeSource, node_spec
+from extender.kube import KubeSource, PlainWatch, node_spec
 from extender.routes import create_app
 
-
-def k8s_node(name, labels=None):
-    return client.V1Node(metadata=client.V1ObjectMeta(name=name, labels=labels or {}))
-
+_spec = importlib.util.spec_from_file_location(
+    "fake_kube_api", Path(__file__).resolve().parents[1] / "benchmarks" / "fake_kube_api.py")
+fake_kube_api = importlib.util.module_from_spec(_spec)
+sys.modules["fake_kube_api"] = fake_kube_api  # dataclasses look their module up by name
+_spec.loader.exec_module(fake_kube_api)
 
 GFD = {"nvidia.com/gpu.count": "2", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
        "nvidia.com/gpu.memory": "40960"}
+BOUND = {"tandem.io/gpu-index": "1", "tandem.io/predicted-gpu-util": "40.00",
+         "tandem.io/predicted-gpu-mem-mib": "30000"}
+DEMAND = {"tandem.io/gpu-util": "20", "tandem.io/gpu-mem-mib": "5000"}
+
+
+def k8s_node(name, labels=None):
+    return {"metadata": {"name": name, "labels": labels or {}}}
 
 
 def k8s_pod(name, uid, node=None, annotations=None, phase="Running", gpus="1"):
-    return client.V1Pod(
-        metadata=client.V1ObjectMeta(name=name, namespace="ml", uid=uid,
-                                     annotations=annotations or {}, resource_version="7"),
-        spec=client.V1PodSpec(node_name=node, containers=[client.V1Container(
-            name="c", resources=client.V1ResourceRequirements(limits={"tandem.io/gpu": gpus}))]),
-        status=client.V1PodStatus(phase=phase))
-
-
-BOUND = {"tandem.io/gpu-index": "1", "tandem.io/predicted-gpu-util": "40.00",
-         "tandem.io/predicted-gpu-mem-mib": "30000"}
+    spec = {"containers": [{"name": "c", "resources": {"limits": {"tandem.io/gpu": gpus}}}]}
+    if node:
+        spec["nodeName"] = node
+    return {"metadata": {"name": name, "namespace": "ml", "uid": uid,
+                         "annotations": annotations or {}},
+            "spec": spec, "status": {"phase": phase}}
 
 
 class StopWatch:
@@ -43,98 +50,148 @@ class StopWatch:
         return iter(())
 
 
-@pytest.fixture(scope="module")
-def _spec_api():
-    # autospeccing CoreV1Api (hundreds of methods) is slow: build it once per module
-    return mock.create_autospec(client.CoreV1Api, instance=True)
+@pytest.fixture
+def fake():
+    server = fake_kube_api.FakeKubeApi(
+        nodes=[k8s_node("gpu-1", GFD), k8s_node("cpu-1")],
+        pods=[k8s_pod("old", "uid-old", "gpu-1", BOUND),
+              k8s_pod("done", "uid-done", "gpu-1", BOUND, phase="Succeeded")])
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture
-def api(_spec_api):
-    api = _spec_api
-    api.reset_mock(return_value=True, side_effect=True)
-    api.api_client = client.ApiClient()
-    api.list_node.return_value = client.V1NodeList(
-        items=[k8s_node("gpu-1", GFD), k8s_node("cpu-1")],
-        metadata=client.V1ListMeta(resource_version="10"))
-    api.list_pod_for_all_namespaces.return_value = client.V1PodList(
-        items=[k8s_pod("old", "uid-old", "gpu-1", BOUND),
-               k8s_pod("done", "uid-done", "gpu-1", BOUND, phase="Succeeded")],
-        metadata=client.V1ListMeta(resource_version="20"))
-    return api
+def api(fake):
+    cfg = client.Configuration(host=fake.url)
+    with client.ApiClient(cfg) as api_client:
+        yield client.CoreV1Api(api_client)
+
+
+def make(api, watch_factory=StopWatch):
+    source = KubeSource(api, watch_factory=watch_factory, background_events=False)
+    app = create_app(ConfigHolder(build_config({})), source)
+    if watch_factory is StopWatch:
+        source.stop()
+    return app, source
+
+
+def calls(fake, method=None):
+    return [r for r in fake.requests if method is None or r.method == method]
+
+
+def bind(app, name="new", uid="uid-new", node="gpu-1"):
+    return app.test_client().post("/bind", json={"PodName": name, "PodNamespace": "ml",
+                                                 "PodUID": uid, "Node": node}).get_json()
+
+
+def filter_first(app, fake, name="new"):
+    """What kube-scheduler does before bind: filter sees the full pod (the demand is cached)."""
+    pod = fake.pod("ml", name)
+    r = app.test_client().post("/filter", json={"Pod": pod, "NodeNames": ["gpu-1"]})
+    assert r.get_json()["NodeNames"] == ["gpu-1"]
 
 
 @pytest.mark.parametrize(("labels", "gpus"), [
     (GFD, 2), ({}, 0), ({**GFD, "nvidia.com/gpu.count": "x"}, 0),
     ({**GFD, "nvidia.com/gpu.memory": "0"}, 0)], ids=["gfd", "none", "bad-count", "no-memory"])
 def test_node_inventory_from_gfd_labels(labels, gpus):
-    plain = client.ApiClient().sanitize_for_serialization(k8s_node("n", labels))
-    spec = node_spec(plain)
+    spec = node_spec(k8s_node("n", labels))
     assert len(spec.gpus) == gpus
     if gpus:
         assert spec.gpus[1].memory_mib == 40960 and spec.gpus[1].uuid == "1"
 
 
-def make(api):
-    source = KubeSource(api, watch_factory=StopWatch, background_events=False)
-    app = create_app(ConfigHolder(build_config({})), source)
-    source.stop()
-    return app, source
-
-
-def test_sync_rebuilds_placements_from_annotations(api):
+def test_sync_rebuilds_placements_from_annotations(api, fake):
     app, _ = make(api)
     state = app.test_client().get("/v1/state").get_json()
     gpus = state["nodes"]["gpu-1"]["gpus"]
     assert gpus[1]["reserved_mib"] == 30000 and gpus[0]["reserved_mib"] == 0
     assert state["nodes"]["cpu-1"]["gpus"] == [] and state["placed"] == 1
-    api.list_pod_for_all_namespaces.assert_called_with(field_selector="spec.nodeName!=")
+    pod_lists = [r for r in calls(fake, "GET") if r.path == "/api/v1/pods"]
+    assert pod_lists[0].query["fieldSelector"] == "spec.nodeName!="
 
 
-def test_bind_patches_with_uid_then_creates_binding(api):
+def test_bind_is_one_round_trip_with_uid_precondition_and_annotations(api, fake):
     app, source = make(api)
-    pod = k8s_pod("new", "uid-new", annotations={"tandem.io/gpu-util": "20",
-                                                 "tandem.io/gpu-mem-mib": "5000"})
-    api.read_namespaced_pod.return_value = pod
-    r = app.test_client().post("/bind", json={"PodName": "new", "PodNamespace": "ml",
-                                              "PodUID": "uid-new", "Node": "gpu-1"})
-    assert r.get_json() == {"Error": ""}
-    name, ns, patch = api.patch_namespaced_pod.call_args.args
-    assert (name, ns, patch["metadata"]["uid"]) == ("new", "ml", "uid-new")
-    assert patch["metadata"]["annotations"]["tandem.io/gpu-index"] == "0"  # GPU 1 is busier
-    _, _, body = api.create_namespaced_pod_binding.call_args.args
-    assert body.metadata.uid == "uid-new" and body.target.name == "gpu-1"
-    assert body.target.kind == "Node"
+    fake.put_pod(k8s_pod("new", "uid-new", annotations=DEMAND))
+    filter_first(app, fake)
+    fake.requests.clear()
+    assert bind(app) == {"Error": ""}
+    (request,) = fake.requests  # no GET, no PATCH: the binding carries everything
+    assert (request.method, request.path) == ("POST", "/api/v1/namespaces/ml/pods/new/binding")
+    assert request.body["metadata"]["uid"] == "uid-new"
+    assert request.body["target"] == {"apiVersion": "v1", "kind": "Node", "name": "gpu-1"}
+    annotations = request.body["metadata"]["annotations"]
+    assert annotations["tandem.io/gpu-index"] == "0"  # GPU 1 is busier
+    stored = fake.pod("ml", "new")
+    assert stored["spec"]["nodeName"] == "gpu-1"
+    assert stored["metadata"]["annotations"]["tandem.io/gpu-index"] == "0"
+    assert stored["metadata"]["annotations"]["tandem.io/gpu-util"] == "20"  # inputs kept
     # the placement is assumed until the watch confirms it
-    assert app.extensions["tandem"].state.view()["assumed"] == 1
-    source.apply_pod_event(app.extensions["tandem"].state, "MODIFIED",
-                           {"metadata": {"name": "new", "namespace": "ml", "uid": "uid-new",
-                                         "annotations": patch["metadata"]["annotations"]},
-                            "spec": {"nodeName": "gpu-1"}, "status": {"phase": "Pending"}})
-    view = app.extensions["tandem"].state.view()
-    assert (view["assumed"], view["placed"]) == (0, 2)
+    state = app.extensions["tandem"].state
+    assert state.view()["assumed"] == 1
+    source.apply_pod_event(state, "MODIFIED", stored)
+    assert (state.view()["assumed"], state.view()["placed"]) == (0, 2)
     assert source.drain_events() == 1
-    event = api.create_namespaced_event.call_args.args[1]
-    assert event.reason == "TandemBound" and event.involved_object.uid == "uid-new"
+    (event,) = fake.events
+    assert event["reason"] == "TandemBound" and event["involvedObject"]["uid"] == "uid-new"
+    assert event["metadata"]["name"].startswith("new.")
 
 
-def test_bind_api_failure_is_error_and_frees_capacity(api):
+def test_bind_without_cached_demand_reads_the_pod_once(api, fake):
+    app, _ = make(api)
+    fake.put_pod(k8s_pod("new", "uid-new", annotations=DEMAND))
+    fake.requests.clear()
+    assert bind(app) == {"Error": ""}
+    assert [(r.method, r.path.rsplit("/", 1)[1]) for r in fake.requests] == [
+        ("GET", "new"), ("POST", "binding")]
+
+
+def test_recreated_pod_is_not_bound_with_the_old_decision(api, fake):
     app, source = make(api)
-    api.read_namespaced_pod.return_value = k8s_pod(
-        "new", "uid-new", annotations={"tandem.io/gpu-util": "20", "tandem.io/gpu-mem-mib": "1"})
-    api.create_namespaced_pod_binding.side_effect = ApiException(status=409, reason="Conflict")
-    r = app.test_client().post("/bind", json={"PodName": "new", "PodNamespace": "ml",
-                                              "PodUID": "uid-new", "Node": "gpu-1"})
-    assert "Conflict" in r.get_json()["Error"]
+    fake.put_pod(k8s_pod("new", "uid-new", annotations=DEMAND))
+    filter_first(app, fake)
+    fake.delete_pod("ml", "new")
+    fake.put_pod(k8s_pod("new", "uid-other", annotations=DEMAND))
+    result = bind(app)  # the scheduler still holds the old pod's UID
+    assert "Precondition failed" in result["Error"]
+    assert "nodeName" not in fake.pod("ml", "new")["spec"]
+    assert "tandem.io/gpu-index" not in fake.pod("ml", "new")["metadata"]["annotations"]
+    assert app.extensions["tandem"].state.view()["assumed"] == 0  # capacity freed
+    source.drain_events()
+    assert fake.events[-1]["reason"] == "TandemBindFailed"
+
+
+def test_retried_bind_succeeds_without_a_second_booking(api, fake):
+    app, _ = make(api)
+    fake.put_pod(k8s_pod("new", "uid-new", annotations=DEMAND))
+    filter_first(app, fake)
+    assert bind(app) == {"Error": ""}
+    assert bind(app) == {"Error": ""}  # kube-scheduler retried after a timeout
+    bindings = [r for r in calls(fake, "POST") if r.path.endswith("/binding")]
+    assert len(bindings) == 1
+    view = app.extensions["tandem"].state.view()
+    assert view["assumed"] + view["placed"] == 2  # old + new, not new twice
+    assert "already bound" in bind(app, node="cpu-1")["Error"]
+
+
+def test_bind_api_failure_is_error_and_frees_capacity(api, fake):
+    app, source = make(api)
+    fake.put_pod(k8s_pod("new", "uid-new", annotations=DEMAND))
+    filter_first(app, fake)
+    fake.bind_pod("ml", "new", {"target": {"name": "cpu-1"}})  # someone else bound it
+    result = bind(app)
+    assert "Conflict" in result["Error"] and "already assigned" in result["Error"]
     assert app.extensions["tandem"].state.view()["assumed"] == 0
     source.drain_events()
-    assert api.create_namespaced_event.call_args.args[1].reason == "TandemBindFailed"
+    assert fake.events[-1]["reason"] == "TandemBindFailed"
 
 
 def test_read_pod_404_is_none(api):
     source = KubeSource(api, watch_factory=StopWatch, background_events=False)
-    api.read_namespaced_pod.side_effect = ApiException(status=404)
     assert source.read_pod("ml", "gone") is None
+    assert source.read_pod("ml", "old")["metadata"]["uid"] == "uid-old"
 
 
 @pytest.mark.parametrize(("kind", "phase", "placed"), [
@@ -143,9 +200,7 @@ def test_read_pod_404_is_none(api):
 def test_pod_events_forget_finished_pods(api, kind, phase, placed):
     app, source = make(api)
     state = app.extensions["tandem"].state
-    plain = client.ApiClient().sanitize_for_serialization(
-        k8s_pod("old", "uid-old", "gpu-1", BOUND, phase=phase))
-    source.apply_pod_event(state, kind, plain)
+    source.apply_pod_event(state, kind, k8s_pod("old", "uid-old", "gpu-1", BOUND, phase=phase))
     assert state.view()["placed"] == placed
 
 
@@ -163,23 +218,43 @@ def test_pending_pod_without_node_keeps_its_assumption(api):
 def test_node_events_update_inventory(api):
     app, source = make(api)
     state = app.extensions["tandem"].state
-    plain = client.ApiClient().sanitize_for_serialization(k8s_node("cpu-1", GFD))
-    source.apply_node_event(state, "MODIFIED", plain)
+    source.apply_node_event(state, "MODIFIED", k8s_node("cpu-1", GFD))
     assert len(state.view()["nodes"]["cpu-1"]["gpus"]) == 2
-    source.apply_node_event(state, "DELETED", plain)
+    source.apply_node_event(state, "DELETED", k8s_node("cpu-1", GFD))
     assert "cpu-1" not in state.view()["nodes"]
 
 
-def test_watch_stream_applies_events_then_relists_on_410(api):
-    events = [{"type": "ADDED", "object": k8s_node("gpu-2", GFD)}]
+def wait_for(predicate, seconds=5.0):
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
 
+
+def test_real_watches_confirm_binds_and_follow_nodes(api, fake):
+    app, source = make(api, PlainWatch)
+    try:
+        state = app.extensions["tandem"].state
+        fake.put_pod(k8s_pod("new", "uid-new", annotations=DEMAND))
+        filter_first(app, fake)
+        assert bind(app) == {"Error": ""}
+        wait_for(lambda: state.view()["assumed"] == 0 and state.view()["placed"] == 2)
+        fake.put_node(k8s_node("gpu-2", GFD))
+        wait_for(lambda: "gpu-2" in state.view()["nodes"])
+        fake.delete_pod("ml", "new")
+        wait_for(lambda: state.view()["placed"] == 1)
+    finally:
+        source.stop()
+
+
+def test_watch_expiry_relists(api, fake):
     class OneShot:
         calls = 0
 
         def stream(self, lister, **kw):
             OneShot.calls += 1
             if OneShot.calls == 1:
-                yield from events
+                yield {"type": "ADDED", "object": k8s_node("gpu-2", GFD)}
                 raise ApiException(status=410, reason="Gone")
             source.stop()
             return
@@ -190,13 +265,59 @@ def test_watch_stream_applies_events_then_relists_on_410(api):
     source.sync(state)
     source._stop.wait = lambda timeout: False  # no real backoff in tests
     source._watch(state, api.list_node, source.apply_node_event, "10")
-    assert api.list_node.call_count == 2  # initial sync + relist after 410
-    assert "gpu-2" not in state.view()["nodes"]  # the relist is the truth (mock has no gpu-2)
+    node_lists = [r for r in calls(fake, "GET") if r.path == "/api/v1/nodes"]
+    assert len(node_lists) == 2  # initial sync + relist after 410
+    assert "gpu-2" not in state.view()["nodes"]  # the relist is the truth (server has no gpu-2)
 
 
-def test_events_are_queued_not_blocking(api):
+def test_expired_plain_watch_raises_gone(api, fake):
+    fake.compact()  # the history the watch would resume from is gone
+    with pytest.raises(ApiException) as exc:
+        list(PlainWatch().stream(api.list_node, resource_version="1", timeout_seconds=5))
+    assert exc.value.status == 410
+
+
+def test_plain_watch_yields_json_objects(api, fake):
+    rv = fake.list_objects("nodes", "")["metadata"]["resourceVersion"]
+    fake.put_node(k8s_node("gpu-2", GFD))
+    events = list(PlainWatch().stream(api.list_node, resource_version=rv, timeout_seconds=1))
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "gpu-2")]
+    assert isinstance(events[0]["object"], dict)
+
+
+def test_bind_decides_again_on_fresh_state(api, fake):
+    app, source = make(api)
+    fake.put_pod(k8s_pod("new", "uid-new", annotations=DEMAND))
+    filter_first(app, fake)  # then, before bind, another pod fills GPU 0
+    full = {**BOUND, "tandem.io/gpu-index": "0", "tandem.io/predicted-gpu-mem-mib": "40000"}
+    source.apply_pod_event(app.extensions["tandem"].state, "ADDED",
+                           k8s_pod("other", "uid-other", "gpu-1", full))
+    assert bind(app) == {"Error": ""}
+    assert fake.pod("ml", "new")["metadata"]["annotations"]["tandem.io/gpu-index"] == "1"
+
+
+def test_bind_needs_the_pod_uid(api):
+    source = KubeSource(api, watch_factory=StopWatch, background_events=False)
+    with pytest.raises(ValueError, match="UID"):
+        source.bind(PodRef("ml", "new", ""), "gpu-1", {})
+
+
+def test_events_are_queued_not_blocking(api, fake):
     source = KubeSource(api, watch_factory=StopWatch, background_events=False)
     source.record_event(PodRef("ml", "p", "u"), "TandemBound", "x" * 5000, False)
-    api.create_namespaced_event.assert_not_called()
+    assert fake.events == []
     assert source.drain_events() == 1
-    assert len(api.create_namespaced_event.call_args.args[1].message) == 1024
+    assert len(fake.events[0]["message"]) == 1024
+    assert fake.events[0]["type"] == "Normal" and fake.events[0]["count"] == 1
+
+
+def test_fake_server_rejects_what_the_api_server_rejects(fake):
+    with pytest.raises(fake_kube_api.ApiError) as exc:
+        fake.patch_pod("ml", "old", {"metadata": {"uid": "other", "annotations": {"a": "b"}}})
+    assert exc.value.code == 409
+    with pytest.raises(fake_kube_api.ApiError) as exc:
+        fake.bind_pod("ml", "old", {"metadata": {"uid": "uid-old"}, "target": {"name": "x"}})
+    assert exc.value.code == 409 and "already assigned" in exc.value.message
+    with pytest.raises(fake_kube_api.ApiError) as exc:
+        fake.bind_pod("ml", "missing", {"target": {"name": "x"}})
+    assert exc.value.code == 404

@@ -1,0 +1,358 @@
+"""A fake Kubernetes API server on loopback: the part of core/v1 an extender uses.
+
+It speaks real HTTP/1.1 (keep-alive, chunked watch streams), so the official
+``kubernetes`` client runs unchanged against it: list and watch of nodes and pods
+(``spec.nodeName`` field selectors), GET pod, PATCH pod metadata (a ``metadata.uid``
+that differs from the pod's is a 409, as on the real server), POST
+``pods/{name}/binding`` and POST events. The binding behaves like the API
+server's ``BindingREST``: the Binding's ``metadata.uid`` is a precondition (409 when
+the pod was recreated), its annotations are copied onto the pod in the same
+update, and a pod that already has a node is a 409.
+
+Every request is recorded as a :class:`Recorded` (method, path, query, body), so
+tests can assert how many round trips a verb made and what it carried.
+"""
+
+from __future__ import annotations
+
+import bisect
+import copy
+import json
+import re
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+POD_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)(/binding)?$")
+EVENTS_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/events$")
+WATCH_POLL_SECONDS = 0.2
+"""How often an idle watch checks whether the server is stopping."""
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One request as the server saw it."""
+
+    method: str
+    path: str
+    query: Mapping[str, str]
+    body: Any
+
+
+class ApiError(Exception):
+    """An HTTP error answered as a ``Status`` object."""
+
+    def __init__(self, code: int, reason: str, message: str):
+        super().__init__(message)
+        self.code, self.reason, self.message = code, reason, message
+
+
+def status(code: int, reason: str = "", message: str = "") -> dict[str, Any]:
+    """A ``Status`` object (Success for 2xx)."""
+    ok = 200 <= code < 300
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Success" if ok else "Failure", "reason": reason,
+            "message": message, "code": code}
+
+
+def _selector_matches(pod: Mapping[str, Any], selector: str) -> bool:
+    # Only the selectors extenders use: spec.nodeName=X and spec.nodeName!=X.
+    if not selector:
+        return True
+    node = (pod.get("spec") or {}).get("nodeName") or ""
+    for term in selector.split(","):
+        if term.startswith("spec.nodeName!="):
+            if node == term[len("spec.nodeName!="):]:
+                return False
+        elif term.startswith("spec.nodeName="):
+            if node != term[len("spec.nodeName="):]:
+                return False
+        else:
+            raise ApiError(400, "BadRequest", f"unsupported field selector {term!r}")
+    return True
+
+
+class FakeKubeApi:
+    """Nodes, pods and their change history behind a threaded HTTP server."""
+
+    def __init__(self, nodes: Iterable[Mapping[str, Any]] = (),
+                 pods: Iterable[Mapping[str, Any]] = (), record: bool = True):
+        self._cond = threading.Condition()
+        self._rv = 0
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.events: list[dict[str, Any]] = []
+        self.requests: list[Recorded] = []
+        self.record = record
+        # (resourceVersion, "nodes"|"pods", one watch event line): watches replay from here
+        self._history: list[tuple[int, str, dict[str, Any], bytes]] = []
+        self._oldest = 0  # watches from an older resourceVersion get 410 Gone
+        self._stopping = False
+        self._server: ThreadingHTTPServer | None = None
+        for node in nodes:
+            self.put_node(node)
+        for pod in pods:
+            self.put_pod(pod)
+
+    # ---- store -----------------------------------------------------------------------
+    def _commit(self, kind: str, event: str, obj: dict[str, Any]) -> None:
+        # Caller holds self._cond: bump the version, keep the event for watches, wake them.
+        self._rv += 1
+        obj.setdefault("metadata", {})["resourceVersion"] = str(self._rv)
+        line = json.dumps({"type": event, "object": obj}).encode() + b"\n"
+        self._history.append((self._rv, kind, obj, line))
+        self._cond.notify_all()
+
+    def put_node(self, node: Mapping[str, Any]) -> None:
+        """Create or replace a node."""
+        obj = copy.deepcopy(dict(node))
+        with self._cond:
+            name = obj["metadata"]["name"]
+            event = "MODIFIED" if name in self.nodes else "ADDED"
+            self.nodes[name] = obj
+            self._commit("nodes", event, obj)
+
+    def put_pod(self, pod: Mapping[str, Any]) -> dict[str, Any]:
+        """Create or replace a pod (a missing uid gets a fresh one); returns the stored pod."""
+        obj = copy.deepcopy(dict(pod))
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("namespace", "default")
+        meta.setdefault("uid", str(uuid.uuid4()))
+        with self._cond:
+            key = (meta["namespace"], meta["name"])
+            event = "MODIFIED" if key in self.pods else "ADDED"
+            self.pods[key] = obj
+            self._commit("pods", event, obj)
+            return copy.deepcopy(obj)
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        """Delete a pod (its watchers get DELETED)."""
+        with self._cond:
+            obj = self.pods.pop((namespace, name))
+            self._commit("pods", "DELETED", copy.deepcopy(obj))
+
+    def compact(self) -> None:
+        """Forget the change history, as etcd compaction does: older watches get 410 Gone."""
+        with self._cond:
+            self._history.clear()
+            self._oldest = self._rv
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """A copy of the stored pod (KeyError when absent)."""
+        with self._cond:
+            return copy.deepcopy(self.pods[(namespace, name)])
+
+    # ---- verbs -----------------------------------------------------------------------
+    def _stored_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        pod = self.pods.get((namespace, name))
+        if pod is None:
+            raise ApiError(404, "NotFound", f'pods "{name}" not found')
+        return pod
+
+    def _check_uid(self, pod: Mapping[str, Any], uid: str | None) -> None:
+        actual = pod["metadata"].get("uid")
+        if uid and uid != actual:
+            raise ApiError(409, "Conflict", f"Precondition failed: UID in precondition: {uid}, "
+                                            f"UID in object meta: {actual}")
+
+    def patch_pod(self, namespace: str, name: str, body: Any) -> dict[str, Any]:
+        """Merge ``metadata.annotations``/``labels`` (None deletes a key)."""
+        if not isinstance(body, dict):
+            raise ApiError(415, "UnsupportedMediaType", "only merge patches are supported")
+        meta = body.get("metadata") or {}
+        with self._cond:
+            pod = copy.deepcopy(self._stored_pod(namespace, name))
+            self._check_uid(pod, meta.get("uid"))
+            for field in ("annotations", "labels"):
+                merged = pod["metadata"].setdefault(field, {})
+                for key, value in (meta.get(field) or {}).items():
+                    if value is None:
+                        merged.pop(key, None)
+                    else:
+                        merged[key] = str(value)
+            self.pods[(namespace, name)] = pod
+            self._commit("pods", "MODIFIED", pod)
+            return copy.deepcopy(pod)
+
+    def bind_pod(self, namespace: str, name: str, body: Any) -> dict[str, Any]:
+        """Assign the pod to ``target.name`` with the Binding's UID precondition and annotations."""
+        if not isinstance(body, dict) or not (body.get("target") or {}).get("name"):
+            raise ApiError(400, "BadRequest", "binding needs target.name")
+        meta = body.get("metadata") or {}
+        with self._cond:
+            pod = copy.deepcopy(self._stored_pod(namespace, name))
+            self._check_uid(pod, meta.get("uid"))
+            spec = pod.setdefault("spec", {})
+            if spec.get("nodeName"):
+                raise ApiError(409, "Conflict", f"pod {name} is already assigned to node "
+                                                f'"{spec["nodeName"]}"')
+            spec["nodeName"] = body["target"]["name"]
+            annotations = pod["metadata"].setdefault("annotations", {})
+            annotations.update({k: str(v) for k, v in (meta.get("annotations") or {}).items()})
+            self.pods[(namespace, name)] = pod
+            self._commit("pods", "MODIFIED", pod)
+        return status(201)
+
+    def post_event(self, namespace: str, body: Any) -> dict[str, Any]:
+        """Store an Event (``generateName`` gets a suffix) and echo it."""
+        if not isinstance(body, dict):
+            raise ApiError(400, "BadRequest", "event body must be an object")
+        event = copy.deepcopy(body)
+        meta = event.setdefault("metadata", {})
+        meta.setdefault("namespace", namespace)
+        if "name" not in meta:
+            meta["name"] = f"{meta.get('generateName', 'event.')}{uuid.uuid4().hex[:10]}"
+        with self._cond:
+            self.events.append(event)
+        return event
+
+    def list_objects(self, kind: str, selector: str) -> dict[str, Any]:
+        """A NodeList or PodList at the current resourceVersion."""
+        with self._cond:
+            store = self.nodes.values() if kind == "nodes" else self.pods.values()
+            items = [o for o in store if kind == "nodes" or _selector_matches(o, selector)]
+            body = {"kind": "NodeList" if kind == "nodes" else "PodList", "apiVersion": "v1",
+                    "metadata": {"resourceVersion": str(self._rv)}, "items": items}
+            return json.loads(json.dumps(body))  # a snapshot, not the live objects
+
+    def watch_lines(self, kind: str, selector: str, since: int, timeout: float,
+                    ) -> Iterable[bytes]:
+        """Watch event lines after resourceVersion ``since`` until ``timeout`` or stop."""
+        deadline = time.monotonic() + timeout
+        if since < self._oldest:
+            gone = status(410, "Expired", f"too old resource version: {since} ({self._oldest})")
+            yield json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n"
+            return
+        position = bisect.bisect_right(self._history, since, key=lambda h: h[0])
+        while True:
+            with self._cond:
+                while position >= len(self._history) and not self._stopping:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return
+                    self._cond.wait(min(left, WATCH_POLL_SECONDS))
+                if self._stopping:
+                    return
+                batch = self._history[position:]
+                position = len(self._history)
+            for _, k, obj, line in batch:
+                if k == kind and (kind == "nodes" or _selector_matches(obj, selector)):
+                    yield line
+
+    # ---- server ----------------------------------------------------------------------
+    def start(self, port: int = 0) -> int:
+        """Serve on 127.0.0.1 (port 0 picks a free one) in a daemon thread; returns the port."""
+        server = _QuietServer(("127.0.0.1", port), _handler(self))
+        server.daemon_threads = True
+        self._server = server
+        threading.Thread(target=server.serve_forever, args=(0.05,), name="fake-kube-api",
+                         daemon=True).start()  # a short poll: stop() returns quickly
+        return int(server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT`` of the running server."""
+        assert self._server is not None, "start() first"
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def stop(self) -> None:
+        """End open watches and stop serving."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """Clients that hang up (a stopped extender's pooled connections) are not errors."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Ignore disconnects; report anything else as the base class does."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
+def _handler(api: FakeKubeApi) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as the real server
+        # TCP_NODELAY, as Go's net/http: headers and body go out as two writes, and with
+        # Nagle the second waits for the client's delayed ACK (40 ms on Linux).
+        disable_nagle_algorithm = True
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - base signature
+            pass  # quiet: benchmarks and tests read the recorded requests instead
+
+        def _send(self, code: int, body: Any) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _handle(self) -> None:
+            url = urlsplit(self.path)
+            query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            try:
+                body = json.loads(raw) if raw else None
+            except json.JSONDecodeError:
+                self._send(400, status(400, "BadRequest", "body is not JSON"))
+                return
+            if api.record:
+                api.requests.append(Recorded(self.command, url.path, query, body))
+            try:
+                self._route(url.path, query, body)
+            except ApiError as exc:
+                self._send(exc.code, status(exc.code, exc.reason, exc.message))
+
+        def _route(self, path: str, query: Mapping[str, str], body: Any) -> None:
+            method = self.command
+            if method == "GET" and path in ("/api/v1/nodes", "/api/v1/pods"):
+                kind = path.rsplit("/", 1)[1]
+                selector = query.get("fieldSelector", "")
+                if query.get("watch") in ("true", "1"):
+                    self._watch(kind, selector, query)
+                else:
+                    self._send(200, api.list_objects(kind, selector))
+                return
+            pod_match, event_match = POD_PATH.match(path), EVENTS_PATH.match(path)
+            if pod_match and method == "GET" and not pod_match[3]:
+                with api._cond:
+                    self._send(200, api._stored_pod(pod_match[1], pod_match[2]))
+            elif pod_match and method == "PATCH" and not pod_match[3]:
+                self._send(200, api.patch_pod(pod_match[1], pod_match[2], body))
+            elif pod_match and method == "POST" and pod_match[3]:
+                self._send(201, api.bind_pod(pod_match[1], pod_match[2], body))
+            elif event_match and method == "POST":
+                self._send(201, api.post_event(event_match[1], body))
+            else:
+                raise ApiError(404, "NotFound", f"{method} {path} is not served here")
+
+        def _watch(self, kind: str, selector: str, query: Mapping[str, str]) -> None:
+            since = int(query.get("resourceVersion") or api._rv)
+            timeout = float(query.get("timeoutSeconds") or 1800)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                for line in api.watch_lines(kind, selector, since, timeout):
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True
+
+        do_GET = do_PATCH = do_POST = _handle  # noqa: N815 - http.server's names
+
+    return Handler
