@@ -69,6 +69,18 @@ class StateConfig:
 
 
 @dataclass(frozen=True)
+class HandoffConfig:
+    """How a bound pod's container gets its GPU (docs/deploy.md, "GPU hand-off")."""
+
+    mode: str = "env"
+    """``env``: the pod copies ``tandem.io/gpu-uuid`` into ``NVIDIA_VISIBLE_DEVICES``;
+    ``device-plugin``: tandem's device plugin hands the GPU over at admission, and bind
+    keeps at most one pod per node waiting for it."""
+    timeout_seconds: float = 30.0
+    """How long a node waits for a bound pod to be admitted before the next bind (> 0)."""
+
+
+@dataclass(frozen=True)
 class ReportsConfig:
     """Agent reports."""
 
@@ -130,6 +142,7 @@ class ExtenderConfig:
     server: ServerConfig = ServerConfig()
     state: StateConfig = StateConfig()
     reports: ReportsConfig = ReportsConfig()
+    handoff: HandoffConfig = HandoffConfig()
     policy: CostPolicy = CostPolicy()
     profile_files: tuple[str, ...] = ()
     """Batching-profile YAML files for inference pods (plan-file ``profiles:`` form)."""
@@ -156,6 +169,10 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool
     "state": {
         "assume_ttl_seconds": ((int, float), lambda v: v > 0, "must be > 0"),
         "demand_cache_seconds": ((int, float), lambda v: v > 0, "must be > 0"),
+    },
+    "handoff": {
+        "mode": (str, lambda v: v in ("env", "device-plugin"), "must be env or device-plugin"),
+        "timeout_seconds": ((int, float), lambda v: 0 < v <= 600, "must be in (0, 600]"),
     },
     "reports": {
         "staleness_seconds": ((int, float), lambda v: v > 0, "must be > 0"),
@@ -326,7 +343,10 @@ def build_config(raw: Any, source_path: str | None = None) -> ExtenderConfig:
     )
     return ExtenderConfig(
         server=ServerConfig(**sections["server"]), state=StateConfig(**sections["state"]),
-        reports=reports, policy=policy, profile_files=tuple(files) if isinstance(files, list)
+        reports=reports, policy=policy, handoff=HandoffConfig(
+            mode=sections["handoff"].get("mode", "env"),
+            timeout_seconds=float(sections["handoff"].get("timeout_seconds", 30.0))),
+        profile_files=tuple(files) if isinstance(files, list)
         else (), nexus_profiles=nexus, predictor=PredictorConfig(**sections["predictor"]),
         queue=_queue_settings(sections["queue"]),
         log_level=sections["logging"].get("level", "info"),

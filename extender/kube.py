@@ -122,6 +122,7 @@ class KubeSource:
         pods, pod_rv = self._list(self.api.list_pod_for_all_namespaces,
                                   field_selector="spec.nodeName!=")
         for pod in pods:
+            state.handoffs.observe(pod)
             placement = placement_from_pod(pod)
             if placement is not None:
                 state.confirm(placement)
@@ -144,6 +145,7 @@ class KubeSource:
         """
         uid = str((pod.get("metadata") or {}).get("uid", ""))
         phase = (pod.get("status") or {}).get("phase")
+        state.handoffs.observe(pod, deleted=kind == "DELETED")
         if kind == "DELETED" or phase in DONE_PHASES:
             state.forget(uid)
             return

@@ -57,6 +57,7 @@ from extender.core import (
     evaluate,
 )
 from extender.errors import BindConflict
+from extender.handoff import HandoffGate
 
 Clock = Callable[[], float]
 
@@ -90,6 +91,8 @@ class ClusterState:
         newer than an agent's sample still count on top of it (``extender.core.cost``)."""
         self._table = GpuTable.build([])
         self.synced = False
+        self.handoffs = HandoffGate(clock)
+        """Pods waiting for the device plugin's hand-off (``handoff.mode: device-plugin``)."""
 
     # ---- inventory -------------------------------------------------------------------
     def set_nodes(self, nodes: Iterable[NodeSpec]) -> None:

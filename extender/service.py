@@ -145,7 +145,7 @@ class Extender:
         names = args.candidate_names()
         self._require_synced()
         try:
-            _, demand = self.demand(args.pod)
+            ref, demand = self.demand(args.pod)
         except PodRejected as exc:
             result = filter_result(args, [], {}, {n: str(exc) for n in names})
             return dict(result), FilterOutcome(0, {"BadPodRequest": len(names)})
@@ -155,6 +155,16 @@ class Extender:
             (unresolvable if rej.unresolvable else failed)[name] = rej.message()
             reasons[rej.reason.event_reason] = reasons.get(rej.reason.event_reason, 0) + 1
         passed = ev.feasible_names()
+        if self.config.current().handoff.mode == "device-plugin":
+            uid = ref.uid
+            for name in list(passed):
+                waiting = self.state.handoffs.holder(name, uid)
+                if waiting is not None:
+                    passed.remove(name)
+                    failed[name] = (f"tandem: {name} is handing a GPU to {waiting.pod} "
+                                    "(device plugin); it takes the next pod once that one "
+                                    "is admitted")
+                    reasons["HandoffPending"] = reasons.get("HandoffPending", 0) + 1
         return dict(filter_result(args, passed, failed, unresolvable)), \
             FilterOutcome(len(passed), reasons)
 
@@ -179,6 +189,12 @@ class Extender:
             if existing.node == args.node:
                 return {"Error": ""}  # a retried bind that already went through
             raise BindConflict(f"pod already bound to {existing.node}", None)
+        handoff = self.config.current().handoff
+        waiting = self.state.handoffs.holder(args.node, args.pod_uid) \
+            if handoff.mode == "device-plugin" else None
+        if waiting is not None:
+            raise BindConflict(f"{args.node} is handing a GPU to {waiting.pod} (device plugin); "
+                               "retry once that pod is admitted", None)
         pod = self._pod_for(args)
         ref, demand = self.demand(pod)
         ref = PodRef(args.pod_namespace, args.pod_name, args.pod_uid or ref.uid)
@@ -192,6 +208,10 @@ class Extender:
             self.state.forget(placement.pod_uid)
             self.source.record_event(ref, "TandemBindFailed", f"bind to {args.node}: {exc}", True)
             raise SourceError(f"tandem: bind to {args.node} failed: {exc}") from exc
+        if handoff.mode == "device-plugin" and not confirmed:
+            # Not for sources that confirm at bind (the simulated cluster has no kubelet).
+            self.state.handoffs.begin(args.node, placement.pod_uid, ref.key,
+                                      handoff.timeout_seconds)
         if confirmed:
             self.state.confirm(dataclasses.replace(
                 placement, annotations=tuple(sorted({**dict(inputs), **annotations}.items()))))

@@ -321,3 +321,43 @@ def test_fake_server_rejects_what_the_api_server_rejects(fake):
     with pytest.raises(fake_kube_api.ApiError) as exc:
         fake.bind_pod("ml", "missing", {"target": {"name": "x"}})
     assert exc.value.code == 404
+
+
+def test_device_plugin_handoff_holds_the_node_until_the_kubelet_admits_the_pod(api, fake):
+    """handoff.mode: device-plugin: one pod per node waits for its GPU at a time, so the
+    device plugin can tell which pod the kubelet is admitting."""
+    source = KubeSource(api, watch_factory=PlainWatch, background_events=False)
+    config = build_config({"handoff": {"mode": "device-plugin", "timeout_seconds": 60}})
+    app = create_app(ConfigHolder(config), source)
+    try:
+        state = app.extensions["tandem"].state
+        for name in ("first", "second"):
+            fake.put_pod(k8s_pod(name, f"uid-{name}", annotations=DEMAND, phase="Pending"))
+        filter_first(app, fake, "first")
+        assert bind(app, "first", "uid-first") == {"Error": ""}
+        waiting = state.handoffs.waiting()["gpu-1"]
+        assert (waiting.uid, waiting.pod) == ("uid-first", "ml/first")
+        # Another pod is kept off the node while the first waits for its GPU ...
+        r = app.test_client().post("/filter", json={"Pod": fake.pod("ml", "second"),
+                                                    "NodeNames": ["gpu-1"]}).get_json()
+        assert r["NodeNames"] == [] and "handing a GPU to ml/first" in r["FailedNodes"]["gpu-1"]
+        assert "handing a GPU to ml/first" in bind(app, "second", "uid-second")["Error"]
+        # ... and the first pod's own retried bind is not blocked by itself.
+        assert bind(app, "first", "uid-first") == {"Error": ""}
+        # The kubelet admits the first pod (startTime): the node takes the next one.
+        admitted = fake.pod("ml", "first")
+        admitted["status"] = {"phase": "Pending", "startTime": "2026-11-23T00:00:00Z"}
+        fake.put_pod(admitted)
+        wait_for(lambda: "gpu-1" not in state.handoffs.waiting())
+        filter_first(app, fake, "second")
+        assert bind(app, "second", "uid-second") == {"Error": ""}
+    finally:
+        source.stop()
+
+
+def test_env_handoff_never_holds_a_node(api, fake):
+    app, source = make(api)
+    fake.put_pod(k8s_pod("new", "uid-new", annotations=DEMAND, phase="Pending"))
+    filter_first(app, fake)
+    assert bind(app) == {"Error": ""}
+    assert app.extensions["tandem"].state.handoffs.waiting() == {}
