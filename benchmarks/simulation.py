@@ -52,6 +52,8 @@ def reductions(results: dict[str, dict[str, float]]) -> dict[str, dict[str, floa
             "util_gain_points": round(r["avg_gpu_util"] - fifo["avg_gpu_util"], 1),
             "util_gain_percent": round(100 * (r["avg_gpu_util"] / fifo["avg_gpu_util"] - 1), 1),
             "jct_increase_percent": round(100 * (r["avg_jct_s"] / fifo["avg_jct_s"] - 1), 1),
+            "run_time_increase_percent":
+                round(100 * (r["avg_run_s"] / fifo["avg_run_s"] - 1), 1),
         }
     return out
 
@@ -71,7 +73,7 @@ def tandem_standing(results: dict[str, dict[str, float]]) -> dict[str, object]:
 
 def mean_of(runs: list[dict[str, float]]) -> dict[str, float]:
     """Mean of each numeric metric over seeds."""
-    keys = ("makespan_s", "avg_gpu_util", "avg_jct_s", "avg_wait_s", "median_wait_s",
+    keys = ("makespan_s", "avg_gpu_util", "avg_jct_s", "avg_run_s", "avg_wait_s", "median_wait_s",
             "oom_events", "evictions")
     return {k: round(statistics.fmean(r[k] for r in runs), 2) for k in keys}
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import signal
 import threading
 from pathlib import Path
@@ -54,12 +56,12 @@ def serve(
     try:
         cfg = load_config(config)
         log = setup_logging(cfg.log_level)
-        predictor = build_predictor(cfg.predictor)
-        profiles = load_profiles(cfg.profile_files, cfg.nexus_profiles)
         if cfg.queue.enabled and cluster != "kube":
             raise SourceSpecError("queue.enabled needs --cluster kube (the gate patches real pods)")
         leader, loop = setup_leadership(leadership, lease_name)
-        source = build_source(cluster)
+        source = build_source(cluster)  # before the predictor, which may log a warning
+        predictor = build_predictor(cfg.predictor)
+        profiles = load_profiles(cfg.profile_files, cfg.nexus_profiles)
         if cfg.queue.enabled:
             gate = build_queue_gate(cfg.queue, demand_fn=predictor_demand_fn(predictor))
     except (ConfigError, SimFileError, SourceSpecError, ProfileFileError,
@@ -73,6 +75,16 @@ def serve(
                       profiles=profiles, planner=default_planner(), readiness=[draining],
                       may_bind=leader.is_leader, metrics=metrics)
     server = make_server(app_, cfg.server, port)
+    address = f"{cfg.server.host}:{port or cfg.server.port}"
+    try:
+        server.prepare()  # bind now, so a busy port fails before we claim to serve
+    except OSError as exc:
+        source.stop()
+        # cheroot re-raises bind failures without errno; its message keeps the cause.
+        code = exc.errno or next((c for c in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL)
+                                  if os.strerror(c) in str(exc)), None)
+        reason = os.strerror(code) if code else str(exc)
+        raise OSError(code, f"cannot listen on {address}: {reason}") from exc
     stop = threading.Event()
     reload_loop(holder, stop)
     shutdown = GracefulShutdown(draining, server, loop, stop)
@@ -84,10 +96,10 @@ def serve(
     gate_thread = QueueGateThread(
         gate, leader.is_leader, stop, on_round=QueueMetrics(metrics.registry).observe,
     ).start() if gate else None
-    log.info("serving", extra={"path": f"{cfg.server.host}:{port or cfg.server.port}",
+    log.info("serving", extra={"path": address,
                                "leadership": leadership, "queue_gate": gate is not None})
     try:
-        server.safe_start()
+        server.serve()
     finally:
         if draining.active:
             # cheroot's accept loop returns as soon as stop() begins; wait for the drain.

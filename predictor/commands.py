@@ -32,7 +32,7 @@ def _fail(message: str, as_json: bool, reason: str = "error", code: int = 1) -> 
     raise typer.Exit(code)
 
 
-def _guarded(as_json: bool, body: Callable[[], Any]) -> Any:
+def _guarded(as_json: bool, body: Callable[[], Any], looked_in: Path | None = None) -> Any:
     """Run ``body`` turning the predictor's typed errors into clean exits."""
     from predictor.dataset import DatasetError, MissingProvenance, SimulatedData
     from predictor.errors import ModelRejected, ModelUnavailable, NoTrainedModel
@@ -48,7 +48,8 @@ def _guarded(as_json: bool, body: Callable[[], Any]) -> Any:
     except DatasetError as exc:
         _fail(f"invalid training data: {exc}", as_json, "invalid_data", 2)
     except NoTrainedModel as exc:
-        _fail(str(exc), as_json, "no_trained_model", 3)
+        where = f" (looked in {looked_in}; pass --artifacts DIR)" if looked_in else ""
+        _fail(f"{exc}{where}", as_json, "no_trained_model", 3)
     except (ModelUnavailable, ValueError, KeyError) as exc:
         _fail(str(exc), as_json, "error", 1)
 
@@ -141,7 +142,8 @@ def predict_command(
         _fail(f"--workload must be one of {_WORKLOADS}", as_json)
     batch = batch_size or (1 if workload == "inference" else 32)
     predictor = Predictor.from_dirs(artifacts)
-    pred = _guarded(as_json, lambda: predictor.predict(model, batch, gpu_type, workload))
+    pred = _guarded(as_json, lambda: predictor.predict(model, batch, gpu_type, workload),
+                    artifacts)
     out = {
         "gpu_util_percent": pred.gpu_util_percent,
         "gpu_mem_mib": pred.gpu_mem_mib,

@@ -2,7 +2,8 @@
 
 Every command module imports only Typer at import time and loads its heavy
 dependencies inside the command, so ``tandem --help`` stays fast and the agent
-image does not need the extender's libraries to start.
+image does not need the extender's libraries to start. Failures a user can
+cause are turned into one line by :class:`tandem.errors.TandemGroup`.
 """
 
 from __future__ import annotations
@@ -12,19 +13,35 @@ import typer
 from agent.commands import app as agent_app
 from extender.commands import app as extender_app
 from extender.simulator.commands import simulate_command
+from extender.status import status_command
 from planner.commands import plan_command
 from predictor.commands import app as predictor_app
 from predictor.profiling.commands import profile_command
 from tandem.demo import demo_command
+from tandem.errors import DEBUG_KEY, TandemGroup
 
 app = typer.Typer(
     name="tandem",
+    cls=TandemGroup,
     help="GPU co-location for Kubernetes: predict, place, and share GPUs under SLOs.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    debug: bool = typer.Option(
+        False, "--debug", help="Show the full traceback when a command fails."),
+) -> None:
+    """GPU co-location for Kubernetes: predict, place, and share GPUs under SLOs."""
+    ctx.meta[DEBUG_KEY] = debug
+
+
 app.command("demo")(demo_command)
+app.command("status")(status_command)
 app.add_typer(extender_app, name="extender", help="The kube-scheduler extender service.")
 app.add_typer(agent_app, name="agent", help="Node agent and per-GPU inference server.")
 app.add_typer(predictor_app, name="predictor", help="Graph features, prediction, training.")

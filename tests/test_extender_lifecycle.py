@@ -205,7 +205,7 @@ def test_in_flight_bind_finishes_during_shutdown_on_the_real_server() -> None:
 
 
 class CliFakeServer:
-    """Stands in for cheroot in ``serve``: delivers SIGTERM from inside safe_start."""
+    """Stands in for cheroot in ``serve``: delivers SIGTERM from inside serve."""
 
     instances: list[CliFakeServer] = []
 
@@ -216,7 +216,10 @@ class CliFakeServer:
         self.seen: dict[str, Any] = {}
         CliFakeServer.instances.append(self)
 
-    def safe_start(self) -> None:
+    def prepare(self) -> None:
+        pass  # binds nothing
+
+    def serve(self) -> None:
         client = self.app.test_client()
         self.seen["ready_before"] = client.get("/readyz").status_code
         signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # type: ignore[operator,misc]

@@ -246,7 +246,10 @@ def test_serve_runs_the_gate_in_process_and_stops_it(
     class Server:
         shutdown_timeout = 0.0
 
-        def safe_start(self) -> None:
+        def prepare(self) -> None:
+            pass  # binds nothing
+
+        def serve(self) -> None:
             released.wait(10)  # "serve" until the gate thread released and listed again
 
         def stop(self) -> None:

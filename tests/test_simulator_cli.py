@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import io
+import itertools
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -103,3 +106,74 @@ def test_bad_input_exits_2_with_a_message(args: list[str], message: str) -> None
     result = runner.invoke(app, ["simulate", *args])
     assert result.exit_code == 2
     assert message in result.output
+
+
+def test_plots_are_titled_and_their_paths_printed(trace: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from extender.simulator import plots
+
+    titles: list[str] = []
+    real_save = plots._save
+
+    def save(fig: Any, path: Path, plt: Any) -> Path:
+        titles.append(fig.axes[0].get_title())
+        return real_save(fig, path, plt)
+
+    monkeypatch.setattr(plots, "_save", save)
+    out = tmp_path / "p"
+    result = runner.invoke(app, ["simulate", "--trace", str(trace), "--cluster", "testbed",
+                                 "--policy", "fifo", "--policy", "horus", "--plots", str(out),
+                                 "--interference", "linear"])
+    assert result.exit_code == 0, result.output
+    for name in ("utilisation.png", "jct_cdf.png", "wait_cdf.png"):
+        assert f"plot written to {out / name}" in result.output
+    assert len(titles) == 3
+    assert all(str(trace) in t and "interference linear" in t and "policies: fifo, horus" in t
+               for t in titles)
+
+
+def test_text_table_fits_80_columns_and_jct_is_wait_plus_run(trace: Path) -> None:
+    result = runner.invoke(app, ["simulate", "--trace", str(trace), "--cluster", "testbed"])
+    assert result.exit_code == 0, result.output
+    table = result.output.splitlines()[1:]  # the first line names the trace's path
+    assert len(table) == 7 and max(len(line) for line in table) <= 80
+    body = json.loads(runner.invoke(app, ["simulate", "--trace", str(trace), "--cluster",
+                                          "testbed", "--json"]).output)
+    for r in body["policies"].values():
+        assert r["avg_jct_s"] == pytest.approx(r["avg_wait_s"] + r["avg_run_s"], abs=0.01)
+        assert r["avg_run_s"] > 0
+
+
+def test_progress_proxy_counts_every_job_and_changes_no_decision(trace: Path) -> None:
+    from extender.simulator.cluster import builtin_cluster
+    from extender.simulator.jobs import load_trace
+    from extender.simulator.progress import ProgressPolicy
+    from extender.simulator.runner import simulate
+
+    jobs, nodes = load_trace(trace), builtin_cluster("testbed")
+    ticks: list[int] = []
+    proxies: list[ProgressPolicy] = []
+
+    def wrap(policy: Any) -> ProgressPolicy:
+        proxies.append(ProgressPolicy(policy, ticks.append, clock=itertools.count().__next__))
+        return proxies[-1]
+
+    plain = simulate(jobs, nodes, "tandem")
+    wrapped = simulate(jobs, nodes, "tandem", wrap=wrap)
+    assert wrapped.summary() == plain.summary()
+    proxies[0].flush()
+    assert sum(ticks) == len(jobs) and len(ticks) > 1  # reported as the run went
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(("enabled", "stream", "shown"), [
+    (True, _Tty(), True), (False, _Tty(), False), (True, io.StringIO(), False)])
+def test_progress_bars_only_on_a_terminal_and_not_with_json(enabled: bool, stream: Any,
+                                                            shown: bool) -> None:
+    from extender.simulator.progress import wanted
+
+    assert wanted(enabled, stream) is shown

@@ -34,7 +34,7 @@ def run(policy: str, jobs: list[SimJob], nodes=ONE_GPU, **cfg: object) -> Engine
 
 def test_fifo_runs_one_job_per_gpu_in_arrival_order() -> None:
     r = summarize(run("fifo", [job("a"), job("b")]), "fifo")
-    assert (r.makespan_s, r.avg_wait_s, r.avg_jct_s) == (200.0, 50.0, 100.0)
+    assert (r.makespan_s, r.avg_wait_s, r.avg_jct_s, r.avg_run_s) == (200.0, 50.0, 150.0, 100.0)
     assert r.avg_gpu_util == pytest.approx(50.0)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import platform
@@ -16,10 +17,11 @@ from extender.simulator.interference import InterferenceError
 from extender.simulator.jobs import TraceError, load_trace
 from extender.simulator.metrics import SimulationResult
 from extender.simulator.policies import POLICIES, PolicyError, PolicyOptions, make_policy
-from extender.simulator.sweep import SweepError, best_snippet, parse_grid, run_sweep
+from extender.simulator.progress import ProgressPolicy, bar, wanted
+from extender.simulator.sweep import SweepError, best_snippet, grid_size, parse_grid, run_sweep
 from extender.simulator.workloads import DEFAULT_CLUSTER, WorkloadError, generate, production
 
-HEADLINE = ("makespan_s", "avg_gpu_util", "avg_jct_s", "avg_wait_s")
+HEADLINE = ("makespan_s", "avg_gpu_util", "avg_jct_s", "avg_run_s", "avg_wait_s")
 
 
 class CommandError(ValueError):
@@ -64,12 +66,15 @@ def _options(config: Path | None) -> PolicyOptions:
 
 
 def _table(results: dict[str, SimulationResult]) -> str:
-    lines = [f"{'policy':<9} {'makespan_s':>11} {'util_%':>7} {'avg_jct_s':>10} "
-             f"{'avg_wait_s':>10} {'p95_wait_s':>10} {'ooms':>5} {'evict':>5} {'done':>6}"]
+    lines = [f"{'policy':<8}{'makespan_s':>11}{'util_%':>7}{'avg_jct_s':>10}{'avg_run_s':>10}"
+             f"{'avg_wait_s':>11}{'p95_wait_s':>11}{'ooms':>5}{'evict':>6}"]
     for name, r in results.items():
-        lines.append(f"{name:<9} {r.makespan_s:>11.0f} {r.avg_gpu_util:>7.1f} "
-                     f"{r.avg_jct_s:>10.0f} {r.avg_wait_s:>10.0f} {r.p95_wait_s:>10.0f} "
-                     f"{r.oom_events:>5} {r.evictions:>5} {r.finished:>3}/{r.jobs}")
+        lines.append(f"{name:<8}{r.makespan_s:>11.0f}{r.avg_gpu_util:>7.1f}{r.avg_jct_s:>10.0f}"
+                     f"{r.avg_run_s:>10.0f}{r.avg_wait_s:>11.0f}{r.p95_wait_s:>11.0f}"
+                     f"{r.oom_events:>5}{r.evictions:>6}")
+    unfinished = {n: r for n, r in results.items() if r.unfinished}
+    lines += [f"{n}: {r.unfinished} of {r.jobs} jobs never finished (no GPU set holds them)"
+              for n, r in unfinished.items()]
     return "\n".join(lines)
 
 
@@ -86,29 +91,36 @@ def _timeline_csv(results: dict[str, SimulationResult]) -> str:
 def run_command(*, trace: Path | None, workload: str | None, policies: Sequence[str],
                 cluster: str | None, config: Path | None, interference: str, jobs: int,
                 seed: int, plots: Path | None, timeline: Path | None, sweep: bool,
-                grid: str | None, sweep_out: Path) -> dict[str, Any]:
-    """Run the simulation(s); returns {"json": object, "text": str}."""
-    from extender.simulator.runner import simulate
+                grid: str | None, sweep_out: Path, progress: bool = False) -> dict[str, Any]:
+    """Run the simulation(s); returns {"json": object, "text": str}.
 
+    ``progress`` shows bars on stderr (only where it is a terminal)."""
     job_list, nodes, label = _load_inputs(trace, workload, cluster, jobs, seed)
     options = _options(config)
     engine_config = EngineConfig(interference=interference,
                                  record_gpu_timeline=timeline is not None)
+    show = wanted(progress)
     try:
         if sweep:
-            return _sweep(job_list, nodes, label, options, engine_config, grid, sweep_out)
+            return _sweep(job_list, nodes, label, options, engine_config, grid, sweep_out, show)
         names = list(policies) or list(POLICIES)
         for name in names:
             make_policy(name, options)
-        results = {n: simulate(job_list, nodes, n, options, engine_config) for n in names}
+        results = {n: _simulate(job_list, nodes, n, options, engine_config, show) for n in names}
     except (PolicyError, InterferenceError, SweepError) as exc:
         raise CommandError(str(exc)) from None
     extra: dict[str, Any] = {}
+    written = []
     if plots is not None:
-        extra["plots"] = [str(p) for p in _plots(results, plots)]
+        from extender.simulator.plots import write_plots
+
+        title = f"{label}, interference {interference}"
+        extra["plots"] = [str(p) for p in write_plots(results, plots, title)]
+        written += [f"plot written to {p}" for p in extra["plots"]]
     if timeline is not None:
         timeline.write_text(_timeline_csv(results))
         extra["timeline"] = str(timeline)
+        written.append(f"timeline written to {timeline}")
     meta = {"trace": label, "gpus": sum(len(n.gpus) for n in nodes), "jobs": len(job_list),
             "interference": interference, "python": platform.python_version(), **extra}
     if len(results) == 1:
@@ -116,13 +128,18 @@ def run_command(*, trace: Path | None, workload: str | None, policies: Sequence[
     else:
         body = {"policies": {n: r.summary() for n, r in results.items()}, **meta}
     text = f"{label}: {meta['jobs']} jobs on {meta['gpus']} GPUs, interference={interference}\n"
-    return {"json": body, "text": text + _table(results)}
+    return {"json": body, "text": "\n".join([text + _table(results), *written])}
 
 
-def _plots(results: dict[str, SimulationResult], out: Path) -> list[Path]:
-    from extender.simulator.plots import write_plots
+def _simulate(job_list: list[Any], nodes: list[Any], name: str, options: PolicyOptions,
+              engine_config: EngineConfig, show: bool) -> SimulationResult:
+    from extender.simulator.runner import simulate
 
-    return write_plots(results, out)
+    if not show:
+        return simulate(job_list, nodes, name, options, engine_config)
+    with bar(len(job_list), f"simulate {name}", "job") as b:
+        return simulate(job_list, nodes, name, options, engine_config,
+                        wrap=lambda policy: ProgressPolicy(policy, b.update))
 
 
 def _setting(value: float | None) -> str:
@@ -130,23 +147,31 @@ def _setting(value: float | None) -> str:
 
 
 def _sweep(job_list: list[Any], nodes: list[Any], label: str, options: PolicyOptions,
-           engine_config: EngineConfig, grid_text: str | None, out: Path) -> dict[str, Any]:
+           engine_config: EngineConfig, grid_text: str | None, out: Path,
+           show: bool) -> dict[str, Any]:
     from extender.simulator.policies import tandem_cost, tandem_queue
 
     base_cost = options.cost or tandem_cost()
     base_queue = options.queue or tandem_queue()
-    rows = run_sweep(job_list, nodes, base_cost, base_queue, parse_grid(grid_text), engine_config)
+    grid = parse_grid(grid_text)
+    with contextlib.ExitStack() as stack:
+        tick = None
+        if show:
+            tick = stack.enter_context(bar(grid_size(grid), "sweep", "setting")).update
+        rows = run_sweep(job_list, nodes, base_cost, base_queue, grid, engine_config,
+                         on_setting=tick)
     snippet = best_snippet(rows[0], base_cost, base_queue, label)
     out.write_text(snippet)
     keys = list(rows[0].setting)
-    header = " ".join(f"{k:>16}" for k in keys) + f" {'makespan_s':>11} {'avg_wait_s':>10} " \
-        f"{'util_%':>7} {'avg_jct_s':>10}"
+    width = max(8, *(len(k) + 1 for k in keys))
+    header = "".join(f"{k:>{width}}" for k in keys) + f"{'makespan_s':>11}{'avg_wait_s':>11}" \
+        f"{'util_%':>7}{'avg_jct_s':>10}{'avg_run_s':>10}"
     lines = [header]
     for row in rows:
         r = row.result
-        lines.append(" ".join(f"{_setting(row.setting[k]):>16}" for k in keys)
-                     + f" {r.makespan_s:>11.0f} {r.avg_wait_s:>10.0f} {r.avg_gpu_util:>7.1f}"
-                     f" {r.avg_jct_s:>10.0f}")
+        lines.append("".join(f"{_setting(row.setting[k]):>{width}}" for k in keys)
+                     + f"{r.makespan_s:>11.0f}{r.avg_wait_s:>11.0f}{r.avg_gpu_util:>7.1f}"
+                     f"{r.avg_jct_s:>10.0f}{r.avg_run_s:>10.0f}")
     body = {"trace": label, "best": {**rows[0].setting, **{k: rows[0].result.summary()[k]
                                                           for k in HEADLINE}},
             "settings": [{**row.setting, **{k: row.result.summary()[k] for k in HEADLINE}}

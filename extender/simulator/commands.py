@@ -45,7 +45,7 @@ def simulate_command(
         output = run_command(trace=trace, workload=workload, policies=policy or [],
                              cluster=cluster, config=config, interference=interference,
                              jobs=jobs, seed=seed, plots=plots, timeline=timeline, sweep=sweep,
-                             grid=grid, sweep_out=sweep_out)
+                             grid=grid, sweep_out=sweep_out, progress=not json_out)
     except CommandError as exc:
         typer.echo(f"tandem simulate: {exc}", err=True)
         raise typer.Exit(2) from None

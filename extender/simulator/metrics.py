@@ -4,7 +4,9 @@
 - average cluster GPU utilisation: time-average over all GPUs of
   ``min(100, sum of the true utilisation of the jobs on the GPU)``, in percent,
   over the makespan;
-- JCT: start of the (last, successful) execution to completion;
+- JCT (job completion time): arrival to completion, so it includes the wait;
+- run time: start of the (last, successful) execution to completion
+  (``avg_run_s``; JCT = wait + run time);
 - waiting time: arrival to that start (time lost to OOM restarts and evictions
   counts as waiting).
 """
@@ -31,13 +33,16 @@ class SimulationResult:
     avg_gpu_util: float
     """Percent (0..100) of the cluster's GPU capacity used, averaged over the makespan."""
     avg_jct_s: float
+    """Mean of finish minus arrival over finished jobs (wait plus run time)."""
     median_jct_s: float
     p95_jct_s: float
+    avg_run_s: float
+    """Mean of finish minus the start of the last (successful) execution."""
     avg_wait_s: float
     median_wait_s: float
     p95_wait_s: float
     avg_slowdown: float
-    """Mean of JCT / isolated duration over finished jobs (interference cost)."""
+    """Mean of run time / isolated duration over finished jobs (interference cost)."""
     oom_events: int
     evictions: int
     rounds: int
@@ -53,8 +58,8 @@ class SimulationResult:
     def summary(self) -> dict[str, Any]:
         """The JSON-able summary (no per-job arrays)."""
         keys = ("policy", "jobs", "finished", "unfinished", "makespan_s", "avg_gpu_util",
-                "avg_jct_s", "median_jct_s", "p95_jct_s", "avg_wait_s", "median_wait_s",
-                "p95_wait_s", "avg_slowdown", "oom_events", "evictions", "rounds",
+                "avg_jct_s", "median_jct_s", "p95_jct_s", "avg_run_s", "avg_wait_s",
+                "median_wait_s", "p95_wait_s", "avg_slowdown", "oom_events", "evictions", "rounds",
                 "max_mem_excess_mib")
         out: dict[str, Any] = {}
         for k in keys:
@@ -78,7 +83,8 @@ def summarize(engine: Engine, policy: str) -> SimulationResult:
         makespan = max(r.finish_s for r in done) - first
     else:
         makespan = 0.0
-    jct = np.array([r.finish_s - r.start_s for r in done])
+    jct = np.array([r.finish_s - r.job.arrival_s for r in done])
+    run = np.array([r.finish_s - r.start_s for r in done])
     wait = np.array([r.start_s - r.job.arrival_s for r in done])
     slow = np.array([(r.finish_s - r.start_s) / r.job.duration_s for r in done])
     util = engine.gpu_seconds_util_area / (g * makespan) if makespan > 0 else 0.0
@@ -87,6 +93,7 @@ def summarize(engine: Engine, policy: str) -> SimulationResult:
     return SimulationResult(
         policy=policy, jobs=len(engine.runs), finished=len(done), makespan_s=float(makespan),
         avg_gpu_util=float(util), avg_jct_s=avg_jct, median_jct_s=med_jct, p95_jct_s=p95_jct,
+        avg_run_s=float(run.mean()) if run.size else math.nan,
         avg_wait_s=avg_wait, median_wait_s=med_wait, p95_wait_s=p95_wait,
         avg_slowdown=float(slow.mean()) if slow.size else math.nan,
         oom_events=engine.oom_events, evictions=engine.evictions, rounds=engine.rounds,

@@ -14,8 +14,12 @@ import numpy as np
 from extender.simulator.metrics import SimulationResult
 
 
-def write_plots(results: Mapping[str, SimulationResult], out_dir: Path) -> list[Path]:
-    """Write ``utilisation.png``, ``jct_cdf.png`` and ``wait_cdf.png``; returns their paths."""
+def write_plots(results: Mapping[str, SimulationResult], out_dir: Path,
+                title: str = "") -> list[Path]:
+    """Write ``utilisation.png``, ``jct_cdf.png`` and ``wait_cdf.png``; returns their paths.
+
+    Each plot is titled with ``title`` (workload, seed, interference model) and the
+    policies, so a PNG found later still says what it shows."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -23,6 +27,9 @@ def write_plots(results: Mapping[str, SimulationResult], out_dir: Path) -> list[
 
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
+    policies = f"policy: {', '.join(results)}" if len(results) == 1 else \
+        f"policies: {', '.join(results)}"
+    heading = f"{title}\n{policies}" if title else policies
 
     fig, ax = plt.subplots(figsize=(8, 4))
     for name, r in results.items():
@@ -34,9 +41,10 @@ def write_plots(results: Mapping[str, SimulationResult], out_dir: Path) -> list[
     ax.set_ylabel("cluster GPU utilisation (%)")
     ax.set_ylim(0, 100)
     ax.legend(fontsize="small")
+    ax.set_title(heading, fontsize="medium")
     written.append(_save(fig, out_dir / "utilisation.png", plt))
 
-    for attr, label, file in (("jct_s", "JCT (s)", "jct_cdf.png"),
+    for attr, label, file in (("jct_s", "JCT: arrival to finish (s)", "jct_cdf.png"),
                               ("wait_s", "waiting time (s)", "wait_cdf.png")):
         fig, ax = plt.subplots(figsize=(6, 4))
         for name, r in results.items():
@@ -47,6 +55,7 @@ def write_plots(results: Mapping[str, SimulationResult], out_dir: Path) -> list[
         ax.set_ylabel("fraction of jobs")
         ax.set_xscale("symlog")
         ax.legend(fontsize="small")
+        ax.set_title(heading, fontsize="medium")
         written.append(_save(fig, out_dir / file, plt))
     return written
 

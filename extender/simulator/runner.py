@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from extender.core.snapshot import NodeSpec
 from extender.simulator.engine import Engine, EngineConfig
@@ -13,8 +14,12 @@ from extender.simulator.policies import PolicyOptions, make_policy
 
 def simulate(jobs: Sequence[SimJob], nodes: Sequence[NodeSpec], policy: str,
              options: PolicyOptions | None = None,
-             config: EngineConfig | None = None) -> SimulationResult:
-    """Simulate ``jobs`` on ``nodes`` under the named policy; deterministic for equal inputs."""
-    engine = Engine(nodes, jobs, make_policy(policy, options), config).run()
+             config: EngineConfig | None = None,
+             wrap: Callable[[Any], Any] | None = None) -> SimulationResult:
+    """Simulate ``jobs`` on ``nodes`` under the named policy; deterministic for equal inputs.
+
+    ``wrap`` may proxy the policy (progress reporting); it must not change decisions."""
+    chosen = make_policy(policy, options)
+    engine = Engine(nodes, jobs, wrap(chosen) if wrap else chosen, config).run()
     return summarize(engine, policy)
 

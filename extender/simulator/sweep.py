@@ -15,7 +15,7 @@ never switches the gate on.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from extender.core import CostPolicy
@@ -61,6 +61,14 @@ def _value(key: str, text: str) -> Value:
     return float(text)
 
 
+def grid_size(grid: Mapping[str, Sequence[Value]]) -> int:
+    """Number of settings in the grid (the product of its value counts)."""
+    size = 1
+    for values in grid.values():
+        size *= len(values)
+    return size
+
+
 def parse_grid(text: str | None) -> dict[str, tuple[Value, ...]]:
     """``"w_util=1,2;min_colocation_gain_percent=off,10"`` -> grid (other keys: defaults)."""
     if not text:
@@ -79,9 +87,7 @@ def parse_grid(text: str | None) -> dict[str, tuple[Value, ...]]:
             raise SweepError(f"{part!r}: values must be numbers{extra}") from None
         if not grid[key]:
             raise SweepError(f"{part!r}: no values")
-    size = 1
-    for values in grid.values():
-        size *= len(values)
+    size = grid_size(grid)
     if size > MAX_SETTINGS:
         raise SweepError(f"the grid has {size} settings (at most {MAX_SETTINGS})")
     return grid
@@ -104,14 +110,17 @@ def _options(base_cost: CostPolicy, base_queue: QueueConfig,
 
 def run_sweep(jobs: Sequence[SimJob], nodes: Sequence[NodeSpec], base_cost: CostPolicy,
               base_queue: QueueConfig, grid: Mapping[str, Sequence[Value]],
-              config: EngineConfig | None = None) -> list[SweepRow]:
-    """Every setting of ``grid`` (cartesian product), best first."""
+              config: EngineConfig | None = None,
+              on_setting: Callable[[], None] | None = None) -> list[SweepRow]:
+    """Every setting of ``grid`` (cartesian product), best first; ``on_setting`` after each."""
     keys = list(grid)
     rows = []
     for values in itertools.product(*(grid[k] for k in keys)):
         setting = dict(zip(keys, values, strict=True))
         options = _options(base_cost, base_queue, setting)
         rows.append(SweepRow(setting, simulate(jobs, nodes, "tandem", options, config)))
+        if on_setting is not None:
+            on_setting()
     order = sorted(range(len(rows)), key=lambda i: (rows[i].result.makespan_s,
                                                     rows[i].result.avg_wait_s, i))
     return [rows[i] for i in order]
@@ -136,5 +145,6 @@ def best_snippet(row: SweepRow, base_cost: CostPolicy, base_queue: QueueConfig,
     r = row.result
     header = (f"# tandem simulate --sweep on {label}: best of the grid by makespan\n"
               f"# makespan_s={r.makespan_s:.0f} avg_wait_s={r.avg_wait_s:.0f} "
-              f"avg_gpu_util={r.avg_gpu_util:.1f} avg_jct_s={r.avg_jct_s:.0f}\n")
+              f"avg_gpu_util={r.avg_gpu_util:.1f} avg_jct_s={r.avg_jct_s:.0f} "
+              f"avg_run_s={r.avg_run_s:.0f}\n")
     return header + yaml.safe_dump(doc, sort_keys=False)
