@@ -10,6 +10,7 @@ from __future__ import annotations
 import typer
 
 from agent.commands import app as agent_app
+from contracts.version import DISTRIBUTION, version
 from extender.commands import app as extender_app
 from extender.simulator.commands import simulate_command
 from planner.commands import plan_command
@@ -24,6 +25,24 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"tandem {version()} ({DISTRIBUTION})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    show_version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True,
+        help="Print the version (the images and the Helm chart carry the same) and exit.",
+    ),
+) -> None:
+    """GPU co-location for Kubernetes: predict, place, and share GPUs under SLOs."""
+
+
 app.command("demo")(demo_command)
 app.add_typer(extender_app, name="extender", help="The kube-scheduler extender service.")
 app.add_typer(agent_app, name="agent", help="Node agent and per-GPU inference server.")
