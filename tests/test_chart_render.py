@@ -203,3 +203,13 @@ def test_one_version_everywhere() -> None:
     assert f"## {VERSION} - " in (REPO / "CHANGELOG.md").read_text()
     out = CliRunner().invoke(app, ["--version"])
     assert out.exit_code == 0 and out.output.split()[1].startswith(VERSION)
+
+
+def test_chart_lints_strictly() -> None:
+    from test_chart_helpers import HELM
+
+    if HELM is None:
+        pytest.skip("no helm")
+    result = subprocess.run([HELM, "lint", "--strict", str(CHART), "--kube-version", "1.30.14"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
