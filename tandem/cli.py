@@ -11,6 +11,7 @@ from __future__ import annotations
 import typer
 
 from agent.commands import app as agent_app
+from contracts.version import DISTRIBUTION, version
 from extender.commands import app as extender_app
 from extender.simulator.commands import simulate_command
 from extender.status import status_command
@@ -30,11 +31,21 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"tandem {version()} ({DISTRIBUTION})")
+        raise typer.Exit()
+
+
 @app.callback()
 def root(
     ctx: typer.Context,
     debug: bool = typer.Option(
         False, "--debug", help="Show the full traceback when a command fails."),
+    show_version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True,
+        help="Print the version (the images and the Helm chart carry the same) and exit.",
+    ),
 ) -> None:
     """GPU co-location for Kubernetes: predict, place, and share GPUs under SLOs."""
     ctx.meta[DEBUG_KEY] = debug

@@ -141,4 +141,5 @@ def test_dockerfile_runs_unprivileged_without_torch() -> None:
              if line and not line.startswith("#")]
     assert rules[0] == "*", "deny by default, then allow what the image needs"
     allowed = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
-    assert allowed == {"pyproject.toml", "README.md", "extender", "predictor", "agent"}
+    assert allowed == {"pyproject.toml", "README.md", "LICENSE", "tandem", "extender", "agent",
+                       "planner", "predictor", "contracts"}

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from contracts.version import version
 from predictor.profiling.backend import (
     Environment,
     JobSpec,
@@ -130,18 +131,7 @@ def prepare_data_dir(root: Path, env: Environment, resume: bool) -> DataDir:
 
 def tandem_version() -> str:
     """The installed tandem version, or the source tree's when not installed."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("tandem")
-    except metadata.PackageNotFoundError:
-        import tomllib
-
-        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
-        try:
-            return str(tomllib.loads(pyproject.read_text())["project"]["version"]) + "+source"
-        except (OSError, KeyError, tomllib.TOMLDecodeError):
-            return "unknown"
+    return version()
 
 
 class ProvenanceRecorder:

@@ -1,0 +1,110 @@
+{{/* Labels of every object: the same three as the Kustomize manifests, plus Helm's. */}}
+{{- define "tandem.labels" -}}
+app.kubernetes.io/name: tandem
+app.kubernetes.io/component: {{ .component }}
+app.kubernetes.io/part-of: tandem
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
+{{- end }}
+
+{{/* Labels of objects that belong to no one component (namespace, config). */}}
+{{- define "tandem.commonLabels" -}}
+app.kubernetes.io/name: tandem
+app.kubernetes.io/part-of: tandem
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "tandem.tag" -}}
+{{- .Values.image.tag | default .Chart.AppVersion -}}
+{{- end }}
+
+{{- define "tandem.image" -}}
+{{- $repo := .Values.image.repository -}}
+{{- if .Values.image.registry }}{{ $repo = printf "%s/%s" (trimSuffix "/" .Values.image.registry) $repo }}{{ end -}}
+{{- printf "%s:%s" $repo (include "tandem.tag" .) -}}
+{{- end }}
+
+{{- define "tandem.gpuImage" -}}
+{{- $repo := .Values.image.gpuRepository -}}
+{{- if .Values.image.registry }}{{ $repo = printf "%s/%s" (trimSuffix "/" .Values.image.registry) $repo }}{{ end -}}
+{{- printf "%s:%s" $repo (include "tandem.tag" .) -}}
+{{- end }}
+
+{{/* kube-scheduler follows the cluster: vMAJOR.MINOR.PATCH of the API server, without
+     providers' suffixes (v1.31.4-eks-1a2b3c -> v1.31.4), unless set explicitly. */}}
+{{- define "tandem.kubeSchedulerImage" -}}
+{{- $tag := .Values.kubeScheduler.image.tag -}}
+{{- if not $tag -}}
+{{- $v := semver .Capabilities.KubeVersion.Version -}}
+{{- $tag = printf "v%d.%d.%d" $v.Major $v.Minor $v.Patch -}}
+{{- end -}}
+{{- printf "%s:%s" .Values.kubeScheduler.image.repository $tag -}}
+{{- end }}
+
+{{- define "tandem.agentTokenSecret" -}}
+{{- .Values.tokens.agent.existingSecret | default "tandem-agent-token" -}}
+{{- end }}
+
+{{- define "tandem.adminTokenSecret" -}}
+{{- .Values.tokens.admin.existingSecret | default "tandem-admin-token" -}}
+{{- end }}
+
+{{/* Refuse value combinations that would install something broken. */}}
+{{- define "tandem.validate" -}}
+{{- if not (has .Values.topology (list "sidecar" "standalone")) -}}
+{{- fail (printf "topology must be \"sidecar\" or \"standalone\", not %q" (toString .Values.topology)) -}}
+{{- end -}}
+{{- if and .Values.queueGate.enabled .Values.config.queue.enabled -}}
+{{- fail "queueGate.enabled and config.queue.enabled are both true: run the weighted-fair queue in one place only (each would release pods)" -}}
+{{- end -}}
+{{- if lt (int .Values.replicas) 1 -}}
+{{- fail "replicas must be at least 1" -}}
+{{- end -}}
+{{- end }}
+
+{{- define "tandem.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+fsGroup: 65532
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{- define "tandem.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+{{- end }}
+
+{{- define "tandem.podEnv" -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef: {fieldPath: metadata.name}
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef: {fieldPath: metadata.namespace}
+{{- end }}
+
+{{- define "tandem.antiAffinity" -}}
+podAntiAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            app.kubernetes.io/name: tandem
+            app.kubernetes.io/component: {{ . }}
+{{- end }}
+
+{{- define "tandem.imagePullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}

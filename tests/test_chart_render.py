@@ -1,0 +1,215 @@
+"""charts/tandem renders with its defaults and with every option toggled; each object
+validates strictly against the Kubernetes schemas; bad values fail with a message;
+kube-scheduler follows the cluster version; one version everywhere."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from test_chart_helpers import CHART, NAMESPACE, REPO, helm_template, render
+from test_manifests_helpers import BUILT_IN_ROLES, K8S_VERSION, MANIFESTS, containers_of, pod_specs
+from test_manifests_security import (
+    test_containers_meet_the_restricted_pod_security_level as restricted_level_check,
+)
+from typer.testing import CliRunner
+
+VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+CRD_GROUPS = ("monitoring.coreos.com/",)  # Prometheus Operator kinds: not in the core schemas
+
+# Every value a user is expected to change, each toggled away from its default in
+# one of three renders (few renders: one with generated certificates takes ~1 s).
+OPTIONS = {
+    "defaults": [],
+    "standalone": [
+        "topology=standalone", "tls.generate=false", "tls.secretName=my-tls",
+        "tls.caConfigMapName=my-ca", "tokens.agent.existingSecret=my-agent",
+        "tokens.admin.existingSecret=my-admin", "agent.serveGpus=false",
+        "config.limits.max_pods_per_gpu=4", "config.limits.min_colocation_gain_percent=5",
+    ],
+    "queue-gate": [
+        "queueGate.enabled=true", "metrics.podMonitors.enabled=true",
+        "tokens.admin.copyToNamespaces={team-a,team-b}", "namespace.create=true",
+        "image.registry=registry.example.com/ml", "image.tag=9.9.9",
+        "imagePullSecrets[0].name=pull",
+    ],
+    "queue-in-extender": [
+        "config.queue.enabled=true", "kubeScheduler.image.tag=v1.31.2",
+        "kubeScheduler.extenderWeight=3", "agent.modelStore.emptyDir=null",
+        "agent.modelStore.persistentVolumeClaim.claimName=models",
+        "agent.modelStore.persistentVolumeClaim.readOnly=true",
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict]]:
+    return {name: render(*sets) for name, sets in OPTIONS.items()}
+
+
+def test_every_object_validates_strictly(rendered: dict) -> None:
+    seen: set[str] = set()
+    for objects in rendered.values():
+        assert objects
+        for obj in objects:
+            if obj["apiVersion"].startswith(CRD_GROUPS):
+                continue
+            # Validate each distinct object once (renders share most of them).
+            key = json.dumps(obj, sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("option", OPTIONS)
+def test_every_reference_resolves(rendered: dict, option: str) -> None:
+    objects = rendered[option]
+    values = dict(s.split("=", 1) for s in OPTIONS[option])
+    have = {(o["kind"], o["metadata"]["name"]) for o in objects} | BUILT_IN_ROLES
+    # Objects the user names in values instead of letting the chart make them.
+    have |= {("Secret", values.get("tls.secretName")),
+             ("ConfigMap", values.get("tls.caConfigMapName")),
+             ("Secret", values.get("tokens.agent.existingSecret")),
+             ("Secret", values.get("tokens.admin.existingSecret"))}
+    for name, spec in pod_specs(objects):
+        assert ("ServiceAccount", spec["serviceAccountName"]) in have, name
+        for volume in spec.get("volumes", []):
+            if "configMap" in volume:
+                assert ("ConfigMap", volume["configMap"]["name"]) in have, (name, volume)
+            if "secret" in volume:
+                assert ("Secret", volume["secret"]["secretName"]) in have, (name, volume)
+        restricted_or_agent(name, spec)
+    for obj in objects:
+        if obj["kind"] in ("RoleBinding", "ClusterRoleBinding"):
+            assert (obj["roleRef"]["kind"], obj["roleRef"]["name"]) in have, obj["metadata"]
+    keys = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objects]
+    assert len(keys) == len(set(keys)), "duplicate objects"
+
+
+def restricted_or_agent(name: str, spec: dict) -> None:
+    """Every pod meets the restricted level; only the agent uses hostPID."""
+    restricted_level_check(name, spec)
+    assert bool(spec.get("hostPID")) == (name == "DaemonSet/tandem-agent"), name
+
+
+def test_options_change_what_they_say(rendered: dict) -> None:
+    kinds = {n: {(o["kind"], o["metadata"]["name"]) for o in objs} for n, objs in rendered.items()}
+    assert ("Deployment", "tandem-extender") in kinds["standalone"]
+    assert ("Deployment", "tandem-scheduler") not in kinds["standalone"]
+    assert ("Deployment", "tandem-queue-gate") in kinds["queue-gate"]
+    assert ("Deployment", "tandem-queue-gate") not in kinds["defaults"]
+    assert {"tandem-extender-tls", "tandem-agent-token", "tandem-admin-token"} <= {
+        n for k, n in kinds["defaults"] if k == "Secret"}
+    assert not any(k == "Secret" for k, _ in kinds["standalone"]), "the user's Secrets are used"
+    assert ("Namespace", NAMESPACE) in kinds["queue-gate"]
+    assert ("Namespace", NAMESPACE) not in kinds["defaults"]
+    assert {k for k in kinds["queue-gate"] if k[0] == "PodMonitor"} == {
+        ("PodMonitor", "tandem-extender"), ("PodMonitor", "tandem-agent"),
+        ("PodMonitor", "tandem-queue-gate")}
+    assert not any(k[0] == "PodMonitor" for k in kinds["defaults"])
+    copies = [o for o in rendered["queue-gate"] if o["metadata"]["name"] == "tandem-admin-token"]
+    assert sorted(o["metadata"]["namespace"] for o in copies) == [NAMESPACE, "team-a", "team-b"]
+    assert len({o["data"]["token"] for o in copies}) == 1, "every copy holds the same token"
+    images = {c["image"] for c in containers_of(rendered["queue-gate"])}
+    assert images == {"registry.example.com/ml/tandem:9.9.9",
+                      "registry.example.com/ml/tandem-gpu:9.9.9",
+                      "registry.k8s.io/kube-scheduler:v1.30.14"}
+    for _, spec in pod_specs(rendered["queue-gate"]):
+        assert spec["imagePullSecrets"] == [{"name": "pull"}]
+
+
+def _config(objects: list[dict], cm: str, key: str) -> dict:
+    obj = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == cm)
+    return yaml.safe_load(obj["data"][key])
+
+
+def test_values_reach_the_configuration(rendered: dict) -> None:
+    assert _config(rendered["standalone"], "tandem-config", "tandem.yaml")["limits"] == {
+        "max_pods_per_gpu": 4, "min_colocation_gain_percent": 5}
+    assert _config(rendered["queue-in-extender"], "tandem-config", "tandem.yaml")["queue"] == {
+        "enabled": True}
+    scheduler = _config(rendered["queue-in-extender"], "tandem-scheduler-config",
+                        "kube-scheduler-config.yaml")
+    assert scheduler["extenders"][0]["weight"] == 3
+    images = {c["image"] for c in containers_of(rendered["queue-in-extender"])}
+    assert "registry.k8s.io/kube-scheduler:v1.31.2" in images
+    agent = dict(pod_specs(rendered["queue-in-extender"]))["DaemonSet/tandem-agent"]
+    store = next(v for v in agent["volumes"] if v["name"] == "model-store")
+    assert store == {"name": "model-store",
+                     "persistentVolumeClaim": {"claimName": "models", "readOnly": True}}
+    no_serving = dict(pod_specs(rendered["standalone"]))["DaemonSet/tandem-agent"]
+    assert "--serve-gpus" not in no_serving["containers"][0]["args"]
+    assert len(no_serving["containers"][0]["ports"]) == 1
+
+
+@pytest.mark.parametrize(("cluster", "expected"), [
+    ("1.30.14", "v1.30.14"), ("1.31.4", "v1.31.4"), ("v1.32.2-eks-7f8e9a1", "v1.32.2")])
+def test_kube_scheduler_follows_the_cluster_version(cluster: str, expected: str) -> None:
+    images = {c["image"] for c in containers_of(render(kube_version=cluster))}
+    assert f"registry.k8s.io/kube-scheduler:{expected}" in images
+
+
+@pytest.mark.parametrize(("sets", "message"), [
+    (["topology=sidecars"], 'topology must be "sidecar" or "standalone"'),
+    (["queueGate.enabled=true", "config.queue.enabled=true"], "run the weighted-fair queue in one"),
+    (["replicas=0"], "replicas must be at least 1"),
+])
+def test_bad_values_fail_with_a_message(sets: list[str], message: str) -> None:
+    result = helm_template(*sets, check=False)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_clusters_older_than_supported_are_refused() -> None:
+    result = helm_template(kube_version="1.29.9", check=False)
+    assert result.returncode != 0 and "kubeVersion" in result.stderr
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
+def test_generated_certificate_names_every_address_and_chains_to_the_ca(tmp_path: Path) -> None:
+    import base64
+
+    tls = next(o for o in render() if o["kind"] == "Secret"
+               and o["metadata"]["name"] == "tandem-extender-tls")
+    for key in ("tls.crt", "ca.crt"):
+        (tmp_path / key).write_bytes(base64.b64decode(tls["data"][key]))
+    verify = subprocess.run(["openssl", "verify", "-CAfile", tmp_path / "ca.crt",
+                             tmp_path / "tls.crt"], capture_output=True, text=True)
+    assert verify.returncode == 0, verify.stderr
+    text = subprocess.run(["openssl", "x509", "-noout", "-text", "-in", tmp_path / "tls.crt"],
+                          capture_output=True, text=True, check=True).stdout
+    for name in ("DNS:tandem-extender.tandem-system.svc", "DNS:localhost", "IP Address:127.0.0.1"):
+        assert name in text
+
+
+def test_one_version_everywhere() -> None:
+    from tandem.cli import app
+
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == chart["version"] == VERSION
+    tags = {i["newTag"] for k in MANIFESTS.rglob("kustomization.yaml")
+            for i in yaml.safe_load(k.read_text()).get("images", [])
+            if i["name"] in ("tandem", "tandem-gpu")}
+    assert tags == {VERSION}
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert set(re.findall(r"-t (?:tandem|tandem-gpu):(\S+)", dockerfile)) == {VERSION}
+    assert f"## {VERSION} - " in (REPO / "CHANGELOG.md").read_text()
+    out = CliRunner().invoke(app, ["--version"])
+    assert out.exit_code == 0 and out.output.split()[1].startswith(VERSION)
+
+
+def test_chart_lints_strictly() -> None:
+    from test_chart_helpers import HELM
+
+    if HELM is None:
+        pytest.skip("no helm")
+    result = subprocess.run([HELM, "lint", "--strict", str(CHART), "--kube-version", "1.30.14"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
