@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 import yaml
-from test_chart_helpers import NAMESPACE, REPO, render
-from test_manifests_helpers import MANIFESTS, containers_of, pod_specs, resolve
+from chart_helpers import NAMESPACE, REPO, render
+from manifests_helpers import MANIFESTS, containers_of, pod_specs, resolve
 
 # Made by the operator by hand with Kustomize (docs/deploy.md, step 3); the chart makes them.
 CHART_ONLY = {("Secret", "tandem-extender-tls"), ("Secret", "tandem-agent-token"),

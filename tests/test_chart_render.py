@@ -14,10 +14,14 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from test_chart_helpers import CHART, NAMESPACE, REPO, helm_template, render
-from test_manifests_helpers import BUILT_IN_ROLES, K8S_VERSION, MANIFESTS, containers_of, pod_specs
-from test_manifests_security import (
-    test_containers_meet_the_restricted_pod_security_level as restricted_level_check,
+from chart_helpers import CHART, NAMESPACE, REPO, helm_template, render
+from manifests_helpers import (
+    BUILT_IN_ROLES,
+    K8S_VERSION,
+    MANIFESTS,
+    assert_restricted_pod_security,
+    containers_of,
+    pod_specs,
 )
 from typer.testing import CliRunner
 
@@ -95,7 +99,7 @@ def test_every_reference_resolves(rendered: dict, option: str) -> None:
 
 def restricted_or_agent(name: str, spec: dict) -> None:
     """Every pod meets the restricted level; only the agent uses hostPID."""
-    restricted_level_check(name, spec)
+    assert_restricted_pod_security(spec)
     assert bool(spec.get("hostPID")) == (name == "DaemonSet/tandem-agent"), name
 
 
@@ -206,7 +210,7 @@ def test_one_version_everywhere() -> None:
 
 
 def test_chart_lints_strictly() -> None:
-    from test_chart_helpers import HELM
+    from chart_helpers import HELM
 
     if HELM is None:
         pytest.skip("no helm")
