@@ -155,3 +155,15 @@ def assert_restricted_pod_security(spec: dict[str, Any]) -> None:
         assert seccomp == {"type": "RuntimeDefault"}, c["name"]
     assert not spec.get("hostNetwork") and not spec.get("hostIPC")
     assert all("hostPath" not in v for v in spec.get("volumes", []))
+
+
+def assert_pod_references_exist(objects: list[dict[str, Any]], have: set[tuple[str, str]],
+                                ) -> None:
+    """Every pod's service account, ConfigMap and Secret volumes name an object in ``have``."""
+    for name, spec in pod_specs(objects):
+        assert ("ServiceAccount", spec["serviceAccountName"]) in have, name
+        for volume in spec.get("volumes", []):
+            if "configMap" in volume:
+                assert ("ConfigMap", volume["configMap"]["name"]) in have, (name, volume)
+            if "secret" in volume:
+                assert ("Secret", volume["secret"]["secretName"]) in have, (name, volume)

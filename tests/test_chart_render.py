@@ -19,6 +19,7 @@ from manifests_helpers import (
     BUILT_IN_ROLES,
     K8S_VERSION,
     MANIFESTS,
+    assert_pod_references_exist,
     assert_restricted_pod_security,
     containers_of,
     pod_specs,
@@ -82,13 +83,8 @@ def test_every_reference_resolves(rendered: dict, option: str) -> None:
              ("ConfigMap", values.get("tls.caConfigMapName")),
              ("Secret", values.get("tokens.agent.existingSecret")),
              ("Secret", values.get("tokens.admin.existingSecret"))}
+    assert_pod_references_exist(objects, have)
     for name, spec in pod_specs(objects):
-        assert ("ServiceAccount", spec["serviceAccountName"]) in have, name
-        for volume in spec.get("volumes", []):
-            if "configMap" in volume:
-                assert ("ConfigMap", volume["configMap"]["name"]) in have, (name, volume)
-            if "secret" in volume:
-                assert ("Secret", volume["secret"]["secretName"]) in have, (name, volume)
         restricted_or_agent(name, spec)
     for obj in objects:
         if obj["kind"] in ("RoleBinding", "ClusterRoleBinding"):

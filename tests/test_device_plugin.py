@@ -55,8 +55,8 @@ def test_share_ids_round_trip_to_their_gpu():
 
 def test_candidates_group_a_pods_gpus_and_skip_pods_holding_devices():
     rows = placement("ml", "train", "u1", G1, G0) + placement("ml", "old", "u2", G0)
-    got = candidates(rows, INVENTORY, holding={("ml", "old")})
-    assert got == [Candidate("ml", "train", "u1", (G0, G1))]
+    got = candidates(rows, INVENTORY, holding={"ml/old"})
+    assert got == [Candidate("ml/train", "u1", (G0, G1))]
 
 
 def test_candidates_ignore_gpus_this_node_does_not_have():
@@ -65,15 +65,15 @@ def test_candidates_ignore_gpus_this_node_does_not_have():
 
 
 @pytest.mark.parametrize(("pods", "count", "want"), [
-    pytest.param([Candidate("a", "p", "1", (G0,))], 1, "a/p", id="one-waiting-pod"),
-    pytest.param([Candidate("a", "p", "1", (G0,)), Candidate("a", "q", "2", (G0,))], 1, "a/p",
+    pytest.param([Candidate("a/p", "1", (G0,))], 1, "a/p", id="one-waiting-pod"),
+    pytest.param([Candidate("a/p", "1", (G0,)), Candidate("a/q", "2", (G0,))], 1, "a/p",
                  id="same-gpus-either-is-right"),
-    pytest.param([Candidate("a", "p", "1", (G0,)), Candidate("a", "q", "2", (G0, G1))], 2,
+    pytest.param([Candidate("a/p", "1", (G0,)), Candidate("a/q", "2", (G0, G1))], 2,
                  "a/q", id="count-tells-them-apart"),
-    pytest.param([Candidate("a", "p", "1", (G0,)), Candidate("a", "q", "2", (G1,))], 1,
+    pytest.param([Candidate("a/p", "1", (G0,)), Candidate("a/q", "2", (G1,))], 1,
                  "Ambiguous", id="different-gpus-same-count-refused"),
     pytest.param([], 1, "NoAssignment", id="nobody-waiting"),
-    pytest.param([Candidate("a", "p", "1", (G0,))], 2, "NoAssignment", id="wrong-count"),
+    pytest.param([Candidate("a/p", "1", (G0,))], 2, "NoAssignment", id="wrong-count"),
 ])
 def test_choose_the_pod_being_admitted(pods, count, want):
     got = choose(pods, count, "node-1")
@@ -88,7 +88,7 @@ def test_preferred_allocation_puts_the_bound_gpus_shares_first():
 
 
 def test_grant_uses_cdi_names_only_when_the_node_can_resolve_them():
-    pod = Candidate("ml", "p", "uid-1", (G0, G1))
+    pod = Candidate("ml/p", "uid-1", (G0, G1))
     with_cdi = grant(pod, {"nvidia.com/gpu=GPU-aaaa", "nvidia.com/gpu=GPU-bbbb"})
     assert with_cdi.cdi_devices == ("nvidia.com/gpu=GPU-aaaa", "nvidia.com/gpu=GPU-bbbb")
     assert with_cdi.device_nodes == () and with_cdi.envs == ()

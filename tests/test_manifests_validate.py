@@ -18,6 +18,7 @@ from manifests_helpers import (
     K8S_VERSION,
     MANIFESTS,
     OVERLAYS,
+    assert_pod_references_exist,
     example_objects,
     find,
     kustomize_files,
@@ -108,13 +109,7 @@ def test_overlay_is_self_consistent(overlay: str) -> None:
     keys = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objects]
     assert len(keys) == len(set(keys)), "duplicate objects"
     have = {(o["kind"], o["metadata"]["name"]) for o in objects} | CREATED_AT_INSTALL
-    for name, spec in pod_specs(objects):
-        assert ("ServiceAccount", spec["serviceAccountName"]) in have, name
-        for volume in spec.get("volumes", []):
-            if "configMap" in volume:
-                assert ("ConfigMap", volume["configMap"]["name"]) in have, (name, volume)
-            if "secret" in volume:
-                assert ("Secret", volume["secret"]["secretName"]) in have, (name, volume)
+    assert_pod_references_exist(objects, have)
     for obj in objects:
         if obj["kind"] in ("RoleBinding", "ClusterRoleBinding"):
             ref = (obj["roleRef"]["kind"], obj["roleRef"]["name"])

@@ -45,17 +45,11 @@ class Gpu:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A pod the extender placed on this node, with its GPUs sorted by index."""
+    """A pod the extender placed on this node (``key``: namespace/name), GPUs by index."""
 
-    namespace: str
-    name: str
+    key: str
     uid: str
     gpus: tuple[Gpu, ...]
-
-    @property
-    def key(self) -> str:
-        """``namespace/name``."""
-        return f"{self.namespace}/{self.name}"
 
 
 @dataclass(frozen=True)
@@ -78,26 +72,25 @@ def uuid_of(device_id: str) -> str:
 
 def candidates(placements: Iterable[tuple[str, str, str, int, str | None]],
                inventory: Mapping[str, Gpu],
-               holding: set[tuple[str, str]]) -> list[Candidate]:
+               holding: set[str]) -> list[Candidate]:
     """Pods placed here and holding no devices yet.
 
     ``placements``: (namespace, name, uid, gpu index, gpu uuid) per pod and GPU, as
-    the extender's state lists them; ``holding``: (namespace, name) of pods the
+    the extender's state lists them; ``holding``: ``namespace/name`` of pods the
     kubelet already gave ``tandem.io/gpu`` devices.
     """
-    by_uid: dict[str, tuple[str, str, list[Gpu]]] = {}
+    by_uid: dict[str, tuple[str, list[Gpu]]] = {}
     by_index = {g.index: g for g in inventory.values()}
     for namespace, name, uid, index, uuid in placements:
-        if (namespace, name) in holding:
-            continue
+        key = f"{namespace}/{name}"
         gpu = inventory.get(uuid) if uuid else by_index.get(index)
-        if gpu is None:
+        if key in holding or gpu is None:
             continue
-        entry = by_uid.setdefault(uid, (namespace, name, []))
-        if gpu not in entry[2]:
-            entry[2].append(gpu)
-    return sorted((Candidate(ns, name, uid, tuple(sorted(gpus, key=lambda g: g.index)))
-                   for uid, (ns, name, gpus) in by_uid.items()), key=lambda c: c.key)
+        gpus = by_uid.setdefault(uid, (key, []))[1]
+        if gpu not in gpus:
+            gpus.append(gpu)
+    return sorted((Candidate(key, uid, tuple(sorted(gpus, key=lambda g: g.index)))
+                   for uid, (key, gpus) in by_uid.items()), key=lambda c: c.key)
 
 
 def choose(pods: Sequence[Candidate], device_count: int, node: str) -> Candidate | Refusal:

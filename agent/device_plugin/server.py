@@ -27,17 +27,8 @@ from typing import Any
 
 import grpc
 
+from agent.device_plugin import assign
 from agent.device_plugin import protocol as api
-from agent.device_plugin.assign import (
-    Candidate,
-    Refusal,
-    candidates,
-    choose,
-    grant,
-    preferred,
-    share_ids,
-    unhealthy_reason,
-)
 from agent.device_plugin.health import HealthTracker
 
 log = logging.getLogger(__name__)
@@ -64,14 +55,14 @@ class DevicePluginService:
 
     def __init__(self, config: PluginConfig, health: HealthTracker,
                  placements: Callable[[], Placements],
-                 holding: Callable[[], set[tuple[str, str]]],
+                 holding: Callable[[], set[str]],
                  cdi_names: Callable[[], set[str]],
                  stop: threading.Event,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.config, self.health = config, health
         self._placements, self._holding, self._cdi = placements, holding, cdi_names
         self._stop, self._sleep = stop, sleep
-        self._granted: set[tuple[str, str]] = set()  # fallback when no pod resources API
+        self._granted: set[str] = set()  # fallback when no pod resources API
 
     def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
         """Preferred allocation is answered; PreStartContainer is not needed."""
@@ -91,7 +82,7 @@ class DevicePluginService:
     def _device_list(self) -> Any:
         response = api.ListAndWatchResponse()
         for gpu in sorted(self.health.gpus().values(), key=lambda g: g.index):
-            for device_id in share_ids(gpu, self.config.shares_per_gpu):
+            for device_id in assign.share_ids(gpu, self.config.shares_per_gpu):
                 response.devices.add(ID=device_id,
                                      health=api.HEALTHY if gpu.healthy else api.UNHEALTHY)
         return response
@@ -102,9 +93,9 @@ class DevicePluginService:
         pods = self._candidates()
         for req in request.container_requests:
             # A pod of N GPUs asks for N shares, one per GPU.
-            picked = choose(pods, req.allocation_size, self.config.node)
-            target = [g.uuid for g in picked.gpus] if isinstance(picked, Candidate) else []
-            response.container_responses.add(deviceIDs=preferred(
+            picked = assign.choose(pods, req.allocation_size, self.config.node)
+            target = [g.uuid for g in picked.gpus] if isinstance(picked, assign.Candidate) else []
+            response.container_responses.add(deviceIDs=assign.preferred(
                 list(req.available_deviceIDs), list(req.must_include_deviceIDs),
                 req.allocation_size, target))
         return response
@@ -115,16 +106,16 @@ class DevicePluginService:
         for req in request.container_requests:
             count = len(req.devices_ids)
             pod = self._find(count)
-            if isinstance(pod, Refusal):
+            if isinstance(pod, assign.Refusal):
                 log.warning("allocation refused", extra={"reason": pod.reason,
                                                          "detail": pod.message})
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                               f"tandem {pod.reason}: {pod.message}")
-            sick = [r for r in (unhealthy_reason(g) for g in pod.gpus) if r]
+            sick = [r for r in (assign.unhealthy_reason(g) for g in pod.gpus) if r]
             if sick:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                               f"tandem Unhealthy: {'; '.join(sick)}")
-            given = grant(pod, self._cdi())
+            given = assign.grant(pod, self._cdi())
             container = response.container_responses.add()
             for name in given.cdi_devices:
                 container.cdi_devices.add(name=name)
@@ -132,7 +123,7 @@ class DevicePluginService:
                 container.devices.add(container_path=path, host_path=path, permissions="rw")
             container.envs.update(dict(given.envs))
             container.annotations.update(dict(given.annotations))
-            self._granted.add((pod.namespace, pod.name))
+            self._granted.add(pod.key)
             log.info("allocated", extra={"pod": pod.key, "uid": pod.uid,
                                          "gpus": [g.uuid for g in pod.gpus],
                                          "cdi": bool(given.cdi_devices),
@@ -143,19 +134,19 @@ class DevicePluginService:
         """Not requested in the options; answered empty for a kubelet that calls anyway."""
         return api.PreStartContainerResponse()
 
-    def _candidates(self) -> list[Candidate]:
+    def _candidates(self) -> list[assign.Candidate]:
         try:
             holding = self._holding()
         except PodResourcesUnavailable:
             holding = set(self._granted)
-        return candidates(self._placements(), self.health.gpus(), holding)
+        return assign.candidates(self._placements(), self.health.gpus(), holding)
 
-    def _find(self, count: int) -> Candidate | Refusal:
+    def _find(self, count: int) -> assign.Candidate | assign.Refusal:
         """Choose the pod; a pod bound a moment ago may not be in the state yet: retry."""
         deadline = time.monotonic() + self.config.assignment_retry_seconds
         while True:
-            pod = choose(self._candidates(), count, self.config.node)
-            if not isinstance(pod, Refusal) or pod.reason != "NoAssignment" or \
+            pod = assign.choose(self._candidates(), count, self.config.node)
+            if not isinstance(pod, assign.Refusal) or pod.reason != "NoAssignment" or \
                     time.monotonic() >= deadline:
                 return pod
             self._sleep(0.2)
@@ -166,8 +157,8 @@ class PodResourcesUnavailable(Exception):
 
 
 def pod_resources_holding(socket: Path, resource: str,
-                          timeout_seconds: float = 2.0) -> set[tuple[str, str]]:
-    """(namespace, name) of pods whose containers hold ``resource`` devices (kubelet's List)."""
+                          timeout_seconds: float = 2.0) -> set[str]:
+    """``namespace/name`` of pods whose containers hold ``resource`` devices (kubelet's List)."""
     if not socket.exists():
         raise PodResourcesUnavailable(f"{socket} does not exist")
     with grpc.insecure_channel(f"unix://{socket}") as channel:
@@ -177,7 +168,7 @@ def pod_resources_holding(socket: Path, resource: str,
             listing = call(api.ListPodResourcesRequest(), timeout=timeout_seconds)
         except grpc.RpcError as err:
             raise PodResourcesUnavailable(f"List: {err.code()}") from None
-    return {(pod.namespace, pod.name) for pod in listing.pod_resources
+    return {f"{pod.namespace}/{pod.name}" for pod in listing.pod_resources
             if any(d.resource_name == resource and d.device_ids
                    for c in pod.containers for d in c.devices)}
 
