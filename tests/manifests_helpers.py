@@ -167,3 +167,22 @@ def assert_pod_references_exist(objects: list[dict[str, Any]], have: set[tuple[s
                 assert ("ConfigMap", volume["configMap"]["name"]) in have, (name, volume)
             if "secret" in volume:
                 assert ("Secret", volume["secret"]["secretName"]) in have, (name, volume)
+
+
+DEVICE_PLUGIN_HOST_PATHS = {"/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources",
+                            "/etc/cdi", "/var/run/cdi"}
+
+
+def assert_device_plugin_least_privilege(spec: dict[str, Any]) -> None:
+    """The device plugin's exception to "restricted": root for the kubelet's socket
+    directory and those host paths only; nothing else is granted."""
+    (c,) = spec["containers"]
+    sc = c["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc.get("privileged", False) is False
+    assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"] == {"drop": ["ALL"]}
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert not spec.get("hostNetwork") and not spec.get("hostIPC") and not spec.get("hostPID")
+    host = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert host == DEVICE_PLUGIN_HOST_PATHS
+    writable = {m["mountPath"] for m in c["volumeMounts"] if not m.get("readOnly")}
+    assert writable == {"/var/lib/kubelet/device-plugins", "/tmp"}

@@ -27,7 +27,21 @@ CASES = {
     "sidecar+queue-gate": (["queueGate.enabled=true"],
                            lambda: resolve(MANIFESTS / "overlays/sidecar")
                            + resolve(MANIFESTS / "addons/queue-gate")),
+    "sidecar+device-plugin": (["devicePlugin.enabled=true", "config.handoff.mode=device-plugin"],
+                              lambda: _with_handoff(resolve(MANIFESTS / "overlays/sidecar"),
+                                                    "device-plugin")
+                              + resolve(MANIFESTS / "addons/device-plugin")),
 }
+
+
+def _with_handoff(objects: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
+    """The kustomize install after the add-on's documented step: handoff.mode in tandem.yaml."""
+    for obj in objects:
+        if obj["kind"] == "ConfigMap" and "tandem.yaml" in obj.get("data", {}):
+            config = yaml.safe_load(obj["data"]["tandem.yaml"])
+            config["handoff"]["mode"] = mode
+            obj["data"]["tandem.yaml"] = yaml.safe_dump(config)
+    return objects
 POD_FIELDS = ("serviceAccountName", "automountServiceAccountToken", "priorityClassName",
               "runtimeClassName", "hostPID", "securityContext", "affinity", "tolerations",
               "terminationGracePeriodSeconds")

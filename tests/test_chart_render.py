@@ -19,6 +19,7 @@ from manifests_helpers import (
     BUILT_IN_ROLES,
     K8S_VERSION,
     MANIFESTS,
+    assert_device_plugin_least_privilege,
     assert_pod_references_exist,
     assert_restricted_pod_security,
     containers_of,
@@ -50,6 +51,8 @@ OPTIONS = {
         "kubeScheduler.extenderWeight=3", "agent.modelStore.emptyDir=null",
         "agent.modelStore.persistentVolumeClaim.claimName=models",
         "agent.modelStore.persistentVolumeClaim.readOnly=true",
+        "devicePlugin.enabled=true", "config.handoff.mode=device-plugin",
+        "devicePlugin.shares=4",
     ],
 }
 
@@ -94,7 +97,11 @@ def test_every_reference_resolves(rendered: dict, option: str) -> None:
 
 
 def restricted_or_agent(name: str, spec: dict) -> None:
-    """Every pod meets the restricted level; only the agent uses hostPID."""
+    """Every pod meets the restricted level but the device plugin (least privilege, checked
+    on its own); only the agent uses hostPID."""
+    if name == "DaemonSet/tandem-device-plugin":
+        assert_device_plugin_least_privilege(spec)
+        return
     assert_restricted_pod_security(spec)
     assert bool(spec.get("hostPID")) == (name == "DaemonSet/tandem-agent"), name
 
@@ -160,6 +167,8 @@ def test_kube_scheduler_follows_the_cluster_version(cluster: str, expected: str)
     (["topology=sidecars"], 'topology must be "sidecar" or "standalone"'),
     (["queueGate.enabled=true", "config.queue.enabled=true"], "run the weighted-fair queue in one"),
     (["replicas=0"], "replicas must be at least 1"),
+    (["devicePlugin.enabled=true"], "devicePlugin.enabled and config.handoff.mode"),
+    (["config.handoff.mode=device-plugin"], "devicePlugin.enabled and config.handoff.mode"),
 ])
 def test_bad_values_fail_with_a_message(sets: list[str], message: str) -> None:
     result = helm_template(*sets, check=False)

@@ -10,6 +10,7 @@ import pytest
 from manifests_helpers import (
     MANIFESTS,
     OVERLAYS,
+    assert_device_plugin_least_privilege,
     assert_restricted_pod_security,
     container,
     containers_of,
@@ -143,3 +144,10 @@ def test_dockerfile_runs_unprivileged_without_torch() -> None:
     allowed = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
     assert allowed == {"pyproject.toml", "README.md", "LICENSE", "tandem", "extender", "agent",
                        "planner", "predictor", "contracts"}
+
+
+def test_device_plugin_add_on_has_least_privilege() -> None:
+    (spec,) = [s for _, s in pod_specs(resolve(MANIFESTS / "addons" / "device-plugin"))]
+    assert_device_plugin_least_privilege(spec)
+    args = spec["containers"][0]["args"]
+    assert args[:2] == ["agent", "device-plugin"] and "--shares=8" in args

@@ -57,6 +57,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if not (has .Values.topology (list "sidecar" "standalone")) -}}
 {{- fail (printf "topology must be \"sidecar\" or \"standalone\", not %q" (toString .Values.topology)) -}}
 {{- end -}}
+{{- if ne .Values.devicePlugin.enabled (eq (toString .Values.config.handoff.mode) "device-plugin") -}}
+{{- fail "devicePlugin.enabled and config.handoff.mode: device-plugin go together: set both or neither" -}}
+{{- end -}}
 {{- if and .Values.queueGate.enabled .Values.config.queue.enabled -}}
 {{- fail "queueGate.enabled and config.queue.enabled are both true: run the weighted-fair queue in one place only (each would release pods)" -}}
 {{- end -}}
