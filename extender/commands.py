@@ -26,6 +26,7 @@ def serve(
         None, "--lease-name", help="Lease to follow or elect on (POD_NAMESPACE's)"),
 ) -> None:
     """Run the kube-scheduler extender on cheroot until SIGTERM/SIGINT."""
+    from contracts.clusterfile import ClusterFileError
     from contracts.logs import setup_logging
     from extender.config import ConfigError, ConfigHolder, load_config
     from extender.lifecycle import (
@@ -40,7 +41,6 @@ def serve(
     from extender.queue.metrics import QueueMetrics
     from extender.routes import create_app
     from extender.server import make_server, reload_loop
-    from extender.sim_cluster import SimFileError
     from extender.wiring import (
         PredictorSetupError,
         QueueGateThread,
@@ -64,7 +64,7 @@ def serve(
         profiles = load_profiles(cfg.profile_files, cfg.nexus_profiles)
         if cfg.queue.enabled:
             gate = build_queue_gate(cfg.queue, demand_fn=predictor_demand_fn(predictor))
-    except (ConfigError, SimFileError, SourceSpecError, ProfileFileError,
+    except (ConfigError, ClusterFileError, SourceSpecError, ProfileFileError,
             LeadershipSetupError, PredictorSetupError, QueueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

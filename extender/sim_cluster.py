@@ -22,7 +22,6 @@ from typing import Any
 from contracts.annotations import GPU_INDEX, PREDICTED_MEM_MIB, PREDICTED_UTIL
 from contracts.clusterfile import (
     ClusterFile,
-    ClusterFileError,
     SimPod,
     load_cluster_file,
     parse_cluster_file,
@@ -32,8 +31,6 @@ from extender.source import placement_from_pod
 
 DEFAULT_CLUSTER = Path(__file__).with_name("demo_cluster.yaml")
 
-# `extender serve` maps this error to exit code 2 under its historical name.
-SimFileError = ClusterFileError
 
 
 @dataclass(frozen=True)

@@ -185,7 +185,7 @@ def status_command(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Per node and GPU: role, pods, reserved memory, predicted and observed load; pending pods."""
-    from extender.sim_cluster import SimFileError
+    from contracts.clusterfile import ClusterFileError
     from extender.status_render import render
     from extender.wiring import SourceSpecError
 
@@ -194,7 +194,7 @@ def status_command(
     except (StatusError, SourceSpecError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
-    except SimFileError as exc:
+    except ClusterFileError as exc:
         typer.echo(f"error: {cluster}: {'; '.join(exc.problems)}", err=True)
         raise typer.Exit(1) from None
     typer.echo(json.dumps(doc, sort_keys=True) if json_out else render(doc))

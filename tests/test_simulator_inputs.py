@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from extender.simulator.cluster import ClusterError, builtin_cluster, load_cluster
+from contracts.clusterfile import ClusterFileError
+from extender.simulator.cluster import builtin_cluster, load_cluster
 from extender.simulator.jobs import TraceError, dump_trace, job_from_mapping, load_trace
 from extender.simulator.workloads import (
     LIGHT_HEAVY_SPLIT_PERCENT,
@@ -93,7 +94,7 @@ nodes:
 def test_bad_cluster_file_names_the_file_and_every_problem(tmp_path: Path) -> None:
     file = tmp_path / "cluster.yaml"
     file.write_text("nodes: [{name: a, gpus: [{product: p, memory_mib: -1, count: 100}]}]")
-    with pytest.raises(ClusterError) as err:
+    with pytest.raises(ClusterFileError) as err:
         load_cluster(str(file))
     assert err.value.source == str(file)
     assert err.value.problems == (

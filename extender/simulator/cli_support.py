@@ -11,7 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from extender.simulator.cluster import ClusterError, load_cluster
+from contracts.clusterfile import ClusterFileError
+from extender.simulator.cluster import load_cluster
 from extender.simulator.engine import EngineConfig
 from extender.simulator.interference import InterferenceError
 from extender.simulator.jobs import TraceError, load_trace
@@ -44,7 +45,7 @@ def _load_inputs(trace: Path | None, workload: str | None, cluster: str | None, 
             job_list = generate(str(workload), seed)
             label = f"{workload} (seed {seed})"
         nodes = load_cluster(cluster or DEFAULT_CLUSTER.get(str(workload), "large"))
-    except (TraceError, WorkloadError, ClusterError) as exc:
+    except (TraceError, WorkloadError, ClusterFileError) as exc:
         raise CommandError(str(exc)) from None
     return job_list, nodes, label
 

@@ -30,8 +30,6 @@ RTX_2080 = ("NVIDIA GeForce RTX 2080", 8192)
 GTX_1080 = ("NVIDIA GeForce GTX 1080", 8192)
 BUILTINS = ("testbed", "large")
 
-# `tandem simulate` maps this error to exit code 2 under its historical name.
-ClusterError = ClusterFileError
 
 
 def uniform_cluster(nodes: int, gpus_per_node: int, product: str, memory_mib: int,
