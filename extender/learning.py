@@ -20,8 +20,9 @@ predictor models), co-located ones are recorded for interference learning and
 export.
 
 The leader persists the estimates in a ConfigMap (one JSON document, at most
-``max_entries`` estimates) and every replica reloads it at start. ``export_rows``
-turns them into ``training_data/`` rows for ``tandem predictor train``.
+``max_entries`` estimates) and every replica reloads it at start. ``tandem
+predictor export-observations`` turns that document into ``training_data/`` rows
+(:mod:`predictor.observed`).
 """
 
 from __future__ import annotations
@@ -174,14 +175,6 @@ class ObservationStore:
             self._bound(self._colocated)
             self.dirty = False
             return len(self._alone) + len(self._colocated)
-
-    def export_rows(self) -> list[dict[str, Any]]:
-        """``training_data/`` rows (one per alone estimate) for ``tandem predictor train``."""
-        with self._lock:
-            return [{"model": k[0], "batch_size": k[1], "workload": k[2], "gpu_type": k[3],
-                     "gpu_util_percent": round(e.mean, 3), "samples": e.count,
-                     "stddev_percent": round(e.stddev, 3), "source": "observed"}
-                    for k, e in sorted(self._alone.items())]
 
 
 def _key_of(p: Placement | None, node: str, gpu_index: int, product: str) -> Key | None:

@@ -99,8 +99,6 @@ def run_demo(seed: int = DEFAULT_SEED) -> dict[str, Any]:
 def _run_demo(seed: int, store: Path) -> dict[str, Any]:
     import httpx
 
-    from predictor.api import Predictor
-
     from contracts.clusterfile import load_cluster_file
     from extender.config import ConfigHolder, load_config
     from extender.profiles import load_profiles
@@ -108,6 +106,7 @@ def _run_demo(seed: int, store: Path) -> dict[str, Any]:
     from extender.server import start_background
     from extender.sim_cluster import DEFAULT_CLUSTER, SimSource
     from extender.wiring import default_planner
+    from predictor.api import Predictor
 
     started = time.perf_counter()
     token = secrets.token_urlsafe(24)

@@ -194,3 +194,32 @@ def test_a_corrupt_persisted_document_is_skipped_not_fatal(kube_api) -> None:
     learner = Learner(LearningConfig(), ConfigMapPersistence(api, "tandem", "tandem-learning"))
     learner.start()
     assert learner.store.view()["alone"] == []
+
+
+def test_export_observations_writes_training_data_rows(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from predictor.commands import app as predictor_app
+    from predictor.observed import OBSERVED_COLUMNS
+
+    store = ObservationStore()
+    for value in (40.0, 44.0):
+        store.add(KEY, value, alone=True)
+    store.add(("rare.onnx", 1, "inference", A100), 10.0, alone=True)
+    store.add(("n.onnx", 8, "training", A100), 80.0, alone=False)  # co-located: not a row
+    doc = tmp_path / "observations.json"
+    doc.write_text(json.dumps(store.to_document()))
+    result = CliRunner().invoke(predictor_app, [
+        "export-observations", str(doc), "--out", str(tmp_path / "td"), "--min-samples", "2",
+        "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["rows"] == 1
+    lines = (tmp_path / "td" / A100 / "observed.csv").read_text().splitlines()
+    assert lines[0] == ",".join(OBSERVED_COLUMNS)
+    assert lines[1].startswith("m.onnx,training,32,NVIDIA-A100-SXM4-40GB,42.0,2.0,2,")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"alone": [{"model": "m"}]}')
+    failed = CliRunner().invoke(predictor_app, ["export-observations", str(bad), "--json"])
+    assert failed.exit_code == 2 and "invalid_document" in failed.output
