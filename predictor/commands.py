@@ -151,6 +151,9 @@ def predict_command(
         "batch_size": batch,
         "workload": workload,
     }
+    if pred.gpu_util_percent is None and not as_json:
+        typer.echo(f"note: no trained utilisation model in {artifacts} (run `tandem predictor "
+                   "train`); the memory estimate needs none", err=True)
     typer.echo(
         json.dumps(out)
         if as_json
