@@ -23,6 +23,9 @@ class ProcessSample:
     used_memory_mib: int | None
     pod_uid: str | None = None
     container_id: str | None = None
+    utilization_percent: float | None = None
+    """The process's share of the GPU's SMs over the interval (NVML per-process samples);
+    None where the GPU or driver does not give it."""
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ class _Device:
     events: Any | None
     last_util_us: int = 0
     last_mem_util_us: int = 0
+    last_proc_util_us: int = 0
     xid_count: int = 0
     last_xid: int = 0
 
@@ -181,6 +182,7 @@ class NvmlGpuSource:
         temperature = self._call(i, "temperature", m.nvmlDeviceGetTemperature, h,
                                  m.NVML_TEMPERATURE_GPU)
         procs = self._call(i, "processes", m.nvmlDeviceGetComputeRunningProcesses, h) or []
+        per_pid = self._process_utilisation(device, now_us, interval_seconds)
         self._drain_xid(device)
         return GpuSample(
             info=device.info,
@@ -196,6 +198,7 @@ class NvmlGpuSource:
                     pid=int(p.pid),
                     used_memory_mib=None if p.usedGpuMemory is None
                     else int(p.usedGpuMemory // _MIB),
+                    utilization_percent=per_pid.get(int(p.pid)),
                 )
                 for p in procs
             ),
@@ -219,6 +222,34 @@ class NvmlGpuSource:
             return None, last_us
         values = [sample_value(value_type, s.sampleValue) for s in fresh]
         return sum(values) / len(values), max(s.timeStamp for s in fresh)
+
+    def _process_utilisation(self, device: _Device, now_us: int,
+                             interval_seconds: float) -> dict[int, float]:
+        """Mean SM utilisation per PID over this interval (``nvmlDeviceGetProcessUtilization``).
+
+        Empty where the call is missing or unsupported (older GPUs, vGPU, MIG): the
+        extender then learns only from pods alone on a GPU, from the GPU's utilisation.
+        """
+        m = self._nvml
+        fn = getattr(m, "nvmlDeviceGetProcessUtilization", None)
+        if fn is None:
+            return {}
+        floor_us = device.last_proc_util_us or now_us - int(interval_seconds * 1e6)
+        try:
+            samples = fn(device.handle, floor_us)
+        except m.NVMLError as err:
+            if err.value != m.NVML_ERROR_NOT_FOUND:  # NOT_FOUND: no process ran since
+                self._classify(device.info.index, "process_utilization", err)
+            return {}
+        by_pid: dict[int, list[float]] = {}
+        newest = device.last_proc_util_us
+        for sample in samples or []:
+            if sample.timeStamp <= floor_us:
+                continue
+            by_pid.setdefault(int(sample.pid), []).append(float(sample.smUtil))
+            newest = max(newest, int(sample.timeStamp))
+        device.last_proc_util_us = newest
+        return {pid: min(100.0, sum(v) / len(v)) for pid, v in by_pid.items()}
 
     def _drain_xid(self, device: _Device) -> None:
         m = self._nvml

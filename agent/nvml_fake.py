@@ -35,6 +35,8 @@ class FakeGpu:
     power_mw: int = 70_000
     temperature_c: int = 35
     processes: list[tuple[int, int | None]] = field(default_factory=list)
+    process_util_samples: list[tuple[int, int, int]] = field(default_factory=list)
+    """``(timestamp_us, pid, sm_util)`` as ``nvmlDeviceGetProcessUtilization`` returns them."""
     mig_enabled: bool = False
     xid_events: deque[int] = field(default_factory=deque)
     errors: dict[str, int] = field(default_factory=dict)
@@ -168,6 +170,18 @@ class FakeNvml:
 
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
         return self._gpu(handle, "nvmlDeviceGetTemperature").temperature_c
+
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, since_us: int) -> list:
+        gpu = self._gpu(handle, "nvmlDeviceGetProcessUtilization")
+        fresh = [(t, pid, sm) for t, pid, sm in gpu.process_util_samples if t > since_us]
+        if not fresh:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        samples = []
+        for t, pid, sm in fresh:
+            sample = pynvml.c_nvmlProcessUtilizationSample_t()
+            sample.timeStamp, sample.pid, sample.smUtil = t, pid, sm
+            samples.append(sample)
+        return samples
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list:
         gpu = self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses")

@@ -60,7 +60,8 @@ def _gpu_entry(g: GpuSample) -> dict[str, Any]:
         "mig_mode": g.info.mig_mode,
         "processes": [
             {"pid": p.pid, "used_memory_mib": p.used_memory_mib,
-             "pod_uid": p.pod_uid, "container_id": p.container_id}
+             "pod_uid": p.pod_uid, "container_id": p.container_id,
+             "utilization_percent": _round(p.utilization_percent, 2)}
             for p in g.processes
         ],
     }

@@ -107,9 +107,12 @@ class SimGpuSource:
         return NodeSample(self._clock(), interval_seconds, samples)
 
     def _sample_gpu(self, info: GpuInfo, spec: SimGpuSpec, jobs: list[SimJob]) -> GpuSample:
-        load = min(100.0, sum(j.utilization_percent for j in jobs))
+        demand = sum(j.utilization_percent for j in jobs)
+        load = min(100.0, demand)
         if jobs:  # an idle GPU reads exactly 0, as NVML does
             load = min(100.0, max(0.0, load + self._rng.gauss(0.0, self._noise)))
+        # Per-process samples as NVML gives them: each job's share of what the GPU did.
+        share = load / demand if demand > 0 else 0.0
         used = min(spec.memory_mib, sum(j.memory_mib for j in jobs))
         return GpuSample(
             info=info,
@@ -123,7 +126,8 @@ class SimGpuSource:
             last_xid=0,
             processes=tuple(
                 ProcessSample(pid=sim_pid(j.pod_uid), used_memory_mib=j.memory_mib,
-                              pod_uid=j.pod_uid)
+                              pod_uid=j.pod_uid,
+                              utilization_percent=round(j.utilization_percent * share, 2))
                 for j in sorted(jobs, key=lambda j: j.pod_uid)
             ),
         )

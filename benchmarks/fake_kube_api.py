@@ -31,6 +31,7 @@ from urllib.parse import parse_qs, urlsplit
 
 POD_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)(/binding)?$")
 EVENTS_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/events$")
+CONFIGMAP_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps(?:/([^/]+))?$")
 WATCH_POLL_SECONDS = 0.2
 """How often an idle watch checks whether the server is stopping."""
 
@@ -88,6 +89,7 @@ class FakeKubeApi:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.events: list[dict[str, Any]] = []
+        self.configmaps: dict[tuple[str, str], dict[str, Any]] = {}
         self.requests: list[Recorded] = []
         self.record = record
         # (resourceVersion, "nodes"|"pods", one watch event line): watches replay from here
@@ -212,6 +214,30 @@ class FakeKubeApi:
             self.events.append(event)
         return event
 
+    def configmap(self, method: str, namespace: str, name: str | None, body: Any,
+                  ) -> tuple[int, dict[str, Any]]:
+        """GET, POST (create; 409 if it exists) and PUT (replace; 404 if absent) ConfigMaps."""
+        with self._cond:
+            if method == "POST" and isinstance(body, dict):
+                name = str((body.get("metadata") or {}).get("name", ""))
+                if (namespace, name) in self.configmaps:
+                    raise ApiError(409, "AlreadyExists", f"configmaps {name} already exists")
+            key = (namespace, name or "")
+            if method == "GET":
+                if key not in self.configmaps:
+                    raise ApiError(404, "NotFound", f"configmaps {name} not found")
+                return 200, copy.deepcopy(self.configmaps[key])
+            if method not in ("POST", "PUT") or not isinstance(body, dict):
+                raise ApiError(400, "BadRequest", "configmap body must be an object")
+            if method == "PUT" and key not in self.configmaps:
+                raise ApiError(404, "NotFound", f"configmaps {name} not found")
+            stored = copy.deepcopy(body)
+            self._rv += 1
+            stored.setdefault("metadata", {}).update(namespace=namespace,
+                                                     resourceVersion=str(self._rv))
+            self.configmaps[key] = stored
+            return (201 if method == "POST" else 200), copy.deepcopy(stored)
+
     def list_objects(self, kind: str, selector: str) -> dict[str, Any]:
         """A NodeList or PodList at the current resourceVersion."""
         with self._cond:
@@ -335,6 +361,8 @@ def _handler(api: FakeKubeApi) -> type[BaseHTTPRequestHandler]:
                 self._send(201, api.bind_pod(pod_match[1], pod_match[2], body))
             elif event_match and method == "POST":
                 self._send(201, api.post_event(event_match[1], body))
+            elif (cm := CONFIGMAP_PATH.match(path)) is not None:
+                self._send(*api.configmap(method, cm[1], cm[2], body))
             else:
                 raise ApiError(404, "NotFound", f"{method} {path} is not served here")
 
@@ -353,6 +381,6 @@ def _handler(api: FakeKubeApi) -> type[BaseHTTPRequestHandler]:
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True
 
-        do_GET = do_PATCH = do_POST = _handle  # noqa: N815 - http.server's names
+        do_GET = do_PATCH = do_POST = do_PUT = _handle  # noqa: N815 - http.server's names
 
     return Handler

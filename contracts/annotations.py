@@ -47,6 +47,10 @@ PREDICTED_MEM_MIB = PREFIX + "predicted-gpu-mem-mib"
 COST = PREFIX + "cost"
 BATCH = PREFIX + "batch"
 DUTY_CYCLE_MS = PREFIX + "duty-cycle-ms"
+PREDICTION_SOURCE = PREFIX + "prediction-source"
+"""Where the predicted numbers came from: ``<utilisation source>+mem:<memory source>``
+(``asserted``, ``observed:<n>``, ``xgboost:<digest>...``, ``cold-start``), or ``asserted``."""
+_MAX_SOURCE = 253  # an annotation value for people; longer text is cut, never refused
 
 TRAINING = "training"
 INFERENCE = "inference"
@@ -261,6 +265,8 @@ class BindOutputs:
     cost: float | None = None
     batch: int | None = None
     duty_cycle_ms: float | None = None
+    source: str | None = None
+    """Where ``util_percent`` and ``mem_mib`` came from (``PREDICTION_SOURCE``)."""
 
 
 def encode_outputs(out: BindOutputs) -> dict[str, str]:
@@ -277,6 +283,8 @@ def encode_outputs(out: BindOutputs) -> dict[str, str]:
         ann[BATCH] = str(out.batch)
     if out.duty_cycle_ms is not None:
         ann[DUTY_CYCLE_MS] = f"{out.duty_cycle_ms:.3f}"
+    if out.source:
+        ann[PREDICTION_SOURCE] = out.source[:_MAX_SOURCE]
     return ann
 
 
@@ -308,7 +316,12 @@ def decode_outputs(ann: Mapping[str, object]) -> BindOutputs | None:
         cost=_float_or_none(ann.get(COST)),
         batch=int(batch) if isinstance(batch, str) and _INT_TEXT.fullmatch(batch) else None,
         duty_cycle_ms=_float_or_none(ann.get(DUTY_CYCLE_MS)),
+        source=_source_or_none(ann.get(PREDICTION_SOURCE)),
     )
+
+
+def _source_or_none(raw: object) -> str | None:
+    return raw[:_MAX_SOURCE] if isinstance(raw, str) and raw.isprintable() and raw else None
 
 
 def _float_or_none(raw: object) -> float | None:

@@ -107,6 +107,28 @@ class PredictorConfig:
 
 
 @dataclass(frozen=True)
+class LearningConfig:
+    """Online learning of each model's utilisation from agent reports (extender/learning.py)."""
+
+    enabled: bool = True
+    """Turn agent reports into per-model observations and use them in resolution."""
+    cold_start_util_percent: float = 100.0
+    """Utilisation assumed for a model with no observation and no trained model, (0, 100]."""
+    min_observations: int = 5
+    """Samples before an observed estimate replaces the prediction, 1..10000."""
+    ewma_alpha: float = 0.1
+    """Weight of a new sample in the running estimate once past 1/alpha samples, (0, 1]."""
+    max_entries: int = 2000
+    """Most (model, batch, workload, GPU type) estimates kept; least recent dropped, 1..100000."""
+    configmap: str | None = "tandem-learning"
+    """ConfigMap the leader persists estimates in (``kube`` clusters); null = not persisted."""
+    namespace: str | None = None
+    """Namespace of that ConfigMap; null = the extender's own (in-cluster), else ``default``."""
+    persist_interval_seconds: float = 60.0
+    """Least time between two writes of the ConfigMap, > 0."""
+
+
+@dataclass(frozen=True)
 class QueueSettings:
     """Horus's weighted-fair queue as a scheduling gate (``extender/queue/``)."""
 
@@ -149,6 +171,7 @@ class ExtenderConfig:
     nexus_profiles: tuple[NexusProfileSource, ...] = ()
     """Nexus profile files, each mapped to the GPU type it was measured on."""
     predictor: PredictorConfig = PredictorConfig()
+    learning: LearningConfig = LearningConfig()
     queue: QueueSettings = QueueSettings()
     log_level: str = "info"
     reload_interval_seconds: float = 5.0
@@ -192,6 +215,19 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool
     "predictor": {"enabled": (bool, None, ""), "artifacts_dir": ((str, type(None)), None, ""),
                   "model_store": ((str, type(None)), None, ""),
                   "allow_simulated": (bool, None, "")},
+    "learning": {
+        "enabled": (bool, None, ""),
+        "cold_start_util_percent": ((int, float), lambda v: 0 < v <= 100, "must be in (0, 100]"),
+        "min_observations": (int, lambda v: 1 <= v <= 10_000, "must be in 1..10000"),
+        "ewma_alpha": ((int, float), lambda v: 0 < v <= 1, "must be in (0, 1]"),
+        "max_entries": (int, lambda v: 1 <= v <= 100_000, "must be in 1..100000"),
+        "configmap": ((str, type(None)), lambda v: v is None or _DNS_NAME.fullmatch(v) is not None,
+                      "must be null or a DNS-1123 name"),
+        "namespace": ((str, type(None)), lambda v: v is None or _DNS_LABEL.fullmatch(v) is not None,
+                      "must be null or a namespace name"),
+        "persist_interval_seconds": ((int, float), lambda v: 0 < v <= 86_400,
+                                     "must be in (0, 86400]"),
+    },
     "queue": {"enabled": (bool, None, ""),
               "k": (int, lambda v: 1 <= v <= 64, "must be in 1..64"),
               "beta": (int, lambda v: 1 <= v <= 10_000, "must be in 1..10000"),
@@ -215,6 +251,7 @@ _QUALIFIED_NAME = re.compile(
     r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_NAME = re.compile(r"[a-z0-9]([-.a-z0-9]{0,251}[a-z0-9])?")
 _NEXUS_KEYS = ("path", "gpu_type")
 
 
@@ -348,11 +385,20 @@ def build_config(raw: Any, source_path: str | None = None) -> ExtenderConfig:
             timeout_seconds=float(sections["handoff"].get("timeout_seconds", 30.0))),
         profile_files=tuple(files) if isinstance(files, list)
         else (), nexus_profiles=nexus, predictor=PredictorConfig(**sections["predictor"]),
+        learning=_learning(sections["learning"]),
         queue=_queue_settings(sections["queue"]),
         log_level=sections["logging"].get("level", "info"),
         reload_interval_seconds=float(sections["reload"].get("interval_seconds", 5.0)),
         source_path=source_path, curves_file=curves_file,
     )
+
+
+def _learning(section: Mapping[str, Any]) -> LearningConfig:
+    values = dict(section)
+    for key in ("cold_start_util_percent", "ewma_alpha", "persist_interval_seconds"):
+        if key in values:
+            values[key] = float(values[key])
+    return LearningConfig(**values)
 
 
 def _queue_settings(section: Mapping[str, Any]) -> QueueSettings:

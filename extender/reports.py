@@ -21,6 +21,17 @@ from extender.core import GpuSpec
 from extender.errors import BadRequest, Unauthorized
 
 MAX_GPUS_PER_REPORT = 64
+MAX_PROCESSES_PER_GPU = 256
+MAX_UID_CHARS = 128
+
+
+@dataclass(frozen=True)
+class ReportedProcess:
+    """One process on a GPU: its pod (when attributed), memory and utilisation."""
+
+    pod_uid: str | None
+    used_memory_mib: float | None
+    util_percent: float | None
 
 
 @dataclass(frozen=True)
@@ -31,6 +42,8 @@ class DecodedReport:
     gpus: tuple[GpuSpec, ...]
     util_percent: tuple[float, ...]
     memory_used_mib: tuple[float, ...]
+    processes: tuple[tuple[ReportedProcess, ...], ...] = ()
+    """Per GPU (same order as ``gpus``), the processes the agent saw on it."""
 
 
 def expected_token(cfg: ReportsConfig, environ: Mapping[str, str] | None = None) -> str | None:
@@ -75,7 +88,7 @@ def decode_report(document: Any) -> DecodedReport:
     gpus_raw = document.get("gpus")
     if not isinstance(gpus_raw, list) or len(gpus_raw) > MAX_GPUS_PER_REPORT:
         raise BadRequest("gpus", f"must be a list of at most {MAX_GPUS_PER_REPORT} GPUs")
-    gpus, utils, used = [], [], []
+    gpus, utils, used, procs = [], [], [], []
     for i, g in enumerate(gpus_raw):
         path = f"gpus[{i}]"
         if not isinstance(g, Mapping):
@@ -92,6 +105,29 @@ def decode_report(document: Any) -> DecodedReport:
         utils.append(_optional(g.get("utilization_percent"), f"{path}.utilization_percent", 0,
                                100))
         gpus.append(GpuSpec(index, uuid, product, total))
+        procs.append(_processes(g.get("processes"), f"{path}.processes"))
     if len({g.index for g in gpus}) != len(gpus):
         raise BadRequest("gpus", "GPU indices repeat")
-    return DecodedReport(node, tuple(gpus), tuple(utils), tuple(used))
+    return DecodedReport(node, tuple(gpus), tuple(utils), tuple(used), tuple(procs))
+
+
+def _processes(raw: Any, path: str) -> tuple[ReportedProcess, ...]:
+    """The optional ``processes`` list of one GPU (absent or null = none reported)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or len(raw) > MAX_PROCESSES_PER_GPU:
+        raise BadRequest(path, f"must be a list of at most {MAX_PROCESSES_PER_GPU} processes")
+    out = []
+    for i, p in enumerate(raw):
+        if not isinstance(p, Mapping):
+            raise BadRequest(f"{path}[{i}]", "must be an object")
+        uid = p.get("pod_uid")
+        if uid is not None and (not isinstance(uid, str) or not 0 < len(uid) <= MAX_UID_CHARS):
+            raise BadRequest(f"{path}[{i}].pod_uid",
+                             f"must be null or a string of 1..{MAX_UID_CHARS} characters")
+        mem = _optional(p.get("used_memory_mib"), f"{path}[{i}].used_memory_mib", 0, 1e7)
+        util = _optional(p.get("utilization_percent"), f"{path}[{i}].utilization_percent", 0,
+                         100)
+        out.append(ReportedProcess(uid, None if math.isnan(mem) else mem,
+                                   None if math.isnan(util) else util))
+    return tuple(out)

@@ -23,6 +23,7 @@ from contracts.logs import get_logger
 from extender.config import ConfigHolder
 from extender.core.decide import PlannerFn
 from extender.errors import BadRequest, ExtenderError
+from extender.learning import build_learner
 from extender.ledger import ClusterState
 from extender.metrics import Metrics
 from extender.reports import check_token, decode_report
@@ -65,7 +66,8 @@ def create_app(
 ) -> Flask:
     """The extender WSGI app over ``source``; starts the source unless told not to."""
     state = ClusterState(config.policy, clock, config.current().state.assume_ttl_seconds)
-    ext = Extender(state, source, config, clock, predictor, profiles, planner, may_bind)
+    learner = build_learner(config.current().learning, source, may_bind)
+    ext = Extender(state, source, config, clock, predictor, profiles, planner, may_bind, learner)
     metrics = metrics or Metrics()
     metrics.watch_state(state.gpu_rows, lambda: state.synced)
     checks = list(readiness)
@@ -181,7 +183,9 @@ def create_app(
         def handle(doc: Any) -> tuple[Any, dict[str, Any]]:
             report = decode_report(doc)
             state.report(report.node, report.gpus, report.util_percent, report.memory_used_mib)
-            return {"accepted": len(report.gpus)}, {"node": report.node}
+            samples = learner.observe(report, state.placement_of) \
+                if config.current().learning.enabled else 0
+            return {"accepted": len(report.gpus), "samples": samples}, {"node": report.node}
         try:
             check_token(request.headers.get("Authorization"), config.current().reports, environ)
         except ExtenderError as exc:
@@ -191,7 +195,8 @@ def create_app(
 
     @app.get("/v1/state")
     def get_state() -> Response:
-        return Response(dumps(state.view()), mimetype=JSON)
+        return Response(dumps({**state.view(), "learning": learner.store.view()}),
+                        mimetype=JSON)
 
     @app.get("/livez")
     def livez() -> Response:

@@ -25,14 +25,17 @@ from extender.core import (
     ProfileIndex,
     Purpose,
     ResolvedDemand,
+    UtilKnowledge,
     Workload,
     annotations_of,
+    gpu_type_of,
     parse_demand,
     pod_ref,
     resolve_demand,
 )
 from extender.core.decide import PlannerFn
 from extender.errors import BadRequest, BindConflict, NotLeader, NotReady, PodRejected, SourceError
+from extender.learning import Learner
 from extender.ledger import ClusterState
 from extender.source import ClusterSource, output_annotations, tandem_annotations
 from extender.wire import (
@@ -50,7 +53,7 @@ DEMAND_CACHE_LIMIT = 20_000
 class PredictionLike(Protocol):
     """What the predictor facade returns (``predictor.api.Prediction``)."""
 
-    gpu_util_percent: float
+    gpu_util_percent: float | None
     gpu_mem_mib: float
     source: str
 
@@ -65,15 +68,16 @@ class DemandPredictor(Protocol):
 
 
 def predict_fn(predictor: DemandPredictor) -> Callable[[str, int, str, str],
-                                                       tuple[float, float, str]]:
+                                                       tuple[float | None, float, str]]:
     """Adapt the facade to the core's ``PredictFn``: its errors become DemandUnavailable."""
     def call(model_ref: str, batch_size: int, gpu_type: str, workload: str,
-             ) -> tuple[float, float, str]:
+             ) -> tuple[float | None, float, str]:
         try:
             p = predictor.predict(model_ref, batch_size, gpu_type, workload)
         except Exception as exc:  # predictor errors (ModelRejected, NoTrainedModel, I/O)
             raise DemandUnavailable(type(exc).__name__, str(exc)) from exc
-        return float(p.gpu_util_percent), float(p.gpu_mem_mib), str(p.source)
+        util = None if p.gpu_util_percent is None else float(p.gpu_util_percent)
+        return util, float(p.gpu_mem_mib), str(p.source)
     return call
 
 
@@ -92,7 +96,7 @@ class Extender:
         self, state: ClusterState, source: ClusterSource, config: ConfigHolder,
         clock: Callable[[], float] = time.monotonic, predictor: DemandPredictor | None = None,
         profiles: Mapping[tuple[str, str], Any] | None = None, planner: PlannerFn | None = None,
-        may_bind: Callable[[], bool] = lambda: True,
+        may_bind: Callable[[], bool] = lambda: True, learner: Learner | None = None,
     ):
         self.state = state
         self.source = source
@@ -102,6 +106,7 @@ class Extender:
         self._profiles = ProfileIndex(profiles or {})
         self._inference = InferenceContext(planner, self._profiles) if planner else None
         self.may_bind = may_bind
+        self.learner = learner
         self._cache: OrderedDict[str, tuple[str, ResolvedDemand, Mapping[str, Any], float]] = \
             OrderedDict()
         self._cache_lock = threading.Lock()
@@ -126,7 +131,7 @@ class Extender:
             raise PodRejected(f"tandem: bad pod request: {exc}", exc.field) from None
         predict = self._predict if self.config.current().predictor.enabled else None
         resolved = resolve_demand(job, self.state.gpu_types(), predict, self._profiles,
-                                  session_name=ref.key)
+                                  session_name=ref.key, knowledge=self._knowledge())
         ttl = self.config.current().state.demand_cache_seconds
         with self._cache_lock:
             self._cache[key] = (version, resolved, pod, now + ttl)
@@ -134,6 +139,20 @@ class Extender:
             while len(self._cache) > DEMAND_CACHE_LIMIT:
                 self._cache.popitem(last=False)
         return ref, resolved
+
+    def _knowledge(self) -> UtilKnowledge:
+        cfg = self.config.current().learning
+        if self.learner is not None:
+            return self.learner.knowledge(cfg)
+        return UtilKnowledge(None, cfg.min_observations, cfg.cold_start_util_percent)
+
+    def _source_on(self, demand: ResolvedDemand, node: str, indices: tuple[int, ...]) -> str:
+        """Where the bound numbers came from: the demand's source on the node's GPU type."""
+        for name, gpu, *_ in self.state.gpu_rows():
+            if name == node and gpu.index in indices:
+                found = demand.for_type(gpu_type_of(gpu.product))
+                return found.source if found is not None else ""
+        return ""
 
     def _require_synced(self) -> None:
         if not self.state.synced:
@@ -201,7 +220,9 @@ class Extender:
         inputs = tandem_annotations(annotations_of(pod))
         placement, plan, cost, uuids = self.state.assume_best(
             args.node, demand, self._inference, ref.uid or ref.key, ref.key, inputs)
-        annotations = output_annotations(placement, uuids, cost, plan)
+        annotations = output_annotations(placement, uuids, cost, plan,
+                                         self._source_on(demand, args.node,
+                                                         tuple(placement.gpu_indices)))
         try:
             confirmed = self.source.bind(ref, args.node, annotations)
         except Exception as exc:

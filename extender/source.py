@@ -83,7 +83,8 @@ def placement_from_pod(pod: Mapping[str, Any]) -> Placement | None:
                      workload, session, tandem_annotations(ann), weight)
 
 
-def output_annotations(p: Placement, uuids: list[str], cost: float, plan: Any) -> dict[str, str]:
+def output_annotations(p: Placement, uuids: list[str], cost: float, plan: Any,
+                       source: str = "") -> dict[str, str]:
     """The annotations bind writes (DESIGN outputs plus batch and duty cycle for sessions)."""
     batch = duty_cycle_ms = None
     if plan is not None and p.session is not None:
@@ -91,4 +92,4 @@ def output_annotations(p: Placement, uuids: list[str], cost: float, plan: Any) -
         batch = alloc.batch if alloc else 0
         duty_cycle_ms = plan.duty_cycle_ms
     return encode_outputs(BindOutputs(tuple(p.gpu_indices), tuple(uuids), p.util_percent,
-                                      p.mem_mib, cost, batch, duty_cycle_ms))
+                                      p.mem_mib, cost, batch, duty_cycle_ms, source or None))

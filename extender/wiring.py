@@ -81,9 +81,8 @@ def build_predictor(cfg: PredictorConfig) -> Any:
     """The predictor facade from ``predictor.artifacts_dir``/``model_store``; None if disabled.
 
     A missing or empty artifacts directory is not fatal: pods that name
-    ``tandem.io/model`` without asserted values are then rejected per GPU type
-    with ``DemandUnknown`` and the predictor's ``NoTrainedModel`` text, which
-    tells the operator to run ``tandem predictor train``. Artifacts that exist
+    ``tandem.io/model`` without asserted values then get the memory estimate
+    and an observed or cold-start utilisation (``extender.core.demand``). Artifacts that exist
     but do not load (digest mismatch, corrupt JSON) are a configuration error,
     and so are simulated artifacts unless ``predictor.allow_simulated``.
     """
@@ -112,8 +111,9 @@ def build_predictor(cfg: PredictorConfig) -> Any:
     if predictor.artifacts is None:
         get_logger().warning(
             "no trained utilisation model: pods naming tandem.io/model without "
-            "tandem.io/gpu-util are rejected until `tandem predictor train` output is "
-            "configured", extra={"path": cfg.artifacts_dir})
+            "tandem.io/gpu-util get the memory estimate and what the agents observed of "
+            "their model, else the cold-start utilisation (learning.cold_start_util_percent)",
+            extra={"path": cfg.artifacts_dir})
     return predictor
 
 

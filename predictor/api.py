@@ -12,6 +12,11 @@ overhead was fitted and the memory figure excludes it (a lower bound),
 and ``,simulated`` (right after the digest) that the model was trained on synthetic
 rows from the profiler's ``sim:`` backend: a dry run, not a measurement.
 
+Without trained artifacts the memory estimate still works (Horus Eq. 2 from the
+graph, no framework overhead), so ``predict`` answers ``gpu_util_percent`` None
+with the source ``unknown+mem:no-overhead``: the caller decides what an unknown
+utilisation means (the extender's cold-start rule, or what it observed).
+
 With ``gpu_type`` None or a GPU type the model was not trained on, the answer is
 the largest prediction over the trained GPU types (under-predicting utilisation
 causes the interference Horus is avoiding), and the source says ``gpu=max``.
@@ -33,12 +38,16 @@ from predictor.model import features_row
 from predictor.store import ModelStore, StoreConfig
 from predictor.training import TrainedArtifacts, load_artifacts
 
+UNKNOWN_UTIL = "unknown"
+"""Utilisation source of a prediction made without a trained utilisation model."""
+
 
 @dataclass(frozen=True)
 class Prediction:
     """Predicted GPU utilisation (percent) and memory (MiB) of one job."""
 
-    gpu_util_percent: float
+    gpu_util_percent: float | None
+    """None when no trained utilisation model covers the request (memory is still known)."""
     gpu_mem_mib: float
     source: str
 
@@ -71,7 +80,7 @@ class Predictor:
         store_root: Path | None = None,
         limits: FeatureLimits | None = None,
     ) -> Predictor:
-        """Load artifacts if ``artifacts_dir`` has them (else predict raises NoTrainedModel)."""
+        """Load artifacts if ``artifacts_dir`` has them (else predictions carry memory only)."""
         artifacts = None
         if artifacts_dir is not None:
             try:
@@ -108,18 +117,17 @@ class Predictor:
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit
-        if self.artifacts is None:
-            raise NoTrainedModel(
-                "utilisation model",
-                "no artifacts loaded (run `tandem predictor train` on profiled data)",
-            )
-        util, gpu_note = self._utilisation(features, gpu_type, workload)
         mem = self.memory(features, workload)
         mem_note = "fitted" if mem.overhead_source == "fitted" else "no-overhead"
         # unresolved shapes mean FLOPs/bytes are lower bounds: say so rather than hide it
         shape_note = f",unresolved={features.unresolved_nodes}" if features.unresolved_nodes else ""
-        source = f"{self.artifacts.source}{gpu_note}{shape_note}+mem:{mem_note}"
-        result = Prediction(round(util, 3), round(mem.total_mib, 3), source)
+        if self.artifacts is None:
+            result = Prediction(None, round(mem.total_mib, 3),
+                                f"{UNKNOWN_UTIL}{shape_note}+mem:{mem_note}")
+        else:
+            util, gpu_note = self._utilisation(features, gpu_type, workload)
+            source = f"{self.artifacts.source}{gpu_note}{shape_note}+mem:{mem_note}"
+            result = Prediction(round(util, 3), round(mem.total_mib, 3), source)
         with self._lock:
             self._cache[key] = result
             while len(self._cache) > self.cache_size:

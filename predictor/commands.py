@@ -151,10 +151,14 @@ def predict_command(
         "batch_size": batch,
         "workload": workload,
     }
+    if pred.gpu_util_percent is None and not as_json:
+        typer.echo(f"note: no trained utilisation model in {artifacts} (run `tandem predictor "
+                   "train`); the memory estimate needs none", err=True)
     typer.echo(
         json.dumps(out)
         if as_json
-        else f"gpu_util_percent {out['gpu_util_percent']}\ngpu_mem_mib {out['gpu_mem_mib']}\n"
+        else f"gpu_util_percent {_or_unknown(out['gpu_util_percent'])}\n"
+        f"gpu_mem_mib {out['gpu_mem_mib']}\n"
         f"source {out['source']}"
     )
 
@@ -289,3 +293,34 @@ def export_zoo_command(
         for n, b in _progress("export")(jobs)
     ]
     typer.echo(json.dumps({"files": written}) if as_json else "\n".join(written))
+
+
+def _or_unknown(util: float | None) -> str:
+    # No trained model: the memory estimate stands alone; the extender observes the rest.
+    return "unknown (no trained utilisation model)" if util is None else str(util)
+
+
+@app.command("export-observations")
+def export_observations_command(
+    source: str = typer.Argument(
+        ..., help="Learning document: the tandem-learning ConfigMap's observations.json, "
+        "a saved GET /v1/state answer, or - for stdin."),
+    out: Path = typer.Option(DEFAULT_DATA, "--out", help="training_data/ root to write into."),
+    min_samples: int = typer.Option(1, "--min-samples", min=1,
+                                    help="Leave out estimates with fewer samples."),
+    as_json: bool = _JSON,
+) -> None:
+    """Write the utilisation the cluster observed as <out>/<gpu>/observed.csv rows."""
+    from predictor.observed import ObservationDocumentError, observed_rows, write_observed
+
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+        rows = observed_rows(json.loads(text), min_samples)
+    except (OSError, ValueError) as exc:  # ObservationDocumentError and JSON errors included
+        kind = "invalid_document" if isinstance(exc, ObservationDocumentError) else "error"
+        _fail(f"{source}: {exc}", as_json, kind, 2)
+    files = write_observed(rows, out)
+    if as_json:
+        typer.echo(json.dumps({"rows": len(rows), "files": [str(f) for f in files]}))
+    else:
+        typer.echo(f"{len(rows)} observed row(s) in {len(files)} file(s) under {out}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -58,8 +59,44 @@ def _pods() -> list[dict[str, Any]]:
     return pods
 
 
+DEMO_MODEL = "mlp.onnx"
+"""The model the demo's model-only pod names; written into a temporary model store."""
+
+
+def write_demo_model(path: Path, hidden: int = 1024) -> Path:
+    """A three-layer MLP classifier (784 -> hidden -> hidden -> 10) as ONNX (IR 10)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    dims = [784, hidden, hidden, 10]
+    nodes, inits, prev = [], [], "input"
+    for i, (fan_in, fan_out) in enumerate(zip(dims, dims[1:], strict=False)):
+        w = numpy_helper.from_array(np.zeros((fan_in, fan_out), np.float32), f"w{i}")
+        b = numpy_helper.from_array(np.zeros(fan_out, np.float32), f"b{i}")
+        inits += [w, b]
+        out = "output" if i == len(dims) - 2 else f"h{i}"
+        gemm = f"g{i}" if out != "output" else out
+        nodes.append(helper.make_node("Gemm", [prev, f"w{i}", f"b{i}"], [gemm]))
+        if out != "output":
+            nodes.append(helper.make_node("Relu", [gemm], [out]))
+        prev = out
+    graph = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 784])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", 10])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10  # ONNX Runtime 1.31 reads up to 13
+    onnx.save(model, str(path))
+    return path
+
+
 def run_demo(seed: int = DEFAULT_SEED) -> dict[str, Any]:
     """Run the whole demo and return its result document (the ``--json`` output)."""
+    with tempfile.TemporaryDirectory(prefix="tandem-demo-") as store:
+        return _run_demo(seed, Path(store))
+
+
+def _run_demo(seed: int, store: Path) -> dict[str, Any]:
     import httpx
 
     from contracts.clusterfile import load_cluster_file
@@ -69,13 +106,18 @@ def run_demo(seed: int = DEFAULT_SEED) -> dict[str, Any]:
     from extender.server import start_background
     from extender.sim_cluster import DEFAULT_CLUSTER, SimSource
     from extender.wiring import default_planner
+    from predictor.api import Predictor
 
     started = time.perf_counter()
     token = secrets.token_urlsafe(24)
     cfg = load_config(None, environ={"TANDEM__LOGGING__LEVEL": "warning"})
     cluster = load_cluster_file(DEFAULT_CLUSTER)  # parsed once: the extender and the agents
     sim = SimSource.from_cluster(cluster)
-    app = create_app(ConfigHolder(cfg), sim, predictor=None,
+    # No trained utilisation model ships: the model-only pod gets its memory from the
+    # graph and the cold-start utilisation, as in a freshly installed cluster.
+    write_demo_model(store / DEMO_MODEL)
+    predictor = Predictor.from_dirs(None, store)
+    app = create_app(ConfigHolder(cfg), sim, predictor=predictor,
                      profiles=load_profiles([str(PROFILES)]), planner=default_planner(),
                      environ={cfg.reports.token_env: token})
     server = start_background(app, cfg.server, port=0)
@@ -147,7 +189,8 @@ def schedule_one(http: Any, pod: dict[str, Any], names: list[str], sim: Any) -> 
             "predicted_mem_mib": float(out.get(keys.PREDICTED_MEM_MIB, 0)),
             "cost": float(out.get(keys.COST, 0)),
             "batch": out.get(keys.BATCH),
-            "duty_cycle_ms": out.get(keys.DUTY_CYCLE_MS), "candidates": len(passed)}
+            "duty_cycle_ms": out.get(keys.DUTY_CYCLE_MS), "candidates": len(passed),
+            "source": out.get(keys.PREDICTION_SOURCE)}
 
 
 def _main_reason(reasons: dict[str, str]) -> str:

@@ -44,7 +44,9 @@ def _decision(p: dict[str, Any]) -> str:
         share = f"priority {p['priority']}" if p.get("priority") is not None \
             else f"weight {p.get('weight') or 1}"
         return f"{share}, slack share {100.0 * (1.0 - p['cost']):.0f}% of the GPU"
-    return f"cost {p['cost']:.3f}, best of {p['candidates']} node(s)"
+    source = p.get("source") or "asserted"
+    util_from = "" if source == "asserted" else f", util {source.split('+mem:', 1)[0]}"
+    return f"cost {p['cost']:.3f}, best of {p['candidates']} node(s){util_from}"
 
 
 def header(result: dict[str, Any]) -> list[str]:

@@ -170,3 +170,25 @@ def test_xid_events_accumulate_and_close_frees_everything() -> None:
     assert (gpu.xid_errors, gpu.last_xid) == (3, 48)
     src.close()
     src.close()  # idempotent
+
+
+def test_per_process_utilisation_is_averaged_over_the_interval_per_pid() -> None:
+    nvml, now = fixture_nvml(), [NOW]
+    nvml.gpus[0].process_util_samples = [
+        (8_500_000, 101, 90),  # older than this interval: left out
+        (9_200_000, 101, 40), (9_600_000, 101, 60), (9_700_000, 104, 25)]
+    src = source(nvml, now)
+    first = src.sample(1.0).gpus[0]
+    assert {p.pid: p.utilization_percent for p in first.processes} == {101: 50.0, 104: 25.0}
+    nvml.gpus[0].process_util_samples.append((10_500_000, 104, 10))
+    now[0] = 11.0
+    second = src.sample(1.0).gpus[0]  # only the new sample counts; pid 101 had none
+    assert {p.pid: p.utilization_percent for p in second.processes} == {101: None, 104: 10.0}
+
+
+def test_per_process_utilisation_unsupported_is_null() -> None:
+    nvml = fixture_nvml()
+    nvml.gpus[0].errors["nvmlDeviceGetProcessUtilization"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    first = source(nvml).sample(1.0).gpus[0]
+    assert [p.utilization_percent for p in first.processes] == [None, None]
+    assert first.utilization_percent == pytest.approx(30.0)  # the rest is still read

@@ -152,8 +152,10 @@ def test_nvml_processes_are_attributed_from_the_proc_tree() -> None:
     processes = agent.step().report["gpus"][0]["processes"]
     assert processes == [
         {"pid": 101, "used_memory_mib": 5120, "pod_uid": "6f1c2d3e-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
-         "container_id": "3f6a1e2b9c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d3e4f5a6b7c8d9e0f"},
-        {"pid": 104, "used_memory_mib": 1024, "pod_uid": None, "container_id": None}]
+         "container_id": "3f6a1e2b9c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d3e4f5a6b7c8d9e0f",
+         "utilization_percent": None},
+        {"pid": 104, "used_memory_mib": 1024, "pod_uid": None, "container_id": None,
+         "utilization_percent": None}]
 
 
 def test_gpu_never_identified_is_left_out_of_the_report() -> None:

@@ -82,6 +82,9 @@ def test_load_follows_jobs_sum_capped_with_noise() -> None:
     assert g0.power_watts == 50.0 + 300.0 * 0.7
     assert [(p.pid, p.pod_uid, p.used_memory_mib) for p in g0.processes] == [
         (sim_pid("a"), "a", 1000), (sim_pid("b"), "b", 2000)]
+    # Per-process samples: each job's share of what the GPU did (over-committed: scaled).
+    assert [p.utilization_percent for p in g0.processes] == [40.0, 30.0]
+    assert [p.utilization_percent for p in g1.processes] == [60.0, 40.0]
 
 
 def test_noise_is_seeded_and_bounded() -> None:

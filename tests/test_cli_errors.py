@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,7 +83,8 @@ def test_busy_port_fails_before_serving(busy_port: int, quiet_config: Path) -> N
     assert f"127.0.0.1:{busy_port}" in line and "--port" in line
 
 
-def test_missing_predictor_artifacts_name_the_path(tmp_path: Path) -> None:
+def test_missing_predictor_artifacts_still_estimate_memory_and_name_the_path(
+        tmp_path: Path) -> None:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
@@ -90,9 +92,13 @@ def test_missing_predictor_artifacts_name_the_path(tmp_path: Path) -> None:
     missing = tmp_path / "no-artifacts"
     result = runner.invoke(app, ["predictor", "predict", str(tmp_path / "m.onnx"),
                                  "--artifacts", str(missing)])
-    assert result.exit_code != 0
-    line = one_line(result.output)
-    assert str(missing) in line and "tandem predictor train" in line
+    assert result.exit_code == 0  # the memory estimate needs no trained model
+    assert "gpu_util_percent unknown" in result.output
+    assert str(missing) in result.output and "tandem predictor train" in result.output
+    as_json = runner.invoke(app, ["predictor", "predict", str(tmp_path / "m.onnx"),
+                                  "--artifacts", str(missing), "--json"])
+    doc = json.loads(as_json.stdout)
+    assert doc["gpu_util_percent"] is None and doc["source"] == "unknown+mem:no-overhead"
 
 
 @pytest.mark.parametrize(("exc", "needle"), [

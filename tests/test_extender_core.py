@@ -371,7 +371,7 @@ def test_asserted_values_override_prediction():
     d = resolved(pod("p", 1, model="m", gpu_util="12"), t,
                  predict=lambda *a: (99.0, 2048.0, "fake"))
     assert d == ResolvedDemand(job=JobDemand(gpu_count=1, model="m", util_percent=12.0),
-                               by_type={A100: TypeDemand(12.0, 2048.0, "fake")})
+                               by_type={A100: TypeDemand(12.0, 2048.0, "asserted+mem:fake")})
 
 
 def test_table_place_remove_roundtrip_and_copy_is_independent():

@@ -26,6 +26,10 @@ def test_demo_places_mixed_pods_and_explains_rejections(result):
     assert int(by_pod["serve-resnet50"]["batch"]) >= 1
     assert "tandem.io/gpu-util" in by_pod["train-typo"]["reason"]
     assert "GPU memory smaller" in by_pod["train-huge"]["reason"]
+    model_only = by_pod["train-model-only"]
+    assert model_only["outcome"] == "placed"
+    assert model_only["source"] == "cold-start+mem:no-overhead"
+    assert model_only["predicted_util_percent"] == 100.0  # the whole GPU until observed
     summary = result["summary"]
     assert summary["pods_rejected"] == len(summary["rejected"]) >= 3
     for gpu in summary["gpus"]:
@@ -41,7 +45,9 @@ def test_demo_places_best_effort_pods_spread_over_serving_and_idle_gpus(result):
     assert len(best_effort) >= 3 and all(p["outcome"] == "placed" for p in best_effort)
     gpus = {f"{g['node']}/{g['index']}": g for g in result["summary"]["gpus"]}
     targets = {f"{p['node']}/{p['gpu_index']}" for p in best_effort}
-    assert len(targets) == len(best_effort)  # spread: one per GPU while slack is plentiful
+    # Spread while idle GPUs last: the model-only training pod now takes the last idle
+    # GPU, so the third best-effort pod shares a serving GPU's slack.
+    assert len(targets) == len(best_effort) - 1
     assert all(gpus[t]["role"] == "serving" for t in targets)
 
 
@@ -55,8 +61,12 @@ KEY_LINES = [
     "cost 0.305, best of 3 node(s)",
     "serve-resnet50    slo            1  a100-node-1/0         28.5     2500  "
     "batch 32 in a 77.8 ms duty cycle",
-    "batch-embed       best-effort    1  gtx1080-node-1/0     100.0     2500  "
+    "batch-embed       best-effort    1  gtx1080-node-1/1     100.0     2500  "
     "weight 3, slack share 100% of the GPU",
+    # No trained utilisation model ships: the model-only pod is placed on day one, alone
+    # on an idle GPU, with the graph's memory estimate and the cold-start utilisation.
+    "train-model-only  training       1  gtx1080-node-1/0     100.0       29  "
+    "cost 0.318, best of 4 node(s), util cold-start",
     "batch-rerank      best-effort    1  a100-node-2/1         25.0     3500  "
     "weight 1, slack share 87% of the GPU",
     "train-huge        training       1  -                        -        -  "
@@ -73,7 +83,7 @@ def test_demo_text_is_deterministic_given_the_seed(result):
         assert line in lines, line
     again = render(run_demo(seed=7)).splitlines()
     assert lines[:-1] == again[:-1]  # all but the closing timing line
-    assert lines[-1].startswith("Placed 14 of 19 pods on 12 of 12 GPUs in ")
+    assert lines[-1].startswith("Placed 15 of 19 pods on 12 of 12 GPUs in ")
     assert "scheduling cycle filter+prioritize+bind over HTTP: mean" in lines[-1]
 
 

@@ -81,7 +81,7 @@ def test_state_shows_only_tandem_annotations() -> None:
 
 
 @pytest.mark.parametrize("artifacts", ["unset", "empty-dir"])
-def test_model_without_a_trained_predictor_is_rejected_with_a_clear_reason(
+def test_model_without_a_trained_predictor_is_placed_under_the_cold_start_rule(
         tmp_path: Path, artifacts: str) -> None:
     store = tmp_path / "store"
     store.mkdir()
@@ -90,10 +90,15 @@ def test_model_without_a_trained_predictor_is_rejected_with_a_clear_reason(
                           model_store=str(store))
     predictor = build_predictor(cfg)
     assert predictor is not None and predictor.artifacts is None
-    app, *_ = make_app([node("n1")], predictor=predictor)
-    body = app.test_client().post("/filter", json=args(pod("m", model="tiny.onnx"), ["n1"]))
-    reason = body.get_json()["FailedAndUnresolvableNodes"]["n1"]
-    assert "no trained utilisation model" in reason and "tandem predictor train" in reason
+    app, _, source, _ = make_app([node("n1")], predictor=predictor)
+    p = pod("m", model="tiny.onnx")
+    source.create_pod(p)
+    bind_through(app.test_client(), p, "n1")
+    ann = source.read_pod("default", "m")["metadata"]["annotations"]
+    assert ann["tandem.io/predicted-gpu-util"] == "100.00"  # the whole GPU until observed
+    assert ann["tandem.io/prediction-source"] == "cold-start+mem:no-overhead"
+    expected = predictor.estimate_memory("tiny.onnx", 32, "training").total_mib  # Horus Eq. 2
+    assert ann["tandem.io/predicted-gpu-mem-mib"] == f"{expected:.0f}"
 
 
 def test_model_outside_the_configured_store_is_refused(tmp_path: Path) -> None:

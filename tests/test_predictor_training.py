@@ -140,10 +140,10 @@ def test_predictor_facade_predicts_and_caches(trained: Path, tmp_path: Path) -> 
     assert p.gpu_mem_mib == pytest.approx(estimate_memory(
         feats, "training", load_artifacts(trained).overheads[("pytorch", "training")]).total_mib,
         abs=1e-3)  # fmt: skip
-    with pytest.raises(NoTrainedModel):
-        Predictor(None, ModelStore(StoreConfig(root=store_root))).predict(
-            "tiny.onnx", 1, GPU, "inference"
-        )
+    untrained = Predictor(None, ModelStore(StoreConfig(root=store_root))).predict(
+        "tiny.onnx", 1, GPU, "inference")
+    assert untrained.gpu_util_percent is None  # unknown, never a guess
+    assert untrained.source == "unknown+mem:no-overhead" and untrained.gpu_mem_mib > 0
 
 
 runner = CliRunner()

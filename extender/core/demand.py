@@ -14,6 +14,18 @@ utilisation and memory: user-asserted values win; otherwise the injected
 profile of the model on that GPU type. A type whose demand cannot be determined
 is a *gap* with a reason, and its GPUs are rejected as ``DEMAND_UNKNOWN``.
 
+Utilisation of a training pod, per GPU type, is taken in this order (its source
+in brackets, as ``tandem.io/prediction-source`` records it): the asserted
+``tandem.io/gpu-util`` (``asserted``); what the agents observed of this model at
+this batch size on this GPU type, once there are at least ``min_observations``
+samples (``observed:<n>``); the trained XGBoost model (``xgboost:<digest>``);
+else the **cold-start rule**: the pod counts as using the whole GPU
+(``cold_start_util_percent``, default 100) until it has been observed
+(``cold-start``). Memory needs no trained model (Horus Eq. 2 from the ONNX
+graph), so a model the predictor can read is never a gap for want of training.
+The source string is ``<utilisation source>+mem:<memory source>``, or just
+``asserted`` when both numbers were asserted.
+
 Inference pods come in two kinds. With ``tandem.io/slo-ms`` and
 ``tandem.io/rate-rps`` they are SLO sessions (duty-cycle slots). With neither
 they are best-effort sessions (batch inference) that share the duty cycle's slack
@@ -49,11 +61,35 @@ class DemandUnavailable(Exception):
 
 
 class PredictFn(Protocol):
-    """``(model_ref, batch_size, gpu_type, workload) -> (util_percent, mem_mib, source)``."""
+    """``(model_ref, batch_size, gpu_type, workload) -> (util_percent, mem_mib, source)``.
+
+    ``util_percent`` is None when only the memory is known (no trained model).
+    """
 
     def __call__(
         self, model_ref: str, batch_size: int, gpu_type: str, workload: str
-    ) -> tuple[float, float, str]: ...
+    ) -> tuple[float | None, float, str]: ...
+
+
+class ObservedFn(Protocol):
+    """``(model_ref, batch_size, gpu_type, workload) -> (util_percent, samples)`` or None."""
+
+    def __call__(self, model_ref: str, batch_size: int, gpu_type: str, workload: str
+                 ) -> tuple[float, int] | None: ...
+
+
+@dataclass(frozen=True)
+class UtilKnowledge:
+    """What resolution knows beyond the predictor: observations and the cold-start rule."""
+
+    observed: ObservedFn | None = None
+    min_observations: int = 5
+    """Samples an observed estimate needs before it replaces the prediction (>= 1)."""
+    cold_start_util_percent: float = 100.0
+    """Utilisation assumed for a model nobody has measured or predicted (0..100]."""
+
+
+COLD_START = "cold-start"
 
 
 @dataclass(frozen=True)
@@ -222,13 +258,15 @@ def resolve_demand(
     predict: PredictFn | None,
     profiles: Mapping[tuple[str, str], Any] | None = None,
     session_name: str = "",
+    knowledge: UtilKnowledge | None = None,
 ) -> ResolvedDemand:
     """Per-type demand for every type in ``gpu_types``; failures become gaps."""
     by_type: dict[str, TypeDemand] = {}
     gaps: dict[str, str] = {}
     for gpu_type in sorted(set(gpu_types)):
         try:
-            by_type[gpu_type] = _one_type(job, gpu_type, predict, profiles or {})
+            by_type[gpu_type] = _one_type(job, gpu_type, predict, profiles or {},
+                                          knowledge or UtilKnowledge())
         except DemandUnavailable as exc:
             gaps[gpu_type] = str(exc)
     session = None
@@ -239,7 +277,7 @@ def resolve_demand(
 
 def _one_type(
     job: JobDemand, gpu_type: str, predict: PredictFn | None,
-    profiles: Mapping[tuple[str, str], Any],
+    profiles: Mapping[tuple[str, str], Any], knowledge: UtilKnowledge,
 ) -> TypeDemand:
     if job.workload is Workload.INFERENCE:
         assert job.model is not None
@@ -256,11 +294,25 @@ def _one_type(
     if predict is None or job.model is None:
         raise DemandUnavailable("no-predictor", "no predictor is configured for tandem.io/model")
     util, mem, source = predict(job.model, job.batch_size, gpu_type, job.workload.value)
-    return TypeDemand(
-        job.util_percent if job.util_percent is not None else float(util),
-        job.mem_mib if job.mem_mib is not None else float(mem),
-        source,
-    )
+    util_source, _, mem_source = source.partition("+mem:")
+    mem_source = mem_source or source
+    predicted = util is not None
+    if job.util_percent is not None:
+        util, util_source = job.util_percent, "asserted"
+    else:
+        seen = knowledge.observed(job.model, job.batch_size, gpu_type, job.workload.value) \
+            if knowledge.observed is not None else None
+        if seen is not None and seen[1] >= knowledge.min_observations:
+            util, util_source = seen[0], f"observed:{seen[1]}"
+        elif util is None:
+            util, util_source = knowledge.cold_start_util_percent, COLD_START
+        else:
+            util_source = ""  # the predictor's own, already in ``source``
+    if job.mem_mib is not None:
+        mem, mem_source = job.mem_mib, "asserted"
+    composed = source if predicted and not util_source and job.mem_mib is None else \
+        f"{util_source or source.partition('+mem:')[0]}+mem:{mem_source}"
+    return TypeDemand(float(util), float(mem), composed)
 
 
 def _best_effort_type(job: JobDemand, gpu_type: str, profile: Any,
@@ -285,6 +337,9 @@ def _best_effort_type(job: JobDemand, gpu_type: str, profile: Any,
             raise
         return TypeDemand(job.util_percent if job.util_percent is not None else 100.0, mem,
                           known)
+    if util is None and job.util_percent is None:  # memory-only prediction: greedy, as above
+        util = 100.0
+        source = f"{COLD_START}+mem:{source.partition('+mem:')[2] or source}"
     return TypeDemand(job.util_percent if job.util_percent is not None else float(util),
                       mem if mem is not None else float(predicted_mem), source)
 
