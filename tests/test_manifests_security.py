@@ -86,9 +86,12 @@ def test_extender_rbac_is_exactly_what_it_needs(overlay: str) -> None:
     assert _rules(find(objects, "ClusterRole", "tandem-extender")) == EXTENDER_RULES
     leases = find(objects, "Role", "tandem-extender-leases")
     assert _rules(leases) == {("coordination.k8s.io", "leases"): {"create", "get", "watch",
-                                                                  "update"}}
+                                                                  "update"},
+                              ("", "configmaps"): {"create", "get", "update"}}
     named = [r for r in leases["rules"] if set(r["verbs"]) & {"get", "update"}]
-    assert all(r.get("resourceNames") for r in named), "get/update limited to our Leases"
+    assert all(r.get("resourceNames") for r in named), "get/update limited to our objects"
+    assert {n for r in named if r["resources"] == ["configmaps"]
+            for n in r["resourceNames"]} == {"tandem-learning"}
     assert not [o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"]
                 == "tandem-agent"], "the agent needs no API access"
 
