@@ -47,6 +47,10 @@ PREDICTED_MEM_MIB = PREFIX + "predicted-gpu-mem-mib"
 COST = PREFIX + "cost"
 BATCH = PREFIX + "batch"
 DUTY_CYCLE_MS = PREFIX + "duty-cycle-ms"
+PLACEMENT_SIGNATURE = PREFIX + "placement-signature"
+"""HMAC of the pod UID, node and the outputs above, keyed by the extender's signing key."""
+SIGNED_OUTPUTS = (GPU_INDEX, GPU_UUID, PREDICTED_UTIL, PREDICTED_MEM_MIB, COST, BATCH,
+                  DUTY_CYCLE_MS)
 
 TRAINING = "training"
 INFERENCE = "inference"

@@ -66,6 +66,10 @@ class StateConfig:
     """How long a bound-but-unconfirmed placement is held before it expires (> 0)."""
     demand_cache_seconds: float = 300.0
     """How long a pod's resolved demand is kept between filter and bind (> 0)."""
+    signing_key_file: str | None = None
+    """File holding the key that signs placements at bind (preferred over the env var)."""
+    signing_key_env: str = "TANDEM_SIGNING_KEY"
+    """Environment variable holding the signing key when no file is given."""
 
 
 @dataclass(frozen=True)
@@ -169,6 +173,8 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool
     "state": {
         "assume_ttl_seconds": ((int, float), lambda v: v > 0, "must be > 0"),
         "demand_cache_seconds": ((int, float), lambda v: v > 0, "must be > 0"),
+        "signing_key_file": ((str, type(None)), None, ""),
+        "signing_key_env": (str, None, ""),
     },
     "handoff": {
         "mode": (str, lambda v: v in ("env", "device-plugin"), "must be env or device-plugin"),

@@ -196,6 +196,22 @@ class ClusterState:
             entry = self._assumed.get(uid)
             return self._placed.get(uid) or (entry[0] if entry else None)
 
+    def named_gpus(self, node: str, indices: tuple[int, ...], uuids: tuple[str, ...],
+                   ) -> tuple[tuple[int, ...], float | None]:
+        """Indices of ``node``'s GPUs named by index or UUID (all of them when it names none
+        it has), and the largest one's memory; None when the node has no known GPU."""
+        with self.lock:
+            t = self._table
+            if node not in t.node_index:
+                return indices, None
+            rows = [r for r in t.node_rows(node)
+                    if t.gpus[r].index in indices or t.gpus[r].uuid in uuids] \
+                or list(t.node_rows(node))  # names no GPU it has: it may be on any of them
+            if not rows:
+                return indices, None
+            return (tuple(sorted(t.gpus[r].index for r in rows)),
+                    max(t.gpus[r].memory_mib for r in rows))
+
     # ---- decisions -------------------------------------------------------------------
     def gpu_types(self) -> list[str]:
         """GPU types present in the inventory."""

@@ -27,6 +27,7 @@ from extender.ledger import ClusterState
 from extender.metrics import Metrics
 from extender.reports import check_token, decode_report
 from extender.service import DemandPredictor, Extender
+from extender.signing import load_signer
 from extender.source import ClusterSource
 from extender.wire import (
     decode_binding_args,
@@ -65,6 +66,9 @@ def create_app(
 ) -> Flask:
     """The extender WSGI app over ``source``; starts the source unless told not to."""
     state = ClusterState(config.policy, clock, config.current().state.assume_ttl_seconds)
+    use_signer = getattr(source, "use_signer", None)  # sources that rebuild from annotations
+    if use_signer is not None:
+        use_signer(load_signer(config.current().state, environ))
     ext = Extender(state, source, config, clock, predictor, profiles, planner, may_bind)
     metrics = metrics or Metrics()
     metrics.watch_state(state.gpu_rows, lambda: state.synced)

@@ -16,6 +16,7 @@ from extender.config import ConfigHolder, build_config
 from extender.core import PodRef
 from extender.kube import KubeSource, PlainWatch, node_spec
 from extender.routes import create_app
+from extender.signing import PlacementSigner
 
 _spec = importlib.util.spec_from_file_location(
     "fake_kube_api", Path(__file__).resolve().parents[1] / "benchmarks" / "fake_kube_api.py")
@@ -28,6 +29,13 @@ GFD = {"nvidia.com/gpu.count": "2", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-
 BOUND = {"tandem.io/gpu-index": "1", "tandem.io/predicted-gpu-util": "40.00",
          "tandem.io/predicted-gpu-mem-mib": "30000"}
 DEMAND = {"tandem.io/gpu-util": "20", "tandem.io/gpu-mem-mib": "5000"}
+KEY = "test-signing-key-0123456789"
+SIGNED_ENV = {"TANDEM_SIGNING_KEY": KEY}
+
+
+def signed(uid, node, annotations):
+    """Annotations as bind would have written them (signed with the test key)."""
+    return PlacementSigner(KEY.encode()).sign(uid, node, annotations)
 
 
 def k8s_node(name, labels=None):
@@ -54,8 +62,9 @@ class StopWatch:
 def fake():
     server = fake_kube_api.FakeKubeApi(
         nodes=[k8s_node("gpu-1", GFD), k8s_node("cpu-1")],
-        pods=[k8s_pod("old", "uid-old", "gpu-1", BOUND),
-              k8s_pod("done", "uid-done", "gpu-1", BOUND, phase="Succeeded")])
+        pods=[k8s_pod("old", "uid-old", "gpu-1", signed("uid-old", "gpu-1", BOUND)),
+              k8s_pod("done", "uid-done", "gpu-1", signed("uid-done", "gpu-1", BOUND),
+                      phase="Succeeded")])
     server.start()
     yield server
     server.stop()
@@ -70,7 +79,7 @@ def api(fake):
 
 def make(api, watch_factory=StopWatch):
     source = KubeSource(api, watch_factory=watch_factory, background_events=False)
-    app = create_app(ConfigHolder(build_config({})), source)
+    app = create_app(ConfigHolder(build_config({})), source, environ=SIGNED_ENV)
     if watch_factory is StopWatch:
         source.stop()
     return app, source
@@ -328,7 +337,7 @@ def test_device_plugin_handoff_holds_the_node_until_the_kubelet_admits_the_pod(a
     device plugin can tell which pod the kubelet is admitting."""
     source = KubeSource(api, watch_factory=PlainWatch, background_events=False)
     config = build_config({"handoff": {"mode": "device-plugin", "timeout_seconds": 60}})
-    app = create_app(ConfigHolder(config), source)
+    app = create_app(ConfigHolder(config), source, environ=SIGNED_ENV)
     try:
         state = app.extensions["tandem"].state
         for name in ("first", "second"):
@@ -361,3 +370,72 @@ def test_env_handoff_never_holds_a_node(api, fake):
     filter_first(app, fake)
     assert bind(app) == {"Error": ""}
     assert app.extensions["tandem"].state.handoffs.waiting() == {}
+
+
+def rebuilt(api, fake):
+    """A fresh extender (a restart) rebuilt from the API server's pods."""
+    app, _ = make(api)
+    return app.extensions["tandem"].state.view()["nodes"]["gpu-1"]["gpus"]
+
+
+def test_edited_reservation_never_shrinks_the_rebuilt_ledger(api, fake):
+    """H3: `kubectl annotate --overwrite tandem.io/predicted-gpu-mem-mib=1` after bind."""
+    pod = fake.pod("ml", "old")
+    pod["metadata"]["annotations"]["tandem.io/predicted-gpu-mem-mib"] = "1"
+    fake.put_pod(pod)
+    app, source = make(api)
+    gpus = app.extensions["tandem"].state.view()["nodes"]["gpu-1"]["gpus"]
+    assert gpus[1]["reserved_mib"] == 40960 and gpus[1]["predicted_util"] == 100
+    fake.put_pod(k8s_pod("big", "uid-big", annotations={
+        "tandem.io/gpu-util": "10", "tandem.io/gpu-mem-mib": "35000"}))
+    r = app.test_client().post("/filter", json={"Pod": fake.pod("ml", "big"),
+                                                "NodeNames": ["gpu-1"]}).get_json()
+    assert r["NodeNames"] == ["gpu-1"]  # GPU 0 is free ...
+    assert bind(app, "big", "uid-big") == {"Error": ""}
+    assert fake.pod("ml", "big")["metadata"]["annotations"]["tandem.io/gpu-index"] == "0"
+    source.drain_events()  # ... GPU 1 is not: the edit only blocked capacity
+    assert [e["reason"] for e in fake.events] == ["TandemPlacementUntrusted", "TandemBound"]
+    assert fake.events[0]["type"] == "Warning"
+
+
+def test_edited_gpu_index_holds_every_gpu_named_after_a_restart(api, fake):
+    """H4 at rebuild: gpu-index moved to 0 while gpu-uuid still names GPU 1."""
+    app, _ = make(api)
+    fake.put_pod(k8s_pod("new", "uid-new", annotations=DEMAND))
+    filter_first(app, fake)
+    assert bind(app) == {"Error": ""}
+    fake.delete_pod("ml", "old")
+    pod = fake.pod("ml", "new")
+    assert pod["metadata"]["annotations"]["tandem.io/gpu-uuid"] == "0"
+    assert pod["metadata"]["annotations"]["tandem.io/placement-signature"].startswith("v1:")
+    assert [g["reserved_mib"] for g in rebuilt(api, fake)] == [5000, 0]  # signed: as written
+    pod["metadata"]["annotations"]["tandem.io/gpu-index"] = "1"
+    fake.put_pod(pod)
+    assert [g["reserved_mib"] for g in rebuilt(api, fake)] == [40960, 40960]
+    pod["metadata"]["annotations"]["tandem.io/gpu-index"] = "7"  # no such GPU
+    pod["metadata"]["annotations"]["tandem.io/gpu-uuid"] = "GPU-none"
+    fake.put_pod(pod)
+    assert [g["reserved_mib"] for g in rebuilt(api, fake)] == [40960, 40960]
+
+
+@pytest.mark.parametrize("edit", [{"tandem.io/gpu-index": "0"},
+                                  {"tandem.io/predicted-gpu-mem-mib": "1"}],
+                         ids=["moved", "shrunk"])
+def test_watch_event_never_changes_a_bound_placement(api, fake, edit):
+    """H3/H4 while running: the ledger keeps the decision it holds."""
+    app, source = make(api)
+    state = app.extensions["tandem"].state
+    pod = fake.pod("ml", "old")
+    pod["metadata"]["annotations"].update(edit)
+    source.apply_pod_event(state, "MODIFIED", pod)
+    gpus = state.view()["nodes"]["gpu-1"]["gpus"]
+    assert [g["reserved_mib"] for g in gpus] == [0, 30000]
+    source.apply_pod_event(state, "MODIFIED", pod)  # reported once per pod
+    source.drain_events()
+    assert [e["reason"] for e in fake.events] == ["TandemPlacementUntrusted"]
+
+
+def test_signature_of_another_pod_does_not_verify(api, fake):
+    pod = fake.pod("ml", "old")
+    fake.put_pod(k8s_pod("copy", "uid-copy", "gpu-1", pod["metadata"]["annotations"]))
+    assert [g["reserved_mib"] for g in rebuilt(api, fake)] == [0, 30000 + 40960]
