@@ -128,9 +128,16 @@ class KubeSource:
         state.set_nodes([node_spec(n) for n in nodes])
         pods, pod_rv = self._list(self.api.list_pod_for_all_namespaces,
                                   field_selector="spec.nodeName!=")
+        bound: set[str] = set()
         for pod in pods:
             state.handoffs.observe(pod)
-            self._observe_bound(state, pod)
+            uid = self._observe_bound(state, pod)
+            if uid is not None:
+                bound.add(uid)
+        # A relist is the truth: pods deleted or finished while no watch ran are released.
+        for gone in state.retain_placed(bound):
+            self._distrusted.discard(gone.pod_uid)
+            self._log.info("released on relist", extra={"pod": gone.pod})
         state.synced = True
         return node_rv, pod_rv
 
@@ -157,26 +164,27 @@ class KubeSource:
             return
         self._observe_bound(state, pod)
 
-    def _observe_bound(self, state: Any, pod: Mapping[str, Any]) -> None:
+    def _observe_bound(self, state: Any, pod: Mapping[str, Any]) -> str | None:
         """Confirm a bound pod's placement, trusting only what the extender decided.
 
         A pod the ledger already holds keeps the decision held (a watch event or a
         relist never changes a placement's GPUs or reservations); a pod it does not
         hold is taken as its signed annotations say, or conservatively when they do
-        not verify (``extender.signing``).
+        not verify (``extender.signing``). Returns the UID of the pod placed, if any.
         """
         verifier: Verifier | None = self._signer
         placement, verified = trusted_placement(pod, verifier, state.named_gpus)
         if placement is None:
-            return
+            return None
         held: Placement | None = state.placement_of(placement.pod_uid)
         if held is not None and not (verified and same_decision(held, placement)):
             self._distrust(pod, placement, "differs from the placement bound")
             state.confirm(held)
-            return
+            return held.pod_uid
         if not verified:
             self._distrust(pod, placement, "has no valid tandem.io/placement-signature")
         state.confirm(placement)
+        return placement.pod_uid
 
     def _distrust(self, pod: Mapping[str, Any], placement: Placement, problem: str) -> None:
         if placement.pod_uid in self._distrusted:

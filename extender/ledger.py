@@ -170,6 +170,13 @@ class ClusterState:
         with self.lock:
             self._drop(uid)
 
+    def retain_placed(self, uids: set[str]) -> list[Placement]:
+        """Forget placed pods not in ``uids`` (a relist's bound pods); assumed ones stay,
+        their binds are in flight or expire on their own. Returns what was forgotten."""
+        with self.lock:
+            gone = [uid for uid in self._placed if uid not in uids]
+            return [p for p in (self._drop(uid) for uid in gone) if p is not None]
+
     def finish_binding(self, uid: str) -> None:
         """The bind call returned: start the assumed placement's expiry clock."""
         with self.lock:

@@ -439,3 +439,40 @@ def test_signature_of_another_pod_does_not_verify(api, fake):
     pod = fake.pod("ml", "old")
     fake.put_pod(k8s_pod("copy", "uid-copy", "gpu-1", pod["metadata"]["annotations"]))
     assert [g["reserved_mib"] for g in rebuilt(api, fake)] == [0, 30000 + 40960]
+
+
+def test_relist_after_410_releases_pods_deleted_in_the_gap(api, fake):
+    """H2: the watch history is compacted while pods are deleted or finish; the relist
+    must release them, and keep a bind still in flight."""
+    source = KubeSource(api, watch_factory=PlainWatch, watch_timeout_seconds=1,
+                        background_events=False)
+    app = create_app(ConfigHolder(build_config({})), source, start_source=False,
+                     environ=SIGNED_ENV)
+    state = app.extensions["tandem"].state
+    fake.put_pod(k8s_pod("gone", "uid-gone", "gpu-1", signed("uid-gone", "gpu-1", BOUND)))
+    fake.put_pod(k8s_pod("ends", "uid-ends", "gpu-1", signed("uid-ends", "gpu-1", BOUND)))
+    _, pod_rv = source.sync(state)
+    assert state.view()["placed"] == 3
+    x = PodBuilder("x", namespace="ml").uid("uid-x").util(10).mem(100).obj()
+    state.assume_best("gpu-1", demand(x, state.gpu_types()), None, "uid-x", "ml/x")
+    fake.delete_pod("ml", "gone")
+    ended = fake.pod("ml", "ends")
+    ended["status"]["phase"] = "Succeeded"
+    fake.put_pod(ended)
+    fake.compact()  # the watch resumes from a version the server no longer has: 410
+    relists = []
+    real_sync = source.sync
+
+    def sync_once(s):
+        relists.append(1)
+        source._stop.set()  # stop after the relist
+        return real_sync(s)
+
+    source.sync = sync_once
+    source._stop.wait = lambda timeout: False  # no real backoff in tests
+    source._watch(state, api.list_pod_for_all_namespaces, source.apply_pod_event, pod_rv)
+    assert relists == [1]
+    view = state.view()
+    assert (view["placed"], view["assumed"]) == (1, 1)  # "old" stays, x is in flight
+    reserved = [g["reserved_mib"] for g in view["nodes"]["gpu-1"]["gpus"]]
+    assert reserved == [100, 30000]
