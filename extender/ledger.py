@@ -250,15 +250,15 @@ class ClusterState:
                 raise BindConflict(f"node {node} no longer fits pod {pod}",
                                    ev.rejections.get(node))
             rows = ev.chosen_rows(0)
+            uuids = [self._table.gpus[r].uuid for r in rows]
             # Hold exactly what the annotations will say, so a restart rebuilds identical state.
             placement = dataclasses.replace(placement,
                                             util_percent=round(placement.util_percent, 2),
                                             mem_mib=float(round(placement.mem_mib)),
-                                            annotations=annotations)
+                                            annotations=annotations, gpu_uuids=tuple(uuids))
             self._assumed[pod_uid] = (placement, None)
             self._applied_at[pod_uid] = self._clock()
             self._table.place(placement, self._applied_at[pod_uid])
-            uuids = [self._table.gpus[r].uuid for r in rows]
             return placement, ev.plans.get(rows[0]), float(ev.node_cost[0]), uuids
 
     def fits_without(self, node: str, victim_uids: Sequence[str], demand: ResolvedDemand,
@@ -299,11 +299,11 @@ class ClusterState:
             for state, placements in (("placed", self._placed.values()),
                                       ("assumed", [p for p, _ in self._assumed.values()])):
                 for p in placements:
-                    for idx in p.gpu_indices:
-                        try:
-                            row = t.row_of(p.node, idx)
-                        except PlacementError:
-                            continue
+                    try:
+                        rows = t.rows_of(p)
+                    except PlacementError:
+                        continue
+                    for row in rows:
                         pods_by_row.setdefault(row, []).append(
                             {"pod": p.pod, "uid": p.pod_uid, "state": state,
                              "workload": p.workload.value, "util_percent": p.util_percent,

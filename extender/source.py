@@ -94,7 +94,7 @@ def placement_from_pod(pod: Mapping[str, Any]) -> Placement | None:
             session = None  # no usable SLO: a best-effort session
     weight = inputs.share_weight if workload is Workload.INFERENCE and session is None else 1
     return Placement(ref.uid, ref.key, node, out.gpu_indices, out.util_percent, out.mem_mib,
-                     workload, session, tandem_annotations(ann), weight)
+                     workload, session, tandem_annotations(ann), weight, out.gpu_uuids)
 
 
 def trusted_placement(pod: Mapping[str, Any], verifier: Verifier | None,
@@ -118,7 +118,8 @@ def conservative_placement(p: Placement, uuids: tuple[str, ...],
     UUID, so a moved ``gpu-index`` still covers the GPU its ``gpu-uuid`` names), each at
     full utilisation and its whole memory. Never less than any decision bind could make."""
     indices, memory = gpus_named(p.node, p.gpu_indices, uuids)
-    return dataclasses.replace(p, gpu_indices=indices, util_percent=FULL_UTIL_PERCENT,
+    return dataclasses.replace(p, gpu_indices=indices, gpu_uuids=(),
+                               util_percent=FULL_UTIL_PERCENT,
                                mem_mib=memory if memory is not None else GPU_MEM_MIB_RANGE.high)
 
 
