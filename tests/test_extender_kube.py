@@ -476,3 +476,19 @@ def test_relist_after_410_releases_pods_deleted_in_the_gap(api, fake):
     assert (view["placed"], view["assumed"]) == (1, 1)  # "old" stays, x is in flight
     reserved = [g["reserved_mib"] for g in view["nodes"]["gpu-1"]["gpus"]]
     assert reserved == [100, 30000]
+
+
+def test_forged_filter_cannot_shrink_the_demand_bind_uses(api, fake):
+    """M2: a /filter body with the real pod's UID and resourceVersion but gpu-mem-mib 1."""
+    app, _ = make(api)
+    fake.put_pod(k8s_pod("new", "uid-new", annotations=DEMAND))
+    filter_first(app, fake)
+    forged = fake.pod("ml", "new")
+    forged["metadata"]["annotations"]["tandem.io/gpu-mem-mib"] = "1"
+    app.test_client().post("/filter", json={"Pod": forged, "NodeNames": ["gpu-1"]})
+    fake.requests.clear()
+    assert bind(app) == {"Error": ""}
+    assert [(r.method, r.path.rsplit("/", 1)[1]) for r in fake.requests] == [
+        ("GET", "new"), ("POST", "binding")]  # one read decides between the two
+    annotations = fake.pod("ml", "new")["metadata"]["annotations"]
+    assert annotations["tandem.io/predicted-gpu-mem-mib"] == "5000"
