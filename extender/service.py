@@ -47,6 +47,8 @@ from extender.wire import (
 
 DEMAND_CACHE_LIMIT = 20_000
 """Most pods whose demand is cached between filter and bind (oldest evicted first)."""
+FETCHING = "ModelBeingFetched"
+"""Gap kind of a model still downloading (``predictor.fetch``): such demands are not cached."""
 CONTENTS_PER_POD = 4
 """Most differing contents cached for one pod UID (a forger's flood evicts its own)."""
 
@@ -151,6 +153,8 @@ class Extender:
         resolved = resolve_demand(job, self.state.gpu_types(), predict, self._profiles,
                                   session_name=ref.key)
         ttl = self.config.current().state.demand_cache_seconds
+        if any(g.startswith(FETCHING) for g in resolved.gaps.values()):
+            return ref, resolved  # not cached: the next filter sees the model once it is here
         with self._cache_lock:
             entries = self._cache.setdefault(key, OrderedDict())
             entries[digest] = (version, resolved, pod, now + ttl)
