@@ -56,6 +56,9 @@ class ServerConfig:
     """cheroot worker threads (>= 1)."""
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
+    request_read_timeout_seconds: float = 10.0
+    """A request (head and body) must arrive within this of its first byte, or the
+    connection is dropped; until it has arrived it holds no worker thread."""
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,8 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool
         "threads": (int, lambda v: 1 <= v <= 256, "must be in 1..256"),
         "tls_cert_file": ((str, type(None)), None, ""),
         "tls_key_file": ((str, type(None)), None, ""),
+        "request_read_timeout_seconds": ((int, float), lambda v: 0 < v <= 300,
+                                         "must be in (0, 300]"),
     },
     "state": {
         "assume_ttl_seconds": ((int, float), lambda v: v > 0, "must be > 0"),
