@@ -125,7 +125,11 @@ class Predictor:
         """Utilisation and memory of ``model_ref`` at ``batch_size`` on ``gpu_type``."""
         if workload not in ("training", "inference"):
             raise ValueError(f"workload must be training or inference, got {workload!r}")
-        if self.artifacts is None:  # before the reference is read: nothing is fetched for it
+        if self.artifacts is None:  # nothing is fetched or parsed for a prediction never made
+            if self.store.is_remote(model_ref):
+                self.store.check_remote(model_ref)
+            else:
+                self.store.resolve(model_ref)  # a bad local reference is still named as such
             raise NoTrainedModel(
                 "utilisation model",
                 "no artifacts loaded (run `tandem predictor train` on profiled data)",
