@@ -68,7 +68,7 @@ def create_app(
     state = ClusterState(config.policy, clock, config.current().state.assume_ttl_seconds)
     use_signer = getattr(source, "use_signer", None)  # sources that rebuild from annotations
     if use_signer is not None:
-        use_signer(load_signer(config.current().state, environ))
+        use_signer(load_signer(config.current().state, environ, config.current().reports))
     ext = Extender(state, source, config, clock, predictor, profiles, planner, may_bind)
     metrics = metrics or Metrics()
     metrics.watch_state(state.gpu_rows, lambda: state.synced)

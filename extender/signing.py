@@ -26,9 +26,11 @@ from pathlib import Path
 
 from contracts.annotations import PLACEMENT_SIGNATURE, SIGNED_OUTPUTS
 from contracts.logs import get_logger
-from extender.config import ConfigError, StateConfig
+from extender.config import ConfigError, ReportsConfig, StateConfig
+from extender.reports import expected_token
 
 MIN_KEY_BYTES = 16
+DERIVATION_LABEL = b"tandem placement signing key v1"
 _VERSION = "v1"
 
 
@@ -68,8 +70,10 @@ class PlacementSigner:
         return hmac.compare_digest(given.encode(), self._mac(uid, node, ann).encode())
 
 
-def load_signer(cfg: StateConfig, environ: Mapping[str, str] | None = None) -> PlacementSigner:
-    """The configured key (file first, then environment), else a random one with a warning."""
+def load_signer(cfg: StateConfig, environ: Mapping[str, str] | None = None,
+                reports: ReportsConfig | None = None) -> PlacementSigner:
+    """The configured key (file first, then environment); else one derived from the agent
+    token, which every replica already shares; else a random one, with a warning."""
     key: bytes | None = None
     if cfg.signing_key_file:
         try:
@@ -82,8 +86,12 @@ def load_signer(cfg: StateConfig, environ: Mapping[str, str] | None = None) -> P
         key = text.strip().encode() if text else None
     if key:
         return PlacementSigner(key)
+    token = expected_token(reports, environ) if reports is not None else None
+    if token:  # pod owners never see the agent token; a derived key keeps it out of the MAC
+        return PlacementSigner(hmac.new(token.encode(), DERIVATION_LABEL,
+                                        hashlib.sha256).digest())
     get_logger().warning(
-        "no placement signing key configured (state.signing_key_file or "
-        f"${cfg.signing_key_env}); using a random one: after a restart, pods bound "
-        "before it do not verify and each holds its whole GPU")
+        "no placement signing key (state.signing_key_file, "
+        f"${cfg.signing_key_env}) and no agent token configured; using a random one: after "
+        "a restart, pods bound before it do not verify and each holds its whole GPU")
     return PlacementSigner.random()

@@ -50,3 +50,15 @@ def test_bad_or_missing_key(tmp_path):
     finally:
         logging.getLogger(LOGGER_NAME).removeHandler(handler)
     assert signer.ephemeral and "random" in records[0].getMessage()
+
+
+def test_key_derived_from_the_agent_token_when_none_is_configured():
+    from extender.config import ReportsConfig
+
+    env = {"TANDEM_AGENT_TOKEN": "agent-token"}
+    one = load_signer(StateConfig(), env, ReportsConfig())
+    other_replica = load_signer(StateConfig(), dict(env), ReportsConfig())
+    assert not one.ephemeral
+    assert other_replica.verify("u", "n", one.sign("u", "n", OUT))
+    forged = PlacementSigner(b"agent-token".ljust(16, b"\0"))  # the token itself is not the key
+    assert not one.verify("u", "n", forged.sign("u", "n", OUT))
