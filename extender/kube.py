@@ -98,12 +98,16 @@ class KubeSource:
         self._events: queue.Queue[dict[str, Any] | None] = queue.Queue(EVENT_QUEUE_LIMIT)
         self._log = get_logger()
         self._signer: Any = None
+        self._on_untrusted: Callable[[str], None] | None = None
         self._distrusted: set[str] = set()
         """Pods already reported as carrying an unverifiable placement (reported once)."""
 
-    def use_signer(self, signer: Any) -> None:
-        """Sign placements at bind and verify them when rebuilding (``extender.signing``)."""
+    def use_signer(self, signer: Any, on_untrusted: Callable[[str], None] | None = None,
+                   ) -> None:
+        """Sign placements at bind and verify them when rebuilding (``extender.signing``);
+        ``on_untrusted(problem)`` counts pods whose placement did not verify."""
         self._signer = signer
+        self._on_untrusted = on_untrusted
 
     @classmethod
     def from_environment(cls) -> KubeSource:
@@ -178,18 +182,22 @@ class KubeSource:
             return None
         held: Placement | None = state.placement_of(placement.pod_uid)
         if held is not None and not (verified and same_decision(held, placement)):
-            self._distrust(pod, placement, "differs from the placement bound")
+            self._distrust(pod, placement, "changed", "differs from the placement bound")
             state.confirm(held)
             return held.pod_uid
         if not verified:
-            self._distrust(pod, placement, "has no valid tandem.io/placement-signature")
+            self._distrust(pod, placement, "unsigned",
+                           "has no valid tandem.io/placement-signature")
         state.confirm(placement)
         return placement.pod_uid
 
-    def _distrust(self, pod: Mapping[str, Any], placement: Placement, problem: str) -> None:
+    def _distrust(self, pod: Mapping[str, Any], placement: Placement, kind: str,
+                  problem: str) -> None:
         if placement.pod_uid in self._distrusted:
             return
         self._distrusted.add(placement.pod_uid)
+        if self._on_untrusted is not None:
+            self._on_untrusted(kind)
         meta = pod.get("metadata") or {}
         ref = PodRef(str(meta.get("namespace", "")), str(meta.get("name", "")),
                      placement.pod_uid)

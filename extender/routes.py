@@ -66,12 +66,13 @@ def create_app(
 ) -> Flask:
     """The extender WSGI app over ``source``; starts the source unless told not to."""
     state = ClusterState(config.policy, clock, config.current().state.assume_ttl_seconds)
-    use_signer = getattr(source, "use_signer", None)  # sources that rebuild from annotations
-    if use_signer is not None:
-        use_signer(load_signer(config.current().state, environ, config.current().reports))
     ext = Extender(state, source, config, clock, predictor, profiles, planner, may_bind)
     metrics = metrics or Metrics()
     metrics.watch_state(state.gpu_rows, lambda: state.synced)
+    use_signer = getattr(source, "use_signer", None)  # sources that rebuild from annotations
+    if use_signer is not None:
+        use_signer(load_signer(config.current().state, environ, config.current().reports),
+                   lambda problem: metrics.untrusted_placements.labels(problem).inc())
     checks = list(readiness)
     log = get_logger()
     app = Flask("tandem-extender")

@@ -396,6 +396,9 @@ def test_edited_reservation_never_shrinks_the_rebuilt_ledger(api, fake):
     source.drain_events()  # ... GPU 1 is not: the edit only blocked capacity
     assert [e["reason"] for e in fake.events] == ["TandemPlacementUntrusted", "TandemBound"]
     assert fake.events[0]["type"] == "Warning"
+    metrics = app.extensions["tandem_metrics"].registry
+    assert metrics.get_sample_value("tandem_extender_untrusted_placements_total",
+                                    {"problem": "unsigned"}) == 1
 
 
 def test_edited_gpu_index_holds_every_gpu_named_after_a_restart(api, fake):
@@ -433,6 +436,8 @@ def test_watch_event_never_changes_a_bound_placement(api, fake, edit):
     source.apply_pod_event(state, "MODIFIED", pod)  # reported once per pod
     source.drain_events()
     assert [e["reason"] for e in fake.events] == ["TandemPlacementUntrusted"]
+    assert app.extensions["tandem_metrics"].registry.get_sample_value(
+        "tandem_extender_untrusted_placements_total", {"problem": "changed"}) == 1
 
 
 def test_signature_of_another_pod_does_not_verify(api, fake):
