@@ -37,6 +37,7 @@ MAX_HEAD_BYTES = 64 * 1024
 """A request head longer than this is handed to cheroot at once (which refuses it)."""
 _HEAD_END = b"\r\n\r\n"
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*([0-9]{1,12})[ \t]*\r\n", re.IGNORECASE)
+_EXPECT_CONTINUE = re.compile(rb"\r\nexpect:[ \t]*100-continue[ \t]*\r\n", re.IGNORECASE)
 _WOULD_BLOCK = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 
@@ -113,6 +114,8 @@ class GatheringConnection(HTTPConnection):
         end = data.find(_HEAD_END)
         if end < 0:
             return len(data) > (self.server.max_request_header_size or MAX_HEAD_BYTES)
+        if _EXPECT_CONTINUE.search(data, 0, end + 2):
+            return True  # the client sends its body only after cheroot's 100 Continue
         match = _CONTENT_LENGTH.search(data, 0, end + 2)
         wanted = min(int(match.group(1)), self.body_limit) if match else 0
         return len(data) >= end + len(_HEAD_END) + wanted

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 
@@ -133,3 +134,24 @@ def test_inference_server_http_ignores_slow_clients():
     finally:
         server.stop()
         thread.join(timeout=10)
+
+
+def test_expect_100_continue_and_keep_alive_still_work():
+    running = serve(threads=1)
+    try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=5) as sock:
+            for _ in range(2):  # two requests on one connection
+                sock.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                             b"\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n")
+                assert sock.recv(64).startswith(b"HTTP/1.1 100 Continue")
+                sock.sendall(b"{}")
+                answer = b""
+                while b"\r\n\r\n" not in answer:
+                    answer += sock.recv(4096)
+                head, _, body = answer.partition(b"\r\n\r\n")
+                length = int(re.search(rb"(?i)content-length: *([0-9]+)", head).group(1))
+                while len(body) < length:
+                    body += sock.recv(4096)
+                assert head.startswith(b"HTTP/1.1 ") and b"Error" in body
+    finally:
+        running.stop()
