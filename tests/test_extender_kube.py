@@ -483,14 +483,18 @@ def test_relist_after_410_releases_pods_deleted_in_the_gap(api, fake):
     assert reserved == [100, 30000]
 
 
-def test_forged_filter_cannot_shrink_the_demand_bind_uses(api, fake):
+@pytest.mark.parametrize("forged_first", [True, False], ids=["forged-first", "real-first"])
+def test_forged_filter_cannot_shrink_the_demand_bind_uses(api, fake, forged_first):
     """M2: a /filter body with the real pod's UID and resourceVersion but gpu-mem-mib 1."""
     app, _ = make(api)
     fake.put_pod(k8s_pod("new", "uid-new", annotations=DEMAND))
-    filter_first(app, fake)
     forged = fake.pod("ml", "new")
     forged["metadata"]["annotations"]["tandem.io/gpu-mem-mib"] = "1"
+    if not forged_first:
+        filter_first(app, fake)
     app.test_client().post("/filter", json={"Pod": forged, "NodeNames": ["gpu-1"]})
+    if forged_first:
+        filter_first(app, fake)
     fake.requests.clear()
     assert bind(app) == {"Error": ""}
     assert [(r.method, r.path.rsplit("/", 1)[1]) for r in fake.requests] == [
