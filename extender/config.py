@@ -56,6 +56,9 @@ class ServerConfig:
     """cheroot worker threads (>= 1)."""
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
+    request_read_timeout_seconds: float = 10.0
+    """A request (head and body) must arrive within this of its first byte, or the
+    connection is dropped; until it has arrived it holds no worker thread."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,10 @@ class StateConfig:
     """How long a bound-but-unconfirmed placement is held before it expires (> 0)."""
     demand_cache_seconds: float = 300.0
     """How long a pod's resolved demand is kept between filter and bind (> 0)."""
+    signing_key_file: str | None = None
+    """File holding the key that signs placements at bind (preferred over the env var)."""
+    signing_key_env: str = "TANDEM_SIGNING_KEY"
+    """Environment variable holding the signing key when no file is given."""
 
 
 @dataclass(frozen=True)
@@ -188,10 +195,14 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool
         "threads": (int, lambda v: 1 <= v <= 256, "must be in 1..256"),
         "tls_cert_file": ((str, type(None)), None, ""),
         "tls_key_file": ((str, type(None)), None, ""),
+        "request_read_timeout_seconds": ((int, float), lambda v: 0 < v <= 300,
+                                         "must be in (0, 300]"),
     },
     "state": {
         "assume_ttl_seconds": ((int, float), lambda v: v > 0, "must be > 0"),
         "demand_cache_seconds": ((int, float), lambda v: v > 0, "must be > 0"),
+        "signing_key_file": ((str, type(None)), None, ""),
+        "signing_key_env": (str, None, ""),
     },
     "handoff": {
         "mode": (str, lambda v: v in ("env", "device-plugin"), "must be env or device-plugin"),

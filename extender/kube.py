@@ -31,8 +31,8 @@ from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
 from contracts.logs import get_logger
-from extender.core import GpuSpec, NodeSpec, PodRef
-from extender.source import DONE_PHASES, placement_from_pod
+from extender.core import GpuSpec, NodeSpec, Placement, PodRef
+from extender.source import DONE_PHASES, Verifier, same_decision, trusted_placement
 
 GFD_COUNT = "nvidia.com/gpu.count"
 GFD_PRODUCT = "nvidia.com/gpu.product"
@@ -97,6 +97,17 @@ class KubeSource:
         self._threads: list[threading.Thread] = []
         self._events: queue.Queue[dict[str, Any] | None] = queue.Queue(EVENT_QUEUE_LIMIT)
         self._log = get_logger()
+        self._signer: Any = None
+        self._on_untrusted: Callable[[str], None] | None = None
+        self._distrusted: set[str] = set()
+        """Pods already reported as carrying an unverifiable placement (reported once)."""
+
+    def use_signer(self, signer: Any, on_untrusted: Callable[[str], None] | None = None,
+                   ) -> None:
+        """Sign placements at bind and verify them when rebuilding (``extender.signing``);
+        ``on_untrusted(problem)`` counts pods whose placement did not verify."""
+        self._signer = signer
+        self._on_untrusted = on_untrusted
 
     @classmethod
     def from_environment(cls) -> KubeSource:
@@ -121,11 +132,16 @@ class KubeSource:
         state.set_nodes([node_spec(n) for n in nodes])
         pods, pod_rv = self._list(self.api.list_pod_for_all_namespaces,
                                   field_selector="spec.nodeName!=")
+        bound: set[str] = set()
         for pod in pods:
             state.handoffs.observe(pod)
-            placement = placement_from_pod(pod)
-            if placement is not None:
-                state.confirm(placement)
+            uid = self._observe_bound(state, pod)
+            if uid is not None:
+                bound.add(uid)
+        # A relist is the truth: pods deleted or finished while no watch ran are released.
+        for gone in state.retain_placed(bound):
+            self._distrusted.discard(gone.pod_uid)
+            self._log.info("released on relist", extra={"pod": gone.pod})
         state.synced = True
         return node_rv, pod_rv
 
@@ -148,10 +164,48 @@ class KubeSource:
         state.handoffs.observe(pod, deleted=kind == "DELETED")
         if kind == "DELETED" or phase in DONE_PHASES:
             state.forget(uid)
+            self._distrusted.discard(uid)
             return
-        placement = placement_from_pod(pod)
-        if placement is not None:
-            state.confirm(placement)
+        self._observe_bound(state, pod)
+
+    def _observe_bound(self, state: Any, pod: Mapping[str, Any]) -> str | None:
+        """Confirm a bound pod's placement, trusting only what the extender decided.
+
+        A pod the ledger already holds keeps the decision held (a watch event or a
+        relist never changes a placement's GPUs or reservations); a pod it does not
+        hold is taken as its signed annotations say, or conservatively when they do
+        not verify (``extender.signing``). Returns the UID of the pod placed, if any.
+        """
+        verifier: Verifier | None = self._signer
+        placement, verified = trusted_placement(pod, verifier, state.named_gpus)
+        if placement is None:
+            return None
+        held: Placement | None = state.placement_of(placement.pod_uid)
+        if held is not None and not (verified and same_decision(held, placement)):
+            self._distrust(pod, placement, "changed", "differs from the placement bound")
+            state.confirm(held)
+            return held.pod_uid
+        if not verified:
+            self._distrust(pod, placement, "unsigned",
+                           "has no valid tandem.io/placement-signature")
+        state.confirm(placement)
+        return placement.pod_uid
+
+    def _distrust(self, pod: Mapping[str, Any], placement: Placement, kind: str,
+                  problem: str) -> None:
+        if placement.pod_uid in self._distrusted:
+            return
+        self._distrusted.add(placement.pod_uid)
+        if self._on_untrusted is not None:
+            self._on_untrusted(kind)
+        meta = pod.get("metadata") or {}
+        ref = PodRef(str(meta.get("namespace", "")), str(meta.get("name", "")),
+                     placement.pod_uid)
+        message = (f"the GPU placement recorded on this pod {problem}; tandem keeps the "
+                   "placement it decided, or holds every GPU named in full")
+        self._log.warning("untrusted placement annotations",
+                          extra={"pod": ref.key, "problem": problem})
+        self.record_event(ref, "TandemPlacementUntrusted", message, True)
 
     def start(self, state: Any) -> None:
         """Initial sync, then node and pod watches and the event worker in threads."""
@@ -220,6 +274,8 @@ class KubeSource:
         if not pod.uid:
             # without a UID the API server cannot tell a recreated pod from this one
             raise ValueError(f"bind of {pod.key} needs the pod UID")
+        if self._signer is not None:
+            annotations = self._signer.sign(pod.uid, node, annotations)
         body = {"apiVersion": "v1", "kind": "Binding",
                 "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid,
                              "annotations": dict(annotations)},

@@ -170,6 +170,13 @@ class ClusterState:
         with self.lock:
             self._drop(uid)
 
+    def retain_placed(self, uids: set[str]) -> list[Placement]:
+        """Forget placed pods not in ``uids`` (a relist's bound pods); assumed ones stay,
+        their binds are in flight or expire on their own. Returns what was forgotten."""
+        with self.lock:
+            gone = [uid for uid in self._placed if uid not in uids]
+            return [p for p in (self._drop(uid) for uid in gone) if p is not None]
+
     def finish_binding(self, uid: str) -> None:
         """The bind call returned: start the assumed placement's expiry clock."""
         with self.lock:
@@ -195,6 +202,22 @@ class ClusterState:
         with self.lock:
             entry = self._assumed.get(uid)
             return self._placed.get(uid) or (entry[0] if entry else None)
+
+    def named_gpus(self, node: str, indices: tuple[int, ...], uuids: tuple[str, ...],
+                   ) -> tuple[tuple[int, ...], float | None]:
+        """Indices of ``node``'s GPUs named by index or UUID (all of them when it names none
+        it has), and the largest one's memory; None when the node has no known GPU."""
+        with self.lock:
+            t = self._table
+            if node not in t.node_index:
+                return indices, None
+            rows = [r for r in t.node_rows(node)
+                    if t.gpus[r].index in indices or t.gpus[r].uuid in uuids] \
+                or list(t.node_rows(node))  # names no GPU it has: it may be on any of them
+            if not rows:
+                return indices, None
+            return (tuple(sorted(t.gpus[r].index for r in rows)),
+                    max(t.gpus[r].memory_mib for r in rows))
 
     # ---- decisions -------------------------------------------------------------------
     def gpu_types(self) -> list[str]:
@@ -227,15 +250,15 @@ class ClusterState:
                 raise BindConflict(f"node {node} no longer fits pod {pod}",
                                    ev.rejections.get(node))
             rows = ev.chosen_rows(0)
+            uuids = [self._table.gpus[r].uuid for r in rows]
             # Hold exactly what the annotations will say, so a restart rebuilds identical state.
             placement = dataclasses.replace(placement,
                                             util_percent=round(placement.util_percent, 2),
                                             mem_mib=float(round(placement.mem_mib)),
-                                            annotations=annotations)
+                                            annotations=annotations, gpu_uuids=tuple(uuids))
             self._assumed[pod_uid] = (placement, None)
             self._applied_at[pod_uid] = self._clock()
             self._table.place(placement, self._applied_at[pod_uid])
-            uuids = [self._table.gpus[r].uuid for r in rows]
             return placement, ev.plans.get(rows[0]), float(ev.node_cost[0]), uuids
 
     def fits_without(self, node: str, victim_uids: Sequence[str], demand: ResolvedDemand,
@@ -276,11 +299,11 @@ class ClusterState:
             for state, placements in (("placed", self._placed.values()),
                                       ("assumed", [p for p, _ in self._assumed.values()])):
                 for p in placements:
-                    for idx in p.gpu_indices:
-                        try:
-                            row = t.row_of(p.node, idx)
-                        except PlacementError:
-                            continue
+                    try:
+                        rows = t.rows_of(p)
+                    except PlacementError:
+                        continue
+                    for row in rows:
                         pods_by_row.setdefault(row, []).append(
                             {"pod": p.pod, "uid": p.pod_uid, "state": state,
                              "workload": p.workload.value, "util_percent": p.util_percent,

@@ -62,6 +62,10 @@ class Metrics:
         self.reload_failures = Counter("tandem_extender_config_reload_failures",
                                        "Config reloads rejected by validation",
                                        registry=self.registry)
+        self.untrusted_placements = Counter(
+            "tandem_extender_untrusted_placements",
+            "Bound pods whose recorded placement did not verify or differed from the one held",
+            ["problem"], registry=self.registry)
 
     def watch_state(self, rows: Callable[[], list[tuple[str, Any, float, float | None]]],
                     synced: Callable[[], bool]) -> None:

@@ -97,8 +97,9 @@ def decode_report(document: Any) -> DecodedReport:
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < 1024:
             raise BadRequest(f"{path}.index", "must be an integer in 0..1023")
         uuid, product = g.get("uuid"), g.get("product")
-        if not isinstance(uuid, str) or not isinstance(product, str) or not product:
-            raise BadRequest(f"{path}.uuid/product", "must be strings")
+        if not isinstance(uuid, str) or not uuid or not isinstance(product, str) \
+                or not product:
+            raise BadRequest(f"{path}.uuid/product", "must be non-empty strings")
         total = _num(g.get("memory_total_mib"), f"{path}.memory_total_mib", 1, 1e7)
         # null = the agent lost this GPU's metrics: no observation, reservations decide
         used.append(_optional(g.get("memory_used_mib"), f"{path}.memory_used_mib", 0, 1e7))
@@ -108,6 +109,8 @@ def decode_report(document: Any) -> DecodedReport:
         procs.append(_processes(g.get("processes"), f"{path}.processes"))
     if len({g.index for g in gpus}) != len(gpus):
         raise BadRequest("gpus", "GPU indices repeat")
+    if len({g.uuid for g in gpus}) != len(gpus):  # placements find their GPUs by UUID
+        raise BadRequest("gpus", "GPU UUIDs repeat")
     return DecodedReport(node, tuple(gpus), tuple(utils), tuple(used), tuple(procs))
 
 

@@ -28,6 +28,7 @@ from extender.ledger import ClusterState
 from extender.metrics import Metrics
 from extender.reports import check_token, decode_report
 from extender.service import DemandPredictor, Extender
+from extender.signing import load_signer
 from extender.source import ClusterSource
 from extender.wire import (
     decode_binding_args,
@@ -70,6 +71,10 @@ def create_app(
     ext = Extender(state, source, config, clock, predictor, profiles, planner, may_bind, learner)
     metrics = metrics or Metrics()
     metrics.watch_state(state.gpu_rows, lambda: state.synced)
+    use_signer = getattr(source, "use_signer", None)  # sources that rebuild from annotations
+    if use_signer is not None:
+        use_signer(load_signer(config.current().state, environ, config.current().reports),
+                   lambda problem: metrics.untrusted_placements.labels(problem).inc())
     checks = list(readiness)
     log = get_logger()
     app = Flask("tandem-extender")

@@ -9,8 +9,12 @@ from typing import Any
 
 from cheroot import wsgi
 
+from contracts.httpserve import harden, tls_adapter
 from contracts.logs import get_logger
 from extender.config import ConfigHolder, ServerConfig
+
+LISTEN_BACKLOG = 128
+"""Pending connections the kernel queues before accept (cheroot's default is 5)."""
 
 
 @dataclass
@@ -36,11 +40,12 @@ class RunningServer:
 def make_server(app: Any, cfg: ServerConfig, port: int | None = None) -> wsgi.Server:
     """A cheroot server for ``app``; TLS via the builtin adapter when cert and key are set."""
     server = wsgi.Server((cfg.host, cfg.port if port is None else port), app,
-                         numthreads=cfg.threads, server_name="tandem-extender")
+                         numthreads=cfg.threads, server_name="tandem-extender",
+                         request_queue_size=LISTEN_BACKLOG)
+    # Slow clients wait in the selector, not in a worker (contracts.httpserve).
+    harden(server, cfg.request_read_timeout_seconds, cfg.max_body_bytes)
     if cfg.tls_cert_file and cfg.tls_key_file:
-        from cheroot.ssl.builtin import BuiltinSSLAdapter
-
-        server.ssl_adapter = BuiltinSSLAdapter(cfg.tls_cert_file, cfg.tls_key_file)
+        server.ssl_adapter = tls_adapter(cfg.tls_cert_file, cfg.tls_key_file)
     return server
 
 

@@ -9,6 +9,8 @@ annotations, create the binding, then confirm or start the expiry clock.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import threading
 import time
 from collections import OrderedDict
@@ -48,6 +50,27 @@ from extender.wire import (
 
 DEMAND_CACHE_LIMIT = 20_000
 """Most pods whose demand is cached between filter and bind (oldest evicted first)."""
+FETCHING = "ModelBeingFetched"
+"""Gap kind of a model still downloading (``predictor.fetch``): such demands are not cached."""
+CONTENTS_PER_POD = 4
+"""Most differing contents cached for one pod UID (a forger's flood evicts its own)."""
+
+CacheEntry = tuple[str, ResolvedDemand, Mapping[str, Any], float]
+"""(resourceVersion, resolved demand, the pod as filter saw it, expiry)."""
+
+
+def demand_digest(pod: Mapping[str, Any]) -> str:
+    """A hash of what the demand is computed from: ``tandem.io/*`` annotations and the
+    containers' resources. Cache entries are keyed by it, so a body claiming a known pod
+    UID and resourceVersion with other contents never replaces the real pod's entry."""
+    meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
+    ann = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
+    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
+    resources = [[c.get("resources") for c in spec.get(key) or [] if isinstance(c, Mapping)]
+                 if isinstance(spec.get(key), list) else spec.get(key)
+                 for key in ("containers", "initContainers")]
+    content = json.dumps([tandem_annotations(ann), resources], sort_keys=True, default=repr)
+    return hashlib.blake2b(content.encode(), digest_size=16).hexdigest()
 
 
 class PredictionLike(Protocol):
@@ -107,22 +130,24 @@ class Extender:
         self._inference = InferenceContext(planner, self._profiles) if planner else None
         self.may_bind = may_bind
         self.learner = learner
-        self._cache: OrderedDict[str, tuple[str, ResolvedDemand, Mapping[str, Any], float]] = \
-            OrderedDict()
+        self._cache: OrderedDict[str, OrderedDict[str, CacheEntry]] = OrderedDict()
+        """Per pod UID, per :func:`demand_digest`: what filter resolved."""
         self._cache_lock = threading.Lock()
 
     # ---- demand --------------------------------------------------------------------
     def demand(self, pod: Mapping[str, Any]) -> tuple[PodRef, ResolvedDemand]:
-        """The pod's resolved demand (cached by UID and resourceVersion); PodRejected if bad."""
+        """The pod's resolved demand (cached by UID, contents and resourceVersion);
+        PodRejected if bad."""
         try:
             ref = pod_ref(pod)
         except DemandError as exc:
             raise BadRequest(exc.field, exc.problem) from None
         version = str((pod.get("metadata") or {}).get("resourceVersion", ""))
         key = ref.uid or ref.key
+        digest = demand_digest(pod)
         now = self.clock()
         with self._cache_lock:
-            hit = self._cache.get(key)
+            hit = self._cache.get(key, {}).get(digest)
             if hit is not None and hit[0] == version and hit[3] > now:
                 return ref, hit[1]
         try:
@@ -133,8 +158,14 @@ class Extender:
         resolved = resolve_demand(job, self.state.gpu_types(), predict, self._profiles,
                                   session_name=ref.key, knowledge=self._knowledge())
         ttl = self.config.current().state.demand_cache_seconds
+        if any(g.startswith(FETCHING) for g in resolved.gaps.values()):
+            return ref, resolved  # not cached: the next filter sees the model once it is here
         with self._cache_lock:
-            self._cache[key] = (version, resolved, pod, now + ttl)
+            entries = self._cache.setdefault(key, OrderedDict())
+            entries[digest] = (version, resolved, pod, now + ttl)
+            entries.move_to_end(digest)
+            while len(entries) > CONTENTS_PER_POD:
+                entries.popitem(last=False)
             self._cache.move_to_end(key)
             while len(self._cache) > DEMAND_CACHE_LIMIT:
                 self._cache.popitem(last=False)
@@ -248,10 +279,13 @@ class Extender:
 
     def _pod_for(self, args: BindingArgs) -> Mapping[str, Any]:
         key = args.pod_uid or f"{args.pod_namespace}/{args.pod_name}"
+        now = self.clock()
         with self._cache_lock:
-            hit = self._cache.get(key)
-        if hit is not None:
-            return hit[2]
+            live = [e for e in self._cache.get(key, {}).values() if e[3] > now]
+        if len(live) == 1:
+            return live[0][2]  # the usual case: no round trip
+        # Nothing cached, or filter saw differing contents for this UID (one of them may be
+        # forged): the API server's copy decides, and its own cache entry is used if present.
         pod = self.source.read_pod(args.pod_namespace, args.pod_name)
         if pod is None:
             raise BindConflict(f"pod {args.pod_namespace}/{args.pod_name} not found", None)

@@ -10,11 +10,13 @@ annotation keys and their encoding are the shared contract in
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import contracts.annotations as ann_contract
 from contracts.annotations import (
+    GPU_MEM_MIB_RANGE,
     BindOutputs,
     decode_outputs,
     encode_outputs,
@@ -32,6 +34,18 @@ from extender.core import (
 )
 
 DONE_PHASES = ("Succeeded", "Failed")
+FULL_UTIL_PERCENT = 100.0
+
+GpusNamed = Callable[[str, tuple[int, ...], tuple[str, ...]], tuple[tuple[int, ...], float | None]]
+"""(node, indices, uuids) -> (every GPU index named either way, largest memory among them)."""
+
+
+class Verifier(Protocol):
+    """Checks a placement's signature (``extender.signing.PlacementSigner``)."""
+
+    def verify(self, uid: str, node: str, ann: Mapping[str, object]) -> bool:
+        """True when the annotations carry a valid signature for this pod and node."""
+        ...
 
 
 class ClusterSource(Protocol):
@@ -80,7 +94,39 @@ def placement_from_pod(pod: Mapping[str, Any]) -> Placement | None:
             session = None  # no usable SLO: a best-effort session
     weight = inputs.share_weight if workload is Workload.INFERENCE and session is None else 1
     return Placement(ref.uid, ref.key, node, out.gpu_indices, out.util_percent, out.mem_mib,
-                     workload, session, tandem_annotations(ann), weight)
+                     workload, session, tandem_annotations(ann), weight, out.gpu_uuids)
+
+
+def trusted_placement(pod: Mapping[str, Any], verifier: Verifier | None,
+                      gpus_named: GpusNamed) -> tuple[Placement | None, bool]:
+    """(placement, verified): the recorded placement if its signature verifies, else the
+    conservative one (see :func:`conservative_placement`). No verifier: taken as written."""
+    p = placement_from_pod(pod)
+    if p is None or verifier is None:
+        return p, True
+    ann = annotations_of(pod)
+    if verifier.verify(p.pod_uid, p.node, ann):
+        return p, True
+    out = decode_outputs(ann)
+    uuids = out.gpu_uuids if out is not None else ()
+    return conservative_placement(p, uuids, gpus_named), False
+
+
+def conservative_placement(p: Placement, uuids: tuple[str, ...],
+                           gpus_named: GpusNamed) -> Placement:
+    """What an unverifiable bound pod holds: every GPU its annotations name (by index or
+    UUID, so a moved ``gpu-index`` still covers the GPU its ``gpu-uuid`` names), each at
+    full utilisation and its whole memory. Never less than any decision bind could make."""
+    indices, memory = gpus_named(p.node, p.gpu_indices, uuids)
+    return dataclasses.replace(p, gpu_indices=indices, gpu_uuids=(),
+                               util_percent=FULL_UTIL_PERCENT,
+                               mem_mib=memory if memory is not None else GPU_MEM_MIB_RANGE.high)
+
+
+def same_decision(a: Placement, b: Placement) -> bool:
+    """True when two placements hold the same node, GPUs and reservations."""
+    return (a.node, a.gpu_indices, a.util_percent, a.mem_mib) == \
+        (b.node, b.gpu_indices, b.util_percent, b.mem_mib)
 
 
 def output_annotations(p: Placement, uuids: list[str], cost: float, plan: Any,

@@ -33,6 +33,7 @@ import numpy as np
 
 from predictor.errors import NoTrainedModel
 from predictor.features import FeatureExtractor, FeatureLimits, GraphFeatures
+from predictor.fetch import BackgroundFetcher
 from predictor.memory import MemoryEstimate, estimate_memory
 from predictor.model import features_row
 from predictor.store import ModelStore, StoreConfig
@@ -40,6 +41,12 @@ from predictor.training import TrainedArtifacts, load_artifacts
 
 UNKNOWN_UTIL = "unknown"
 """Utilisation source of a prediction made without a trained utilisation model."""
+FETCH_TIMEOUT_SECONDS = 5.0
+"""Background fetches: a remote host silent this long fails the fetch."""
+FETCH_DEADLINE_SECONDS = 60.0
+"""Background fetches: the whole download must finish within this."""
+FETCH_MAX_BYTES = 512 * 1024 * 1024
+"""Background fetches: larger models are refused (put them in the model store)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,7 @@ class Predictor:
         framework: str = "pytorch",
         optimizer: str = "adam",
         cache_size: int = 4096,
+        fetcher: BackgroundFetcher | None = None,
     ):
         self.artifacts = artifacts
         self.store = store or ModelStore()
@@ -72,6 +80,8 @@ class Predictor:
         self.cache_size = cache_size
         self._cache: OrderedDict[tuple, Prediction] = OrderedDict()
         self._lock = threading.Lock()
+        self.fetcher = fetcher
+        """Remote references go through it (never blocking the caller); None: fetched inline."""
 
     @classmethod
     def from_dirs(
@@ -79,19 +89,32 @@ class Predictor:
         artifacts_dir: Path | None,
         store_root: Path | None = None,
         limits: FeatureLimits | None = None,
+        background_fetch: bool = False,
     ) -> Predictor:
-        """Load artifacts if ``artifacts_dir`` has them (else predictions carry memory only)."""
+        """Load artifacts if ``artifacts_dir`` has them (else predictions carry memory only).
+
+        ``background_fetch`` (servers): remote references are downloaded off the
+        caller's thread with a short timeout and deadline (:mod:`predictor.fetch`).
+        """
         artifacts = None
         if artifacts_dir is not None:
             try:
                 artifacts = load_artifacts(artifacts_dir)
             except NoTrainedModel:
                 artifacts = None
-        return cls(artifacts, ModelStore(StoreConfig(root=store_root)), FeatureExtractor(limits))
+        if not background_fetch:
+            store = ModelStore(StoreConfig(root=store_root))
+            return cls(artifacts, store, FeatureExtractor(limits))
+        store = ModelStore(StoreConfig(root=store_root, timeout_seconds=FETCH_TIMEOUT_SECONDS,
+                                       deadline_seconds=FETCH_DEADLINE_SECONDS,
+                                       max_download_bytes=FETCH_MAX_BYTES))
+        return cls(artifacts, store, FeatureExtractor(limits), fetcher=BackgroundFetcher(store))
 
     def features(self, model_ref: str, batch_size: int) -> GraphFeatures:
         """Graph features of the referenced model at ``batch_size``."""
-        return self.extractor.extract(self.store.resolve(model_ref), batch_size)
+        path = (self.fetcher.resolve(model_ref) if self.fetcher is not None
+                else self.store.resolve(model_ref))
+        return self.extractor.extract(path, batch_size)
 
     def memory(self, features: GraphFeatures, workload: str) -> MemoryEstimate:
         """Memory estimate with the fitted overhead for this framework, if any."""
@@ -110,6 +133,8 @@ class Predictor:
         """Utilisation and memory of ``model_ref`` at ``batch_size`` on ``gpu_type``."""
         if workload not in ("training", "inference"):
             raise ValueError(f"workload must be training or inference, got {workload!r}")
+        # Without a trained model the graph is still read: its memory estimate places
+        # the pod on day one (remote models are fetched off the request path).
         features = self.features(model_ref, batch_size)
         key = (features.digest, batch_size, gpu_type, workload)
         with self._lock:

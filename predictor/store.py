@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,9 @@ class StoreConfig:
     """Where downloads go; defaults to ``<root>/.cache`` or a temp directory."""
     max_download_bytes: int = 2_000_000_000
     timeout_seconds: float = 30.0
+    """Per connect or read: a server silent for this long fails the download."""
+    deadline_seconds: float | None = None
+    """Whole download: a server trickling bytes fails once this much time has passed."""
     allow_http: bool = False
     allow_remote: bool = True
     """False refuses ``http(s)://`` references instead of downloading them."""
@@ -54,20 +58,32 @@ class ModelStore:
         self.config = config or StoreConfig()
         self.transport = transport
 
+    @staticmethod
+    def is_remote(ref: str) -> bool:
+        """True for ``http(s)://`` references (fetched over the network)."""
+        return urlparse(ref).scheme in ("https", "http") if ref else False
+
+    def check_remote(self, ref: str) -> None:
+        """ModelRejected unless this remote reference may be fetched."""
+        if not self.config.allow_remote:
+            raise ModelRejected(
+                RejectReason.BAD_REFERENCE, "remote references are not allowed", model=ref
+            )
+        if urlparse(ref).scheme == "http" and not self.config.allow_http:
+            raise ModelRejected(RejectReason.BAD_REFERENCE, "plain http is not allowed", model=ref)
+
+    def cached(self, ref: str) -> Path | None:
+        """The downloaded file of a remote reference, if it is already in the cache."""
+        target = self._cache_dir() / (hashlib.sha256(ref.encode()).hexdigest() + ".onnx")
+        return target if target.is_file() else None
+
     def resolve(self, ref: str) -> Path:
         """The local file a reference names (downloading https references once)."""
         if not ref or "\x00" in ref:
             raise ModelRejected(RejectReason.BAD_REFERENCE, "empty or NUL in model reference")
         parsed = urlparse(ref)
         if parsed.scheme in ("https", "http"):
-            if not self.config.allow_remote:
-                raise ModelRejected(
-                    RejectReason.BAD_REFERENCE, "remote references are not allowed", model=ref
-                )
-            if parsed.scheme == "http" and not self.config.allow_http:
-                raise ModelRejected(
-                    RejectReason.BAD_REFERENCE, "plain http is not allowed", model=ref
-                )
+            self.check_remote(ref)
             return self._download(ref)
         if parsed.scheme == "file":
             if parsed.netloc not in ("", "localhost"):
@@ -137,7 +153,11 @@ class ModelStore:
                         RejectReason.TOO_LARGE, f"content-length {declared}", limit, url
                     )
                 received = 0
+                deadline = self.config.deadline_seconds
+                end = time.monotonic() + deadline if deadline is not None else None
                 for chunk in response.iter_bytes():
+                    if end is not None and time.monotonic() > end:
+                        raise ModelUnavailable(f"{url}: not received within {deadline:g} s")
                     received += len(chunk)
                     if received > limit:  # a lying or absent content-length
                         raise ModelRejected(

@@ -16,6 +16,7 @@ from extender.config import ConfigHolder, build_config
 from extender.core import PodRef
 from extender.kube import KubeSource, PlainWatch, node_spec
 from extender.routes import create_app
+from extender.signing import PlacementSigner
 
 _spec = importlib.util.spec_from_file_location(
     "fake_kube_api", Path(__file__).resolve().parents[1] / "benchmarks" / "fake_kube_api.py")
@@ -28,6 +29,13 @@ GFD = {"nvidia.com/gpu.count": "2", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-
 BOUND = {"tandem.io/gpu-index": "1", "tandem.io/predicted-gpu-util": "40.00",
          "tandem.io/predicted-gpu-mem-mib": "30000"}
 DEMAND = {"tandem.io/gpu-util": "20", "tandem.io/gpu-mem-mib": "5000"}
+KEY = "test-signing-key-0123456789"
+SIGNED_ENV = {"TANDEM_SIGNING_KEY": KEY}
+
+
+def signed(uid, node, annotations):
+    """Annotations as bind would have written them (signed with the test key)."""
+    return PlacementSigner(KEY.encode()).sign(uid, node, annotations)
 
 
 def k8s_node(name, labels=None):
@@ -54,8 +62,9 @@ class StopWatch:
 def fake():
     server = fake_kube_api.FakeKubeApi(
         nodes=[k8s_node("gpu-1", GFD), k8s_node("cpu-1")],
-        pods=[k8s_pod("old", "uid-old", "gpu-1", BOUND),
-              k8s_pod("done", "uid-done", "gpu-1", BOUND, phase="Succeeded")])
+        pods=[k8s_pod("old", "uid-old", "gpu-1", signed("uid-old", "gpu-1", BOUND)),
+              k8s_pod("done", "uid-done", "gpu-1", signed("uid-done", "gpu-1", BOUND),
+                      phase="Succeeded")])
     server.start()
     yield server
     server.stop()
@@ -70,7 +79,7 @@ def api(fake):
 
 def make(api, watch_factory=StopWatch):
     source = KubeSource(api, watch_factory=watch_factory, background_events=False)
-    app = create_app(ConfigHolder(build_config({})), source)
+    app = create_app(ConfigHolder(build_config({})), source, environ=SIGNED_ENV)
     if watch_factory is StopWatch:
         source.stop()
     return app, source
@@ -328,7 +337,7 @@ def test_device_plugin_handoff_holds_the_node_until_the_kubelet_admits_the_pod(a
     device plugin can tell which pod the kubelet is admitting."""
     source = KubeSource(api, watch_factory=PlainWatch, background_events=False)
     config = build_config({"handoff": {"mode": "device-plugin", "timeout_seconds": 60}})
-    app = create_app(ConfigHolder(config), source)
+    app = create_app(ConfigHolder(config), source, environ=SIGNED_ENV)
     try:
         state = app.extensions["tandem"].state
         for name in ("first", "second"):
@@ -361,3 +370,134 @@ def test_env_handoff_never_holds_a_node(api, fake):
     filter_first(app, fake)
     assert bind(app) == {"Error": ""}
     assert app.extensions["tandem"].state.handoffs.waiting() == {}
+
+
+def rebuilt(api, fake):
+    """A fresh extender (a restart) rebuilt from the API server's pods."""
+    app, _ = make(api)
+    return app.extensions["tandem"].state.view()["nodes"]["gpu-1"]["gpus"]
+
+
+def test_edited_reservation_never_shrinks_the_rebuilt_ledger(api, fake):
+    """H3: `kubectl annotate --overwrite tandem.io/predicted-gpu-mem-mib=1` after bind."""
+    pod = fake.pod("ml", "old")
+    pod["metadata"]["annotations"]["tandem.io/predicted-gpu-mem-mib"] = "1"
+    fake.put_pod(pod)
+    app, source = make(api)
+    gpus = app.extensions["tandem"].state.view()["nodes"]["gpu-1"]["gpus"]
+    assert gpus[1]["reserved_mib"] == 40960 and gpus[1]["predicted_util"] == 100
+    fake.put_pod(k8s_pod("big", "uid-big", annotations={
+        "tandem.io/gpu-util": "10", "tandem.io/gpu-mem-mib": "35000"}))
+    r = app.test_client().post("/filter", json={"Pod": fake.pod("ml", "big"),
+                                                "NodeNames": ["gpu-1"]}).get_json()
+    assert r["NodeNames"] == ["gpu-1"]  # GPU 0 is free ...
+    assert bind(app, "big", "uid-big") == {"Error": ""}
+    assert fake.pod("ml", "big")["metadata"]["annotations"]["tandem.io/gpu-index"] == "0"
+    source.drain_events()  # ... GPU 1 is not: the edit only blocked capacity
+    assert [e["reason"] for e in fake.events] == ["TandemPlacementUntrusted", "TandemBound"]
+    assert fake.events[0]["type"] == "Warning"
+    metrics = app.extensions["tandem_metrics"].registry
+    assert metrics.get_sample_value("tandem_extender_untrusted_placements_total",
+                                    {"problem": "unsigned"}) == 1
+
+
+def test_edited_gpu_index_holds_every_gpu_named_after_a_restart(api, fake):
+    """H4 at rebuild: gpu-index moved to 0 while gpu-uuid still names GPU 1."""
+    app, _ = make(api)
+    fake.put_pod(k8s_pod("new", "uid-new", annotations=DEMAND))
+    filter_first(app, fake)
+    assert bind(app) == {"Error": ""}
+    fake.delete_pod("ml", "old")
+    pod = fake.pod("ml", "new")
+    assert pod["metadata"]["annotations"]["tandem.io/gpu-uuid"] == "0"
+    assert pod["metadata"]["annotations"]["tandem.io/placement-signature"].startswith("v1:")
+    assert [g["reserved_mib"] for g in rebuilt(api, fake)] == [5000, 0]  # signed: as written
+    pod["metadata"]["annotations"]["tandem.io/gpu-index"] = "1"
+    fake.put_pod(pod)
+    assert [g["reserved_mib"] for g in rebuilt(api, fake)] == [40960, 40960]
+    pod["metadata"]["annotations"]["tandem.io/gpu-index"] = "7"  # no such GPU
+    pod["metadata"]["annotations"]["tandem.io/gpu-uuid"] = "GPU-none"
+    fake.put_pod(pod)
+    assert [g["reserved_mib"] for g in rebuilt(api, fake)] == [40960, 40960]
+
+
+@pytest.mark.parametrize("edit", [{"tandem.io/gpu-index": "0"},
+                                  {"tandem.io/predicted-gpu-mem-mib": "1"}],
+                         ids=["moved", "shrunk"])
+def test_watch_event_never_changes_a_bound_placement(api, fake, edit):
+    """H3/H4 while running: the ledger keeps the decision it holds."""
+    app, source = make(api)
+    state = app.extensions["tandem"].state
+    pod = fake.pod("ml", "old")
+    pod["metadata"]["annotations"].update(edit)
+    source.apply_pod_event(state, "MODIFIED", pod)
+    gpus = state.view()["nodes"]["gpu-1"]["gpus"]
+    assert [g["reserved_mib"] for g in gpus] == [0, 30000]
+    source.apply_pod_event(state, "MODIFIED", pod)  # reported once per pod
+    source.drain_events()
+    assert [e["reason"] for e in fake.events] == ["TandemPlacementUntrusted"]
+    assert app.extensions["tandem_metrics"].registry.get_sample_value(
+        "tandem_extender_untrusted_placements_total", {"problem": "changed"}) == 1
+
+
+def test_signature_of_another_pod_does_not_verify(api, fake):
+    pod = fake.pod("ml", "old")
+    fake.put_pod(k8s_pod("copy", "uid-copy", "gpu-1", pod["metadata"]["annotations"]))
+    assert [g["reserved_mib"] for g in rebuilt(api, fake)] == [0, 30000 + 40960]
+
+
+def test_relist_after_410_releases_pods_deleted_in_the_gap(api, fake):
+    """H2: the watch history is compacted while pods are deleted or finish; the relist
+    must release them, and keep a bind still in flight."""
+    source = KubeSource(api, watch_factory=PlainWatch, watch_timeout_seconds=1,
+                        background_events=False)
+    app = create_app(ConfigHolder(build_config({})), source, start_source=False,
+                     environ=SIGNED_ENV)
+    state = app.extensions["tandem"].state
+    fake.put_pod(k8s_pod("gone", "uid-gone", "gpu-1", signed("uid-gone", "gpu-1", BOUND)))
+    fake.put_pod(k8s_pod("ends", "uid-ends", "gpu-1", signed("uid-ends", "gpu-1", BOUND)))
+    _, pod_rv = source.sync(state)
+    assert state.view()["placed"] == 3
+    x = PodBuilder("x", namespace="ml").uid("uid-x").util(10).mem(100).obj()
+    state.assume_best("gpu-1", demand(x, state.gpu_types()), None, "uid-x", "ml/x")
+    fake.delete_pod("ml", "gone")
+    ended = fake.pod("ml", "ends")
+    ended["status"]["phase"] = "Succeeded"
+    fake.put_pod(ended)
+    fake.compact()  # the watch resumes from a version the server no longer has: 410
+    relists = []
+    real_sync = source.sync
+
+    def sync_once(s):
+        relists.append(1)
+        source._stop.set()  # stop after the relist
+        return real_sync(s)
+
+    source.sync = sync_once
+    source._stop.wait = lambda timeout: False  # no real backoff in tests
+    source._watch(state, api.list_pod_for_all_namespaces, source.apply_pod_event, pod_rv)
+    assert relists == [1]
+    view = state.view()
+    assert (view["placed"], view["assumed"]) == (1, 1)  # "old" stays, x is in flight
+    reserved = [g["reserved_mib"] for g in view["nodes"]["gpu-1"]["gpus"]]
+    assert reserved == [100, 30000]
+
+
+@pytest.mark.parametrize("forged_first", [True, False], ids=["forged-first", "real-first"])
+def test_forged_filter_cannot_shrink_the_demand_bind_uses(api, fake, forged_first):
+    """M2: a /filter body with the real pod's UID and resourceVersion but gpu-mem-mib 1."""
+    app, _ = make(api)
+    fake.put_pod(k8s_pod("new", "uid-new", annotations=DEMAND))
+    forged = fake.pod("ml", "new")
+    forged["metadata"]["annotations"]["tandem.io/gpu-mem-mib"] = "1"
+    if not forged_first:
+        filter_first(app, fake)
+    app.test_client().post("/filter", json={"Pod": forged, "NodeNames": ["gpu-1"]})
+    if forged_first:
+        filter_first(app, fake)
+    fake.requests.clear()
+    assert bind(app) == {"Error": ""}
+    assert [(r.method, r.path.rsplit("/", 1)[1]) for r in fake.requests] == [
+        ("GET", "new"), ("POST", "binding")]  # one read decides between the two
+    annotations = fake.pod("ml", "new")["metadata"]["annotations"]
+    assert annotations["tandem.io/predicted-gpu-mem-mib"] == "5000"

@@ -6,6 +6,8 @@ import threading
 
 import pytest
 from extender_builders import (
+    A100,
+    A100_MIB,
     H100,
     NodeBuilder,
     PodBuilder,
@@ -20,7 +22,7 @@ from extender_builders import (
 )
 
 from extender.config import ConfigHolder, build_config
-from extender.core import CostPolicy, Placement, SessionSpec, Workload
+from extender.core import CostPolicy, GpuSpec, Placement, SessionSpec, Workload
 from extender.ledger import ClusterState
 from extender.routes import create_app
 from extender.sim_cluster import SimSource, parse_cluster
@@ -188,3 +190,29 @@ def test_sim_file_prebound_pods_and_bad_files():
                        "extra": 1})
     assert any("extra" in p for p in info.value.problems)
     assert any("product" in p for p in info.value.problems)
+
+
+def test_renumbered_gpus_keep_their_pods_by_uuid():
+    """M4: GPU 0 vanishes, the agent's report renumbers the others (B: 1 -> 0, C: 2 -> 1);
+    every pod stays on its physical GPU and no more bind there than the pod limit."""
+    def gpu_spec(index, uuid):
+        return GpuSpec(index, uuid, A100, A100_MIB)
+
+    state = ClusterState(lambda: CostPolicy(max_pods_per_gpu=8), lambda: 1000.0)
+    state.set_nodes([node("n1", 3)])
+    state.report("n1", [gpu_spec(0, "GPU-A"), gpu_spec(1, "GPU-B"), gpu_spec(2, "GPU-C")],
+                 [0.0] * 3, [0.0] * 3)
+    for i in range(8):
+        state.confirm(Placement(f"u{i}", f"default/p{i}", "n1", (1,), 1.0, 100.0,
+                                gpu_uuids=("GPU-B",)))
+    state.report("n1", [gpu_spec(0, "GPU-B"), gpu_spec(1, "GPU-C")], [0.0] * 2, [0.0] * 2)
+    gpus = {g["uuid"]: g for g in state.view()["nodes"]["n1"]["gpus"]}
+    assert len(gpus["GPU-B"]["pods"]) == 8 and gpus["GPU-B"]["reserved_mib"] == 800
+    assert gpus["GPU-C"]["pods"] == [] and gpus["GPU-C"]["reserved_mib"] == 0
+    for i in range(8, 16):  # new pods go to GPU C only: B is at its limit
+        p = training(f"p{i}", util=1, mem=100)
+        placed, *_ = state.assume_best("n1", demand(p, state.gpu_types()), None, f"u{i}",
+                                       f"default/p{i}")
+        assert placed.gpu_uuids == ("GPU-C",)
+    gpus = {g["uuid"]: g for g in state.view()["nodes"]["n1"]["gpus"]}
+    assert (len(gpus["GPU-B"]["pods"]), len(gpus["GPU-C"]["pods"])) == (8, 8)

@@ -352,3 +352,15 @@ def _shared_app():
     if "app" not in _SHARED:
         _SHARED["app"] = make_app()
     return _SHARED["app"]
+
+
+def test_report_with_repeated_or_empty_uuids_is_refused():
+    from extender.errors import BadRequest
+    from extender.reports import decode_report
+
+    gpu = {"index": 0, "uuid": "GPU-A", "product": "A100", "memory_total_mib": 40960,
+           "memory_used_mib": 0, "utilization_percent": 0}
+    with pytest.raises(BadRequest, match="UUIDs repeat"):
+        decode_report({"node": "n1", "gpus": [gpu, {**gpu, "index": 1}]})
+    with pytest.raises(BadRequest, match="non-empty"):
+        decode_report({"node": "n1", "gpus": [{**gpu, "uuid": ""}]})

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agent.server.auth import ADMIN_TOKEN_ENV, AdminGuard, AdminToken, is_loopback
 from agent.server.clock import MonotonicClock
@@ -114,12 +115,10 @@ def serve_forever(runtime: ServingRuntime, options: ServeOptions,
     queued and later requests get 503 ``shutdown``; then cheroot stops after its
     workers sent those answers. 1 if the HTTP thread died on its own.
     """
-    from cheroot import wsgi
-
     from agent.server.app import create_app
 
     app = create_app(runtime, max_body_bytes=options.max_body_bytes, admin=admin)
-    server = wsgi.Server((options.host, options.port), app, numthreads=options.http_threads)
+    server = http_server(app, options)
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -140,6 +139,22 @@ def serve_forever(runtime: ServingRuntime, options: ServeOptions,
     http.join(timeout=_JOIN_SECONDS)
     _event("stopped", gpu=options.gpu_index, reason="http thread died" if crashed else "signal")
     return 1 if crashed else 0
+
+
+READ_DEADLINE_SECONDS = 30.0
+"""A request (inputs up to ``max_body_bytes``) must arrive within this of its first byte."""
+
+
+def http_server(app: Any, options: ServeOptions) -> Any:
+    """The cheroot server; requests are gathered before a worker takes them, so slow
+    clients cannot take the ``http_threads`` workers (``contracts.httpserve``)."""
+    from cheroot import wsgi
+
+    from contracts.httpserve import harden
+
+    server = wsgi.Server((options.host, options.port), app, numthreads=options.http_threads,
+                         request_queue_size=128)
+    return harden(server, READ_DEADLINE_SECONDS, options.max_body_bytes)
 
 
 def _event(name: str, **fields: object) -> None:

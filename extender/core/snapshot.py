@@ -74,6 +74,9 @@ class Placement:
     """The pod's ``tandem.io/*`` annotations, sorted (for operators and the agent's sync)."""
     weight: int = 1
     """Share weight of a best-effort session (inference without SLO); 1 for everything else."""
+    gpu_uuids: tuple[str, ...] = field(default=(), compare=False)
+    """The GPUs' UUIDs when known, one per index: they find the GPUs again after an agent
+    report renumbers a node's indices (a GPU vanished), so a pod stays on its GPU."""
 
     @property
     def best_effort(self) -> bool:

@@ -169,6 +169,16 @@ class GpuTable:
                 return row
         raise PlacementError(f"node {node!r} has no GPU {gpu_index}")
 
+    def rows_of(self, p: Placement) -> list[int]:
+        """Rows of a placement's GPUs: by UUID when it records one per GPU and the node has
+        them all (indices may have been renumbered since), else by index; PlacementError."""
+        if p.gpu_uuids and len(p.gpu_uuids) == len(p.gpu_indices) \
+                and p.node in self.node_index:
+            by_uuid = {self.gpus[r].uuid: r for r in self.node_rows(p.node)}
+            if all(u in by_uuid for u in p.gpu_uuids):
+                return [by_uuid[u] for u in p.gpu_uuids]
+        return [self.row_of(p.node, i) for i in p.gpu_indices]
+
     def place(self, p: Placement, at_seconds: float | None = None) -> None:
         """Add a placement's reservations to its GPUs.
 
@@ -200,7 +210,7 @@ class GpuTable:
             self.since_util[still] = np.maximum(0.0, self.since_util[still] - p.util_percent)
 
     def _apply(self, p: Placement, sign: int) -> list[int]:
-        rows = [self.row_of(p.node, i) for i in p.gpu_indices]
+        rows = self.rows_of(p)
         for row in rows:
             self.reserved_mib[row] = max(0.0, self.reserved_mib[row] + sign * p.mem_mib)
             self.reserved_util[row] = max(0.0, self.reserved_util[row] + sign * p.util_percent)

@@ -1,0 +1,64 @@
+"""A bounded slow-loris on loopback, for tests and the slow-client benchmark."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+
+
+class SlowClients:
+    """``count`` connections that each send a request head one byte every ``interval``
+    seconds, for at most ``seconds`` (loopback only; every socket closed at the end)."""
+
+    HEAD = b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" \
+           b"Content-Length: 2\r\n\r\n{}"
+
+    def __init__(self, port: int, count: int, interval: float, seconds: float,
+                 tls: bool = False, silent: bool = False):
+        assert count <= 256 and seconds <= 60, "bounded by design"
+        self.port, self.count, self.interval, self.seconds = port, count, interval, seconds
+        self.tls, self.silent = tls, silent
+        self.dropped = 0
+        """Connections the server closed before we were done (each is opened again)."""
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def _one(self) -> None:
+        end = time.monotonic() + self.seconds
+        while not self._stop.is_set() and time.monotonic() < end:
+            try:  # a dropped connection is opened again, as an attacker would
+                sock = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+            except OSError:
+                self._stop.wait(self.interval)
+                continue
+            try:
+                for i in range(len(self.HEAD)):
+                    if self._stop.is_set() or time.monotonic() > end:
+                        return
+                    if not self.silent:
+                        sock.sendall(self.HEAD[i:i + 1])
+                    if self._stop.wait(self.interval):
+                        return
+                return  # the whole head went through (never, at these intervals)
+            except OSError:
+                with self._lock:
+                    self.dropped += 1
+            finally:
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+    def __enter__(self) -> SlowClients:
+        for _ in range(self.count):
+            t = threading.Thread(target=self._one, daemon=True)
+            t.start()
+            self._threads.append(t)
+        time.sleep(min(0.3, self.interval))  # every connection is open and has begun
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=5)
