@@ -6,7 +6,9 @@ State of the executor loop (one decision per ``step``)::
                       │  (batches formed by early or lazy drop, dispatch.py)
                       v
                     slack phase: best-effort segments chosen by the quanta scheduler,
-                      │  each started only if it ends before the cycle does
+                      │  each started only if it ends before the cycle does, except
+                      │  that a segment longer than a cycle's whole slack may overrun
+                      │  one cycle in ``overrun_every_cycles`` (no starvation)
                       v
                     next cycle at ``start + d``; with no best-effort work it starts
                     as soon as an SLO request waits (work conserving)
@@ -93,6 +95,9 @@ class ServingRuntime:
         self.busy_ms = 0.0
         self.replans = 0
         self.replans_refused = 0
+        self._cycles = 0
+        self._last_overrun_cycle = -config.overrun_every_cycles
+        self.overruns = 0
 
     # ---- registration (HTTP threads) -------------------------------------------------
 
@@ -152,7 +157,8 @@ class ServingRuntime:
 
             def prepare() -> tuple[LoadedModel, BatchingProfile, OverheadCurve]:
                 loaded, profile = self._load_and_profile(model)
-                return loaded, profile, self.executor.overhead_curve(loaded, profile)
+                fraction = self.config.segment_fraction_of_quantum
+                return loaded, profile, self.executor.overhead_curve(loaded, profile, fraction)
 
             loaded, profile, curve = self._on_executor(prepare)
             curves = {**self._curves, name: curve}
@@ -176,6 +182,9 @@ class ServingRuntime:
                 "weight": weight,
                 "priority": priority,
                 "quantum_ms": quantum,
+                "cuts": loaded.cuts,
+                "segments": len(loaded.segment_fractions or ()),
+                "segment_overhead": loaded.segment_overhead,
                 "duty_cycle_ms": self.plan.duty_cycle_ms if self.plan else None,
                 "profile": profile_json(profile),
             }
@@ -369,6 +378,7 @@ class ServingRuntime:
                 return None
             self._cycle_start_ms = now
             self._cycle_pos = 0
+            self._cycles += 1
         return None
 
     def _overflow_batch(self, order: list[str], now: float, cycle_end: float) -> Action | None:
@@ -422,9 +432,26 @@ class ServingRuntime:
             costs = be.loaded.segment_costs_ms(whole, target)
             be.current = InFlight(req, costs, 0, {be.loaded.input_name: req.tensor})
         cost = be.current.costs_ms[be.current.index]
-        if now + cost > cycle_end:
+        # Profiled fractions of l(b) drift from what a segment takes at this batch on
+        # this device; the job's observed measured/profiled ratio corrects the estimate.
+        expected = cost * be.cost_scale
+        if now + expected > cycle_end and not self._may_overrun(expected):
             return None  # would push the next SLO cycle back: wait for it
+        if now + expected > cycle_end:
+            self._last_overrun_cycle = self._cycles
+            self.overruns += 1
         return Action("segment", be, profiled_ms=cost)
+
+    def _may_overrun(self, expected_ms: float) -> bool:
+        """A segment longer than any cycle's slack may overrun one cycle in N, or it would
+        never run: best effort gets a bounded share instead of starving (the SLO
+        sessions' next slot moves back by at most the segment, once every N cycles)."""
+        plan = self.plan
+        if plan is None:
+            return True
+        slack = plan.duty_cycle_ms * max(0.0, 1.0 - plan.occupancy)
+        every = self.config.overrun_every_cycles
+        return expected_ms > slack and self._cycles - self._last_overrun_cycle >= every
 
     def _run_batch(self, action: Action) -> None:
         sess: SloState = action.session
@@ -473,6 +500,9 @@ class ServingRuntime:
         measured = self.clock.now_ms() - start
         self.busy_ms += measured
         be.stats.gpu_time_ms += measured
+        if action.profiled_ms > 0 and not failed:
+            ratio = measured / action.profiled_ms
+            be.cost_scale = 0.8 * be.cost_scale + 0.2 * ratio
         for record in self.quanta.charge(be.job.name, action.profiled_ms, measured):
             be.stats.quanta += 1
             be.stats.quantum_lengths_ms.append(record.measured_ms)
@@ -612,6 +642,7 @@ class ServingRuntime:
                 "busy_ms": self.busy_ms,
                 "scheduler_seconds": self.scheduler_seconds,
                 "replans": self.replans,
+                "overruns": self.overruns,
                 "sessions": sessions,
             }
 
