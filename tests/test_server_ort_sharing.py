@@ -20,6 +20,7 @@ from agent.quanta import weighted_share_errors
 from agent.server.clock import MonotonicClock
 from agent.server.executors import ModelLimits, OrtExecutor
 from agent.server.runtime import RuntimeConfig, ServingRuntime
+from predictor.batching import BatchingProfile
 
 
 def mlp(width: int, layers: int, seed: int = 0) -> onnx.ModelProto:
@@ -143,6 +144,28 @@ def test_segment_longer_than_the_cycle_is_served_beside_an_idle_slo_session(
     assert served == [True] * 8
     # Bounded: at most one overrun per three duty cycles (plus the first).
     assert 1 <= rt.overruns <= rt._cycles // 3 + 1
+
+
+def test_slo_plan_keeps_headroom_for_a_segment_that_will_overrun(tmp_path) -> None:
+    onnx.save(mlp(64, 2), str(tmp_path / "slo.onnx"))
+    onnx.save(one_matmul(rows=4, width=64), str(tmp_path / "long.onnx"))
+    # Profiles fixed by the store so the plan is exact: 5 ms per item + 1 ms, and a
+    # best-effort job of one 30 ms segment, longer than the plain plan's 28 ms slack.
+    profiles = {"slo": BatchingProfile.linear("slo", "cpu", 5.0, 1.0, max_batch=64),
+                "long": BatchingProfile.linear("long", "cpu", 0.1, 29.9, max_batch=64)}
+    executor = OrtExecutor("cpu", limits=ModelLimits(store_root=tmp_path, profile_repeats=1))
+    rt = ServingRuntime(executor, MonotonicClock(), RuntimeConfig("cpu"), profiles=profiles)
+    plain = rt.add_slo_session("s", "slo.onnx", slo_ms=100.0, rate_rps=100.0)
+    assert plain["duty_cycle_ms"] * (1 - plain["occupancy"]) < 30.0
+    rt.add_best_effort_session("be", "long.onnx")
+    headroom = rt.snapshot()["overrun_headroom_ms"]
+    assert headroom == pytest.approx(30.0)
+    (alloc,) = rt.plan.allocations
+    assert alloc.latency_ms + headroom <= 100.0 < plain["worst_case_latency_ms"] + headroom
+    assert alloc.session.slo_ms == 70.0 and rt.slo_ms("s") == 100.0  # deadlines keep the SLO
+    rt.remove_session("be")
+    assert rt.snapshot()["overrun_headroom_ms"] == 0.0
+    assert rt.plan.duty_cycle_ms == pytest.approx(plain["duty_cycle_ms"])
 
 
 def test_overrun_every_cycles_is_validated() -> None:

@@ -96,6 +96,7 @@ class ServingRuntime:
         self.replans = 0
         self.replans_refused = 0
         self._cycles = 0
+        self.overrun_headroom_ms = 0.0
         self._last_overrun_cycle = -config.overrun_every_cycles
         self.overruns = 0
 
@@ -175,6 +176,10 @@ class ServingRuntime:
                 self.quanta.quantum_ms = quantum
                 self.quanta.register(job)
                 self._be[name] = BestEffortState(job, loaded, profile)
+                if self._slo:  # make room for this job's overruns where the plan can
+                    plan = self._plan([s.spec for s in self._slo.values()], self._profile_map())
+                    if isinstance(plan, GpuPlan):
+                        self._apply(plan)
                 self._cv.notify_all()
             return {
                 "name": name,
@@ -200,6 +205,10 @@ class ServingRuntime:
             elif name in self._be:
                 be = self._be.pop(name)
                 self.quanta.deregister(name)
+                if self._slo and self.overrun_headroom_ms > 0:  # its headroom is free again
+                    plan = self._plan([s.spec for s in self._slo.values()], self._profile_map())
+                    if isinstance(plan, GpuPlan):
+                        self._apply(plan)
                 self._curves.pop(name, None)
                 pending = list(be.queue) + ([be.current.request] if be.current else [])
                 self._drops.extend((r, DropReason.SESSION_REMOVED) for r in pending)
@@ -235,7 +244,39 @@ class ServingRuntime:
     def _plan(
         self, specs: list[SessionSpec], profiles: Mapping[tuple[str, str], BatchingProfile]
     ) -> GpuPlan | Infeasible:
-        return plan_gpu(specs, profiles, self.config.gpu_type, self.config.memory_mib)
+        """The Nexus plan; where a best-effort segment will overrun, with headroom for it.
+
+        A segment longer than the plan's slack overruns one cycle in N (``_may_overrun``),
+        moving the SLO sessions' next slot back by up to its length. The plan is then made
+        again with every SLO shortened by that length so the overrun cycle still meets
+        them; if that is infeasible the plain plan is kept (admission is the extender's
+        and this server's shared rule) and ``overrun_headroom_ms`` reports 0.
+        """
+        gpu, memory = self.config.gpu_type, self.config.memory_mib
+        plan = plan_gpu(specs, profiles, gpu, memory)
+        self.overrun_headroom_ms = 0.0
+        longest = self._longest_segment_ms()
+        if not isinstance(plan, GpuPlan) or not plan.allocations:
+            return plan
+        if longest <= plan.duty_cycle_ms * max(0.0, 1.0 - plan.occupancy):
+            return plan
+        if all(s.slo_ms > longest for s in specs):
+            tighter = plan_gpu([replace(s, slo_ms=s.slo_ms - longest) for s in specs],
+                               profiles, gpu, memory)  # fmt: skip
+            if isinstance(tighter, GpuPlan):
+                self.overrun_headroom_ms = longest
+                return tighter
+        return plan
+
+    def _longest_segment_ms(self) -> float:
+        """The longest best-effort segment at batch 1 (profiled), 0 with no such job."""
+        longest = 0.0
+        target = self.quanta.quantum_ms * self.config.segment_fraction_of_quantum
+        for be in self._be.values():
+            whole = be.profile.latency_ms(1)
+            costs = be.loaded.segment_costs_ms(whole, target)
+            longest = max(longest, max(costs) * be.cost_scale)
+        return longest
 
     def _apply(self, plan: GpuPlan | None) -> None:
         self.plan = plan
@@ -244,7 +285,8 @@ class ServingRuntime:
                 sess = self._slo.get(alloc.session.name)
                 if sess is not None:
                     sess.batch = alloc.batch
-                    sess.spec = alloc.session
+                    # A plan made with headroom carries shortened SLOs: keep the real one.
+                    sess.spec = replace(alloc.session, slo_ms=sess.spec.slo_ms)
         self._cycle_pos = 0
 
     # ---- requests (HTTP threads) -------------------------------------------------------
@@ -643,6 +685,7 @@ class ServingRuntime:
                 "scheduler_seconds": self.scheduler_seconds,
                 "replans": self.replans,
                 "overruns": self.overruns,
+                "overrun_headroom_ms": self.overrun_headroom_ms,
                 "sessions": sessions,
             }
 
