@@ -7,8 +7,8 @@ State of the executor loop (one decision per ``step``)::
                       v
                     slack phase: best-effort segments chosen by the quanta scheduler,
                       │  each started only if it ends before the cycle does, except
-                      │  that a segment longer than a cycle's whole slack may overrun
-                      │  one cycle in ``overrun_every_cycles`` (no starvation)
+                      │  that after ``overrun_every_cycles`` cycles in which no segment
+                      │  found room, one may overrun the cycle (no starvation)
                       v
                     next cycle at ``start + d``; with no best-effort work it starts
                     as soon as an SLO request waits (work conserving)
@@ -97,7 +97,8 @@ class ServingRuntime:
         self.replans_refused = 0
         self._cycles = 0
         self.overrun_headroom_ms = 0.0
-        self._last_overrun_cycle = -config.overrun_every_cycles
+        self._last_be_cycle = 0
+        """The cycle in which a best-effort segment last started."""
         self.overruns = 0
 
     # ---- registration (HTTP threads) -------------------------------------------------
@@ -480,20 +481,16 @@ class ServingRuntime:
         if now + expected > cycle_end and not self._may_overrun(expected):
             return None  # would push the next SLO cycle back: wait for it
         if now + expected > cycle_end:
-            self._last_overrun_cycle = self._cycles
             self.overruns += 1
+        self._last_be_cycle = self._cycles
         return Action("segment", be, profiled_ms=cost)
 
     def _may_overrun(self, expected_ms: float) -> bool:
-        """A segment longer than any cycle's slack may overrun one cycle in N, or it would
-        never run: best effort gets a bounded share instead of starving (the SLO
-        sessions' next slot moves back by at most the segment, once every N cycles)."""
-        plan = self.plan
-        if plan is None:
-            return True
-        slack = plan.duty_cycle_ms * max(0.0, 1.0 - plan.occupancy)
-        every = self.config.overrun_every_cycles
-        return expected_ms > slack and self._cycles - self._last_overrun_cycle >= every
+        """A segment that found no room for N whole cycles may overrun this one, or it
+        might never run: best effort gets a bounded share (one overrun per N cycles)
+        instead of starving; the SLO sessions' next slot moves back by the segment then
+        (``_plan`` keeps headroom for that where it can)."""
+        return self._cycles - self._last_be_cycle >= self.config.overrun_every_cycles
 
     def _run_batch(self, action: Action) -> None:
         sess: SloState = action.session

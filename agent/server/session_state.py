@@ -31,8 +31,8 @@ class RuntimeConfig:
     segment_fraction_of_quantum: float = 0.25
     """Segments target this share of Q so a quantum overshoots by little."""
     overrun_every_cycles: int = 4
-    """A best-effort segment longer than a duty cycle's whole slack may overrun at most
-    one cycle in this many (>= 1); the SLO sessions' next slot moves back by it then."""
+    """After this many duty cycles (>= 1) in which no best-effort segment found room in
+    the slack, one may overrun the cycle; the SLO sessions' next slot moves back by it."""
     rate_window_ms: float = 1000.0
     rate_ewma_alpha: float = 0.5
     replan_threshold_percent: float = 25.0
