@@ -92,6 +92,7 @@ class QuantaScheduler:
     _order: list[str] = field(default_factory=list, init=False)
     _holder: str | None = field(default=None, init=False)
     _last_holder: str | None = field(default=None, init=False)
+    _contended: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.quantum_ms) and self.quantum_ms > 0):
@@ -135,19 +136,27 @@ class QuantaScheduler:
         if holder in candidates and self._jobs[holder].credit_ms > 0:
             return holder
         if holder is not None:
-            # The turn ends (credit spent, ran dry or outranked): debt stays, credit goes.
+            # The turn ends early (ran dry or outranked): debt stays, credit goes, and
+            # the partial turn is not a quantum.
             state = self._jobs[holder]
             state.credit_ms = min(state.credit_ms, 0.0)
+            state.quantum_profiled_ms = state.quantum_measured_ms = 0.0
             self._holder = None
         if len(candidates) == 1:
             # Alone, the job took time nobody else wanted: it owes nothing.
             self._jobs[candidates[0]].credit_ms = max(self._jobs[candidates[0]].credit_ms, 0.0)
         nxt = self._next_turn(candidates)
         self._holder = self._last_holder = nxt
+        self._contended = len(candidates) > 1
         return nxt
 
     def charge(self, name: str, profiled_ms: float, measured_ms: float) -> list[QuantumRecord]:
-        """Charge one executed segment its measured GPU time; returns the quanta it completed."""
+        """Charge one executed segment its measured GPU time; returns the turn it completed.
+
+        A turn completes when its credit is spent; its record gives the profiled and
+        measured time per quantum of the turn (the turn over the job's weight), so a
+        quantum's overshoot past Q shows in ``measured_ms``.
+        """
         for key, value in (("profiled_ms", profiled_ms), ("measured_ms", measured_ms)):
             if not (math.isfinite(value) and value >= 0):
                 raise QuantaError(f"{key} must be >= 0, got {value}")
@@ -157,20 +166,18 @@ class QuantaScheduler:
         state.credit_ms -= measured_ms
         state.quantum_profiled_ms += profiled_ms
         state.quantum_measured_ms += measured_ms
-        done: list[QuantumRecord] = []
-        while state.quantum_measured_ms >= self.quantum_ms:
-            # Profiled cost is attributed in proportion to the measured time the quantum
-            # covered, so one long segment spanning two quanta splits evenly.
-            share = self.quantum_ms / state.quantum_measured_ms
-            profiled = state.quantum_profiled_ms * share
-            done.append(QuantumRecord(name, profiled, self.quantum_ms))
-            state.quantum_measured_ms -= self.quantum_ms
-            state.quantum_profiled_ms -= profiled
-            state.quanta_completed += 1
-        if state.credit_ms <= 0 and self._holder == name:
-            self._holder = None
-            state.credit_ms = min(state.credit_ms, 0.0)
-        return done
+        if state.credit_ms > 0 or self._holder != name:
+            return []
+        weight = state.spec.weight
+        record = QuantumRecord(
+            name, state.quantum_profiled_ms / weight, state.quantum_measured_ms / weight
+        )
+        state.quanta_completed += weight
+        state.quantum_profiled_ms = state.quantum_measured_ms = 0.0
+        self._holder = None
+        if not self._contended:  # an overshoot nobody waited for is no debt
+            state.credit_ms = 0.0
+        return [record]
 
     def cumulative_cost_ms(self) -> dict[str, float]:
         """Each job's total charged (measured) GPU time so far."""

@@ -96,6 +96,10 @@ class ServingRuntime:
         self.replans = 0
         self.replans_refused = 0
         self._cycles = 0
+        self.latency_margin = 0.0
+        """Planning margin on profiled latency, learned from observed batch times."""
+        self._latency_ratios: deque[float] = deque(maxlen=config.latency_margin_window)
+        self._last_margin_ms = clock.now_ms()
         self.overrun_headroom_ms = 0.0
         self._last_be_cycle = 0
         """The cycle in which a best-effort segment last started."""
@@ -118,7 +122,8 @@ class ServingRuntime:
             with self._cv:
                 specs = [s.spec for s in self._slo.values()] + [spec]
                 plan = self._plan(
-                    specs, {**self._profile_map(), (model, self.config.gpu_type): profile}
+                    specs,
+                    {**self._profile_map(), (model, self.config.gpu_type): self._planned(profile)},
                 )
                 if isinstance(plan, Infeasible):
                     raise AdmissionRefused(
@@ -240,7 +245,26 @@ class ServingRuntime:
         return loaded, profile
 
     def _profile_map(self) -> dict[tuple[str, str], BatchingProfile]:
-        return {(s.spec.model, self.config.gpu_type): s.profile for s in self._slo.values()}
+        return {
+            (s.spec.model, self.config.gpu_type): self._planned(s.profile)
+            for s in self._slo.values()
+        }
+
+    def _planned(self, profile: BatchingProfile) -> BatchingProfile:
+        """The profile as planning sees it: scaled by the learned latency margin."""
+        factor = 1.0 + self.latency_margin
+        if factor == 1.0:
+            return profile
+        rows = [(b, profile.latency_ms(b) * factor) for b in range(1, profile.max_batch + 1)]
+        return BatchingProfile.from_table(profile.model, profile.gpu_type, rows,
+                                          profile.memory_mib)  # fmt: skip
+
+    def planning_profile(self, name: str) -> BatchingProfile:
+        """The SLO session's profile as admission plans with it (margin applied)."""
+        with self._cv:
+            if name not in self._slo:
+                raise SessionNotFound(f"no SLO session {name!r}")
+            return self._planned(self._slo[name].profile)
 
     def _plan(
         self, specs: list[SessionSpec], profiles: Mapping[tuple[str, str], BatchingProfile]
@@ -505,6 +529,8 @@ class ServingRuntime:
         finish = self.clock.now_ms()
         elapsed = finish - start
         self.busy_ms += elapsed
+        if self.config.learn_latency_margin and error is None:
+            self._latency_ratios.append(elapsed / sess.profile.latency_ms(len(reqs)))
         stats = sess.stats
         stats.gpu_time_ms += elapsed
         stats.batch_sizes[len(reqs)] += 1
@@ -576,8 +602,32 @@ class ServingRuntime:
         now = self.clock.now_ms()
         self._deliver([(r, Outcome(None, why, now - r.arrival_ms)) for r, why in drops])
 
+    def _update_margin(self, now: float) -> bool:
+        """Refresh the latency margin once a rate window; True when planning must redo."""
+        cfg = self.config
+        if not cfg.learn_latency_margin or now - self._last_margin_ms < cfg.rate_window_ms:
+            return False
+        self._last_margin_ms = now
+        if len(self._latency_ratios) < cfg.min_latency_samples:
+            return False
+        ratios = sorted(self._latency_ratios)
+        quantile = ratios[min(len(ratios) - 1, int(cfg.latency_quantile * len(ratios)))]
+        margin = max(0.0, quantile - 1.0)
+        # Small moves are noise: replanning for them would only churn batch sizes.
+        if abs(margin - self.latency_margin) <= 0.02 + 0.1 * self.latency_margin:
+            return False
+        self.latency_margin = margin
+        return True
+
     def _update_rates(self, now: float) -> None:
         cfg = self.config
+        if self._update_margin(now) and self._slo:
+            plan = self._plan([s.spec for s in self._slo.values()], self._profile_map())
+            if isinstance(plan, GpuPlan):
+                self.replans += 1
+                self._apply(plan)
+            else:  # what is admitted stays; later admissions see the margin
+                self.replans_refused += 1
         drifted = False
         for sess in self._slo.values():
             span = now - sess.window_start_ms
@@ -682,6 +732,8 @@ class ServingRuntime:
                 "scheduler_seconds": self.scheduler_seconds,
                 "replans": self.replans,
                 "overruns": self.overruns,
+                "latency_margin": self.latency_margin,
+                "replans_refused": self.replans_refused,
                 "overrun_headroom_ms": self.overrun_headroom_ms,
                 "sessions": sessions,
             }

@@ -38,11 +38,23 @@ class RuntimeConfig:
     replan_threshold_percent: float = 25.0
     min_replan_interval_ms: float = 5000.0
     max_queue: int = 10_000
+    learn_latency_margin: bool = False
+    """Plan with profiles scaled by the observed ``latency_quantile`` of (batch time /
+    profiled l(b)) over recent batches, refreshed every rate window: the headroom a
+    real executor's variance needs. Off for the simulated executor."""
+    latency_quantile: float = 0.99
+    latency_margin_window: int = 2000
+    """Batches the quantile is taken over (the most recent)."""
+    min_latency_samples: int = 100
 
     def __post_init__(self) -> None:
         if not (isinstance(self.overrun_every_cycles, int) and self.overrun_every_cycles >= 1):
             raise ValueError(f"overrun_every_cycles must be an integer >= 1, "
                              f"got {self.overrun_every_cycles!r}")
+        if not 0.5 <= self.latency_quantile < 1.0:
+            raise ValueError(f"latency_quantile must be in [0.5, 1), got {self.latency_quantile}")
+        if self.latency_margin_window < self.min_latency_samples or self.min_latency_samples < 1:
+            raise ValueError("need 1 <= min_latency_samples <= latency_margin_window")
 
 
 def profile_json(profile: BatchingProfile) -> dict[str, Any]:
