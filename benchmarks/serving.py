@@ -38,7 +38,6 @@ import time
 
 import _common
 import numpy as np
-from serving_ort import onnxruntime_sections
 
 from agent.quanta import jain_index, weighted_share_errors
 from agent.server.clock import MonotonicClock, VirtualClock
@@ -48,6 +47,7 @@ from agent.server.executors import SimExecutor
 from agent.server.profiles import load_nexus
 from agent.server.replay import Arrival, merge, poisson_arrivals, replay
 from agent.server.runtime import RuntimeConfig, ServingRuntime
+from benchmarks.serving_ort import onnxruntime_sections
 from planner import GpuPlan, SessionSpec, plan_gpu, saturated_config
 from predictor.batching import BatchingProfile
 from predictor.profiles import NEXUS_MARGIN, NO_MARGIN

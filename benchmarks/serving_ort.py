@@ -15,6 +15,7 @@ Generated MLP chains, profiled by the server at registration, run on the real cl
 
 Figures are CPU ONNX Runtime figures on the machine named in the result, never GPU
 figures. The machine may be shared: the load average is recorded before and after.
+Imported by ``benchmarks/serving.py`` (as ``benchmarks.serving_ort``), which runs it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import threading
 import time
 from pathlib import Path
 
-import _common  # noqa: F401  (puts the repository, not this folder, first on sys.path)
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper, save
 
@@ -131,7 +131,7 @@ def slo_section(device: str, seconds: float, width: int, store: Path) -> dict:
                 try:
                     answer = rt.add_slo_session(name, f"{name}.onnx", slo, capacity)
                 except AdmissionRefused:
-                    rt.add_slo_session(name, f"{name}.onnx", slo, warm)
+                    rt.add_slo_session(name, f"{name}.onnx", slo, 5.0)
                     placed = False
                     break
             if placed:
