@@ -240,12 +240,12 @@ def test_admission_learns_the_latency_margin_the_executor_needs() -> None:
 
     blind, blind_attainment = _margin_run(learn=False)
     rt, attainment = _margin_run(learn=True)
-    assert blind.latency_margin == 0.0
+    assert blind.margin.margin == 0.0
     # p99 of 1.25 x (1 + N(0, 0.03)) is about 1.25 x 1.07: the margin covers it.
-    assert 0.3 <= rt.latency_margin <= 0.4
+    assert 0.3 <= rt.margin.margin <= 0.4
     assert rt.replans >= 1
     base = rt.profile("s").latency_ms(8)
-    assert rt.planning_profile("s").latency_ms(8) == pytest.approx(base * (1 + rt.latency_margin))
+    assert rt.planning_profile("s").latency_ms(8) == pytest.approx(base * (1 + rt.margin.margin))
     assert attainment >= 0.99 and attainment >= blind_attainment
     # A second session the profiled latency has room for is refused: it would not be served.
     plain = {("m", "sim"): rt.profile("s")}

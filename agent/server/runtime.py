@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from agent.quanta import JobSpec, OverheadCurve, QuantaScheduler, choose_quantum_ms
+from agent.server.admission import LatencyMargin, plan_with_headroom, scaled_profile
 from agent.server.clock import Clock
 from agent.server.dispatch import DropPolicy, Request, form_batch
 from agent.server.errors import (
@@ -54,7 +55,7 @@ from agent.server.session_state import (
     profile_json,
 )
 from agent.server.stats import Outcome
-from planner import GpuPlan, Infeasible, SessionError, SessionSpec, plan_gpu
+from planner import GpuPlan, Infeasible, SessionError, SessionSpec
 from predictor.batching import BatchingProfile
 
 
@@ -96,9 +97,9 @@ class ServingRuntime:
         self.replans = 0
         self.replans_refused = 0
         self._cycles = 0
-        self.latency_margin = 0.0
-        """Planning margin on profiled latency, learned from observed batch times."""
-        self._latency_ratios: deque[float] = deque(maxlen=config.latency_margin_window)
+        self.margin = LatencyMargin(
+            config.latency_quantile, config.latency_margin_window, config.min_latency_samples
+        )
         self._last_margin_ms = clock.now_ms()
         self.overrun_headroom_ms = 0.0
         self._last_be_cycle = 0
@@ -252,12 +253,7 @@ class ServingRuntime:
 
     def _planned(self, profile: BatchingProfile) -> BatchingProfile:
         """The profile as planning sees it: scaled by the learned latency margin."""
-        factor = 1.0 + self.latency_margin
-        if factor == 1.0:
-            return profile
-        rows = [(b, profile.latency_ms(b) * factor) for b in range(1, profile.max_batch + 1)]
-        return BatchingProfile.from_table(profile.model, profile.gpu_type, rows,
-                                          profile.memory_mib)  # fmt: skip
+        return scaled_profile(profile, self.margin.margin)
 
     def planning_profile(self, name: str) -> BatchingProfile:
         """The SLO session's profile as admission plans with it (margin applied)."""
@@ -269,28 +265,11 @@ class ServingRuntime:
     def _plan(
         self, specs: list[SessionSpec], profiles: Mapping[tuple[str, str], BatchingProfile]
     ) -> GpuPlan | Infeasible:
-        """The Nexus plan; where a best-effort segment will overrun, with headroom for it.
-
-        A segment longer than the plan's slack overruns one cycle in N (``_may_overrun``),
-        moving the SLO sessions' next slot back by up to its length. The plan is then made
-        again with every SLO shortened by that length so the overrun cycle still meets
-        them; if that is infeasible the plain plan is kept (admission is the extender's
-        and this server's shared rule) and ``overrun_headroom_ms`` reports 0.
-        """
-        gpu, memory = self.config.gpu_type, self.config.memory_mib
-        plan = plan_gpu(specs, profiles, gpu, memory)
-        self.overrun_headroom_ms = 0.0
-        longest = self._longest_segment_ms()
-        if not isinstance(plan, GpuPlan) or not plan.allocations:
-            return plan
-        if longest <= plan.duty_cycle_ms * max(0.0, 1.0 - plan.occupancy):
-            return plan
-        if all(s.slo_ms > longest for s in specs):
-            tighter = plan_gpu([replace(s, slo_ms=s.slo_ms - longest) for s in specs],
-                               profiles, gpu, memory)  # fmt: skip
-            if isinstance(tighter, GpuPlan):
-                self.overrun_headroom_ms = longest
-                return tighter
+        """The Nexus plan, with headroom for best-effort overruns where needed (admission.py)."""
+        plan, self.overrun_headroom_ms = plan_with_headroom(
+            specs, profiles, self.config.gpu_type, self.config.memory_mib,
+            self._longest_segment_ms(),
+        )  # fmt: skip
         return plan
 
     def _longest_segment_ms(self) -> float:
@@ -513,7 +492,7 @@ class ServingRuntime:
         """A segment that found no room for N whole cycles may overrun this one, or it
         might never run: best effort gets a bounded share (one overrun per N cycles)
         instead of starving; the SLO sessions' next slot moves back by the segment then
-        (``_plan`` keeps headroom for that where it can)."""
+        (``plan_with_headroom`` keeps room for that where it can)."""
         return self._cycles - self._last_be_cycle >= self.config.overrun_every_cycles
 
     def _run_batch(self, action: Action) -> None:
@@ -530,7 +509,7 @@ class ServingRuntime:
         elapsed = finish - start
         self.busy_ms += elapsed
         if self.config.learn_latency_margin and error is None:
-            self._latency_ratios.append(elapsed / sess.profile.latency_ms(len(reqs)))
+            self.margin.observe(elapsed, sess.profile.latency_ms(len(reqs)))
         stats = sess.stats
         stats.gpu_time_ms += elapsed
         stats.batch_sizes[len(reqs)] += 1
@@ -608,16 +587,7 @@ class ServingRuntime:
         if not cfg.learn_latency_margin or now - self._last_margin_ms < cfg.rate_window_ms:
             return False
         self._last_margin_ms = now
-        if len(self._latency_ratios) < cfg.min_latency_samples:
-            return False
-        ratios = sorted(self._latency_ratios)
-        quantile = ratios[min(len(ratios) - 1, int(cfg.latency_quantile * len(ratios)))]
-        margin = max(0.0, quantile - 1.0)
-        # Small moves are noise: replanning for them would only churn batch sizes.
-        if abs(margin - self.latency_margin) <= 0.02 + 0.1 * self.latency_margin:
-            return False
-        self.latency_margin = margin
-        return True
+        return self.margin.refresh()
 
     def _update_rates(self, now: float) -> None:
         cfg = self.config
@@ -732,7 +702,7 @@ class ServingRuntime:
                 "scheduler_seconds": self.scheduler_seconds,
                 "replans": self.replans,
                 "overruns": self.overruns,
-                "latency_margin": self.latency_margin,
+                "latency_margin": self.margin.margin,
                 "replans_refused": self.replans_refused,
                 "overrun_headroom_ms": self.overrun_headroom_ms,
                 "sessions": sessions,
