@@ -1,12 +1,13 @@
-"""Olympian quanta: best-effort jobs share GPU time in quanta of profiled cost.
+"""Olympian quanta: best-effort jobs share GPU time in quanta of measured GPU time.
 
 Pure scheduling math (no I/O, no clock, no transport). The inference server's
 executor thread asks :meth:`QuantaScheduler.select` which job runs its next graph
-segment and reports the segment's profiled cost with :meth:`QuantaScheduler.charge`.
-A job holds the token until its accumulated profiled cost in the current quantum
-reaches the quantum ``Q`` (Olympian's threshold ``T_j = Q*C_j/D_j``; our segment
-costs are already profiled GPU milliseconds, so ``C_j/D_j = 1``). The remainder
-carries into the job's next quantum, as Olympian's line 17 does.
+segment and reports the segment's measured GPU time (the wall time of its run on
+the executor) with :meth:`QuantaScheduler.charge`. Olympian charges profiled node
+costs (``T_j = Q*C_j/D_j``), which holds only at the batch size it profiled; a
+segment's cost scales with the batch it actually runs, so we charge what it took.
+A job holds the token until its turn's credit (``w*Q``) is spent; an overshoot is
+carried as debt into later turns, as Olympian's line 17 carries the remainder.
 
 One rule covers Olympian's three policies:
 
@@ -67,22 +68,31 @@ class QuantumRecord:
 class _JobState:
     spec: JobSpec
     cumulative_cost_ms: float = 0.0
-    cumulative_measured_ms: float = 0.0
-    quantum_cost_ms: float = 0.0
+    cumulative_profiled_ms: float = 0.0
+    credit_ms: float = 0.0
+    """Time left in the job's turn; negative: debt from overshooting an earlier turn."""
+    quantum_profiled_ms: float = 0.0
     quantum_measured_ms: float = 0.0
-    quanta_left_in_turn: int = 0
     quanta_completed: int = 0
 
 
 @dataclass
 class QuantaScheduler:
-    """Token passing among best-effort jobs in quanta of ``quantum_ms`` profiled GPU time."""
+    """Token passing among best-effort jobs in quanta of ``quantum_ms`` measured GPU time.
+
+    A turn is a deficit round: the job's credit grows by ``weight * Q`` and it keeps
+    the token while the credit is positive. Each segment is charged the GPU time it
+    was measured to take, so a segment that overshoots the turn leaves a debt that
+    the job pays by sitting out later turns; a job that ran alone owes nobody and its
+    debt is cleared. Unused credit is dropped when a job runs dry (no banking).
+    """
 
     quantum_ms: float
     _jobs: dict[str, _JobState] = field(default_factory=dict, init=False)
     _order: list[str] = field(default_factory=list, init=False)
     _holder: str | None = field(default=None, init=False)
     _last_holder: str | None = field(default=None, init=False)
+    _contended: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.quantum_ms) and self.quantum_ms > 0):
@@ -116,73 +126,98 @@ class QuantaScheduler:
 
     def select(self, runnable: Iterable[str]) -> str | None:
         """The job that runs the next segment among ``runnable``; moves the token if needed."""
-        ready = [n for n in self._order if n in set(runnable)]
+        wanted = set(runnable)
+        ready = [n for n in self._order if n in wanted]
         if not ready:
             return None
         top = max(self._jobs[n].spec.priority for n in ready)
         candidates = [n for n in ready if self._jobs[n].spec.priority == top]
         holder = self._holder
-        if holder in candidates and self._jobs[holder].quanta_left_in_turn > 0:
+        if holder in candidates and self._jobs[holder].credit_ms > 0:
             return holder
-        if holder is not None and holder not in candidates:
-            # The holder ran dry or was outranked: its partial quantum ends here and
-            # the carried remainder is forgotten so an idle job cannot bank credit.
+        if holder is not None:
+            # The turn ends early (ran dry or outranked): debt stays, credit goes, and
+            # the partial turn is not a quantum.
             state = self._jobs[holder]
-            state.quantum_cost_ms = 0.0
-            state.quantum_measured_ms = 0.0
-            state.quanta_left_in_turn = 0
-        nxt = self._next_after(self._last_holder, candidates)
-        self._grant(nxt)
+            state.credit_ms = min(state.credit_ms, 0.0)
+            state.quantum_profiled_ms = state.quantum_measured_ms = 0.0
+            self._holder = None
+        if len(candidates) == 1:
+            # Alone, the job took time nobody else wanted: it owes nothing.
+            self._jobs[candidates[0]].credit_ms = max(self._jobs[candidates[0]].credit_ms, 0.0)
+        nxt = self._next_turn(candidates)
+        self._holder = self._last_holder = nxt
+        self._contended = len(candidates) > 1
         return nxt
 
     def charge(self, name: str, profiled_ms: float, measured_ms: float) -> list[QuantumRecord]:
-        """Account one executed segment; returns the quanta it completed (usually none or one)."""
-        if not (math.isfinite(profiled_ms) and profiled_ms >= 0):
-            raise QuantaError(f"profiled_ms must be >= 0, got {profiled_ms}")
+        """Charge one executed segment its measured GPU time; returns the turn it completed.
+
+        A turn completes when its credit is spent; its record gives the profiled and
+        measured time per quantum of the turn (the turn over the job's weight), so a
+        quantum's overshoot past Q shows in ``measured_ms``.
+        """
+        for key, value in (("profiled_ms", profiled_ms), ("measured_ms", measured_ms)):
+            if not (math.isfinite(value) and value >= 0):
+                raise QuantaError(f"{key} must be >= 0, got {value}")
         state = self._state(name)
-        state.cumulative_cost_ms += profiled_ms
-        state.cumulative_measured_ms += measured_ms
-        state.quantum_cost_ms += profiled_ms
+        state.cumulative_cost_ms += measured_ms
+        state.cumulative_profiled_ms += profiled_ms
+        state.credit_ms -= measured_ms
+        state.quantum_profiled_ms += profiled_ms
         state.quantum_measured_ms += measured_ms
-        done: list[QuantumRecord] = []
-        while state.quantum_cost_ms >= self.quantum_ms:
-            # Measured time is attributed to the quantum in proportion to the profiled
-            # cost it covered, so one long segment spanning two quanta splits fairly.
-            share = self.quantum_ms / state.quantum_cost_ms
-            measured = state.quantum_measured_ms * share
-            done.append(QuantumRecord(name, self.quantum_ms, measured))
-            state.quantum_cost_ms -= self.quantum_ms
-            state.quantum_measured_ms -= measured
-            state.quanta_completed += 1
-            state.quanta_left_in_turn = max(0, state.quanta_left_in_turn - 1)
-        if state.quanta_left_in_turn == 0 and self._holder == name:
-            self._holder = None
-        return done
+        if state.credit_ms > 0 or self._holder != name:
+            return []
+        weight = state.spec.weight
+        record = QuantumRecord(
+            name, state.quantum_profiled_ms / weight, state.quantum_measured_ms / weight
+        )
+        state.quanta_completed += weight
+        state.quantum_profiled_ms = state.quantum_measured_ms = 0.0
+        self._holder = None
+        if not self._contended:  # an overshoot nobody waited for is no debt
+            state.credit_ms = 0.0
+        return [record]
 
     def cumulative_cost_ms(self) -> dict[str, float]:
-        """Each job's total profiled GPU cost so far."""
+        """Each job's total charged (measured) GPU time so far."""
         return {n: s.cumulative_cost_ms for n, s in self._jobs.items()}
+
+    def debt_ms(self) -> dict[str, float]:
+        """Each job's debt: GPU time it used beyond its turns, paid by skipping turns."""
+        return {n: max(0.0, -s.credit_ms) for n, s in self._jobs.items()}
 
     def quanta_completed(self) -> dict[str, int]:
         """Each job's number of completed quanta."""
         return {n: s.quanta_completed for n, s in self._jobs.items()}
 
-    def _grant(self, name: str) -> None:
-        state = self._jobs[name]
-        state.quanta_left_in_turn = state.spec.weight
-        self._holder = name
-        self._last_holder = name
+    def _next_turn(self, candidates: Sequence[str]) -> str:
+        """Round robin after the last holder; each turn adds ``w*Q``; in-debt jobs skip."""
+        order = self._rr_order(candidates)
+        while True:
+            for name in order:
+                state = self._jobs[name]
+                state.credit_ms += state.spec.weight * self.quantum_ms
+                if state.credit_ms > 0:
+                    return name
+            # Every candidate is still in debt after a full round: skip whole rounds at
+            # once (one round less than the smallest debt needs, so order is kept).
+            rounds = min(
+                math.ceil(-self._jobs[n].credit_ms / (self._jobs[n].spec.weight * self.quantum_ms))
+                for n in order
+            )
+            for name in order:
+                state = self._jobs[name]
+                state.credit_ms += max(0, rounds - 1) * state.spec.weight * self.quantum_ms
 
-    def _next_after(self, last: str | None, candidates: Sequence[str]) -> str:
+    def _rr_order(self, candidates: Sequence[str]) -> list[str]:
+        last = self._last_holder
         if last is None or last not in self._order:
-            return candidates[0]
+            return list(candidates)
         start = self._order.index(last)
         n = len(self._order)
-        for step in range(1, n + 1):
-            name = self._order[(start + step) % n]
-            if name in candidates:
-                return name
-        return candidates[0]
+        rotated = [self._order[(start + step) % n] for step in range(1, n + 1)]
+        return [name for name in rotated if name in candidates]
 
     def _state(self, name: str) -> _JobState:
         try:

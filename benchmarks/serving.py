@@ -23,9 +23,10 @@ noise, while planning uses Nexus's (mean + std) * 1.15):
   99% attainment for several alpha.
 - ``realtime_sim``: the same runtime on the real clock (executor thread sleeps),
   to measure loop overhead outside virtual time.
-- ``onnxruntime``: real ONNX Runtime models (generated MLP chains) profiled at
-  registration, co-located at 90% of planned capacity on the real clock, with a
-  best-effort job split into segments. ``--device cpu`` by default.
+- ``onnxruntime``: the real executor (ONNX Runtime, CPU EP by default; see
+  serving_ort.py): 3 SLO sessions at 90% of planned capacity under Poisson load
+  with attainment measured by the client, fair and weighted shares of best-effort
+  jobs with mixed batch sizes, and the segmentation overhead as measured.
 """
 
 from __future__ import annotations
@@ -33,9 +34,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import _common
 import numpy as np
@@ -44,10 +43,11 @@ from agent.quanta import jain_index, weighted_share_errors
 from agent.server.clock import MonotonicClock, VirtualClock
 from agent.server.dispatch import DropPolicy
 from agent.server.errors import AdmissionRefused
-from agent.server.executors import ModelLimits, OrtExecutor, SimExecutor
+from agent.server.executors import SimExecutor
 from agent.server.profiles import load_nexus
 from agent.server.replay import Arrival, merge, poisson_arrivals, replay
 from agent.server.runtime import RuntimeConfig, ServingRuntime
+from benchmarks.serving_ort import onnxruntime_sections
 from planner import GpuPlan, SessionSpec, plan_gpu, saturated_config
 from predictor.batching import BatchingProfile
 from predictor.profiles import NEXUS_MARGIN, NO_MARGIN
@@ -331,107 +331,6 @@ def realtime_sim(planned, executed, scale: float, seconds: float) -> dict:
     }
 
 
-def onnxruntime_run(device: str, seconds: float) -> dict:
-    from onnx import TensorProto, helper, numpy_helper, save
-
-    def mlp(width: int, layers: int, seed: int):
-        rng = np.random.default_rng(seed)
-        nodes, inits, prev = [], [], "x"
-        for i in range(layers):
-            w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
-            inits.append(numpy_helper.from_array(w, f"w{i}"))
-            nodes += [
-                helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"]),
-                helper.make_node("Relu", [f"m{i}"], [f"r{i}"]),
-            ]
-            prev = f"r{i}"
-        nodes.append(helper.make_node("Identity", [prev], ["y"]))
-        graph = helper.make_graph(
-            nodes,
-            "mlp",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width])],
-            initializer=inits,
-        )
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-        model.ir_version = 10
-        return model
-
-    width = 1024 if device == "cpu" else 4096
-    with tempfile.TemporaryDirectory() as tmp:
-        specs = [("m1", 6, 150.0), ("m2", 10, 250.0), ("m3", 4, 100.0)]
-        for name, layers, _slo in specs + [("be", 16, 0.0)]:
-            save(mlp(width, layers, hash(name) % 100), str(Path(tmp) / f"{name}.onnx"))
-        clock = MonotonicClock()
-        executor = OrtExecutor(
-            device,
-            limits=ModelLimits(store_root=Path(tmp)),
-            intra_op_threads=1 if device == "cpu" else 0,
-        )
-        rt = ServingRuntime(
-            executor,
-            clock,
-            RuntimeConfig(executor.gpu_type, min_replan_interval_ms=1e12),
-            post_workers=1,
-        )
-        rt.start()
-        answers = {}
-        # Rates: find the planned capacity of this mix by trying registrations.
-        base = 5.0
-        for name, _layers, slo in specs:
-            answers[name] = rt.add_slo_session(name, f"{name}.onnx", slo, base)
-        profiles = {n: rt.profile(n) for n, *_ in specs}
-        lo, hi = base, 5000.0
-        for _ in range(20):
-            mid = (lo + hi) / 2
-            ok = plan_gpu(
-                [SessionSpec(n, n, slo, mid) for n, _l, slo in specs],
-                {(n, executor.gpu_type): p for n, p in profiles.items()},
-                executor.gpu_type,
-                1e12,
-            )
-            lo, hi = (mid, hi) if isinstance(ok, GpuPlan) else (lo, mid)
-        rate = 0.9 * lo
-        for name, _layers, slo in specs:
-            rt.remove_session(name)
-            answers[name] = rt.add_slo_session(name, f"{name}.onnx", slo, lo)
-        rt.add_best_effort_session("be", "be.onnx")
-        x = np.zeros((1, width), np.float32)
-        for _ in range(2000):
-            rt.submit("be", np.zeros((4, width), np.float32), lambda _o: None)
-        streams = merge(
-            *[poisson_arrivals(n, rate, seconds * 1000, seed=i) for i, (n, *_r) in enumerate(specs)]
-        )
-        t0 = clock.now_ms()
-        for a in streams:
-            delay = (t0 + a.at_ms - clock.now_ms()) / 1000.0
-            if delay > 0:
-                time.sleep(delay)
-            rt.submit(a.session, x, lambda _o: None)
-        time.sleep(0.5)
-        wall_ms = clock.now_ms() - t0
-        snap = rt.snapshot()
-        rt.stop()
-    by = {s["name"]: s for s in snap["sessions"]}
-    return {
-        "device": device,
-        "gpu_type": executor.gpu_type,
-        "width": width,
-        "rate_per_session_rps": rate,
-        "planned_capacity_per_session_rps": lo,
-        "duty_cycle_ms": snap["duty_cycle_ms"],
-        "profiles": {n: answers[n]["profile"] for n, *_ in specs},
-        "slo_attainment": {n: by[n]["slo_attainment"] for n, *_ in specs},
-        "served": {n: by[n]["served"] for n, *_ in specs},
-        "be_segments": by["be"]["segments"],
-        "quantum_target_ms": snap["quantum_ms"],
-        "quantum_mean_ms": by["be"]["quantum_mean_ms"],
-        "quantum_std_ms": by["be"]["quantum_std_ms"],
-        "gpu_busy_share": snap["busy_ms"] / wall_ms,
-        "scheduler_overhead_share": snap["scheduler_seconds"] * 1000 / max(snap["busy_ms"], 1e-9),
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -443,6 +342,9 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--duration-s", type=float, default=60.0, help="virtual seconds per run")
     parser.add_argument("--realtime-s", type=float, default=3.0)
+    parser.add_argument(
+        "--ort-s", type=float, default=10.0, help="seconds of Poisson load on the real executor"
+    )
     _common.add_out_option(parser, None)  # default: serving_cpu.json or serving_gpu.json
     args = parser.parse_args()
     started = time.perf_counter()
@@ -468,7 +370,8 @@ def main() -> None:
         out["vs_naive"] = vs_naive(planned, executed, scale, duration / 3)
         out["early_vs_lazy"] = early_vs_lazy(duration / 3)
         out["realtime_sim"] = realtime_sim(planned, executed, scale, args.realtime_s)
-    out["onnxruntime"] = onnxruntime_run(args.device, args.realtime_s)
+    # The real executor beside the simulated one, in the same run (serving_ort.py).
+    out["onnxruntime"] = onnxruntime_sections(args.device, args.ort_s)
     out["wall_seconds"] = time.perf_counter() - started
     out.update(_common.context(("numpy", "onnxruntime")))
     name = "serving_cpu" if args.device == "cpu" else "serving_gpu"

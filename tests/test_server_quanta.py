@@ -84,15 +84,33 @@ def test_higher_priority_arrival_takes_the_token_mid_quantum() -> None:
     assert sched.select({"low", "high"}) == "high"
 
 
-def test_quantum_remainder_carries_over_and_records_measured_time() -> None:
+def test_turn_is_charged_measured_time_and_its_overshoot_is_debt() -> None:
     sched = QuantaScheduler(quantum_ms=1.0)
     sched.register(JobSpec("a"))
-    sched.select({"a"})
+    sched.register(JobSpec("b"))
+    assert sched.select({"a", "b"}) == "a"
     assert sched.charge("a", 0.7, 0.8) == []
-    records = sched.charge("a", 0.7, 0.6)
-    assert len(records) == 1
-    assert records[0].profiled_ms == 1.0
-    assert records[0].measured_ms == pytest.approx(1.4 / 1.4 * 1.0)  # proportional share
+    (record,) = sched.charge("a", 0.7, 2.2)  # measured, not profiled, ends the turn
+    assert (record.profiled_ms, record.measured_ms) == (pytest.approx(1.4), pytest.approx(3.0))
+    assert sched.debt_ms() == {"a": pytest.approx(2.0), "b": 0.0}
+    # "a" owes two quanta: "b" runs three turns before "a" runs again.
+    order = []
+    for _ in range(4):
+        name = sched.select({"a", "b"})
+        order.append(name)
+        sched.charge(name, 1.0, 1.0)
+    assert order == ["b", "b", "b", "a"]
+
+
+def test_a_job_running_alone_owes_nothing() -> None:
+    sched = QuantaScheduler(quantum_ms=1.0)
+    sched.register(JobSpec("a"))
+    sched.register(JobSpec("b"))
+    assert sched.select({"a"}) == "a"
+    sched.charge("a", 1.0, 50.0)
+    assert sched.select({"a", "b"}) == "b"
+    sched.charge("b", 1.0, 1.0)
+    assert sched.select({"a", "b"}) == "a"  # the 49 ms taken alone were nobody's
 
 
 def test_deregistered_holder_passes_the_token() -> None:

@@ -213,3 +213,48 @@ def test_slo_sessions_keep_their_slos_while_best_effort_fills_the_slack(nexus) -
     for name in rates:
         assert session(rt, name)["slo_attainment"] >= 0.99
     assert session(rt, "be")["gpu_time_ms"] > 500.0  # the slack was used
+
+
+def _margin_run(learn: bool) -> tuple[ServingRuntime, float]:
+    """One session planned on a profile the executor runs 25% slower (with 3% noise)."""
+    from agent.server.clock import VirtualClock
+    from agent.server.executors import SimExecutor
+    from agent.server.replay import poisson_arrivals, replay
+
+    planned = {"m": BatchingProfile.linear("m", "sim", 1.0, 5.0, max_batch=32)}
+    executed = {"m": BatchingProfile.linear("m", "sim", 1.25, 6.25, max_batch=32)}
+    clock = VirtualClock()
+    executor = SimExecutor(executed, clock, "sim", jitter_fraction=0.03, seed=3)
+    config = RuntimeConfig("sim", learn_latency_margin=learn, min_latency_samples=50,
+                           min_replan_interval_ms=1e12)  # fmt: skip
+    rt = ServingRuntime(executor, clock, config, profiles=planned)
+    rt.add_slo_session("s", "m", slo_ms=60.0, rate_rps=500.0)
+    good = []
+    replay(rt, clock, poisson_arrivals("s", 500.0, 20_000, seed=1), 20_000,
+           on_done=lambda _s, o: good.append(o.reason is None))  # fmt: skip
+    return rt, sum(good[len(good) // 2 :]) / len(good[len(good) // 2 :])
+
+
+def test_admission_learns_the_latency_margin_the_executor_needs() -> None:
+    from planner import GpuPlan, SessionSpec, plan_gpu
+
+    blind, blind_attainment = _margin_run(learn=False)
+    rt, attainment = _margin_run(learn=True)
+    assert blind.margin.margin == 0.0
+    # p99 of 1.25 x (1 + N(0, 0.03)) is about 1.25 x 1.07: the margin covers it.
+    assert 0.3 <= rt.margin.margin <= 0.4
+    assert rt.replans >= 1
+    base = rt.profile("s").latency_ms(8)
+    assert rt.planning_profile("s").latency_ms(8) == pytest.approx(base * (1 + rt.margin.margin))
+    assert attainment >= 0.99 and attainment >= blind_attainment
+    # A second session the profiled latency has room for is refused: it would not be served.
+    plain = {("m", "sim"): rt.profile("s")}
+    lo, hi = 1.0, 2000.0
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        specs = [SessionSpec("s", "m", 60.0, 500.0), SessionSpec("t", "m", 60.0, mid)]
+        fits = isinstance(plan_gpu(specs, plain, "sim", 1e12), GpuPlan)
+        lo, hi = (mid, hi) if fits else (lo, mid)
+    with pytest.raises(AdmissionRefused):
+        rt.add_slo_session("t", "m", slo_ms=60.0, rate_rps=0.95 * lo)
+    blind.add_slo_session("t", "m", slo_ms=60.0, rate_rps=0.95 * lo)

@@ -10,9 +10,17 @@ import onnxruntime as ort
 import pytest
 from server_helpers import chain_model, save
 
+from agent.quanta import group_segments
 from agent.server.errors import ModelRejected
 from agent.server.executors import ModelLimits, OrtExecutor
-from agent.server.segments import Cut, SegmentError, atoms, find_cuts, split_model
+from agent.server.segments import (
+    Cut,
+    SegmentError,
+    atoms,
+    find_cuts,
+    fold_constants,
+    split_model,
+)
 
 
 def run(model, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -126,3 +134,93 @@ def test_hostile_model_files_are_rejected(executor, tmp_path, name, content, rea
     with pytest.raises(ModelRejected) as info:
         executor.load(ref)
     assert info.value.details.get("reason") == reason
+
+
+def exported_style_model(layers: int = 6, width: int = 8) -> onnx.ModelProto:
+    """A chain the way torch exports it: weights behind ``Identity(initializer)``, a
+    ``Constant`` shape feeding a ``Reshape`` of a weight, and a Cast of a constant."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    nodes, inits, prev = [], [], "x"
+    for i in range(layers):
+        flat = rng.standard_normal(width * width).astype(np.float32)
+        inits.append(numpy_helper.from_array(flat, f"w{i}_flat"))
+        nodes += [
+            helper.make_node("Constant", [], [f"shape{i}"],
+                             value=numpy_helper.from_array(np.array([width, width], np.int64))),
+            helper.make_node("Reshape", [f"w{i}_flat", f"shape{i}"], [f"w{i}_2d"]),
+            helper.make_node("Identity", [f"w{i}_2d"], [f"w{i}"]),
+        ]  # fmt: skip
+    inits.append(numpy_helper.from_array(np.array([0.5], np.float64), "half64"))
+    nodes.append(helper.make_node("Cast", ["half64"], ["half"], to=TensorProto.FLOAT))
+    for i in range(layers):
+        nodes += [helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"]),
+                  helper.make_node("Relu", [f"m{i}"], [f"r{i}"])]  # fmt: skip
+        prev = f"r{i}"
+    nodes.append(helper.make_node("Mul", [prev, "half"], ["y"]))
+    graph = helper.make_graph(
+        nodes, "exported", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width])], initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_constant_heads_are_folded_so_cuts_run_through_the_whole_graph() -> None:
+    model = exported_style_model(layers=6)
+    # Unfolded, every weight is a live tensor from the head: no cut before the last layer.
+    matmuls = [i for i, n in enumerate(model.graph.node) if n.op_type == "MatMul"]
+    assert all(c.after_node >= matmuls[-1] for c in find_cuts(model))
+    folded = fold_constants(model)
+    assert {n.op_type for n in folded.graph.node} == {"MatMul", "Relu", "Mul"}
+    cuts = find_cuts(folded)
+    assert len(cuts) >= 2 * 6 - 1  # after every MatMul and Relu but the output's
+    x = np.random.default_rng(4).standard_normal((3, 8)).astype(np.float32)
+    whole = run(model, {"x": x})["y"]
+    feed = {"x": x}
+    for piece in atoms(model):
+        feed = run(piece, feed)
+    np.testing.assert_allclose(feed["y"], whole, rtol=1e-6)
+
+
+def test_ort_executor_reports_cuts_of_the_folded_graph(executor, tmp_path) -> None:
+    loaded = executor.load(str(save(exported_style_model(layers=4), tmp_path / "exp.onnx")))
+    assert loaded.cuts == len(find_cuts(fold_constants(exported_style_model(layers=4))))
+    assert loaded.cuts >= 7 and len(loaded.handle.atoms) == loaded.cuts + 1
+
+
+def test_overhead_curve_counts_the_segments_built_for_each_quantum(executor, tmp_path) -> None:
+    loaded = executor.load(str(save(chain_model(layers=8), tmp_path / "chain.onnx")))
+    profile = executor.profile(loaded)
+    handle = loaded.handle
+    handle.boundary_cost_ms, handle.whole_ms = 0.01, 1.0  # fixed so the count is visible
+    fraction = 0.25
+    curve = executor.overhead_curve(loaded, profile, fraction)
+    for q, overhead in zip(curve.curve.xs, curve.curve.ys, strict=True):
+        built = len(group_segments(handle.atom_costs_ms, q * fraction))
+        assert overhead == pytest.approx((built - 1) * 0.01)
+    executor.prepare_segments(loaded, target_ms=sum(handle.atom_costs_ms) / 3)
+    assert loaded.segment_overhead is not None and loaded.segment_overhead >= 0
+
+
+@pytest.mark.slow
+def test_every_zoo_family_gets_cuts_through_its_graph(tmp_path, capsys) -> None:
+    from predictor.zoo import ZOO, export_onnx
+
+    first = {}
+    for name in sorted(ZOO):
+        first.setdefault(ZOO[name].family, name)
+    report = {}
+    for family, name in sorted(first.items()):
+        model = onnx.load(str(export_onnx(name, 1, tmp_path / f"{name}.onnx")))
+        folded = fold_constants(model)
+        cuts = find_cuts(folded)
+        report[name] = (len(find_cuts(model)), len(cuts), len(folded.graph.node))
+        assert cuts, f"{family} ({name}): no cut after folding"
+        # Cuts reach the first half of the graph (before folding they sat at its end).
+        assert cuts[0].after_node < len(folded.graph.node) // 2, (name, cuts[:3])
+    with capsys.disabled():
+        print("\ncuts per zoo model (before folding, after, folded nodes):", report)

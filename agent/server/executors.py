@@ -49,6 +49,10 @@ class LoadedModel:
     segment_fractions: tuple[float, ...] | None
     """Share of ``l(b)`` each segment costs; None: split evenly by the target (sim)."""
     handle: Any = field(repr=False, default=None)
+    cuts: int = 0
+    """Valid cuts found in the (constant-folded) graph; 0 on the sim executor."""
+    segment_overhead: float | None = None
+    """Measured (segments run in sequence - whole run) / whole run at batch 1, once built."""
 
     def segment_costs_ms(self, latency_ms: float, target_ms: float) -> tuple[float, ...]:
         """Profiled cost of each segment for a whole-model latency of ``latency_ms``."""
@@ -80,8 +84,10 @@ class Executor(Protocol):
         """Group the model into segments of about ``target_ms`` profiled cost."""
         ...
 
-    def overhead_curve(self, loaded: LoadedModel, profile: BatchingProfile) -> OverheadCurve:
-        """Scheduling overhead against quantum length for this model."""
+    def overhead_curve(
+        self, loaded: LoadedModel, profile: BatchingProfile, segment_fraction: float = 1.0
+    ) -> OverheadCurve:
+        """Overhead against Q for segments of ``segment_fraction`` x Q (as built)."""
         ...
 
     def run_batch(self, loaded: LoadedModel, batch: np.ndarray) -> list[np.ndarray]:
@@ -140,7 +146,9 @@ class SimExecutor:
     def prepare_segments(self, loaded: LoadedModel, target_ms: float) -> None:
         """Nothing to build: simulated segments are even splits of ``l(b)``."""
 
-    def overhead_curve(self, loaded: LoadedModel, profile: BatchingProfile) -> OverheadCurve:
+    def overhead_curve(
+        self, loaded: LoadedModel, profile: BatchingProfile, segment_fraction: float = 1.0
+    ) -> OverheadCurve:
         """One configured switch cost per quantum: ``overhead(Q) = switch / Q``."""
         points = [[q, self._switch_overhead_ms / q] for q in QUANTUM_GRID_MS]
         return OverheadCurve.from_points(loaded.ref, points)
@@ -238,8 +246,11 @@ class OrtExecutor:
     def load(self, ref: str) -> LoadedModel:
         """Check path, size and graph; build the whole-model session and profile its atoms."""
         from agent.server.modelcheck import check_model_file
+        from agent.server.segments import fold_constants
 
         model, input_name, dtype, sample_shape = check_model_file(ref, self.limits)
+        # Cuts and segments are found on the folded graph (segments.py says why).
+        model = fold_constants(model)
         try:
             session = self._session(model)
         except Exception as exc:  # ORT raises its own exception types for bad graphs
@@ -281,6 +292,7 @@ class OrtExecutor:
             pieces = atoms(handle.model) if handle.cuts else []
         except SegmentError:
             pieces = []
+        loaded.cuts = len(handle.cuts)
         if len(pieces) < 2:
             handle.atom_costs_ms = [handle.whole_ms]
             return
@@ -326,13 +338,31 @@ class OrtExecutor:
         handle.segments = [self._session(p) for p in split_model(handle.model, cuts)]
         total = sum(handle.atom_costs_ms) or 1.0
         loaded.segment_fractions = tuple(sum(handle.atom_costs_ms[s:e]) / total for s, e in ranges)
+        loaded.segment_overhead = self._measure_segment_overhead(loaded)
 
-    def overhead_curve(self, loaded: LoadedModel, profile: BatchingProfile) -> OverheadCurve:
-        """Overhead(Q) = yield points at Q's segmentation x measured cost per yield / run time."""
+    def _measure_segment_overhead(self, loaded: LoadedModel) -> float:
+        """What the segments actually built cost over one whole run, at batch 1."""
+        handle: _OrtHandle = loaded.handle
+        x = self._sample(loaded, 1)
+
+        def in_sequence() -> None:
+            feed: Feed = {loaded.input_name: x}
+            for i in range(len(handle.segments)):
+                feed = self.run_segment(loaded, i, feed, 0.0)
+
+        whole = self._time_ms(lambda: handle.session.run(None, {loaded.input_name: x}))
+        return max(0.0, self._time_ms(in_sequence) - whole) / max(whole, 1e-6)
+
+    def overhead_curve(
+        self, loaded: LoadedModel, profile: BatchingProfile, segment_fraction: float = 1.0
+    ) -> OverheadCurve:
+        """Overhead(Q) = yield points of the segments built for Q (``segment_fraction`` x Q,
+        as the runtime builds them) x measured cost per yield / run time."""
         handle: _OrtHandle = loaded.handle
         points = []
         for q in QUANTUM_GRID_MS:
-            n = len(group_segments(handle.atom_costs_ms, q)) if handle.atoms else 1
+            built = group_segments(handle.atom_costs_ms, q * segment_fraction)
+            n = len(built) if handle.atoms else 1
             points.append([q, (n - 1) * handle.boundary_cost_ms / max(handle.whole_ms, 1e-6)])
         return OverheadCurve.from_points(loaded.ref, points)
 

@@ -6,7 +6,9 @@ State of the executor loop (one decision per ``step``)::
                       │  (batches formed by early or lazy drop, dispatch.py)
                       v
                     slack phase: best-effort segments chosen by the quanta scheduler,
-                      │  each started only if it ends before the cycle does
+                      │  each started only if it ends before the cycle does, except
+                      │  that after ``overrun_every_cycles`` cycles in which no segment
+                      │  found room, one may overrun the cycle (no starvation)
                       v
                     next cycle at ``start + d``; with no best-effort work it starts
                     as soon as an SLO request waits (work conserving)
@@ -32,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from agent.quanta import JobSpec, OverheadCurve, QuantaScheduler, choose_quantum_ms
+from agent.server.admission import LatencyMargin, plan_with_headroom, scaled_profile
 from agent.server.clock import Clock
 from agent.server.dispatch import DropPolicy, Request, form_batch
 from agent.server.errors import (
@@ -52,7 +55,7 @@ from agent.server.session_state import (
     profile_json,
 )
 from agent.server.stats import Outcome
-from planner import GpuPlan, Infeasible, SessionError, SessionSpec, plan_gpu
+from planner import GpuPlan, Infeasible, SessionError, SessionSpec
 from predictor.batching import BatchingProfile
 
 
@@ -93,6 +96,15 @@ class ServingRuntime:
         self.busy_ms = 0.0
         self.replans = 0
         self.replans_refused = 0
+        self._cycles = 0
+        self.margin = LatencyMargin(
+            config.latency_quantile, config.latency_margin_window, config.min_latency_samples
+        )
+        self._last_margin_ms = clock.now_ms()
+        self.overrun_headroom_ms = 0.0
+        self._last_be_cycle = 0
+        """The cycle in which a best-effort segment last started."""
+        self.overruns = 0
 
     # ---- registration (HTTP threads) -------------------------------------------------
 
@@ -111,7 +123,8 @@ class ServingRuntime:
             with self._cv:
                 specs = [s.spec for s in self._slo.values()] + [spec]
                 plan = self._plan(
-                    specs, {**self._profile_map(), (model, self.config.gpu_type): profile}
+                    specs,
+                    {**self._profile_map(), (model, self.config.gpu_type): self._planned(profile)},
                 )
                 if isinstance(plan, Infeasible):
                     raise AdmissionRefused(
@@ -152,7 +165,8 @@ class ServingRuntime:
 
             def prepare() -> tuple[LoadedModel, BatchingProfile, OverheadCurve]:
                 loaded, profile = self._load_and_profile(model)
-                return loaded, profile, self.executor.overhead_curve(loaded, profile)
+                fraction = self.config.segment_fraction_of_quantum
+                return loaded, profile, self.executor.overhead_curve(loaded, profile, fraction)
 
             loaded, profile, curve = self._on_executor(prepare)
             curves = {**self._curves, name: curve}
@@ -169,6 +183,10 @@ class ServingRuntime:
                 self.quanta.quantum_ms = quantum
                 self.quanta.register(job)
                 self._be[name] = BestEffortState(job, loaded, profile)
+                if self._slo:  # make room for this job's overruns where the plan can
+                    plan = self._plan([s.spec for s in self._slo.values()], self._profile_map())
+                    if isinstance(plan, GpuPlan):
+                        self._apply(plan)
                 self._cv.notify_all()
             return {
                 "name": name,
@@ -176,6 +194,9 @@ class ServingRuntime:
                 "weight": weight,
                 "priority": priority,
                 "quantum_ms": quantum,
+                "cuts": loaded.cuts,
+                "segments": len(loaded.segment_fractions or ()),
+                "segment_overhead": loaded.segment_overhead,
                 "duty_cycle_ms": self.plan.duty_cycle_ms if self.plan else None,
                 "profile": profile_json(profile),
             }
@@ -191,6 +212,10 @@ class ServingRuntime:
             elif name in self._be:
                 be = self._be.pop(name)
                 self.quanta.deregister(name)
+                if self._slo and self.overrun_headroom_ms > 0:  # its headroom is free again
+                    plan = self._plan([s.spec for s in self._slo.values()], self._profile_map())
+                    if isinstance(plan, GpuPlan):
+                        self._apply(plan)
                 self._curves.pop(name, None)
                 pending = list(be.queue) + ([be.current.request] if be.current else [])
                 self._drops.extend((r, DropReason.SESSION_REMOVED) for r in pending)
@@ -221,12 +246,41 @@ class ServingRuntime:
         return loaded, profile
 
     def _profile_map(self) -> dict[tuple[str, str], BatchingProfile]:
-        return {(s.spec.model, self.config.gpu_type): s.profile for s in self._slo.values()}
+        return {
+            (s.spec.model, self.config.gpu_type): self._planned(s.profile)
+            for s in self._slo.values()
+        }
+
+    def _planned(self, profile: BatchingProfile) -> BatchingProfile:
+        """The profile as planning sees it: scaled by the learned latency margin."""
+        return scaled_profile(profile, self.margin.margin)
+
+    def planning_profile(self, name: str) -> BatchingProfile:
+        """The SLO session's profile as admission plans with it (margin applied)."""
+        with self._cv:
+            if name not in self._slo:
+                raise SessionNotFound(f"no SLO session {name!r}")
+            return self._planned(self._slo[name].profile)
 
     def _plan(
         self, specs: list[SessionSpec], profiles: Mapping[tuple[str, str], BatchingProfile]
     ) -> GpuPlan | Infeasible:
-        return plan_gpu(specs, profiles, self.config.gpu_type, self.config.memory_mib)
+        """The Nexus plan, with headroom for best-effort overruns where needed (admission.py)."""
+        plan, self.overrun_headroom_ms = plan_with_headroom(
+            specs, profiles, self.config.gpu_type, self.config.memory_mib,
+            self._longest_segment_ms(),
+        )  # fmt: skip
+        return plan
+
+    def _longest_segment_ms(self) -> float:
+        """The longest best-effort segment at batch 1 (profiled), 0 with no such job."""
+        longest = 0.0
+        target = self.quanta.quantum_ms * self.config.segment_fraction_of_quantum
+        for be in self._be.values():
+            whole = be.profile.latency_ms(1)
+            costs = be.loaded.segment_costs_ms(whole, target)
+            longest = max(longest, max(costs) * be.cost_scale)
+        return longest
 
     def _apply(self, plan: GpuPlan | None) -> None:
         self.plan = plan
@@ -235,7 +289,8 @@ class ServingRuntime:
                 sess = self._slo.get(alloc.session.name)
                 if sess is not None:
                     sess.batch = alloc.batch
-                    sess.spec = alloc.session
+                    # A plan made with headroom carries shortened SLOs: keep the real one.
+                    sess.spec = replace(alloc.session, slo_ms=sess.spec.slo_ms)
         self._cycle_pos = 0
 
     # ---- requests (HTTP threads) -------------------------------------------------------
@@ -369,6 +424,7 @@ class ServingRuntime:
                 return None
             self._cycle_start_ms = now
             self._cycle_pos = 0
+            self._cycles += 1
         return None
 
     def _overflow_batch(self, order: list[str], now: float, cycle_end: float) -> Action | None:
@@ -422,9 +478,22 @@ class ServingRuntime:
             costs = be.loaded.segment_costs_ms(whole, target)
             be.current = InFlight(req, costs, 0, {be.loaded.input_name: req.tensor})
         cost = be.current.costs_ms[be.current.index]
-        if now + cost > cycle_end:
+        # Profiled fractions of l(b) drift from what a segment takes at this batch on
+        # this device; the job's observed measured/profiled ratio corrects the estimate.
+        expected = cost * be.cost_scale
+        if now + expected > cycle_end and not self._may_overrun(expected):
             return None  # would push the next SLO cycle back: wait for it
+        if now + expected > cycle_end:
+            self.overruns += 1
+        self._last_be_cycle = self._cycles
         return Action("segment", be, profiled_ms=cost)
+
+    def _may_overrun(self, expected_ms: float) -> bool:
+        """A segment that found no room for N whole cycles may overrun this one, or it
+        might never run: best effort gets a bounded share (one overrun per N cycles)
+        instead of starving; the SLO sessions' next slot moves back by the segment then
+        (``plan_with_headroom`` keeps room for that where it can)."""
+        return self._cycles - self._last_be_cycle >= self.config.overrun_every_cycles
 
     def _run_batch(self, action: Action) -> None:
         sess: SloState = action.session
@@ -439,6 +508,8 @@ class ServingRuntime:
         finish = self.clock.now_ms()
         elapsed = finish - start
         self.busy_ms += elapsed
+        if self.config.learn_latency_margin and error is None:
+            self.margin.observe(elapsed, sess.profile.latency_ms(len(reqs)))
         stats = sess.stats
         stats.gpu_time_ms += elapsed
         stats.batch_sizes[len(reqs)] += 1
@@ -473,6 +544,9 @@ class ServingRuntime:
         measured = self.clock.now_ms() - start
         self.busy_ms += measured
         be.stats.gpu_time_ms += measured
+        if action.profiled_ms > 0 and not failed:
+            ratio = measured / action.profiled_ms
+            be.cost_scale = 0.8 * be.cost_scale + 0.2 * ratio
         for record in self.quanta.charge(be.job.name, action.profiled_ms, measured):
             be.stats.quanta += 1
             be.stats.quantum_lengths_ms.append(record.measured_ms)
@@ -507,8 +581,23 @@ class ServingRuntime:
         now = self.clock.now_ms()
         self._deliver([(r, Outcome(None, why, now - r.arrival_ms)) for r, why in drops])
 
+    def _update_margin(self, now: float) -> bool:
+        """Refresh the latency margin once a rate window; True when planning must redo."""
+        cfg = self.config
+        if not cfg.learn_latency_margin or now - self._last_margin_ms < cfg.rate_window_ms:
+            return False
+        self._last_margin_ms = now
+        return self.margin.refresh()
+
     def _update_rates(self, now: float) -> None:
         cfg = self.config
+        if self._update_margin(now) and self._slo:
+            plan = self._plan([s.spec for s in self._slo.values()], self._profile_map())
+            if isinstance(plan, GpuPlan):
+                self.replans += 1
+                self._apply(plan)
+            else:  # what is admitted stays; later admissions see the margin
+                self.replans_refused += 1
         drifted = False
         for sess in self._slo.values():
             span = now - sess.window_start_ms
@@ -612,6 +701,10 @@ class ServingRuntime:
                 "busy_ms": self.busy_ms,
                 "scheduler_seconds": self.scheduler_seconds,
                 "replans": self.replans,
+                "overruns": self.overruns,
+                "latency_margin": self.margin.margin,
+                "replans_refused": self.replans_refused,
+                "overrun_headroom_ms": self.overrun_headroom_ms,
                 "sessions": sessions,
             }
 

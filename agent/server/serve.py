@@ -83,6 +83,8 @@ def build_runtime(options: ServeOptions) -> ServingRuntime:
         drop_policy=policy,
         overhead_tolerance_percent=options.overhead_tolerance_percent,
         quantum_ms=options.quantum_ms,
+        # A real executor's latency varies with the machine: admission learns the headroom.
+        learn_latency_margin=options.executor == "onnxruntime",
     )
     return ServingRuntime(executor, clock, config, profiles, post_workers=options.post_workers)
 

@@ -1,0 +1,84 @@
+"""What SLO admission adds to the Nexus plan on a real executor (pure; no clock, no I/O).
+
+- ``LatencyMargin``: the executor's latency variance as observed. Each SLO batch
+  reports its time over the profiled ``l(b)``; the margin is the ``quantile`` of
+  those ratios over a window, minus 1. Planning scales every profile by
+  ``1 + margin`` (``scaled_profile``), so what is admitted is what this device,
+  as loaded now, can serve.
+- ``plan_with_headroom``: a best-effort segment that found no room for N cycles
+  overruns one (the runtime's rule), moving the SLO sessions' next slot back by up
+  to its length. Where such a segment exists the plan is made again with every SLO
+  shortened by it, so the overrun cycle still meets them; if that is infeasible
+  the plain plan stands (the extender admitted the sessions on the plain rule).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from planner import GpuPlan, Infeasible, SessionSpec, plan_gpu
+from predictor.batching import BatchingProfile
+
+
+class LatencyMargin:
+    """The observed ``quantile`` of batch time / profiled time, minus 1 (never < 0)."""
+
+    def __init__(self, quantile: float, window: int, min_samples: int):
+        self.quantile = quantile
+        self.min_samples = min_samples
+        self.margin = 0.0
+        self._ratios: deque[float] = deque(maxlen=window)
+
+    def observe(self, measured_ms: float, profiled_ms: float) -> None:
+        """One batch's measured time against its profiled ``l(b)``."""
+        if profiled_ms > 0:
+            self._ratios.append(measured_ms / profiled_ms)
+
+    def refresh(self) -> bool:
+        """Recompute from the window; True when the margin moved enough to replan."""
+        if len(self._ratios) < self.min_samples:
+            return False
+        ratios = sorted(self._ratios)
+        value = ratios[min(len(ratios) - 1, int(self.quantile * len(ratios)))]
+        margin = max(0.0, value - 1.0)
+        # Small moves are noise: replanning for them would only churn batch sizes.
+        if abs(margin - self.margin) <= 0.02 + 0.1 * self.margin:
+            return False
+        self.margin = margin
+        return True
+
+
+def scaled_profile(profile: BatchingProfile, margin: float) -> BatchingProfile:
+    """``profile`` with every batch's latency multiplied by ``1 + margin``."""
+    if margin <= 0:
+        return profile
+    factor = 1.0 + margin
+    rows = [(b, profile.latency_ms(b) * factor) for b in range(1, profile.max_batch + 1)]
+    return BatchingProfile.from_table(profile.model, profile.gpu_type, rows, profile.memory_mib)
+
+
+def plan_with_headroom(
+    specs: Sequence[SessionSpec],
+    profiles: Mapping[tuple[str, str], BatchingProfile],
+    gpu_type: str,
+    memory_mib: float,
+    longest_segment_ms: float,
+) -> tuple[GpuPlan | Infeasible, float]:
+    """The plan and the overrun headroom it keeps (0 where none is needed or possible).
+
+    A plan made with headroom carries the shortened SLOs in its allocations; callers
+    keep each session's real SLO for deadlines.
+    """
+    plan = plan_gpu(list(specs), profiles, gpu_type, memory_mib)
+    if not isinstance(plan, GpuPlan) or not plan.allocations:
+        return plan, 0.0
+    if longest_segment_ms <= plan.duty_cycle_ms * max(0.0, 1.0 - plan.occupancy):
+        return plan, 0.0
+    if all(s.slo_ms > longest_segment_ms for s in specs):
+        shorter = [replace(s, slo_ms=s.slo_ms - longest_segment_ms) for s in specs]
+        tighter = plan_gpu(shorter, profiles, gpu_type, memory_mib)
+        if isinstance(tighter, GpuPlan):
+            return tighter, longest_segment_ms
+    return plan, 0.0

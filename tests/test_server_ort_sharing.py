@@ -1,0 +1,173 @@
+"""Quanta and duty cycles on the real ONNX Runtime CPU executor (not the simulated one).
+
+Small generated models keep each test to a few seconds. Shares are measured over a
+window in which every job is backlogged (closed-loop clients keep requests queued).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from agent.quanta import weighted_share_errors
+from agent.server.clock import MonotonicClock
+from agent.server.executors import ModelLimits, OrtExecutor
+from agent.server.runtime import RuntimeConfig, ServingRuntime
+from predictor.batching import BatchingProfile
+
+
+def mlp(width: int, layers: int, seed: int = 0) -> onnx.ModelProto:
+    """MatMul+Relu layers on [N, width]: a cut after every node."""
+    rng = np.random.default_rng(seed)
+    nodes, inits, prev = [], [], "x"
+    for i in range(layers):
+        w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        nodes += [helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"]),
+                  helper.make_node("Relu", [f"m{i}"], [f"r{i}"])]  # fmt: skip
+        prev = f"r{i}"
+    nodes.append(helper.make_node("Identity", [prev], ["y"]))
+    return _model(nodes, inits, ["N", width])
+
+
+def one_matmul(rows: int, width: int) -> onnx.ModelProto:
+    """One MatMul over [N, rows, width]: no cut, so one segment of the whole cost."""
+    w = numpy_helper.from_array(np.eye(width, dtype=np.float32), "w")
+    return _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [w], ["N", rows, width])
+
+
+def _model(nodes, inits, shape) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model
+
+
+@pytest.fixture()
+def make_runtime(tmp_path: Path) -> Iterator:
+    started: list[ServingRuntime] = []
+
+    def make(**config) -> ServingRuntime:
+        executor = OrtExecutor(
+            "cpu", limits=ModelLimits(store_root=tmp_path, profile_repeats=2), intra_op_threads=1
+        )
+        rt = ServingRuntime(
+            executor, MonotonicClock(),
+            RuntimeConfig(executor.gpu_type, min_replan_interval_ms=1e12, **config),
+            post_workers=1,
+        )  # fmt: skip
+        rt.start()
+        started.append(rt)
+        return rt
+
+    yield make
+    for rt in started:
+        rt.stop()
+
+
+def keep_backlogged(rt: ServingRuntime, name: str, tensor: np.ndarray, depth: int) -> None:
+    """A closed-loop client with ``depth`` requests outstanding: each answer sends another."""
+    def again(_outcome) -> None:
+        if rt.is_running():
+            rt.submit(name, tensor, again)
+
+    for _ in range(depth):
+        rt.submit(name, tensor, again)
+
+
+def measured_shares(rt: ServingRuntime, warmup_s: float, window_s: float) -> dict[str, float]:
+    """Executor wall time each job's segments took during the window (after a warm-up)."""
+    def gpu_ms() -> dict[str, float]:
+        return {s["name"]: s["gpu_time_ms"] for s in rt.snapshot()["sessions"]}
+
+    time.sleep(warmup_s)
+    before = gpu_ms()
+    time.sleep(window_s)
+    after = gpu_ms()
+    return {n: after[n] - before[n] for n in after}
+
+
+@pytest.mark.parametrize(
+    ("weights", "batches"),
+    [
+        pytest.param({"big": 1, "small": 1}, {"big": 64, "small": 1}, id="fair-b64-vs-b1"),
+        pytest.param({"big": 1, "small": 2}, {"big": 32, "small": 1}, id="weighted-1:2"),
+        pytest.param({"big": 3, "small": 1}, {"big": 16, "small": 1}, id="weighted-3:1"),
+    ],
+)
+def test_gpu_time_follows_weights_for_mixed_batch_sizes(
+    make_runtime, tmp_path, weights, batches
+) -> None:
+    onnx.save(mlp(256, 8), str(tmp_path / "m.onnx"))
+    rt = make_runtime(quantum_ms=1.0)
+    for name, weight in weights.items():
+        rt.add_best_effort_session(name, "m.onnx", weight=weight)
+    for name, batch in batches.items():
+        keep_backlogged(rt, name, np.ones((batch, 256), np.float32), depth=64)
+    shares = measured_shares(rt, warmup_s=0.3, window_s=2.0)
+    errors = weighted_share_errors(shares, weights)
+    assert all(abs(e) <= 0.05 for e in errors.values()), (shares, errors)
+
+
+def test_segment_longer_than_the_cycle_is_served_beside_an_idle_slo_session(
+    make_runtime, tmp_path
+) -> None:
+    onnx.save(mlp(64, 2), str(tmp_path / "slo.onnx"))
+    onnx.save(one_matmul(rows=8192, width=256), str(tmp_path / "long.onnx"))
+    rt = make_runtime(overrun_every_cycles=3)
+    long_ms = rt.add_best_effort_session("be", "long.onnx")["profile"]["latency_batch1_ms"]
+    # An SLO whose duty cycle is shorter than the job's one segment: it never fits.
+    plan = rt.add_slo_session("slo", "slo.onnx", slo_ms=max(5.0, 0.5 * long_ms), rate_rps=5.0)
+    assert plan["duty_cycle_ms"] < long_ms
+    done = threading.Semaphore(0)
+    served = []
+
+    def answer(outcome) -> None:
+        served.append(outcome.reason is None)
+        done.release()
+
+    for _ in range(8):
+        rt.submit("be", np.ones((1, 8192, 256), np.float32), answer)
+    deadline = time.monotonic() + 8.0
+    while len(served) < 8 and time.monotonic() < deadline:
+        done.acquire(timeout=0.1)
+    assert served == [True] * 8
+    # Bounded: at most one overrun per three duty cycles (plus the first).
+    assert 1 <= rt.overruns <= rt._cycles // 3 + 1
+
+
+def test_slo_plan_keeps_headroom_for_a_segment_that_will_overrun(tmp_path) -> None:
+    onnx.save(mlp(64, 2), str(tmp_path / "slo.onnx"))
+    onnx.save(one_matmul(rows=4, width=64), str(tmp_path / "long.onnx"))
+    # Profiles fixed by the store so the plan is exact: 5 ms per item + 1 ms, and a
+    # best-effort job of one 30 ms segment, longer than the plain plan's 28 ms slack.
+    profiles = {"slo": BatchingProfile.linear("slo", "cpu", 5.0, 1.0, max_batch=64),
+                "long": BatchingProfile.linear("long", "cpu", 0.1, 29.9, max_batch=64)}
+    executor = OrtExecutor("cpu", limits=ModelLimits(store_root=tmp_path, profile_repeats=1))
+    rt = ServingRuntime(executor, MonotonicClock(), RuntimeConfig("cpu"), profiles=profiles)
+    plain = rt.add_slo_session("s", "slo.onnx", slo_ms=100.0, rate_rps=100.0)
+    assert plain["duty_cycle_ms"] * (1 - plain["occupancy"]) < 30.0
+    rt.add_best_effort_session("be", "long.onnx")
+    headroom = rt.snapshot()["overrun_headroom_ms"]
+    assert headroom == pytest.approx(30.0)
+    (alloc,) = rt.plan.allocations
+    assert alloc.latency_ms + headroom <= 100.0 < plain["worst_case_latency_ms"] + headroom
+    assert alloc.session.slo_ms == 70.0 and rt.slo_ms("s") == 100.0  # deadlines keep the SLO
+    rt.remove_session("be")
+    assert rt.snapshot()["overrun_headroom_ms"] == 0.0
+    assert rt.plan.duty_cycle_ms == pytest.approx(plain["duty_cycle_ms"])
+
+
+def test_overrun_every_cycles_is_validated() -> None:
+    with pytest.raises(ValueError, match="overrun_every_cycles"):
+        RuntimeConfig("cpu", overrun_every_cycles=0)
