@@ -133,6 +133,16 @@ class LearningConfig:
     """Namespace of that ConfigMap; null = the extender's own (in-cluster), else ``default``."""
     persist_interval_seconds: float = 60.0
     """Least time between two writes of the ConfigMap, > 0."""
+    curves: bool = True
+    """Refit each GPU type's interference curve from co-located observations and use it."""
+    curve_min_points: int = 30
+    """Co-located points (outliers excluded) a GPU type needs before its first refit."""
+    curve_max_step: float = 0.2
+    """Most a curve coefficient moves per refit, relative to its value, (0, 10]."""
+    curve_outlier_mads: float = 3.5
+    """Points whose residual exceeds this many scaled MADs are ignored, (0, 100]."""
+    curve_refit_interval_seconds: float = 300.0
+    """Least time between two refits of one GPU type's curve, [0, 86400]."""
 
 
 @dataclass(frozen=True)
@@ -238,6 +248,12 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool
                       "must be null or a namespace name"),
         "persist_interval_seconds": ((int, float), lambda v: 0 < v <= 86_400,
                                      "must be in (0, 86400]"),
+        "curves": (bool, None, ""),
+        "curve_min_points": (int, lambda v: 2 <= v <= 100_000, "must be in 2..100000"),
+        "curve_max_step": ((int, float), lambda v: 0 < v <= 10, "must be in (0, 10]"),
+        "curve_outlier_mads": ((int, float), lambda v: 0 < v <= 100, "must be in (0, 100]"),
+        "curve_refit_interval_seconds": ((int, float), lambda v: 0 <= v <= 86_400,
+                                         "must be in [0, 86400]"),
     },
     "queue": {"enabled": (bool, None, ""),
               "k": (int, lambda v: 1 <= v <= 64, "must be in 1..64"),
@@ -406,7 +422,8 @@ def build_config(raw: Any, source_path: str | None = None) -> ExtenderConfig:
 
 def _learning(section: Mapping[str, Any]) -> LearningConfig:
     values = dict(section)
-    for key in ("cold_start_util_percent", "ewma_alpha", "persist_interval_seconds"):
+    for key in ("cold_start_util_percent", "ewma_alpha", "persist_interval_seconds",
+                "curve_max_step", "curve_outlier_mads", "curve_refit_interval_seconds"):
         if key in values:
             values[key] = float(values[key])
     return LearningConfig(**values)

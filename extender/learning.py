@@ -17,7 +17,10 @@ exponentially weighted mean with weight ``alpha`` (so it follows a model whose
 behaviour drifts), with its variance and sample count. Samples taken alone and
 co-located are kept apart: resolution uses the alone estimate (what the
 predictor models), co-located ones are recorded for interference learning and
-export.
+export. A shared GPU whose every pod has per-process figures and a trustworthy
+alone estimate also gives one interference-curve point
+(:mod:`extender.learning_curves`); the learned curves enter the cost through
+:meth:`Learner.policy`.
 
 The leader persists the estimates in a ConfigMap (one JSON document, at most
 ``max_entries`` estimates) and every replica reloads it at start. ``tandem
@@ -39,7 +42,10 @@ from contracts.annotations import BATCH_SIZE, MODEL
 from contracts.logs import get_logger
 from extender.config import LearningConfig
 from extender.core import Placement, UtilKnowledge, Workload, gpu_type_of
+from extender.core.cost import CostPolicy
+from extender.learning_curves import CurveGuards, CurveLearner, LearnedPolicy, SharedGpuPoints
 from extender.reports import DecodedReport, ReportedProcess
+from predictor.curves import InterferenceCurve
 
 DOCUMENT_VERSION = 1
 DOCUMENT_KEY = "observations.json"
@@ -108,8 +114,13 @@ class ObservationStore:
 
     def observe_gpu(self, node: str, gpu_index: int, product: str, gpu_util: float,
                     processes: Sequence[ReportedProcess],
-                    placement_of: Callable[[str], Placement | None]) -> int:
-        """Samples from one GPU of one report; returns how many were taken."""
+                    placement_of: Callable[[str], Placement | None],
+                    colocated: Callable[[list[tuple[Key, float]]], None] | None = None) -> int:
+        """Samples from one GPU of one report; returns how many were taken.
+
+        ``colocated`` receives the shared GPU's ``(key, utilisation)`` per pod when
+        every process on it is a placed pod's and has its own utilisation figure.
+        """
         by_pod: dict[str, list[ReportedProcess]] = {}
         foreign = False
         for p in processes:
@@ -119,6 +130,7 @@ class ObservationStore:
                 foreign = True
         alone = len(by_pod) == 1 and not foreign
         taken = 0
+        shared: list[tuple[Key, float]] = []
         for uid, procs in sorted(by_pod.items()):
             key = _key_of(placement_of(uid), node, gpu_index, product)
             if key is None:
@@ -126,13 +138,24 @@ class ObservationStore:
             per_process = [p.util_percent for p in procs if p.util_percent is not None]
             if per_process:
                 util = min(100.0, sum(per_process))
+                if len(per_process) == len(procs):
+                    shared.append((key, util))
             elif alone and math.isfinite(gpu_util):
                 util = gpu_util
             else:
                 continue
             self.add(key, util, alone)
             taken += 1
+        if colocated is not None and not foreign and len(by_pod) >= 2 \
+                and len(shared) == len(by_pod):
+            colocated(shared)
         return taken
+
+    def trusted_alone(self, key: Key, min_samples: int) -> float | None:
+        """The alone estimate of ``key`` once it has ``min_samples`` samples, else None."""
+        with self._lock:
+            est = self._alone.get(key)
+            return est.mean if est is not None and est.count >= min_samples else None
 
     # ---- answers ---------------------------------------------------------------------
     def lookup(self, model_ref: str, batch_size: int, gpu_type: str, workload: str,
@@ -259,9 +282,17 @@ class Learner:
 
     def __init__(self, cfg: LearningConfig, persistence: ConfigMapPersistence | None = None,
                  may_persist: Callable[[], bool] = lambda: True,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, *,
+                 prior: Callable[[str], InterferenceCurve] = lambda _t: InterferenceCurve(),
+                 wall_clock: Callable[[], float] = time.time):
         self.cfg = cfg
         self.store = ObservationStore(cfg.ewma_alpha, cfg.max_entries)
+        self.curves = CurveLearner(CurveGuards(
+            cfg.curve_min_points, cfg.curve_max_step, cfg.curve_outlier_mads,
+            cfg.curve_refit_interval_seconds), wall_clock)
+        self.prior = prior
+        """The configured curve of a GPU type: where its first refit starts from."""
+        self._overlay = LearnedPolicy(self.curves)
         self.persistence = persistence
         self._may_persist = may_persist
         self._clock = clock
@@ -275,6 +306,8 @@ class Learner:
         try:
             doc = self.persistence.load()
             loaded = 0 if doc is None else self.store.load_document(doc)
+            if doc is not None and doc.get("curves") is not None:  # older documents have none
+                loaded += self.curves.load_document(doc["curves"])
         except Exception as exc:  # learning restarts from zero; placement must not stop
             get_logger().warning("learning: cannot reload persisted observations",
                                  extra={"error": repr(exc)})
@@ -290,16 +323,32 @@ class Learner:
                 placement_of: Callable[[str], Placement | None]) -> int:
         """Samples from one agent report, then a save when due; returns samples taken."""
         taken = 0
+        points = SharedGpuPoints(self.curves, lambda key: self.store.trusted_alone(
+            key, self.cfg.min_observations))
         for gpu, util, procs in zip(report.gpus, report.util_percent, report.processes,
                                     strict=False):
             taken += self.store.observe_gpu(report.node, gpu.index, gpu.product, util, procs,
-                                            placement_of)
+                                            placement_of, points if self.cfg.curves else None)
+        points.refit(self.prior)
         self.maybe_persist()
         return taken
 
+    def policy(self, base: CostPolicy, cfg: LearningConfig) -> CostPolicy:
+        """``base`` with the learned curves in place of its priors (when ``learning.curves``)."""
+        return self._overlay(base, cfg.enabled and cfg.curves)
+
+    def document(self) -> dict[str, Any]:
+        """What is persisted: the estimates and the curves with their points."""
+        return {**self.store.to_document(), "curves": self.curves.to_document()}
+
+    def view(self) -> dict[str, Any]:
+        """For ``/v1/state``: the estimates and the learned curves."""
+        return {**self.store.view(), "curves": self.curves.view()}
+
     def maybe_persist(self, force: bool = False) -> bool:
         """Write the ConfigMap if this replica leads, something changed and it is due."""
-        if self.persistence is None or not self.store.dirty or not self._may_persist():
+        if self.persistence is None or not (self.store.dirty or self.curves.dirty) \
+                or not self._may_persist():
             return False
         with self._save_lock:
             now = self._clock()
@@ -307,12 +356,12 @@ class Learner:
                 return False
             self._last_save = now
             try:
-                self.persistence.save(self.store.to_document())
+                self.persistence.save(self.document())
             except Exception as exc:  # the next report retries; reports must still be taken
                 get_logger().warning("learning: cannot persist observations",
                                      extra={"error": repr(exc)})
                 return False
-            self.store.dirty = False
+            self.store.dirty = self.curves.dirty = False
             return True
 
 
@@ -334,12 +383,17 @@ def own_namespace(default: str = "default") -> str:
         return default
 
 
-def build_learner(cfg: LearningConfig, source: Any, may_persist: Callable[[], bool]) -> Learner:
-    """The learner for ``source``: persisted in a ConfigMap when the source is Kubernetes."""
+def build_learner(cfg: LearningConfig, source: Any, may_persist: Callable[[], bool],
+                  prior: Callable[[str], InterferenceCurve] | None = None) -> Learner:
+    """The learner for ``source``: persisted in a ConfigMap when the source is Kubernetes.
+
+    ``prior``: the configured curve of a GPU type (where curve refits start).
+    """
     api = getattr(source, "api", None)
     persistence = None
     if cfg.configmap and api is not None and hasattr(api, "read_namespaced_config_map"):
         persistence = ConfigMapPersistence(api, cfg.namespace or own_namespace(), cfg.configmap)
-    learner = Learner(cfg, persistence, may_persist)
+    learner = Learner(cfg, persistence, may_persist,
+                      prior=prior or (lambda _t: InterferenceCurve()))
     learner.start()
     return learner

@@ -46,6 +46,41 @@ class GpuCollector(Collector):
         yield synced
 
 
+class LearningCollector(Collector):
+    """Each GPU type's learned interference curve: fit quality, points, last refit."""
+
+    def __init__(self, rows: Callable[[], list[dict[str, Any]]]):
+        self._rows = rows
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """One gauge per property, labelled by GPU type; only types with a learned curve."""
+        r2 = GaugeMetricFamily("tandem_learning_curve_r2",
+                               "R^2 of the learned interference curve over its inlier points",
+                               labels=["gpu_type"])
+        points = GaugeMetricFamily("tandem_learning_curve_points",
+                                   "Inlier co-located points of the last curve refit",
+                                   labels=["gpu_type"])
+        refit = GaugeMetricFamily("tandem_learning_curve_last_refit_timestamp_seconds",
+                                  "Unix time of the last curve refit", labels=["gpu_type"])
+        coeff = GaugeMetricFamily("tandem_learning_curve_coefficient",
+                                  "Coefficients of the learned curve (cost.curves form)",
+                                  labels=["gpu_type", "coefficient"])
+        held = GaugeMetricFamily("tandem_learning_curve_points_held",
+                                 "Co-located points held for the next refit",
+                                 labels=["gpu_type"])
+        for row in self._rows():
+            gpu_type = row["gpu_type"]
+            held.add_metric([gpu_type], float(row["points_held"]))
+            if row["curve"] is None:
+                continue
+            r2.add_metric([gpu_type], float(row["r2"]))
+            points.add_metric([gpu_type], float(row["points"]))
+            refit.add_metric([gpu_type], float(row["refitted_at"]))
+            for name, value in row["curve"].items():
+                coeff.add_metric([gpu_type, name], float(value))
+        yield from (r2, points, refit, coeff, held)
+
+
 class Metrics:
     """Request counters, latency histograms and decision counters on one registry."""
 
@@ -71,3 +106,7 @@ class Metrics:
                     synced: Callable[[], bool]) -> None:
         """Register the per-GPU collector over a state."""
         self.registry.register(GpuCollector(rows, synced))
+
+    def watch_learning(self, rows: Callable[[], list[dict[str, Any]]]) -> None:
+        """Register the learned-curve collector (rows as ``/v1/state`` shows them)."""
+        self.registry.register(LearningCollector(rows))

@@ -66,11 +66,14 @@ def create_app(
     start_source: bool = True,
 ) -> Flask:
     """The extender WSGI app over ``source``; starts the source unless told not to."""
-    state = ClusterState(config.policy, clock, config.current().state.assume_ttl_seconds)
-    learner = build_learner(config.current().learning, source, may_bind)
+    learner = build_learner(config.current().learning, source, may_bind,
+                            lambda gpu_type: config.policy().curve_for(gpu_type))
+    state = ClusterState(lambda: learner.policy(config.policy(), config.current().learning),
+                         clock, config.current().state.assume_ttl_seconds)
     ext = Extender(state, source, config, clock, predictor, profiles, planner, may_bind, learner)
     metrics = metrics or Metrics()
     metrics.watch_state(state.gpu_rows, lambda: state.synced)
+    metrics.watch_learning(learner.curves.view)
     use_signer = getattr(source, "use_signer", None)  # sources that rebuild from annotations
     if use_signer is not None:
         use_signer(load_signer(config.current().state, environ, config.current().reports),
@@ -200,7 +203,7 @@ def create_app(
 
     @app.get("/v1/state")
     def get_state() -> Response:
-        return Response(dumps({**state.view(), "learning": learner.store.view()}),
+        return Response(dumps({**state.view(), "learning": learner.view()}),
                         mimetype=JSON)
 
     @app.get("/livez")

@@ -309,3 +309,65 @@ def load_curves(path: Path) -> CurvesFile:
     if problems:
         raise CurveFileError(problems)
     return CurvesFile(curves, bool(simulated), str(raw.get("data_digest", "")))
+
+
+# ---- online refits (extender/learning_curves.py) --------------------------------------------
+def fit_partial(util_percent: Sequence[float], slowdown: Sequence[float],
+                prior: InterferenceCurve) -> InterferenceCurve:
+    """Fit the regimes the points cover; keep ``prior``'s coefficients for the others.
+
+    Online points rarely cover both regimes (a cap on co-located utilisation keeps
+    most GPUs below 100%). Below 100%: a least squares line when the points spread,
+    else the slope through ``prior``'s intercept (one level, one unknown). Above:
+    non-negative least squares on the residual over the line at 100%, as
+    :func:`fit_curve`, when there is a point there. Coefficients stay in range.
+    """
+    u = np.asarray(util_percent, dtype=float)
+    y = np.asarray(slowdown, dtype=float)
+    if u.shape != y.shape or u.size == 0 or not (np.all(np.isfinite(u))
+                                                  and np.all(np.isfinite(y))):
+        raise CurveFitError("points must be finite pairs, at least one")
+    x, cost = u / 100.0, y - 1.0
+    lo = x <= 1.0
+    intercept, slope = prior.intercept, prior.slope
+    if lo.sum() >= 2 and np.ptp(x[lo]) > 1e-9:
+        intercept, slope = _fit_below(x[lo], cost[lo])
+    elif lo.any() and float(np.mean(x[lo])) > 1e-9:
+        slope = max(0.0, float(np.mean(cost[lo]) - intercept) / float(np.mean(x[lo])))
+    over_slope, over_quadratic = prior.over_slope, prior.over_quadratic
+    hi = ~lo
+    if hi.any():
+        over_slope, over_quadratic = _fit_above(x[hi] - 1.0, cost[hi] - (intercept + slope))
+    return InterferenceCurve(slope, over_slope, over_quadratic, max(intercept, -0.99))
+
+
+def bounded_step(current: InterferenceCurve, target: InterferenceCurve, max_step: float,
+                 floor: float = 0.05) -> InterferenceCurve:
+    """``target`` with each coefficient moved at most ``max_step`` (relative) from ``current``.
+
+    The step is relative to ``max(|coefficient|, floor)`` so a coefficient at 0 can
+    still move (by ``max_step * floor``); results stay in the config's ranges.
+    """
+    moved = {}
+    for key in CURVE_KEYS:
+        now, want = getattr(current, key), getattr(target, key)
+        room = max_step * max(abs(now), floor)
+        moved[key] = min(max(want, now - room), now + room)
+    moved["intercept"] = max(moved["intercept"], -0.99)
+    for key in ("slope", "over_slope", "over_quadratic"):
+        moved[key] = max(moved[key], 0.0)
+    return InterferenceCurve(**moved)
+
+
+def curve_r2(curve: InterferenceCurve, util_percent: Sequence[float],
+             slowdown: Sequence[float]) -> float:
+    """R^2 of ``curve``'s slowdown against observed slowdowns.
+
+    When the observations do not vary, 1.0 if the curve hits them, else 0.0.
+    """
+    u = np.asarray(util_percent, dtype=float)
+    y = np.asarray(slowdown, dtype=float)
+    fitted = np.array([curve.slowdown(v) for v in u])
+    if float(np.ptp(y)) == 0.0:
+        return 1.0 if float(np.max(np.abs(y - fitted))) < 1e-6 else 0.0
+    return _r2(y, fitted)

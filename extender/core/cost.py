@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -76,6 +76,16 @@ class CostPolicy:
     def curve_for(self, gpu_type: str) -> InterferenceCurve:
         """The curve configured for ``gpu_type``, else the default."""
         return self.curves.get(gpu_type, self.default_curve)
+
+    def with_curves(self, learned: Mapping[str, InterferenceCurve]) -> CostPolicy:
+        """This policy with ``learned`` curves in place of the configured ones of their types.
+
+        The extender passes what it learned online (``extender.learning``) this way,
+        so decisions stay pure functions of the policy.
+        """
+        if not learned:
+            return self
+        return replace(self, curves={**self.curves, **learned})
 
 
 def curve_coefficients(policy: CostPolicy, type_names: list[str]) -> np.ndarray:
