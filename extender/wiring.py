@@ -152,9 +152,9 @@ def predictor_demand_fn(
 
     def demand(pod: Mapping[str, Any]) -> tuple[float, float]:
         job = parse_demand(pod)
-        if job.model is None:
+        if job.inputs.model is None:
             return 0.0, 0.0
-        answer = predictor.predict(job.model, job.batch_size, None, job.workload.value)
+        answer = predictor.predict(job.inputs.model, job.batch_size, None, job.workload.value)
         return float(answer.gpu_util_percent), float(answer.gpu_mem_mib)
 
     return demand

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -216,17 +216,31 @@ def _profiles(
     return profiles, allowed
 
 
+def _entries(raw: Any, section: str, allowed: set[str], problems: list[str]
+             ) -> Iterator[tuple[str, dict]]:
+    """Each entry of a list section as (path, mapping), its shape and keys checked."""
+    for i, entry in enumerate(_list(raw, section, problems)):
+        path = f"{section}[{i}]"
+        entry = _mapping(entry, path, problems)
+        _unknown(entry, allowed, path, problems)
+        yield path, entry
+
+
+def _target(entry: dict, path: str, problems: list[str]) -> tuple[str, float, float]:
+    """The ``name``, ``slo_ms`` and ``rate_rps`` a session and a query both declare."""
+    return (
+        _name(entry.get("name"), f"{path}.name", problems),
+        _number(entry.get("slo_ms"), f"{path}.slo_ms", problems),
+        _number(entry.get("rate_rps"), f"{path}.rate_rps", problems),
+    )
+
+
 def _sessions(raw: Any, problems: list[str]) -> list[SessionSpec]:
     out = []
-    for i, entry in enumerate(_list(raw, "sessions", problems)):
-        path = f"sessions[{i}]"
-        entry = _mapping(entry, path, problems)
-        _unknown(entry, {"name", "model", "slo_ms", "rate_rps"}, path, problems)
+    for path, entry in _entries(raw, "sessions", {"name", "model", "slo_ms", "rate_rps"}, problems):
         before = len(problems)
-        name = _name(entry.get("name"), f"{path}.name", problems)
+        name, slo, rate = _target(entry, path, problems)
         model = _name(entry.get("model"), f"{path}.model", problems)
-        slo = _number(entry.get("slo_ms"), f"{path}.slo_ms", problems)
-        rate = _number(entry.get("rate_rps"), f"{path}.rate_rps", problems)
         if len(problems) == before:
             out.append(SessionSpec(name, model, slo, rate))
     return out
@@ -234,14 +248,10 @@ def _sessions(raw: Any, problems: list[str]) -> list[SessionSpec]:
 
 def _queries(raw: Any, problems: list[str]) -> list[QuerySpec]:
     out = []
-    for i, entry in enumerate(_list(raw, "queries", problems)):
-        path = f"queries[{i}]"
-        entry = _mapping(entry, path, problems)
-        _unknown(entry, {"name", "slo_ms", "rate_rps", "modules"}, path, problems)
+    keys = {"name", "slo_ms", "rate_rps", "modules"}
+    for path, entry in _entries(raw, "queries", keys, problems):
         before = len(problems)
-        name = _name(entry.get("name"), f"{path}.name", problems)
-        slo = _number(entry.get("slo_ms"), f"{path}.slo_ms", problems)
-        rate = _number(entry.get("rate_rps"), f"{path}.rate_rps", problems)
+        name, slo, rate = _target(entry, path, problems)
         modules = []
         for j, mod in enumerate(_list(entry.get("modules"), f"{path}.modules", problems)):
             mpath = f"{path}.modules[{j}]"

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from extender_builders import A100, H100, inference, node, placement, pod, rejection, training
 
+from contracts.annotations import PodInputs
 from extender.core import (
     CostPolicy,
     DecisionContext,
@@ -72,10 +73,10 @@ def test_bad_gpu_count(gpus, field):
 
 def test_defaults_and_values():
     assert parse_demand(pod("p", 2, model="m.onnx")) == JobDemand(
-        gpu_count=2, workload=Workload.TRAINING, model="m.onnx", batch_size=32)
+        2, PodInputs(workload="training", model="m.onnx", batch_size=32))
     assert parse_demand(inference()) == JobDemand(
-        gpu_count=1, workload=Workload.INFERENCE, model="resnet50", batch_size=1, slo_ms=100.0,
-        rate_rps=200.0)
+        1, PodInputs(workload="inference", model="resnet50", batch_size=1, slo_ms=100.0,
+                     rate_rps=200.0))
 
 
 @pytest.mark.parametrize("reason", list(Reason), ids=lambda r: r.name)
@@ -356,7 +357,7 @@ def test_predictor_gaps_become_demand_unknown():
 
     t = GpuTable.build([node("a", 1), node("h", 1, product=H100, memory_mib=81559)])
     d = resolved(pod("p", 1, model="m.onnx"), t, predict=predict)
-    assert d == ResolvedDemand(job=JobDemand(gpu_count=1, model="m.onnx"),
+    assert d == ResolvedDemand(job=JobDemand(1, PodInputs(model="m.onnx", batch_size=32)),
                                by_type={H100: TypeDemand(30.0, 4000.0, "fake")},
                                gaps={A100: "NoTrainedModel: no model for A100"})
     ev = evaluate(t, ["a", "h"], d, DecisionContext(CostPolicy(), 0.0))
@@ -370,7 +371,8 @@ def test_asserted_values_override_prediction():
     t = GpuTable.build([node("a", 1)])
     d = resolved(pod("p", 1, model="m", gpu_util="12"), t,
                  predict=lambda *a: (99.0, 2048.0, "fake"))
-    assert d == ResolvedDemand(job=JobDemand(gpu_count=1, model="m", util_percent=12.0),
+    job = JobDemand(1, PodInputs(model="m", batch_size=32, util_percent=12.0))
+    assert d == ResolvedDemand(job=job,
                                by_type={A100: TypeDemand(12.0, 2048.0, "asserted+mem:fake")})
 
 

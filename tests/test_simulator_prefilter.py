@@ -12,6 +12,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from contracts.annotations import PodInputs
 from extender.core import (
     CostPolicy,
     DecisionContext,
@@ -77,7 +78,7 @@ demands = st.tuples(st.floats(0.0, 100.0), st.floats(0.0, 50000.0))  # (util %, 
 def core_accepts(table: GpuTable, policy: CostPolicy, gpus_per_task: int, util: float,
                  mem: float) -> list[str]:
     """Nodes where the core would place one task, as the simulator asks it."""
-    demand = resolve_demand(JobDemand(gpu_count=gpus_per_task, util_percent=util, mem_mib=mem),
+    demand = resolve_demand(JobDemand(gpus_per_task, PodInputs(util_percent=util, mem_mib=mem)),
                             table.type_names, predict=None)
     ev = evaluate(table, table.node_names, demand, DecisionContext(policy, NOW_SECONDS),
                   Purpose.PLACE)

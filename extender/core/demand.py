@@ -39,7 +39,7 @@ one, else 100% (a batch job takes all the slack it is given).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from contracts.annotations import GPU_RESOURCE, AnnotationError, PodInputs, parse_inputs
@@ -108,28 +108,35 @@ class PodRef:
 
 @dataclass(frozen=True)
 class JobDemand:
-    """What a pod asks for, exactly as its spec and annotations say."""
+    """What a pod asks for: its GPU count and its ``tandem.io/*`` inputs.
+
+    The inputs are the shared contract's own value (:class:`PodInputs`), so the field
+    list and the best-effort rule live once; this class adds the GPU count and the
+    extender's reading of the inputs (the workload as an enum, the batch size defaulted).
+    """
 
     gpu_count: int
-    workload: Workload = Workload.TRAINING
-    model: str | None = None
-    batch_size: int = 32
-    util_percent: float | None = None
-    mem_mib: float | None = None
-    slo_ms: float | None = None
-    rate_rps: float | None = None
-    weight: int | None = None
-    priority: int | None = None
+    inputs: PodInputs = PodInputs()
+
+    @property
+    def workload(self) -> Workload:
+        """The pod's workload kind."""
+        return Workload(self.inputs.workload)
+
+    @property
+    def batch_size(self) -> int:
+        """The asserted batch size, else the workload's default."""
+        return self.inputs.batch_size or DEFAULT_BATCH[self.workload]
 
     @property
     def best_effort(self) -> bool:
         """An inference pod without an SLO: it shares the duty cycle's slack."""
-        return self.workload is Workload.INFERENCE and self.slo_ms is None
+        return self.inputs.best_effort
 
     @property
     def share_weight(self) -> int:
         """Weight used to spread best-effort sessions (priority sessions count 1)."""
-        return PodInputs(weight=self.weight, priority=self.priority).share_weight
+        return self.inputs.share_weight
 
 
 @dataclass(frozen=True)
@@ -228,18 +235,10 @@ def parse_demand(pod: Mapping[str, Any]) -> JobDemand:
     """Read a Pod's GPU count and ``tandem.io/*`` annotations; raises DemandError."""
     inputs = parse_inputs(annotations_of(pod))
     workload = Workload(inputs.workload)
-    job = JobDemand(
-        gpu_count=gpu_count_of(pod),
-        workload=workload,
-        model=inputs.model,
-        batch_size=inputs.batch_size or DEFAULT_BATCH[workload],
-        util_percent=inputs.util_percent,
-        mem_mib=inputs.mem_mib,
-        slo_ms=inputs.slo_ms,
-        rate_rps=inputs.rate_rps,
-        weight=inputs.weight,
-        priority=inputs.priority,
-    )
+    # The default batch size is stored, so a pod that asserts it reads the same as one
+    # that leaves it out.
+    inputs = replace(inputs, batch_size=inputs.batch_size or DEFAULT_BATCH[workload])
+    job = JobDemand(gpu_count_of(pod), inputs)
     if workload is Workload.INFERENCE and job.gpu_count != 1:
         raise DemandError(GPU_RESOURCE, job.gpu_count, "an inference session takes 1 GPU")
     return job
@@ -270,8 +269,9 @@ def resolve_demand(
         except DemandUnavailable as exc:
             gaps[gpu_type] = str(exc)
     session = None
-    if job.workload is Workload.INFERENCE and job.model and job.slo_ms and job.rate_rps:
-        session = SessionSpec(session_name, job.model, job.slo_ms, job.rate_rps)
+    ask = job.inputs
+    if job.workload is Workload.INFERENCE and ask.model and ask.slo_ms and ask.rate_rps:
+        session = SessionSpec(session_name, ask.model, ask.slo_ms, ask.rate_rps)
     return ResolvedDemand(job, by_type, gaps, session)
 
 
@@ -279,28 +279,29 @@ def _one_type(
     job: JobDemand, gpu_type: str, predict: PredictFn | None,
     profiles: Mapping[tuple[str, str], Any], knowledge: UtilKnowledge,
 ) -> TypeDemand:
+    ask = job.inputs
     if job.workload is Workload.INFERENCE:
-        assert job.model is not None
-        profile = next((profiles[(k, gpu_type)] for k in profile_keys(job.model)
+        assert ask.model is not None
+        profile = next((profiles[(k, gpu_type)] for k in profile_keys(ask.model)
                         if (k, gpu_type) in profiles), None)
         if job.best_effort:
             return _best_effort_type(job, gpu_type, profile, predict)
         if profile is None:
-            raise DemandUnavailable("no-profile", f"no batching profile for {job.model}")
-        mem = job.mem_mib if job.mem_mib is not None else float(profile.memory_mib)
+            raise DemandUnavailable("no-profile", f"no batching profile for {ask.model}")
+        mem = ask.mem_mib if ask.mem_mib is not None else float(profile.memory_mib)
         return TypeDemand(0.0, mem, "profile")
-    if job.util_percent is not None and job.mem_mib is not None:
-        return TypeDemand(job.util_percent, job.mem_mib, "asserted")
-    if predict is None or job.model is None:
+    if ask.util_percent is not None and ask.mem_mib is not None:
+        return TypeDemand(ask.util_percent, ask.mem_mib, "asserted")
+    if predict is None or ask.model is None:
         raise DemandUnavailable("no-predictor", "no predictor is configured for tandem.io/model")
-    util, mem, source = predict(job.model, job.batch_size, gpu_type, job.workload.value)
+    util, mem, source = predict(ask.model, job.batch_size, gpu_type, job.workload.value)
     util_source, _, mem_source = source.partition("+mem:")
     mem_source = mem_source or source
     predicted = util is not None
-    if job.util_percent is not None:
-        util, util_source = job.util_percent, "asserted"
+    if ask.util_percent is not None:
+        util, util_source = ask.util_percent, "asserted"
     else:
-        seen = knowledge.observed(job.model, job.batch_size, gpu_type, job.workload.value) \
+        seen = knowledge.observed(ask.model, job.batch_size, gpu_type, job.workload.value) \
             if knowledge.observed is not None else None
         if seen is not None and seen[1] >= knowledge.min_observations:
             util, util_source = seen[0], f"observed:{seen[1]}"
@@ -308,9 +309,9 @@ def _one_type(
             util, util_source = knowledge.cold_start_util_percent, COLD_START
         else:
             util_source = ""  # the predictor's own, already in ``source``
-    if job.mem_mib is not None:
-        mem, mem_source = job.mem_mib, "asserted"
-    composed = source if predicted and not util_source and job.mem_mib is None else \
+    if ask.mem_mib is not None:
+        mem, mem_source = ask.mem_mib, "asserted"
+    composed = source if predicted and not util_source and ask.mem_mib is None else \
         f"{util_source or source.partition('+mem:')[0]}+mem:{mem_source}"
     return TypeDemand(float(util), float(mem), composed)
 
@@ -319,28 +320,28 @@ def _best_effort_type(job: JobDemand, gpu_type: str, profile: Any,
                       predict: PredictFn | None) -> TypeDemand:
     """Memory: asserted, else profile, else predicted. Utilisation: asserted, else
     predicted, else 100 (a batch job is greedy: quanta give it the slack, never more)."""
-    assert job.model is not None
-    mem = job.mem_mib if job.mem_mib is not None else (
+    ask = job.inputs
+    assert ask.model is not None
+    mem = ask.mem_mib if ask.mem_mib is not None else (
         float(profile.memory_mib) if profile is not None else None)
-    known = "asserted" if job.mem_mib is not None else "profile"
-    if mem is not None and (job.util_percent is not None or predict is None):
-        return TypeDemand(job.util_percent if job.util_percent is not None else 100.0, mem,
-                          known)
+    known = "asserted" if ask.mem_mib is not None else "profile"
+    greedy = ask.util_percent if ask.util_percent is not None else 100.0
+    if mem is not None and (ask.util_percent is not None or predict is None):
+        return TypeDemand(greedy, mem, known)
     if predict is None:
         raise DemandUnavailable("no-profile", f"no batching profile, predictor or "
-                                f"tandem.io/gpu-mem-mib for {job.model}")
+                                f"tandem.io/gpu-mem-mib for {ask.model}")
     try:
-        util, predicted_mem, source = predict(job.model, job.batch_size, gpu_type,
+        util, predicted_mem, source = predict(ask.model, job.batch_size, gpu_type,
                                               job.workload.value)
     except DemandUnavailable:
         if mem is None:
             raise
-        return TypeDemand(job.util_percent if job.util_percent is not None else 100.0, mem,
-                          known)
-    if util is None and job.util_percent is None:  # memory-only prediction: greedy, as above
+        return TypeDemand(greedy, mem, known)
+    if util is None and ask.util_percent is None:  # memory-only prediction: greedy, as above
         util = 100.0
         source = f"{COLD_START}+mem:{source.partition('+mem:')[2] or source}"
-    return TypeDemand(job.util_percent if job.util_percent is not None else float(util),
+    return TypeDemand(ask.util_percent if ask.util_percent is not None else float(util),
                       mem if mem is not None else float(predicted_mem), source)
 
 

@@ -188,12 +188,13 @@ class GateController:
         try:
             demand = parse_demand(pod)
             gpus = max(1, demand.gpu_count)
-            if demand.util_percent is not None and demand.mem_mib is not None:
-                util, mem = demand.util_percent, demand.mem_mib
+            ask = demand.inputs
+            if ask.util_percent is not None and ask.mem_mib is not None:
+                util, mem = ask.util_percent, ask.mem_mib
             elif self.demand_fn is not None:
                 util, mem = self.demand_fn(pod)
-            util = demand.util_percent if demand.util_percent is not None else util
-            mem = demand.mem_mib if demand.mem_mib is not None else mem
+            util = ask.util_percent if ask.util_percent is not None else util
+            mem = ask.mem_mib if ask.mem_mib is not None else mem
         except DemandError:
             gpus = max(1, _safe_gpu_count(pod))  # still queued; the extender reports the error
         except Exception as exc:  # noqa: BLE001 - a failing predictor must not stop the queue

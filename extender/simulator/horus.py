@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from contracts.annotations import PodInputs
 from extender.core import (
     CostPolicy,
     DecisionContext,
@@ -143,8 +144,8 @@ def place_with_core(view: FreeView, run: JobRun, settings: HorusSettings
         return None
     table, now_s = view.table, view.now_s
     demand = resolve_demand(
-        JobDemand(gpu_count=run.job.gpus_per_task, util_percent=run.pred_util,
-                  mem_mib=run.pred_mem),
+        JobDemand(run.job.gpus_per_task,
+                  PodInputs(util_percent=run.pred_util, mem_mib=run.pred_mem)),
         table.type_names, predict=None)
     work = table
     placements: list[Placement] = []
