@@ -40,7 +40,7 @@ from planner import GpuPlan, SessionSpec, plan_gpu
 SLO_MIX = [("m1", 6, 150.0), ("m2", 10, 250.0), ("m3", 4, 100.0)]  # (name, layers, SLO ms)
 
 
-def mlp(width: int, layers: int, seed: int):
+def mlp(width: int, layers: int, seed: int = 0):
     """MatMul+Relu chain on [N, width]; a cut after every node."""
     rng = np.random.default_rng(seed)
     nodes, inits, prev = [], [], "x"

@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from bench_modules import load
 from kubernetes import client
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-fake_kube_api = _load("fake_kube_api")
-trivial_extender = _load("trivial_extender")
+fake_kube_api = load("fake_kube_api")
+trivial_extender = load("trivial_extender")
 
 LABELS = {"nvidia.com/gpu.count": "2", "nvidia.com/gpu.product": "A100",
           "nvidia.com/gpu.memory": "10000"}

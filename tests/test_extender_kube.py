@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from bench_modules import fake_kube_api
 from extender_builders import PodBuilder, demand, placement
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -17,12 +15,6 @@ from extender.core import PodRef
 from extender.kube import KubeSource, PlainWatch, node_spec
 from extender.routes import create_app
 from extender.signing import PlacementSigner
-
-_spec = importlib.util.spec_from_file_location(
-    "fake_kube_api", Path(__file__).resolve().parents[1] / "benchmarks" / "fake_kube_api.py")
-fake_kube_api = importlib.util.module_from_spec(_spec)
-sys.modules["fake_kube_api"] = fake_kube_api  # dataclasses look their module up by name
-_spec.loader.exec_module(fake_kube_api)
 
 GFD = {"nvidia.com/gpu.count": "2", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
        "nvidia.com/gpu.memory": "40960"}

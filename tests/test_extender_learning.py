@@ -2,28 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from bench_modules import running_api
 from extender_builders import TOKEN, args, binding, make_app, node, pod
-from kubernetes import client
 
 from contracts.annotations import BindOutputs, decode_outputs, encode_outputs
 from extender.config import LearningConfig
 from extender.errors import BadRequest
 from extender.learning import ConfigMapPersistence, Estimate, Learner, ObservationStore
 from extender.reports import decode_report
-
-_spec = importlib.util.spec_from_file_location(
-    "fake_kube_api", Path(__file__).resolve().parents[1] / "benchmarks" / "fake_kube_api.py")
-fake_kube_api = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("fake_kube_api", fake_kube_api)
-_spec.loader.exec_module(fake_kube_api)
 
 A100 = "NVIDIA-A100-SXM4-40GB"
 KEY = ("m.onnx", 32, "training", A100)
@@ -151,11 +143,8 @@ def test_prediction_source_annotation_round_trips() -> None:
 
 @pytest.fixture
 def kube_api():
-    server = fake_kube_api.FakeKubeApi()
-    server.start()
-    with client.ApiClient(client.Configuration(host=server.url)) as api_client:
-        yield server, client.CoreV1Api(api_client)
-    server.stop()
+    with running_api() as server_and_api:
+        yield server_and_api
 
 
 def test_learned_estimates_survive_a_restart_through_the_api_server(kube_api) -> None:

@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
+from bench_modules import running_api
 from extender_builders import TOKEN, args, binding, make_app, node, pod
-from kubernetes import client
 
 from extender.config import LearningConfig
 from extender.core.cost import CostPolicy
 from extender.learning import ConfigMapPersistence, Learner
 from extender.learning_curves import CurveGuards, CurveLearner, colocation_point
 from predictor.curves import InterferenceCurve, bounded_step, fit_partial
-
-_spec = importlib.util.spec_from_file_location(
-    "fake_kube_api", Path(__file__).resolve().parents[1] / "benchmarks" / "fake_kube_api.py")
-fake_kube_api = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("fake_kube_api", fake_kube_api)
-_spec.loader.exec_module(fake_kube_api)
 
 A100 = "NVIDIA-A100-SXM4-40GB"
 PRIOR = InterferenceCurve()  # slope 0.5, over_slope 0.5, over_quadratic 1.0, intercept 0
@@ -189,11 +180,8 @@ def test_policy_overlay_is_cached_and_replaces_only_learned_types() -> None:
 
 @pytest.fixture
 def kube_api():
-    server = fake_kube_api.FakeKubeApi()
-    server.start()
-    with client.ApiClient(client.Configuration(host=server.url)) as api_client:
-        yield server, client.CoreV1Api(api_client)
-    server.stop()
+    with running_api() as server_and_api:
+        yield server_and_api
 
 
 def test_learned_curves_survive_a_restart_through_the_api_server(kube_api) -> None:

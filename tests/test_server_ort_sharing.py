@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from bench_modules import load
 from onnx import TensorProto, helper, numpy_helper
 
 from agent.quanta import weighted_share_errors
@@ -22,20 +23,7 @@ from agent.server.executors import ModelLimits, OrtExecutor
 from agent.server.runtime import RuntimeConfig, ServingRuntime
 from predictor.batching import BatchingProfile
 
-
-def mlp(width: int, layers: int, seed: int = 0) -> onnx.ModelProto:
-    """MatMul+Relu layers on [N, width]: a cut after every node."""
-    rng = np.random.default_rng(seed)
-    nodes, inits, prev = [], [], "x"
-    for i in range(layers):
-        w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
-        inits.append(numpy_helper.from_array(w, f"w{i}"))
-        nodes += [helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"]),
-                  helper.make_node("Relu", [f"m{i}"], [f"r{i}"])]  # fmt: skip
-        prev = f"r{i}"
-    nodes.append(helper.make_node("Identity", [prev], ["y"]))
-    return _model(nodes, inits, ["N", width])
-
+mlp = load("serving_ort").mlp  # the benchmark's MatMul+Relu chain: a cut after every node
 
 def one_matmul(rows: int, width: int) -> onnx.ModelProto:
     """One MatMul over [N, rows, width]: no cut, so one segment of the whole cost."""
