@@ -6,7 +6,7 @@ import contextlib
 import csv
 import io
 import platform
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,13 @@ from extender.simulator.metrics import SimulationResult
 from extender.simulator.policies import POLICIES, PolicyError, PolicyOptions, make_policy
 from extender.simulator.progress import ProgressPolicy, bar, wanted
 from extender.simulator.sweep import SweepError, best_snippet, grid_size, parse_grid, run_sweep
-from extender.simulator.workloads import DEFAULT_CLUSTER, WorkloadError, generate, production
+from extender.simulator.workloads import (
+    DEFAULT_CLUSTER,
+    WorkloadError,
+    generate,
+    production,
+    with_models,
+)
 
 HEADLINE = ("makespan_s", "avg_gpu_util", "avg_jct_s", "avg_run_s", "avg_wait_s")
 
@@ -30,7 +36,7 @@ class CommandError(ValueError):
 
 
 def _load_inputs(trace: Path | None, workload: str | None, cluster: str | None, jobs: int,
-                 seed: int) -> tuple[list[Any], list[Any], str]:
+                 seed: int, models: int = 0) -> tuple[list[Any], list[Any], str]:
     if (trace is None) == (workload is None):
         raise CommandError("give exactly one of --trace FILE or --workload NAME")
     try:
@@ -44,6 +50,12 @@ def _load_inputs(trace: Path | None, workload: str | None, cluster: str | None, 
         else:
             job_list = generate(str(workload), seed)
             label = f"{workload} (seed {seed})"
+        if models:
+            if trace is not None:
+                raise CommandError("--models groups a generated workload; a trace names its "
+                                   "jobs' models itself")
+            job_list = with_models(job_list, models)
+            label += f", {models} models"
         nodes = load_cluster(cluster or DEFAULT_CLUSTER.get(str(workload), "large"))
     except (TraceError, WorkloadError, ClusterFileError) as exc:
         raise CommandError(str(exc)) from None
@@ -92,25 +104,38 @@ def _timeline_csv(results: dict[str, SimulationResult]) -> str:
 def run_command(*, trace: Path | None, workload: str | None, policies: Sequence[str],
                 cluster: str | None, config: Path | None, interference: str, jobs: int,
                 seed: int, plots: Path | None, timeline: Path | None, sweep: bool,
-                grid: str | None, sweep_out: Path, progress: bool = False) -> dict[str, Any]:
+                grid: str | None, sweep_out: Path, progress: bool = False,
+                truth: Path | None = None, models: int = 0,
+                knowledge: str = "online") -> dict[str, Any]:
     """Run the simulation(s); returns {"json": object, "text": str}.
 
     ``progress`` shows bars on stderr (only where it is a terminal)."""
-    job_list, nodes, label = _load_inputs(trace, workload, cluster, jobs, seed)
+    if models < 0:
+        raise CommandError("--models must be >= 0")
+    job_list, nodes, label = _load_inputs(trace, workload, cluster, jobs, seed, models)
     options = _options(config)
+    worlds = _world_factory(truth, knowledge, config, nodes, sweep)
     engine_config = EngineConfig(interference=interference,
                                  record_gpu_timeline=timeline is not None)
     show = wanted(progress)
+    learned: dict[str, dict[str, int]] = {}
     try:
         if sweep:
             return _sweep(job_list, nodes, label, options, engine_config, grid, sweep_out, show)
         names = list(policies) or list(POLICIES)
         for name in names:
             make_policy(name, options)
-        results = {n: _simulate(job_list, nodes, n, options, engine_config, show) for n in names}
+        results = {}
+        for n in names:
+            world = worlds() if worlds else None
+            results[n] = _simulate(job_list, nodes, n, options, engine_config, show, world)
+            if world is not None:
+                learned[n] = {"reports": world.agents.reports, "samples": world.agents.samples}
     except (PolicyError, InterferenceError, SweepError) as exc:
         raise CommandError(str(exc)) from None
     extra: dict[str, Any] = {}
+    if worlds is not None:
+        extra["truth"] = {"file": str(truth), "knowledge": knowledge, "learning": learned}
     written = []
     if plots is not None:
         from extender.simulator.plots import write_plots
@@ -129,18 +154,45 @@ def run_command(*, trace: Path | None, workload: str | None, policies: Sequence[
     else:
         body = {"policies": {n: r.summary() for n, r in results.items()}, **meta}
     text = f"{label}: {meta['jobs']} jobs on {meta['gpus']} GPUs, interference={interference}\n"
+    if worlds is not None:
+        text += f"truth {truth}; tandem's knowledge: {knowledge}; agent reports (samples):" \
+            + "".join(f" {n} {v['reports']} ({v['samples']})" for n, v in learned.items()) + "\n"
     return {"json": body, "text": "\n".join([text + _table(results), *written])}
 
 
+def _world_factory(truth: Path | None, knowledge: str, config: Path | None,
+                   nodes: list[Any], sweep: bool) -> Callable[[], Any] | None:
+    """A maker of fresh worlds (one per policy: each learns from scratch), or None."""
+    if truth is None:
+        if knowledge != "online":
+            raise CommandError("--knowledge needs --truth")
+        return None
+    if sweep:
+        raise CommandError("--sweep does not take --truth")
+    from extender.config import load_config
+    from extender.simulator.belief import MODES, SimWorld
+    from extender.simulator.truth import TruthError, load_truth
+
+    if knowledge not in MODES:
+        raise CommandError(f"--knowledge {knowledge!r} (valid: {', '.join(MODES)})")
+    try:
+        world_truth = load_truth(truth)
+    except TruthError as exc:
+        raise CommandError(f"--truth: {exc}") from None
+    learning = load_config(config, environ={}).learning  # _options already validated it
+    types = sorted({g.gpu_type for n in nodes for g in n.gpus})
+    return lambda: SimWorld.build(world_truth, knowledge, learning, types)
+
+
 def _simulate(job_list: list[Any], nodes: list[Any], name: str, options: PolicyOptions,
-              engine_config: EngineConfig, show: bool) -> SimulationResult:
+              engine_config: EngineConfig, show: bool, world: Any = None) -> SimulationResult:
     from extender.simulator.runner import simulate
 
     if not show:
-        return simulate(job_list, nodes, name, options, engine_config)
+        return simulate(job_list, nodes, name, options, engine_config, world=world)
     with bar(len(job_list), f"simulate {name}", "job") as b:
         return simulate(job_list, nodes, name, options, engine_config,
-                        wrap=lambda policy: ProgressPolicy(policy, b.update))
+                        wrap=lambda policy: ProgressPolicy(policy, b.update), world=world)
 
 
 def _setting(value: float | None) -> str:

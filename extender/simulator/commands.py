@@ -37,6 +37,15 @@ def simulate_command(
     = None,
     sweep_out: Annotated[Path, typer.Option(help="Where --sweep writes the best config.")]
     = Path("tandem-sweep-best.yaml"),
+    truth: Annotated[Path | None, typer.Option(
+        help="Ground truth YAML (true utilisation, memory, curves; docs/tuning.md): agents "
+             "report it and the tandem policy learns it online.")] = None,
+    models: Annotated[int, typer.Option(
+        help="Group a generated workload's jobs into N models (model-00 ...), so a --truth "
+             "can name them; 0: none.")] = 0,
+    knowledge: Annotated[str, typer.Option(
+        help="With --truth, what tandem knows of modelled jobs: online | prior | oracle.")]
+    = "online",
 ) -> None:
     """Simulate a GPU cluster replaying the extender's filter/score/bind under each policy."""
     from extender.simulator.cli_support import CommandError, run_command
@@ -45,7 +54,8 @@ def simulate_command(
         output = run_command(trace=trace, workload=workload, policies=policy or [],
                              cluster=cluster, config=config, interference=interference,
                              jobs=jobs, seed=seed, plots=plots, timeline=timeline, sweep=sweep,
-                             grid=grid, sweep_out=sweep_out, progress=not json_out)
+                             grid=grid, sweep_out=sweep_out, progress=not json_out,
+                             truth=truth, models=models, knowledge=knowledge)
     except CommandError as exc:
         typer.echo(f"tandem simulate: {exc}", err=True)
         raise typer.Exit(2) from None

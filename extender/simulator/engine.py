@@ -20,6 +20,12 @@ changes, every job on it is re-timed; stale finish events are skipped by
 version number. OOM: placing a job whose *true* memory does not fit next to the
 jobs already on a GPU fails at once (Horus §4.2.3: the job is resubmitted with
 its memory corrected), so no GPU ever holds more true memory than it has.
+
+The world's truth is the trace (each job's ``util_percent`` and ``mem_mib``) and
+the paper's interference, unless a :class:`extender.simulator.truth.Truth` says
+otherwise per model, GPU type and curve. Simulated agents (``agents``), when
+given, are told before every change of a GPU's jobs, so they can report the
+interval that ends, and after every completion.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -36,6 +42,9 @@ from extender.core.snapshot import NodeSpec, Placement
 from extender.core.table import GpuTable
 from extender.simulator.interference import SlowdownModel
 from extender.simulator.jobs import SimJob
+
+if TYPE_CHECKING:
+    from extender.simulator.truth import Truth
 
 FINISH, CHECK, ARRIVE, RETRY = 0, 1, 2, 3
 PENDING, RUNNING, DONE = "pending", "running", "done"
@@ -50,7 +59,7 @@ class JobRun:
 
     __slots__ = ("idx", "job", "pred_util", "pred_mem", "state", "rows", "placements",
                  "remaining_s", "rate", "last_s", "version", "start_s", "finish_s", "ooms",
-                 "evictions", "excluded_rows", "starts")
+                 "evictions", "excluded_rows", "starts", "util_rows", "mem_rows")
 
     def __init__(self, idx: int, job: SimJob):
         self.idx = idx
@@ -70,6 +79,9 @@ class JobRun:
         self.evictions = 0
         self.excluded_rows: set[int] = set()
         self.starts = 0
+        self.util_rows: list[float] = []
+        """True utilisation per GPU of the current run (one per entry of ``rows``)."""
+        self.mem_rows: list[float] = []
 
 
 class Policy(Protocol):
@@ -130,18 +142,39 @@ class SchedulingContext:
         return self._engine.start(run, list(placements))
 
 
+class Agents(Protocol):
+    """Simulated node agents: they see the world as it changes (``extender.simulator.agents``)."""
+
+    def attach(self, engine: Engine) -> None:
+        """Bind to the engine whose GPUs they watch."""
+
+    def before_change(self, rows: Sequence[int], now_s: float) -> None:
+        """The jobs on ``rows`` are about to change: report the interval that ends now."""
+
+    def started(self, run: JobRun) -> None:
+        """``run`` now runs on ``run.placements``."""
+
+    def finished(self, run: JobRun) -> None:
+        """``run`` completed."""
+
+
 class Engine:
     """One simulation of ``jobs`` on ``nodes`` under ``policy``."""
 
     def __init__(self, nodes: Sequence[NodeSpec], jobs: Sequence[SimJob], policy: Policy,
-                 config: EngineConfig | None = None):
+                 config: EngineConfig | None = None, truth: Truth | None = None,
+                 agents: Agents | None = None):
         self.config = config or EngineConfig()
         self.table = GpuTable.build(nodes)
         self.policy = policy
+        self.truth = truth
+        self.agents = agents
         g = len(self.table.gpus)
         if g == 0:
             raise SimulationError("the cluster has no GPUs")
-        self.model = SlowdownModel.for_types(self.config.interference, self.table.type_names)
+        self.model = truth.slowdown_model(self.config.interference, self.table.type_names) \
+            if truth is not None else \
+            SlowdownModel.for_types(self.config.interference, self.table.type_names)
         self.runs = [JobRun(i, j) for i, j in enumerate(jobs)]
         self.util_true = np.zeros(g)
         self.mem_true = np.zeros(g)
@@ -164,6 +197,8 @@ class Engine:
         self._ctx = SchedulingContext(self)
         for run in self.runs:
             self._push(run.job.arrival_s, ARRIVE, run.idx, 0)
+        if agents is not None:
+            agents.attach(self)
 
     def _push(self, t: float, kind: int, idx: int, version: int) -> None:
         self._seq += 1
@@ -220,37 +255,54 @@ class Engine:
             raise SimulationError(f"job {run.job.id}: {len(rows)} GPUs for {run.job.gpus} needed")
         # Two tasks (pods) of one job may share a GPU if the policy says so: each adds its load.
         t = self._t
+        utils, mems = self._truth_on(run.job, rows)
         idx = np.fromiter(rows, dtype=np.int64, count=len(rows))
-        added = np.bincount(idx, minlength=len(self.mem_true))[idx] * run.job.mem_mib
+        added = np.bincount(idx, minlength=len(self.mem_true))[idx] * np.array(mems)
         if np.any(self.mem_true[idx] + added > self.table.capacity_mib[idx] + 1e-6):
             self.oom_events += 1
             run.ooms += 1
-            run.pred_mem = max(run.pred_mem, run.job.mem_mib)  # Horus §4.2.3 resubmission
+            run.pred_mem = max(run.pred_mem, max(mems))  # Horus §4.2.3 resubmission
             self.last_start_s[idx] = t
             self._push(t + self.config.oom_retry_delay_s, RETRY, run.idx, 0)
             return False
+        if self.agents is not None:
+            self.agents.before_change(rows, t)
         for p in placements:
             self.table.place(p)
         run.state, run.rows, run.placements = RUNNING, rows, placements
+        run.util_rows, run.mem_rows = utils, mems
         run.start_s, run.last_s = t, t
         run.starts += 1
-        for r in rows:
-            self.util_true[r] += run.job.util_percent
-            self.mem_true[r] += run.job.mem_mib
+        for r, u, m in zip(rows, utils, mems, strict=True):
+            self.util_true[r] += u
+            self.mem_true[r] += m
             self.jobs_on[r] += 1
             self._on_gpu[r].append(run.idx)
         self.last_start_s[list(rows)] = t
         self._reflow(sorted(set(rows)))
         if self.policy.warmup_check_s is not None:
             self._push(t + self.policy.warmup_check_s, CHECK, run.idx, run.starts)
+        if self.agents is not None:
+            self.agents.started(run)
         return True
 
+    def _truth_on(self, job: SimJob, rows: Sequence[int]) -> tuple[list[float], list[float]]:
+        """True (utilisation, memory) of ``job`` on each of ``rows``."""
+        if self.truth is None:
+            return [job.util_percent] * len(rows), [job.mem_mib] * len(rows)
+        names, type_id = self.table.type_names, self.table.type_id
+        types = [names[type_id[r]] for r in rows]
+        return ([self.truth.util_of(job, t) for t in types],
+                [self.truth.mem_of(job, t) for t in types])
+
     def _stop(self, run: JobRun) -> None:
+        if self.agents is not None:
+            self.agents.before_change(run.rows, self._t)
         for p in run.placements:
             self.table.remove(p)
-        for r in run.rows:
-            self.util_true[r] = max(0.0, self.util_true[r] - run.job.util_percent)
-            self.mem_true[r] = max(0.0, self.mem_true[r] - run.job.mem_mib)
+        for r, u, m in zip(run.rows, run.util_rows, run.mem_rows, strict=True):
+            self.util_true[r] = max(0.0, self.util_true[r] - u)
+            self.mem_true[r] = max(0.0, self.mem_true[r] - m)
             self.jobs_on[r] -= 1
             self._on_gpu[r].remove(run.idx)
             if self.jobs_on[r] == 0:  # no float residue on an idle GPU
@@ -264,6 +316,8 @@ class Engine:
         run.remaining_s = 0.0
         self._stop(run)
         run.state, run.finish_s = DONE, self._t
+        if self.agents is not None:
+            self.agents.finished(run)
 
     def _check(self, run: JobRun) -> None:
         if self.policy.should_evict(run, 1.0 / run.rate):
@@ -308,6 +362,10 @@ class Engine:
             run.rate = 1.0 / float(self.slowdown[list(run.rows)].max())
             run.version += 1
             self._push(t + run.remaining_s / run.rate, FINISH, j, run.version)
+
+    def runs_on(self, row: int) -> list[JobRun]:
+        """The running jobs on GPU ``row``, each once, in job order."""
+        return [self.runs[j] for j in sorted(set(self._on_gpu[row]))]
 
     @property
     def gpu_seconds_util_area(self) -> float:

@@ -24,11 +24,17 @@ a node stays a candidate when at least ``gpus_per_task`` of its GPUs pass them,
 which is the core's own verdict on that node for one task. Skipping the others
 only saves building their rejection reasons; ``tests/test_simulator_prefilter.py``
 checks that no node the core would accept is dropped.
+
+With a ground truth (``tandem simulate --truth``) the ``tandem`` policy carries a
+:class:`extender.simulator.belief.SimKnowledge`: a job that names its model is
+resolved as a model-only pod (prediction, observations, cold-start) instead of
+asserting its numbers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +45,7 @@ from extender.core import (
     JobDemand,
     Placement,
     Purpose,
+    ResolvedDemand,
     choose,
     evaluate,
     resolve_demand,
@@ -62,6 +69,8 @@ class HorusSettings:
     cost: CostPolicy
     queue: QueueConfig
     node_pick: str = "cost"
+    knowledge: Any = None
+    """A :class:`extender.simulator.belief.SimKnowledge` (learning under a truth), or None."""
 
 
 class FreeView:
@@ -136,14 +145,17 @@ class FreeView:
         return [names[i] for i in np.flatnonzero(counts >= run.job.gpus_per_task).tolist()]
 
 
-def place_with_core(view: FreeView, run: JobRun, settings: HorusSettings
-                    ) -> list[Placement] | None:
-    """One placement per task chosen by the extender's core, or None if the job cannot start."""
+def place_with_core(view: FreeView, run: JobRun, settings: HorusSettings,
+                    resolved: ResolvedDemand | None = None) -> list[Placement] | None:
+    """One placement per task chosen by the extender's core, or None if the job cannot start.
+
+    ``resolved``: the job's demand when the caller resolved it (a modelled job under a
+    truth); otherwise the job asserts its believed numbers."""
     names = view.candidate_nodes(run)
     if not names:
         return None
     table, now_s = view.table, view.now_s
-    demand = resolve_demand(
+    demand = resolved or resolve_demand(
         JobDemand(run.job.gpus_per_task,
                   PodInputs(util_percent=run.pred_util, mem_mib=run.pred_mem)),
         table.type_names, predict=None)
@@ -191,6 +203,8 @@ class HorusPolicy:
         """Queue with the original arrival time, so waiting time keeps counting."""
         key = str(run.idx)
         self._runs[key] = run
+        if self.settings.knowledge is not None:
+            self.settings.knowledge.refresh(run)  # the queue classes by the current belief
         self.queue.add(QueueItem(key=key, enqueued_at_seconds=run.job.arrival_s,
                                  tasks=run.job.tasks, util_percent=run.pred_util,
                                  gpus_per_task=run.job.gpus_per_task, mem_mib=run.pred_mem))
@@ -211,7 +225,11 @@ class HorusPolicy:
         view = FreeView(ctx.table, self._node_of, self.settings.cost, ctx.now_s)
         for item in self.queue.select(ctx.now_s):
             run = self._runs[item.key]
-            placements = None if view.fails(run) else place_with_core(view, run, self.settings)
+            resolved = None
+            if self.settings.knowledge is not None:
+                resolved = self.settings.knowledge.refresh(run)
+            placements = None if view.fails(run) else \
+                place_with_core(view, run, self.settings, resolved)
             if placements is None:
                 view.record_failure(run)
                 continue

@@ -45,6 +45,9 @@ class SimJob:
     predicted_mem_mib: float | None = None
     kind: str = ""
     """Free-form class label from the generator (``short-light`` ...), for reports."""
+    model: str = ""
+    """The model the job trains (``tandem.io/model``); a truth file keys its numbers by it,
+    and online learning its observations. Empty: the job asserts its numbers."""
 
     @property
     def gpus(self) -> int:
@@ -65,7 +68,7 @@ class SimJob:
 
 _FIELDS = {f.name: f for f in fields(SimJob)}
 _INT_FIELDS = {"tasks", "gpus_per_task"}
-_STR_FIELDS = {"id", "kind"}
+_STR_FIELDS = {"id", "kind", "model"}
 _OPTIONAL = {"predicted_util_percent", "predicted_mem_mib"}
 
 

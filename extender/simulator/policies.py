@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from extender.core import CostPolicy
 from extender.queue.fair import QueueConfig
@@ -47,6 +48,8 @@ class PolicyOptions:
     """Replaces the extender cost policy of ``tandem`` (and weights/limit of all co-locators)."""
     queue: QueueConfig | None = None
     """Replaces the queue of ``tandem`` (``horus``/``horus-f`` keep k but take beta etc.)."""
+    knowledge: Any = None
+    """What ``tandem`` knows of modelled jobs under a truth (``belief.SimKnowledge``)."""
 
 
 def _extender_default_cost() -> CostPolicy:
@@ -89,7 +92,7 @@ POLICIES: dict[str, Callable[[PolicyOptions], Policy]] = {
     "horus-f": lambda o: HorusPolicy("horus-f", HorusSettings(_horus_cost(o), _horus_queue(o, 3))),
     "tandem": lambda o: HorusPolicy("tandem", HorusSettings(
         o.cost or tandem_cost(), o.queue or tandem_queue(),
-        node_pick="score")),
+        node_pick="score", knowledge=o.knowledge)),
 }
 
 

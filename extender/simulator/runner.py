@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from extender.core.snapshot import NodeSpec
 from extender.simulator.engine import Engine, EngineConfig
@@ -11,15 +12,24 @@ from extender.simulator.jobs import SimJob
 from extender.simulator.metrics import SimulationResult, summarize
 from extender.simulator.policies import PolicyOptions, make_policy
 
+if TYPE_CHECKING:
+    from extender.simulator.belief import SimWorld
+
 
 def simulate(jobs: Sequence[SimJob], nodes: Sequence[NodeSpec], policy: str,
              options: PolicyOptions | None = None,
              config: EngineConfig | None = None,
-             wrap: Callable[[Any], Any] | None = None) -> SimulationResult:
+             wrap: Callable[[Any], Any] | None = None,
+             world: SimWorld | None = None) -> SimulationResult:
     """Simulate ``jobs`` on ``nodes`` under the named policy; deterministic for equal inputs.
 
-    ``wrap`` may proxy the policy (progress reporting); it must not change decisions."""
+    ``wrap`` may proxy the policy (progress reporting); it must not change decisions.
+    ``world``: a ground truth with its agents and the tandem policy's knowledge (fresh per
+    call: it learns during the run); None: the trace is the truth, as always."""
+    if world is not None:
+        options = replace(options or PolicyOptions(), knowledge=world.knowledge)
     chosen = make_policy(policy, options)
-    engine = Engine(nodes, jobs, wrap(chosen) if wrap else chosen, config).run()
+    engine = Engine(nodes, jobs, wrap(chosen) if wrap else chosen, config,
+                    truth=world.truth if world else None,
+                    agents=world.agents if world else None).run()
     return summarize(engine, policy)
-

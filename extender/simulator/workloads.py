@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -153,3 +153,26 @@ def generate(name: str, seed: int) -> list[SimJob]:
     except KeyError:
         raise WorkloadError(f"unknown workload {name!r} (valid: {', '.join(WORKLOADS)})") from None
     return factory(seed)
+
+
+def with_models(jobs: list[SimJob], models: int) -> list[SimJob]:
+    """The jobs grouped into ``models`` models (``model-00`` ...) by true utilisation.
+
+    Jobs are sorted by utilisation and cut into equal groups; each group is one
+    model, and every job of it takes the model's numbers: utilisation the group's
+    mean, memory the group's largest, predicted numbers equal to these (so the
+    trace, the default truth, equals the prior, and a truth file says how the
+    world differs from it). Arrival times, durations and GPU counts are kept."""
+    if models < 1:
+        raise WorkloadError("models must be >= 1")
+    order = sorted(range(len(jobs)), key=lambda i: (jobs[i].util_percent, jobs[i].id))
+    out = list(jobs)
+    for k, group in enumerate(np.array_split(np.array(order, dtype=np.int64), models)):
+        if group.size == 0:
+            continue
+        util = round(float(np.mean([jobs[i].util_percent for i in group])), 2)
+        mem = max(jobs[i].mem_mib for i in group)
+        for i in group.tolist():
+            out[i] = replace(jobs[i], util_percent=util, mem_mib=mem, predicted_util_percent=util,
+                             predicted_mem_mib=mem, model=f"model-{k:02d}")
+    return out

@@ -1,0 +1,160 @@
+"""Benchmark: online learning of utilisation against fixed priors and oracle knowledge.
+
+The world differs from what the extender believes. Each workload's jobs are
+grouped into models (``extender.simulator.workloads.with_models``: by
+utilisation, each model's prior the mean of its jobs), and the truth multiplies
+each model's prior utilisation by a factor drawn uniformly in [0.5, 1.5]
+(seeded; ``extender.simulator.truth.factor_truth``); memory and interference
+curves stay as believed, so only utilisation has to be learned. Simulated
+agents report the truth with Gaussian noise (sd 2 points) and the ``tandem``
+policy runs three ways on the same trace:
+
+- ``online``: learns with the extender's own ``Learner`` (``observed:<n>`` once a
+  model has ``learning.min_observations`` samples alone on a GPU type);
+- ``prior``: keeps the priors (the trained model's answer, never corrected);
+- ``oracle``: knows the truth.
+
+Reported per scenario: the learning curve of the online run (mean and max over
+(model, GPU type) of |believed - true| utilisation, after 50/100/200/500
+completed jobs and at the end), and makespan, mean JCT and mean wait of each
+run. Goals: after 200 completed jobs a mean absolute error <= 5 points; makespan
+of ``online`` within 5% of ``oracle`` and at least 10% better than ``prior``.
+
+Usage: ``.venv/bin/python benchmarks/learning.py [--production-jobs N]``; prints
+one JSON object and writes it to ``benchmarks/results/learning.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import _common
+
+from extender.config import load_config
+from extender.simulator.belief import MODES, SimKnowledge, SimWorld
+from extender.simulator.cluster import builtin_cluster
+from extender.simulator.engine import JobRun
+from extender.simulator.jobs import SimJob
+from extender.simulator.runner import simulate
+from extender.simulator.truth import Truth, factor_truth, truth_document
+from extender.simulator.workloads import generate, production, with_models
+
+CHECKPOINTS = (50, 100, 200, 500)
+FACTOR_RANGE = (0.5, 1.5)
+NOISE_SD = 2.0
+GOAL_ERROR_POINTS = 5.0
+GOAL_VS_ORACLE = 0.05
+GOAL_VS_PRIOR = 0.10
+
+
+def _representatives(jobs: list[SimJob]) -> dict[str, SimJob]:
+    reps: dict[str, SimJob] = {}
+    for job in jobs:
+        reps.setdefault(job.model, job)
+    return reps
+
+
+def _errors(knowledge: SimKnowledge, truth: Truth, reps: dict[str, SimJob],
+            types: list[str]) -> dict[str, Any]:
+    """|believed - true| utilisation per (model, GPU type), as the policy would resolve it."""
+    per: dict[str, float] = {}
+    observed = 0
+    for model, job in sorted(reps.items()):
+        for t in types:
+            run = JobRun(0, job)
+            d = knowledge.demand(run).for_type(t)
+            assert d is not None
+            per[f"{model}@{t}"] = round(abs(d.util_percent - truth.util_of(job, t)), 2)
+            observed += d.source.startswith("observed:")
+    values = list(per.values())
+    return {"mean_abs_error_points": round(sum(values) / len(values), 2),
+            "max_abs_error_points": round(max(values), 2),
+            "observed_estimates": observed, "estimates": len(values), "per_model": per}
+
+
+def scenario(name: str, jobs: list[SimJob], cluster: str, seed: int) -> dict[str, Any]:
+    """The three runs on one workload, with the online run's learning curve."""
+    nodes = builtin_cluster(cluster)
+    types = sorted({g.gpu_type for n in nodes for g in n.gpus})
+    reps = _representatives(jobs)
+    truth = factor_truth(list(reps), *FACTOR_RANGE, seed=seed, util_stddev_percent=NOISE_SD)
+    learning = load_config(None, environ={}).learning
+    runs: dict[str, Any] = {}
+    curve: list[dict[str, Any]] = []
+    for mode in MODES:
+        world = SimWorld.build(truth, mode, learning, types)
+        if mode == "online":
+            def checkpoint(done: int, world: SimWorld = world) -> None:
+                if done in CHECKPOINTS or done == len(jobs):
+                    curve.append({"completed_jobs": done, "samples": world.agents.samples,
+                                  **_errors(world.knowledge, truth, reps, types)})
+            world.agents.on_completed = checkpoint
+        started = time.perf_counter()
+        r = simulate(jobs, nodes, "tandem", world=world)
+        runs[mode] = {"makespan_s": round(r.makespan_s, 1), "avg_jct_s": round(r.avg_jct_s, 1),
+                      "avg_wait_s": round(r.avg_wait_s, 1),
+                      "avg_gpu_util": round(r.avg_gpu_util, 2),
+                      "avg_slowdown": round(r.avg_slowdown, 3), "oom_events": r.oom_events,
+                      "finished": r.finished, "samples": world.agents.samples,
+                      "wall_s": round(time.perf_counter() - started, 1)}
+        if mode == "prior":
+            runs[mode]["error"] = {k: v for k, v in _errors(world.knowledge, truth, reps,
+                                                             types).items() if k != "per_model"}
+    online, prior, oracle = (runs[m]["makespan_s"] for m in MODES)
+    prior_gap = [abs(truth.util_of(j, t) - j.pred_util) for j in reps.values() for t in types]
+    after_200 = next((p for p in curve if p["completed_jobs"] >= 200), None)
+    goals = {
+        "error_after_200_jobs_points": after_200["mean_abs_error_points"] if after_200 else None,
+        "error_goal_met": None if after_200 is None
+        else after_200["mean_abs_error_points"] <= GOAL_ERROR_POINTS,
+        "online_vs_oracle_makespan": round(online / oracle - 1.0, 4),
+        "within_5_percent_of_oracle": online <= oracle * (1 + GOAL_VS_ORACLE),
+        "online_vs_prior_makespan": round(online / prior - 1.0, 4),
+        "at_least_10_percent_better_than_prior": online <= prior * (1 - GOAL_VS_PRIOR),
+        "oracle_vs_prior_makespan": round(oracle / prior - 1.0, 4),
+    }
+    if after_200 is None:
+        goals["error_note"] = f"{len(jobs)} jobs: the 200-job checkpoint is never reached"
+    return {"workload": name, "cluster": cluster, "gpus": sum(len(n.gpus) for n in nodes),
+            "jobs": len(jobs), "models": len(reps), "truth_seed": seed,
+            "prior_mean_abs_error_points": round(sum(prior_gap) / len(prior_gap), 2),
+            "truth": truth_document(truth), "runs": runs, "learning_curve": curve,
+            "goals": goals}
+
+
+def main() -> None:
+    """Run the three scenarios, print and save the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--production-jobs", type=int, default=2000,
+                        help="jobs in the production-like trace (default 2000, the full one)")
+    parser.add_argument("--seed", type=int, default=1, help="workload and truth seed")
+    _common.add_out_option(parser, "learning")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    large = builtin_cluster("large")
+    prod = production(args.seed, jobs=args.production_jobs,
+                      gpus=sum(len(n.gpus) for n in large))
+    report: dict[str, Any] = {
+        "benchmark": "learning",
+        "setup": {"factor_range": list(FACTOR_RANGE), "noise_sd_points": NOISE_SD,
+                  "checkpoints": list(CHECKPOINTS), "policy": "tandem (packaged config)",
+                  "learning": load_config(None, environ={}).learning.__dict__,
+                  "production_jobs": args.production_jobs,
+                  "production_reduced": args.production_jobs < 2000},
+        "scenarios": [
+            scenario("w-small", with_models(generate("w-small", args.seed), 10), "testbed",
+                     args.seed),
+            scenario("w-large", with_models(generate("w-large", args.seed), 10), "testbed",
+                     args.seed),
+            scenario("production", with_models(prod, 20), "large", args.seed),
+        ],
+    }
+    report["total_wall_s"] = round(time.perf_counter() - started, 1)
+    report.update(_common.context(("numpy",)))
+    _common.write_result(report, args.out)
+
+
+if __name__ == "__main__":
+    main()

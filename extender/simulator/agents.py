@@ -1,0 +1,105 @@
+"""Simulated node agents: they report what the truth produces, as the real agents do.
+
+A real agent pushes a report every interval: per GPU its utilisation and its
+processes, each attributed to its pod with the process's own utilisation
+(``nvmlDeviceGetProcessUtilization``). In the simulator a GPU's load only
+changes when a job starts or stops on it, so the agents report a GPU once per
+such interval, when it ends: one report stands for the interval's (constant)
+load. Each job's figure is its true utilisation on that GPU, scaled down
+proportionally when the GPU's jobs together ask for more than 100%, plus seeded
+Gaussian measurement noise (``Truth.util_stddev_percent``), clipped to 0..100.
+
+The reports go through the extender's own :meth:`extender.learning.Learner.observe`
+(a :class:`extender.reports.DecodedReport` and the placements the scheduler made),
+so the simulated tandem policy learns with exactly the extender's code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from contracts.annotations import BATCH_SIZE, MODEL
+from extender.core import Placement
+from extender.learning import Learner
+from extender.reports import DecodedReport, ReportedProcess
+from extender.simulator.engine import Engine, JobRun
+from extender.simulator.truth import Truth
+
+SIM_BATCH_SIZE = 32
+"""Batch size the simulated pods declare (the extender's training default)."""
+
+
+class SimAgents:
+    """Every node's agent; reports feed ``learner`` (see module docstring)."""
+
+    def __init__(self, truth: Truth, learner: Learner):
+        self.truth = truth
+        self.learner = learner
+        self.samples = 0
+        """Utilisation samples the learner took from the reports so far."""
+        self.reports = 0
+        self.completed = 0
+        self.on_completed: Callable[[int], None] | None = None
+        """Called with the number of completed jobs after each completion."""
+        self._rng = np.random.default_rng(truth.seed)
+        self._placements: dict[str, Placement] = {}
+        self._engine: Engine | None = None
+
+    def attach(self, engine: Engine) -> None:
+        """Watch ``engine``'s GPUs."""
+        self._engine = engine
+        table = engine.table
+        self._node = [table.node_names[int(np.searchsorted(table.node_start, r, side="right")) - 1]
+                      for r in range(len(table.gpus))]
+        self._since = np.zeros(len(table.gpus))
+
+    def started(self, run: JobRun) -> None:
+        """Remember the pods of ``run`` as the extender's ledger would (with their model)."""
+        ann = ((BATCH_SIZE, str(SIM_BATCH_SIZE)), (MODEL, run.job.model)) if run.job.model else ()
+        for p in run.placements:
+            self._placements[p.pod_uid] = replace(p, annotations=ann)
+
+    def finished(self, run: JobRun) -> None:
+        """Count the completion; forget its pods."""
+        for p in run.placements:
+            self._placements.pop(p.pod_uid, None)
+        self.completed += 1
+        if self.on_completed is not None:
+            self.on_completed(self.completed)
+
+    def before_change(self, rows: Sequence[int], now_s: float) -> None:
+        """Report the interval that ends now on ``rows`` (busy GPUs only)."""
+        engine = self._engine
+        assert engine is not None, "attach() first"
+        by_node: dict[str, list[int]] = {}
+        for r in sorted(set(rows)):
+            if engine.jobs_on[r] > 0 and now_s > self._since[r]:
+                by_node.setdefault(self._node[r], []).append(r)
+            self._since[r] = now_s
+        for node, node_rows in by_node.items():
+            report = DecodedReport(
+                node=node, gpus=tuple(engine.table.gpus[r] for r in node_rows),
+                util_percent=tuple(min(100.0, float(engine.util_true[r])) for r in node_rows),
+                memory_used_mib=tuple(float(engine.mem_true[r]) for r in node_rows),
+                processes=tuple(self._processes(engine, r) for r in node_rows))
+            self.reports += 1
+            self.samples += self.learner.observe(report, self._placements.get)
+
+    def _processes(self, engine: Engine, r: int) -> tuple[ReportedProcess, ...]:
+        total = float(engine.util_true[r])
+        scale = min(1.0, 100.0 / total) if total > 0 else 1.0
+        node, index = self._node[r], engine.table.gpus[r].index
+        out = []
+        for run in engine.runs_on(r):
+            k = run.rows.index(r)
+            for p in run.placements:
+                if p.node != node or index not in p.gpu_indices:
+                    continue
+                noise = self._rng.normal(0.0, self.truth.util_stddev_percent) \
+                    if self.truth.util_stddev_percent > 0 else 0.0
+                util = min(100.0, max(0.0, run.util_rows[k] * scale + noise))
+                out.append(ReportedProcess(p.pod_uid, run.mem_rows[k], util))
+        return tuple(out)
