@@ -26,12 +26,14 @@ import queue
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import quote
 
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
 from contracts.logs import get_logger
 from extender.core import GpuSpec, NodeSpec, PodRef
+from extender.kube_http import LeanPoster, supports
 from extender.source import DONE_PHASES, placement_from_pod
 
 GFD_COUNT = "nvidia.com/gpu.count"
@@ -97,6 +99,12 @@ class KubeSource:
         self._threads: list[threading.Thread] = []
         self._events: queue.Queue[dict[str, Any] | None] = queue.Queue(EVENT_QUEUE_LIMIT)
         self._log = get_logger()
+        # Bindings and events go through the lean client when it can speak for this
+        # configuration (kube_http.py says why); reads and watches stay on the official one.
+        api_client = getattr(api, "api_client", None)
+        configuration = getattr(api_client, "configuration", None)
+        self._poster = LeanPoster(configuration, api_client.user_agent) \
+            if configuration is not None and supports(configuration) else None
 
     @classmethod
     def from_environment(cls) -> KubeSource:
@@ -200,6 +208,8 @@ class KubeSource:
     def stop(self) -> None:
         """Stop the watches and the event worker."""
         self._stop.set()
+        if self._poster is not None:
+            self._poster.close()  # idle sockets only: a later write opens a new one
         if self._background_events:
             with contextlib.suppress(queue.Full):
                 self._events.put_nowait(None)
@@ -224,6 +234,10 @@ class KubeSource:
                 "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid,
                              "annotations": dict(annotations)},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        if self._poster is not None:
+            self._poster.post(f"/api/v1/namespaces/{quote(pod.namespace, safe='')}/pods/"
+                              f"{quote(pod.name, safe='')}/binding", json.dumps(body).encode())
+            return False
         # _preload_content=False: the answer is a Status nobody reads (and the client cannot
         # deserialise it as a Binding, kubernetes-client/python#825).
         _drain(self.api.create_namespaced_pod_binding(pod.name, pod.namespace, body,
@@ -261,9 +275,14 @@ class KubeSource:
             posted += 1
 
     def _post(self, event: dict[str, Any]) -> None:
+        namespace = event["metadata"]["namespace"]
         try:
-            _drain(self.api.create_namespaced_event(event["metadata"]["namespace"], event,
-                                                    _preload_content=False))
+            if self._poster is not None:
+                self._poster.post(f"/api/v1/namespaces/{quote(namespace, safe='')}/events",
+                                  json.dumps(event).encode())
+            else:
+                _drain(self.api.create_namespaced_event(namespace, event,
+                                                        _preload_content=False))
         except ApiException as exc:
             self._log.warning("event not posted", extra={"error": str(exc.status)})
 
