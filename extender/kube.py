@@ -262,17 +262,36 @@ class KubeSource:
             self._log.warning("event queue full; event dropped", extra={"pod": pod.key})
 
     def drain_events(self) -> int:
-        """Post every queued event now (the worker's body; tests call it directly)."""
-        posted = 0
+        """Post every queued event now, identical ones as one with a count; returns the posts.
+
+        The worker's body (tests call it directly).
+        """
+        batch = []
         while True:
             try:
                 event = self._events.get_nowait()
             except queue.Empty:
-                return posted
+                break
             if event is None:
-                return posted
+                break
+            batch.append(event)
+        return self._post_batch(batch)
+
+    def _post_batch(self, batch: list[dict[str, Any]]) -> int:
+        # Like client-go's event correlator: repeats of one event (a bind failing the same
+        # way again) become one Event whose count says how often, not one object each.
+        merged: dict[tuple[str, ...], dict[str, Any]] = {}
+        for event in batch:
+            key = _event_key(event)
+            first = merged.get(key)
+            if first is None:
+                merged[key] = event
+            else:
+                first["count"] += event["count"]
+                first["lastTimestamp"] = event["lastTimestamp"]
+        for event in merged.values():
             self._post(event)
-            posted += 1
+        return len(merged)
 
     def _post(self, event: dict[str, Any]) -> None:
         namespace = event["metadata"]["namespace"]
@@ -285,10 +304,31 @@ class KubeSource:
                                                         _preload_content=False))
         except ApiException as exc:
             self._log.warning("event not posted", extra={"error": str(exc.status)})
+        except Exception as exc:  # network errors: the event is lost, the worker lives on
+            self._log.warning("event not posted", extra={"error": repr(exc)})
 
     def _event_worker(self) -> None:
         while True:
             event = self._events.get()
             if event is None or self._stop.is_set():
                 return
-            self._post(event)
+            # Whatever queued up meanwhile goes in the same batch (merged when identical).
+            batch, stop = [event], False
+            while not stop:
+                try:
+                    more = self._events.get_nowait()
+                except queue.Empty:
+                    break
+                stop = more is None
+                if more is not None:
+                    batch.append(more)
+            self._post_batch(batch)
+            if stop:
+                return
+
+
+def _event_key(event: Mapping[str, Any]) -> tuple[str, ...]:
+    """What makes two events the same (client-go aggregates on these too)."""
+    obj = event["involvedObject"]
+    return (obj["namespace"], obj["name"], obj["uid"], event["type"], event["reason"],
+            event["message"])
