@@ -95,7 +95,10 @@ class LeanPoster:
         sock = socket.create_connection((self._host, self._port), timeout=self._timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self._ssl is not None:
-            name = self._config.tls_server_name or self._config.assert_hostname or self._host
+            # The name checked against the certificate (and sent as SNI), as urllib3 would.
+            asserted = self._config.assert_hostname
+            name = (getattr(self._config, "tls_server_name", None)
+                    or (asserted if isinstance(asserted, str) and asserted else self._host))
             sock = self._ssl.wrap_socket(sock, server_hostname=name)
         return _Connection(sock)
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
+import ssl
+import subprocess
 import threading
 import time
 
@@ -19,10 +22,11 @@ HANG_UP = b"<hang up>"
 class ScriptedServer:
     """Answers each request with the next scripted raw response; records requests."""
 
-    def __init__(self, answers: list[bytes]):
+    def __init__(self, answers: list[bytes], tls: ssl.SSLContext | None = None):
         self.answers = list(answers)
         self.requests: list[tuple[bytes, bytes]] = []
         self.connections = 0
+        self.tls = tls
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.thread = threading.Thread(target=self._serve, daemon=True)
@@ -30,8 +34,17 @@ class ScriptedServer:
 
     def _serve(self) -> None:
         while self.answers:
-            conn, _ = self.sock.accept()
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed by the test
             self.connections += 1
+            if self.tls is not None:
+                try:
+                    conn = self.tls.wrap_socket(conn, server_side=True)
+                except ssl.SSLError:
+                    conn.close()  # the client refused our certificate
+                    continue
             with conn, conn.makefile("rb") as reader:
                 while self.answers:
                     head = b""
@@ -129,3 +142,29 @@ def test_proxy_configurations_stay_on_the_official_client():
     assert not supports(cfg)
     with pytest.raises(ValueError, match="unsupported"):
         LeanPoster(cfg, "x")
+
+
+@pytest.fixture
+def certificate(tmp_path):
+    """A throwaway self-signed certificate for 127.0.0.1: (cert, key) paths."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key, "-out", cert,
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext",
+                    "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    return cert, key
+
+
+def test_https_verifies_the_server_against_the_configured_ca(certificate):
+    cert, key = certificate
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    server = ScriptedServer([ok()], tls)
+    cfg = client.Configuration(host=f"https://127.0.0.1:{server.port}")
+    with pytest.raises(ssl.SSLCertVerificationError):
+        LeanPoster(cfg, "tandem-test").post("/x", b"{}")  # not signed by a CA we trust
+    cfg.ssl_ca_cert = str(cert)
+    assert LeanPoster(cfg, "tandem-test").post("/x", b"{}") == b'{"kind":"Status"}'
+    server.close()
