@@ -6,9 +6,10 @@ the best node, like kube-scheduler. Three extenders are measured in one run,
 interleaved, ``--repeats`` times each:
 
 - ``sim``: tandem over its ``sim:`` cluster source (no API server);
-- ``kube``: tandem over its ``kube`` source, the official ``kubernetes`` client
-  talking real HTTP to ``fake_kube_api.py`` (list/watch, binding, events) in a
-  process of its own;
+- ``kube``: tandem over its ``kube`` source, talking real HTTP to
+  ``fake_kube_api.py`` in a process of its own: lists and watches through the
+  official ``kubernetes`` client, bindings and events through tandem's lean client
+  built from that client's configuration (``extender/kube_http.py``);
 - ``trivial``: ``trivial_extender.py`` (Flask on cheroot, GPU memory check only,
   bind through the same client and fake API), the baseline a p99 is compared to.
 
@@ -352,6 +353,7 @@ def main() -> None:
     modes = [m for m in opts.modes.split(",") if m]
     if not modes or set(modes) - set(MODES):
         parser.error(f"--modes must be a non-empty subset of {','.join(MODES)}")
+    load_before = [round(x, 2) for x in os.getloadavg()]
     rng = random.Random(42)
     cfg = load_config(None, environ={"TANDEM__LOGGING__LEVEL": "warning"})
     placed = placed_pods(rng)
@@ -371,6 +373,7 @@ def main() -> None:
         "modes": results,
         "goals": {**GOALS, "sim_p99_ms_per_verb": 3.0, "sim_cycles_per_second": 300},
         "checks": checks(results),
+        "load_average_1_5_15_at_start": load_before,
         **_common.context(("numpy", "flask", "cheroot", "kubernetes", "urllib3")),
     }
     _common.write_result(doc, opts.out)

@@ -11,10 +11,14 @@
   precondition (a recreated pod of the same name is never bound by mistake) and
   the output annotations, which the API server copies onto the pod in the same
   update as ``nodeName``, so a bound pod always has its decision. Events are
-  posted by a background worker so the bind path never waits on them.
-- Reads and writes go through the official client with ``_preload_content=False``
-  and plain JSON: turning full Pod objects into client models and back costs more
-  than the rest of a bind (profiled), and nothing here needs the models.
+  posted by a background worker so the bind path never waits on them; identical
+  events queued together go out as one with a count.
+- Lists, watches and pod reads go through the official client with
+  ``_preload_content=False`` and plain JSON: turning full Pod objects into client
+  models and back costs more than the rest of a bind (profiled), and nothing here
+  needs the models. Bindings and events go through ``kube_http.LeanPoster``, built
+  from the same configuration: urllib3 and ``http.client`` cost more than the API
+  server's own work per binding (profiled).
 """
 
 from __future__ import annotations
