@@ -6,9 +6,10 @@ the best node, like kube-scheduler. Three extenders are measured in one run,
 interleaved, ``--repeats`` times each:
 
 - ``sim``: tandem over its ``sim:`` cluster source (no API server);
-- ``kube``: tandem over its ``kube`` source, the official ``kubernetes`` client
-  talking real HTTP to ``fake_kube_api.py`` (list/watch, binding, events) in a
-  process of its own;
+- ``kube``: tandem over its ``kube`` source, talking real HTTP to
+  ``fake_kube_api.py`` in a process of its own: lists and watches through the
+  official ``kubernetes`` client, bindings and events through tandem's lean client
+  built from that client's configuration (``extender/kube_http.py``);
 - ``trivial``: ``trivial_extender.py`` (Flask on cheroot, GPU memory check only,
   bind through the same client and fake API), the baseline a p99 is compared to.
 
@@ -52,11 +53,12 @@ import _common
 from kubernetes import client
 
 from benchmarks import fake_kube_api, trivial_extender
-from extender.config import ConfigHolder, ExtenderConfig, load_config
+from extender.config import ConfigHolder, ExtenderConfig, StateConfig, load_config
 from extender.core import GpuSpec, NodeSpec
 from extender.kube import KubeSource
 from extender.routes import create_app
 from extender.server import start_background
+from extender.signing import PlacementSigner
 from extender.sim_cluster import SimSource
 
 NODES, GPUS, CANDIDATES = 1000, 8, 500
@@ -70,17 +72,23 @@ CONTAINER = {"name": "train", "image": "registry.example/train:1",
              "resources": {"limits": {"tandem.io/gpu": "1"}}}
 
 
+SIGNING_KEY = "extender-latency-benchmark-key"
+"""Placement signing key of the benchmark's extenders (placed pods are signed with it)."""
+
+
 def placed_pods(rng: random.Random) -> list[dict]:
-    """One placed training pod per GPU of the 1,000 x 8 A100-40GB cluster."""
+    """One placed training pod per GPU of the 1,000 x 8 A100-40GB cluster (signed placements)."""
+    signer = PlacementSigner(SIGNING_KEY.encode())
     pods = []
     for i in range(NODES):
         for g in range(GPUS):
             pods.append({"metadata": {"name": f"placed-{i}-{g}", "namespace": "bench",
-                                      "uid": f"placed-{i}-{g}", "annotations": {
+                                      "uid": f"placed-{i}-{g}", "annotations": signer.sign(
+                                          f"placed-{i}-{g}", f"node-{i:04d}", {
                                           "tandem.io/gpu-index": str(g),
                                           "tandem.io/predicted-gpu-util": str(rng.uniform(10, 70)),
                                           "tandem.io/predicted-gpu-mem-mib":
-                                              str(rng.randrange(2000, 30000))}},
+                                              str(rng.randrange(2000, 30000))})},
                          "spec": {"nodeName": f"node-{i:04d}", "containers": [CONTAINER]},
                          "status": {"phase": "Running"}})
     return pods
@@ -352,6 +360,8 @@ def main() -> None:
     modes = [m for m in opts.modes.split(",") if m]
     if not modes or set(modes) - set(MODES):
         parser.error(f"--modes must be a non-empty subset of {','.join(MODES)}")
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    os.environ[StateConfig.signing_key_env] = SIGNING_KEY  # the forked extenders inherit it
     rng = random.Random(42)
     cfg = load_config(None, environ={"TANDEM__LOGGING__LEVEL": "warning"})
     placed = placed_pods(rng)
@@ -371,6 +381,7 @@ def main() -> None:
         "modes": results,
         "goals": {**GOALS, "sim_p99_ms_per_verb": 3.0, "sim_cycles_per_second": 300},
         "checks": checks(results),
+        "load_average_1_5_15_at_start": load_before,
         **_common.context(("numpy", "flask", "cheroot", "kubernetes", "urllib3")),
     }
     _common.write_result(doc, opts.out)

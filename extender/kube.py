@@ -11,10 +11,14 @@
   precondition (a recreated pod of the same name is never bound by mistake) and
   the output annotations, which the API server copies onto the pod in the same
   update as ``nodeName``, so a bound pod always has its decision. Events are
-  posted by a background worker so the bind path never waits on them.
-- Reads and writes go through the official client with ``_preload_content=False``
-  and plain JSON: turning full Pod objects into client models and back costs more
-  than the rest of a bind (profiled), and nothing here needs the models.
+  posted by a background worker so the bind path never waits on them; identical
+  events queued together go out as one with a count.
+- Lists, watches and pod reads go through the official client with
+  ``_preload_content=False`` and plain JSON: turning full Pod objects into client
+  models and back costs more than the rest of a bind (profiled), and nothing here
+  needs the models. Bindings and events go through ``kube_http.LeanPoster``, built
+  from the same configuration: urllib3 and ``http.client`` cost more than the API
+  server's own work per binding (profiled).
 """
 
 from __future__ import annotations
@@ -26,12 +30,14 @@ import queue
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import quote
 
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
 from contracts.logs import get_logger
 from extender.core import GpuSpec, NodeSpec, Placement, PodRef
+from extender.kube_http import LeanPoster, supports
 from extender.source import DONE_PHASES, Verifier, same_decision, trusted_placement
 
 GFD_COUNT = "nvidia.com/gpu.count"
@@ -101,6 +107,12 @@ class KubeSource:
         self._on_untrusted: Callable[[str], None] | None = None
         self._distrusted: set[str] = set()
         """Pods already reported as carrying an unverifiable placement (reported once)."""
+        # Bindings and events go through the lean client when it can speak for this
+        # configuration (kube_http.py says why); reads and watches stay on the official one.
+        api_client = getattr(api, "api_client", None)
+        configuration = getattr(api_client, "configuration", None)
+        self._poster = LeanPoster(configuration, api_client.user_agent) \
+            if configuration is not None and supports(configuration) else None
 
     def use_signer(self, signer: Any, on_untrusted: Callable[[str], None] | None = None,
                    ) -> None:
@@ -254,6 +266,8 @@ class KubeSource:
     def stop(self) -> None:
         """Stop the watches and the event worker."""
         self._stop.set()
+        if self._poster is not None:
+            self._poster.close()  # idle sockets only: a later write opens a new one
         if self._background_events:
             with contextlib.suppress(queue.Full):
                 self._events.put_nowait(None)
@@ -280,6 +294,10 @@ class KubeSource:
                 "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid,
                              "annotations": dict(annotations)},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        if self._poster is not None:
+            self._poster.post(f"/api/v1/namespaces/{quote(pod.namespace, safe='')}/pods/"
+                              f"{quote(pod.name, safe='')}/binding", json.dumps(body).encode())
+            return False
         # _preload_content=False: the answer is a Status nobody reads (and the client cannot
         # deserialise it as a Binding, kubernetes-client/python#825).
         _drain(self.api.create_namespaced_pod_binding(pod.name, pod.namespace, body,
@@ -304,28 +322,73 @@ class KubeSource:
             self._log.warning("event queue full; event dropped", extra={"pod": pod.key})
 
     def drain_events(self) -> int:
-        """Post every queued event now (the worker's body; tests call it directly)."""
-        posted = 0
+        """Post every queued event now, identical ones as one with a count; returns the posts.
+
+        The worker's body (tests call it directly).
+        """
+        batch = []
         while True:
             try:
                 event = self._events.get_nowait()
             except queue.Empty:
-                return posted
+                break
             if event is None:
-                return posted
+                break
+            batch.append(event)
+        return self._post_batch(batch)
+
+    def _post_batch(self, batch: list[dict[str, Any]]) -> int:
+        # Like client-go's event correlator: repeats of one event (a bind failing the same
+        # way again) become one Event whose count says how often, not one object each.
+        merged: dict[tuple[str, ...], dict[str, Any]] = {}
+        for event in batch:
+            key = _event_key(event)
+            first = merged.get(key)
+            if first is None:
+                merged[key] = event
+            else:
+                first["count"] += event["count"]
+                first["lastTimestamp"] = event["lastTimestamp"]
+        for event in merged.values():
             self._post(event)
-            posted += 1
+        return len(merged)
 
     def _post(self, event: dict[str, Any]) -> None:
+        namespace = event["metadata"]["namespace"]
         try:
-            _drain(self.api.create_namespaced_event(event["metadata"]["namespace"], event,
-                                                    _preload_content=False))
+            if self._poster is not None:
+                self._poster.post(f"/api/v1/namespaces/{quote(namespace, safe='')}/events",
+                                  json.dumps(event).encode())
+            else:
+                _drain(self.api.create_namespaced_event(namespace, event,
+                                                        _preload_content=False))
         except ApiException as exc:
             self._log.warning("event not posted", extra={"error": str(exc.status)})
+        except Exception as exc:  # network errors: the event is lost, the worker lives on
+            self._log.warning("event not posted", extra={"error": repr(exc)})
 
     def _event_worker(self) -> None:
         while True:
             event = self._events.get()
             if event is None or self._stop.is_set():
                 return
-            self._post(event)
+            # Whatever queued up meanwhile goes in the same batch (merged when identical).
+            batch, stop = [event], False
+            while not stop:
+                try:
+                    more = self._events.get_nowait()
+                except queue.Empty:
+                    break
+                stop = more is None
+                if more is not None:
+                    batch.append(more)
+            self._post_batch(batch)
+            if stop:
+                return
+
+
+def _event_key(event: Mapping[str, Any]) -> tuple[str, ...]:
+    """What makes two events the same (client-go aggregates on these too)."""
+    obj = event["involvedObject"]
+    return (obj["namespace"], obj["name"], obj["uid"], event["type"], event["reason"],
+            event["message"])

@@ -328,6 +328,14 @@ class ClusterState:
             return {"nodes": nodes, "synced": self.synced,
                     "placed": len(self._placed), "assumed": len(self._assumed)}
 
+    def node_gpus(self, node: str) -> list[GpuSpec]:
+        """The GPUs of one node (none for an unknown node): O(its GPUs), for the bind path."""
+        with self.lock:
+            t = self._table
+            if node not in t.node_index:
+                return []
+            return [t.gpus[row] for row in t.node_rows(node)]
+
     def gpu_rows(self) -> list[tuple[str, GpuSpec, float, float | None]]:
         """(node, gpu, predicted util, fresh observed util) per GPU, for metrics."""
         policy, now = self._policy(), self._clock()

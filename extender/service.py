@@ -179,8 +179,8 @@ class Extender:
 
     def _source_on(self, demand: ResolvedDemand, node: str, indices: tuple[int, ...]) -> str:
         """Where the bound numbers came from: the demand's source on the node's GPU type."""
-        for name, gpu, *_ in self.state.gpu_rows():
-            if name == node and gpu.index in indices:
+        for gpu in self.state.node_gpus(node):  # not gpu_rows(): every GPU of the cluster
+            if gpu.index in indices:
                 found = demand.for_type(gpu_type_of(gpu.product))
                 return found.source if found is not None else ""
         return ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -310,6 +311,45 @@ def test_events_are_queued_not_blocking(api, fake):
     assert source.drain_events() == 1
     assert len(fake.events[0]["message"]) == 1024
     assert fake.events[0]["type"] == "Normal" and fake.events[0]["count"] == 1
+
+
+def test_repeated_events_are_posted_once_with_their_count(api, fake):
+    source = KubeSource(api, watch_factory=StopWatch, background_events=False)
+    pod = PodRef("ml", "p", "u")
+    for _ in range(3):
+        source.record_event(pod, "TandemBindFailed", "bind to gpu-1: Conflict", True)
+    source.record_event(pod, "TandemBindFailed", "bind to gpu-2: Conflict", True)
+    source.record_event(PodRef("ml", "q", "v"), "TandemBindFailed", "bind to gpu-1: Conflict",
+                        True)
+    assert source.drain_events() == 3
+    counts = {(e["involvedObject"]["name"], e["message"]): e["count"] for e in fake.events}
+    assert counts == {("p", "bind to gpu-1: Conflict"): 3, ("p", "bind to gpu-2: Conflict"): 1,
+                      ("q", "bind to gpu-1: Conflict"): 1}
+    assert all(e["firstTimestamp"] <= e["lastTimestamp"] for e in fake.events)
+
+
+def test_background_worker_posts_events_and_survives_network_errors(api, fake):
+    source = KubeSource(api, watch_factory=StopWatch)  # with its background event worker
+    create_app(ConfigHolder(build_config({})), source)  # starts the source
+    refused = threading.Event()
+    post = source._poster.post
+
+    def flaky(path, body):
+        if b'"lost"' in body:
+            refused.set()
+            raise ConnectionRefusedError("API server unreachable")
+        return post(path, body)
+    source._poster.post = flaky
+    source.record_event(PodRef("ml", "p", "u"), "TandemBound", "lost", False)
+    assert refused.wait(5)
+    source.record_event(PodRef("ml", "p", "u"), "TandemBound", "placed on gpu-1", False)
+    deadline = time.monotonic() + 5
+    mine = []
+    while not mine and time.monotonic() < deadline:
+        time.sleep(0.01)
+        mine = [e["message"] for e in fake.events if e["involvedObject"]["name"] == "p"]
+    source.stop()
+    assert mine == ["placed on gpu-1"]
 
 
 def test_fake_server_rejects_what_the_api_server_rejects(fake):
