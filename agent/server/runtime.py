@@ -13,8 +13,13 @@ State of the executor loop (one decision per ``step``)::
                     next cycle at ``start + d``; with no best-effort work it starts
                     as soon as an SLO request waits (work conserving)
 
-Only the executor thread touches the device: registrations that must measure a
-model hand their work to it (``_on_executor``). HTTP threads only enqueue. The
+Only the executor thread touches the device. A registration loads, checks and
+cuts its model on its own (HTTP) thread; each measurement run of its profile is
+one *probe slice* handed to the loop (``run_in_slice``), which runs it in the
+slack of a cycle ahead of best-effort segments, only where its expected length
+fits before the next cycle (or one cycle in N, as segments overrun). Slices are
+one atom of the model (or one batch-1 run where it has none), so an existing
+session waits at most one such slice, never a whole profile. The
 duty cycle comes from ``planner.plan_gpu`` (the one implementation) and
 is recomputed when sessions change or an EWMA of a session's arrival rate drifts.
 """
@@ -85,7 +90,13 @@ class ServingRuntime:
         self.quanta = QuantaScheduler(config.quantum_ms or config.min_quantum_ms)
         self._cycle_start_ms = clock.now_ms()
         self._cycle_pos = 0
-        self._tasks: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
+        self._probes: deque[tuple[Callable[[], Any], float, Future[Any]]] = deque()
+        self._last_probe_cycle = 0
+        self.probe_slices = 0
+        self.probe_max_ms = 0.0
+        """The longest probe slice run (what registering a model can delay serving by)."""
+        if hasattr(executor, "device_gate"):
+            executor.device_gate = self.run_in_slice
         self._drops: list[tuple[Request, DropReason]] = []
         self._last_replan_ms = clock.now_ms()
         self._thread: threading.Thread | None = None
@@ -119,7 +130,7 @@ class ServingRuntime:
                 spec = SessionSpec(name, model, float(slo_ms), float(rate_rps))
             except SessionError as exc:
                 raise BadRequest(str(exc)) from exc
-            loaded, profile = self._on_executor(lambda: self._load_and_profile(model))
+            loaded, profile = self._load_and_profile(model)
             with self._cv:
                 specs = [s.spec for s in self._slo.values()] + [spec]
                 plan = self._plan(
@@ -168,7 +179,7 @@ class ServingRuntime:
                 fraction = self.config.segment_fraction_of_quantum
                 return loaded, profile, self.executor.overhead_curve(loaded, profile, fraction)
 
-            loaded, profile, curve = self._on_executor(prepare)
+            loaded, profile, curve = prepare()
             curves = {**self._curves, name: curve}
             quantum = self.config.quantum_ms or choose_quantum_ms(
                 curves.values(),
@@ -177,7 +188,7 @@ class ServingRuntime:
                 self.config.max_quantum_ms,
             )
             target = quantum * self.config.segment_fraction_of_quantum
-            self._on_executor(lambda: self.executor.prepare_segments(loaded, target))
+            self.executor.prepare_segments(loaded, target)
             with self._cv:
                 self._curves = curves
                 self.quanta.quantum_ms = quantum
@@ -359,30 +370,22 @@ class ServingRuntime:
 
     # ---- the executor thread -----------------------------------------------------------
 
-    def _on_executor(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` on the executor thread (inline when none runs, as in replays)."""
+    def run_in_slice(self, fn: Callable[[], Any], expected_ms: float) -> Any:
+        """Run one device call of a registration as a probe slice of the executor loop
+        (inline when no loop runs, as in replays); its result or exception comes back."""
         thread = self._thread
         if thread is None or thread is threading.current_thread() or not thread.is_alive():
             return fn()
         future: Future[Any] = Future()
         with self._cv:
-            if self._stopping:  # ``stop`` fails queued tasks once; none may follow it
+            if self._stopping:  # ``stop`` fails queued probes once; none may follow it
                 raise ServerStopping("the server is shutting down; no session changes")
-            self._tasks.append((fn, future))
+            self._probes.append((fn, expected_ms, future))
             self._cv.notify_all()
         return future.result()
 
     def step(self) -> bool:
         """Make one scheduling decision and run it; False when there was nothing to do."""
-        with self._cv:
-            task = self._tasks.popleft() if self._tasks else None
-        if task is not None:
-            fn, future = task
-            try:
-                future.set_result(fn())
-            except BaseException as exc:  # hand any failure back to the registering thread
-                future.set_exception(exc)
-            return True
         start = self._timer()
         with self._cv:
             now = self.clock.now_ms()
@@ -394,6 +397,8 @@ class ServingRuntime:
             return False
         if action.kind == "batch":
             self._run_batch(action)
+        elif action.kind == "probe":
+            self._run_probe(action)
         else:
             self._run_segment(action)
         return True
@@ -415,9 +420,14 @@ class ServingRuntime:
             overflow = self._overflow_batch(order, now, cycle_end)
             if overflow is not None:
                 return overflow
+            probe = self._next_probe(order, now, cycle_end)
+            if probe is not None:
+                return probe
             segment = self._next_segment(now, cycle_end)
             if segment is not None:
                 return segment
+            # Waiting probes do not hold SLO requests to the cycle's end, as best-effort
+            # work does: they only fill time no SLO request wants.
             be_waiting = any(b.runnable() for b in self._be.values())
             slo_waiting = any(s.queue for s in self._slo.values())
             if not order or not (now >= cycle_end or (slo_waiting and not be_waiting)):
@@ -494,6 +504,34 @@ class ServingRuntime:
         instead of starving; the SLO sessions' next slot moves back by the segment then
         (``plan_with_headroom`` keeps room for that where it can)."""
         return self._cycles - self._last_be_cycle >= self.config.overrun_every_cycles
+
+    def _next_probe(self, order: list[str], now: float, cycle_end: float) -> Action | None:
+        """A registration's probe slice, if one waits and fits before the next cycle.
+
+        Probes go before best-effort segments (a registration is waiting on them) but
+        after every SLO batch; one that never fits overruns like a segment, one cycle
+        in ``overrun_every_cycles``, so a registration cannot starve either."""
+        if not self._probes:
+            return None
+        expected = self._probes[0][1]
+        fits = not order or now + expected <= cycle_end
+        if not fits and self._cycles - self._last_probe_cycle < self.config.overrun_every_cycles:
+            return None
+        self._last_probe_cycle = self._cycles
+        return Action("probe", None, profiled_ms=expected)
+
+    def _run_probe(self, action: Action) -> None:
+        with self._cv:
+            fn, _expected, future = self._probes.popleft()
+        start = self.clock.now_ms()
+        try:
+            future.set_result(fn())
+        except BaseException as exc:  # hand any failure back to the registering thread
+            future.set_exception(exc)
+        took = self.clock.now_ms() - start
+        self.busy_ms += took
+        self.probe_slices += 1
+        self.probe_max_ms = max(self.probe_max_ms, took)
 
     def _run_batch(self, action: Action) -> None:
         sess: SloState = action.session
@@ -625,7 +663,8 @@ class ServingRuntime:
     def next_wakeup_ms(self) -> float | None:
         """When the loop has timed work next (the end of a waiting slack phase), if ever."""
         with self._cv:
-            if self.plan and self.plan.allocations and any(b.runnable() for b in self._be.values()):
+            waiting = bool(self._probes) or any(b.runnable() for b in self._be.values())
+            if self.plan and self.plan.allocations and waiting:
                 return self._cycle_start_ms + self.plan.duty_cycle_ms
             return None
 
@@ -636,7 +675,7 @@ class ServingRuntime:
                 continue
             wake = self.next_wakeup_ms()
             with self._cv:
-                if self._tasks or self._stopping:
+                if self._stopping:
                     continue
                 timeout = 0.05 if wake is None else max(0.0, (wake - self.clock.now_ms()) / 1000.0)
                 self._cv.wait(min(timeout, 0.05))
@@ -672,8 +711,8 @@ class ServingRuntime:
                     self._drops.append((be.current.request, DropReason.SHUTDOWN))
                     be.stats.record_drop(DropReason.SHUTDOWN)
                     be.current = None
-            tasks, self._tasks = list(self._tasks), deque()
-        for _fn, future in tasks:
+            probes, self._probes = list(self._probes), deque()
+        for _fn, _expected, future in probes:
             future.set_exception(ServerStopping("the server stopped before the model loaded"))
         self._flush_drops()
         if self._post is not None:
@@ -702,6 +741,8 @@ class ServingRuntime:
                 "scheduler_seconds": self.scheduler_seconds,
                 "replans": self.replans,
                 "overruns": self.overruns,
+                "probe_slices": self.probe_slices,
+                "probe_max_ms": self.probe_max_ms,
                 "latency_margin": self.margin.margin,
                 "replans_refused": self.replans_refused,
                 "overrun_headroom_ms": self.overrun_headroom_ms,
