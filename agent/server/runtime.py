@@ -1,17 +1,8 @@
 """The per-GPU serving runtime: one executor thread, Nexus duty cycles, Olympian quanta.
 
-State of the executor loop (one decision per ``step``)::
-
-    cycle start ──> SLO phase: one batch per SLO session, round robin, in plan order
-                      │  (batches formed by early or lazy drop, dispatch.py)
-                      v
-                    slack phase: best-effort segments chosen by the quanta scheduler,
-                      │  each started only if it ends before the cycle does, except
-                      │  that after ``overrun_every_cycles`` cycles in which no segment
-                      │  found room, one may overrun the cycle (no starvation)
-                      v
-                    next cycle at ``start + d``; with no best-effort work it starts
-                    as soon as an SLO request waits (work conserving)
+This module holds sessions, registration, request intake, the loop's thread and
+its read side. What the loop runs next (the duty cycle, the overrun policy and
+probe slices) is ``cycle.py``; running it and answering requests, ``execution.py``.
 
 Only the executor thread touches the device. A registration loads, checks and
 cuts its model on its own (HTTP) thread; each measurement run of its profile is
@@ -26,7 +17,6 @@ is recomputed when sessions change or an EWMA of a session's arrival rate drifts
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections import deque
@@ -41,7 +31,8 @@ import numpy as np
 from agent.quanta import JobSpec, OverheadCurve, QuantaScheduler, choose_quantum_ms
 from agent.server.admission import LatencyMargin, plan_with_headroom, scaled_profile
 from agent.server.clock import Clock
-from agent.server.dispatch import DropPolicy, Request, form_batch
+from agent.server.cycle import DutyCycle
+from agent.server.dispatch import Request
 from agent.server.errors import (
     AdmissionRefused,
     BadRequest,
@@ -50,11 +41,10 @@ from agent.server.errors import (
     SessionConflict,
     SessionNotFound,
 )
+from agent.server.execution import Execution
 from agent.server.executors import Executor, LoadedModel
 from agent.server.session_state import (
-    Action,
     BestEffortState,
-    InFlight,
     RuntimeConfig,
     SloState,
     profile_json,
@@ -64,7 +54,7 @@ from planner import GpuPlan, Infeasible, SessionError, SessionSpec
 from predictor.batching import BatchingProfile
 
 
-class ServingRuntime:
+class ServingRuntime(DutyCycle, Execution):
     """Sessions, queues and the executor loop of one GPU."""
 
     def __init__(
@@ -402,222 +392,6 @@ class ServingRuntime:
         else:
             self._run_segment(action)
         return True
-
-    def _decide(self, now: float) -> Action | None:
-        order = [a.session.name for a in self.plan.allocations] if self.plan else []
-        for _ in range(2):  # at most one cycle restart per decision
-            while self._cycle_pos < len(order):
-                sess = self._slo.get(order[self._cycle_pos])
-                self._cycle_pos += 1
-                if sess is None or not sess.queue:
-                    continue
-                action = self._batch_action(sess, now)
-                if action is not None:
-                    return action
-            cycle_end = (
-                self._cycle_start_ms + self.plan.duty_cycle_ms if order and self.plan else math.inf
-            )
-            overflow = self._overflow_batch(order, now, cycle_end)
-            if overflow is not None:
-                return overflow
-            probe = self._next_probe(order, now, cycle_end)
-            if probe is not None:
-                return probe
-            segment = self._next_segment(now, cycle_end)
-            if segment is not None:
-                return segment
-            # Waiting probes do not hold SLO requests to the cycle's end, as best-effort
-            # work does: they only fill time no SLO request wants.
-            be_waiting = any(b.runnable() for b in self._be.values())
-            slo_waiting = any(s.queue for s in self._slo.values())
-            if not order or not (now >= cycle_end or (slo_waiting and not be_waiting)):
-                return None
-            self._cycle_start_ms = now
-            self._cycle_pos = 0
-            self._cycles += 1
-        return None
-
-    def _overflow_batch(self, order: list[str], now: float, cycle_end: float) -> Action | None:
-        """Slack goes to SLO requests left over by a burst before best-effort work.
-
-        A Poisson burst leaves more than ``b`` requests; waiting a whole cycle would
-        make them miss ``d + l(b)``. An extra batch that ends before the cycle does
-        delays nobody's next slot, so it only takes time best effort would have had.
-        """
-        for name in order:
-            sess = self._slo.get(name)
-            if sess is None or not sess.queue:
-                continue
-            size = min(len(sess.queue), sess.batch)
-            if now + sess.profile.latency_ms(size) > cycle_end:
-                continue
-            action = self._batch_action(sess, now)
-            if action is not None:
-                return action
-        return None
-
-    def _batch_action(self, sess: SloState, now: float) -> Action | None:
-        """The session's next batch under the drop policy, counting what it drops."""
-        batch, dropped = form_batch(
-            sess.queue, now, sess.batch, sess.profile.latency_ms, self.config.drop_policy
-        )
-        self._record_drops(sess, dropped)
-        return Action("batch", sess, batch) if batch else None
-
-    def _record_drops(self, sess: SloState, dropped: list[Request]) -> None:
-        reason = (
-            DropReason.EARLY_DROP
-            if self.config.drop_policy is DropPolicy.EARLY
-            else DropReason.DEADLINE_EXPIRED
-        )
-        for req in dropped:
-            sess.stats.record_drop(reason)
-            self._drops.append((req, reason))
-
-    def _next_segment(self, now: float, cycle_end: float) -> Action | None:
-        name = self.quanta.select([n for n, b in self._be.items() if b.runnable()])
-        if name is None:
-            return None
-        be = self._be[name]
-        if be.current is None:
-            req = be.queue.popleft()
-            items = int(req.tensor.shape[0]) if getattr(req.tensor, "ndim", 0) else 1
-            whole = be.profile.latency_ms(min(max(items, 1), be.profile.max_batch))
-            whole *= math.ceil(max(items, 1) / be.profile.max_batch)
-            target = self.quanta.quantum_ms * self.config.segment_fraction_of_quantum
-            costs = be.loaded.segment_costs_ms(whole, target)
-            be.current = InFlight(req, costs, 0, {be.loaded.input_name: req.tensor})
-        cost = be.current.costs_ms[be.current.index]
-        # Profiled fractions of l(b) drift from what a segment takes at this batch on
-        # this device; the job's observed measured/profiled ratio corrects the estimate.
-        expected = cost * be.cost_scale
-        if now + expected > cycle_end and not self._may_overrun(expected):
-            return None  # would push the next SLO cycle back: wait for it
-        if now + expected > cycle_end:
-            self.overruns += 1
-        self._last_be_cycle = self._cycles
-        return Action("segment", be, profiled_ms=cost)
-
-    def _may_overrun(self, expected_ms: float) -> bool:
-        """A segment that found no room for N whole cycles may overrun this one, or it
-        might never run: best effort gets a bounded share (one overrun per N cycles)
-        instead of starving; the SLO sessions' next slot moves back by the segment then
-        (``plan_with_headroom`` keeps room for that where it can)."""
-        return self._cycles - self._last_be_cycle >= self.config.overrun_every_cycles
-
-    def _next_probe(self, order: list[str], now: float, cycle_end: float) -> Action | None:
-        """A registration's probe slice, if one waits and fits before the next cycle.
-
-        Probes go before best-effort segments (a registration is waiting on them) but
-        after every SLO batch; one that never fits overruns like a segment, one cycle
-        in ``overrun_every_cycles``, so a registration cannot starve either."""
-        if not self._probes:
-            return None
-        expected = self._probes[0][1]
-        fits = not order or now + expected <= cycle_end
-        if not fits and self._cycles - self._last_probe_cycle < self.config.overrun_every_cycles:
-            return None
-        self._last_probe_cycle = self._cycles
-        return Action("probe", None, profiled_ms=expected)
-
-    def _run_probe(self, action: Action) -> None:
-        with self._cv:
-            fn, _expected, future = self._probes.popleft()
-        start = self.clock.now_ms()
-        try:
-            future.set_result(fn())
-        except BaseException as exc:  # hand any failure back to the registering thread
-            future.set_exception(exc)
-        took = self.clock.now_ms() - start
-        self.busy_ms += took
-        self.probe_slices += 1
-        self.probe_max_ms = max(self.probe_max_ms, took)
-
-    def _run_batch(self, action: Action) -> None:
-        sess: SloState = action.session
-        reqs = action.requests
-        start = self.clock.now_ms()
-        try:
-            stacked = np.concatenate([r.tensor for r in reqs], axis=0)
-            outputs = self.executor.run_batch(sess.loaded, stacked)
-            error = None
-        except Exception:  # one bad batch must not stop the GPU loop
-            outputs, error = [], DropReason.EXECUTION_FAILED
-        finish = self.clock.now_ms()
-        elapsed = finish - start
-        self.busy_ms += elapsed
-        if self.config.learn_latency_margin and error is None:
-            self.margin.observe(elapsed, sess.profile.latency_ms(len(reqs)))
-        stats = sess.stats
-        stats.gpu_time_ms += elapsed
-        stats.batch_sizes[len(reqs)] += 1
-        results: list[tuple[Request, Outcome]] = []
-        for i, req in enumerate(reqs):
-            latency = finish - req.arrival_ms
-            if error is not None:
-                stats.record_drop(error)
-                results.append((req, Outcome(None, error, latency)))
-                continue
-            stats.served += 1
-            if req.deadline_ms is not None and finish > req.deadline_ms:
-                stats.late += 1
-                results.append((req, Outcome(None, DropReason.DEADLINE_MISSED, latency)))
-            else:
-                stats.good += 1
-                results.append((req, Outcome(tuple(o[i : i + 1] for o in outputs), None, latency)))
-        self._deliver(results)
-
-    def _run_segment(self, action: Action) -> None:
-        be: BestEffortState = action.session
-        flight = be.current
-        assert flight is not None
-        start = self.clock.now_ms()
-        try:
-            flight.feed = self.executor.run_segment(
-                be.loaded, flight.index, flight.feed, action.profiled_ms
-            )
-            failed = False
-        except Exception:  # a failing job is dropped, the loop goes on
-            failed = True
-        measured = self.clock.now_ms() - start
-        self.busy_ms += measured
-        be.stats.gpu_time_ms += measured
-        if action.profiled_ms > 0 and not failed:
-            ratio = measured / action.profiled_ms
-            be.cost_scale = 0.8 * be.cost_scale + 0.2 * ratio
-        for record in self.quanta.charge(be.job.name, action.profiled_ms, measured):
-            be.stats.quanta += 1
-            be.stats.quantum_lengths_ms.append(record.measured_ms)
-        flight.index += 1
-        if failed or flight.index >= len(flight.costs_ms):
-            be.current = None
-            req = flight.request
-            latency = self.clock.now_ms() - req.arrival_ms
-            if failed:
-                be.stats.record_drop(DropReason.EXECUTION_FAILED)
-                self._deliver([(req, Outcome(None, DropReason.EXECUTION_FAILED, latency))])
-            else:
-                be.stats.served += 1
-                be.stats.good += 1
-                be.stats.batch_sizes[int(req.tensor.shape[0]) if req.tensor.ndim else 1] += 1
-                self._deliver([(req, Outcome(tuple(flight.feed.values()), None, latency))])
-
-    def _deliver(self, results: list[tuple[Request, Outcome]]) -> None:
-        """Hand results to the post-processing pool so the GPU loop moves on at once."""
-        if self._post is not None:
-            try:
-                self._post.submit(lambda: [req.on_done(o) for req, o in results])
-                return
-            except RuntimeError:  # the pool is shut down (after ``stop``): answer inline
-                pass
-        for req, outcome in results:
-            req.on_done(outcome)
-
-    def _flush_drops(self) -> None:
-        with self._cv:
-            drops, self._drops = self._drops, []
-        now = self.clock.now_ms()
-        self._deliver([(r, Outcome(None, why, now - r.arrival_ms)) for r, why in drops])
 
     def _update_margin(self, now: float) -> bool:
         """Refresh the latency margin once a rate window; True when planning must redo."""
