@@ -522,4 +522,3 @@ class ServingRuntime(DutyCycle, Execution):
                 "overrun_headroom_ms": self.overrun_headroom_ms,
                 "sessions": sessions,
             }
-
