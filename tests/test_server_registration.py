@@ -59,6 +59,7 @@ def runtime(tmp_path: Path) -> Iterator[ServingRuntime]:
 
 def no_sessions(monkeypatch, rt: ServingRuntime) -> None:
     """Fail the test if the executor builds an ONNX Runtime session or runs a probe."""
+
     def refuse(*_args):
         raise AssertionError("the executor loaded a model that should have been refused")
 
@@ -159,3 +160,22 @@ def test_registering_a_slow_model_leaves_an_slo_session_p99_within_one_slice(
     else:
         raise AssertionError(f"p99 moved by more than one probe slice: {tries}")
     assert runtime.probe_slices > 50
+
+
+def test_a_worker_that_dies_refuses_that_model_and_the_next_gets_a_fresh_one(
+    tmp_path, monkeypatch
+) -> None:
+    from agent.server.prepare import ModelPreparer
+
+    onnx.save(mlp(16, 2), str(tmp_path / "m.onnx"))
+    executor = OrtExecutor("cpu", limits=ModelLimits(store_root=tmp_path))
+    executor.preparer.start()
+    dead = ModelPreparer._get_worker()
+    dead.proc.kill()  # as a parser crash on a hostile file would
+    dead.proc.wait()
+    monkeypatch.setattr(ModelPreparer, "_get_worker", classmethod(lambda cls: dead))
+    with pytest.raises(ModelRejected, match="crashed the model worker") as refused:
+        executor.load("m.onnx")
+    assert refused.value.status == 422
+    monkeypatch.undo()
+    assert executor.load("m.onnx").cuts > 0

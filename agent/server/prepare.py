@@ -14,13 +14,15 @@ the registration is refused and the next one starts a fresh worker.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
-import multiprocessing
 import os
+import pickle
+import subprocess
+import sys
 import threading
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -75,17 +77,72 @@ def split_at(model: bytes, ends: list[int]) -> list[bytes]:
     return [p.SerializeToString() for p in split_model(proto, [cuts[i] for i in ends])]
 
 
-def _lower_priority() -> None:
-    """The worker yields the CPU to the serving process (the host runs the loop too)."""
+_WORKER_CALLS = {"prepare_model": prepare_model, "split_at": split_at}
+"""What the worker runs: these two, by name (nothing else crosses the pipe as code)."""
+
+
+def _worker_main() -> None:
+    """The worker: (call name, args) pickles in on stdin, (ok, value) pickles out."""
     with contextlib.suppress(OSError):  # not permitted: it still works, less politely
-        os.nice(10)
+        os.nice(10)  # yield the CPU to the serving process
+    # Answers go on a private copy of stdout; stray prints from libraries go to stderr.
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    source = sys.stdin.buffer
+    while True:
+        try:
+            name, args = pickle.load(source)
+        except EOFError:  # the server closed the pipe: done
+            return
+        try:
+            answer: tuple[bool, Any] = (True, _WORKER_CALLS[name](*args))
+        except Exception as exc:  # every failure goes back to the registration
+            answer = (False, exc)
+        try:
+            data = pickle.dumps(answer)
+        except Exception as exc:  # an exception that cannot be pickled: its text
+            data = pickle.dumps((False, RuntimeError(f"{type(exc).__name__}: {exc}")))
+        out.write(data)
+        out.flush()
+
+
+class _Worker:
+    """One worker process and its pipes; calls are serialized by the caller's lock."""
+
+    def __init__(self) -> None:
+        root = str(Path(__file__).resolve().parents[2])  # where ``agent`` is importable
+        path = os.environ.get("PYTHONPATH")
+        env = {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "agent.server.prepare"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+        )  # fmt: skip
+
+    def call(self, name: str, args: tuple[Any, ...]) -> Any:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        pickle.dump((name, args), self.proc.stdin)
+        self.proc.stdin.flush()
+        ok, value = pickle.load(self.proc.stdout)  # EOFError: the worker died
+        if not ok:
+            raise value
+        return value
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=2)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 class ModelPreparer:
     """Runs ``prepare_model`` and ``split_at`` in a worker process (or inline when asked)."""
 
     _lock = threading.Lock()
-    _pool: ProcessPoolExecutor | None = None
+    _worker: _Worker | None = None
 
     def __init__(self, in_process: bool = False):
         self.in_process = in_process
@@ -93,39 +150,40 @@ class ModelPreparer:
     def start(self) -> None:
         """Start the worker now, so that its start-up (imports) is not met mid-serving."""
         if not self.in_process:
-            self._worker().submit(int).result()
+            with self._lock:
+                self._get_worker()
 
     @classmethod
-    def _worker(cls) -> ProcessPoolExecutor:
-        with cls._lock:
-            if cls._pool is None:
-                # spawn: the server has threads, and a forked copy of them is not safe.
-                cls._pool = ProcessPoolExecutor(
-                    1, multiprocessing.get_context("spawn"), initializer=_lower_priority
-                )
-            return cls._pool
+    def _get_worker(cls) -> _Worker:
+        if cls._worker is None or cls._worker.proc.poll() is not None:
+            cls._worker = _Worker()
+            atexit.register(cls._worker.close)
+        return cls._worker
 
-    @classmethod
-    def _reset(cls, broken: ProcessPoolExecutor) -> None:
-        with cls._lock:
-            if cls._pool is broken:
-                cls._pool = None
-        broken.shutdown(wait=False, cancel_futures=True)
-
-    def _call(self, ref: str, fn: Any, *args: Any) -> Any:
+    def _call(self, ref: str, name: str, *args: Any) -> Any:
         if self.in_process:
-            return fn(*args)
-        pool = self._worker()
-        try:
-            return pool.submit(fn, *args).result()
-        except BrokenProcessPool as exc:
-            self._reset(pool)
-            raise ModelRejected(f"model {ref!r}: preparing it crashed the model worker") from exc
+            return _WORKER_CALLS[name](*args)
+        with self._lock:
+            worker = self._get_worker()
+            try:
+                return worker.call(name, args)
+            except (EOFError, BrokenPipeError, pickle.UnpicklingError) as exc:
+                worker.close()  # the next registration starts a fresh one
+                raise ModelRejected(
+                    f"model {ref!r}: preparing it crashed the model worker"
+                ) from exc
 
     def prepare(self, ref: str, limits: ModelLimits) -> PreparedModel:
         """The checked, folded and cut model; raises ModelRejected (422)."""
-        return self._call(ref, prepare_model, ref, limits)
+        return self._call(ref, "prepare_model", ref, limits)
 
     def split(self, ref: str, model: bytes, ends: list[int]) -> list[bytes]:
         """Segments of ``model`` ending after the given cuts, as bytes."""
-        return self._call(ref, split_at, model, ends)
+        return self._call(ref, "split_at", model, ends)
+
+
+if __name__ == "__main__":
+    # Through the module's own name, so what it pickles is ``agent.server.prepare.*``.
+    from agent.server.prepare import _worker_main as main
+
+    main()
