@@ -4,8 +4,9 @@ Parsing a model, checking it, inferring its shapes and cutting it into atoms is
 Python and C++ work that holds the interpreter lock for tens of milliseconds at a
 time (a 24-layer MLP: 60 ms in one protobuf parse). Done on a server thread, it
 stalls the executor loop as surely as a device run would. So it runs in a worker
-process (one, spawned on first use and shared), which hands back serialized
-graphs; the server only builds ONNX Runtime sessions from those bytes (which
+process (``python -m agent.server.prepare``: one, started on first use or by
+``start``, shared, at a lower CPU priority), which hands back serialized graphs;
+the server only builds ONNX Runtime sessions from those bytes (which mostly
 releases the lock) and times them in the loop's probe slices.
 
 A hostile file that crashes the parser takes the worker down, not the server:

@@ -4,13 +4,15 @@ This module holds sessions, registration, request intake, the loop's thread and
 its read side. What the loop runs next (the duty cycle, the overrun policy and
 probe slices) is ``cycle.py``; running it and answering requests, ``execution.py``.
 
-Only the executor thread touches the device. A registration loads, checks and
-cuts its model on its own (HTTP) thread; each measurement run of its profile is
-one *probe slice* handed to the loop (``run_in_slice``), which runs it in the
+Only the executor thread touches the device. A registration has its model
+checked and cut in a worker process (``prepare.py``), builds its sessions on
+its own (HTTP) thread, and hands each measurement run of its profile as
+one *probe slice* to the loop (``run_in_slice``), which runs it in the
 slack of a cycle ahead of best-effort segments, only where its expected length
-fits before the next cycle (or one cycle in N, as segments overrun). Slices are
-one atom of the model (or one batch-1 run where it has none), so an existing
-session waits at most one such slice, never a whole profile. The
+fits before the next cycle (or one cycle in N, as segments overrun). A slice is
+one atom or segment of the model at a profiled batch size, or one whole run at
+batch 1 (at each profiled size for a model with no cut), so an existing session
+waits at most one such slice (``probe_max_ms``), never a whole profile. The
 duty cycle comes from ``planner.plan_gpu`` (the one implementation) and
 is recomputed when sessions change or an EWMA of a session's arrival rate drifts.
 """
