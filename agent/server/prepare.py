@@ -10,15 +10,20 @@ the server only builds ONNX Runtime sessions from those bytes (which mostly
 releases the lock) and times them in the loop's probe slices.
 
 A hostile file that crashes the parser takes the worker down, not the server:
-the registration is refused and the next one starts a fresh worker.
+the registration is refused and the next one starts a fresh worker. The worker is
+the process that reads untrusted files, so nothing it sends back is executable:
+messages are a JSON header plus length-prefixed byte blobs (never pickles), with
+bounded sizes, and only the server's own error types are rebuilt from them.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
+import json
 import os
-import pickle
+import struct
 import subprocess
 import sys
 import threading
@@ -28,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from agent.server.errors import ModelRejected
+from agent.server.errors import BadRequest, ModelRejected, ServerError
 
 if TYPE_CHECKING:
     from agent.server.executors import ModelLimits
@@ -78,12 +83,86 @@ def split_at(model: bytes, ends: list[int]) -> list[bytes]:
     return [p.SerializeToString() for p in split_model(proto, [cuts[i] for i in ends])]
 
 
-_WORKER_CALLS = {"prepare_model": prepare_model, "split_at": split_at}
-"""What the worker runs: these two, by name (nothing else crosses the pipe as code)."""
+_MAX_HEADER_BYTES = 1 << 20
+_MAX_BLOB_BYTES = 8 << 30
+_MAX_BLOBS = 100_000
+
+
+class WorkerProtocolError(Exception):
+    """A message from the other side is malformed or over a size bound."""
+
+
+def _read_exact(source: Any, n: int) -> bytes:
+    data = source.read(n)
+    if data is None or len(data) != n:
+        raise EOFError("pipe closed mid-message")
+    return data
+
+
+def write_message(sink: Any, header: dict[str, Any], blobs: list[bytes] = ()) -> None:
+    """One message: 4-byte header length, the JSON header, then each blob with an 8-byte length."""
+    head = json.dumps({**header, "blobs": len(blobs)}, default=str).encode()
+    sink.write(struct.pack(">I", len(head)) + head)
+    for blob in blobs:
+        sink.write(struct.pack(">Q", len(blob)))
+        sink.write(blob)
+    sink.flush()
+
+
+def read_message(source: Any) -> tuple[dict[str, Any], list[bytes]]:
+    """The next message; EOFError when the pipe is closed before one starts."""
+    raw = source.read(4)
+    if not raw:
+        raise EOFError("pipe closed")
+    if len(raw) != 4:
+        raise EOFError("pipe closed mid-message")
+    (size,) = struct.unpack(">I", raw)
+    if size > _MAX_HEADER_BYTES:
+        raise WorkerProtocolError(f"header of {size} bytes")
+    try:
+        header = json.loads(_read_exact(source, size))
+    except ValueError:
+        raise WorkerProtocolError("header is not JSON") from None
+    count = header.get("blobs") if isinstance(header, dict) else None
+    if not isinstance(count, int) or not 0 <= count <= _MAX_BLOBS:
+        raise WorkerProtocolError("bad blob count")
+    blobs = []
+    for _ in range(count):
+        (length,) = struct.unpack(">Q", _read_exact(source, 8))
+        if length > _MAX_BLOB_BYTES:
+            raise WorkerProtocolError(f"blob of {length} bytes")
+        blobs.append(_read_exact(source, length))
+    return header, blobs
+
+
+def _limits_to_json(limits: ModelLimits) -> dict[str, Any]:
+    values = dataclasses.asdict(limits)
+    values["store_root"] = None if limits.store_root is None else str(limits.store_root)
+    return values
+
+
+def _limits_from_json(values: dict[str, Any]) -> ModelLimits:
+    from agent.server.executors import ModelLimits
+
+    root = values.get("store_root")
+    return ModelLimits(**{**values, "store_root": None if root is None else Path(root),
+                          "profile_batches": tuple(values["profile_batches"])})
+
+
+def _answer(header: dict[str, Any], blobs: list[bytes]) -> tuple[dict[str, Any], list[bytes]]:
+    """Run one request in the worker; the answer as a header and blobs."""
+    if header.get("call") == "prepare_model":
+        model = prepare_model(str(header["ref"]), _limits_from_json(header["limits"]))
+        return ({"ok": True, "ref": model.ref, "input_name": model.input_name,
+                 "dtype": model.input_dtype.str, "sample_shape": list(model.sample_shape),
+                 "cuts": model.cuts}, [model.model, *model.atoms])
+    if header.get("call") == "split_at":
+        return {"ok": True}, split_at(blobs[0], [int(e) for e in header["ends"]])
+    raise WorkerProtocolError(f"unknown call {header.get('call')!r}")
 
 
 def _worker_main() -> None:
-    """The worker: (call name, args) pickles in on stdin, (ok, value) pickles out."""
+    """The worker: requests in on stdin, answers out on stdout, one message each."""
     with contextlib.suppress(OSError):  # not permitted: it still works, less politely
         os.nice(10)  # yield the CPU to the serving process
     # Answers go on a private copy of stdout; stray prints from libraries go to stderr.
@@ -92,19 +171,29 @@ def _worker_main() -> None:
     source = sys.stdin.buffer
     while True:
         try:
-            name, args = pickle.load(source)
+            header, blobs = read_message(source)
         except EOFError:  # the server closed the pipe: done
             return
         try:
-            answer: tuple[bool, Any] = (True, _WORKER_CALLS[name](*args))
-        except Exception as exc:  # every failure goes back to the registration
-            answer = (False, exc)
-        try:
-            data = pickle.dumps(answer)
-        except Exception as exc:  # an exception that cannot be pickled: its text
-            data = pickle.dumps((False, RuntimeError(f"{type(exc).__name__}: {exc}")))
-        out.write(data)
-        out.flush()
+            answer, data = _answer(header, blobs)
+        except ServerError as exc:  # a refusal with its details, rebuilt on the other side
+            answer, data = {"ok": False, "error": type(exc).__name__, "message": exc.message,
+                            "details": exc.details}, []
+        except Exception as exc:  # every other failure: its text
+            answer, data = {"ok": False, "error": None,
+                            "message": f"{type(exc).__name__}: {exc}"}, []
+        write_message(out, answer, data)
+
+
+def _raise_from(ref: str, header: dict[str, Any]) -> None:
+    """Rebuild a worker's failure: only the server's own error types, else a 422."""
+    message = str(header.get("message", "preparation failed"))
+    details = header.get("details") if isinstance(header.get("details"), dict) else {}
+    kind = {cls.__name__: cls for cls in (ModelRejected, BadRequest)}.get(
+        str(header.get("error")))
+    if kind is not None:
+        raise kind(message, **details)
+    raise ModelRejected(f"model {ref!r}: {message}")
 
 
 class _Worker:
@@ -119,14 +208,14 @@ class _Worker:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
         )  # fmt: skip
 
-    def call(self, name: str, args: tuple[Any, ...]) -> Any:
+    def call(self, ref: str, header: dict[str, Any], blobs: list[bytes] = ()
+             ) -> tuple[dict[str, Any], list[bytes]]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        pickle.dump((name, args), self.proc.stdin)
-        self.proc.stdin.flush()
-        ok, value = pickle.load(self.proc.stdout)  # EOFError: the worker died
-        if not ok:
-            raise value
-        return value
+        write_message(self.proc.stdin, header, list(blobs))
+        answer, data = read_message(self.proc.stdout)  # EOFError: the worker died
+        if not answer.get("ok"):
+            _raise_from(ref, answer)
+        return answer, data
 
     def close(self) -> None:
         if self.proc.stdin is not None:
@@ -161,14 +250,13 @@ class ModelPreparer:
             atexit.register(cls._worker.close)
         return cls._worker
 
-    def _call(self, ref: str, name: str, *args: Any) -> Any:
-        if self.in_process:
-            return _WORKER_CALLS[name](*args)
+    def _call(self, ref: str, header: dict[str, Any], blobs: list[bytes] = ()
+              ) -> tuple[dict[str, Any], list[bytes]]:
         with self._lock:
             worker = self._get_worker()
             try:
-                return worker.call(name, args)
-            except (EOFError, BrokenPipeError, pickle.UnpicklingError) as exc:
+                return worker.call(ref, header, blobs)
+            except (EOFError, BrokenPipeError, WorkerProtocolError) as exc:
                 worker.close()  # the next registration starts a fresh one
                 raise ModelRejected(
                     f"model {ref!r}: preparing it crashed the model worker"
@@ -176,15 +264,26 @@ class ModelPreparer:
 
     def prepare(self, ref: str, limits: ModelLimits) -> PreparedModel:
         """The checked, folded and cut model; raises ModelRejected (422)."""
-        return self._call(ref, "prepare_model", ref, limits)
+        if self.in_process:
+            return prepare_model(ref, limits)
+        answer, blobs = self._call(ref, {"call": "prepare_model", "ref": ref,
+                                         "limits": _limits_to_json(limits)})
+        if not blobs:
+            raise ModelRejected(f"model {ref!r}: the model worker sent no model")
+        return PreparedModel(
+            str(answer["ref"]), blobs[0], str(answer["input_name"]), np.dtype(answer["dtype"]),
+            tuple(None if d is None else int(d) for d in answer["sample_shape"]),
+            int(answer["cuts"]), tuple(blobs[1:]),
+        )  # fmt: skip
 
     def split(self, ref: str, model: bytes, ends: list[int]) -> list[bytes]:
         """Segments of ``model`` ending after the given cuts, as bytes."""
-        return self._call(ref, "split_at", model, ends)
+        if self.in_process:
+            return split_at(model, ends)
+        return self._call(ref, {"call": "split_at", "ends": list(ends)}, [model])[1]
 
 
 if __name__ == "__main__":
-    # Through the module's own name, so what it pickles is ``agent.server.prepare.*``.
     from agent.server.prepare import _worker_main as main
 
     main()
