@@ -331,6 +331,34 @@ def _all_initializers(graph: Any) -> list[Any]:
     return out
 
 
+def largest_tensor(model: Any, batch_size: int, path: Path | str = "") -> tuple[str, int]:
+    """(name, bytes) of the largest tensor ONNX shape inference finds at ``batch_size``.
+
+    Reads shapes only: a graph that would build a huge tensor (``ConstantOfShape``
+    of a constant shape, a declared input) is measured without running it. Tensors
+    whose shape stays unknown are not counted. ``model`` is not modified.
+    """
+    import onnx
+
+    from predictor import _graph
+
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    _graph.bind_inputs(work.graph, batch_size, {})
+    weights = {t.name for t in work.graph.initializer}  # parameters, not intermediates
+    light = _graph.strip_large_initializers(work, _INLINE_KEEP_ELEMENTS)
+    order = _graph.topological_order(light.graph, str(path))
+    shapes = _resolve_shapes(light, order, Path(path))
+    best = ("", 0)
+    for name, (dtype, dims) in shapes.items():
+        if dims is None or name in weights:
+            continue
+        size = _tensor_bytes(dtype, dims)
+        if size > best[1]:
+            best = (name, size)
+    return best
+
+
 def _tensor_bytes(dtype: int, dims: Any) -> int:
     n = 1
     for d in dims:

@@ -3,8 +3,10 @@
 Two implementations, always chosen explicitly:
 
 - ``OrtExecutor``: ONNX Runtime with an explicit provider (CUDA EP on a GPU, CPU
-  EP elsewhere). Loads a model from the store after size and path checks, profiles
-  it when no batching profile is known, splits it into segments for quanta.
+  EP elsewhere). Loads a model from the store after size and path checks (in a
+  worker process, ``prepare.py``), profiles it when no batching profile is known,
+  splits it into segments for quanta. Every measurement run goes through
+  ``device_gate``: the serving runtime makes each one a slice of its loop.
 - ``SimExecutor``: "runs" a batch by sleeping ``l(b)`` from a batching profile on
   an injected clock (a virtual clock in tests and benchmarks), returning the input
   unchanged. It makes the scheduler testable at GPU speeds without a GPU.
@@ -32,6 +34,15 @@ from agent.server.profiles import fit_linear_profile
 from predictor.batching import BatchingProfile
 
 Feed = dict[str, np.ndarray]
+
+DeviceGate = Callable[[Callable[[], Any], float], Any]
+"""Runs one device call (``fn``, its expected ms; 0 when unknown) and returns its result."""
+
+
+def run_inline(fn: Callable[[], Any], expected_ms: float) -> Any:
+    """The gate with no serving loop: run now, on the calling thread."""
+    return fn()
+
 
 QUANTUM_GRID_MS = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 8.0)
 """Quantum lengths at which overhead curves are evaluated."""
@@ -175,14 +186,14 @@ class SimExecutor:
 
 @dataclass
 class _OrtHandle:
-    model: Any  # onnx.ModelProto
+    model: bytes  # the checked, constant-folded onnx.ModelProto, serialized
     session: Any  # onnxruntime.InferenceSession
     atoms: list[Any] = field(default_factory=list)
+    """Sessions of the atoms (the graph cut at every valid cut); empty without cuts."""
     atom_costs_ms: list[float] = field(default_factory=list)
     boundary_cost_ms: float = 0.0
     whole_ms: float = 0.0
     segments: list[Any] = field(default_factory=list)
-    cuts: list[Any] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -192,6 +203,10 @@ class ModelLimits:
     store_root: Path | None = None
     """If set, model paths must resolve inside this directory."""
     max_model_bytes: int = 2 * 2**30
+    max_input_bytes: int = 2**30
+    """Declared input of one batch of ``max_batch`` samples (static dims only)."""
+    max_tensor_bytes: int = 4 * 2**30
+    """Largest tensor ONNX shape inference finds at ``max_batch`` (inputs and intermediates)."""
     profile_batches: tuple[int, ...] = (1, 2, 4, 8)
     max_batch: int = 64
     profile_repeats: int = 3
@@ -210,8 +225,11 @@ class OrtExecutor:
         limits: ModelLimits = ModelLimits(),
         intra_op_threads: int = 1,
         timer: Callable[[], float] = time.perf_counter,
+        prepare_in_process: bool = False,
     ):
         import onnxruntime as ort
+
+        from agent.server.prepare import ModelPreparer
 
         if device not in ("cuda", "cpu"):
             raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
@@ -233,32 +251,29 @@ class OrtExecutor:
         self.limits = limits
         self._threads = intra_op_threads
         self._timer = timer
+        self.preparer = ModelPreparer(prepare_in_process)
+        self.device_gate: DeviceGate = run_inline
+        """How measurement runs reach the device; the serving runtime sets its time slices."""
 
-    def _session(self, model: Any) -> Any:
+    def _session(self, model: bytes) -> Any:
         opts = self._ort.SessionOptions()
         opts.intra_op_num_threads = self._threads
         opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
-        return self._ort.InferenceSession(
-            model.SerializeToString(), sess_options=opts, providers=self._providers
-        )
+        return self._ort.InferenceSession(model, sess_options=opts, providers=self._providers)
 
     def load(self, ref: str) -> LoadedModel:
-        """Check path, size and graph; build the whole-model session and profile its atoms."""
-        from agent.server.modelcheck import check_model_file
-        from agent.server.segments import fold_constants
-
-        model, input_name, dtype, sample_shape = check_model_file(ref, self.limits)
-        # Cuts and segments are found on the folded graph (segments.py says why).
-        model = fold_constants(model)
+        """Check path, size and graph (worker process), build the sessions, time the atoms."""
+        prepared = self.preparer.prepare(ref, self.limits)
         try:
-            session = self._session(model)
+            session = self._session(prepared.model)
         except Exception as exc:  # ORT raises its own exception types for bad graphs
             raise ModelRejected(f"onnxruntime cannot load {ref}: {exc}") from exc
         loaded = LoadedModel(
-            ref, input_name, dtype, sample_shape, (1.0,), _OrtHandle(model, session)
-        )
-        self._profile_atoms(loaded)
+            ref, prepared.input_name, prepared.input_dtype, prepared.sample_shape, (1.0,),
+            _OrtHandle(prepared.model, session), cuts=prepared.cuts,
+        )  # fmt: skip
+        self._profile_atoms(loaded, prepared.atoms)
         return loaded
 
     def _sample(self, loaded: LoadedModel, batch: int) -> np.ndarray:
@@ -272,86 +287,105 @@ class OrtExecutor:
             return rng.standard_normal(shape).astype(loaded.input_dtype)
         return np.zeros(shape, dtype=loaded.input_dtype)
 
-    def _time_ms(self, fn: Callable[[], object]) -> float:
-        fn()  # warm-up: first runs allocate
-        times = []
-        for _ in range(self.limits.profile_repeats):
+    def _slice(self, fn: Callable[[], Any], expected_ms: float) -> tuple[float, Any]:
+        """One device run through the gate: (its own duration in ms, its result)."""
+
+        def timed() -> tuple[float, Any]:
             start = self._timer()
-            fn()
-            times.append((self._timer() - start) * 1000.0)
-        return statistics.median(times)
+            out = fn()
+            return (self._timer() - start) * 1000.0, out
 
-    def _profile_atoms(self, loaded: LoadedModel) -> None:
-        from agent.server.segments import SegmentError, atoms, find_cuts
+        return self.device_gate(timed, expected_ms)
 
-        handle: _OrtHandle = loaded.handle
-        x = self._sample(loaded, 1)
-        handle.whole_ms = self._time_ms(lambda: handle.session.run(None, {loaded.input_name: x}))
-        try:
-            handle.cuts = find_cuts(handle.model)
-            pieces = atoms(handle.model) if handle.cuts else []
-        except SegmentError:
-            pieces = []
-        loaded.cuts = len(handle.cuts)
-        if len(pieces) < 2:
-            handle.atom_costs_ms = [handle.whole_ms]
-            return
-        handle.atoms = [self._session(p) for p in pieces]
+    def _time_ms(self, fn: Callable[[], Any], expected_ms: float = 0.0) -> tuple[float, Any]:
+        """Median of ``profile_repeats`` runs after a warm-up, each its own slice; and a result."""
+        first, out = self._slice(fn, expected_ms)  # warm-up: first runs allocate
+        expected = max(expected_ms, first)
+        times = [self._slice(fn, expected)[0] for _ in range(self.limits.profile_repeats)]
+        return statistics.median(times), out
+
+    def _chain_ms(
+        self, loaded: LoadedModel, sessions: list[Any], x: np.ndarray, expected_ms: list[float]
+    ) -> list[float]:
+        """Median time of each session of a chain fed from ``x``: one slice per run, so a
+        long model is measured in pieces no longer than one of its atoms."""
         feed: Feed = {loaded.input_name: x}
         costs = []
-        for sess in handle.atoms:
-            current = feed
-            costs.append(self._time_ms(lambda s=sess, f=current: s.run(None, f)))
-            outs = sess.run(None, feed)
+        for sess, expected in zip(sessions, expected_ms, strict=True):
+            cost, outs = self._time_ms(lambda s=sess, f=feed: s.run(None, f), expected)
+            costs.append(cost)
             feed = {o.name: v for o, v in zip(sess.get_outputs(), outs, strict=True)}
+        return costs
+
+    def _profile_atoms(self, loaded: LoadedModel, pieces: tuple[bytes, ...]) -> None:
+        handle: _OrtHandle = loaded.handle
+        x = self._sample(loaded, 1)
+        whole = lambda: handle.session.run(None, {loaded.input_name: x})  # noqa: E731
+        if len(pieces) < 2:
+            handle.whole_ms = self._time_ms(whole)[0]
+            handle.atom_costs_ms = [handle.whole_ms]
+            return
+        # Sessions are built here (CPU work, no device run); atoms are timed first so
+        # that the one whole run has an expected length the serving loop can fit.
+        handle.atoms = [self._session(p) for p in pieces]
+        costs = self._chain_ms(loaded, handle.atoms, x, [0.0] * len(handle.atoms))
         handle.atom_costs_ms = costs
-        sequential = sum(costs)
+        handle.whole_ms = self._time_ms(whole, sum(costs))[0]
         # What a yield point costs: one more ORT call and its input/output copies.
-        handle.boundary_cost_ms = max(0.0, sequential - handle.whole_ms) / (len(costs) - 1)
+        handle.boundary_cost_ms = max(0.0, sum(costs) - handle.whole_ms) / (len(costs) - 1)
 
     def known_profile(self, loaded: LoadedModel) -> BatchingProfile | None:
         """ORT has no stored profiles; the server's profile store may."""
         return None
 
     def profile(self, loaded: LoadedModel) -> BatchingProfile:
-        """Median latency at ``limits.profile_batches``, fitted linearly."""
+        """Median latency at ``limits.profile_batches``, fitted linearly.
+
+        A model with atoms is timed atom by atom (each run one device slice, so the
+        serving loop is never held for a whole batch of a slow model); l(b) is their
+        sum less the yield points measured at batch 1.
+        """
         handle: _OrtHandle = loaded.handle
         samples = []
         for b in self.limits.profile_batches:
             x = self._sample(loaded, b)
-            samples.append(
-                (b, self._time_ms(lambda x=x: handle.session.run(None, {loaded.input_name: x})))
-            )
+            if handle.atoms:
+                expected = [c * b for c in handle.atom_costs_ms]
+                chain = sum(self._chain_ms(loaded, handle.atoms, x, expected))
+                yields = (len(handle.atoms) - 1) * handle.boundary_cost_ms
+                samples.append((b, max(chain - yields, chain / len(handle.atoms))))
+            else:
+                run = lambda x=x: handle.session.run(None, {loaded.input_name: x})  # noqa: E731
+                samples.append((b, self._time_ms(run, handle.whole_ms * b)[0]))
         return fit_linear_profile(loaded.ref, self.gpu_type, samples, self.limits.max_batch)
 
     def prepare_segments(self, loaded: LoadedModel, target_ms: float) -> None:
         """Group atoms into segments of about ``target_ms`` at batch 1 and build their sessions."""
-        from agent.server.segments import split_model
-
         handle: _OrtHandle = loaded.handle
         if not handle.atoms:
             handle.segments = [handle.session]
             loaded.segment_fractions = (1.0,)
             return
         ranges = group_segments(handle.atom_costs_ms, target_ms)
-        cuts = [handle.cuts[end - 1] for _, end in ranges[:-1]]
-        handle.segments = [self._session(p) for p in split_model(handle.model, cuts)]
+        ends = [end - 1 for _, end in ranges[:-1]]  # the cut after atom ``end - 1``
+        pieces = self.preparer.split(loaded.ref, handle.model, ends)
+        handle.segments = [self._session(p) for p in pieces]
         total = sum(handle.atom_costs_ms) or 1.0
         loaded.segment_fractions = tuple(sum(handle.atom_costs_ms[s:e]) / total for s, e in ranges)
-        loaded.segment_overhead = self._measure_segment_overhead(loaded)
+        loaded.segment_overhead = self._measure_segment_overhead(loaded, ranges)
 
-    def _measure_segment_overhead(self, loaded: LoadedModel) -> float:
+    def _measure_segment_overhead(
+        self, loaded: LoadedModel, ranges: list[tuple[int, int]]
+    ) -> float:
         """What the segments actually built cost over one whole run, at batch 1."""
         handle: _OrtHandle = loaded.handle
         x = self._sample(loaded, 1)
-
-        def in_sequence() -> None:
-            feed: Feed = {loaded.input_name: x}
-            for i in range(len(handle.segments)):
-                feed = self.run_segment(loaded, i, feed, 0.0)
-
-        whole = self._time_ms(lambda: handle.session.run(None, {loaded.input_name: x}))
-        return max(0.0, self._time_ms(in_sequence) - whole) / max(whole, 1e-6)
+        expected = [sum(handle.atom_costs_ms[s:e]) for s, e in ranges]
+        in_sequence = sum(self._chain_ms(loaded, handle.segments, x, expected))
+        whole, _ = self._time_ms(
+            lambda: handle.session.run(None, {loaded.input_name: x}), handle.whole_ms
+        )
+        return max(0.0, in_sequence - whole) / max(whole, 1e-6)
 
     def overhead_curve(
         self, loaded: LoadedModel, profile: BatchingProfile, segment_fraction: float = 1.0

@@ -14,7 +14,11 @@ What stays here is what only the server needs:
   segments, so tensors in side files would not come along;
 - a graph the ONNX checker accepts (ONNX Runtime gets it next);
 - exactly one graph input with a leading batch dimension and a NumPy element
-  type (the inference API takes one tensor).
+  type (the inference API takes one tensor);
+- size limits read from shapes alone, before any runtime session exists or any
+  profiling runs: the declared input of a ``max_batch`` batch and the largest
+  tensor ONNX shape inference finds (a ``ConstantOfShape`` of 40 GB is refused
+  here, not met as ``MemoryError`` in the middle of serving).
 """
 
 from __future__ import annotations
@@ -27,7 +31,14 @@ import onnx
 from onnx import helper
 
 from agent.server.errors import ModelRejected, predictor_rejections
-from predictor.features import FeatureLimits, check_external_data, external_tensors, load_model
+from predictor.errors import ModelRejected as PredictorRejected
+from predictor.features import (
+    FeatureLimits,
+    check_external_data,
+    external_tensors,
+    largest_tensor,
+    load_model,
+)
 from predictor.store import ModelStore, StoreConfig
 
 if TYPE_CHECKING:
@@ -79,4 +90,33 @@ def check_model_file(
     dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
     if not dims:
         raise ModelRejected(f"{ref}: the input needs a leading batch dimension")
-    return model, inputs[0].name, dtype, tuple(dims[1:])
+    sample = tuple(dims[1:])
+    check_sizes(ref, model, dtype, sample, limits)
+    return model, inputs[0].name, dtype, sample
+
+
+def check_sizes(
+    ref: str, model: Any, dtype: np.dtype, sample: tuple[int | None, ...], limits: ModelLimits
+) -> None:
+    """Refuse (422, the limit named) a declared input or a tensor over the configured limits."""
+    if all(d is not None for d in sample):
+        per_sample = int(np.prod([int(d) for d in sample], dtype=np.int64)) * dtype.itemsize
+        declared = per_sample * limits.max_batch
+        if declared > limits.max_input_bytes:
+            raise ModelRejected(
+                f"{ref}: a batch of {limits.max_batch} declared inputs is {declared} bytes, "
+                f"over the limit max_input_bytes={limits.max_input_bytes}",
+                reason="too_large", limit="max_input_bytes", limit_bytes=limits.max_input_bytes,
+                bytes=declared,
+            )  # fmt: skip
+    try:
+        name, size = largest_tensor(model, limits.max_batch, ref)
+    except PredictorRejected as exc:
+        raise ModelRejected(f"model {ref!r}: {exc.reason.value}: {exc.detail}") from exc
+    if size > limits.max_tensor_bytes:
+        raise ModelRejected(
+            f"{ref}: tensor {name!r} is {size} bytes at batch {limits.max_batch}, "
+            f"over the limit max_tensor_bytes={limits.max_tensor_bytes}",
+            reason="too_large", limit="max_tensor_bytes", limit_bytes=limits.max_tensor_bytes,
+            tensor=name, bytes=size,
+        )  # fmt: skip

@@ -1,27 +1,24 @@
 """The per-GPU serving runtime: one executor thread, Nexus duty cycles, Olympian quanta.
 
-State of the executor loop (one decision per ``step``)::
+This module holds sessions, registration, request intake, the loop's thread and
+its read side. What the loop runs next (the duty cycle, the overrun policy and
+probe slices) is ``cycle.py``; running it and answering requests, ``execution.py``.
 
-    cycle start ──> SLO phase: one batch per SLO session, round robin, in plan order
-                      │  (batches formed by early or lazy drop, dispatch.py)
-                      v
-                    slack phase: best-effort segments chosen by the quanta scheduler,
-                      │  each started only if it ends before the cycle does, except
-                      │  that after ``overrun_every_cycles`` cycles in which no segment
-                      │  found room, one may overrun the cycle (no starvation)
-                      v
-                    next cycle at ``start + d``; with no best-effort work it starts
-                    as soon as an SLO request waits (work conserving)
-
-Only the executor thread touches the device: registrations that must measure a
-model hand their work to it (``_on_executor``). HTTP threads only enqueue. The
+Only the executor thread touches the device. A registration has its model
+checked and cut in a worker process (``prepare.py``), builds its sessions on
+its own (HTTP) thread, and hands each measurement run of its profile as
+one *probe slice* to the loop (``run_in_slice``), which runs it in the
+slack of a cycle ahead of best-effort segments, only where its expected length
+fits before the next cycle (or one cycle in N, as segments overrun). A slice is
+one atom or segment of the model at a profiled batch size, or one whole run at
+batch 1 (at each profiled size for a model with no cut), so an existing session
+waits at most one such slice (``probe_max_ms``), never a whole profile. The
 duty cycle comes from ``planner.plan_gpu`` (the one implementation) and
 is recomputed when sessions change or an EWMA of a session's arrival rate drifts.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections import deque
@@ -36,7 +33,8 @@ import numpy as np
 from agent.quanta import JobSpec, OverheadCurve, QuantaScheduler, choose_quantum_ms
 from agent.server.admission import LatencyMargin, plan_with_headroom, scaled_profile
 from agent.server.clock import Clock
-from agent.server.dispatch import DropPolicy, Request, form_batch
+from agent.server.cycle import DutyCycle
+from agent.server.dispatch import Request
 from agent.server.errors import (
     AdmissionRefused,
     BadRequest,
@@ -45,11 +43,10 @@ from agent.server.errors import (
     SessionConflict,
     SessionNotFound,
 )
+from agent.server.execution import Execution
 from agent.server.executors import Executor, LoadedModel
 from agent.server.session_state import (
-    Action,
     BestEffortState,
-    InFlight,
     RuntimeConfig,
     SloState,
     profile_json,
@@ -59,7 +56,7 @@ from planner import GpuPlan, Infeasible, SessionError, SessionSpec
 from predictor.batching import BatchingProfile
 
 
-class ServingRuntime:
+class ServingRuntime(DutyCycle, Execution):
     """Sessions, queues and the executor loop of one GPU."""
 
     def __init__(
@@ -85,7 +82,13 @@ class ServingRuntime:
         self.quanta = QuantaScheduler(config.quantum_ms or config.min_quantum_ms)
         self._cycle_start_ms = clock.now_ms()
         self._cycle_pos = 0
-        self._tasks: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
+        self._probes: deque[tuple[Callable[[], Any], float, Future[Any]]] = deque()
+        self._last_probe_cycle = 0
+        self.probe_slices = 0
+        self.probe_max_ms = 0.0
+        """The longest probe slice run (what registering a model can delay serving by)."""
+        if hasattr(executor, "device_gate"):
+            executor.device_gate = self.run_in_slice
         self._drops: list[tuple[Request, DropReason]] = []
         self._last_replan_ms = clock.now_ms()
         self._thread: threading.Thread | None = None
@@ -119,7 +122,7 @@ class ServingRuntime:
                 spec = SessionSpec(name, model, float(slo_ms), float(rate_rps))
             except SessionError as exc:
                 raise BadRequest(str(exc)) from exc
-            loaded, profile = self._on_executor(lambda: self._load_and_profile(model))
+            loaded, profile = self._load_and_profile(model)
             with self._cv:
                 specs = [s.spec for s in self._slo.values()] + [spec]
                 plan = self._plan(
@@ -168,7 +171,7 @@ class ServingRuntime:
                 fraction = self.config.segment_fraction_of_quantum
                 return loaded, profile, self.executor.overhead_curve(loaded, profile, fraction)
 
-            loaded, profile, curve = self._on_executor(prepare)
+            loaded, profile, curve = prepare()
             curves = {**self._curves, name: curve}
             quantum = self.config.quantum_ms or choose_quantum_ms(
                 curves.values(),
@@ -177,7 +180,7 @@ class ServingRuntime:
                 self.config.max_quantum_ms,
             )
             target = quantum * self.config.segment_fraction_of_quantum
-            self._on_executor(lambda: self.executor.prepare_segments(loaded, target))
+            self.executor.prepare_segments(loaded, target)
             with self._cv:
                 self._curves = curves
                 self.quanta.quantum_ms = quantum
@@ -359,30 +362,22 @@ class ServingRuntime:
 
     # ---- the executor thread -----------------------------------------------------------
 
-    def _on_executor(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` on the executor thread (inline when none runs, as in replays)."""
+    def run_in_slice(self, fn: Callable[[], Any], expected_ms: float) -> Any:
+        """Run one device call of a registration as a probe slice of the executor loop
+        (inline when no loop runs, as in replays); its result or exception comes back."""
         thread = self._thread
         if thread is None or thread is threading.current_thread() or not thread.is_alive():
             return fn()
         future: Future[Any] = Future()
         with self._cv:
-            if self._stopping:  # ``stop`` fails queued tasks once; none may follow it
+            if self._stopping:  # ``stop`` fails queued probes once; none may follow it
                 raise ServerStopping("the server is shutting down; no session changes")
-            self._tasks.append((fn, future))
+            self._probes.append((fn, expected_ms, future))
             self._cv.notify_all()
         return future.result()
 
     def step(self) -> bool:
         """Make one scheduling decision and run it; False when there was nothing to do."""
-        with self._cv:
-            task = self._tasks.popleft() if self._tasks else None
-        if task is not None:
-            fn, future = task
-            try:
-                future.set_result(fn())
-            except BaseException as exc:  # hand any failure back to the registering thread
-                future.set_exception(exc)
-            return True
         start = self._timer()
         with self._cv:
             now = self.clock.now_ms()
@@ -394,192 +389,11 @@ class ServingRuntime:
             return False
         if action.kind == "batch":
             self._run_batch(action)
+        elif action.kind == "probe":
+            self._run_probe(action)
         else:
             self._run_segment(action)
         return True
-
-    def _decide(self, now: float) -> Action | None:
-        order = [a.session.name for a in self.plan.allocations] if self.plan else []
-        for _ in range(2):  # at most one cycle restart per decision
-            while self._cycle_pos < len(order):
-                sess = self._slo.get(order[self._cycle_pos])
-                self._cycle_pos += 1
-                if sess is None or not sess.queue:
-                    continue
-                action = self._batch_action(sess, now)
-                if action is not None:
-                    return action
-            cycle_end = (
-                self._cycle_start_ms + self.plan.duty_cycle_ms if order and self.plan else math.inf
-            )
-            overflow = self._overflow_batch(order, now, cycle_end)
-            if overflow is not None:
-                return overflow
-            segment = self._next_segment(now, cycle_end)
-            if segment is not None:
-                return segment
-            be_waiting = any(b.runnable() for b in self._be.values())
-            slo_waiting = any(s.queue for s in self._slo.values())
-            if not order or not (now >= cycle_end or (slo_waiting and not be_waiting)):
-                return None
-            self._cycle_start_ms = now
-            self._cycle_pos = 0
-            self._cycles += 1
-        return None
-
-    def _overflow_batch(self, order: list[str], now: float, cycle_end: float) -> Action | None:
-        """Slack goes to SLO requests left over by a burst before best-effort work.
-
-        A Poisson burst leaves more than ``b`` requests; waiting a whole cycle would
-        make them miss ``d + l(b)``. An extra batch that ends before the cycle does
-        delays nobody's next slot, so it only takes time best effort would have had.
-        """
-        for name in order:
-            sess = self._slo.get(name)
-            if sess is None or not sess.queue:
-                continue
-            size = min(len(sess.queue), sess.batch)
-            if now + sess.profile.latency_ms(size) > cycle_end:
-                continue
-            action = self._batch_action(sess, now)
-            if action is not None:
-                return action
-        return None
-
-    def _batch_action(self, sess: SloState, now: float) -> Action | None:
-        """The session's next batch under the drop policy, counting what it drops."""
-        batch, dropped = form_batch(
-            sess.queue, now, sess.batch, sess.profile.latency_ms, self.config.drop_policy
-        )
-        self._record_drops(sess, dropped)
-        return Action("batch", sess, batch) if batch else None
-
-    def _record_drops(self, sess: SloState, dropped: list[Request]) -> None:
-        reason = (
-            DropReason.EARLY_DROP
-            if self.config.drop_policy is DropPolicy.EARLY
-            else DropReason.DEADLINE_EXPIRED
-        )
-        for req in dropped:
-            sess.stats.record_drop(reason)
-            self._drops.append((req, reason))
-
-    def _next_segment(self, now: float, cycle_end: float) -> Action | None:
-        name = self.quanta.select([n for n, b in self._be.items() if b.runnable()])
-        if name is None:
-            return None
-        be = self._be[name]
-        if be.current is None:
-            req = be.queue.popleft()
-            items = int(req.tensor.shape[0]) if getattr(req.tensor, "ndim", 0) else 1
-            whole = be.profile.latency_ms(min(max(items, 1), be.profile.max_batch))
-            whole *= math.ceil(max(items, 1) / be.profile.max_batch)
-            target = self.quanta.quantum_ms * self.config.segment_fraction_of_quantum
-            costs = be.loaded.segment_costs_ms(whole, target)
-            be.current = InFlight(req, costs, 0, {be.loaded.input_name: req.tensor})
-        cost = be.current.costs_ms[be.current.index]
-        # Profiled fractions of l(b) drift from what a segment takes at this batch on
-        # this device; the job's observed measured/profiled ratio corrects the estimate.
-        expected = cost * be.cost_scale
-        if now + expected > cycle_end and not self._may_overrun(expected):
-            return None  # would push the next SLO cycle back: wait for it
-        if now + expected > cycle_end:
-            self.overruns += 1
-        self._last_be_cycle = self._cycles
-        return Action("segment", be, profiled_ms=cost)
-
-    def _may_overrun(self, expected_ms: float) -> bool:
-        """A segment that found no room for N whole cycles may overrun this one, or it
-        might never run: best effort gets a bounded share (one overrun per N cycles)
-        instead of starving; the SLO sessions' next slot moves back by the segment then
-        (``plan_with_headroom`` keeps room for that where it can)."""
-        return self._cycles - self._last_be_cycle >= self.config.overrun_every_cycles
-
-    def _run_batch(self, action: Action) -> None:
-        sess: SloState = action.session
-        reqs = action.requests
-        start = self.clock.now_ms()
-        try:
-            stacked = np.concatenate([r.tensor for r in reqs], axis=0)
-            outputs = self.executor.run_batch(sess.loaded, stacked)
-            error = None
-        except Exception:  # one bad batch must not stop the GPU loop
-            outputs, error = [], DropReason.EXECUTION_FAILED
-        finish = self.clock.now_ms()
-        elapsed = finish - start
-        self.busy_ms += elapsed
-        if self.config.learn_latency_margin and error is None:
-            self.margin.observe(elapsed, sess.profile.latency_ms(len(reqs)))
-        stats = sess.stats
-        stats.gpu_time_ms += elapsed
-        stats.batch_sizes[len(reqs)] += 1
-        results: list[tuple[Request, Outcome]] = []
-        for i, req in enumerate(reqs):
-            latency = finish - req.arrival_ms
-            if error is not None:
-                stats.record_drop(error)
-                results.append((req, Outcome(None, error, latency)))
-                continue
-            stats.served += 1
-            if req.deadline_ms is not None and finish > req.deadline_ms:
-                stats.late += 1
-                results.append((req, Outcome(None, DropReason.DEADLINE_MISSED, latency)))
-            else:
-                stats.good += 1
-                results.append((req, Outcome(tuple(o[i : i + 1] for o in outputs), None, latency)))
-        self._deliver(results)
-
-    def _run_segment(self, action: Action) -> None:
-        be: BestEffortState = action.session
-        flight = be.current
-        assert flight is not None
-        start = self.clock.now_ms()
-        try:
-            flight.feed = self.executor.run_segment(
-                be.loaded, flight.index, flight.feed, action.profiled_ms
-            )
-            failed = False
-        except Exception:  # a failing job is dropped, the loop goes on
-            failed = True
-        measured = self.clock.now_ms() - start
-        self.busy_ms += measured
-        be.stats.gpu_time_ms += measured
-        if action.profiled_ms > 0 and not failed:
-            ratio = measured / action.profiled_ms
-            be.cost_scale = 0.8 * be.cost_scale + 0.2 * ratio
-        for record in self.quanta.charge(be.job.name, action.profiled_ms, measured):
-            be.stats.quanta += 1
-            be.stats.quantum_lengths_ms.append(record.measured_ms)
-        flight.index += 1
-        if failed or flight.index >= len(flight.costs_ms):
-            be.current = None
-            req = flight.request
-            latency = self.clock.now_ms() - req.arrival_ms
-            if failed:
-                be.stats.record_drop(DropReason.EXECUTION_FAILED)
-                self._deliver([(req, Outcome(None, DropReason.EXECUTION_FAILED, latency))])
-            else:
-                be.stats.served += 1
-                be.stats.good += 1
-                be.stats.batch_sizes[int(req.tensor.shape[0]) if req.tensor.ndim else 1] += 1
-                self._deliver([(req, Outcome(tuple(flight.feed.values()), None, latency))])
-
-    def _deliver(self, results: list[tuple[Request, Outcome]]) -> None:
-        """Hand results to the post-processing pool so the GPU loop moves on at once."""
-        if self._post is not None:
-            try:
-                self._post.submit(lambda: [req.on_done(o) for req, o in results])
-                return
-            except RuntimeError:  # the pool is shut down (after ``stop``): answer inline
-                pass
-        for req, outcome in results:
-            req.on_done(outcome)
-
-    def _flush_drops(self) -> None:
-        with self._cv:
-            drops, self._drops = self._drops, []
-        now = self.clock.now_ms()
-        self._deliver([(r, Outcome(None, why, now - r.arrival_ms)) for r, why in drops])
 
     def _update_margin(self, now: float) -> bool:
         """Refresh the latency margin once a rate window; True when planning must redo."""
@@ -625,7 +439,8 @@ class ServingRuntime:
     def next_wakeup_ms(self) -> float | None:
         """When the loop has timed work next (the end of a waiting slack phase), if ever."""
         with self._cv:
-            if self.plan and self.plan.allocations and any(b.runnable() for b in self._be.values()):
+            waiting = bool(self._probes) or any(b.runnable() for b in self._be.values())
+            if self.plan and self.plan.allocations and waiting:
                 return self._cycle_start_ms + self.plan.duty_cycle_ms
             return None
 
@@ -636,7 +451,7 @@ class ServingRuntime:
                 continue
             wake = self.next_wakeup_ms()
             with self._cv:
-                if self._tasks or self._stopping:
+                if self._stopping:
                     continue
                 timeout = 0.05 if wake is None else max(0.0, (wake - self.clock.now_ms()) / 1000.0)
                 self._cv.wait(min(timeout, 0.05))
@@ -672,8 +487,8 @@ class ServingRuntime:
                     self._drops.append((be.current.request, DropReason.SHUTDOWN))
                     be.stats.record_drop(DropReason.SHUTDOWN)
                     be.current = None
-            tasks, self._tasks = list(self._tasks), deque()
-        for _fn, future in tasks:
+            probes, self._probes = list(self._probes), deque()
+        for _fn, _expected, future in probes:
             future.set_exception(ServerStopping("the server stopped before the model loaded"))
         self._flush_drops()
         if self._post is not None:
@@ -702,9 +517,10 @@ class ServingRuntime:
                 "scheduler_seconds": self.scheduler_seconds,
                 "replans": self.replans,
                 "overruns": self.overruns,
+                "probe_slices": self.probe_slices,
+                "probe_max_ms": self.probe_max_ms,
                 "latency_margin": self.margin.margin,
                 "replans_refused": self.replans_refused,
                 "overrun_headroom_ms": self.overrun_headroom_ms,
                 "sessions": sessions,
             }
-

@@ -69,6 +69,7 @@ def build_runtime(options: ServeOptions) -> ServingRuntime:
     elif options.executor == "onnxruntime":
         limits = ModelLimits(store_root=options.model_store)
         executor = OrtExecutor(options.device, options.gpu_index, options.gpu_type, limits)
+        executor.preparer.start()  # the model worker's start-up is not met by a registration
         gpu_type = executor.gpu_type
         profiles = (
             load_profiles(options.profiles_path, gpu_type, Margin(1.0, options.profile_margin))
