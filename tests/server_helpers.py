@@ -60,3 +60,14 @@ def running_tiny_runtime() -> Iterator[ServingRuntime]:
     rt.start()
     yield rt
     rt.stop()
+
+
+def onnx_model(nodes, inits, shape) -> onnx.ModelProto:
+    """A one-input, one-output ONNX model (opset 17, IR 10) of ``nodes`` on ``shape``."""
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model

@@ -15,7 +15,8 @@ import numpy as np
 import onnx
 import pytest
 from bench_modules import load
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
+from server_helpers import onnx_model
 
 from agent.quanta import weighted_share_errors
 from agent.server.clock import MonotonicClock
@@ -28,17 +29,7 @@ mlp = load("serving_ort").mlp  # the benchmark's MatMul+Relu chain: a cut after 
 def one_matmul(rows: int, width: int) -> onnx.ModelProto:
     """One MatMul over [N, rows, width]: no cut, so one segment of the whole cost."""
     w = numpy_helper.from_array(np.eye(width, dtype=np.float32), "w")
-    return _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [w], ["N", rows, width])
-
-
-def _model(nodes, inits, shape) -> onnx.ModelProto:
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], initializer=inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 10
-    return model
+    return onnx_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [w], ["N", rows, width])
 
 
 @pytest.fixture()

@@ -16,19 +16,21 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from bench_modules import load
 from onnx import helper, numpy_helper
+from server_helpers import onnx_model
 
 from agent.server.app import create_app
 from agent.server.clock import MonotonicClock
 from agent.server.errors import ModelRejected
 from agent.server.executors import ModelLimits, OrtExecutor
 from agent.server.runtime import RuntimeConfig, ServingRuntime
-from tests.test_server_ort_sharing import _model, mlp
 
+mlp = load("serving_ort").mlp  # the benchmark's MatMul+Relu chain
 
 def huge_input(width: int) -> onnx.ModelProto:
     """Declares an input of [N, width, width] float32: nothing else."""
-    return _model([helper.make_node("Relu", ["x"], ["y"])], [], ["N", width, width])
+    return onnx_model([helper.make_node("Relu", ["x"], ["y"])], [], ["N", width, width])
 
 
 def constant_of_shape(elements: int) -> onnx.ModelProto:
@@ -39,7 +41,7 @@ def constant_of_shape(elements: int) -> onnx.ModelProto:
         helper.make_node("ReduceSum", ["big"], ["total"], keepdims=0),
         helper.make_node("Add", ["x", "total"], ["y"]),
     ]
-    return _model(nodes, [shape], ["N", 4])
+    return onnx_model(nodes, [shape], ["N", 4])
 
 
 @pytest.fixture()
