@@ -168,16 +168,18 @@ def device_plugin_command(
     """Serve tandem.io/gpu to the kubelet: each container gets the GPUs its pod was bound to."""
     import threading
 
-    from agent.device_plugin.main import build_runner, gpu_source, run_plugin
+    from agent.device_plugin.main import build_runner, run_plugin
     from agent.device_plugin.server import PluginConfig
     from agent.errors import ConfigError
     from agent.extender_view import StateClient
+    from agent.main import open_gpu_source
     from agent.reporter import TokenSource
     from contracts.logs import setup_logging
 
     setup_logging(logger_name="")
     node_name = node or os.environ.get("NODE_NAME", "")
     stop = threading.Event()
+    close_source = None
     try:
         if not node_name:
             raise ConfigError("no node name: pass --node or set NODE_NAME")
@@ -185,13 +187,17 @@ def device_plugin_command(
         state = StateClient(extender)
         config = PluginConfig(node=node_name, plugin_dir=plugin_dir, shares_per_gpu=shares,
                               health_interval_seconds=health_interval_seconds)
-        runner = build_runner(config, gpu_source(gpus, node_name),
+        source, close_source = open_gpu_source(gpus, node_name)
+        runner = build_runner(config, source,
                               lambda: state.fetch(node_name, token.get()),
                               pod_resources_socket, cdi_dir, stop)
     except ConfigError as err:
+        if close_source is not None:
+            close_source()
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
     try:
         run_plugin(runner, stop)
     finally:
         state.close()
+        close_source()

@@ -6,7 +6,7 @@ import json
 import logging
 import signal
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,11 +20,24 @@ from agent.reporter import Reporter, TokenSource
 from agent.runner import Agent, AgentConfig
 from agent.server.auth import AdminToken, AdminTokenError, is_loopback
 from agent.sessions import SessionSync
-from agent.sim_gpus import SimGpuSource, load_sim_gpus
+from agent.sim_gpus import SimGpuSource, SimJob, load_sim_gpus
 from agent.supervisor import ServerSupervisor, SupervisorConfig
 from contracts.logs import setup_logging
 
 log = logging.getLogger(__name__)
+
+
+def open_gpu_source(gpus: str, node: str, jobs: Callable[[], Sequence[SimJob]] = tuple,
+                    seed: int = 0) -> tuple[GpuSource, Callable[[], None]]:
+    """The ``--gpus`` source (NVML, or an explicitly named sim file) and its close function;
+    ``jobs`` is the simulated load (the sim source only)."""
+    spec = parse_gpu_source(gpus)
+    if spec.kind == "sim" and spec.path is not None:
+        return SimGpuSource(load_sim_gpus(spec.path, node), jobs, seed=seed), lambda: None
+    from agent.nvml import NvmlGpuSource
+
+    nvml_source = NvmlGpuSource()
+    return nvml_source, nvml_source.close
 
 
 def build_agent(*, node: str, gpus: str, extender: str | None, interval_seconds: float,
@@ -51,18 +64,9 @@ def build_agent(*, node: str, gpus: str, extender: str | None, interval_seconds:
                               "host: give --admin-token-file or set TANDEM_ADMIN_TOKEN")
         serve = replace(serve, admin_token_file=admin_token_file)
     config = AgentConfig(node=node, interval_seconds=interval_seconds)
-    spec = parse_gpu_source(gpus)
     views = ViewHolder()
-    closers: list[Callable[[], None]] = []
-    source: GpuSource
-    if spec.kind == "sim" and spec.path is not None:
-        source = SimGpuSource(load_sim_gpus(spec.path, node), PlacedJobs(views), seed=seed)
-    else:
-        from agent.nvml import NvmlGpuSource
-
-        nvml_source = NvmlGpuSource()
-        closers.append(nvml_source.close)
-        source = nvml_source
+    source, close_source = open_gpu_source(gpus, node, PlacedJobs(views), seed)
+    closers: list[Callable[[], None]] = [close_source]
     token = reporter = state = sync = None
     if extender is not None:
         token = TokenSource(token_file)

@@ -19,7 +19,7 @@ from agent.device_plugin.server import (
 )
 from agent.errors import ConfigError, StateError
 from agent.extender_view import NodeView
-from agent.gpus import GpuSource, parse_gpu_source
+from agent.gpus import GpuSource
 
 log = logging.getLogger(__name__)
 
@@ -42,18 +42,6 @@ def fetching_placements(fetch: Callable[[], NodeView]) -> Callable[[], Placement
             return []
 
     return current
-
-
-def gpu_source(gpus: str, node: str) -> GpuSource:
-    """The ``--gpus`` source: NVML, or an explicit simulated file."""
-    spec = parse_gpu_source(gpus)
-    if spec.kind == "sim" and spec.path is not None:
-        from agent.sim_gpus import SimGpuSource, load_sim_gpus
-
-        return SimGpuSource(load_sim_gpus(spec.path, node), lambda: (), seed=0)
-    from agent.nvml import NvmlGpuSource
-
-    return NvmlGpuSource()
 
 
 def build_runner(config: PluginConfig, source: GpuSource, fetch: Callable[[], NodeView],
