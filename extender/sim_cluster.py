@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from contracts.annotations import GPU_INDEX, PREDICTED_MEM_MIB, PREDICTED_UTIL
+from contracts.annotations import GPU_INDEX, PREDICTED_MEM_MIB, PREDICTED_UTIL, WORKLOAD
 from contracts.clusterfile import (
     ClusterFile,
     SimPod,
@@ -53,7 +53,7 @@ def node_specs(cluster: ClusterFile) -> list[NodeSpec]:
 def pod_object(pod: SimPod) -> dict[str, Any]:
     """A bound pod object whose annotations record the file's placement."""
     annotations = {
-        "tandem.io/workload": pod.workload,
+        WORKLOAD: pod.workload,
         GPU_INDEX: ",".join(str(i) for i in pod.gpu_index),
         PREDICTED_UTIL: str(pod.util_percent),
         PREDICTED_MEM_MIB: str(pod.mem_mib),

@@ -28,8 +28,8 @@ from typing import Any
 
 import typer
 
-ASSERTED = "tandem.io/gpu-util"
-MODEL = "tandem.io/model"
+from contracts.annotations import GPU_UTIL, MODEL
+
 SCHEDULING_GATE_REASON = "held by the queue's scheduling gate"
 
 
@@ -108,7 +108,7 @@ def _ts(when: Any) -> float:
 
 def pod_source(annotations: Mapping[str, str]) -> str:
     """Where a pod's utilisation figure came from: its own assertion or its model."""
-    if ASSERTED in annotations:
+    if GPU_UTIL in annotations:
         return "asserted"
     if MODEL in annotations:
         return f"model {annotations[MODEL]}"

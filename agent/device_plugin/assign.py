@@ -28,7 +28,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from contracts.annotations import GPU_UUID, PREFIX
+
 SHARE_SEPARATOR = "::"
+POD_UID_NOTE = PREFIX + "pod-uid"
+"""Runtime annotation on the container: the pod the GPU was handed to."""
 APP_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 """XIDs caused by an application, not the GPU (NVIDIA's device plugin skips the same)."""
 
@@ -153,7 +157,7 @@ def grant(pod: Candidate, cdi_names: set[str], cdi_kind: str = "nvidia.com/gpu")
     the GPUs' device nodes plus ``NVIDIA_VISIBLE_DEVICES`` set by the plugin (the
     kubelet, not the pod owner, sets it, so a hardened runtime may accept it)."""
     uuids = [g.uuid for g in pod.gpus]
-    notes = (("tandem.io/pod-uid", pod.uid), ("tandem.io/gpu-uuid", ",".join(uuids)))
+    notes = ((POD_UID_NOTE, pod.uid), (GPU_UUID, ",".join(uuids)))
     wanted = [f"{cdi_kind}={u}" for u in uuids]
     if wanted and all(name in cdi_names for name in wanted):
         return ContainerGrant(cdi_devices=tuple(wanted), annotations=notes)

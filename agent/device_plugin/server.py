@@ -30,6 +30,7 @@ import grpc
 from agent.device_plugin import assign
 from agent.device_plugin import protocol as api
 from agent.device_plugin.health import HealthTracker
+from contracts.annotations import GPU_RESOURCE
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class PluginConfig:
     node: str
     plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
     socket_name: str = "tandem-gpu.sock"
-    resource_name: str = "tandem.io/gpu"
+    resource_name: str = GPU_RESOURCE
     shares_per_gpu: int = 8
     health_interval_seconds: float = 5.0
     assignment_retry_seconds: float = 2.0
