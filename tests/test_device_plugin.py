@@ -184,29 +184,25 @@ class FakeKubelet:
         self.start()
 
     def start(self) -> None:
-        def register(request, context):
-            self.registrations.append(request)
-            return api.Empty()
+        kubelet = self
 
-        def listing(request, context):
-            response = api.ListPodResourcesResponse()
-            for ns, name, ids in self.holding:
-                pod = response.pod_resources.add(namespace=ns, name=name)
-                pod.containers.add(name="main").devices.add(
-                    resource_name="tandem.io/gpu", device_ids=ids)
-            return response
+        class Registration:
+            def Register(self, request, context):
+                kubelet.registrations.append(request)
+                return api.Empty()
 
-        reg_in, reg_out = api.method_types(api.REGISTRATION_SERVICE, "Register")
-        list_in, list_out = api.method_types(api.POD_RESOURCES_SERVICE, "List")
+        class PodResources:
+            def List(self, request, context):
+                response = api.ListPodResourcesResponse()
+                for ns, name, ids in list(kubelet.holding):
+                    pod = response.pod_resources.add(namespace=ns, name=name)
+                    pod.containers.add(name="main").devices.add(
+                        resource_name="tandem.io/gpu", device_ids=ids)
+                return response
+
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        self.server.add_generic_rpc_handlers((
-            grpc.method_handlers_generic_handler(api.REGISTRATION_SERVICE, {
-                "Register": grpc.unary_unary_rpc_method_handler(
-                    register, reg_in.FromString, reg_out.SerializeToString)}),
-            grpc.method_handlers_generic_handler(api.POD_RESOURCES_SERVICE, {
-                "List": grpc.unary_unary_rpc_method_handler(
-                    listing, list_in.FromString, list_out.SerializeToString)}),
-        ))
+        api.add_registration_to_server(Registration(), self.server)
+        api.add_pod_resources_to_server(PodResources(), self.server)
         self.server.add_insecure_port(f"unix://{self.plugin_dir / api.KUBELET_SOCKET}")
         self.server.add_insecure_port(f"unix://{self.pod_resources_socket}")
         self.server.start()
