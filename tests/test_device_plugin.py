@@ -93,7 +93,9 @@ def test_grant_uses_cdi_names_only_when_the_node_can_resolve_them():
     pod = Candidate("ml/p", "uid-1", (G0, G1))
     with_cdi = grant(pod, {"nvidia.com/gpu=GPU-aaaa", "nvidia.com/gpu=GPU-bbbb"})
     assert with_cdi.cdi_devices == ("nvidia.com/gpu=GPU-aaaa", "nvidia.com/gpu=GPU-bbbb")
-    assert with_cdi.device_nodes == () and with_cdi.envs == ()
+    assert with_cdi.device_nodes == ()
+    # The image's NVIDIA_VISIBLE_DEVICES=all must not add GPUs on top of CDI.
+    assert with_cdi.envs == (("NVIDIA_VISIBLE_DEVICES", "void"),)
     partial = grant(pod, {"nvidia.com/gpu=GPU-aaaa"})
     assert partial.cdi_devices == ()
     assert partial.device_nodes[:2] == ("/dev/nvidia0", "/dev/nvidia1")
@@ -306,6 +308,7 @@ def test_allocate_hands_over_the_bound_gpu_by_cdi_name(plugin):
     assert [d.name for d in container.cdi_devices] == ["nvidia.com/gpu=GPU-bbbb"]
     assert dict(container.annotations)["tandem.io/pod-uid"] == "uid-1"
     assert len(container.devices) == 0
+    assert dict(container.envs) == {"NVIDIA_VISIBLE_DEVICES": "void"}
 
 
 def test_allocate_without_cdi_gives_device_nodes_and_plugin_set_environment(plugin):
