@@ -55,6 +55,19 @@ class HandoffGate:
                 return None
             return entry if entry is not None and entry.uid != uid else None
 
+    def claim(self, node: str, uid: str, pod: str, timeout_seconds: float) -> Waiting | None:
+        """Reserve ``node`` for ``uid`` unless another pod holds it; returns that pod.
+
+        Check and reservation are one step: the scheduler binds pods concurrently, and
+        two binds that both saw the node free would leave two pods waiting on it.
+        """
+        with self._lock:
+            entry = self._waiting.get(node)
+            if entry is not None and entry.uid != uid and entry.deadline_seconds > self._clock():
+                return entry
+            self._waiting[node] = Waiting(uid, pod, self._clock() + timeout_seconds)
+            return None
+
     def begin(self, node: str, uid: str, pod: str, timeout_seconds: float) -> None:
         """``uid`` was bound to ``node`` and now waits for its GPU."""
         with self._lock:

@@ -248,22 +248,36 @@ class Extender:
         pod = self._pod_for(args)
         ref, demand = self.demand(pod)
         ref = PodRef(args.pod_namespace, args.pod_name, args.pod_uid or ref.uid)
-        inputs = tandem_annotations(annotations_of(pod))
-        placement, plan, cost, uuids = self.state.assume_best(
-            args.node, demand, self._inference, ref.uid or ref.key, ref.key, inputs)
-        annotations = output_annotations(placement, uuids, cost, plan,
-                                         self._source_on(demand, args.node,
-                                                         tuple(placement.gpu_indices)))
+        gated = handoff.mode == "device-plugin"
+        if gated:
+            # The scheduler binds concurrently: the check above may race another bind to
+            # this node, so the node is claimed atomically before the Binding is written.
+            waiting = self.state.handoffs.claim(args.node, ref.uid or ref.key, ref.key,
+                                                handoff.timeout_seconds)
+            if waiting is not None:
+                raise BindConflict(f"{args.node} is handing a GPU to {waiting.pod} "
+                                   "(device plugin); retry once that pod is admitted", None)
         try:
-            confirmed = self.source.bind(ref, args.node, annotations)
-        except Exception as exc:
-            self.state.forget(placement.pod_uid)
-            self.source.record_event(ref, "TandemBindFailed", f"bind to {args.node}: {exc}", True)
-            raise SourceError(f"tandem: bind to {args.node} failed: {exc}") from exc
-        if handoff.mode == "device-plugin" and not confirmed:
-            # Not for sources that confirm at bind (the simulated cluster has no kubelet).
-            self.state.handoffs.begin(args.node, placement.pod_uid, ref.key,
-                                      handoff.timeout_seconds)
+            inputs = tandem_annotations(annotations_of(pod))
+            placement, plan, cost, uuids = self.state.assume_best(
+                args.node, demand, self._inference, ref.uid or ref.key, ref.key, inputs)
+            annotations = output_annotations(placement, uuids, cost, plan,
+                                             self._source_on(demand, args.node,
+                                                             tuple(placement.gpu_indices)))
+            try:
+                confirmed = self.source.bind(ref, args.node, annotations)
+            except Exception as exc:
+                self.state.forget(placement.pod_uid)
+                self.source.record_event(ref, "TandemBindFailed",
+                                         f"bind to {args.node}: {exc}", True)
+                raise SourceError(f"tandem: bind to {args.node} failed: {exc}") from exc
+        except Exception:
+            if gated:
+                self.state.handoffs.release(ref.uid or ref.key)
+            raise
+        if gated and confirmed:
+            # Sources that confirm at bind (the simulated cluster) have no kubelet to wait for.
+            self.state.handoffs.release(ref.uid or ref.key)
         if confirmed:
             self.state.confirm(dataclasses.replace(
                 placement, annotations=tuple(sorted({**dict(inputs), **annotations}.items()))))

@@ -1,13 +1,17 @@
 """Shared by the manifest tests (no tests here): load YAML, resolve kustomizations, walk pods.
 
 The resolver understands exactly what tandem's kustomizations use (``resources``,
-``configMapGenerator`` with ``files`` and ``disableNameSuffixHash``, ``images``)
-and fails loudly on anything else, so a new kustomize feature cannot slip in
-untested.
+``configMapGenerator`` with ``files`` and ``disableNameSuffixHash``, ``images``,
+``components`` whose ``patches`` are strategic-merge files: ``$patch: delete`` of
+one object, or a merge into the objects a ``target`` names, lists of named items
+merged by name) and fails loudly on anything else, so a new kustomize feature
+cannot slip in untested; tests/test_manifests_validate.py compares it with
+``kubectl kustomize`` where kubectl is installed.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,8 +21,10 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 MANIFESTS = REPO / "manifests"
 OVERLAYS = ("sidecar", "standalone")
+# The same two with the environment-variable GPU hand-off (components/env-handoff).
+ENV_HANDOFF_OVERLAYS = ("sidecar-env-handoff", "standalone-env-handoff")
 # Optional kustomizations applied after an overlay (they use its namespace and config).
-ADDONS = ("queue-gate", "device-plugin")
+ADDONS = ("queue-gate",)
 K8S_VERSION = "1.30.0"  # oldest minor we document support for; see docs/deploy.md
 
 # Objects the operator creates at install time (docs/deploy.md), never committed.
@@ -34,7 +40,8 @@ BUILT_IN_ROLES = {
     ("ClusterRole", "system:volume-scheduler"),
     ("Role", "extension-apiserver-authentication-reader"),
 }
-_KNOWN_KUSTOMIZE_KEYS = {"apiVersion", "kind", "resources", "configMapGenerator", "images"}
+_KNOWN_KUSTOMIZE_KEYS = {"apiVersion", "kind", "resources", "configMapGenerator", "images",
+                         "components", "patches"}
 
 
 def load_docs(path: Path) -> list[dict[str, Any]]:
@@ -68,12 +75,66 @@ def resolve(directory: Path) -> list[dict[str, Any]]:
             metadata["labels"] = dict(options["labels"])
         objects.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
                         "data": data})
+    for component in kustomization.get("components", []):
+        objects = _apply_component(objects, (directory / component).resolve())
+    if kustomization.get("patches") and kustomization.get("kind") != "Component":
+        raise AssertionError(f"{directory}: patches are resolved in components only")
     for image in kustomization.get("images", []):
         for container in containers_of(objects):
             repo, _, _tag = container["image"].rpartition(":")
             if repo == image["name"]:
                 container["image"] = f"{image.get('newName', repo)}:{image['newTag']}"
     return objects
+
+
+def _apply_component(objects: list[dict[str, Any]], directory: Path) -> list[dict[str, Any]]:
+    component = load_docs(directory / "kustomization.yaml")[0]
+    unknown = set(component) - {"apiVersion", "kind", "patches"}
+    if component.get("kind") != "Component" or unknown:
+        raise AssertionError(f"{directory}: not a patches-only Component ({sorted(unknown)})")
+    for entry in component["patches"]:
+        if set(entry) - {"path", "target"}:
+            raise AssertionError(f"{directory}: patch entries take path and target only")
+        (patch,) = load_docs(directory / entry["path"])
+        target = entry.get("target")
+        if patch.get("$patch") == "delete":
+            meta = patch["metadata"]
+            left = [o for o in objects if not (o["kind"] == patch["kind"] and
+                                               o["metadata"]["name"] == meta["name"])]
+            assert len(left) == len(objects) - 1, f"{directory}: nothing to delete"
+            objects = left
+            continue
+        if target is None or set(target) - {"kind", "name"}:
+            raise AssertionError(f"{directory}: merge patches need a kind/name target")
+        for obj in objects:
+            # kustomize matches a target name as an anchored regular expression.
+            if obj["kind"] == target["kind"] and \
+                    re.fullmatch(target["name"], obj["metadata"]["name"]):
+                _merge(obj, {k: v for k, v in patch.items()
+                             if k not in ("apiVersion", "kind", "metadata")})
+    return objects
+
+
+def _merge(into: dict[str, Any], patch: dict[str, Any]) -> None:
+    """Strategic merge as tandem's patches use it: maps merge, named lists merge by name
+    (patch items first, as kustomize emits them), other values are replaced."""
+    for key, value in patch.items():
+        old = into.get(key)
+        if isinstance(value, dict) and isinstance(old, dict):
+            _merge(old, value)
+        elif isinstance(value, list) and isinstance(old, list) and \
+                all(isinstance(i, dict) and "name" in i for i in value + old):
+            by_name = {i["name"]: i for i in old}
+            merged = []
+            for item in value:
+                if item["name"] in by_name:
+                    _merge(by_name.pop(item["name"]), item)
+                    merged.append(next(i for i in old if i["name"] == item["name"]))
+                else:
+                    merged.append(item)
+            into[key] = merged + [i for i in old if i["name"] in by_name]
+        else:
+            into[key] = value
 
 
 def kustomize_files(directory: Path) -> set[Path]:
@@ -87,6 +148,10 @@ def kustomize_files(directory: Path) -> set[Path]:
         for spec in generator["files"]:
             files.add((directory / spec.partition("=")[2] if "=" in spec else directory / spec)
                       .resolve())
+    for component in kustomization.get("components", []):
+        files |= kustomize_files((directory / component).resolve())
+    for entry in kustomization.get("patches", []):
+        files.add((directory / entry["path"]).resolve())
     return files
 
 

@@ -27,15 +27,26 @@ CASES = {
     "sidecar+queue-gate": (["queueGate.enabled=true"],
                            lambda: resolve(MANIFESTS / "overlays/sidecar")
                            + resolve(MANIFESTS / "addons/queue-gate")),
-    "sidecar+device-plugin": (["devicePlugin.enabled=true", "config.handoff.mode=device-plugin"],
-                              lambda: _with_handoff(resolve(MANIFESTS / "overlays/sidecar"),
-                                                    "device-plugin")
-                              + resolve(MANIFESTS / "addons/device-plugin")),
+    "sidecar+env-handoff": (["devicePlugin.enabled=false", "config.handoff.mode=env"],
+                            lambda: _env_folded(
+                                resolve(MANIFESTS / "overlays/sidecar-env-handoff"))),
+    "standalone+env-handoff": (["topology=standalone", "devicePlugin.enabled=false",
+                                "config.handoff.mode=env"],
+                               lambda: _env_folded(
+                                   resolve(MANIFESTS / "overlays/standalone-env-handoff"))),
 }
 
 
-def _with_handoff(objects: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
-    """The kustomize install after the add-on's documented step: handoff.mode in tandem.yaml."""
+def _env_folded(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """components/env-handoff sets handoff.mode through the extender's TANDEM__HANDOFF__MODE;
+    the chart writes it into tandem.yaml. Fold the variable into the file to compare."""
+    mode = None
+    for _, spec in pod_specs(objects):
+        for c in spec["containers"]:
+            if c["name"] == "extender":
+                mode = next(e["value"] for e in c["env"] if e["name"] == "TANDEM__HANDOFF__MODE")
+                c["env"] = [e for e in c["env"] if e["name"] != "TANDEM__HANDOFF__MODE"]
+    assert mode == "env"
     for obj in objects:
         if obj["kind"] == "ConfigMap" and "tandem.yaml" in obj.get("data", {}):
             config = yaml.safe_load(obj["data"]["tandem.yaml"])

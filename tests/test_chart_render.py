@@ -39,6 +39,7 @@ OPTIONS = {
         "tls.caConfigMapName=my-ca", "tokens.agent.existingSecret=my-agent",
         "tokens.admin.existingSecret=my-admin", "agent.serveGpus=false",
         "config.limits.max_pods_per_gpu=4", "config.limits.min_colocation_gain_percent=5",
+        "devicePlugin.enabled=false", "config.handoff.mode=env",
     ],
     "queue-gate": [
         "queueGate.enabled=true", "metrics.podMonitors.enabled=true",
@@ -51,7 +52,6 @@ OPTIONS = {
         "kubeScheduler.extenderWeight=3", "agent.modelStore.emptyDir=null",
         "agent.modelStore.persistentVolumeClaim.claimName=models",
         "agent.modelStore.persistentVolumeClaim.readOnly=true",
-        "devicePlugin.enabled=true", "config.handoff.mode=device-plugin",
         "devicePlugin.shares=4",
     ],
 }
@@ -112,6 +112,12 @@ def test_options_change_what_they_say(rendered: dict) -> None:
     assert ("Deployment", "tandem-scheduler") not in kinds["standalone"]
     assert ("Deployment", "tandem-queue-gate") in kinds["queue-gate"]
     assert ("Deployment", "tandem-queue-gate") not in kinds["defaults"]
+    assert ("DaemonSet", "tandem-device-plugin") in kinds["defaults"]
+    assert ("DaemonSet", "tandem-device-plugin") not in kinds["standalone"]
+    assert _config(rendered["defaults"], "tandem-config", "tandem.yaml")["handoff"]["mode"] == \
+        "device-plugin"
+    assert _config(rendered["standalone"], "tandem-config", "tandem.yaml")["handoff"]["mode"] == \
+        "env"
     assert {"tandem-extender-tls", "tandem-agent-token", "tandem-admin-token"} <= {
         n for k, n in kinds["defaults"] if k == "Secret"}
     assert not any(k == "Secret" for k, _ in kinds["standalone"]), "the user's Secrets are used"
@@ -167,8 +173,8 @@ def test_kube_scheduler_follows_the_cluster_version(cluster: str, expected: str)
     (["topology=sidecars"], 'topology must be "sidecar" or "standalone"'),
     (["queueGate.enabled=true", "config.queue.enabled=true"], "run the weighted-fair queue in one"),
     (["replicas=0"], "replicas must be at least 1"),
-    (["devicePlugin.enabled=true"], "devicePlugin.enabled and config.handoff.mode"),
-    (["config.handoff.mode=device-plugin"], "devicePlugin.enabled and config.handoff.mode"),
+    (["devicePlugin.enabled=false"], "devicePlugin.enabled and config.handoff.mode"),
+    (["config.handoff.mode=env"], "devicePlugin.enabled and config.handoff.mode"),
 ])
 def test_bad_values_fail_with_a_message(sets: list[str], message: str) -> None:
     result = helm_template(*sets, check=False)

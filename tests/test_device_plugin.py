@@ -1,6 +1,7 @@
 """The tandem.io/gpu device plugin: pure hand-off decisions, CDI, health, and the real
 gRPC conversation with a kubelet stand-in on unix sockets (registration, ListAndWatch,
-Allocate, preferred allocation, re-registration after a kubelet restart)."""
+Allocate, preferred allocation, re-registration after a kubelet restart, and concurrent
+admissions with the extender's hand-off gate)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from agent.device_plugin.server import (
 )
 from agent.errors import DriverNotLoaded
 from agent.gpus import GpuInfo, GpuSample, NodeSample
+from extender.handoff import HandoffGate
 
 G0, G1 = Gpu(0, "GPU-aaaa"), Gpu(1, "GPU-bbbb")
 INVENTORY = {G0.uuid: G0, G1.uuid: G1}
@@ -91,7 +93,9 @@ def test_grant_uses_cdi_names_only_when_the_node_can_resolve_them():
     pod = Candidate("ml/p", "uid-1", (G0, G1))
     with_cdi = grant(pod, {"nvidia.com/gpu=GPU-aaaa", "nvidia.com/gpu=GPU-bbbb"})
     assert with_cdi.cdi_devices == ("nvidia.com/gpu=GPU-aaaa", "nvidia.com/gpu=GPU-bbbb")
-    assert with_cdi.device_nodes == () and with_cdi.envs == ()
+    assert with_cdi.device_nodes == ()
+    # The image's NVIDIA_VISIBLE_DEVICES=all must not add GPUs on top of CDI.
+    assert with_cdi.envs == (("NVIDIA_VISIBLE_DEVICES", "void"),)
     partial = grant(pod, {"nvidia.com/gpu=GPU-aaaa"})
     assert partial.cdi_devices == ()
     assert partial.device_nodes[:2] == ("/dev/nvidia0", "/dev/nvidia1")
@@ -184,29 +188,25 @@ class FakeKubelet:
         self.start()
 
     def start(self) -> None:
-        def register(request, context):
-            self.registrations.append(request)
-            return api.Empty()
+        kubelet = self
 
-        def listing(request, context):
-            response = api.ListPodResourcesResponse()
-            for ns, name, ids in self.holding:
-                pod = response.pod_resources.add(namespace=ns, name=name)
-                pod.containers.add(name="main").devices.add(
-                    resource_name="tandem.io/gpu", device_ids=ids)
-            return response
+        class Registration:
+            def Register(self, request, context):
+                kubelet.registrations.append(request)
+                return api.Empty()
 
-        reg_in, reg_out = api.method_types(api.REGISTRATION_SERVICE, "Register")
-        list_in, list_out = api.method_types(api.POD_RESOURCES_SERVICE, "List")
+        class PodResources:
+            def List(self, request, context):
+                response = api.ListPodResourcesResponse()
+                for ns, name, ids in list(kubelet.holding):
+                    pod = response.pod_resources.add(namespace=ns, name=name)
+                    pod.containers.add(name="main").devices.add(
+                        resource_name="tandem.io/gpu", device_ids=ids)
+                return response
+
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        self.server.add_generic_rpc_handlers((
-            grpc.method_handlers_generic_handler(api.REGISTRATION_SERVICE, {
-                "Register": grpc.unary_unary_rpc_method_handler(
-                    register, reg_in.FromString, reg_out.SerializeToString)}),
-            grpc.method_handlers_generic_handler(api.POD_RESOURCES_SERVICE, {
-                "List": grpc.unary_unary_rpc_method_handler(
-                    listing, list_in.FromString, list_out.SerializeToString)}),
-        ))
+        api.add_registration_to_server(Registration(), self.server)
+        api.add_pod_resources_to_server(PodResources(), self.server)
         self.server.add_insecure_port(f"unix://{self.plugin_dir / api.KUBELET_SOCKET}")
         self.server.add_insecure_port(f"unix://{self.pod_resources_socket}")
         self.server.start()
@@ -308,6 +308,7 @@ def test_allocate_hands_over_the_bound_gpu_by_cdi_name(plugin):
     assert [d.name for d in container.cdi_devices] == ["nvidia.com/gpu=GPU-bbbb"]
     assert dict(container.annotations)["tandem.io/pod-uid"] == "uid-1"
     assert len(container.devices) == 0
+    assert dict(container.envs) == {"NVIDIA_VISIBLE_DEVICES": "void"}
 
 
 def test_allocate_without_cdi_gives_device_nodes_and_plugin_set_environment(plugin):
@@ -367,3 +368,109 @@ def test_registers_again_after_a_kubelet_restart(plugin):
 def test_pod_resources_api_missing_is_reported(tmp_path):
     with pytest.raises(PodResourcesUnavailable):
         pod_resources_holding(tmp_path / "nope.sock", "tandem.io/gpu")
+
+
+# --- concurrent admissions --------------------------------------------------------
+
+def add_gpus(plugin, count: int) -> list[Gpu]:
+    """Grow the scripted node to ``count`` GPUs and wait until the plugin sees them."""
+    source = plugin["source"]
+    gpus = [Gpu(i, f"GPU-{i:04d}") for i in range(count)]
+    source.infos = [GpuInfo(g.index, g.uuid, "H100", 81559) for g in gpus]
+    source.xids = {g.uuid: (0, 0) for g in gpus}
+    health = plugin["runner"].service.health
+    assert wait_for(lambda: {g.uuid for g in health.gpus().values() if g.healthy}
+                    == {g.uuid for g in gpus})
+    return gpus
+
+
+def admit(plugin, ns: str, name: str, device_ids: list[str]) -> list[str]:
+    """What the kubelet does for one pod: Allocate, then record the devices it holds
+    (the pod resources API lists them from then on). The GPUs the container got."""
+    container = allocate(plugin, *device_ids).container_responses[0]
+    plugin["kubelet"].holding.append((ns, name, list(device_ids)))
+    return dict(container.annotations)["tandem.io/gpu-uuid"].split(",")
+
+
+def run_threads(work, items) -> dict:
+    """Run ``work(item)`` for every item at once, started together; item -> result."""
+    start = threading.Barrier(len(items))
+    results: dict = {}
+
+    def one(item):
+        start.wait()
+        try:
+            results[item] = work(item)
+        except grpc.RpcError as err:
+            results[item] = err.details()
+
+    threads = [threading.Thread(target=one, args=(item,)) for item in items]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return results
+
+
+def test_concurrent_allocates_each_get_their_own_gpus(plugin):
+    """Pods waiting at once are told apart by GPU count; the kubelet's chosen share IDs
+    (here deliberately on other GPUs) do not change what each container gets."""
+    g = add_gpus(plugin, 6)
+    bound = {"a": [g[0]], "b": [g[1], g[2]], "c": [g[3], g[4], g[5]]}
+    for name, gpus in bound.items():
+        plugin["rows"].extend(placement("ml", name, f"uid-{name}", *gpus))
+    kubelet_pick = {"a": [f"{g[5].uuid}::0"],
+                    "b": [f"{g[0].uuid}::1", f"{g[3].uuid}::1"],
+                    "c": [f"{g[1].uuid}::2", f"{g[2].uuid}::2", f"{g[0].uuid}::2"]}
+    got = run_threads(lambda name: admit(plugin, "ml", name, kubelet_pick[name]), list(bound))
+    assert got == {name: [x.uuid for x in gpus] for name, gpus in bound.items()}
+    # Every pod now holds devices: nobody is waiting any more.
+    with pytest.raises(grpc.RpcError) as err:
+        allocate(plugin, f"{g[0].uuid}::3")
+    assert "NoAssignment" in err.value.details()
+
+
+def test_gated_concurrent_admissions_of_same_sized_pods_each_get_their_own_gpu(plugin):
+    """Four one-GPU pods bound to four GPUs of one node, admitted from four threads. The
+    extender's hand-off gate lets one pod at a time wait on the node (the others see
+    HandoffPending and retry), so every Allocate has exactly one candidate."""
+    g = add_gpus(plugin, 4)
+    gate = HandoffGate(time.monotonic)
+    pending_seen: list[str] = []
+
+    def schedule_and_admit(i: int) -> list[str]:
+        name, uid = f"p{i}", f"uid-p{i}"
+        while (holder := gate.claim("node-1", uid, f"ml/{name}", 30.0)) is not None:
+            pending_seen.append(f"{name} waits for {holder.pod}")  # Filter: HandoffPending
+            time.sleep(0.01)
+        plugin["rows"].extend(placement("ml", name, uid, g[i]))  # the bind
+        try:
+            return admit(plugin, "ml", name, [f"{g[(i + 1) % 4].uuid}::0"])
+        finally:
+            gate.release(uid)  # the kubelet set status.startTime
+
+    got = run_threads(schedule_and_admit, list(range(4)))
+    assert got == {i: [g[i].uuid] for i in range(4)}
+    assert pending_seen  # the gate did hold pods back
+    assert gate.waiting() == {}
+
+
+def test_two_same_sized_pods_pending_on_different_gpus_are_refused_not_guessed(plugin):
+    """Without the gate (or with the env hand-off's binds), two one-GPU pods on
+    different GPUs may wait at once: every Allocate answers Ambiguous and no container
+    gets a GPU the extender did not bind. The gate keeps the second pod off the node."""
+    plugin["rows"].extend(placement("ml", "x", "uid-x", G0) + placement("ml", "y", "uid-y", G1))
+    got = run_threads(lambda name: admit(plugin, "ml", name, ["GPU-aaaa::0"]), ["x", "y"])
+    assert all("tandem Ambiguous" in str(answer) for answer in got.values()), got
+    assert plugin["kubelet"].holding == []
+
+    plugin["rows"].clear()
+    gate = HandoffGate(time.monotonic)
+    assert gate.claim("node-1", "uid-x", "ml/x", 30.0) is None
+    plugin["rows"].extend(placement("ml", "x", "uid-x", G0))
+    assert gate.claim("node-1", "uid-y", "ml/y", 30.0).pod == "ml/x"  # HandoffPending
+    assert admit(plugin, "ml", "x", ["GPU-bbbb::0"]) == [G0.uuid]
+    gate.release("uid-x")
+    assert gate.claim("node-1", "uid-y", "ml/y", 30.0) is None
+    plugin["rows"].extend(placement("ml", "y", "uid-y", G1))
+    assert admit(plugin, "ml", "y", ["GPU-aaaa::1"]) == [G1.uuid]

@@ -3,6 +3,8 @@ kubelet's admission, a deletion or the timeout."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from extender.handoff import HandoffGate, Waiting, admitted
@@ -51,3 +53,33 @@ def test_gate_holds_a_node_for_one_pod_until_released_or_expired():
     assert gate.holder("n1") is not None
     clock.now = 130.0
     assert gate.holder("n1") is None and gate.waiting() == {}
+
+
+def test_claim_is_check_and_reserve_in_one_step():
+    clock = Clock()
+    gate = HandoffGate(clock)
+    assert gate.claim("n1", "u1", "ml/a", timeout_seconds=30) is None
+    assert gate.claim("n1", "u2", "ml/b", timeout_seconds=30) == Waiting("u1", "ml/a", 130.0)
+    assert gate.claim("n1", "u1", "ml/a", timeout_seconds=30) is None  # a retried bind
+    clock.now = 131.0  # the first hand-off timed out: the next pod may have the node
+    assert gate.claim("n1", "u2", "ml/b", timeout_seconds=30) is None
+    assert gate.waiting() == {"n1": Waiting("u2", "ml/b", 161.0)}
+
+
+def test_concurrent_claims_leave_exactly_one_pod_waiting_per_node():
+    """The scheduler binds pods concurrently; only one of them may get the node."""
+    gate = HandoffGate(Clock())
+    start = threading.Barrier(8)
+    won: list[str] = []
+
+    def bind(uid: str) -> None:
+        start.wait()
+        if gate.claim("n1", uid, f"ml/{uid}", timeout_seconds=30) is None:
+            won.append(uid)
+
+    threads = [threading.Thread(target=bind, args=(f"u{i}",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert len(won) == 1 and gate.waiting()["n1"].uid == won[0]

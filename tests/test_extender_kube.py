@@ -396,6 +396,56 @@ def test_device_plugin_handoff_holds_the_node_until_the_kubelet_admits_the_pod(a
         source.stop()
 
 
+def test_concurrent_binds_to_one_node_leave_one_pod_waiting(api, fake):
+    """kube-scheduler binds in parallel goroutines: two binds that both saw the node free
+    must not both go through, or the device plugin would see two pods waiting."""
+    source = KubeSource(api, watch_factory=StopWatch, background_events=False)
+    config = build_config({"handoff": {"mode": "device-plugin", "timeout_seconds": 60}})
+    app = create_app(ConfigHolder(config), source, environ=SIGNED_ENV)
+    source.stop()
+    real_bind = source.bind
+
+    def slow_bind(*args, **kwargs):
+        time.sleep(0.3)  # both binds are past the early holder() check by now
+        return real_bind(*args, **kwargs)
+    source.bind = slow_bind
+    for name in ("first", "second"):
+        fake.put_pod(k8s_pod(name, f"uid-{name}", annotations=DEMAND, phase="Pending"))
+        filter_first(app, fake, name)
+    answers: dict[str, str] = {}
+    threads = [threading.Thread(target=lambda n=name: answers.__setitem__(
+        n, bind(app, n, f"uid-{n}")["Error"])) for name in ("first", "second")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    winners = [n for n, error in answers.items() if error == ""]
+    assert len(winners) == 1, answers
+    loser = "second" if winners == ["first"] else "first"
+    assert f"handing a GPU to ml/{winners[0]}" in answers[loser]
+    waiting = app.extensions["tandem"].state.handoffs.waiting()
+    assert [w.pod for w in waiting.values()] == [f"ml/{winners[0]}"]
+
+
+def test_failed_bind_gives_the_node_back(api, fake):
+    source = KubeSource(api, watch_factory=StopWatch, background_events=False)
+    config = build_config({"handoff": {"mode": "device-plugin", "timeout_seconds": 60}})
+    app = create_app(ConfigHolder(config), source, environ=SIGNED_ENV)
+    source.stop()
+    real_bind = source.bind
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionRefusedError("API server unreachable")
+    source.bind = unreachable
+    fake.put_pod(k8s_pod("new", "uid-new", annotations=DEMAND, phase="Pending"))
+    filter_first(app, fake)
+    assert "failed" in bind(app)["Error"]
+    assert app.extensions["tandem"].state.handoffs.waiting() == {}
+    source.bind = real_bind
+    assert bind(app) == {"Error": ""}
+    assert app.extensions["tandem"].state.handoffs.waiting()["gpu-1"].uid == "uid-new"
+
+
 def test_env_handoff_never_holds_a_node(api, fake):
     app, source = make(api)
     fake.put_pod(k8s_pod("new", "uid-new", annotations=DEMAND, phase="Pending"))

@@ -15,6 +15,7 @@ from manifests_helpers import (
     ADDONS,
     BUILT_IN_ROLES,
     CREATED_AT_INSTALL,
+    ENV_HANDOFF_OVERLAYS,
     K8S_VERSION,
     MANIFESTS,
     OVERLAYS,
@@ -28,17 +29,24 @@ from manifests_helpers import (
     resolve,
 )
 
+from extender.config import apply_env
+
+ALL_OVERLAYS = OVERLAYS + ENV_HANDOFF_OVERLAYS
 # Files under manifests/ that are not Kubernetes API objects, each with why.
 NOT_API_OBJECTS = {
     "base/config/tandem.yaml": "tandem's own config, packed into a ConfigMap",
     "overlays/sidecar/kube-scheduler-config.yaml": "KubeSchedulerConfiguration, in a ConfigMap",
     "overlays/standalone/kube-scheduler-extender.yaml": "snippet for an existing scheduler",
+    "components/env-handoff/no-device-plugin.yaml": "a kustomize patch ($patch: delete)",
+    "components/env-handoff/extender-env-mode-sidecar.yaml": "a kustomize patch (partial)",
+    "components/env-handoff/extender-env-mode-standalone.yaml": "a kustomize patch (partial)",
 }
 # Not referenced by any kustomization, on purpose.
 APPLIED_SEPARATELY = {
     "overlays/standalone/kube-scheduler-extender.yaml",
     "examples/training-pod.yaml",
     "examples/inference-deployment.yaml",
+    "examples/training-pod-env.yaml",
 }
 
 
@@ -71,7 +79,7 @@ def test_object_validates_strictly_against_the_api_schema(ident: str, doc: dict)
     kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", ALL_OVERLAYS)
 def test_resolved_overlay_validates_including_generated_config_maps(overlay: str) -> None:
     for obj in resolve(MANIFESTS / "overlays" / overlay):
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
@@ -88,7 +96,7 @@ def test_schema_validation_catches_a_typo() -> None:
 
 def test_every_yaml_file_is_used_and_every_reference_exists() -> None:
     used: set[Path] = set()
-    for overlay in OVERLAYS:
+    for overlay in ALL_OVERLAYS:
         files = kustomize_files(MANIFESTS / "overlays" / overlay)
         missing = sorted(str(f) for f in files if not f.is_file())
         assert not missing, f"{overlay} references missing files: {missing}"
@@ -103,7 +111,7 @@ def test_every_yaml_file_is_used_and_every_reference_exists() -> None:
     assert not stray, f"YAML files no kustomization lists: {stray}"
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", ALL_OVERLAYS)
 def test_overlay_is_self_consistent(overlay: str) -> None:
     objects = resolve(MANIFESTS / "overlays" / overlay)
     keys = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objects]
@@ -118,7 +126,7 @@ def test_overlay_is_self_consistent(overlay: str) -> None:
                 assert ("ServiceAccount", subject["name"]) in have
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", ALL_OVERLAYS)
 def test_selectors_match_their_pods(overlay: str) -> None:
     objects = resolve(MANIFESTS / "overlays" / overlay)
     templates = dict(pod_templates(objects))
@@ -146,7 +154,7 @@ def test_examples_validate() -> None:
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", ALL_OVERLAYS)
 def test_resolver_agrees_with_kubectl_kustomize(overlay: str) -> None:
     out = subprocess.run(
         ["kubectl", "kustomize", str(MANIFESTS / "overlays" / overlay)],
@@ -162,6 +170,27 @@ def test_resolver_agrees_with_kubectl_kustomize(overlay: str) -> None:
     by_key = {key(o): o for o in ours}
     for obj in theirs:
         assert obj == by_key[key(obj)], key(obj)
+
+
+def _effective_handoff(objects: list[dict[str, Any]]) -> str:
+    """handoff.mode as the extender reads it: tandem.yaml, then its TANDEM__* variables."""
+    config = yaml.safe_load(find(objects, "ConfigMap", "tandem-config")["data"]["tandem.yaml"])
+    (extender,) = [c for _, spec in pod_specs(objects) for c in spec["containers"]
+                   if c["name"] == "extender"]
+    env = {e["name"]: e["value"] for e in extender.get("env", []) if "value" in e}
+    return apply_env(config, env)["handoff"]["mode"]
+
+
+@pytest.mark.parametrize(("overlay", "mode", "plugin"), [
+    ("sidecar", "device-plugin", True), ("standalone", "device-plugin", True),
+    ("sidecar-env-handoff", "env", False), ("standalone-env-handoff", "env", False)])
+def test_handoff_mode_and_device_plugin_go_together(overlay: str, mode: str,
+                                                    plugin: bool) -> None:
+    objects = resolve(MANIFESTS / "overlays" / overlay)
+    assert _effective_handoff(objects) == mode
+    names = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    assert (("DaemonSet", "tandem-device-plugin") in names) is plugin
+    assert ("DaemonSet", "tandem-agent") in names
 
 
 def test_generated_config_maps_hold_the_files() -> None:

@@ -160,7 +160,10 @@ def grant(pod: Candidate, cdi_names: set[str], cdi_kind: str = "nvidia.com/gpu")
     notes = ((POD_UID_NOTE, pod.uid), (GPU_UUID, ",".join(uuids)))
     wanted = [f"{cdi_kind}={u}" for u in uuids]
     if wanted and all(name in cdi_names for name in wanted):
-        return ContainerGrant(cdi_devices=tuple(wanted), annotations=notes)
+        # CUDA images set ENV NVIDIA_VISIBLE_DEVICES=all; a runtime in legacy mode would
+        # add every GPU on top of the CDI devices. "void" leaves the container to CDI.
+        return ContainerGrant(cdi_devices=tuple(wanted), annotations=notes,
+                              envs=(("NVIDIA_VISIBLE_DEVICES", "void"),))
     nodes = tuple(f"/dev/nvidia{g.minor if g.minor is not None else g.index}"
                   for g in pod.gpus) + CONTROL_NODES
     envs = (("NVIDIA_VISIBLE_DEVICES", ",".join(uuids)),

@@ -51,7 +51,7 @@ class PluginConfig:
     """How long Allocate waits for the extender's state to show a pod bound a moment ago."""
 
 
-class DevicePluginService:
+class DevicePluginService(api.DevicePluginServicer):
     """The ``v1beta1.DevicePlugin`` handlers; state comes in through callables."""
 
     def __init__(self, config: PluginConfig, health: HealthTracker,
@@ -163,27 +163,14 @@ def pod_resources_holding(socket: Path, resource: str,
     if not socket.exists():
         raise PodResourcesUnavailable(f"{socket} does not exist")
     with grpc.insecure_channel(f"unix://{socket}") as channel:
-        call = channel.unary_unary(f"/{api.POD_RESOURCES_SERVICE}/List",
-                                   **api.serializers(api.POD_RESOURCES_SERVICE, "List"))
         try:
-            listing = call(api.ListPodResourcesRequest(), timeout=timeout_seconds)
+            listing = api.PodResourcesListerStub(channel).List(
+                api.ListPodResourcesRequest(), timeout=timeout_seconds)
         except grpc.RpcError as err:
             raise PodResourcesUnavailable(f"List: {err.code()}") from None
     return {f"{pod.namespace}/{pod.name}" for pod in listing.pod_resources
             if any(d.resource_name == resource and d.device_ids
                    for c in pod.containers for d in c.devices)}
-
-
-def _handlers(service: DevicePluginService) -> grpc.GenericRpcHandler:
-    methods = {}
-    for name in ("GetDevicePluginOptions", "GetPreferredAllocation", "Allocate",
-                 "PreStartContainer", "ListAndWatch"):
-        request, response = api.method_types(api.DEVICE_PLUGIN_SERVICE, name)
-        make = grpc.unary_stream_rpc_method_handler if name == "ListAndWatch" \
-            else grpc.unary_unary_rpc_method_handler
-        methods[name] = make(getattr(service, name), request_deserializer=request.FromString,
-                             response_serializer=response.SerializeToString)
-    return grpc.method_handlers_generic_handler(api.DEVICE_PLUGIN_SERVICE, methods)
 
 
 class DevicePluginRunner:
@@ -203,7 +190,7 @@ class DevicePluginRunner:
         if self.socket.exists():
             self.socket.unlink()  # a stale socket from a previous run
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-        server.add_generic_rpc_handlers((_handlers(self.service),))
+        api.add_device_plugin_to_server(self.service, server)
         server.add_insecure_port(f"unix://{self.socket}")
         server.start()
         return server
@@ -211,14 +198,11 @@ class DevicePluginRunner:
     def _register(self) -> None:
         kubelet = self.config.plugin_dir / api.KUBELET_SOCKET
         with grpc.insecure_channel(f"unix://{kubelet}") as channel:
-            register = channel.unary_unary(
-                f"/{api.REGISTRATION_SERVICE}/Register",
-                **api.serializers(api.REGISTRATION_SERVICE, "Register"))
-            register(api.RegisterRequest(
+            request = api.RegisterRequest(
                 version=api.API_VERSION, endpoint=self.config.socket_name,
                 resource_name=self.config.resource_name,
-                options=api.DevicePluginOptions(get_preferred_allocation_available=True)),
-                timeout=5.0)
+                options=api.DevicePluginOptions(get_preferred_allocation_available=True))
+            api.RegistrationStub(channel).Register(request, timeout=5.0)
         self.registrations += 1
         log.info("registered with the kubelet", extra={
             "resource": self.config.resource_name, "socket": str(self.socket),
