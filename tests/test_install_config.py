@@ -4,7 +4,6 @@ documented, and every file the config names is mounted from the right Secret."""
 from __future__ import annotations
 
 import dataclasses
-
 import re
 
 import pytest
