@@ -99,6 +99,9 @@ def session_command(
     listen: int = typer.Option(8080, help="Port this process serves the inference API on."),
     listen_host: str = typer.Option("0.0.0.0", help="Listen address."),
     max_body_mib: int = typer.Option(64, help="Largest request body forwarded."),
+    read_deadline_seconds: float = typer.Option(
+        10.0, help="A request must arrive in full within this of its first byte (0.1..600)."),
+    threads: int = typer.Option(16, help="HTTP worker threads."),
     check_interval_seconds: float = typer.Option(5.0, help="Registration re-check period."),
     shutdown_delay_seconds: float = typer.Option(3.0, help="Serve this long after SIGTERM "
                                                  "while not ready (endpoint removal lag)."),
@@ -132,7 +135,8 @@ def session_command(
                              max_body_bytes=max_body_mib * 2**20,
                              check_interval_seconds=check_interval_seconds,
                              shutdown_delay_seconds=shutdown_delay_seconds,
-                             deregister=deregister)
+                             deregister=deregister, http_threads=threads,
+                             read_deadline_seconds=read_deadline_seconds)
         token = AdminToken.configured(admin_token_file)
         proxy = ProxyServer(SessionLink(url, request, admin_token=token), config)
     except (ProxyConfigError, AdminTokenError, OSError) as err:

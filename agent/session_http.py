@@ -6,7 +6,10 @@ forwarding the body and its Content-Type unchanged and streaming the answer
 back with its status (a 503 drop keeps its JSON ``reason``); ``GET /livez``;
 ``GET /readyz`` (200 only while the session is registered, the server answers
 and the process is not draining). Bodies over the limit get 413 before any
-byte is forwarded.
+byte is forwarded. cheroot serves it hardened like the inference server
+(``contracts.httpserve``): a request is read in full, within
+``read_deadline_seconds`` of its first byte, before a worker takes it, and
+malformed headers get a 400.
 
 Shutdown (SIGTERM, as in a rollout): readiness turns 503 at once so the
 endpoints controller drops the pod, requests keep being served for
@@ -32,6 +35,7 @@ from agent.session_proxy import Checker, ProxyConfigError, SessionLink
 log = logging.getLogger(__name__)
 
 _CHUNK_BYTES = 64 * 1024
+_LISTEN_BACKLOG = 128  # connections the kernel queues before accept (cheroot's default: 5)
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,9 @@ class ProxyConfig:
     deregister: bool = True
     """delete the session on shutdown"""
     http_threads: int = 16
+    """workers; slow clients never hold one (``contracts.httpserve``)"""
+    read_deadline_seconds: float = 10.0
+    """a request must arrive in full within this of its first byte; 0.1..600"""
 
     def __post_init__(self) -> None:
         if not 0 <= self.listen_port <= 65535:
@@ -62,6 +69,8 @@ class ProxyConfig:
             raise ProxyConfigError("shutdown delay: expected 0..300 s")
         if self.http_threads < 1:
             raise ProxyConfigError("http_threads must be >= 1")
+        if not 0.1 <= self.read_deadline_seconds <= 600:
+            raise ProxyConfigError("read deadline: expected 0.1..600 s")
 
 
 def create_proxy_app(link: SessionLink, config: ProxyConfig,
@@ -151,12 +160,18 @@ class ProxyServer:
     def __init__(self, link: SessionLink, config: ProxyConfig) -> None:
         from cheroot import wsgi
 
+        from contracts.httpserve import harden
+
         self.link = link
         self.config = config
         self.draining = threading.Event()
         self._app = create_proxy_app(link, config, self.draining)
-        self._server = wsgi.Server((config.listen_host, config.listen_port), self._app,
-                                   numthreads=config.http_threads)
+        # Requests are gathered before a worker takes them and must arrive within the
+        # deadline, so slow clients cannot take the workers; malformed headers get a 400.
+        self._server = harden(
+            wsgi.Server((config.listen_host, config.listen_port), self._app,
+                        numthreads=config.http_threads, request_queue_size=_LISTEN_BACKLOG),
+            config.read_deadline_seconds, config.max_body_bytes)
         self._checker = Checker(link, config.check_interval_seconds)
         self._thread: threading.Thread | None = None
 

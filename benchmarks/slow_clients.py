@@ -1,14 +1,18 @@
-"""The extender's answer times while slow clients hold connections (a bounded slow-loris).
+"""A server's answer times while slow clients hold connections (a bounded slow-loris).
 
-Starts the extender on loopback (cheroot, ``server.threads`` workers, ``sim:`` source
-with 4 nodes) and opens ``--slow`` connections that each send a request head one
-byte every ``--interval`` seconds. Meanwhile one client calls ``/livez`` and
-``/filter`` ``--requests`` times each, one at a time, each on a new connection
+Starts the ``--target`` on loopback: the extender (cheroot, ``server.threads``
+workers, ``sim:`` source with 4 nodes; the default), the inference server (sim
+executor, ``--threads`` workers) or the session proxy in front of one, and
+opens ``--slow`` connections that each send a request head one byte every
+``--interval`` seconds. Meanwhile one client calls ``/livez`` and ``/filter``
+(inference server: ``GET /v1/sessions``; session proxy: ``/readyz``)
+``--requests`` times each, one at a time, each on a new connection
 (as a health checker does) or, with ``--keep-alive``, on one, and reports p50,
 p99 and max per endpoint plus how many calls did not answer within ``--timeout``
 seconds. Loopback only; every connection is closed at the end.
 
     python benchmarks/slow_clients.py --slow 32 --interval 1 --requests 500
+    python benchmarks/slow_clients.py --target session --slow 32 --threads 16
 """
 
 from __future__ import annotations
@@ -54,7 +58,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--timeout", type=float, default=2.0)
     parser.add_argument("--keep-alive", action="store_true")
+    parser.add_argument("--target", choices=("extender", "inference", "session"),
+                        default="extender")
     opts = parser.parse_args()
+    if opts.target != "extender":
+        return measure_agent_side(opts)
     cfg = build_config({"server": {"host": "127.0.0.1", "threads": opts.threads}})
     app = create_app(ConfigHolder(cfg), SimSource([node(f"n{i}") for i in range(4)]))
     running = start_background(app, cfg.server, port=0)
@@ -86,6 +94,60 @@ def main() -> None:
                       "threads": opts.threads, "keep_alive": opts.keep_alive,
                       "slow_clients_dropped": dropped,
                       **{name: summary(*r) for name, r in results.items()}}, indent=1))
+
+
+def measure_agent_side(opts: argparse.Namespace) -> None:
+    """The inference server (sim executor), or the session proxy in front of it."""
+    import dataclasses
+    import threading
+
+    from test_agent_session_proxy import SLO, Loopback, Upstream
+
+    from agent.server.serve import ServeOptions, http_server
+    from agent.session_http import ProxyConfig, ProxyServer
+    from agent.session_proxy import SessionLink
+
+    upstream = Upstream()
+    stops = [upstream.runtime.stop]
+    if opts.target == "inference":
+        fields = {f.name: None for f in dataclasses.fields(ServeOptions)}
+        server = http_server(upstream.app, ServeOptions(**{
+            **fields, "host": "127.0.0.1", "port": 0, "http_threads": opts.threads,
+            "max_body_bytes": 1 << 20, "read_deadline_seconds": 30.0}))
+        server.prepare()
+        threading.Thread(target=server.serve, daemon=True).start()
+        port, paths = int(server.bind_addr[1]), ("/livez", "/v1/sessions")
+        stops.insert(0, server.stop)
+    else:
+        backend = Loopback(upstream)
+        proxy = ProxyServer(SessionLink(backend.url, SLO), ProxyConfig(
+            listen_host="127.0.0.1", listen_port=0, http_threads=opts.threads,
+            shutdown_delay_seconds=0, deregister=False))
+        proxy.start()
+        port, paths = proxy.port, ("/livez", "/readyz")
+        stops[:0] = [proxy.shutdown, backend.stop]
+    results: dict[str, tuple[list[float], int]] = {p: ([], 0) for p in paths}
+    budget = opts.requests * opts.timeout * 2 + 10
+    try:
+        with SlowClients(port, opts.slow, opts.interval, min(budget, 60.0)) as slow, \
+                httpx.Client(timeout=opts.timeout) as client:
+            for _ in range(opts.requests):
+                for path in paths:
+                    start = time.perf_counter()
+                    try:
+                        (client if opts.keep_alive else httpx).get(
+                            f"http://127.0.0.1:{port}{path}", timeout=opts.timeout)
+                        results[path][0].append(time.perf_counter() - start)
+                    except httpx.HTTPError:
+                        results[path] = (results[path][0], results[path][1] + 1)
+            dropped = slow.dropped
+    finally:
+        for stop in stops:
+            stop()
+    print(json.dumps({"target": opts.target, "slow_clients": opts.slow,
+                      "interval_s": opts.interval, "threads": opts.threads,
+                      "keep_alive": opts.keep_alive, "slow_clients_dropped": dropped,
+                      **{path: summary(*r) for path, r in results.items()}}, indent=1))
 
 
 if __name__ == "__main__":

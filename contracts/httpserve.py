@@ -14,6 +14,12 @@ workers stop the server answering anything, health checks included.
   connection back to cheroot's selector at once. So a slow client costs a few
   microseconds per byte, never a blocked worker. A request not complete within
   ``read_deadline_seconds`` of its first byte is dropped.
+- **Strict headers, answered in JSON.** A ``Content-Length`` that is not plain
+  digits (``-5``, ``+5``, ``abc``), two that disagree, one beside
+  ``Transfer-Encoding`` (the request-smuggling shapes), or a repeated ``Host`` or
+  ``Authorization`` header gets HTTP 400 with the reason, before any application
+  code runs; every error cheroot itself answers carries a JSON body
+  (``error_body``) in the server's own error shape instead of plain text.
 - **TLS handshakes off the accept loop.** cheroot's builtin adapter completes
   the handshake in the thread that accepts connections, so a client that
   connects and stays silent stalls every accept for the socket timeout. The
@@ -22,14 +28,17 @@ workers stop the server answering anything, health checks included.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 import socket
 import ssl
 import time
+from collections.abc import Callable
 from typing import Any
 
 from cheroot.makefile import MakeFile
-from cheroot.server import HTTPConnection
+from cheroot.server import HeaderReader, HTTPConnection, HTTPRequest
 from cheroot.ssl.builtin import BuiltinSSLAdapter
 
 DEFAULT_READ_DEADLINE_SECONDS = 10.0
@@ -39,6 +48,85 @@ _HEAD_END = b"\r\n\r\n"
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*([0-9]{1,12})[ \t]*\r\n", re.IGNORECASE)
 _EXPECT_CONTINUE = re.compile(rb"\r\nexpect:[ \t]*100-continue[ \t]*\r\n", re.IGNORECASE)
 _WOULD_BLOCK = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+
+
+_DIGITS = re.compile(rb"[0-9]{1,18}")
+_TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+"""RFC 9110 field names: no spaces (``Host :`` is a request-smuggling shape)."""
+_SINGLE = (b"Content-Length", b"Host", b"Authorization")
+"""Headers a request may carry once (Content-Length: several only when all agree)."""
+
+
+def json_error(message: str) -> bytes:
+    """The default error body: the inference server's and the session proxy's shape."""
+    return json.dumps({"error": "BadRequest", "message": message}).encode()
+
+
+class _SeenHeaders(dict):  # type: ignore[type-arg]
+    """A header dict that remembers every value given to a single-valued header."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.repeated: dict[bytes, list[bytes]] = {}
+
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        if key in _SINGLE:
+            self.repeated.setdefault(key, []).append(value)
+        super().__setitem__(key, value)
+
+
+class StrictHeaderReader(HeaderReader):
+    """cheroot's header reader, plus the checks cheroot leaves out (ValueError: a 400)."""
+
+    def __call__(self, rfile: Any, hdict: Any = None) -> Any:
+        """Read the headers into ``hdict``; ValueError with the reason when malformed."""
+        seen = _SeenHeaders()
+        super().__call__(rfile, seen)
+        lengths = seen.repeated.get(b"Content-Length", [])
+        for value in lengths:
+            if not _DIGITS.fullmatch(value):
+                raise ValueError("Content-Length must be a non-negative integer "
+                                 "(at most 18 digits)")
+        if len(set(lengths)) > 1:
+            raise ValueError("conflicting Content-Length headers")
+        if lengths and b"Transfer-Encoding" in seen:
+            raise ValueError("Content-Length together with Transfer-Encoding")
+        for name in (b"Host", b"Authorization"):
+            if len(seen.repeated.get(name, [])) > 1:
+                raise ValueError(f"more than one {name.decode()} header")
+        hdict = {} if hdict is None else hdict
+        hdict.update(seen)
+        return hdict
+
+
+    def _transform_key(self, key_name: bytes) -> bytes:
+        if not _TOKEN.fullmatch(key_name):
+            raise ValueError("malformed header name")
+        return super()._transform_key(key_name)
+
+
+class JsonErrorRequest(HTTPRequest):
+    """An HTTPRequest whose own error answers (400, 408, 413, 501...) are JSON."""
+
+    header_reader = StrictHeaderReader()
+    error_body: Callable[[str], bytes] = staticmethod(json_error)
+
+    def simple_response(self, status: Any, msg: Any = "") -> None:
+        """cheroot's simple response, with the message as a JSON error body."""
+        code = str(status)[:3]
+        if code < "400":
+            super().simple_response(status, msg)
+            return
+        text = msg.decode("latin-1") if isinstance(msg, bytes) else str(msg or status)
+        body = self.error_body(text)
+        head = [f"{self.server.protocol} {status}", "Content-Type: application/json",
+                f"Content-Length: {len(body)}"]
+        if code in ("400", "413", "414"):
+            self.close_connection = True  # the rest of the stream cannot be trusted
+            head.append("Connection: close")
+        wire = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+        with contextlib.suppress(OSError):  # the client went away; nothing left to tell it
+            self.conn.wfile.write(wire)
 
 
 class _BufferedSocket:
@@ -132,10 +220,15 @@ class DeferredHandshakeAdapter(BuiltinSSLAdapter):
 
 
 def harden(server: Any, read_deadline_seconds: float = DEFAULT_READ_DEADLINE_SECONDS,
-           body_limit: int = 4 << 20) -> Any:
-    """Make ``server`` (a cheroot ``wsgi.Server``) gather requests before using a worker."""
+           body_limit: int = 4 << 20,
+           error_body: Callable[[str], bytes] = json_error) -> Any:
+    """Make ``server`` (a cheroot ``wsgi.Server``) gather requests before using a worker,
+    refuse malformed headers with a 400, and answer its own errors with ``error_body``."""
+    request_class = type("TandemRequest", (JsonErrorRequest,), {
+        "error_body": staticmethod(error_body)})
     server.ConnectionClass = type("TandemConnection", (GatheringConnection,), {
-        "read_deadline_seconds": read_deadline_seconds, "body_limit": body_limit})
+        "read_deadline_seconds": read_deadline_seconds, "body_limit": body_limit,
+        "RequestHandlerClass": request_class})
     return server
 
 

@@ -28,6 +28,7 @@ from predictor.curves import (
     parse_curve,
     parse_curves,
 )
+from predictor.store import source_problem
 
 ENV_PREFIX = "TANDEM__"
 DEFAULT_CONFIG = Path(__file__).with_name("default_config.yaml")
@@ -111,6 +112,9 @@ class PredictorConfig:
     """Root that plain ``tandem.io/model`` paths resolve under; None = any local path."""
     allow_simulated: bool = False
     """Load artifacts whose model card says ``simulated: true`` (a dry run, not measurements)."""
+    allowed_model_sources: tuple[str, ...] = ()
+    """URL prefixes (``https://host/path/``) remote ``tandem.io/model`` references may be
+    fetched from, in the background; empty = none (only the model store, local paths)."""
 
 
 @dataclass(frozen=True)
@@ -235,7 +239,8 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool
     "profiles": {"files": (list, None, ""), "nexus": (list, None, "")},
     "predictor": {"enabled": (bool, None, ""), "artifacts_dir": ((str, type(None)), None, ""),
                   "model_store": ((str, type(None)), None, ""),
-                  "allow_simulated": (bool, None, "")},
+                  "allow_simulated": (bool, None, ""),
+                  "allowed_model_sources": (list, None, "")},
     "learning": {
         "enabled": (bool, None, ""),
         "cold_start_util_percent": ((int, float), lambda v: 0 < v <= 100, "must be in (0, 100]"),
@@ -387,6 +392,11 @@ def build_config(raw: Any, source_path: str | None = None) -> ExtenderConfig:
             if not isinstance(f, str):
                 problems.append(f"profiles.files[{i}]: must be a path string")
     nexus = _nexus_sources(sections["profiles"].get("nexus", []), problems)
+    sources = sections["predictor"].get("allowed_model_sources", [])
+    for i, prefix in enumerate(sources if isinstance(sources, list) else []):
+        problem = source_problem(prefix)
+        if problem is not None:
+            problems.append(f"predictor.allowed_model_sources[{i}]: {problem} (got {prefix!r})")
     tls = sections["server"]
     if bool(tls.get("tls_cert_file")) != bool(tls.get("tls_key_file")):
         problems.append("server.tls_cert_file/tls_key_file: give both or neither")
@@ -411,7 +421,8 @@ def build_config(raw: Any, source_path: str | None = None) -> ExtenderConfig:
             mode=sections["handoff"].get("mode", "env"),
             timeout_seconds=float(sections["handoff"].get("timeout_seconds", 30.0))),
         profile_files=tuple(files) if isinstance(files, list)
-        else (), nexus_profiles=nexus, predictor=PredictorConfig(**sections["predictor"]),
+        else (), nexus_profiles=nexus, predictor=PredictorConfig(**{
+            **sections["predictor"], "allowed_model_sources": tuple(sources)}),
         learning=_learning(sections["learning"]),
         queue=_queue_settings(sections["queue"]),
         log_level=sections["logging"].get("level", "info"),

@@ -245,6 +245,8 @@ def _wsgi_body(environ: Mapping[str, Any], limit: int) -> bytes:
         length = int(raw) if raw else None
     except ValueError:
         raise BadRequest("Content-Length", "must be an integer") from None
+    if length is not None and length < 0:  # cheroot refuses it first; other servers may not
+        raise BadRequest("Content-Length", "must not be negative")
     if length is not None and length > limit:
         raise BodyTooLarge(f"body larger than {limit} bytes")
     stream = environ["wsgi.input"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,7 +44,8 @@ def make_server(app: Any, cfg: ServerConfig, port: int | None = None) -> wsgi.Se
                          numthreads=cfg.threads, server_name="tandem-extender",
                          request_queue_size=LISTEN_BACKLOG)
     # Slow clients wait in the selector, not in a worker (contracts.httpserve).
-    harden(server, cfg.request_read_timeout_seconds, cfg.max_body_bytes)
+    harden(server, cfg.request_read_timeout_seconds, cfg.max_body_bytes,
+           lambda message: json.dumps({"Error": message}).encode())
     if cfg.tls_cert_file and cfg.tls_key_file:
         server.ssl_adapter = tls_adapter(cfg.tls_cert_file, cfg.tls_key_file)
     return server

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+from contracts.jsonbody import JsonBodyError, parse_json
 from extender.errors import BadRequest
 
 
@@ -71,11 +72,12 @@ class BindingArgs:
 
 
 def loads(body: bytes) -> Any:
-    """Parse a JSON body; BadRequest when it is not JSON."""
+    """Parse a JSON body (``contracts.jsonbody`` limits); BadRequest when it is not JSON
+    or nests too deep or carries an oversized number."""
     try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequest("body", f"not valid JSON: {exc}") from None
+        return parse_json(body)
+    except JsonBodyError as exc:
+        raise BadRequest("body", exc.problem) from None
 
 
 def dumps(document: Any) -> bytes:

@@ -97,7 +97,8 @@ def build_predictor(cfg: PredictorConfig) -> Any:
     artifacts = Path(cfg.artifacts_dir) if cfg.artifacts_dir else None
     store = Path(cfg.model_store) if cfg.model_store else None
     try:
-        predictor = api.Predictor.from_dirs(artifacts, store, background_fetch=True)
+        predictor = api.Predictor.from_dirs(artifacts, store, background_fetch=True,
+                                            allowed_sources=cfg.allowed_model_sources)
     except (OSError, ValueError, KeyError) as exc:
         raise PredictorSetupError(
             f"predictor.artifacts_dir {cfg.artifacts_dir}: cannot load: {exc}") from None

@@ -90,11 +90,13 @@ class Predictor:
         store_root: Path | None = None,
         limits: FeatureLimits | None = None,
         background_fetch: bool = False,
+        allowed_sources: tuple[str, ...] | None = None,
     ) -> Predictor:
         """Load artifacts if ``artifacts_dir`` has them (else predictions carry memory only).
 
         ``background_fetch`` (servers): remote references are downloaded off the
-        caller's thread with a short timeout and deadline (:mod:`predictor.fetch`).
+        caller's thread with a short timeout and deadline (:mod:`predictor.fetch`),
+        from ``allowed_sources`` only (URL prefixes; None: any).
         """
         artifacts = None
         if artifacts_dir is not None:
@@ -107,7 +109,8 @@ class Predictor:
             return cls(artifacts, store, FeatureExtractor(limits))
         store = ModelStore(StoreConfig(root=store_root, timeout_seconds=FETCH_TIMEOUT_SECONDS,
                                        deadline_seconds=FETCH_DEADLINE_SECONDS,
-                                       max_download_bytes=FETCH_MAX_BYTES))
+                                       max_download_bytes=FETCH_MAX_BYTES,
+                                       allowed_sources=allowed_sources))
         return cls(artifacts, store, FeatureExtractor(limits), fetcher=BackgroundFetcher(store))
 
     def features(self, model_ref: str, batch_size: int) -> GraphFeatures:

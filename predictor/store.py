@@ -11,6 +11,11 @@ Accepted forms:
   cache directory under the sha256 of the URL; a URL is treated as immutable
   (publish a new URL for a new model). Plain ``http://`` is refused unless allowed.
 
+``allowed_sources`` restricts remote references to URL prefixes (the extender's
+``predictor.allowed_model_sources``): a prefix is ``https://host[:port]/path/``,
+and a reference matches when its scheme and host are the prefix's and its path,
+free of ``..`` and ``.`` segments, lies under the prefix's path.
+
 Two switches serve readers that see only a mounted store (the inference server):
 ``allow_remote=False`` refuses ``http(s)://`` references, and
 ``absolute_inside_root=True`` reads a plain absolute path as ``file://`` (allowed
@@ -47,8 +52,35 @@ class StoreConfig:
     allow_http: bool = False
     allow_remote: bool = True
     """False refuses ``http(s)://`` references instead of downloading them."""
+    allowed_sources: tuple[str, ...] | None = None
+    """URL prefixes remote references must match; None: any (CLI use), (): none."""
     absolute_inside_root: bool = False
     """With a root, accept a plain absolute path that lies inside it (as ``file://`` is)."""
+
+
+def source_problem(prefix: Any) -> str | None:
+    """Why ``prefix`` is not a valid allowed model source, or None if it is."""
+    if not isinstance(prefix, str):
+        return "must be a string"
+    parsed = urlparse(prefix)
+    if parsed.scheme not in ("https", "http") or not parsed.hostname:
+        return "must be an https:// (or http://) URL with a host"
+    if parsed.username or parsed.password or parsed.query or parsed.fragment:
+        return "must not carry credentials, a query or a fragment"
+    if not prefix.endswith("/"):
+        return "must end with '/' (so https://a.example does not allow https://a.example.evil)"
+    if {".", ".."} & set(parsed.path.split("/")):
+        return "must not contain '.' or '..' segments"
+    return None
+
+
+def source_allows(prefix: str, ref: str) -> bool:
+    """True when the remote reference ``ref`` lies under the allowed source ``prefix``."""
+    want, got = urlparse(prefix), urlparse(ref)
+    if got.username or got.password or {".", ".."} & set(unquote(got.path).split("/")):
+        return False  # credentials could name another host; dot segments climb out
+    return (got.scheme == want.scheme and got.netloc.lower() == want.netloc.lower()
+            and got.path.startswith(want.path))
 
 
 class ModelStore:
@@ -71,6 +103,11 @@ class ModelStore:
             )
         if urlparse(ref).scheme == "http" and not self.config.allow_http:
             raise ModelRejected(RejectReason.BAD_REFERENCE, "plain http is not allowed", model=ref)
+        allowed = self.config.allowed_sources
+        if allowed is not None and not any(source_allows(p, ref) for p in allowed):
+            # Says nothing of the host it runs on: only that the URL is not allowed.
+            raise ModelRejected(RejectReason.BAD_REFERENCE,
+                                "remote model source is not allowed", model=ref)
 
     def cached(self, ref: str) -> Path | None:
         """The downloaded file of a remote reference, if it is already in the cache."""

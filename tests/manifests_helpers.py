@@ -32,6 +32,7 @@ CREATED_AT_INSTALL = {
     ("Secret", "tandem-agent-token"),
     ("Secret", "tandem-admin-token"),
     ("Secret", "tandem-extender-tls"),
+    ("Secret", "tandem-signing-key"),
     ("ConfigMap", "tandem-extender-ca"),
 }
 # Cluster roles every Kubernetes cluster ships.

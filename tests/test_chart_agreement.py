@@ -18,7 +18,8 @@ from manifests_helpers import MANIFESTS, containers_of, pod_specs, resolve
 
 # Made by the operator by hand with Kustomize (docs/deploy.md, step 3); the chart makes them.
 CHART_ONLY = {("Secret", "tandem-extender-tls"), ("Secret", "tandem-agent-token"),
-              ("Secret", "tandem-admin-token"), ("ConfigMap", "tandem-extender-ca")}
+              ("Secret", "tandem-admin-token"), ("Secret", "tandem-signing-key"),
+              ("ConfigMap", "tandem-extender-ca")}
 # Kustomize applies the Namespace; with Helm it exists first (namespace.create renders it).
 KUSTOMIZE_ONLY = {("Namespace", NAMESPACE)}
 CASES = {

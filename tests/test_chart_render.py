@@ -37,7 +37,8 @@ OPTIONS = {
     "standalone": [
         "topology=standalone", "tls.generate=false", "tls.secretName=my-tls",
         "tls.caConfigMapName=my-ca", "tokens.agent.existingSecret=my-agent",
-        "tokens.admin.existingSecret=my-admin", "agent.serveGpus=false",
+        "tokens.admin.existingSecret=my-admin", "signingKey.existingSecret=my-signing-key",
+        "agent.serveGpus=false",
         "config.limits.max_pods_per_gpu=4", "config.limits.min_colocation_gain_percent=5",
         "devicePlugin.enabled=false", "config.handoff.mode=env",
     ],
@@ -85,7 +86,8 @@ def test_every_reference_resolves(rendered: dict, option: str) -> None:
     have |= {("Secret", values.get("tls.secretName")),
              ("ConfigMap", values.get("tls.caConfigMapName")),
              ("Secret", values.get("tokens.agent.existingSecret")),
-             ("Secret", values.get("tokens.admin.existingSecret"))}
+             ("Secret", values.get("tokens.admin.existingSecret")),
+             ("Secret", values.get("signingKey.existingSecret"))}
     assert_pod_references_exist(objects, have)
     for name, spec in pod_specs(objects):
         restricted_or_agent(name, spec)
@@ -118,7 +120,8 @@ def test_options_change_what_they_say(rendered: dict) -> None:
         "device-plugin"
     assert _config(rendered["standalone"], "tandem-config", "tandem.yaml")["handoff"]["mode"] == \
         "env"
-    assert {"tandem-extender-tls", "tandem-agent-token", "tandem-admin-token"} <= {
+    assert {"tandem-extender-tls", "tandem-agent-token", "tandem-admin-token",
+            "tandem-signing-key"} <= {
         n for k, n in kinds["defaults"] if k == "Secret"}
     assert not any(k == "Secret" for k, _ in kinds["standalone"]), "the user's Secrets are used"
     assert ("Namespace", NAMESPACE) in kinds["queue-gate"]
@@ -228,3 +231,28 @@ def test_chart_lints_strictly() -> None:
     result = subprocess.run([HELM, "lint", "--strict", str(CHART), "--kube-version", "1.30.14"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_signing_key_secret_is_generated_and_mounted_read_only(rendered: dict) -> None:
+    """Default: the chart makes Secret tandem-signing-key (random, kept on upgrade through
+    lookup) and only the extender mounts it, read-only; existingSecret swaps the name."""
+    import base64
+
+    secret = next(o for o in rendered["defaults"]
+                  if o["kind"] == "Secret" and o["metadata"]["name"] == "tandem-signing-key")
+    key = base64.b64decode(secret["data"]["key"])
+    assert len(key) == 64 and key.isalnum()
+    for option, name in (("defaults", "tandem-signing-key"), ("standalone", "my-signing-key")):
+        mounts = []
+        for workload, spec in pod_specs(rendered[option]):
+            volumes = {v["name"]: v for v in spec.get("volumes", [])}
+            for c in spec["containers"]:
+                for mount in c.get("volumeMounts", []):
+                    secret_name = volumes[mount["name"]].get("secret", {}).get("secretName")
+                    if secret_name == name:
+                        mounts.append((workload, c["name"], mount, volumes[mount["name"]]))
+        assert [(c, m["mountPath"], m["readOnly"], v["secret"]["defaultMode"])
+                for _, c, m, v in mounts] == [("extender", "/etc/tandem/signing-key", True,
+                                               0o440)], (option, mounts)
+        state = _config(rendered[option], "tandem-config", "tandem.yaml")["state"]
+        assert state["signing_key_file"] == "/etc/tandem/signing-key/key"

@@ -3,6 +3,7 @@ documented, and every file the config names is mounted from the right Secret."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -41,7 +42,9 @@ def test_cluster_config_uses_only_known_keys_and_keeps_default_policy() -> None:
     # The cluster file changes transport and secrets, not decisions (tuning is deliberate).
     assert (cluster.policy.w_mem, cluster.policy.w_util) == (
         default.policy.w_mem, default.policy.w_util)
-    assert cluster.state == default.state
+    # ... and the signing key's path, where the extender mounts Secret tandem-signing-key.
+    assert cluster.state == dataclasses.replace(
+        default.state, signing_key_file="/etc/tandem/signing-key/key")
 
 
 @pytest.mark.parametrize("key", code_keys())

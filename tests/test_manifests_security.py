@@ -175,3 +175,37 @@ def test_device_plugin_has_least_privilege(overlay: str) -> None:
     assert_device_plugin_least_privilege(spec)
     args = spec["containers"][0]["args"]
     assert args[:2] == ["agent", "device-plugin"] and "--shares=8" in args
+
+
+def _signing_key_mounts(objects: list[dict]) -> list[tuple[str, str, dict, dict]]:
+    """(workload, container, mount, volume) for every mount of the signing key's Secret."""
+    found = []
+    for name, spec in pod_specs(objects):
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for c in spec["containers"] + spec.get("initContainers", []):
+            for mount in c.get("volumeMounts", []):
+                volume = volumes.get(mount["name"], {})
+                secret = volume.get("secret", {}).get("secretName", "")
+                if "signing-key" in secret:
+                    found.append((name, c["name"], mount, volume))
+    return found
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_only_the_extender_mounts_the_signing_key_read_only(overlay: str) -> None:
+    """The key that signs placements (Secret tandem-signing-key) reaches the extender
+    alone, read-only and owner/group-readable only, where state.signing_key_file says."""
+    import yaml
+
+    objects = ALL[overlay]
+    mounts = _signing_key_mounts(objects)
+    assert len(mounts) == 1, mounts
+    (workload, name, mount, volume) = mounts[0]
+    assert workload in ("Deployment/tandem-scheduler", "Deployment/tandem-extender")
+    assert name == "extender"
+    assert mount["readOnly"] is True and mount["mountPath"] == "/etc/tandem/signing-key"
+    assert volume["secret"] == {"secretName": "tandem-signing-key", "defaultMode": 0o440}
+    config = next(o for o in objects if o["kind"] == "ConfigMap"
+                  and o["metadata"]["name"] == "tandem-config")
+    state = yaml.safe_load(config["data"]["tandem.yaml"])["state"]
+    assert state["signing_key_file"] == "/etc/tandem/signing-key/key"

@@ -118,7 +118,7 @@ def test_inference_server_http_ignores_slow_clients():
 
     fields = {f.name: None for f in dataclasses.fields(ServeOptions)}
     options = ServeOptions(**{**fields, "host": "127.0.0.1", "port": 0, "http_threads": 2,
-                              "max_body_bytes": 1 << 20})
+                              "max_body_bytes": 1 << 20, "read_deadline_seconds": 30.0})
     server = http_server(app, options)
     server.prepare()
     thread = threading.Thread(target=server.serve, daemon=True)

@@ -39,6 +39,7 @@ from contracts.annotations import (
     IntRange,
     NumberRange,
 )
+from contracts.jsonbody import JsonBodyError, parse_json
 
 DEFAULT_MAX_BODY_BYTES = 64 * 2**20
 SLO_FIELDS = {"name", "model", "slo_ms", "rate_rps"}
@@ -157,10 +158,11 @@ def create_app(
 
 
 def _json_body() -> Any:
+    """The body as JSON within ``contracts.jsonbody``'s depth and number limits."""
     try:
-        return request.get_json(force=True, silent=False)
-    except Exception as exc:  # werkzeug raises BadRequest subclasses for bad JSON
-        raise BadRequest("body is not valid JSON") from exc
+        return parse_json(request.get_data(cache=False))
+    except JsonBodyError as exc:
+        raise BadRequest(f"body: {exc.problem}") from None
 
 
 def _json_object() -> dict[str, Any]:

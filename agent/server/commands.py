@@ -28,6 +28,9 @@ def serve_command(
     max_body_mib: int = typer.Option(64, help="Largest accepted request body."),
     post_workers: int = typer.Option(4, help="Post-processing threads beside the GPU thread."),
     threads: int = typer.Option(16, help="HTTP worker threads."),
+    read_deadline_seconds: float = typer.Option(
+        30.0, help="A request (inputs up to --max-body-mib) must arrive in full within this "
+        "of its first byte (0.1..600)."),
     admin_token_file: Path | None = typer.Option(
         None, help="Bearer token of POST/DELETE /v1/sessions (else $TANDEM_ADMIN_TOKEN); "
         "required unless --host is loopback."
@@ -54,6 +57,7 @@ def serve_command(
         post_workers=post_workers,
         http_threads=threads,
         admin_token_file=admin_token_file,
+        read_deadline_seconds=read_deadline_seconds,
     )
     try:
         admin = admin_guard(options)  # first: a missing token must not wait for model loads

@@ -42,6 +42,8 @@ class ServeOptions:
     http_threads: int
     admin_token_file: Path | None = None
     """bearer token of the session endpoints (else $TANDEM_ADMIN_TOKEN)"""
+    read_deadline_seconds: float = 30.0
+    """a request (inputs up to ``max_body_bytes``) must arrive within this of its first byte"""
 
 
 _POLL_SECONDS = 0.2
@@ -50,6 +52,8 @@ _JOIN_SECONDS = 10.0
 
 def build_runtime(options: ServeOptions) -> ServingRuntime:
     """The runtime with the explicitly chosen executor; raises ValueError on bad options."""
+    if not 0.1 <= options.read_deadline_seconds <= 600:
+        raise ValueError("--read-deadline-seconds must be in 0.1..600")
     try:
         policy = DropPolicy(options.drop_policy)
     except ValueError:
@@ -144,10 +148,6 @@ def serve_forever(runtime: ServingRuntime, options: ServeOptions,
     return 1 if crashed else 0
 
 
-READ_DEADLINE_SECONDS = 30.0
-"""A request (inputs up to ``max_body_bytes``) must arrive within this of its first byte."""
-
-
 def http_server(app: Any, options: ServeOptions) -> Any:
     """The cheroot server; requests are gathered before a worker takes them, so slow
     clients cannot take the ``http_threads`` workers (``contracts.httpserve``)."""
@@ -157,7 +157,7 @@ def http_server(app: Any, options: ServeOptions) -> Any:
 
     server = wsgi.Server((options.host, options.port), app, numthreads=options.http_threads,
                          request_queue_size=128)
-    return harden(server, READ_DEADLINE_SECONDS, options.max_body_bytes)
+    return harden(server, options.read_deadline_seconds, options.max_body_bytes)
 
 
 def _event(name: str, **fields: object) -> None:

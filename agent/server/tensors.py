@@ -15,13 +15,37 @@ NPY_TYPE = "application/x-npy"
 
 def decode_npy(body: bytes) -> np.ndarray:
     """An array from an ``.npy`` body; never unpickles."""
+    _check_npy_size(body)
     try:
         array = np.load(io.BytesIO(body), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
+    except (ValueError, OSError, EOFError, MemoryError) as exc:
         raise BadRequest(f"body is not a valid .npy array: {exc}") from exc
     if not isinstance(array, np.ndarray):
         raise BadRequest("body must hold one array, not an archive")
     return array
+
+
+def _check_npy_size(body: bytes) -> None:
+    """BadRequest when the header's shape claims other than the bytes that follow it.
+
+    numpy allocates what the header claims before reading the data, so a 100-byte
+    body claiming (2^40, 4) floats would ask for 16 TiB.
+    """
+    stream = io.BytesIO(body)
+    try:
+        version = np.lib.format.read_magic(stream)
+        reader = np.lib.format.read_array_header_1_0 if version == (1, 0) \
+            else np.lib.format.read_array_header_2_0
+        shape, _, dtype = reader(stream)
+    except (ValueError, OSError, EOFError, SyntaxError, TypeError):
+        return  # not a parseable header: np.load says why
+    if dtype.hasobject:
+        return  # refused by np.load (allow_pickle=False)
+    claimed = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    present = len(body) - stream.tell()
+    if claimed != present:
+        raise BadRequest(f"body is not a valid .npy array: the header claims shape {shape} "
+                         f"({claimed} bytes) but {present} bytes follow it")
 
 
 def decode_json_inputs(document: Any, dtype: np.dtype) -> np.ndarray:

@@ -48,6 +48,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- .Values.tokens.agent.existingSecret | default "tandem-agent-token" -}}
 {{- end }}
 
+{{- define "tandem.signingKeySecret" -}}
+{{- .Values.signingKey.existingSecret | default "tandem-signing-key" -}}
+{{- end }}
+
 {{- define "tandem.adminTokenSecret" -}}
 {{- .Values.tokens.admin.existingSecret | default "tandem-admin-token" -}}
 {{- end }}
