@@ -286,7 +286,7 @@ class Learner:
                  prior: Callable[[str], InterferenceCurve] = lambda _t: InterferenceCurve(),
                  wall_clock: Callable[[], float] = time.time):
         self.cfg = cfg
-        self.store = ObservationStore(cfg.ewma_alpha, cfg.max_entries)
+        self.store = ObservationStore(cfg.ewma_alpha, cfg.max_entries, wall_clock)
         self.curves = CurveLearner(CurveGuards(
             cfg.curve_min_points, cfg.curve_max_step, cfg.curve_outlier_mads,
             cfg.curve_refit_interval_seconds), wall_clock)
