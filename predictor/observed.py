@@ -7,13 +7,17 @@ GPU utilisation *alone* on that GPU type, from the agents' NVML samples. This
 module turns its ``alone`` entries into ``observed.csv`` rows, one directory per
 GPU product as the rest of ``training_data/``:
 
-``observed.csv``  model (the pod's ``tandem.io/model`` reference), workload,
-    batch_size, gpu_product, util_mean_percent (the estimate), util_stddev_percent
-    (spread of the samples), n_samples (agent reports that fed it), updated_at
-    (unix seconds of the last sample).
+``observed.csv``  model (the pod's ``tandem.io/model`` reference, the last one
+    seen for the file), workload, batch_size, gpu_product, util_mean_percent (the
+    estimate), util_stddev_percent (spread of the samples), n_samples (agent
+    reports that fed it), updated_at (unix seconds of the last sample),
+    model_digest (sha256 of the model file, empty when the extender keyed the
+    estimate by reference because it never resolved the file).
 
 These are fleet measurements of utilisation only: no step time or framework
 memory, which ``isolated.csv`` requires, so they sit beside it rather than in it.
+``tandem predictor train`` reads them as extra training rows
+(:func:`predictor.training.build_table`).
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ from typing import Any
 OBSERVED_FILE = "observed.csv"
 OBSERVED_COLUMNS: tuple[str, ...] = (
     "model", "workload", "batch_size", "gpu_product", "util_mean_percent",
-    "util_stddev_percent", "n_samples", "updated_at",
+    "util_stddev_percent", "n_samples", "updated_at", "model_digest",
 )
+DIGEST_PREFIX = "sha256:"
 _SAFE_DIR = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
@@ -46,12 +51,15 @@ def observed_rows(doc: Any, min_samples: int = 1) -> list[dict[str, Any]]:
     rows = []
     for i, e in enumerate(doc["alone"]):
         try:
-            row = {"model": str(e["model"]), "workload": str(e["workload"]),
+            key = str(e["model"])  # the learning key: a file digest or a reference
+            row = {"model": str(e.get("reference") or key), "workload": str(e["workload"]),
                    "batch_size": int(e["batch_size"]), "gpu_product": str(e["gpu_type"]),
                    "util_mean_percent": float(e["util_percent"]),
                    "util_stddev_percent": float(e["stddev_percent"]),
-                   "n_samples": int(e["samples"]), "updated_at": float(e["updated_at"])}
-        except (KeyError, TypeError, ValueError) as exc:
+                   "n_samples": int(e["samples"]), "updated_at": float(e["updated_at"]),
+                   "model_digest": key.removeprefix(DIGEST_PREFIX)
+                   if key.startswith(DIGEST_PREFIX) else ""}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ObservationDocumentError(f"alone[{i}]: {exc!r}") from None
         if row["workload"] not in ("training", "inference") or row["batch_size"] < 1 \
                 or not 0 <= row["util_mean_percent"] <= 100 \
