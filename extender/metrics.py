@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -81,6 +81,48 @@ class LearningCollector(Collector):
         yield from (r2, points, refit, coeff, held)
 
 
+class LearnerCollector(Collector):
+    """The utilisation learner: samples taken and refused, estimates, persistence."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any]]):
+        self._stats = stats
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """Families from :meth:`extender.learning.Learner.stats`, read at scrape time."""
+        s = self._stats()
+        accepted = CounterMetricFamily("tandem_learning_observations_accepted",
+                                       "Utilisation samples the learner took from agent reports")
+        accepted.add_metric([], float(s["accepted"]))
+        rejected = CounterMetricFamily(
+            "tandem_learning_observations_rejected",
+            "Reported pod processes that gave no sample, by reason", labels=["reason"])
+        for reason, n in sorted(s["rejected"].items()):
+            rejected.add_metric([reason], float(n))
+        estimates = GaugeMetricFamily(
+            "tandem_learning_estimates",
+            "Utilisation estimates by state: trusted (used in resolution), learning "
+            "(fewer than learning.min_observations samples), colocated", labels=["state"])
+        for state, n in sorted(s["estimates"].items()):
+            estimates.add_metric([state], float(n))
+        change = GaugeMetricFamily(
+            "tandem_learning_last_update_mean_abs_change_percent",
+            "Mean absolute change of the estimates the last agent report moved (points)")
+        change.add_metric([], float(s["last_change_percent"]))
+        writes = CounterMetricFamily("tandem_learning_persist_writes",
+                                     "Successful writes of the learning ConfigMap")
+        writes.add_metric([], float(s["persist_writes"]))
+        failures = CounterMetricFamily("tandem_learning_persist_failures",
+                                       "Failed writes of the learning ConfigMap")
+        failures.add_metric([], float(s["persist_failures"]))
+        yield from (accepted, rejected, estimates, change, writes, failures)
+        if s["persist_age_seconds"] is not None:  # absent until something was persisted
+            age = GaugeMetricFamily("tandem_learning_persist_age_seconds",
+                                    "Seconds since the learning ConfigMap was last written "
+                                    "(or reloaded)")
+            age.add_metric([], float(s["persist_age_seconds"]))
+            yield age
+
+
 class Metrics:
     """Request counters, latency histograms and decision counters on one registry."""
 
@@ -107,6 +149,10 @@ class Metrics:
         """Register the per-GPU collector over a state."""
         self.registry.register(GpuCollector(rows, synced))
 
-    def watch_learning(self, rows: Callable[[], list[dict[str, Any]]]) -> None:
-        """Register the learned-curve collector (rows as ``/v1/state`` shows them)."""
+    def watch_learning(self, rows: Callable[[], list[dict[str, Any]]],
+                       stats: Callable[[], dict[str, Any]] | None = None) -> None:
+        """Register the learned-curve collector (rows as ``/v1/state`` shows them) and,
+        given ``stats`` (:meth:`extender.learning.Learner.stats`), the learner's."""
         self.registry.register(LearningCollector(rows))
+        if stats is not None:
+            self.registry.register(LearnerCollector(stats))

@@ -67,13 +67,14 @@ def create_app(
 ) -> Flask:
     """The extender WSGI app over ``source``; starts the source unless told not to."""
     learner = build_learner(config.current().learning, source, may_bind,
-                            lambda gpu_type: config.policy().curve_for(gpu_type))
+                            lambda gpu_type: config.policy().curve_for(gpu_type),
+                            getattr(predictor, "known_digest", None))
     state = ClusterState(lambda: learner.policy(config.policy(), config.current().learning),
                          clock, config.current().state.assume_ttl_seconds)
     ext = Extender(state, source, config, clock, predictor, profiles, planner, may_bind, learner)
     metrics = metrics or Metrics()
     metrics.watch_state(state.gpu_rows, lambda: state.synced)
-    metrics.watch_learning(learner.curves.view)
+    metrics.watch_learning(learner.curves.view, learner.stats)
     use_signer = getattr(source, "use_signer", None)  # sources that rebuild from annotations
     if use_signer is not None:
         use_signer(load_signer(config.current().state, environ, config.current().reports),

@@ -28,7 +28,7 @@ from typing import Any
 
 import typer
 
-from contracts.annotations import GPU_UTIL, MODEL
+from contracts.annotations import GPU_UTIL, MODEL, PREDICTION_SOURCE
 
 SCHEDULING_GATE_REASON = "held by the queue's scheduling gate"
 
@@ -107,7 +107,15 @@ def _ts(when: Any) -> float:
 
 
 def pod_source(annotations: Mapping[str, str]) -> str:
-    """Where a pod's utilisation figure came from: its own assertion or its model."""
+    """Where a pod's figures came from: what bind recorded in ``tandem.io/prediction-source``.
+
+    (``asserted``, ``xgboost:<digest>``, ``observed:<n>``, ``cold-start``, ``profile``,
+    each with its ``+mem:`` part). A pod bound without that annotation (by an older
+    extender, or written into a simulated cluster file) is described from its inputs.
+    """
+    recorded = annotations.get(PREDICTION_SOURCE)
+    if isinstance(recorded, str) and recorded:
+        return recorded
     if GPU_UTIL in annotations:
         return "asserted"
     if MODEL in annotations:

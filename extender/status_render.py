@@ -57,7 +57,7 @@ def render(doc: dict[str, Any]) -> str:
     head = (f"tandem status from {doc['source']}: {sync}, {doc.get('placed') or 0} placed, "
             f"{doc.get('assumed') or 0} binding")
     lines = textwrap.wrap(head, WIDTH, subsequent_indent="  ")
-    lines.append("predicted: the pods' figures, [asserted] or from [model M]; observed: agents")
+    lines.append("predicted: pods' figures [from tandem.io/prediction-source]; observed: agents")
     for node in doc["nodes"]:
         lines += ["", *_node(node)]
     pending = doc.get("pending")

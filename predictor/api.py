@@ -79,6 +79,8 @@ class Predictor:
         self.optimizer = optimizer
         self.cache_size = cache_size
         self._cache: OrderedDict[tuple, Prediction] = OrderedDict()
+        self._digests: OrderedDict[str, str] = OrderedDict()
+        """Reference -> sha256 of the file it last resolved to (``known_digest``)."""
         self._lock = threading.Lock()
         self.fetcher = fetcher
         """Remote references go through it (never blocking the caller); None: fetched inline."""
@@ -117,7 +119,19 @@ class Predictor:
         """Graph features of the referenced model at ``batch_size``."""
         path = (self.fetcher.resolve(model_ref) if self.fetcher is not None
                 else self.store.resolve(model_ref))
-        return self.extractor.extract(path, batch_size)
+        features = self.extractor.extract(path, batch_size)
+        with self._lock:
+            self._digests[model_ref] = features.digest
+            self._digests.move_to_end(model_ref)
+            while len(self._digests) > self.cache_size:
+                self._digests.popitem(last=False)
+        return features
+
+    def known_digest(self, model_ref: str) -> str | None:
+        """The sha256 of the file ``model_ref`` last resolved to, without any I/O; None
+        before it was resolved (online learning keys its estimates by it)."""
+        with self._lock:
+            return self._digests.get(model_ref)
 
     def memory(self, features: GraphFeatures, workload: str) -> MemoryEstimate:
         """Memory estimate with the fitted overhead for this framework, if any."""

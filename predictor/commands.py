@@ -169,20 +169,31 @@ def train_command(
     out: Path = typer.Option(DEFAULT_ARTIFACTS, "--out", help="Artifacts directory."),
     baselines: bool = _BASELINES,
     allow_simulated: bool = _ALLOW_SIMULATED,
+    no_observed: bool = typer.Option(
+        False, "--no-observed",
+        help="Leave out the fleet's observed.csv rows (export-observations); train on "
+        "profiled rows only."),
     as_json: bool = _JSON,
 ) -> None:
-    """Train the utilisation model (leave-one-family-out CV) and fit memory overhead."""
+    """Train the utilisation model (leave-one-family-out CV) and fit memory overhead.
+
+    observed.csv rows under --data (what a cluster observed, written by
+    export-observations) are training rows too unless --no-observed."""
+    from predictor.observed import local_featurise
     from predictor.training import fit_all, save_artifacts
 
     def body() -> dict[str, Any]:
         datasets = _load(data, allow_simulated)
         est, card, overheads, _ = fit_all(
-            datasets, _kinds(baselines), progress=_progress("cv folds")
+            datasets, _kinds(baselines), progress=_progress("cv folds"),
+            observed=not no_observed, featurise=None if no_observed else local_featurise(),
         )
         save_artifacts(out, est, card, overheads, [d.provenance for d in datasets])
         return {
             "artifacts": str(out),
             "n_rows": card["n_rows"],
+            "n_rows_by_source": card["n_rows_by_source"],
+            "observed_rows_skipped": card["observed_rows_skipped"],
             "data_digest": card["data_digest"],
             "simulated": card["simulated"],
             "rmsle": {k: v["rmsle"] for k, v in card["metrics"].items()},
@@ -311,7 +322,12 @@ def export_observations_command(
     as_json: bool = _JSON,
 ) -> None:
     """Write the utilisation the cluster observed as <out>/<gpu>/observed.csv rows."""
-    from predictor.observed import ObservationDocumentError, observed_rows, write_observed
+    from predictor.observed import (
+        ObservationDocumentError,
+        ensure_provenance,
+        observed_rows,
+        write_observed,
+    )
 
     try:
         text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
@@ -320,6 +336,10 @@ def export_observations_command(
         kind = "invalid_document" if isinstance(exc, ObservationDocumentError) else "error"
         _fail(f"{source}: {exc}", as_json, kind, 2)
     files = write_observed(rows, out)
+    from contracts.version import version
+
+    for f in files:
+        ensure_provenance(f.parent, version())
     if as_json:
         typer.echo(json.dumps({"rows": len(rows), "files": [str(f) for f in files]}))
     else:

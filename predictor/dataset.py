@@ -23,6 +23,10 @@ One directory per GPU product holds what ``tandem profile`` measured on it:
     combination ran), mem_used_nvml_mib.
 ``batching.csv``   model, family, gpu_product, batch_size, latency_mean_ms,
     latency_std_ms, mem_mib, n_samples (inference latency of one batch).
+``observed.csv``   what a cluster running tandem observed
+    (``tandem predictor export-observations``, :mod:`predictor.observed`): per
+    model reference, workload and batch size its utilisation alone on this GPU.
+    Training uses these rows too unless told not to (``--no-observed``).
 ``provenance.json`` command, tandem_version, started_at, finished_at,
     hardware {gpu_product, driver_version, cuda_version, cpu}, software
     {package: version}, notes, and optionally ``simulated`` (a JSON boolean;
@@ -44,6 +48,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from predictor.observed import OBSERVED_FILE, ObservationDocumentError, read_observed
 
 ISOLATED_COLUMNS: tuple[str, ...] = (
     "run_id",
@@ -119,6 +125,8 @@ WORKLOADS = ("training", "inference")
 STATUSES = ("ok", "oom", "error", "timeout")
 
 FILES = {"isolated": "isolated.csv", "colocated": "colocated.csv", "batching": "batching.csv"}
+DATA_FILES = (*FILES.values(), OBSERVED_FILE)
+"""Every table a ``<gpu-product>/`` directory may hold (profiled and observed)."""
 PROVENANCE_FILE = "provenance.json"
 
 # Column kinds: "str" (non-empty text), "text" (may be empty), "int", "float",
@@ -346,6 +354,8 @@ class GpuDataset:
     isolated: tuple[dict[str, Any], ...]
     colocated: tuple[dict[str, Any], ...]
     batching: tuple[dict[str, Any], ...]
+    observed: tuple[dict[str, Any], ...] = ()
+    """``observed.csv`` rows (fleet observations), empty when the file is absent."""
 
     @property
     def simulated(self) -> bool:
@@ -388,6 +398,12 @@ def load_gpu_dir(directory: Path) -> GpuDataset:
             tables[kind] = tuple(read_table(path, kind))
         except DatasetError as exc:
             problems.extend(f"{directory.name}/{p}" for p in exc.problems)
+    observed: tuple[dict[str, Any], ...] = ()
+    if (directory / OBSERVED_FILE).is_file():
+        try:
+            observed = tuple(read_observed(directory / OBSERVED_FILE))
+        except ObservationDocumentError as exc:
+            problems.append(f"{directory.name}/{exc}")
     if problems:
         raise DatasetError(problems)
     return GpuDataset(
@@ -397,6 +413,7 @@ def load_gpu_dir(directory: Path) -> GpuDataset:
         tables["isolated"],
         tables["colocated"],
         tables["batching"],
+        observed,
     )
 
 
@@ -415,12 +432,12 @@ def load_training_data(root: Path, allow_simulated: bool = False) -> list[GpuDat
     if not root.is_dir():
         raise DatasetError([f"{root}: not a directory"])
     dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    data_dirs = [d for d in dirs if any((d / f).is_file() for f in FILES.values())]
+    data_dirs = [d for d in dirs if any((d / f).is_file() for f in DATA_FILES)]
     if not data_dirs:
         raise DatasetError(
             [
                 f"{root}: no <gpu-product>/ directory with isolated.csv, "
-                "colocated.csv or batching.csv"
+                "colocated.csv, batching.csv or observed.csv"
             ]
         )
     datasets = [load_gpu_dir(d) for d in data_dirs]

@@ -5,7 +5,10 @@ Artifacts directory layout (``save_artifacts``/``load_artifacts``):
 
 - ``utilisation.xgb.json``: the XGBoost model (XGBoost's own JSON format).
 - ``model_card.json``: feature names, GPU types, data digest (sha256 over the CSV
-  files), provenance summary, per-learner RMSLE overall and per held-out family,
+  files), ``n_rows_by_source`` (``profiled`` rows from ``isolated.csv``,
+  ``observed`` rows from the fleet's ``observed.csv``) and
+  ``observed_rows_skipped`` (fleet rows whose model features were not found),
+  provenance summary, per-learner RMSLE overall and per held-out family,
   library versions, the sha256 of the model file (``model_digest``) and
   ``simulated``: true when any training directory was synthetic (``sim:``), in
   which case every prediction's source says ``,simulated`` too.
@@ -24,10 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from predictor.dataset import FILES, GpuDataset, any_simulated
+from predictor.dataset import DATA_FILES, GpuDataset, any_simulated
 from predictor.errors import NoTrainedModel
 from predictor.memory import Overhead, fit_overhead, load_overheads, save_overheads
 from predictor.model import KINDS, UtilisationRegressor, feature_names, feature_row, rmsle
+from predictor.observed import Featurise, observed_training_rows
 
 MODEL_FILE = "utilisation.xgb.json"
 CARD_FILE = "model_card.json"
@@ -48,13 +52,17 @@ class TrainingTable:
     rows: tuple[dict[str, Any], ...]
     simulated: bool = False
     """True when any row came from a directory marked simulated."""
+    sources: tuple[str, ...] = ()
+    """Per row: ``profiled`` (isolated.csv) or ``observed`` (observed.csv)."""
+    observed_skipped: int = 0
+    """Observed rows left out because their model's graph features were not found."""
 
 
 def data_digest(datasets: Sequence[GpuDataset]) -> str:
     """sha256 over every table file and provenance of the datasets, in name order."""
     h = hashlib.sha256()
     for ds in sorted(datasets, key=lambda d: d.gpu_product):
-        for name in sorted([*FILES.values(), "provenance.json"]):
+        for name in sorted([*DATA_FILES, "provenance.json"]):
             path = ds.path / name
             if path.is_file():
                 h.update(f"{ds.gpu_product}/{name}\n".encode())
@@ -62,14 +70,23 @@ def data_digest(datasets: Sequence[GpuDataset]) -> str:
     return h.hexdigest()
 
 
-def build_table(datasets: Sequence[GpuDataset]) -> TrainingTable:
-    """Rows with status ok and a measured utilisation, across all GPU products."""
+def build_table(
+    datasets: Sequence[GpuDataset], observed: bool = True, featurise: Featurise | None = None
+) -> TrainingTable:
+    """Rows with status ok and a measured utilisation, across all GPU products, then
+    (``observed``) the fleet's observed rows (:func:`predictor.observed.observed_training_rows`)."""
     rows = [
         r
         for ds in datasets
         for r in ds.isolated
         if r["status"] == "ok" and r["util_mean_percent"] is not None
     ]
+    sources = ["profiled"] * len(rows)
+    skipped = 0
+    if observed:
+        fleet, skipped = observed_training_rows(datasets, featurise)
+        rows += fleet
+        sources += ["observed"] * len(fleet)
     if not rows:
         raise NoTrainedModel("utilisation model", "no ok isolated rows to train on")
     gpu_types = tuple(sorted({r["gpu_product"] for r in rows}))
@@ -100,6 +117,8 @@ def build_table(datasets: Sequence[GpuDataset]) -> TrainingTable:
         data_digest(datasets),
         tuple(rows),
         any_simulated(datasets),
+        tuple(sources),
+        skipped,
     )
 
 
@@ -147,6 +166,8 @@ def train(
         "gpu_types": list(table.gpu_types),
         "families": sorted(set(table.families)),
         "n_rows": int(len(table.y)),
+        "n_rows_by_source": {s: table.sources.count(s) for s in ("profiled", "observed")},
+        "observed_rows_skipped": table.observed_skipped,
         "data_digest": table.data_digest,
         "simulated": table.simulated,
         "hyperparameters": est.get_params(),
@@ -245,9 +266,11 @@ def fit_all(
     kinds: Iterable[str] = KINDS,
     params: dict[str, Any] | None = None,
     progress: Callable[[Iterable[Any]], Iterable[Any]] = lambda it: it,
+    observed: bool = True,
+    featurise: Featurise | None = None,
 ) -> tuple[UtilisationRegressor, dict[str, Any], list[Overhead], dict[str, Any]]:
     """Table, grouped CV of every learner, final XGBoost fit and overheads in one call."""
-    table = build_table(datasets)
+    table = build_table(datasets, observed, featurise)
     cv = cross_validate(table, kinds, params, progress)
     est, card = train(table, cv, params)
     overheads = fit_overhead([r for ds in datasets for r in ds.isolated])

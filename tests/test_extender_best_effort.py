@@ -321,3 +321,43 @@ def test_training_is_kept_off_a_best_effort_gpu_over_http():
     _bind(client, b, ["n1"])
     body = client.post("/filter", json=args(training(), ["n1"])).get_json()
     assert "GPU serves the other workload kind" in body["FailedNodes"]["n1"]
+
+
+# ---- observations --------------------------------------------------------------------------
+
+def _knowing(samples: int, workload: str = "inference"):
+    """Learning knowledge with one estimate of resnet50/unprofiled at 42% on A100."""
+    from extender.core import UtilKnowledge
+
+    def observed(model, batch, gpu_type, wl):
+        return (42.0, samples) if wl == workload and gpu_type == A100 else None
+    return UtilKnowledge(observed, min_observations=5)
+
+
+@pytest.mark.parametrize(("model", "predict", "samples", "workload", "expected"), [
+    ("resnet50", None, 7, "inference", (42.0, 2500.0, "observed:7+mem:profile")),
+    ("unprofiled", _predict(35.0, 1800.0), 7, "inference",
+     (42.0, 1800.0, "observed:7+mem:fake-predictor")),
+    ("resnet50", None, 4, "inference", (100.0, 2500.0, "profile")),
+    ("resnet50", None, 7, "training", (100.0, 2500.0, "profile")),
+], ids=["trusted-profile-memory", "trusted-predicted-memory", "too-few-samples",
+        "training-estimate-is-not-the-sessions"])
+def test_best_effort_uses_a_trustworthy_observed_utilisation(model, predict, samples,
+                                                              workload, expected):
+    t = GpuTable.build([node("n1", 1)])
+    d = resolve_demand(parse_demand(best_effort(model=model)), t.type_names, predict,
+                       ProfileIndex(PROFILES), knowledge=_knowing(samples, workload))
+    assert d.for_type(A100) == TypeDemand(*expected)
+
+
+def test_bound_best_effort_session_records_its_observed_source_over_http():
+    app, ext, source, _ = make_app([node("n1", 1)])
+    for _ in range(6):
+        ext.learner.store.add(("resnet50", 1, "inference", A100), 30.0, alone=True)
+    p = best_effort("batch-job")
+    source.create_pod(p)
+    c = app.test_client()
+    assert c.post("/filter", json=args(p, ["n1"])).get_json()["NodeNames"] == ["n1"]
+    assert c.post("/bind", json=binding(p, "n1")).get_json() == {"Error": ""}
+    ann = source.read_pod("default", "batch-job")["metadata"]["annotations"]
+    assert ann["tandem.io/prediction-source"] == "observed:6+mem:profile"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from extender.simulator.cluster import RTX_2080, builtin_cluster, uniform_cluste
 from extender.simulator.engine import JobRun
 from extender.simulator.interference import PAPER_COEFFICIENTS, SlowdownModel
 from extender.simulator.jobs import SimJob
+from extender.simulator.policies import tandem_cost
 from extender.simulator.runner import simulate
 from extender.simulator.truth import (
     Truth,
@@ -163,7 +165,7 @@ def test_online_learning_reduces_the_error_on_a_small_workload() -> None:
 
 
 def test_agents_attribute_samples_alone_and_colocated() -> None:
-    """Two jobs on one GPU give co-located samples at their scaled share; alone, the truth."""
+    """Two jobs on one GPU report their truth over the GPU's slowdown; alone, the truth."""
     truth = parse_truth({"noise": {"util_stddev_percent": 0},
                          "models": {"a": {"util_percent": 70}, "b": {"util_percent": 50}}})
     jobs = [SimJob("a", 0.0, 100.0, util_percent=10, mem_mib=100, model="a"),
@@ -174,7 +176,35 @@ def test_agents_attribute_samples_alone_and_colocated() -> None:
     view = world.agents.learner.store.view()
     alone = {e["model"]: e["util_percent"] for e in view["alone"]}
     colocated = {e["model"]: e["util_percent"] for e in view["colocated"]}
-    # one GPU: both share it until a ends (120% asked: each gets its proportional share)
-    assert colocated == pytest.approx({"a": 70 * 100 / 120, "b": 50 * 100 / 120}, abs=1e-3)
+    # one GPU: both share it until a ends; each job's progress (and utilisation) drops by
+    # the GPU's slowdown at 120% with two jobs (the engine's paper interference)
+    slowdown = float(SlowdownModel.for_types("curve", [RTX]).slowdown(
+        np.array([120.0]), np.array([2]), np.array([0]))[0])
+    assert slowdown > 1.2
+    assert colocated == pytest.approx({"a": 70 / slowdown, "b": 50 / slowdown}, abs=1e-3)
     assert alone == pytest.approx({"b": 50.0})  # then b runs alone
     assert world.agents.samples == 3
+
+
+def test_online_knowledge_refits_the_curve_from_simulated_colocation() -> None:
+    """--knowledge online: co-located reports refit the GPU type's curve toward the truth's."""
+    base = tandem_cost()
+    prior = base.curve_for(RTX)
+    flat = InterferenceCurve(prior.slope / 2, prior.over_slope / 2, prior.over_quadratic / 2)
+    jobs = with_models(generate("w-small", 1), 5)
+    truth = replace(factor_truth([j.model for j in jobs], 0.5, 0.5, seed=3), curves={RTX: flat})
+    cfg = replace(load_config(None, environ={}).learning, curve_min_points=5,
+                  curve_refit_interval_seconds=0.0, min_observations=1)
+    world = SimWorld.build(truth, "online", cfg, [RTX])
+    simulate(jobs, builtin_cluster("testbed"), "tandem", world=world)
+    (row,) = world.agents.learner.curves.view()
+    assert row["gpu_type"] == RTX and row["refits"] >= 1 and row["points"] >= 5
+    assert row["r2"] is not None
+    # the policy decides with the learned curve (the extender's overlay), not the prior
+    learned = world.knowledge.policy(base).curve_for(RTX)
+    assert learned != prior
+    assert learned.to_config() == pytest.approx(row["curve"])
+    # prior and oracle knowledge never learn curves: prior keeps the configured, oracle the truth
+    assert SimWorld.build(truth, "prior", cfg, [RTX]).knowledge.policy(base) is base
+    oracle = SimWorld.build(truth, "oracle", cfg, [RTX]).knowledge.policy(base)
+    assert oracle.curve_for(RTX) == flat

@@ -15,11 +15,12 @@ import yaml
 from extender_builders import PROFILES, TOKEN, args, binding, inference, node, training
 from typer.testing import CliRunner
 
+from contracts.annotations import GPU_UTIL, MODEL, PREDICTION_SOURCE
 from extender.config import ConfigHolder, build_config
 from extender.routes import create_app
 from extender.server import start_background
 from extender.sim_cluster import SimSource
-from extender.status import pending_pods
+from extender.status import pending_pods, pod_source
 from extender.wiring import default_planner
 from tandem.cli import app
 
@@ -73,7 +74,7 @@ def test_text_fits_80_columns_and_shows_roles_pods_and_sources(extender_url: str
         assert f"default/train-job-with-a-long-name-{i} 10% 2000 MiB [asserted]" in \
             " ".join(ln.strip() for ln in lines)
     assert "41% (agent)" in text and "- (no fresh report)" in text
-    assert "[model resnet50]" in text
+    assert "[profile]" in text  # the session's figures came from its batching profile
     assert "pending pods: use --cluster kube" in text
 
 
@@ -93,7 +94,7 @@ def test_json_has_the_documented_keys(extender_url: str) -> None:
     serving = by_node["n2"]["gpus"][0]
     assert serving["role"] == "serving" and serving["observed_util"] == 41.0
     assert serving["observed_source"] == "agent report"
-    assert serving["predicted_source"] == ["model resnet50"]
+    assert serving["predicted_source"] == ["profile"]  # tandem.io/prediction-source
 
 
 def test_sim_file_rebuilds_the_state_from_its_bound_pods(tmp_path: Path) -> None:
@@ -163,3 +164,14 @@ def test_pending_pods_carry_their_last_failed_scheduling_reason() -> None:
         {"pod": "default/gated", "reason": "held by the queue's scheduling gate "
                                            "(tandem.io/queue)", "age_s": None},
         {"pod": "default/new", "reason": "not tried yet", "age_s": None}]
+
+
+def test_pod_source_is_the_recorded_prediction_source_else_derived() -> None:
+    """bind's tandem.io/prediction-source wins; pods bound without it are described."""
+    assert pod_source({PREDICTION_SOURCE: "observed:12+mem:fitted", MODEL: "m.onnx"}) == \
+        "observed:12+mem:fitted"
+    assert pod_source({PREDICTION_SOURCE: "cold-start+mem:no-overhead"}) == \
+        "cold-start+mem:no-overhead"
+    assert pod_source({GPU_UTIL: "30"}) == "asserted"
+    assert pod_source({MODEL: "m.onnx"}) == "model m.onnx"
+    assert pod_source({}) == "unknown"

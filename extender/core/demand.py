@@ -285,7 +285,7 @@ def _one_type(
         profile = next((profiles[(k, gpu_type)] for k in profile_keys(ask.model)
                         if (k, gpu_type) in profiles), None)
         if job.best_effort:
-            return _best_effort_type(job, gpu_type, profile, predict)
+            return _best_effort_type(job, gpu_type, profile, predict, knowledge)
         if profile is None:
             raise DemandUnavailable("no-profile", f"no batching profile for {ask.model}")
         mem = ask.mem_mib if ask.mem_mib is not None else float(profile.memory_mib)
@@ -317,14 +317,29 @@ def _one_type(
 
 
 def _best_effort_type(job: JobDemand, gpu_type: str, profile: Any,
-                      predict: PredictFn | None) -> TypeDemand:
-    """Memory: asserted, else profile, else predicted. Utilisation: asserted, else
-    predicted, else 100 (a batch job is greedy: quanta give it the slack, never more)."""
+                      predict: PredictFn | None, knowledge: UtilKnowledge) -> TypeDemand:
+    """Memory: asserted, else profile, else predicted. Utilisation: asserted, else a
+    trustworthy observed estimate of the model's inference on this GPU type
+    (``observed:<n>``), else predicted, else 100 (a batch job is greedy: quanta give it
+    the slack, never more)."""
     ask = job.inputs
     assert ask.model is not None
     mem = ask.mem_mib if ask.mem_mib is not None else (
         float(profile.memory_mib) if profile is not None else None)
     known = "asserted" if ask.mem_mib is not None else "profile"
+    seen = knowledge.observed(ask.model, job.batch_size, gpu_type, job.workload.value) \
+        if knowledge.observed is not None and ask.util_percent is None else None
+    if seen is not None and seen[1] >= knowledge.min_observations:
+        observed = f"observed:{seen[1]}"
+        if mem is not None:
+            return TypeDemand(seen[0], mem, f"{observed}+mem:{known}")
+        if predict is None:
+            raise DemandUnavailable("no-profile", f"no batching profile, predictor or "
+                                    f"tandem.io/gpu-mem-mib for {ask.model}")
+        _, predicted_mem, source = predict(ask.model, job.batch_size, gpu_type,
+                                           job.workload.value)
+        return TypeDemand(seen[0], float(predicted_mem),
+                          f"{observed}+mem:{source.partition('+mem:')[2] or source}")
     greedy = ask.util_percent if ask.util_percent is not None else 100.0
     if mem is not None and (ask.util_percent is not None or predict is None):
         return TypeDemand(greedy, mem, known)

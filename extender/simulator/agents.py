@@ -6,12 +6,18 @@ processes, each attributed to its pod with the process's own utilisation
 changes when a job starts or stops on it, so the agents report a GPU once per
 such interval, when it ends: one report stands for the interval's (constant)
 load. Each job's figure is its true utilisation on that GPU, scaled down
-proportionally when the GPU's jobs together ask for more than 100%, plus seeded
-Gaussian measurement noise (``Truth.util_stddev_percent``), clipped to 0..100.
+proportionally when the GPU's jobs together ask for more than 100%; on a shared
+GPU it is its true utilisation divided by the GPU's true slowdown (a training
+job's utilisation tracks its progress rate, the signal the extender's curve
+learning reads, :mod:`extender.learning_curves`). Then seeded Gaussian
+measurement noise (``Truth.util_stddev_percent``), clipped to 0..100.
 
 The reports go through the extender's own :meth:`extender.learning.Learner.observe`
 (a :class:`extender.reports.DecodedReport` and the placements the scheduler made),
-so the simulated tandem policy learns with exactly the extender's code.
+so the simulated tandem policy learns with exactly the extender's code: the
+utilisation estimates and each GPU type's interference curve. The learner's
+clock is the simulated one (:class:`SimClock`), so the refit interval and the
+estimates' timestamps are in simulated seconds.
 """
 
 from __future__ import annotations
@@ -32,12 +38,24 @@ SIM_BATCH_SIZE = 32
 """Batch size the simulated pods declare (the extender's training default)."""
 
 
+class SimClock:
+    """The simulated time the agents last reported at (the learner's clock)."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        """Seconds since the simulation started."""
+        return self.now_s
+
+
 class SimAgents:
     """Every node's agent; reports feed ``learner`` (see module docstring)."""
 
-    def __init__(self, truth: Truth, learner: Learner):
+    def __init__(self, truth: Truth, learner: Learner, clock: SimClock | None = None):
         self.truth = truth
         self.learner = learner
+        self.clock = clock or SimClock()
         self.samples = 0
         """Utilisation samples the learner took from the reports so far."""
         self.reports = 0
@@ -79,6 +97,7 @@ class SimAgents:
             if engine.jobs_on[r] > 0 and now_s > self._since[r]:
                 by_node.setdefault(self._node[r], []).append(r)
             self._since[r] = now_s
+        self.clock.now_s = now_s
         for node, node_rows in by_node.items():
             report = DecodedReport(
                 node=node, gpus=tuple(engine.table.gpus[r] for r in node_rows),
@@ -91,6 +110,8 @@ class SimAgents:
     def _processes(self, engine: Engine, r: int) -> tuple[ReportedProcess, ...]:
         total = float(engine.util_true[r])
         scale = min(1.0, 100.0 / total) if total > 0 else 1.0
+        if engine.jobs_on[r] >= 2:  # shared: progress, hence utilisation, drops by the slowdown
+            scale = 1.0 / max(float(engine.slowdown[r]), 1.0)
         node, index = self._node[r], engine.table.gpus[r].index
         out = []
         for run in engine.runs_on(r):

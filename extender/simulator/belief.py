@@ -8,9 +8,12 @@ The prediction is the job's prior (its ``predicted_*`` numbers). Three modes:
 
 - ``online``: the extender's :class:`extender.learning.Learner`, fed by the
   simulated agents (:mod:`extender.simulator.agents`), answers once it has
-  ``learning.min_observations`` samples of the model on a GPU type;
+  ``learning.min_observations`` samples of the model on a GPU type, and its
+  refitted interference curves replace the configured ones in the cost (when
+  ``learning.curves``), exactly as :meth:`Learner.policy` does in the extender;
 - ``prior``: the prior only, never updated (no learning);
-- ``oracle``: the truth itself, per GPU type (an upper bound for learning).
+- ``oracle``: the truth itself, per GPU type (an upper bound for learning),
+  the truth's interference curves included.
 
 Jobs without a model keep asserting their numbers, as without a truth.
 """
@@ -22,9 +25,9 @@ from dataclasses import dataclass
 
 from contracts.annotations import PodInputs
 from extender.config import LearningConfig
-from extender.core import JobDemand, ResolvedDemand, UtilKnowledge, resolve_demand
+from extender.core import CostPolicy, JobDemand, ResolvedDemand, UtilKnowledge, resolve_demand
 from extender.learning import Learner
-from extender.simulator.agents import SIM_BATCH_SIZE, SimAgents
+from extender.simulator.agents import SIM_BATCH_SIZE, SimAgents, SimClock
 from extender.simulator.engine import JobRun
 from extender.simulator.truth import Truth
 
@@ -64,6 +67,19 @@ class SimKnowledge:
             JobDemand(job.gpus_per_task, PodInputs(model=job.model, batch_size=SIM_BATCH_SIZE)),
             self.type_names, predict, knowledge=knowledge)
 
+    def policy(self, base: CostPolicy) -> CostPolicy:
+        """The cost policy the tandem policy decides with: ``base`` with the curves it believes.
+
+        ``online``: the learned curves (each GPU type's first refit starts from
+        ``base``'s curve, as the extender's starts from the configured one);
+        ``oracle``: the truth's curves; ``prior``: ``base`` itself."""
+        if self.mode == "online":
+            self.learner.prior = base.curve_for
+            return self.learner.policy(base, self.cfg)
+        if self.mode == "oracle" and self.truth.curves:
+            return base.with_curves(self.truth.curves)
+        return base
+
     def refresh(self, run: JobRun) -> ResolvedDemand | None:
         """Resolve ``run`` and set its scalar belief to the lightest type's demand.
 
@@ -95,7 +111,8 @@ class SimWorld:
     @classmethod
     def build(cls, truth: Truth, mode: str, cfg: LearningConfig,
               type_names: Sequence[str]) -> SimWorld:
-        """A fresh world: an empty learner, its agents and the policy's knowledge."""
-        learner = Learner(cfg)
-        return cls(truth, SimAgents(truth, learner),
+        """A fresh world: an empty learner on simulated time, its agents and the knowledge."""
+        clock = SimClock()
+        learner = Learner(cfg, clock=clock, wall_clock=clock)
+        return cls(truth, SimAgents(truth, learner, clock),
                    SimKnowledge(mode, truth, learner, cfg, type_names))

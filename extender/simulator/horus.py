@@ -222,14 +222,17 @@ class HorusPolicy:
         if self._node_of is None:
             self._node_of = node_of_rows(ctx.table)
         placed = 0
-        view = FreeView(ctx.table, self._node_of, self.settings.cost, ctx.now_s)
+        settings = self.settings
+        if settings.knowledge is not None:  # the curves it believes now (learned, truth, prior)
+            settings = replace(settings, cost=settings.knowledge.policy(settings.cost))
+        view = FreeView(ctx.table, self._node_of, settings.cost, ctx.now_s)
         for item in self.queue.select(ctx.now_s):
             run = self._runs[item.key]
             resolved = None
             if self.settings.knowledge is not None:
                 resolved = self.settings.knowledge.refresh(run)
             placements = None if view.fails(run) else \
-                place_with_core(view, run, self.settings, resolved)
+                place_with_core(view, run, settings, resolved)
             if placements is None:
                 view.record_failure(run)
                 continue
