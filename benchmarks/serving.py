@@ -4,8 +4,13 @@ Run (CPU, the committed result):
     .venv/bin/python benchmarks/serving.py
 On a GPU (ready, needs onnxruntime-gpu; not run in this session):
     .venv/bin/python benchmarks/serving.py --executor onnxruntime --device cuda
+On a GPU with a CUDA build of torch and CPU-only onnxruntime (the ONNX graphs run by torch):
+    .venv/bin/python benchmarks/serving.py --executor torch --device cuda
+Both real executors beside the simulated sections, in one run:
+    .venv/bin/python benchmarks/serving.py --real-executors onnxruntime,torch
 
-Prints one JSON object and writes benchmarks/results/serving_<device>.json.
+Prints one JSON object and writes benchmarks/results/serving_<device>.json
+(serving_torch_<device>.json for a torch-only run).
 
 Sections (sim = the profile-driven executor on a virtual clock, real Nexus TITAN X
 profiles; it executes the measured mean latency with the measured std as Gaussian
@@ -27,6 +32,8 @@ noise, while planning uses Nexus's (mean + std) * 1.15):
   serving_ort.py): 3 SLO sessions at 90% of planned capacity under Poisson load
   with attainment measured by the client, fair and weighted shares of best-effort
   jobs with mixed batch sizes, and the segmentation overhead as measured.
+- ``torch``: the same sections with the ONNX graphs run by torch (``TorchExecutor``),
+  when asked for.
 """
 
 from __future__ import annotations
@@ -335,9 +342,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--executor",
-        choices=["sim", "onnxruntime"],
+        choices=["sim", "onnxruntime", "torch"],
         default="sim",
-        help="sim: every section; onnxruntime: only the real-model section",
+        help="sim: every section; onnxruntime or torch: only that real-model section",
+    )
+    parser.add_argument(
+        "--real-executors",
+        default="onnxruntime",
+        help="with --executor sim: the real executors run beside it (onnxruntime,torch)",
     )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--duration-s", type=float, default=60.0, help="virtual seconds per run")
@@ -347,6 +359,10 @@ def main() -> None:
     )
     _common.add_out_option(parser, None)  # default: serving_cpu.json or serving_gpu.json
     args = parser.parse_args()
+    real = args.real_executors.split(",") if args.executor == "sim" else [args.executor]
+    unknown = sorted(set(real) - {"onnxruntime", "torch"})
+    if unknown:
+        parser.error(f"--real-executors: unknown {unknown}; choose from onnxruntime, torch")
     started = time.perf_counter()
     out: dict = {"benchmark": "serving"}
     if args.executor == "sim":
@@ -370,11 +386,14 @@ def main() -> None:
         out["vs_naive"] = vs_naive(planned, executed, scale, duration / 3)
         out["early_vs_lazy"] = early_vs_lazy(duration / 3)
         out["realtime_sim"] = realtime_sim(planned, executed, scale, args.realtime_s)
-    # The real executor beside the simulated one, in the same run (serving_ort.py).
-    out["onnxruntime"] = onnxruntime_sections(args.device, args.ort_s)
+    # The real executors beside the simulated one, in the same run (serving_ort.py).
+    for kind in real:
+        out[kind] = onnxruntime_sections(args.device, args.ort_s, kind)
     out["wall_seconds"] = time.perf_counter() - started
-    out.update(_common.context(("numpy", "onnxruntime")))
+    out.update(_common.context(("numpy", "onnxruntime", *(["torch"] if "torch" in real else []))))
     name = "serving_cpu" if args.device == "cpu" else "serving_gpu"
+    if real == ["torch"] and args.executor == "torch":
+        name = f"serving_torch_{args.device}"
     _common.write_result(out, args.out or _common.RESULTS / f"{name}.json")
 
 

@@ -1,4 +1,5 @@
-"""Real-executor sections of the serving benchmark: ONNX Runtime (CPU EP unless --device cuda).
+"""Real-executor sections of the serving benchmark: ONNX Runtime (CPU EP unless --device
+cuda) or the same ONNX graphs run by torch (``--executor torch``).
 
 Generated MLP chains, profiled by the server at registration, run on the real clock:
 
@@ -13,29 +14,35 @@ Generated MLP chains, profiled by the server at registration, run on the real cl
   (measured), the overhead curve's prediction at the chosen Q, the scheduler's
   CPU time over executor busy time.
 
-Figures are CPU ONNX Runtime figures on the machine named in the result, never GPU
-figures. The machine may be shared: the load average is recorded before and after.
+Figures are CPU figures (ONNX Runtime or torch) on the machine named in the result
+unless the result says ``cuda``. The machine may be shared: the load average is
+recorded before and after.
 Imported by ``benchmarks/serving.py`` (as ``benchmarks.serving_ort``), which runs it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper, save
 
 from agent.quanta import jain_index, weighted_share_errors
 from agent.server.clock import MonotonicClock
-from agent.server.errors import AdmissionRefused
-from agent.server.executors import ModelLimits, OrtExecutor
+from agent.server.errors import AdmissionRefused, SessionNotFound
+from agent.server.executors import Executor, ModelLimits, OrtExecutor
 from agent.server.replay import merge, poisson_arrivals
 from agent.server.runtime import RuntimeConfig, ServingRuntime
 from planner import GpuPlan, SessionSpec, plan_gpu
+
+if TYPE_CHECKING:
+    from agent.server.torch_executor import TorchExecutor
 
 SLO_MIX = [("m1", 6, 150.0), ("m2", 10, 250.0), ("m3", 4, 100.0)]  # (name, layers, SLO ms)
 
@@ -60,10 +67,23 @@ def mlp(width: int, layers: int, seed: int = 0):
     return model
 
 
-def _runtime(device: str, store: Path) -> tuple[ServingRuntime, OrtExecutor]:
-    executor = OrtExecutor(
-        device, limits=ModelLimits(store_root=store), intra_op_threads=1 if device == "cpu" else 0
-    )
+def executor_label(kind: str, device: str) -> str:
+    """How results name a real executor: ``onnxruntime CPU EP``, ``torch CUDA``."""
+    suffix = " EP" if kind == "onnxruntime" else ""
+    return f"{kind} {device.upper()}{suffix}"
+
+
+def _runtime(device: str, store: Path, kind: str = "onnxruntime"
+             ) -> tuple[ServingRuntime, Executor]:
+    limits = ModelLimits(store_root=store)
+    threads = 1 if device == "cpu" else 0  # one core on the CPU, as a device of its own
+    executor: OrtExecutor | TorchExecutor
+    if kind == "torch":
+        from agent.server.torch_executor import TorchExecutor
+
+        executor = TorchExecutor(device, limits=limits, intra_op_threads=threads or None)
+    else:
+        executor = OrtExecutor(device, limits=limits, intra_op_threads=threads)
     config = RuntimeConfig(
         executor.gpu_type, min_replan_interval_ms=1e12, learn_latency_margin=True
     )
@@ -105,7 +125,8 @@ def _offer(rt: ServingRuntime, rate: float, seconds: float, x: np.ndarray, recor
         rt.submit(a.session, x, record(a.session, time.perf_counter()))
 
 
-def slo_section(device: str, seconds: float, width: int, store: Path) -> dict:
+def slo_section(device: str, seconds: float, width: int, store: Path,
+                kind: str = "onnxruntime") -> dict:
     """3 SLO sessions at 90% of planned capacity + a best-effort job; client-side attainment.
 
     A warm-up at half the capacity lets the server learn its latency margin from
@@ -113,7 +134,7 @@ def slo_section(device: str, seconds: float, width: int, store: Path) -> dict:
     """
     for name, layers, _slo in SLO_MIX + [("be", 16, 0.0)]:
         save(mlp(width, layers, sum(map(ord, name))), str(store / f"{name}.onnx"))
-    rt, executor = _runtime(device, store)
+    rt, executor = _runtime(device, store, kind)
     try:
         for name, _layers, slo in SLO_MIX:
             rt.add_slo_session(name, f"{name}.onnx", slo, 5.0)
@@ -131,11 +152,16 @@ def slo_section(device: str, seconds: float, width: int, store: Path) -> dict:
                 try:
                     answer = rt.add_slo_session(name, f"{name}.onnx", slo, capacity)
                 except AdmissionRefused:
-                    rt.add_slo_session(name, f"{name}.onnx", slo, 5.0)
                     placed = False
                     break
             if placed:
                 break
+            # Refused (the margin grew meanwhile): every session back at a token rate, so
+            # that none is missing when the capacity is asked again.
+            for name, _layers, slo in SLO_MIX:
+                with contextlib.suppress(SessionNotFound):
+                    rt.remove_session(name)
+                rt.add_slo_session(name, f"{name}.onnx", slo, 1.0)
         be = rt.add_best_effort_session("be", "be.onnx")
         _keep_backlogged(rt, "be", np.zeros((4, width), np.float32), depth=4)
         rate = 0.9 * capacity
@@ -169,7 +195,7 @@ def slo_section(device: str, seconds: float, width: int, store: Path) -> dict:
     curve = rt._curves.get("be")
     q = snap["quantum_ms"]
     return {
-        "executor": f"onnxruntime {device.upper()} EP",
+        "executor": executor_label(kind, device),
         "width": width,
         "planned_capacity_per_session_rps": capacity,
         "offered_rate_per_session_rps": rate,
@@ -197,7 +223,8 @@ def slo_section(device: str, seconds: float, width: int, store: Path) -> dict:
     }
 
 
-def sharing_section(device: str, seconds: float, width: int, store: Path) -> dict:
+def sharing_section(device: str, seconds: float, width: int, store: Path,
+                    kind: str = "onnxruntime") -> dict:
     """Best-effort jobs with mixed batch sizes, all backlogged: fair and weighted shares."""
     save(mlp(width, 8, 7), str(store / "job.onnx"))
     out = {}
@@ -205,7 +232,7 @@ def sharing_section(device: str, seconds: float, width: int, store: Path) -> dic
         ("fair", {"b64": (1, 64), "b8": (1, 8), "b1": (1, 1)}),
         ("weighted", {"w1_b1": (1, 1), "w2_b16": (2, 16), "w3_b64": (3, 64)}),
     ):
-        rt, _executor = _runtime(device, store)
+        rt, _executor = _runtime(device, store, kind)
         try:
             for name, (weight, _batch) in jobs.items():
                 rt.add_best_effort_session(name, "job.onnx", weight=weight)
@@ -232,15 +259,15 @@ def sharing_section(device: str, seconds: float, width: int, store: Path) -> dic
     return out
 
 
-def onnxruntime_sections(device: str, seconds: float) -> dict:
-    """Every real-executor section, with the load average around them."""
+def onnxruntime_sections(device: str, seconds: float, kind: str = "onnxruntime") -> dict:
+    """Every real-executor section (ONNX Runtime, or ``kind`` torch), with the load average."""
     width = 1024 if device == "cpu" else 4096
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        slo = slo_section(device, seconds, width, Path(tmp))
-        sharing = sharing_section(device, min(seconds, 3.0), 256, Path(tmp))
+        slo = slo_section(device, seconds, width, Path(tmp), kind)
+        sharing = sharing_section(device, min(seconds, 3.0), 256, Path(tmp), kind)
     return {
-        "executor": f"onnxruntime {device.upper()} EP (real models, real clock)",
+        "executor": f"{executor_label(kind, device)} (real models, real clock)",
         "device": device,
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),

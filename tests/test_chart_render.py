@@ -178,11 +178,24 @@ def test_kube_scheduler_follows_the_cluster_version(cluster: str, expected: str)
     (["replicas=0"], "replicas must be at least 1"),
     (["devicePlugin.enabled=false"], "devicePlugin.enabled and config.handoff.mode"),
     (["config.handoff.mode=env"], "devicePlugin.enabled and config.handoff.mode"),
+    (["agent.executor=sim"], "agent.executor must be onnxruntime (image tandem-gpu) or torch"),
 ])
 def test_bad_values_fail_with_a_message(sets: list[str], message: str) -> None:
     result = helm_template(*sets, check=False)
     assert result.returncode != 0
     assert message in result.stderr
+
+
+def test_the_inference_servers_run_the_executor_their_image_has() -> None:
+    def agent(*sets: str) -> dict:
+        return dict(pod_specs(render(*sets)))["DaemonSet/tandem-agent"]["containers"][0]
+
+    default = agent()
+    assert "--serve-arg=--executor=onnxruntime" in default["args"]
+    assert default["image"].split("/")[-1].startswith("tandem-gpu:")
+    on_torch = agent("agent.executor=torch", "image.gpuRepository=tandem-gpu-torch")
+    assert {"--serve-arg=--executor=torch", "--serve-arg=--device=cuda"} <= set(on_torch["args"])
+    assert on_torch["image"].split("/")[-1].startswith("tandem-gpu-torch:")
 
 
 def test_clusters_older_than_supported_are_refused() -> None:

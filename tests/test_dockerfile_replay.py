@@ -179,6 +179,16 @@ def test_gpu_image_packages_resolve_for_the_base_image_cuda(tmp_path: Path) -> N
                for n in runtime), (resolved["onnxruntime-gpu"], runtime)
 
 
+def test_gpu_torch_image_has_cpu_onnxruntime_and_a_cuda_build_of_torch(tmp_path: Path) -> None:
+    stage = BUILDS["build-gpu-torch"]
+    requirements = final_requirements(stage)
+    names = {_req_name(r) for r in requirements}
+    assert {"onnxruntime", "torch"} <= names and "onnxruntime-gpu" not in names
+    resolved = _resolve(requirements, BASE_PYTHON[stage.base], tmp_path)
+    # PyPI's Linux torch wheels are CUDA builds: they pull NVIDIA's CUDA runtime wheels.
+    assert any(n.startswith("nvidia-cuda-runtime") for n in resolved), sorted(resolved)
+
+
 @pytest.mark.slow
 def test_cpu_build_steps_install_and_run_in_a_fresh_venv(tmp_path: Path) -> None:
     stage = BUILDS["build-cpu"]

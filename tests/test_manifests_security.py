@@ -158,7 +158,10 @@ def test_dockerfile_runs_unprivileged_without_torch() -> None:
     users = re.findall(r"^USER\s+(\S+)", text, re.M)
     assert users and users[-1].split(":")[0] not in ("0", "root")
     assert users[-1].split(":")[0] == "65532"  # the uid the manifests run as
-    assert "torch" not in re.sub(r"#.*", "", text)
+    # torch only in the torch-executor variant (target gpu-torch) and its build stage.
+    stages = re.split(r"^FROM ", re.sub(r"#.*", "", text), flags=re.M)[1:]
+    with_torch = {s.split()[2] for s in stages if "torch" in s.partition("\n")[2]}
+    assert with_torch == {"build-gpu-torch", "gpu-torch"}, with_torch
     assert re.search(r'^ENTRYPOINT \["tandem"\]', text, re.M)
     rules = [line for line in (REPO / ".dockerignore").read_text().splitlines()
              if line and not line.startswith("#")]

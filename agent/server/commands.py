@@ -11,8 +11,12 @@ DEFAULT_BASE_PORT = 8700  # GPU i listens on base + i, as the agent's session sy
 
 def serve_command(
     gpu: int = typer.Option(0, "--gpu", help="GPU index this server owns."),
-    executor: str = typer.Option(..., "--executor", help="'onnxruntime' or 'sim' (explicit)."),
-    device: str = typer.Option("cuda", "--device", help="onnxruntime device: 'cuda' or 'cpu'."),
+    executor: str = typer.Option(
+        ..., "--executor", help="'onnxruntime', 'torch' (ONNX graphs run by torch) or 'sim'."
+    ),
+    device: str = typer.Option(
+        "cuda", "--device", help="onnxruntime/torch device: 'cuda' or 'cpu' (never a fallback)."
+    ),
     port: int | None = typer.Option(None, "--port", help="Listen port (default 8700 + GPU index)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Listen address (node-local by default)."),
     profiles: Path | None = typer.Option(

@@ -236,7 +236,8 @@ class OrtExecutor:
         if device == "cuda":
             if "CUDAExecutionProvider" not in ort.get_available_providers():
                 raise RuntimeError(
-                    "--device cuda needs onnxruntime-gpu (CUDAExecutionProvider is not available)"
+                    "--device cuda needs onnxruntime-gpu (CUDAExecutionProvider is not available); "
+                    "with a CUDA build of torch, run the graph through it: --executor torch"
                 )
             # CPU EP stays as ORT's home for the few ops CUDA lacks; ORT logs them.
             self._providers: list[Any] = [

@@ -50,6 +50,8 @@ class PreparedModel:
     sample_shape: tuple[int | None, ...]
     cuts: int
     atoms: tuple[bytes, ...]
+    cut_nodes: tuple[int, ...] = ()
+    """Where the cuts are: the node each one follows (the torch executor splits by node)."""
 
 
 def prepare_model(ref: str, limits: ModelLimits) -> PreparedModel:
@@ -68,6 +70,7 @@ def prepare_model(ref: str, limits: ModelLimits) -> PreparedModel:
     return PreparedModel(
         ref, model.SerializeToString(), input_name, dtype, sample_shape, len(cuts),
         tuple(p.SerializeToString() for p in pieces) if len(pieces) >= 2 else (),
+        tuple(c.after_node for c in cuts) if len(pieces) >= 2 else (),
     )  # fmt: skip
 
 
@@ -155,7 +158,8 @@ def _answer(header: dict[str, Any], blobs: list[bytes]) -> tuple[dict[str, Any],
         model = prepare_model(str(header["ref"]), _limits_from_json(header["limits"]))
         return ({"ok": True, "ref": model.ref, "input_name": model.input_name,
                  "dtype": model.input_dtype.str, "sample_shape": list(model.sample_shape),
-                 "cuts": model.cuts}, [model.model, *model.atoms])
+                 "cuts": model.cuts, "cut_nodes": list(model.cut_nodes)},
+                [model.model, *model.atoms])
     if header.get("call") == "split_at":
         return {"ok": True}, split_at(blobs[0], [int(e) for e in header["ends"]])
     raise WorkerProtocolError(f"unknown call {header.get('call')!r}")
@@ -274,6 +278,7 @@ class ModelPreparer:
             str(answer["ref"]), blobs[0], str(answer["input_name"]), np.dtype(answer["dtype"]),
             tuple(None if d is None else int(d) for d in answer["sample_shape"]),
             int(answer["cuts"]), tuple(blobs[1:]),
+            tuple(int(n) for n in answer.get("cut_nodes", ())),
         )  # fmt: skip
 
     def split(self, ref: str, model: bytes, ends: list[int]) -> list[bytes]:

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.server.auth import ADMIN_TOKEN_ENV, AdminGuard, AdminToken, is_loopback
 from agent.server.clock import MonotonicClock
@@ -18,6 +18,9 @@ from agent.server.executors import Executor, ModelLimits, OrtExecutor, SimExecut
 from agent.server.profiles import load_profiles
 from agent.server.runtime import RuntimeConfig, ServingRuntime
 from predictor.profiles import NO_MARGIN, Margin
+
+if TYPE_CHECKING:
+    from agent.server.torch_executor import TorchExecutor
 
 
 @dataclass(frozen=True)
@@ -70,18 +73,24 @@ def build_runtime(options: ServeOptions) -> ServingRuntime:
         )
         executed = load_profiles(options.profiles_path, gpu_type, NO_MARGIN)
         executor = SimExecutor(executed, clock, gpu_type)
-    elif options.executor == "onnxruntime":
+    elif options.executor in ("onnxruntime", "torch"):
         limits = ModelLimits(store_root=options.model_store)
-        executor = OrtExecutor(options.device, options.gpu_index, options.gpu_type, limits)
-        executor.preparer.start()  # the model worker's start-up is not met by a registration
-        gpu_type = executor.gpu_type
+        if options.executor == "torch":
+            from agent.server.torch_executor import TorchExecutor
+
+            real: OrtExecutor | TorchExecutor = TorchExecutor(
+                options.device, options.gpu_index, options.gpu_type, limits)
+        else:
+            real = OrtExecutor(options.device, options.gpu_index, options.gpu_type, limits)
+        real.preparer.start()  # the model worker's start-up is not met by a registration
+        executor, gpu_type = real, real.gpu_type
         profiles = (
             load_profiles(options.profiles_path, gpu_type, Margin(1.0, options.profile_margin))
             if options.profiles_path
             else {}
         )
     else:
-        raise ValueError("--executor must be 'onnxruntime' or 'sim'")
+        raise ValueError("--executor must be 'onnxruntime', 'torch' or 'sim'")
     config = RuntimeConfig(
         gpu_type=gpu_type,
         memory_mib=options.memory_mib,
@@ -89,7 +98,7 @@ def build_runtime(options: ServeOptions) -> ServingRuntime:
         overhead_tolerance_percent=options.overhead_tolerance_percent,
         quantum_ms=options.quantum_ms,
         # A real executor's latency varies with the machine: admission learns the headroom.
-        learn_latency_margin=options.executor == "onnxruntime",
+        learn_latency_margin=options.executor != "sim",
     )
     return ServingRuntime(executor, clock, config, profiles, post_workers=options.post_workers)
 
