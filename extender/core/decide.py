@@ -12,7 +12,9 @@ The per-GPU hard constraints and the co-location throughput rule are
 :mod:`extender.core.rules`; after them come the session rules, which need the
 planner: for an SLO session, the GPU's duty cycle with the session added must
 plan (``SLO_UNREACHABLE`` on a GPU without sessions: the SLO cannot be met on
-that type at all; ``SLO_INFEASIBLE`` otherwise); for a best-effort session, the
+that type at all; ``SLO_INFEASIBLE`` otherwise; a session with no profile for the
+type, under the session cold-start rule of :mod:`extender.core.demand`, only on a
+GPU without pods, at cost 1); for a best-effort session, the
 GPU's SLO sessions must leave more than ``min_best_effort_slack_percent`` of the
 duty cycle idle.
 
@@ -44,7 +46,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from extender.core.cost import CostPolicy, horus_cost, scores_from_costs
-from extender.core.demand import ResolvedDemand
+from extender.core.demand import SESSION_COLD_START, ResolvedDemand
 from extender.core.reasons import REASON_BY_CODE, Reason, Rejection, is_unresolvable
 from extender.core.rules import GpuLoad, colocation_rule_on, first_reasons, gpu_checks
 from extender.core.snapshot import NodeName, Placement, PodUid, SessionSpec, Workload
@@ -291,6 +293,16 @@ def _inference_costs(
         row = int(rows[i])
         existing = table.sessions.get(row, ())
         gpu_type = table.type_names[table.type_id[row]]
+        type_demand = demand.for_type(gpu_type)
+        if type_demand is not None and type_demand.source == SESSION_COLD_START:
+            # No profile to plan with: an idle GPU alone, measured by its server.
+            if int(table.pod_count[row]) == 0:
+                cost[i] = 1.0
+            else:
+                code[i] = Reason.SLO_INFEASIBLE.code
+                notes.setdefault(gpu_type, f"no batching profile for {session.model}: "
+                                 "without one a session takes an idle GPU alone (cold start)")
+            continue
         key = (gpu_type, existing, float(table.capacity_mib[row]))
         if key not in cache:
             cache[key] = _plan(inference.planner, (*existing, session), inference.profiles,
@@ -370,7 +382,9 @@ def _rejections(
     np.maximum.at(free, owner, free_mib)
     total = counts.sum(axis=1)
     fixable = counts[:, _RESOLVABLE_CODES].sum(axis=1)
-    job_mib = max((t.mem_mib for t in demand.by_type.values()), default=0.0)
+    # With the demand unknown on every type, the pod's own request is the figure to name.
+    job_mib = max((t.mem_mib for t in demand.by_type.values()),
+                  default=demand.job.inputs.mem_mib or 0.0)
     node_types: dict[int, set[str]] = {}
     if notes:
         for i in np.flatnonzero(code != 0).tolist():
@@ -413,7 +427,8 @@ def choose(evaluation: Evaluation, position: int, pod_uid: str, pod: str) -> Pla
     assert type_demand is not None
     util = type_demand.util_percent
     session = demand.session
-    if demand.job.workload is Workload.INFERENCE and session is not None:
+    if demand.job.workload is Workload.INFERENCE and session is not None and (
+            rows[0] in evaluation.plans):  # else cold start: the whole GPU, as demanded
         util = session_util_percent(evaluation.plans[rows[0]], session)
     elif demand.job.best_effort:
         # What quanta would give it now: its share of the slack, never more than it uses.
