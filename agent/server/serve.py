@@ -42,6 +42,10 @@ class ServeOptions:
     http_threads: int
     admin_token_file: Path | None = None
     """bearer token of the session endpoints (else $TANDEM_ADMIN_TOKEN)"""
+    max_input_bytes: int = ModelLimits.max_input_bytes
+    """a model's declared input at the largest batch, checked before it is loaded"""
+    max_tensor_bytes: int = ModelLimits.max_tensor_bytes
+    """a model's largest tensor (shape inference) at the largest batch, checked likewise"""
 
 
 _POLL_SECONDS = 0.2
@@ -67,7 +71,9 @@ def build_runtime(options: ServeOptions) -> ServingRuntime:
         executed = load_profiles(options.profiles_path, gpu_type, NO_MARGIN)
         executor = SimExecutor(executed, clock, gpu_type)
     elif options.executor == "onnxruntime":
-        limits = ModelLimits(store_root=options.model_store)
+        limits = ModelLimits(store_root=options.model_store,
+                             max_input_bytes=options.max_input_bytes,
+                             max_tensor_bytes=options.max_tensor_bytes)
         executor = OrtExecutor(options.device, options.gpu_index, options.gpu_type, limits)
         executor.preparer.start()  # the model worker's start-up is not met by a registration
         gpu_type = executor.gpu_type
