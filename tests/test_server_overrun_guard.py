@@ -98,10 +98,11 @@ def test_overruns_stay_within_the_headroom_and_no_slo_request_misses(make_runtim
     onnx.save(one_matmul(rows=16384, width=256), str(tmp_path / "long.onnx"))
     rt = make_runtime(overrun_every_cycles=2)
     long_ms = rt.add_best_effort_session("be", "long.onnx")["profile"]["latency_batch1_ms"]
-    # 200 rps with batches of at most 8: a cycle of at most 40 ms, shorter than the job's
-    # one piece when that takes more, and an SLO that leaves room for one overrun.
+    # Batches of at most 8 filled in a quarter of the piece: a cycle shorter than the
+    # job's one piece, and an SLO that leaves room for one overrun.
     slo_ms = 2 * long_ms + 60.0
-    plan = rt.add_slo_session("slo", "slo.onnx", slo_ms=slo_ms, rate_rps=200.0)
+    plan = rt.add_slo_session("slo", "slo.onnx", slo_ms=slo_ms,
+                              rate_rps=4 * 8 * 1000.0 / long_ms)
     headroom = rt.snapshot()["overrun_headroom_ms"]
     latencies, dropped, be_done = drive(rt, "slo", (1, 64), 150.0, "be", (1, 16384, 256),
                                         be_count=6, seconds=3.0)
