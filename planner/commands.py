@@ -1,7 +1,9 @@
 """``tandem plan FILE``: squishy bin packing of the sessions and queries in a plan file.
 
 Exit codes: 0 every session placed; 1 some session cannot be placed (listed with
-its reason); 2 the file is missing, not YAML, or invalid (every problem listed).
+its reason) or would miss its SLO under the deployed round-robin dispatch (a plan
+made with ``--batch-aware-dispatch`` needs a batch-aware dispatcher; listed under
+``dispatch.deployed_slo_misses``); 2 the file is missing, not YAML, or invalid.
 """
 
 from __future__ import annotations
@@ -100,7 +102,8 @@ def plan_command(
         typer.echo(json.dumps(out, sort_keys=False))
     else:
         typer.echo(render_table(out))
-    if result.unplaced:
+    # A plan the deployed request path cannot keep is not a placement of those sessions.
+    if result.unplaced or out["dispatch"]["deployed_slo_misses"]:
         raise typer.Exit(1)
 
 
@@ -114,8 +117,19 @@ def render(result: Any, splits: Any, options: Any) -> dict[str, Any]:
     """The ``--json`` object (DESIGN.md keys first, extra keys after)."""
     import dataclasses
 
+    from planner.dispatch import DEPLOYED_DISPATCH, deployed_worst_case_ms
+
     gpus = []
+    misses = []
     for g in result.gpus:
+        for a in g.plan.allocations:
+            deployed = deployed_worst_case_ms(g.plan, a)
+            # Against the SLO, or the promise where latency reassignment raised a budget.
+            if deployed > max(a.session.slo_ms, a.latency_ms) + 1e-6:
+                misses.append({"session": a.session.name, "gpu_id": g.gpu_id,
+                               "slo_ms": a.session.slo_ms,
+                               "worst_case_ms": round(a.latency_ms, 6),
+                               "deployed_worst_case_ms": round(deployed, 6)})
         gpus.append(
             {
                 "gpu_type": g.plan.gpu_type,
@@ -130,6 +144,7 @@ def render(result: Any, splits: Any, options: Any) -> dict[str, Any]:
                         "slo_ms": a.session.slo_ms,
                         "worst_case_ms": round(a.latency_ms, 6),
                         "batch_latency_ms": round(a.batch_latency_ms, 6),
+                        "deployed_worst_case_ms": round(deployed_worst_case_ms(g.plan, a), 6),
                     }
                     for a in g.plan.allocations
                 ],
@@ -158,6 +173,12 @@ def render(result: Any, splits: Any, options: Any) -> dict[str, Any]:
             for name, s in splits.items()
         },
         "options": dataclasses.asdict(options),
+        "dispatch": {
+            "planned": options.dispatch.value,
+            "deployed": DEPLOYED_DISPATCH.value,
+            "requires_dispatcher": options.dispatch is not DEPLOYED_DISPATCH,
+            "deployed_slo_misses": misses,
+        },
     }
 
 
@@ -182,4 +203,12 @@ def render_table(out: dict[str, Any]) -> str:
         lines.append(f"dummy requests: {name} +{rps:g} rps")
     for u in out["unplaced"]:
         lines.append(f"UNPLACED {u['message']}")
+    dispatch = out["dispatch"]
+    if dispatch["requires_dispatcher"]:
+        lines.append(f"dispatch: planned {dispatch['planned']}; the deployed request path is "
+                     f"{dispatch['deployed']} (a Service over the session's pods)")
+    for m in dispatch["deployed_slo_misses"]:
+        lines.append(f"MISSES SLO WHEN DEPLOYED {m['session']} on {m['gpu_id']}: "
+                     f"{m['deployed_worst_case_ms']:g} ms under {dispatch['deployed']} > "
+                     f"SLO {m['slo_ms']:g} ms (planned {m['worst_case_ms']:g} ms)")
     return "\n".join(lines)

@@ -18,6 +18,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from planner.dispatch import round_robin_worst_case_ms
 from planner.types import (
     GpuPlan,
     Infeasible,
@@ -136,7 +137,8 @@ def plan_shares(
         b = batch_for(rate, chosen)
         lat = profile.latency_ms(b)
         busy += lat
-        allocations.append(SessionAllocation(session, b, rate, chosen + lat, lat))
+        worst = round_robin_worst_case_ms(chosen, lat)  # the deployed dispatch (dispatch.py)
+        allocations.append(SessionAllocation(session, b, rate, worst, lat))
     return GpuPlan(gpu_type, chosen, min(1.0, busy / chosen), tuple(allocations), memory)
 
 

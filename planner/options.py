@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from planner.dispatch import Dispatch
 from planner.types import PlannerError
 
 
@@ -48,6 +49,11 @@ class HarpagonOptions:
     latency_cost_split: bool = False
     """Queries: split the SLO with Harpagon's Algorithm 2 (latency-cost efficiency, node
     merger, cost-direct) instead of Nexus's dynamic program on a latency grid."""
+
+    @property
+    def dispatch(self) -> Dispatch:
+        """The dispatch the plan assumes (the deployed one is ``DEPLOYED_DISPATCH``)."""
+        return Dispatch.BATCH_AWARE if self.batch_aware_dispatch else Dispatch.ROUND_ROBIN
 
     @classmethod
     def nexus(cls) -> HarpagonOptions:

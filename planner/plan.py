@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from planner.dispatch import dedicated_worst_case_ms
 from planner.lcsplit import ModuleOption, OptionsFn, lc_split
 from planner.options import GpuType, HarpagonOptions
 from planner.packing import ClusterPlan, pack_configs
@@ -63,10 +64,7 @@ def profile_options(planner: ConfigPlanner) -> OptionsFn:
             for b, lat in enumerate(idx.latencies, start=1):
                 if idx.allowed is not None and b not in idx.allowed:
                     continue
-                if planner.options.batch_aware_dispatch:
-                    worst = lat + b * 1000.0 / rate_rps
-                else:
-                    worst = 2.0 * lat
+                worst = dedicated_worst_case_ms(planner.options.dispatch, lat, b, rate_rps)
                 out.append(
                     ModuleOption(gpu.name, b, worst, price * rate_rps * lat / (b * 1000.0), price)
                 )

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from planner.dispatch import dedicated_worst_case_ms
 from planner.duty_cycle import batch_for, max_duty_cycle_ms
 from planner.options import GpuType, HarpagonOptions
 from planner.types import SessionSpec
@@ -158,7 +159,7 @@ class ConfigPlanner:
             n = int(remaining / thr + _EPS)
             if n < 1:
                 break
-            worst = lat + (batch * 1000.0 / remaining if self.options.batch_aware_dispatch else lat)
+            worst = dedicated_worst_case_ms(self.options.dispatch, lat, batch, remaining)
             tiers.append(Tier(gpu.name, batch, lat, thr, n, worst))
             remaining = max(0.0, remaining - n * thr)
             cost += n * price

@@ -102,6 +102,9 @@ class InfeasibleReason(enum.Enum):
     """Sessions fit alone but not together: best occupancy found vs 1.0."""
     MEMORY = "InsufficientMemory"
     """Models need ``required`` MiB, the GPU has ``available`` MiB."""
+    BEST_EFFORT_PIECE = "NoBestEffortSlack"
+    """A best-effort job's longest piece (``required`` ms) exceeds the duty cycle's slack
+    (``available`` ms), and overrunning a cycle by it would make an SLO session miss."""
 
 
 @dataclass(frozen=True)
@@ -129,4 +132,5 @@ _UNITS = {
     InfeasibleReason.RATE_TOO_HIGH: " rps",
     InfeasibleReason.OCCUPANCY_OVER_ONE: "",
     InfeasibleReason.MEMORY: " MiB",
+    InfeasibleReason.BEST_EFFORT_PIECE: " ms",
 }

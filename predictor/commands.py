@@ -1,4 +1,4 @@
-"""``tandem predictor``: features, predict, train, evaluate, fit-curves, export-zoo.
+"""``tandem predictor``: features, predict, train, evaluate, fit-curves, export-zoo, profiles.
 
 Heavy libraries (onnx, xgboost, torch, matplotlib) load inside the commands so
 that ``tandem --help`` stays fast. Errors print one line on stderr (and, with
@@ -344,3 +344,46 @@ def export_observations_command(
         typer.echo(json.dumps({"rows": len(rows), "files": [str(f) for f in files]}))
     else:
         typer.echo(f"{len(rows)} observed row(s) in {len(files)} file(s) under {out}")
+
+
+profiles_app = typer.Typer(no_args_is_help=True, help="Batching profiles l(b) for serving.")
+app.add_typer(profiles_app, name="profiles")
+
+
+@profiles_app.command("convert")
+def profiles_convert_command(
+    batching_csv: Path = typer.Argument(..., help="batching.csv written by `tandem profile`."),
+    gpu_type: str | None = typer.Option(
+        None, "--gpu-type", help="GPU type to name (default: the CSV's gpu_product, "
+        "spaces as dashes, as the extender names GPU types)."),
+    model: str | None = typer.Option(
+        None, "--model", help="Model name to give (default: the CSV's model column); "
+        "match tandem.io/model or its file name without .onnx."),
+    margin: bool = typer.Option(
+        True, "--margin/--no-margin", help="Plan with (mean + std) * 1.15 (Nexus's margin), "
+        "or with the measured mean alone."),
+    output: Path | None = typer.Option(
+        None, "-o", "--output", help="YAML file to write (default: stdout)."),
+) -> None:
+    """Turn a profiler batching.csv into a profiles YAML for the extender's profiles.files."""
+    import yaml
+
+    from predictor.profile_convert import ConvertError, convert_file
+    from predictor.profiles import NEXUS_MARGIN, NO_MARGIN
+
+    def body() -> dict[str, Any]:
+        try:
+            return convert_file(batching_csv, gpu_type=gpu_type, model=model,
+                                margin=NEXUS_MARGIN if margin else NO_MARGIN)
+        except OSError as exc:
+            raise ValueError(f"{batching_csv}: cannot read ({exc.strerror or exc})") from None
+        except ConvertError as exc:
+            raise ValueError(f"{batching_csv}: {exc}") from None
+
+    doc = _guarded(False, body)
+    text = yaml.safe_dump(doc, sort_keys=False, default_flow_style=None)
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    output.write_text(text, encoding="utf-8")
+    typer.echo(f"wrote {len(doc['profiles'])} profile(s) to {output}", err=True)

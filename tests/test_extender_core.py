@@ -339,7 +339,8 @@ def test_inference_without_profile_or_with_impossible_slo():
     h100 = {"gpus_total": 1, "best_free_mib": 81559.0}
     assert ev.rejections == {"n1": rejection(
         "n1", Reason.DEMAND_UNKNOWN, True, on_gpus=1, requested_mib=0.0, **h100,
-        detail=f"{H100}: demand unknown: no-profile: no batching profile for nope")}
+        detail=f"{H100}: demand unknown: no-profile: no batching profile for nope and no "
+                   "tandem.io/gpu-mem-mib to place it under the cold-start rule")}
     ev = evaluate(t, ["n1"], resolved(inference(slo=1), t, profiles=_profiles()),
                   DecisionContext(CostPolicy(), 0.0, ctx))
     assert ev.rejections == {"n1": rejection(  # H100: one request takes 0.35 + 2 ms

@@ -110,9 +110,14 @@ def test_example_round_trips_through_filter_prioritize_bind(
 
     filtered = client.post("/filter", json={"Pod": pod, "NodeNames": NODES}).get_json()
     assert filtered["Error"] == ""
-    assert filtered["NodeNames"] == ["a100-node"], filtered
-    # Neither node can ever fit (no GPUs; too little memory or no profile): unresolvable.
-    assert set(filtered["FailedAndUnresolvableNodes"]) == {"cpu-node", "small-node"}
+    # The session has no profile on the GTX 1080 but asks only 1 GiB: it may take that
+    # idle GPU alone under the session cold-start rule; the training pod is too big for it.
+    inferring = pod["metadata"]["annotations"]["tandem.io/workload"] == "inference"
+    assert filtered["NodeNames"] == (["a100-node", "small-node"] if inferring
+                                     else ["a100-node"]), filtered
+    # What cannot ever fit (no GPUs; too little memory): unresolvable.
+    assert set(filtered["FailedAndUnresolvableNodes"]) == (
+        {"cpu-node"} if inferring else {"cpu-node", "small-node"})
     assert all(m.startswith("tandem: ") for m in filtered["FailedAndUnresolvableNodes"].values())
 
     scores = client.post("/prioritize", json={"Pod": pod, "NodeNames": ["a100-node"]})
@@ -155,8 +160,8 @@ def test_training_and_inference_examples_never_share_a_gpu(
     chosen = {}
     for name, pod in EXAMPLES:
         source.create_pod(pod)
-        assert client.post("/filter", json={"Pod": pod, "NodeNames": NODES}).get_json()[
-            "NodeNames"] == ["a100-node"]
+        assert "a100-node" in client.post("/filter", json={"Pod": pod, "NodeNames": NODES}
+                                          ).get_json()["NodeNames"]
         meta = pod["metadata"]
         assert client.post("/bind", json={"PodName": meta["name"], "PodNamespace": "default",
                                           "PodUID": meta["uid"], "Node": "a100-node"}

@@ -105,9 +105,12 @@ def test_segment_longer_than_the_cycle_is_served_beside_an_idle_slo_session(
     onnx.save(one_matmul(rows=8192, width=256), str(tmp_path / "long.onnx"))
     rt = make_runtime(overrun_every_cycles=3)
     long_ms = rt.add_best_effort_session("be", "long.onnx")["profile"]["latency_batch1_ms"]
-    # An SLO whose duty cycle is shorter than the job's one segment: it never fits.
-    plan = rt.add_slo_session("slo", "slo.onnx", slo_ms=max(5.0, 0.5 * long_ms), rate_rps=5.0)
+    # A duty cycle shorter than the job's one segment (64 requests fill a batch in a
+    # quarter of it), so it never fits; the SLO leaves room to overrun one cycle by it.
+    plan = rt.add_slo_session("slo", "slo.onnx", slo_ms=2 * long_ms + 20.0,
+                              rate_rps=4 * 64 * 1000.0 / long_ms)
     assert plan["duty_cycle_ms"] < long_ms
+    assert rt.snapshot()["overrun_headroom_ms"] == pytest.approx(long_ms)
     done = threading.Semaphore(0)
     served = []
 

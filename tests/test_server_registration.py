@@ -181,3 +181,23 @@ def test_a_worker_that_dies_refuses_that_model_and_the_next_gets_a_fresh_one(
     assert refused.value.status == 422
     monkeypatch.undo()
     assert executor.load("m.onnx").cuts > 0
+
+
+def test_size_limit_flags_reach_the_executor(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from agent.server.serve import ServeOptions, build_runtime
+    from tandem.cli import app
+
+    onnx.save(mlp(64, 2), str(tmp_path / "m.onnx"))
+    options = ServeOptions(0, "onnxruntime", "cpu", 0, "127.0.0.1", None, 1.15, None, 1e12,
+                           tmp_path, "early", 2.0, None, 2**20, 1, 1,
+                           max_input_bytes=4096, max_tensor_bytes=8192)
+    executor = build_runtime(options).executor  # the model worker is shared: nothing to stop
+    limits = executor.limits
+    assert (limits.max_input_bytes, limits.max_tensor_bytes) == (4096, 8192)
+    with pytest.raises(ModelRejected, match="max_input_bytes=4096"):
+        executor.load("m.onnx")
+    bad = CliRunner().invoke(app, ["agent", "serve", "--executor", "sim",
+                                   "--max-tensor-bytes", "0"])
+    assert bad.exit_code == 2 and "max-tensor-bytes" in bad.output

@@ -9,16 +9,19 @@
   overruns one (the runtime's rule), moving the SLO sessions' next slot back by up
   to its length. Where such a segment exists the plan is made again with every SLO
   shortened by it, so the overrun cycle still meets them; if that is infeasible
-  the plain plan stands (the extender admitted the sessions on the plain rule).
+  the plain plan stands (the extender admitted the sessions on the plain rule)
+  and the segment may not overrun. A best-effort job whose longest segment has
+  neither slack nor headroom is refused (``best_effort_refusal_on``, the rule of
+  ``planner.overrun`` that the extender's filter applies too).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 
 from planner import GpuPlan, Infeasible, SessionSpec, plan_gpu
+from planner.overrun import best_effort_refusal, overrun_plan
 from predictor.batching import BatchingProfile
 
 
@@ -69,16 +72,31 @@ def plan_with_headroom(
     """The plan and the overrun headroom it keeps (0 where none is needed or possible).
 
     A plan made with headroom carries the shortened SLOs in its allocations; callers
-    keep each session's real SLO for deadlines.
+    keep each session's real SLO for deadlines. The rule is ``planner.overrun``'s,
+    the one the extender's filter applies.
     """
     plan = plan_gpu(list(specs), profiles, gpu_type, memory_mib)
     if not isinstance(plan, GpuPlan) or not plan.allocations:
         return plan, 0.0
-    if longest_segment_ms <= plan.duty_cycle_ms * max(0.0, 1.0 - plan.occupancy):
-        return plan, 0.0
-    if all(s.slo_ms > longest_segment_ms for s in specs):
-        shorter = [replace(s, slo_ms=s.slo_ms - longest_segment_ms) for s in specs]
-        tighter = plan_gpu(shorter, profiles, gpu_type, memory_mib)
-        if isinstance(tighter, GpuPlan):
-            return tighter, longest_segment_ms
-    return plan, 0.0
+    chosen, headroom = overrun_plan(plan, specs, _replan(profiles, gpu_type, memory_mib),
+                                    longest_segment_ms)
+    return (plan, 0.0) if chosen is None else (chosen, headroom)
+
+
+def best_effort_refusal_on(
+    specs: Sequence[SessionSpec],
+    profiles: Mapping[tuple[str, str], BatchingProfile],
+    gpu_type: str,
+    memory_mib: float,
+    piece_ms: float,
+) -> Infeasible | None:
+    """``planner.overrun.best_effort_refusal`` for the server's SLO sessions (None: admit)."""
+    plan = plan_gpu(list(specs), profiles, gpu_type, memory_mib)
+    if not isinstance(plan, GpuPlan):
+        return None  # the SLO sessions themselves no longer plan: nothing to protect by refusing
+    return best_effort_refusal(plan, specs, _replan(profiles, gpu_type, memory_mib), piece_ms)
+
+
+def _replan(profiles: Mapping[tuple[str, str], BatchingProfile], gpu_type: str,
+            memory_mib: float):
+    return lambda shorter: plan_gpu(list(shorter), profiles, gpu_type, memory_mib)

@@ -30,6 +30,13 @@ def serve_command(
     overhead_tolerance_percent: float = typer.Option(2.0, help="Quanta overhead tolerance."),
     quantum_ms: float | None = typer.Option(None, help="Fixed quantum instead of the curve."),
     max_body_mib: int = typer.Option(64, help="Largest accepted request body."),
+    max_input_bytes: int = typer.Option(
+        2**30, min=1, help="Refuse (422) a model whose declared input, at batch 64, is larger."
+    ),
+    max_tensor_bytes: int = typer.Option(
+        4 * 2**30, min=1, help="Refuse (422) a model with a larger tensor at batch 64 "
+        "(ONNX shape inference, before loading or profiling)."
+    ),
     post_workers: int = typer.Option(4, help="Post-processing threads beside the GPU thread."),
     threads: int = typer.Option(16, help="HTTP worker threads."),
     read_deadline_seconds: float = typer.Option(
@@ -58,6 +65,8 @@ def serve_command(
         overhead_tolerance_percent=overhead_tolerance_percent,
         quantum_ms=quantum_ms,
         max_body_bytes=max_body_mib * 2**20,
+        max_input_bytes=max_input_bytes,
+        max_tensor_bytes=max_tensor_bytes,
         post_workers=post_workers,
         http_threads=threads,
         admin_token_file=admin_token_file,

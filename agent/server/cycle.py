@@ -10,7 +10,8 @@ State of the executor loop (one decision per ``step``)::
                       │  quanta scheduler; each started only if it ends before the
                       │  cycle does, except that after ``overrun_every_cycles``
                       │  cycles in which none found room, one may overrun the cycle
-                      │  (no starvation)
+                      │  (no starvation) by no more than the plan's headroom
+                      │  (no SLO miss)
                       v
                     next cycle at ``start + d``; with no best-effort work it starts
                     as soon as an SLO request waits (work conserving)
@@ -41,6 +42,8 @@ class DutyCycle:
     plan: GpuPlan | None
     quanta: QuantaScheduler
     overruns: int
+    overruns_refused: int
+    overrun_headroom_ms: float
     _slo: dict[str, SloState]
     _be: dict[str, BestEffortState]
     _probes: deque[tuple[Callable[[], Any], float, Future[Any]]]
@@ -139,18 +142,23 @@ class DutyCycle:
         # Profiled fractions of l(b) drift from what a segment takes at this batch on
         # this device; the job's observed measured/profiled ratio corrects the estimate.
         expected = cost * be.cost_scale
-        if now + expected > cycle_end and not self._may_overrun(expected):
+        if now + expected > cycle_end and not self._may_overrun(now + expected - cycle_end):
             return None  # would push the next SLO cycle back: wait for it
         if now + expected > cycle_end:
             self.overruns += 1
         self._last_be_cycle = self._cycles
         return Action("segment", be, profiled_ms=cost)
 
-    def _may_overrun(self, expected_ms: float) -> bool:
+    def _may_overrun(self, push_ms: float) -> bool:
         """A segment that found no room for N whole cycles may overrun this one, or it
         might never run: best effort gets a bounded share (one overrun per N cycles)
-        instead of starving; the SLO sessions' next slot moves back by the segment then
-        (``plan_with_headroom`` keeps room for that where it can)."""
+        instead of starving. The SLO sessions' next slot then moves back by ``push_ms``,
+        so with SLO sessions it may only where the plan keeps that much headroom
+        (``plan_with_headroom``): an overrun never makes an SLO session miss. Admission
+        refuses jobs that could run no other way (``planner.overrun``)."""
+        if self._slo and push_ms > self.overrun_headroom_ms + 1e-6:
+            self.overruns_refused += 1
+            return False
         return self._cycles - self._last_be_cycle >= self.config.overrun_every_cycles
 
     def _next_probe(self, order: list[str], now: float, cycle_end: float) -> Action | None:

@@ -10,6 +10,7 @@
      ├── SessionConflict       a session of that name exists (409)
      ├── ModelRejected         model file missing, outside the store, too big or broken (422)
      ├── AdmissionRefused      the new session would break an existing SLO; state unchanged (409)
+     ├── BestEffortRefused     a best-effort job could run only by making an SLO miss (422)
      ├── ServerStopping        a session change arrived while the server shuts down (503)
      └── RequestDropped        a request was dropped or missed its deadline (503)
 """
@@ -100,6 +101,15 @@ class AdmissionRefused(ServerError):
     """Adding the session would break an existing SLO (or its own); nothing changed."""
 
     status = 409
+
+
+class BestEffortRefused(ServerError):
+    """A best-effort job's longest piece fits neither the slack nor the SLOs' headroom (422).
+
+    The rule is ``planner.overrun``'s, the one the extender's filter applies; the
+    reason is the extender's event reason (``NoBestEffortSlack``)."""
+
+    status = 422
 
 
 class DropReason(enum.Enum):

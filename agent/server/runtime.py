@@ -31,13 +31,19 @@ from typing import Any
 import numpy as np
 
 from agent.quanta import JobSpec, OverheadCurve, QuantaScheduler, choose_quantum_ms
-from agent.server.admission import LatencyMargin, plan_with_headroom, scaled_profile
+from agent.server.admission import (
+    LatencyMargin,
+    best_effort_refusal_on,
+    plan_with_headroom,
+    scaled_profile,
+)
 from agent.server.clock import Clock
 from agent.server.cycle import DutyCycle
 from agent.server.dispatch import Request
 from agent.server.errors import (
     AdmissionRefused,
     BadRequest,
+    BestEffortRefused,
     DropReason,
     ServerStopping,
     SessionConflict,
@@ -108,6 +114,8 @@ class ServingRuntime(DutyCycle, Execution):
         self._last_be_cycle = 0
         """The cycle in which a best-effort segment last started."""
         self.overruns = 0
+        self.overruns_refused = 0
+        """Decisions in which a segment waited because overrunning would exceed the headroom."""
 
     # ---- registration (HTTP threads) -------------------------------------------------
 
@@ -182,6 +190,7 @@ class ServingRuntime(DutyCycle, Execution):
             target = quantum * self.config.segment_fraction_of_quantum
             self.executor.prepare_segments(loaded, target)
             with self._cv:
+                self._refuse_unrunnable(name, loaded, profile, target)
                 self._curves = curves
                 self.quanta.quantum_ms = quantum
                 self.quanta.register(job)
@@ -203,6 +212,25 @@ class ServingRuntime(DutyCycle, Execution):
                 "duty_cycle_ms": self.plan.duty_cycle_ms if self.plan else None,
                 "profile": profile_json(profile),
             }
+
+    def _refuse_unrunnable(self, name: str, loaded: LoadedModel, profile: BatchingProfile,
+                           target_ms: float) -> None:
+        """Raise BestEffortRefused when the job's longest piece could only run by
+        making an SLO session miss (``planner.overrun``, the extender's rule too)."""
+        if not self._slo:
+            return
+        piece = max(loaded.segment_costs_ms(profile.latency_ms(1), target_ms))
+        specs = [s.spec for s in self._slo.values()]
+        refusal = best_effort_refusal_on(specs, self._profile_map(), self.config.gpu_type,
+                                         self.config.memory_mib, piece)
+        if refusal is not None:
+            raise BestEffortRefused(
+                f"best-effort session {name} refused: its longest piece takes {piece:.4g} ms, "
+                f"more than the SLO sessions' slack, and overrunning a duty cycle by it would "
+                f"make an SLO session miss: {refusal.message()}",
+                reason=refusal.reason.value, required=refusal.required,
+                available=refusal.available,
+            )
 
     def remove_session(self, name: str) -> None:
         """Remove a session; its queued requests are answered with SESSION_REMOVED."""
@@ -517,6 +545,7 @@ class ServingRuntime(DutyCycle, Execution):
                 "scheduler_seconds": self.scheduler_seconds,
                 "replans": self.replans,
                 "overruns": self.overruns,
+                "overruns_refused": self.overruns_refused,
                 "probe_slices": self.probe_slices,
                 "probe_max_ms": self.probe_max_ms,
                 "latency_margin": self.margin.margin,

@@ -47,6 +47,10 @@ class ServeOptions:
     """bearer token of the session endpoints (else $TANDEM_ADMIN_TOKEN)"""
     read_deadline_seconds: float = 30.0
     """a request (inputs up to ``max_body_bytes``) must arrive within this of its first byte"""
+    max_input_bytes: int = ModelLimits.max_input_bytes
+    """a model's declared input at the largest batch, checked before it is loaded"""
+    max_tensor_bytes: int = ModelLimits.max_tensor_bytes
+    """a model's largest tensor (shape inference) at the largest batch, checked likewise"""
 
 
 _POLL_SECONDS = 0.2
@@ -74,7 +78,9 @@ def build_runtime(options: ServeOptions) -> ServingRuntime:
         executed = load_profiles(options.profiles_path, gpu_type, NO_MARGIN)
         executor = SimExecutor(executed, clock, gpu_type)
     elif options.executor in ("onnxruntime", "torch"):
-        limits = ModelLimits(store_root=options.model_store)
+        limits = ModelLimits(store_root=options.model_store,
+                             max_input_bytes=options.max_input_bytes,
+                             max_tensor_bytes=options.max_tensor_bytes)
         if options.executor == "torch":
             from agent.server.torch_executor import TorchExecutor
 

@@ -12,9 +12,13 @@ The per-GPU hard constraints and the co-location throughput rule are
 :mod:`extender.core.rules`; after them come the session rules, which need the
 planner: for an SLO session, the GPU's duty cycle with the session added must
 plan (``SLO_UNREACHABLE`` on a GPU without sessions: the SLO cannot be met on
-that type at all; ``SLO_INFEASIBLE`` otherwise); for a best-effort session, the
+that type at all; ``SLO_INFEASIBLE`` otherwise; a session with no profile for the
+type, under the session cold-start rule of :mod:`extender.core.demand`, only on a
+GPU without pods, at cost 1); for a best-effort session, the
 GPU's SLO sessions must leave more than ``min_best_effort_slack_percent`` of the
-duty cycle idle.
+duty cycle idle, and the job (its whole model at batch 1, from its profile) must
+fit that idle time or overrun a cycle without an SLO miss (``planner.overrun``,
+the rule the inference server's registration applies; both ``NoBestEffortSlack``).
 
 Costs (lower is better). Training: Horus Eq. 7. SLO session: best fit, ``1 -
 occupancy`` of the duty cycle with the session added. Best-effort session:
@@ -44,11 +48,12 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from extender.core.cost import CostPolicy, horus_cost, scores_from_costs
-from extender.core.demand import ResolvedDemand
+from extender.core.demand import SESSION_COLD_START, ResolvedDemand
 from extender.core.reasons import REASON_BY_CODE, Reason, Rejection, is_unresolvable
 from extender.core.rules import GpuLoad, colocation_rule_on, first_reasons, gpu_checks
 from extender.core.snapshot import NodeName, Placement, PodUid, SessionSpec, Workload
 from extender.core.table import GpuTable
+from planner.overrun import best_effort_refusal
 from planner.types import GpuPlan, Infeasible
 
 if TYPE_CHECKING:
@@ -291,6 +296,16 @@ def _inference_costs(
         row = int(rows[i])
         existing = table.sessions.get(row, ())
         gpu_type = table.type_names[table.type_id[row]]
+        type_demand = demand.for_type(gpu_type)
+        if type_demand is not None and type_demand.source == SESSION_COLD_START:
+            # No profile to plan with: an idle GPU alone, measured by its server.
+            if int(table.pod_count[row]) == 0:
+                cost[i] = 1.0
+            else:
+                code[i] = Reason.SLO_INFEASIBLE.code
+                notes.setdefault(gpu_type, f"no batching profile for {session.model}: "
+                                 "without one a session takes an idle GPU alone (cold start)")
+            continue
         key = (gpu_type, existing, float(table.capacity_mib[row]))
         if key not in cache:
             cache[key] = _plan(inference.planner, (*existing, session), inference.profiles,
@@ -313,6 +328,9 @@ def _best_effort_costs(
     inference = context.inference
     min_slack = context.policy.min_best_effort_slack_percent / 100.0
     occupancy = np.zeros(rows.size)
+    pieces = np.zeros(rows.size, dtype=bool)
+    piece_notes: dict[str, str] = {}
+    refusals: dict[tuple[str, tuple[SessionSpec, ...], float], Infeasible | None] = {}
     plans: dict[int, GpuPlan] = {}
     unknown: dict[str, str] = {}
     cache: dict[tuple[str, tuple[SessionSpec, ...], float], GpuPlan | Infeasible] = {}
@@ -334,6 +352,13 @@ def _best_effort_costs(
         if isinstance(plan, GpuPlan):
             plans[row] = plan
             occupancy[i] = float(plan.occupancy)
+            if key not in refusals:
+                refusals[key] = _piece_refusal(plan, existing, demand, inference, gpu_type,
+                                               float(table.capacity_mib[row]))
+            refusal = refusals[key]
+            if refusal is not None:
+                pieces[i] = True
+                piece_notes.setdefault(gpu_type, refusal.message())
         else:  # profiles changed since the sessions were placed: promise nothing more
             occupancy[i] = 1.0
             unknown.setdefault(gpu_type, "the SLO sessions' duty cycle no longer plans")
@@ -347,12 +372,32 @@ def _best_effort_costs(
         f"SLO sessions leave at most {100 * most:.0f}% of the duty cycle idle; "
         f"best effort needs more than {100 * min_slack:.0f}%")
         for gpu_type, most in best_slack.items()}
-    code = np.where(starved, Reason.NO_BEST_EFFORT_SLACK.code, code)
+    for i in np.flatnonzero((code == 0) & pieces & ~starved).tolist():
+        gpu_type = table.type_names[table.type_id[rows[i]]]
+        notes.setdefault(gpu_type, piece_notes[gpu_type])
+    code = np.where(starved | ((code == 0) & pieces), Reason.NO_BEST_EFFORT_SLACK.code, code)
     weight = float(demand.job.share_weight)
     share = slack * weight / (table.best_effort_weight[rows] + weight)
     ok = np.flatnonzero(code == 0)
     shares = dict(zip(rows[ok].tolist(), share[ok].tolist(), strict=True))
     return _SessionCosts(np.where(code == 0, 1.0 - share, np.inf), code, plans, notes, shares)
+
+
+def _piece_refusal(plan: GpuPlan, existing: Sequence[SessionSpec], demand: ResolvedDemand,
+                   inference: InferenceContext, gpu_type: str, capacity_mib: float,
+                   ) -> Infeasible | None:
+    """``planner.overrun``'s rule, the inference server's too, with the whole model at
+    batch 1 as the piece: the extender cannot see the model's cut points, so it never
+    judges a piece smaller than the server will (what it places, the server admits)."""
+    model = demand.job.inputs.model
+    profile = inference.profiles.get((model, gpu_type)) if model else None
+    if profile is None:
+        return None  # no profile: the server measures the model and applies the rule
+    return best_effort_refusal(
+        plan, existing,
+        lambda shorter: _plan(inference.planner, tuple(shorter), inference.profiles, gpu_type,
+                              capacity_mib),
+        float(profile.latency_ms(1)))
 
 
 def _rejections(
@@ -370,7 +415,9 @@ def _rejections(
     np.maximum.at(free, owner, free_mib)
     total = counts.sum(axis=1)
     fixable = counts[:, _RESOLVABLE_CODES].sum(axis=1)
-    job_mib = max((t.mem_mib for t in demand.by_type.values()), default=0.0)
+    # With the demand unknown on every type, the pod's own request is the figure to name.
+    job_mib = max((t.mem_mib for t in demand.by_type.values()),
+                  default=demand.job.inputs.mem_mib or 0.0)
     node_types: dict[int, set[str]] = {}
     if notes:
         for i in np.flatnonzero(code != 0).tolist():
@@ -413,7 +460,8 @@ def choose(evaluation: Evaluation, position: int, pod_uid: str, pod: str) -> Pla
     assert type_demand is not None
     util = type_demand.util_percent
     session = demand.session
-    if demand.job.workload is Workload.INFERENCE and session is not None:
+    if demand.job.workload is Workload.INFERENCE and session is not None and (
+            rows[0] in evaluation.plans):  # else cold start: the whole GPU, as demanded
         util = session_util_percent(evaluation.plans[rows[0]], session)
     elif demand.job.best_effort:
         # What quanta would give it now: its share of the slack, never more than it uses.

@@ -27,7 +27,13 @@ The source string is ``<utilisation source>+mem:<memory source>``, or just
 ``asserted`` when both numbers were asserted.
 
 Inference pods come in two kinds. With ``tandem.io/slo-ms`` and
-``tandem.io/rate-rps`` they are SLO sessions (duty-cycle slots). With neither
+``tandem.io/rate-rps`` they are SLO sessions (duty-cycle slots). An SLO session
+whose model has no batching profile for a GPU type is placed under the
+**session cold-start rule** (``cold-start+profile:server``): only on an idle GPU,
+alone, counted as the whole GPU, with the asserted ``tandem.io/gpu-mem-mib`` (else
+the predictor's memory); the inference server measures its profile when the
+session registers, and nothing else shares that GPU until a profile is
+configured. With neither
 they are best-effort sessions (batch inference) that share the duty cycle's slack
 in quanta by ``tandem.io/weight`` (default 1) or ``tandem.io/priority`` (an
 integer; both in the ranges the inference server's quanta honour). A best-effort
@@ -90,6 +96,8 @@ class UtilKnowledge:
 
 
 COLD_START = "cold-start"
+SESSION_COLD_START = "cold-start+profile:server"
+"""An SLO session with no batching profile for the GPU type (placed alone, measured there)."""
 
 
 @dataclass(frozen=True)
@@ -287,7 +295,7 @@ def _one_type(
         if job.best_effort:
             return _best_effort_type(job, gpu_type, profile, predict, knowledge)
         if profile is None:
-            raise DemandUnavailable("no-profile", f"no batching profile for {ask.model}")
+            return _cold_session_type(job, gpu_type, predict)
         mem = ask.mem_mib if ask.mem_mib is not None else float(profile.memory_mib)
         return TypeDemand(0.0, mem, "profile")
     if ask.util_percent is not None and ask.mem_mib is not None:
@@ -314,6 +322,22 @@ def _one_type(
     composed = source if predicted and not util_source and ask.mem_mib is None else \
         f"{util_source or source.partition('+mem:')[0]}+mem:{mem_source}"
     return TypeDemand(float(util), float(mem), composed)
+
+
+def _cold_session_type(job: JobDemand, gpu_type: str, predict: PredictFn | None) -> TypeDemand:
+    """An SLO session without a batching profile: the cold-start rule (module doc).
+
+    It may take only an idle GPU, alone, as the whole GPU; the inference server
+    measures its profile when it registers. Its memory must still be known."""
+    ask = job.inputs
+    assert ask.model is not None
+    if ask.mem_mib is not None:
+        return TypeDemand(100.0, ask.mem_mib, SESSION_COLD_START)
+    if predict is None:
+        raise DemandUnavailable("no-profile", f"no batching profile for {ask.model} and no "
+                                "tandem.io/gpu-mem-mib to place it under the cold-start rule")
+    _, mem, _ = predict(ask.model, job.batch_size, gpu_type, job.workload.value)
+    return TypeDemand(100.0, float(mem), SESSION_COLD_START)
 
 
 def _best_effort_type(job: JobDemand, gpu_type: str, profile: Any,
