@@ -145,11 +145,11 @@ def test_registering_a_slow_model_leaves_an_slo_session_p99_within_one_slice(
 ) -> None:
     onnx.save(mlp(32, 2), str(tmp_path / "fast.onnx"))
     runtime.add_slo_session("fast", "fast.onnx", slo_ms=200.0, rate_rps=50.0)
-    # A shared CPU can stall any 1 s window on its own: up to three registrations,
+    # A shared CPU can stall any 1 s window on its own: up to five registrations,
     # one within the bound suffices. A profile run on the serving path (a second of
-    # stall every time) fails all three.
+    # stall every time) fails all five.
     tries = []
-    for attempt in range(3):
+    for attempt in range(5):
         onnx.save(mlp(384, 24, seed=attempt), str(tmp_path / f"slow{attempt}.onnx"))
         seen = registration_under_load(runtime, f"slow{attempt}.onnx")
         seen["slice_ms"] = runtime.probe_max_ms
