@@ -15,9 +15,11 @@ keyed by (model file digest, batch size, workload, GPU type), the reference
 standing in for the digest until the extender has resolved it, and kept as a
 bounded running estimate (:mod:`extender.learning_store`). Samples taken alone and
 co-located are kept apart: resolution uses the alone estimate (what the
-predictor models), co-located ones are recorded for interference learning and
-export. A shared GPU whose every pod has per-process figures and a trustworthy
-alone estimate also gives one interference-curve point
+predictor models); a co-located one is a floor of it (sharing never raises a
+job's own use), so it raises a prediction that is lower (``observed-shared:<n>``)
+and is recorded for interference learning and export. A shared GPU whose every
+pod has per-process figures and a trustworthy alone estimate also gives one
+interference-curve point
 (:mod:`extender.learning_curves`); the learned curves enter the cost through
 :meth:`Learner.policy`.
 
@@ -140,9 +142,11 @@ class Learner:
         get_logger().info("learning: observations reloaded", extra={"entries": loaded})
 
     def knowledge(self, cfg: LearningConfig) -> UtilKnowledge:
-        """What resolution uses: the alone estimates (when enabled) and the cold-start rule."""
+        """What resolution uses: the alone estimates and the shared floors (when enabled),
+        and the cold-start rule."""
         return UtilKnowledge(self.store.lookup if cfg.enabled else None, cfg.min_observations,
-                             cfg.cold_start_util_percent)
+                             cfg.cold_start_util_percent,
+                             self.store.lookup_shared if cfg.enabled else None)
 
     def observe(self, report: DecodedReport,
                 placement_of: Callable[[str], Placement | None]) -> int:

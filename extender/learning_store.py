@@ -245,6 +245,14 @@ class ObservationStore:
             est = self._alone.get(key)
             return None if est is None else (round(est.mean, 2), est.count)
 
+    def lookup_shared(self, model_ref: str, batch_size: int, gpu_type: str, workload: str,
+                      ) -> tuple[float, int] | None:
+        """The co-located estimate ``(util_percent, samples)``: a floor of the alone one."""
+        key = (self.model_key(model_ref), batch_size, workload, gpu_type)
+        with self._lock:
+            est = self._colocated.get(key)
+            return None if est is None else (round(est.mean, 2), est.count)
+
     def trust_counts(self, min_samples: int) -> dict[str, int]:
         """Alone estimates that resolution uses (``trusted``) and those still ``learning``."""
         with self._lock:

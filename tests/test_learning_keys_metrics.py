@@ -177,3 +177,45 @@ def test_export_writes_the_reference_and_the_file_digest() -> None:
     store.add(("plain.onnx", 32, "training", A100), 20.0, alone=True)
     rows = {r["model"]: r["model_digest"] for r in observed_rows(store.to_document())}
     assert rows == {"m.onnx": "ff66", "plain.onnx": ""}
+
+
+def test_a_shared_floor_raises_a_low_prediction_and_never_lowers_one() -> None:
+    """Use observed while sharing is a floor of the alone use (observed-shared:<n>)."""
+    from contracts.annotations import PodInputs
+    from extender.core.demand import JobDemand, UtilKnowledge, resolve_demand
+
+    def predict(util: float):
+        return lambda model, batch, gpu_type, workload: (util, 1000.0, "xgboost:abc+mem:eq2")
+
+    shared = {("m.onnx", "T4"): (60.0, 6), ("thin.onnx", "T4"): (60.0, 2)}
+
+    def floor(model, batch, gpu_type, workload):
+        return shared.get((model, gpu_type))
+
+    knowledge = UtilKnowledge(None, min_observations=5, shared_floor=floor)
+
+    def resolve(model: str, util: float):
+        job = JobDemand(1, PodInputs(model=model, batch_size=32))
+        found = resolve_demand(job, ["T4"], predict(util), knowledge=knowledge).for_type("T4")
+        assert found is not None
+        return found.util_percent, found.source
+
+    assert resolve("m.onnx", 30.0) == (60.0, "observed-shared:6+mem:eq2")
+    assert resolve("m.onnx", 80.0) == (80.0, "xgboost:abc+mem:eq2")  # a floor, not a value
+    assert resolve("thin.onnx", 30.0) == (30.0, "xgboost:abc+mem:eq2")  # too few samples
+
+
+def test_colocated_samples_feed_the_shared_floor_of_the_learner() -> None:
+    """The learner's knowledge answers the co-located estimate as the floor."""
+    store = ObservationStore()
+    key = ("m.onnx", 32, "training", "T4")
+    for value in (40.0, 42.0, 44.0):
+        store.add(key, value, alone=False, reference="m.onnx")
+    assert store.lookup("m.onnx", 32, "T4", "training") is None
+    assert store.lookup_shared("m.onnx", 32, "T4", "training") == (42.0, 3)
+    learner = Learner(LearningConfig(), clock=lambda: 0.0, wall_clock=lambda: 0.0)
+    learner.store = store
+    knowledge = learner.knowledge(LearningConfig())
+    assert knowledge.shared_floor is not None
+    assert knowledge.shared_floor("m.onnx", 32, "T4", "training") == (42.0, 3)
+    assert learner.knowledge(LearningConfig(enabled=False)).shared_floor is None

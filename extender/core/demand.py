@@ -18,7 +18,11 @@ Utilisation of a training pod, per GPU type, is taken in this order (its source
 in brackets, as ``tandem.io/prediction-source`` records it): the asserted
 ``tandem.io/gpu-util`` (``asserted``); what the agents observed of this model at
 this batch size on this GPU type, once there are at least ``min_observations``
-samples (``observed:<n>``); the trained XGBoost model (``xgboost:<digest>``);
+samples (``observed:<n>``); the trained XGBoost model (``xgboost:<digest>``),
+raised to what the pod was observed to use while sharing a GPU when that is
+more (``observed-shared:<n>``: a job that shares cannot use more of the GPU
+than it would alone, so the shared figure is a floor; it corrects a prediction
+that is too low even where the pod never runs alone);
 else the **cold-start rule**: the pod counts as using the whole GPU
 (``cold_start_util_percent``, default 100) until it has been observed
 (``cold-start``). Memory needs no trained model (Horus Eq. 2 from the ONNX
@@ -93,9 +97,13 @@ class UtilKnowledge:
     """Samples an observed estimate needs before it replaces the prediction (>= 1)."""
     cold_start_util_percent: float = 100.0
     """Utilisation assumed for a model nobody has measured or predicted (0..100]."""
+    shared_floor: ObservedFn | None = None
+    """Per-process utilisation observed while sharing a GPU: a floor of the alone one."""
 
 
 COLD_START = "cold-start"
+OBSERVED_SHARED = "observed-shared"
+"""A prediction raised to the utilisation observed while sharing (a floor of the alone one)."""
 SESSION_COLD_START = "cold-start+profile:server"
 """An SLO session with no batching profile for the GPU type (placed alone, measured there)."""
 
@@ -317,6 +325,12 @@ def _one_type(
             util, util_source = knowledge.cold_start_util_percent, COLD_START
         else:
             util_source = ""  # the predictor's own, already in ``source``
+            floor = knowledge.shared_floor(ask.model, job.batch_size, gpu_type,
+                                           job.workload.value) \
+                if knowledge.shared_floor is not None else None
+            if floor is not None and floor[1] >= knowledge.min_observations \
+                    and floor[0] > util:
+                util, util_source = floor[0], f"{OBSERVED_SHARED}:{floor[1]}"
     if ask.mem_mib is not None:
         mem, mem_source = ask.mem_mib, "asserted"
     composed = source if predicted and not util_source and ask.mem_mib is None else \

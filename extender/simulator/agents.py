@@ -2,15 +2,18 @@
 
 A real agent pushes a report every interval: per GPU its utilisation and its
 processes, each attributed to its pod with the process's own utilisation
-(``nvmlDeviceGetProcessUtilization``). In the simulator a GPU's load only
-changes when a job starts or stops on it, so the agents report a GPU once per
-such interval, when it ends: one report stands for the interval's (constant)
-load. Each job's figure is its true utilisation on that GPU, scaled down
-proportionally when the GPU's jobs together ask for more than 100%; on a shared
-GPU it is its true utilisation divided by the GPU's true slowdown (a training
-job's utilisation tracks its progress rate, the signal the extender's curve
-learning reads, :mod:`extender.learning_curves`). Then seeded Gaussian
-measurement noise (``Truth.util_stddev_percent``), clipped to 0..100.
+(``nvmlDeviceGetProcessUtilization``). In the simulator a GPU's load only changes
+when a job starts or stops on it, so the agents report a GPU when such an interval
+ends, with as many reports (each with its own noise) as a real agent would have
+pushed in it at one report per ``REPORT_PERIOD_S``, at most
+``MAX_REPORTS_PER_INTERVAL`` (enough for an estimate to become trusted, and a bound
+on the simulator's cost; a real agent reports every second). Each job's figure is
+its true utilisation on that GPU, scaled down proportionally when the GPU's jobs
+together ask for more than 100%; on a shared GPU it is its true utilisation divided
+by the GPU's true slowdown (a training job's utilisation tracks its progress rate,
+the signal the extender's curve learning reads, :mod:`extender.learning_curves`).
+Then seeded Gaussian measurement noise (``Truth.util_stddev_percent``), clipped to
+0..100.
 
 The reports go through the extender's own :meth:`extender.learning.Learner.observe`
 (a :class:`extender.reports.DecodedReport` and the placements the scheduler made),
@@ -22,6 +25,7 @@ estimates' timestamps are in simulated seconds.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -34,6 +38,9 @@ from extender.reports import DecodedReport, ReportedProcess
 from extender.simulator.engine import Engine, JobRun
 from extender.simulator.truth import Truth
 
+REPORT_PERIOD_S = 60.0
+"""Simulated seconds per report (real agents report every second: this is conservative)."""
+MAX_REPORTS_PER_INTERVAL = 5
 SIM_BATCH_SIZE = 32
 """Batch size the simulated pods declare (the extender's training default)."""
 
@@ -93,19 +100,26 @@ class SimAgents:
         engine = self._engine
         assert engine is not None, "attach() first"
         by_node: dict[str, list[int]] = {}
+        reports_of: dict[str, int] = {}
         for r in sorted(set(rows)):
             if engine.jobs_on[r] > 0 and now_s > self._since[r]:
-                by_node.setdefault(self._node[r], []).append(r)
+                node = self._node[r]
+                by_node.setdefault(node, []).append(r)
+                n = min(MAX_REPORTS_PER_INTERVAL,
+                        max(1, math.ceil((now_s - self._since[r]) / REPORT_PERIOD_S)))
+                reports_of[node] = min(reports_of.get(node, n), n)
             self._since[r] = now_s
         self.clock.now_s = now_s
         for node, node_rows in by_node.items():
-            report = DecodedReport(
-                node=node, gpus=tuple(engine.table.gpus[r] for r in node_rows),
-                util_percent=tuple(min(100.0, float(engine.util_true[r])) for r in node_rows),
-                memory_used_mib=tuple(float(engine.mem_true[r]) for r in node_rows),
-                processes=tuple(self._processes(engine, r) for r in node_rows))
-            self.reports += 1
-            self.samples += self.learner.observe(report, self._placements.get)
+            for _ in range(reports_of[node]):
+                report = DecodedReport(
+                    node=node, gpus=tuple(engine.table.gpus[r] for r in node_rows),
+                    util_percent=tuple(min(100.0, float(engine.util_true[r]))
+                                       for r in node_rows),
+                    memory_used_mib=tuple(float(engine.mem_true[r]) for r in node_rows),
+                    processes=tuple(self._processes(engine, r) for r in node_rows))
+                self.reports += 1
+                self.samples += self.learner.observe(report, self._placements.get)
 
     def _processes(self, engine: Engine, r: int) -> tuple[ReportedProcess, ...]:
         total = float(engine.util_true[r])
