@@ -171,12 +171,22 @@ class GpuTable:
 
     def rows_of(self, p: Placement) -> list[int]:
         """Rows of a placement's GPUs: by UUID when it records one per GPU and the node has
-        them all (indices may have been renumbered since), else by index; PlacementError."""
+        them all (indices may have been renumbered since), else by index; PlacementError.
+
+        When both the placement and the node's inventory carry measured UUIDs (not the
+        index stand-ins of GFD labels) and one is missing, that GPU is gone: the index now
+        names another physical GPU, so the placement has no rows rather than wrong ones.
+        """
         if p.gpu_uuids and len(p.gpu_uuids) == len(p.gpu_indices) \
                 and p.node in self.node_index:
-            by_uuid = {self.gpus[r].uuid: r for r in self.node_rows(p.node)}
+            rows = self.node_rows(p.node)
+            by_uuid = {self.gpus[r].uuid: r for r in rows}
             if all(u in by_uuid for u in p.gpu_uuids):
                 return [by_uuid[u] for u in p.gpu_uuids]
+            measured = any(u != str(i) for u, i in zip(p.gpu_uuids, p.gpu_indices, strict=True))
+            if measured and any(self.gpus[r].uuid != str(self.gpus[r].index) for r in rows):
+                gone = [u for u in p.gpu_uuids if u not in by_uuid]
+                raise PlacementError(f"node {p.node!r} no longer has GPU {', '.join(gone)}")
         return [self.row_of(p.node, i) for i in p.gpu_indices]
 
     def place(self, p: Placement, at_seconds: float | None = None) -> None:
