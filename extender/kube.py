@@ -142,6 +142,7 @@ class KubeSource:
         """List nodes and bound pods into ``state``; returns (node, pod) resourceVersions."""
         nodes, node_rv = self._list(self.api.list_node)
         state.set_nodes([node_spec(n) for n in nodes])
+        listed_at = state.now()
         pods, pod_rv = self._list(self.api.list_pod_for_all_namespaces,
                                   field_selector="spec.nodeName!=")
         bound: set[str] = set()
@@ -151,7 +152,7 @@ class KubeSource:
             if uid is not None:
                 bound.add(uid)
         # A relist is the truth: pods deleted or finished while no watch ran are released.
-        for gone in state.retain_placed(bound):
+        for gone in state.retain_placed(bound, listed_at):
             self._distrusted.discard(gone.pod_uid)
             self._log.info("released on relist", extra={"pod": gone.pod})
         state.synced = True
@@ -240,8 +241,16 @@ class KubeSource:
 
     def _watch(self, state: Any, lister: Callable[..., Any],
                apply: Callable[[Any, str, Mapping[str, Any]], None], rv: str) -> None:
+        relist = False
         while not self._stop.is_set():
             try:
+                if relist:
+                    # Inside the try: a relist that fails too (API server down) is retried
+                    # after the backoff; it must never end the watch thread.
+                    rv = self.sync(state)[0 if lister == self.api.list_node else 1]
+                    relist = False
+                    if self._stop.is_set():
+                        return
                 stream = self._watch_factory().stream(lister, resource_version=rv,
                                                       timeout_seconds=self._timeout)
                 for event in stream:
@@ -255,9 +264,9 @@ class KubeSource:
                     return
             except ApiException as exc:
                 self._log.warning("watch failed; relisting", extra={"error": str(exc.status)})
+                relist = True
                 if self._stop.wait(1.0):
                     return
-                rv = self.sync(state)[0 if lister == self.api.list_node else 1]
             except Exception as exc:  # network errors: back off and resume
                 self._log.warning("watch interrupted", extra={"error": repr(exc)})
                 if self._stop.wait(1.0):

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import time
 
-from fault_cluster import audit, cluster, k8s_pod, relist, truth
+import pytest
+from fault_cluster import PlainWatch, audit, cluster, k8s_pod, relist, truth
 
 
 def wait_for(predicate, seconds=5.0):
@@ -35,6 +36,45 @@ def place(c, replica, names, node="gpu-0"):
         c.fake.put_pod(k8s_pod(name))
         assert replica.filter(c.fake, name, [node])["NodeNames"] == [node]
         assert replica.bind(name, node) == {"Error": ""}
+
+
+# ---- (a) watch 410 and relist ----------------------------------------------------------
+def test_relist_after_410_releases_pods_that_ended_in_the_gap():
+    with cluster() as c:
+        r = c.replica()
+        place(c, r, ["a", "b", "c", "d"])
+        relist(r)  # the watch confirms them
+        _, pod_rv = r.source.sync(r.state)
+        c.fake.delete_pod("ml", "a")
+        ended = c.fake.pod("ml", "b")
+        ended["status"]["phase"] = "Failed"
+        c.fake.put_pod(ended)
+        c.fake.compact()  # the pod watch resumes from a version the server no longer has
+        r.source._watch_factory = PlainWatch
+        real_sync = r.source.sync
+
+        def sync_then_stop(state):
+            r.source._stop.set()
+            return real_sync(state)
+        r.source.sync = sync_then_stop
+        r.source._stop.wait = lambda timeout: False  # no real backoff
+        r.source._watch(r.state, c.api.list_pod_for_all_namespaces, r.source.apply_pod_event,
+                        pod_rv)
+        assert audit(c.fake, r.state).clean
+        assert set(truth(c.fake)) == {"uid-c", "uid-d"}
+
+
+
+# ---- (c) watch and relist errors ------------------------------------------------------
+@pytest.mark.parametrize("code", [500, 410])
+def test_watch_and_relist_errors_are_retried_and_the_ledger_catches_up(code):
+    """The pod watch fails, then so does the relist: the watch thread must live on."""
+    with cluster() as c:
+        r = c.replica(PlainWatch)
+        c.fake.inject("GET", "^/api/v1/pods$", code, times=2)
+        place(c, r, ["p", "q"])
+        c.fake.delete_pod("ml", "p")
+        wait_for(lambda: audit(c.fake, r.state).clean and r.state.view()["assumed"] == 0, 10)
 
 
 # ---- (e) agent reports renumbering GPUs ---------------------------------------------------
