@@ -37,7 +37,8 @@ from kubernetes.client.rest import ApiException
 
 from contracts.logs import get_logger
 from extender.core import GpuSpec, NodeSpec, Placement, PodRef
-from extender.kube_http import LeanPoster, supports
+from extender.errors import BindOutcomeUnknown, SourceError
+from extender.kube_http import LeanPoster, api_error, supports
 from extender.source import DONE_PHASES, Verifier, same_decision, trusted_placement
 
 GFD_COUNT = "nvidia.com/gpu.count"
@@ -303,14 +304,22 @@ class KubeSource:
                 "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid,
                              "annotations": dict(annotations)},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-        if self._poster is not None:
-            self._poster.post(f"/api/v1/namespaces/{quote(pod.namespace, safe='')}/pods/"
-                              f"{quote(pod.name, safe='')}/binding", json.dumps(body).encode())
-            return False
-        # _preload_content=False: the answer is a Status nobody reads (and the client cannot
-        # deserialise it as a Binding, kubernetes-client/python#825).
-        _drain(self.api.create_namespaced_pod_binding(pod.name, pod.namespace, body,
-                                                      _preload_content=False))
+        try:
+            if self._poster is not None:
+                self._poster.post(f"/api/v1/namespaces/{quote(pod.namespace, safe='')}/pods/"
+                                  f"{quote(pod.name, safe='')}/binding",
+                                  json.dumps(body).encode())
+                return False
+            # _preload_content=False: the answer is a Status nobody reads (and the client
+            # cannot deserialise it as a Binding, kubernetes-client/python#825).
+            _drain(self.api.create_namespaced_pod_binding(pod.name, pod.namespace, body,
+                                                          _preload_content=False))
+        except ApiException as exc:
+            if exc.status is not None and 400 <= exc.status < 500:
+                raise SourceError(api_error(exc)) from None  # refused: nothing was applied
+            raise BindOutcomeUnknown(api_error(exc)) from None
+        except Exception as exc:  # timeouts, lost connections: it may have been applied
+            raise BindOutcomeUnknown(f"no answer from the API server ({exc!r})") from None
         return False
 
     def record_event(self, pod: PodRef, reason: str, message: str, warning: bool) -> None:

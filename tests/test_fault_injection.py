@@ -14,6 +14,8 @@ import time
 import pytest
 from fault_cluster import PlainWatch, audit, cluster, k8s_pod, relist, truth
 
+from extender.leader import PodLabeler
+
 
 def wait_for(predicate, seconds=5.0):
     deadline = time.monotonic() + seconds
@@ -64,8 +66,119 @@ def test_relist_after_410_releases_pods_that_ended_in_the_gap():
         assert set(truth(c.fake)) == {"uid-c", "uid-d"}
 
 
+# ---- (b) bind answers lost or timed out, then retried ----------------------------------
+@pytest.mark.parametrize("fault", ["lost", "stall"])
+def test_bind_whose_answer_is_lost_keeps_its_reservation_and_the_retry_succeeds(fault):
+    """The API server applied the Binding but the extender never heard back."""
+    with cluster() as c:
+        r = c.replica()
+        c.fake.record = True
+        c.fake.put_pod(k8s_pod("p"))
+        r.filter(c.fake, "p", ["gpu-0"])
+        c.fake.inject("POST", "/binding$", fault)
+        error = r.bind("p", "gpu-0")["Error"]
+        assert "outcome unknown" in error
+        assert bound_to(c.fake, "p") == "gpu-0"
+        assert audit(c.fake, r.state).clean  # held: the pod is on the GPU
+        assert r.bind("p", "gpu-0") == {"Error": ""}  # kube-scheduler retries
+        assert len(bindings(c.fake, "p")) == 1  # the retry read the pod, wrote nothing
+        relist(r)
+        assert audit(c.fake, r.state).clean
+        assert r.state.view()["placed"] == 1
 
-# ---- (c) watch and relist errors ------------------------------------------------------
+
+def test_watch_confirmation_during_a_timed_out_bind_is_kept():
+    """The pod watch shows the binding while the bind call is still waiting for its answer:
+    the failed call must not forget the confirmed placement."""
+    with cluster() as c:
+        r = c.replica(PlainWatch)
+        c.fake.put_pod(k8s_pod("p"))
+        r.filter(c.fake, "p", ["gpu-0"])
+        c.fake.inject("POST", "/binding$", "stall", stall_seconds=1.0)
+        assert "outcome unknown" in r.bind("p", "gpu-0")["Error"]
+        wait_for(lambda: r.state.view()["placed"] == 1)
+        assert audit(c.fake, r.state).clean
+        assert r.bind("p", "gpu-0") == {"Error": ""}
+
+
+@pytest.mark.parametrize("code", [500, 503, 504])
+def test_bind_server_error_not_applied_holds_until_retry_then_binds_once(code):
+    with cluster() as c:
+        r = c.replica()
+        c.fake.put_pod(k8s_pod("p"))
+        r.filter(c.fake, "p", ["gpu-0"])
+        c.fake.inject("POST", "/binding$", code)
+        assert "outcome unknown" in r.bind("p", "gpu-0")["Error"]
+        assert bound_to(c.fake, "p") is None
+        assert audit(c.fake, r.state).leaked == {"uid-p"}  # held until the retry or TTL
+        assert r.bind("p", "gpu-0") == {"Error": ""}
+        assert bound_to(c.fake, "p") == "gpu-0"
+        assert audit(c.fake, r.state).clean
+
+
+def test_unanswered_bind_that_is_never_retried_expires():
+    with cluster() as c:
+        clock = [1000.0]
+        r = c.replica(clock=lambda: clock[0])
+        c.fake.put_pod(k8s_pod("p"))
+        r.filter(c.fake, "p", ["gpu-0"])
+        c.fake.inject("POST", "/binding$", 500)
+        r.bind("p", "gpu-0")
+        clock[0] += 31  # assume_ttl_seconds passed without a retry or a watch event
+        r.state.expire()
+        assert audit(c.fake, r.state).clean
+
+
+def test_retry_on_another_node_after_a_lost_answer_is_refused():
+    with cluster() as c:
+        r = c.replica()
+        c.fake.put_pod(k8s_pod("p"))
+        r.filter(c.fake, "p", ["gpu-0", "gpu-1"])
+        c.fake.inject("POST", "/binding$", "lost")
+        r.bind("p", "gpu-0")
+        assert "gpu-0" in r.bind("p", "gpu-1")["Error"]
+        assert audit(c.fake, r.state).clean
+
+
+# ---- (c) API server errors -------------------------------------------------------------
+@pytest.mark.parametrize("code", [409, 429, 400, 403, 404])
+def test_bind_refused_by_the_api_server_frees_capacity_with_a_clear_error(code):
+    with cluster() as c:
+        r = c.replica()
+        c.fake.put_pod(k8s_pod("p"))
+        r.filter(c.fake, "p", ["gpu-0"])
+        c.fake.inject("POST", "/binding$", code)
+        error = r.bind("p", "gpu-0")["Error"]
+        assert "bind to gpu-0 failed" in error and str(code) in error
+        assert audit(c.fake, r.state).clean and r.state.view()["assumed"] == 0
+        assert r.bind("p", "gpu-0") == {"Error": ""}  # the retry binds
+        assert audit(c.fake, r.state).clean
+
+
+@pytest.mark.parametrize("code", [500, 429, 409, "lost"])
+def test_event_post_failures_lose_only_the_event(code):
+    with cluster() as c:
+        r = c.replica()
+        c.fake.inject("POST", "/events$", code, times=100)
+        place(c, r, ["p", "q"])
+        assert r.source.drain_events() == 2  # tried, failed, logged: no exception
+        assert len(c.fake.events) == (2 if code == "lost" else 0)  # "lost": stored, unheard
+        assert c.fake.faults_injected[str(code)] == 2
+        relist(r)
+        assert audit(c.fake, r.state).clean and r.state.view()["placed"] == 2
+
+
+def test_leader_label_patch_error_is_retried():
+    with cluster() as c:
+        c.fake.put_pod(k8s_pod("extender-0", phase="Running"))
+        c.fake.inject("PATCH", "/pods/extender-0$", 500)
+        labeler = PodLabeler(c.api, "ml", "extender-0")
+        labeler.sync(True)
+        assert "labels" not in c.fake.pod("ml", "extender-0")["metadata"]
+        labeler.sync(True)
+        assert c.fake.pod("ml", "extender-0")["metadata"]["labels"] == {"tandem.io/leader": "true"}
+
+
 @pytest.mark.parametrize("code", [500, 410])
 def test_watch_and_relist_errors_are_retried_and_the_ledger_catches_up(code):
     """The pod watch fails, then so does the relist: the watch thread must live on."""
@@ -75,6 +188,43 @@ def test_watch_and_relist_errors_are_retried_and_the_ledger_catches_up(code):
         place(c, r, ["p", "q"])
         c.fake.delete_pod("ml", "p")
         wait_for(lambda: audit(c.fake, r.state).clean and r.state.view()["assumed"] == 0, 10)
+
+
+# ---- (d) leader failover mid-bind -------------------------------------------------------
+def test_new_leader_after_a_crash_mid_bind_holds_exactly_what_was_bound():
+    with cluster() as c:
+        leading = {"a": True, "b": False}
+        a = c.replica(leading=lambda: leading["a"])
+        b = c.replica(PlainWatch, leading=lambda: leading["b"])
+        place(c, a, ["p"])
+        c.fake.put_pod(k8s_pod("q"))
+        a.filter(c.fake, "q", ["gpu-0"])
+        assert "not the leader" in b.bind("q", "gpu-0")["Error"]  # the standby never binds
+        c.fake.inject("POST", "/binding$", "lost")  # written, then the leader dies
+        a.bind("q", "gpu-0")
+        a.source.stop()
+        leading.update(a=False, b=True)
+        wait_for(lambda: audit(c.fake, b.state).clean and b.state.view()["assumed"] == 0)
+        assert b.bind("q", "gpu-0") == {"Error": ""}  # kube-scheduler's retry, new leader
+        assert audit(c.fake, b.state).clean
+        fresh = c.replica()  # a replica started after the crash rebuilds from the API
+        assert audit(c.fake, fresh.state).clean and fresh.state.view()["placed"] == 2
+        place(c, b, ["r"])
+        assert audit(c.fake, b.state).clean and len(truth(c.fake)) == 3
+
+
+def test_new_leader_that_has_not_seen_the_binding_yet_refuses_clearly():
+    with cluster() as c:
+        a, b = c.replica(), c.replica()
+        c.fake.put_pod(k8s_pod("q"))
+        a.filter(c.fake, "q", ["gpu-0"])
+        c.fake.inject("POST", "/binding$", "lost")
+        a.bind("q", "gpu-0")
+        b.filter(c.fake, "q", ["gpu-0"])
+        error = b.bind("q", "gpu-0")["Error"]  # b's watch lags: the API server says 409
+        assert "already assigned" in error or error == ""
+        relist(b)
+        assert audit(c.fake, b.state).clean
 
 
 # ---- (e) agent reports renumbering GPUs ---------------------------------------------------
