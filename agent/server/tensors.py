@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from numpy.lib import format as npy_format
 
 from agent.server.errors import BadRequest
 
@@ -14,7 +16,29 @@ NPY_TYPE = "application/x-npy"
 
 
 def decode_npy(body: bytes) -> np.ndarray:
-    """An array from an ``.npy`` body; never unpickles."""
+    """An array from an ``.npy`` body; never unpickles.
+
+    The header is checked against the body first: a header claiming (2^40, 4) floats
+    would otherwise make numpy allocate them before noticing the data is missing.
+    """
+    stream = io.BytesIO(body)
+    try:
+        version = npy_format.read_magic(stream)
+        if version == (1, 0):
+            shape, _, dtype = npy_format.read_array_header_1_0(stream)
+        elif version == (2, 0):
+            shape, _, dtype = npy_format.read_array_header_2_0(stream)
+        else:
+            raise BadRequest(f".npy version {version[0]}.{version[1]} is not supported; "
+                             "send 1.0 or 2.0")
+    except (ValueError, OSError, EOFError, TypeError, SyntaxError) as exc:
+        raise BadRequest(f"body is not a valid .npy array: {exc}") from exc
+    if dtype.hasobject:
+        raise BadRequest("body must not hold Python objects")
+    claimed = math.prod(shape) * dtype.itemsize
+    if claimed != len(body) - stream.tell():
+        raise BadRequest(f"the .npy header claims shape {list(shape)} of {dtype} "
+                         f"({claimed} bytes) but the body carries {len(body) - stream.tell()}")
     try:
         array = np.load(io.BytesIO(body), allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
