@@ -55,7 +55,8 @@ class Recorded:
 @dataclass
 class Fault:
     """One injected fault: requests matching ``method`` and ``path`` (a regex searched in the
-    path) get ``kind`` (an HTTP code, ``"lost"`` or ``"stall"``) ``times`` more times."""
+    path with its query) get ``kind`` (an HTTP code, ``"lost"`` or ``"stall"``) ``times``
+    more times."""
 
     method: str
     path: str
@@ -375,7 +376,7 @@ def _handler(api: FakeKubeApi) -> type[BaseHTTPRequestHandler]:
                 return
             if api.record:
                 api.requests.append(Recorded(self.command, url.path, query, body))
-            fault = api._take_fault(self.command, url.path)
+            fault = api._take_fault(self.command, self.path)  # the query too: watch=true
             if fault is not None and isinstance(fault.kind, int):
                 code = fault.kind  # refused before anything is applied
                 self._send(code, status(code, "InjectedFault", f"injected fault {code}"))

@@ -184,7 +184,7 @@ def test_watch_and_relist_errors_are_retried_and_the_ledger_catches_up(code):
     """The pod watch fails, then so does the relist: the watch thread must live on."""
     with cluster() as c:
         r = c.replica(PlainWatch)
-        c.fake.inject("GET", "^/api/v1/pods$", code, times=2)
+        c.fake.inject("GET", r"^/api/v1/pods\?", code, times=2)
         place(c, r, ["p", "q"])
         c.fake.delete_pod("ml", "p")
         wait_for(lambda: audit(c.fake, r.state).clean and r.state.view()["assumed"] == 0, 10)
