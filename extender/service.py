@@ -314,7 +314,11 @@ class Extender:
     def _settle(self, args: BindingArgs) -> str | None:
         """After a bind with no answer: the node the API server has the pod on, or None when
         it is not bound (the held reservation is dropped and the caller binds afresh)."""
-        pod = self.source.read_pod(args.pod_namespace, args.pod_name)
+        try:
+            pod = self.source.read_pod(args.pod_namespace, args.pod_name)
+        except Exception as exc:  # still unknown: the reservation stays, the next retry asks
+            raise BindOutcomeUnknown(f"tandem: bind to {args.node}: an earlier attempt got no "
+                                     f"answer and the pod cannot be read ({exc})") from exc
         uid = str(((pod or {}).get("metadata") or {}).get("uid", ""))
         node = ((pod or {}).get("spec") or {}).get("nodeName") if uid == args.pod_uid else None
         with self._cache_lock:

@@ -87,6 +87,19 @@ def test_bind_whose_answer_is_lost_keeps_its_reservation_and_the_retry_succeeds(
         assert r.state.view()["placed"] == 1
 
 
+def test_retry_that_cannot_read_the_pod_keeps_the_reservation_and_says_so():
+    with cluster() as c:
+        r = c.replica()
+        c.fake.put_pod(k8s_pod("p"))
+        r.filter(c.fake, "p", ["gpu-0"])
+        c.fake.inject("POST", "/binding$", "lost")
+        r.bind("p", "gpu-0")
+        c.fake.inject("GET", "/pods/p$", 500)
+        assert "cannot be read" in r.bind("p", "gpu-0")["Error"]
+        assert audit(c.fake, r.state).clean  # still held: the pod is bound
+        assert r.bind("p", "gpu-0") == {"Error": ""}
+
+
 def test_watch_confirmation_during_a_timed_out_bind_is_kept():
     """The pod watch shows the binding while the bind call is still waiting for its answer:
     the failed call must not forget the confirmed placement."""
