@@ -60,6 +60,8 @@ def _fuzz_one(target: Any, kind: str, strategy: Any, n: int, tally: Counter[str]
         status, found = check(target, req)
         tally["cases"] += 1
         tally[f"{status // 100}xx"] += 1
+        if status >= 500:
+            tally[f"5xx_{kind}"] += 1
         if found:
             tally[f"violations_{kind}"] += 1
             if len(violations) < 3:
@@ -87,6 +89,8 @@ def fuzz(examples: int) -> dict[str, Any]:
                 "answers": {k: tally[k] for k in ("2xx", "4xx", "5xx") if tally[k]},
                 "violations": {k.removeprefix("violations_"): v for k, v in tally.items()
                                if k.startswith("violations_")},
+                "answers_5xx": {k.removeprefix("5xx_"): v for k, v in tally.items()
+                                if k.startswith("5xx_")},
                 "examples": violations}
     finally:
         harness.close()
@@ -227,6 +231,9 @@ def run(examples: int, binds: int, seed: int) -> dict[str, Any]:
             "endpoints_fuzzed": list(endpoints),
             "cases_tried": sum(e["cases"] for e in endpoints.values()),
             "answers_5xx": sum(e["answers"].get("5xx", 0) for e in endpoints.values()),
+            "answers_5xx_outside_hardening_in_progress": sum(
+                v for name, e in endpoints.items() for kind, v in e["answers_5xx"].items()
+                if not hardening(name, kind)),
             "property_violations": sum(v for name, e in endpoints.items()
                                        for kind, v in e["violations"].items()
                                        if not hardening(name, kind)),
