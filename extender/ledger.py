@@ -84,6 +84,8 @@ class ClusterState:
         self.lock = threading.RLock()
         self._source_nodes: dict[str, NodeSpec] = {}
         self._reports: dict[str, AgentReport] = {}
+        self._reported_uuids: dict[str, set[str]] = {}
+        """Every GPU UUID an agent has reported per node: one missing now has vanished."""
         self._placed: dict[str, Placement] = {}
         self._assumed: dict[str, tuple[Placement, float | None]] = {}
         self._applied_at: dict[str, float] = {}
@@ -123,7 +125,11 @@ class ClusterState:
         return nodes
 
     def _rebuild(self) -> None:
-        table = GpuTable.build(self._effective_nodes())
+        nodes = self._effective_nodes()
+        table = GpuTable.build(nodes)
+        table.vanished = {n.name: frozenset(self._reported_uuids[n.name]
+                                            - {g.uuid for g in n.gpus})
+                          for n in nodes if n.name in self._reported_uuids}
         for report in self._reports.values():
             if report.node in table.node_index:
                 table.observe(report.node, _observations(report))
@@ -301,6 +307,7 @@ class ClusterState:
             report = AgentReport(node, tuple(gpus), tuple(util_percent), tuple(memory_used_mib),
                                  self._clock())
             self._reports[node] = report
+            self._reported_uuids.setdefault(node, set()).update(g.uuid for g in gpus)
             if previous is None or previous.gpus != report.gpus:
                 self._rebuild()
             elif node in self._table.node_index:

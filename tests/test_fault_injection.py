@@ -277,7 +277,12 @@ def test_renumbered_gpus_are_never_double_booked():
         assert pods_per_uuid(r.state) == {"GPU-B": 8, "GPU-C": 8}
         restarted = c.replica()  # rebuilt from annotations, then the agent reports again
         report(restarted, "gpu-0", ["GPU-B", "GPU-C"])
-        assert pods_per_uuid(restarted.state) == {"GPU-B": 8, "GPU-C": 8}
+        # It never saw GPU-A reported, so it cannot tell a vanished GPU from a declared UUID
+        # the agent measured differently: GPU-A's pods are held at their index (GPU-B), which
+        # over-reserves B and never lets a pod more onto it.
+        assert pods_per_uuid(restarted.state) == {"GPU-B": 16, "GPU-C": 8}
+        c.fake.put_pod(k8s_pod("late", small))
+        assert "no longer fits" in restarted.bind("late", "gpu-0")["Error"]
         report(restarted, "gpu-0", ["GPU-C", "GPU-A", "GPU-B"])  # A back, order shuffled
         assert pods_per_uuid(restarted.state) == {"GPU-C": 8, "GPU-A": 8, "GPU-B": 8}
         assert audit(c.fake, restarted.state).clean

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -82,6 +82,8 @@ class GpuTable:
     """SLO sessions per row (rows without any are absent)."""
     best_effort_weight: np.ndarray
     """Sum of the share weights of the best-effort sessions per row."""
+    vanished: dict[str, frozenset[str]] = field(default_factory=dict)
+    """Per node, GPU UUIDs an agent once reported there that its inventory no longer has."""
 
     @classmethod
     def build(
@@ -138,6 +140,7 @@ class GpuTable:
             since_util=self.since_util.copy(), observed_gen=self.observed_gen.copy(),
             newer={uid: list(entries) for uid, entries in self.newer.items()},
             sessions=dict(self.sessions), best_effort_weight=self.best_effort_weight.copy(),
+            vanished=dict(self.vanished),
         )
 
     @property
@@ -173,19 +176,17 @@ class GpuTable:
         """Rows of a placement's GPUs: by UUID when it records one per GPU and the node has
         them all (indices may have been renumbered since), else by index; PlacementError.
 
-        When both the placement and the node's inventory carry measured UUIDs (not the
-        index stand-ins of GFD labels) and one is missing, that GPU is gone: the index now
-        names another physical GPU, so the placement has no rows rather than wrong ones.
+        A UUID in ``vanished`` (an agent reported it on this node once, and no longer does)
+        means the GPU is gone: its index now names another physical GPU, so the placement
+        has no rows rather than wrong ones.
         """
         if p.gpu_uuids and len(p.gpu_uuids) == len(p.gpu_indices) \
                 and p.node in self.node_index:
-            rows = self.node_rows(p.node)
-            by_uuid = {self.gpus[r].uuid: r for r in rows}
+            by_uuid = {self.gpus[r].uuid: r for r in self.node_rows(p.node)}
             if all(u in by_uuid for u in p.gpu_uuids):
                 return [by_uuid[u] for u in p.gpu_uuids]
-            measured = any(u != str(i) for u, i in zip(p.gpu_uuids, p.gpu_indices, strict=True))
-            if measured and any(self.gpus[r].uuid != str(self.gpus[r].index) for r in rows):
-                gone = [u for u in p.gpu_uuids if u not in by_uuid]
+            gone = [u for u in p.gpu_uuids if u in self.vanished.get(p.node, ())]
+            if gone:
                 raise PlacementError(f"node {p.node!r} no longer has GPU {', '.join(gone)}")
         return [self.row_of(p.node, i) for i in p.gpu_indices]
 
