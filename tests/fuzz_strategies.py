@@ -35,12 +35,14 @@ ANNOTATION_KEYS = ["tandem.io/gpu-util", "tandem.io/gpu-mem-mib", "tandem.io/wor
                    "tandem.io/gpu-index", "tandem.io/predicted-gpu-mem-mib"]
 
 
-def fuzz_settings(max_examples: int, shrink: bool = True) -> settings:
+def fuzz_settings(max_examples: int, shrink: bool = True, derandomize: bool = False,
+                  ) -> settings:
     """Settings for one endpoint's run: no deadline (2 shared cores), no example database;
-    ``shrink=False`` reports the first failure as found (cheaper for known failures)."""
+    ``shrink=False`` reports the first failure as found (cheaper for known failures);
+    ``derandomize`` draws the same cases every run (the benchmark's figures repeat)."""
     phases = list(Phase) if shrink else [Phase.explicit, Phase.reuse, Phase.generate]
     return settings(max_examples=max_examples, deadline=None, database=None, phases=phases,
-                    suppress_health_check=list(HealthCheck))
+                    derandomize=derandomize, suppress_health_check=list(HealthCheck))
 
 
 # ---- values ---------------------------------------------------------------------------
