@@ -11,6 +11,11 @@ update, and a pod that already has a node is a 409.
 
 Every request is recorded as a :class:`Recorded` (method, path, query, body), so
 tests can assert how many round trips a verb made and what it carried.
+
+Faults are injected per request with :meth:`FakeKubeApi.inject`: an HTTP error
+code answered instead of the verb (nothing applied), or the verb applied and its
+answer lost (``"lost"``: the connection is closed unanswered; ``"stall"``: closed
+after a pause, as a client timeout sees it). ``faults_injected`` counts them by kind.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -44,6 +50,19 @@ class Recorded:
     path: str
     query: Mapping[str, str]
     body: Any
+
+
+@dataclass
+class Fault:
+    """One injected fault: requests matching ``method`` and ``path`` (a regex searched in the
+    path with its query) get ``kind`` (an HTTP code, ``"lost"`` or ``"stall"``) ``times``
+    more times."""
+
+    method: str
+    path: str
+    kind: int | str
+    times: int = 1
+    stall_seconds: float = 0.5
 
 
 class ApiError(Exception):
@@ -92,6 +111,8 @@ class FakeKubeApi:
         self.configmaps: dict[tuple[str, str], dict[str, Any]] = {}
         self.requests: list[Recorded] = []
         self.record = record
+        self.faults: list[Fault] = []
+        self.faults_injected: Counter[str] = Counter()
         # (resourceVersion, "nodes"|"pods", one watch event line): watches replay from here
         self._history: list[tuple[int, str, dict[str, Any], bytes]] = []
         self._oldest = 0  # watches from an older resourceVersion get 410 Gone
@@ -149,6 +170,25 @@ class FakeKubeApi:
         """A copy of the stored pod (KeyError when absent)."""
         with self._cond:
             return copy.deepcopy(self.pods[(namespace, name)])
+
+    def inject(self, method: str, path: str, kind: int | str, times: int = 1,
+               stall_seconds: float = 0.5) -> Fault:
+        """Make the next ``times`` matching requests fail with ``kind`` (see the module doc)."""
+        if not (isinstance(kind, int) or kind in ("lost", "stall")):
+            raise ValueError(f"fault kind {kind!r}: an HTTP code, 'lost' or 'stall'")
+        fault = Fault(method, path, kind, times, stall_seconds)
+        with self._cond:
+            self.faults.append(fault)
+        return fault
+
+    def _take_fault(self, method: str, path: str) -> Fault | None:
+        with self._cond:
+            for fault in self.faults:
+                if fault.times > 0 and fault.method == method and re.search(fault.path, path):
+                    fault.times -= 1
+                    self.faults_injected[str(fault.kind)] += 1
+                    return fault
+        return None
 
     # ---- verbs -----------------------------------------------------------------------
     def _stored_pod(self, namespace: str, name: str) -> dict[str, Any]:
@@ -336,10 +376,21 @@ def _handler(api: FakeKubeApi) -> type[BaseHTTPRequestHandler]:
                 return
             if api.record:
                 api.requests.append(Recorded(self.command, url.path, query, body))
+            fault = api._take_fault(self.command, self.path)  # the query too: watch=true
+            if fault is not None and isinstance(fault.kind, int):
+                code = fault.kind  # refused before anything is applied
+                self._send(code, status(code, "InjectedFault", f"injected fault {code}"))
+                return
             try:
+                if fault is not None:  # applied, but the answer never reaches the client
+                    self._send = lambda code, body: None  # type: ignore[method-assign]
                 self._route(url.path, query, body)
             except ApiError as exc:
                 self._send(exc.code, status(exc.code, exc.reason, exc.message))
+            if fault is not None:
+                if fault.kind == "stall":
+                    time.sleep(fault.stall_seconds)
+                self.close_connection = True
 
         def _route(self, path: str, query: Mapping[str, str], body: Any) -> None:
             method = self.command

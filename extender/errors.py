@@ -11,6 +11,8 @@
     ├── BindConflict      fresh state no longer fits the pod     -> 200 with Error
     ├── NotLeader         this replica may not bind              -> 200 with Error
     └── SourceError       the cluster API call failed            -> 200 with Error
+         └── BindOutcomeUnknown  no answer (timeout, lost, 5xx): the
+                               binding may have been applied         -> 200 with Error
 
 kube-scheduler treats every non-200 answer as an error, so only protocol-level
 faults (the body is not an ExtenderArgs) use 4xx; logical failures travel in
@@ -71,3 +73,9 @@ class NotLeader(ExtenderError):
 
 class SourceError(ExtenderError):
     """A call to the cluster source (Kubernetes API) failed."""
+
+
+class BindOutcomeUnknown(SourceError):
+    """The bind call got no usable answer (timeout, connection lost, server error): the API
+    server may have applied the binding, so its reservation is kept until the outcome is
+    known (the pod is seen bound, the bind is retried, or the assumption expires)."""

@@ -37,7 +37,8 @@ from kubernetes.client.rest import ApiException
 
 from contracts.logs import get_logger
 from extender.core import GpuSpec, NodeSpec, Placement, PodRef
-from extender.kube_http import LeanPoster, supports
+from extender.errors import BindOutcomeUnknown, SourceError
+from extender.kube_http import LeanPoster, api_error, supports
 from extender.source import DONE_PHASES, Verifier, same_decision, trusted_placement
 
 GFD_COUNT = "nvidia.com/gpu.count"
@@ -142,6 +143,7 @@ class KubeSource:
         """List nodes and bound pods into ``state``; returns (node, pod) resourceVersions."""
         nodes, node_rv = self._list(self.api.list_node)
         state.set_nodes([node_spec(n) for n in nodes])
+        listed_at = state.now()
         pods, pod_rv = self._list(self.api.list_pod_for_all_namespaces,
                                   field_selector="spec.nodeName!=")
         bound: set[str] = set()
@@ -151,7 +153,7 @@ class KubeSource:
             if uid is not None:
                 bound.add(uid)
         # A relist is the truth: pods deleted or finished while no watch ran are released.
-        for gone in state.retain_placed(bound):
+        for gone in state.retain_placed(bound, listed_at):
             self._distrusted.discard(gone.pod_uid)
             self._log.info("released on relist", extra={"pod": gone.pod})
         state.synced = True
@@ -240,8 +242,16 @@ class KubeSource:
 
     def _watch(self, state: Any, lister: Callable[..., Any],
                apply: Callable[[Any, str, Mapping[str, Any]], None], rv: str) -> None:
+        relist = False
         while not self._stop.is_set():
             try:
+                if relist:
+                    # Inside the try: a relist that fails too (API server down) is retried
+                    # after the backoff; it must never end the watch thread.
+                    rv = self.sync(state)[0 if lister == self.api.list_node else 1]
+                    relist = False
+                    if self._stop.is_set():
+                        return
                 stream = self._watch_factory().stream(lister, resource_version=rv,
                                                       timeout_seconds=self._timeout)
                 for event in stream:
@@ -255,9 +265,9 @@ class KubeSource:
                     return
             except ApiException as exc:
                 self._log.warning("watch failed; relisting", extra={"error": str(exc.status)})
+                relist = True
                 if self._stop.wait(1.0):
                     return
-                rv = self.sync(state)[0 if lister == self.api.list_node else 1]
             except Exception as exc:  # network errors: back off and resume
                 self._log.warning("watch interrupted", extra={"error": repr(exc)})
                 if self._stop.wait(1.0):
@@ -294,14 +304,22 @@ class KubeSource:
                 "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid,
                              "annotations": dict(annotations)},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-        if self._poster is not None:
-            self._poster.post(f"/api/v1/namespaces/{quote(pod.namespace, safe='')}/pods/"
-                              f"{quote(pod.name, safe='')}/binding", json.dumps(body).encode())
-            return False
-        # _preload_content=False: the answer is a Status nobody reads (and the client cannot
-        # deserialise it as a Binding, kubernetes-client/python#825).
-        _drain(self.api.create_namespaced_pod_binding(pod.name, pod.namespace, body,
-                                                      _preload_content=False))
+        try:
+            if self._poster is not None:
+                self._poster.post(f"/api/v1/namespaces/{quote(pod.namespace, safe='')}/pods/"
+                                  f"{quote(pod.name, safe='')}/binding",
+                                  json.dumps(body).encode())
+                return False
+            # _preload_content=False: the answer is a Status nobody reads (and the client
+            # cannot deserialise it as a Binding, kubernetes-client/python#825).
+            _drain(self.api.create_namespaced_pod_binding(pod.name, pod.namespace, body,
+                                                          _preload_content=False))
+        except ApiException as exc:
+            if exc.status is not None and 400 <= exc.status < 500:
+                raise SourceError(api_error(exc)) from None  # refused: nothing was applied
+            raise BindOutcomeUnknown(api_error(exc)) from None
+        except Exception as exc:  # timeouts, lost connections: it may have been applied
+            raise BindOutcomeUnknown(f"no answer from the API server ({exc!r})") from None
         return False
 
     def record_event(self, pod: PodRef, reason: str, message: str, warning: bool) -> None:

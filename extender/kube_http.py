@@ -15,6 +15,8 @@ HTTP proxy) are reported by :func:`supports` and stay on the official client.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import select
 import socket
 import ssl
@@ -195,3 +197,13 @@ def _read_chunked(conn: _Connection) -> bytes:
             return b"".join(chunks)
         chunks.append(conn.reader.read(size))
         conn.reader.readline(3)  # the CRLF after each chunk
+
+
+def api_error(exc: ApiException) -> str:
+    """A one-line reason for an API error: status, reason and the Status object's message
+    (the exception's own text carries every response header)."""
+    message = ""
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        message = str(json.loads(exc.body or "{}").get("message") or "")
+    reason = f"{exc.status} {exc.reason or ''}".strip()
+    return f"{reason}: {message[:300]}" if message else reason

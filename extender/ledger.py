@@ -84,6 +84,8 @@ class ClusterState:
         self.lock = threading.RLock()
         self._source_nodes: dict[str, NodeSpec] = {}
         self._reports: dict[str, AgentReport] = {}
+        self._reported_uuids: dict[str, set[str]] = {}
+        """Every GPU UUID an agent has reported per node: one missing now has vanished."""
         self._placed: dict[str, Placement] = {}
         self._assumed: dict[str, tuple[Placement, float | None]] = {}
         self._applied_at: dict[str, float] = {}
@@ -123,7 +125,11 @@ class ClusterState:
         return nodes
 
     def _rebuild(self) -> None:
-        table = GpuTable.build(self._effective_nodes())
+        nodes = self._effective_nodes()
+        table = GpuTable.build(nodes)
+        table.vanished = {n.name: frozenset(self._reported_uuids[n.name]
+                                            - {g.uuid for g in n.gpus})
+                          for n in nodes if n.name in self._reported_uuids}
         for report in self._reports.values():
             if report.node in table.node_index:
                 table.observe(report.node, _observations(report))
@@ -170,12 +176,30 @@ class ClusterState:
         with self.lock:
             self._drop(uid)
 
-    def retain_placed(self, uids: set[str]) -> list[Placement]:
-        """Forget placed pods not in ``uids`` (a relist's bound pods); assumed ones stay,
-        their binds are in flight or expire on their own. Returns what was forgotten."""
+    def now(self) -> float:
+        """The state's clock (what ``listed_at`` and expiry deadlines are measured on)."""
+        return self._clock()
+
+    def retain_placed(self, uids: set[str], listed_at: float | None = None,
+                      ) -> list[Placement]:
+        """Forget pods a relist does not show bound (``uids``): placed ones, and assumed ones
+        whose bind call had returned before the list was taken at ``listed_at`` (the list
+        would show them bound, so they were deleted, finished, or never bound). Binds still
+        in flight, or returned after the list was taken, stay. Returns what was forgotten."""
         with self.lock:
             gone = [uid for uid in self._placed if uid not in uids]
+            if listed_at is not None:
+                gone += [uid for uid, (_, deadline) in self._assumed.items()
+                         if uid not in uids and deadline is not None
+                         and deadline - self._ttl < listed_at]
             return [p for p in (self._drop(uid) for uid in gone) if p is not None]
+
+    def forget_assumed(self, uid: str) -> None:
+        """Drop an assumed placement (its bind was refused); a confirmed one stays, since the
+        watch already showed the pod bound."""
+        with self.lock:
+            if uid in self._assumed:
+                self._drop(uid)
 
     def finish_binding(self, uid: str) -> None:
         """The bind call returned: start the assumed placement's expiry clock."""
@@ -283,6 +307,7 @@ class ClusterState:
             report = AgentReport(node, tuple(gpus), tuple(util_percent), tuple(memory_used_mib),
                                  self._clock())
             self._reports[node] = report
+            self._reported_uuids.setdefault(node, set()).update(g.uuid for g in gpus)
             if previous is None or previous.gpus != report.gpus:
                 self._rebuild()
             elif node in self._table.node_index:

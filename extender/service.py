@@ -36,7 +36,15 @@ from extender.core import (
     resolve_demand,
 )
 from extender.core.decide import PlannerFn
-from extender.errors import BadRequest, BindConflict, NotLeader, NotReady, PodRejected, SourceError
+from extender.errors import (
+    BadRequest,
+    BindConflict,
+    BindOutcomeUnknown,
+    NotLeader,
+    NotReady,
+    PodRejected,
+    SourceError,
+)
 from extender.learning import Learner
 from extender.ledger import ClusterState
 from extender.source import ClusterSource, output_annotations, tandem_annotations
@@ -133,6 +141,8 @@ class Extender:
         self._cache: OrderedDict[str, OrderedDict[str, CacheEntry]] = OrderedDict()
         """Per pod UID, per :func:`demand_digest`: what filter resolved."""
         self._cache_lock = threading.Lock()
+        self._unknown: OrderedDict[str, None] = OrderedDict()
+        """UIDs of pods whose last bind call got no answer (it may have been applied)."""
 
     # ---- demand --------------------------------------------------------------------
     def demand(self, pod: Mapping[str, Any]) -> tuple[PodRef, ResolvedDemand]:
@@ -235,10 +245,13 @@ class Extender:
             raise NotLeader("tandem: this replica is not the leader and may not bind")
         self._require_synced()
         existing = self.state.placement_of(args.pod_uid) if args.pod_uid else None
-        if existing is not None:
-            if existing.node == args.node:
+        bound_to = existing.node if existing is not None else None
+        if existing is not None and self._outcome_unknown(args.pod_uid):
+            bound_to = self._settle(args)  # an earlier attempt got no answer: ask the API
+        if bound_to is not None:
+            if bound_to == args.node:
                 return {"Error": ""}  # a retried bind that already went through
-            raise BindConflict(f"pod already bound to {existing.node}", None)
+            raise BindConflict(f"pod already bound to {bound_to}", None)
         handoff = self.config.current().handoff
         waiting = self.state.handoffs.holder(args.node, args.pod_uid) \
             if handoff.mode == "device-plugin" else None
@@ -266,11 +279,27 @@ class Extender:
                                                              tuple(placement.gpu_indices)))
             try:
                 confirmed = self.source.bind(ref, args.node, annotations)
+            except BindOutcomeUnknown as exc:
+                # The binding may be on the API server: keep the GPUs reserved (the expiry
+                # clock starts now) until the watch shows the pod, a retry asks the API, or
+                # the TTL passes.
+                self.state.finish_binding(placement.pod_uid)
+                self._mark_unknown(placement.pod_uid)
+                self.source.record_event(ref, "TandemBindFailed",
+                                         f"bind to {args.node}: {exc}", True)
+                ttl = self.config.current().state.assume_ttl_seconds
+                raise BindOutcomeUnknown(
+                    f"tandem: bind to {args.node}: outcome unknown ({exc}); its GPUs stay "
+                    f"reserved until the pod is seen bound, the bind is retried, or {ttl:g} s "
+                    "pass") from exc
             except Exception as exc:
-                self.state.forget(placement.pod_uid)
+                # Refused: nothing was applied. A placement the watch confirmed meanwhile stays.
+                self.state.forget_assumed(placement.pod_uid)
                 self.source.record_event(ref, "TandemBindFailed",
                                          f"bind to {args.node}: {exc}", True)
                 raise SourceError(f"tandem: bind to {args.node} failed: {exc}") from exc
+        except BindOutcomeUnknown:
+            raise  # the pod may be bound and waiting for its GPU: the node stays claimed
         except Exception:
             if gated:
                 self.state.handoffs.release(ref.uid or ref.key)
@@ -290,6 +319,36 @@ class Extender:
             f"{what} placed on {args.node} GPU {annotations['tandem.io/gpu-index']} "
             f"(predicted util {placement.util_percent:.0f}%, {placement.mem_mib:.0f} MiB)", False)
         return {"Error": ""}
+
+    def _mark_unknown(self, uid: str) -> None:
+        with self._cache_lock:
+            self._unknown[uid] = None
+            while len(self._unknown) > DEMAND_CACHE_LIMIT:
+                self._unknown.popitem(last=False)
+
+    def _outcome_unknown(self, uid: str) -> bool:
+        with self._cache_lock:
+            return uid in self._unknown
+
+    def _settle(self, args: BindingArgs) -> str | None:
+        """After a bind with no answer: the node the API server has the pod on, or None when
+        it is not bound (the held reservation is dropped and the caller binds afresh)."""
+        try:
+            pod = self.source.read_pod(args.pod_namespace, args.pod_name)
+        except Exception as exc:  # still unknown: the reservation stays, the next retry asks
+            raise BindOutcomeUnknown(f"tandem: bind to {args.node}: an earlier attempt got no "
+                                     f"answer and the pod cannot be read ({exc})") from exc
+        uid = str(((pod or {}).get("metadata") or {}).get("uid", ""))
+        node = ((pod or {}).get("spec") or {}).get("nodeName") if uid == args.pod_uid else None
+        with self._cache_lock:
+            self._unknown.pop(args.pod_uid, None)
+        if not node:
+            self.state.forget_assumed(args.pod_uid)
+            if pod is None or uid != args.pod_uid:
+                raise BindConflict(f"pod {args.pod_namespace}/{args.pod_name} with UID "
+                                   f"{args.pod_uid} no longer exists", None)
+            return None
+        return str(node)
 
     def _pod_for(self, args: BindingArgs) -> Mapping[str, Any]:
         key = args.pod_uid or f"{args.pod_namespace}/{args.pod_name}"

@@ -31,6 +31,13 @@ def npy(array: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+def forged_npy(shape: tuple[int, ...]) -> bytes:
+    """An .npy header claiming ``shape`` float32s, with no data after it."""
+    header = f"{{'descr': '<f4', 'fortran_order': False, 'shape': {shape!r}, }}"
+    header += " " * (63 - (10 + len(header)) % 64) + "\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode()
+
+
 @pytest.fixture()
 def sim_runtime() -> Iterator[ServingRuntime]:
     clock = MonotonicClock()
@@ -169,6 +176,12 @@ def test_refusal_is_409_with_reason_and_state_unchanged(client: FlaskClient) -> 
             {"data": b"\x00" * (1 << 17), "content_type": NPY},
             413,
             id="body-too-large",
+        ),
+        pytest.param(
+            "/v1/sessions/s/infer",
+            {"data": forged_npy((2**40, 4)), "content_type": NPY},
+            400,
+            id="npy-header-claims-2**40-rows",
         ),
         pytest.param(
             "/v1/sessions/nope/infer",

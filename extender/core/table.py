@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -82,6 +82,8 @@ class GpuTable:
     """SLO sessions per row (rows without any are absent)."""
     best_effort_weight: np.ndarray
     """Sum of the share weights of the best-effort sessions per row."""
+    vanished: dict[str, frozenset[str]] = field(default_factory=dict)
+    """Per node, GPU UUIDs an agent once reported there that its inventory no longer has."""
 
     @classmethod
     def build(
@@ -138,6 +140,7 @@ class GpuTable:
             since_util=self.since_util.copy(), observed_gen=self.observed_gen.copy(),
             newer={uid: list(entries) for uid, entries in self.newer.items()},
             sessions=dict(self.sessions), best_effort_weight=self.best_effort_weight.copy(),
+            vanished=dict(self.vanished),
         )
 
     @property
@@ -171,12 +174,20 @@ class GpuTable:
 
     def rows_of(self, p: Placement) -> list[int]:
         """Rows of a placement's GPUs: by UUID when it records one per GPU and the node has
-        them all (indices may have been renumbered since), else by index; PlacementError."""
+        them all (indices may have been renumbered since), else by index; PlacementError.
+
+        A UUID in ``vanished`` (an agent reported it on this node once, and no longer does)
+        means the GPU is gone: its index now names another physical GPU, so the placement
+        has no rows rather than wrong ones.
+        """
         if p.gpu_uuids and len(p.gpu_uuids) == len(p.gpu_indices) \
                 and p.node in self.node_index:
             by_uuid = {self.gpus[r].uuid: r for r in self.node_rows(p.node)}
             if all(u in by_uuid for u in p.gpu_uuids):
                 return [by_uuid[u] for u in p.gpu_uuids]
+            gone = [u for u in p.gpu_uuids if u in self.vanished.get(p.node, ())]
+            if gone:
+                raise PlacementError(f"node {p.node!r} no longer has GPU {', '.join(gone)}")
         return [self.row_of(p.node, i) for i in p.gpu_indices]
 
     def place(self, p: Placement, at_seconds: float | None = None) -> None:
