@@ -90,8 +90,13 @@ def create_proxy_app(link: SessionLink, config: ProxyConfig,
         if body is None:
             return _error(413, "PayloadTooLarge",
                           f"body over the {config.max_body_bytes}-byte limit")
+        content_type = request.content_type or ""
+        if not content_type.isascii() or not content_type.isprintable():
+            # Header values forwarded to the server must be plain ASCII (RFC 9110 field values).
+            return _error(400, "BadRequest", "Content-Type must be printable ASCII, "
+                          "for example application/json or application/x-npy")
         try:
-            answer = link.forward(body, request.content_type or "")
+            answer = link.forward(body, content_type)
         except httpx.TimeoutException:
             return _error(504, "ServerTimeout", "the inference server did not answer in time")
         except httpx.TransportError as err:

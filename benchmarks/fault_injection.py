@@ -97,13 +97,6 @@ def fuzz(examples: int) -> dict[str, Any]:
     return endpoints
 
 
-def hardening(endpoint: str, kind: str) -> bool:
-    """Violations another change is fixing: the extender's JSON depth and number limits, the
-    session proxy's header checks (marked xfail in tests/test_fuzz_endpoints.py too)."""
-    return (kind == "deep-or-huge-json" and endpoint.startswith("extender")) or \
-        (kind == "headers" and endpoint.startswith("proxy"))
-
-
 # ---- fault campaign ------------------------------------------------------------------------
 def wait_for(predicate: Any, seconds: float = 10.0) -> bool:
     """Poll ``predicate`` until true or ``seconds`` pass."""
@@ -231,15 +224,8 @@ def run(examples: int, binds: int, seed: int) -> dict[str, Any]:
             "endpoints_fuzzed": list(endpoints),
             "cases_tried": sum(e["cases"] for e in endpoints.values()),
             "answers_5xx": sum(e["answers"].get("5xx", 0) for e in endpoints.values()),
-            "answers_5xx_outside_hardening_in_progress": sum(
-                v for name, e in endpoints.items() for kind, v in e["answers_5xx"].items()
-                if not hardening(name, kind)),
-            "property_violations": sum(v for name, e in endpoints.items()
-                                       for kind, v in e["violations"].items()
-                                       if not hardening(name, kind)),
-            "property_violations_hardening_in_progress": {
-                f"{name} ({kind})": v for name, e in endpoints.items()
-                for kind, v in e["violations"].items() if hardening(name, kind)},
+            "property_violations": sum(v for e in endpoints.values()
+                                       for v in e["violations"].values()),
             "faults_injected": sum(v for k, v in faults["faults_per_kind"].items()
                                    if k != "none"),
             "reservations_lost": res["leader"]["lost"] + res["restarted_replica"]["lost"],

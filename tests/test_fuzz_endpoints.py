@@ -16,7 +16,6 @@ NAMES = ["extender /filter", "extender /prioritize", "extender /bind", "extender
          "extender /v1/agents/report", "server /v1/sessions", "server DELETE /v1/sessions/NAME",
          "server /v1/sessions/NAME/infer (json)", "server /v1/sessions/NAME/infer (npy)",
          "proxy /infer", "proxy /v1/sessions/NAME/infer"]
-HARDENING = pytest.mark.xfail(strict=False, reason="hardening in progress")
 
 
 @pytest.fixture(scope="module")
@@ -46,15 +45,13 @@ def test_any_body_gets_an_answer_with_a_reason_and_keeps_state(harness, name):
     run(target, target.requests())
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=HARDENING) if n.startswith("proxy")
-                                  else n for n in NAMES])
+@pytest.mark.parametrize("name", NAMES)
 def test_malformed_headers_get_an_answer_with_a_reason(harness, name):
     target = target_of(harness, name)
-    run(target, target.requests(headers=True), shrink=not name.startswith("proxy"))
+    run(target, target.requests(headers=True))
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=HARDENING) if n.startswith("extender")
-                                  else n for n in NAMES if "DELETE" not in n])
+@pytest.mark.parametrize("name", [n for n in NAMES if "DELETE" not in n])
 def test_deep_json_and_huge_numbers_are_refused(harness, name):
     target = target_of(harness, name)
     run(target, target.adversarial(), max(5, EXAMPLES // 5), shrink=False)
