@@ -94,7 +94,8 @@ def context(packages: Sequence[str]) -> dict[str, Any]:
         "busy": busy,
     }
     if busy:
-        machine["note"] = "other work ran on this machine at the same time; the lead may re-run it"
+        machine["note"] = ("the 1-minute load average (this run included) was above "
+                           f"{BUSY_LOAD_PER_CORE:g} per core: timings may be noisier")
     return {
         "machine": machine,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
