@@ -49,7 +49,8 @@ BATCH = PREFIX + "batch"
 DUTY_CYCLE_MS = PREFIX + "duty-cycle-ms"
 PREDICTION_SOURCE = PREFIX + "prediction-source"
 """Where the predicted numbers came from: ``<utilisation source>+mem:<memory source>``
-(``asserted``, ``observed:<n>``, ``xgboost:<digest>...``, ``cold-start``), or ``asserted``."""
+(``asserted``, ``observed:<n>``, ``observed-shared:<n>``, ``xgboost:<digest>...``,
+``cold-start``), or ``asserted``."""
 _MAX_SOURCE = 253  # an annotation value for people; longer text is cut, never refused
 PLACEMENT_SIGNATURE = PREFIX + "placement-signature"
 """HMAC of the pod UID, node and the outputs above, keyed by the extender's signing key."""
