@@ -363,7 +363,10 @@ def main() -> None:
     load_before = [round(x, 2) for x in os.getloadavg()]
     os.environ[StateConfig.signing_key_env] = SIGNING_KEY  # the forked extenders inherit it
     rng = random.Random(42)
-    cfg = load_config(None, environ={"TANDEM__LOGGING__LEVEL": "warning"})
+    # The loopback API server has no kubelet to admit pods, so no device plugin hands GPUs
+    # over: the env hand-off (the device-plugin gate would hold each node after a bind).
+    cfg = load_config(None, environ={"TANDEM__LOGGING__LEVEL": "warning",
+                                     "TANDEM__HANDOFF__MODE": "env"})
     placed = placed_pods(rng)
     jobs = workload(rng, node_names(), opts.warmup + opts.cycles)
     runs: dict[str, list] = {mode: [] for mode in modes}

@@ -80,7 +80,7 @@ class StateConfig:
 class HandoffConfig:
     """How a bound pod's container gets its GPU (docs/deploy.md, "GPU hand-off")."""
 
-    mode: str = "env"
+    mode: str = "device-plugin"
     """``env``: the pod copies ``tandem.io/gpu-uuid`` into ``NVIDIA_VISIBLE_DEVICES``;
     ``device-plugin``: tandem's device plugin hands the GPU over at admission, and bind
     keeps at most one pod per node waiting for it."""
@@ -418,7 +418,7 @@ def build_config(raw: Any, source_path: str | None = None) -> ExtenderConfig:
     return ExtenderConfig(
         server=ServerConfig(**sections["server"]), state=StateConfig(**sections["state"]),
         reports=reports, policy=policy, handoff=HandoffConfig(
-            mode=sections["handoff"].get("mode", "env"),
+            mode=sections["handoff"].get("mode", "device-plugin"),
             timeout_seconds=float(sections["handoff"].get("timeout_seconds", 30.0))),
         profile_files=tuple(files) if isinstance(files, list)
         else (), nexus_profiles=nexus, predictor=PredictorConfig(**{

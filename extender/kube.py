@@ -93,6 +93,8 @@ def node_spec(node: Mapping[str, Any]) -> NodeSpec:
 class KubeSource:
     """Nodes and pods from the API server; binds through ``pods/binding``."""
 
+    kubelet_admits = True
+
     def __init__(self, api: client.CoreV1Api,
                  watch_factory: Callable[[], Any] = PlainWatch,
                  watch_timeout_seconds: int = 300, background_events: bool = True):

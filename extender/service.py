@@ -215,7 +215,7 @@ class Extender:
             (unresolvable if rej.unresolvable else failed)[name] = rej.message()
             reasons[rej.reason.event_reason] = reasons.get(rej.reason.event_reason, 0) + 1
         passed = ev.feasible_names()
-        if self.config.current().handoff.mode == "device-plugin":
+        if self._handoff_gated(self.config.current().handoff):
             uid = ref.uid
             for name in list(passed):
                 waiting = self.state.handoffs.holder(name, uid)
@@ -239,6 +239,10 @@ class Extender:
         ev = self.state.evaluate(names, demand, self._inference)
         return encode_host_priorities(names, ev.scores())
 
+    def _handoff_gated(self, handoff: Any) -> bool:
+        """Whether bind waits for the device plugin's hand-off (a kubelet admits the pod)."""
+        return handoff.mode == "device-plugin" and self.source.kubelet_admits
+
     def bind(self, args: BindingArgs) -> dict[str, str]:
         """Re-check on fresh state, assume, annotate, bind; Error on any failure."""
         if not self.may_bind():
@@ -254,14 +258,14 @@ class Extender:
             raise BindConflict(f"pod already bound to {bound_to}", None)
         handoff = self.config.current().handoff
         waiting = self.state.handoffs.holder(args.node, args.pod_uid) \
-            if handoff.mode == "device-plugin" else None
+            if self._handoff_gated(handoff) else None
         if waiting is not None:
             raise BindConflict(f"{args.node} is handing a GPU to {waiting.pod} (device plugin); "
                                "retry once that pod is admitted", None)
         pod = self._pod_for(args)
         ref, demand = self.demand(pod)
         ref = PodRef(args.pod_namespace, args.pod_name, args.pod_uid or ref.uid)
-        gated = handoff.mode == "device-plugin"
+        gated = self._handoff_gated(handoff)
         if gated:
             # The scheduler binds concurrently: the check above may race another bind to
             # this node, so the node is claimed atomically before the Binding is written.
@@ -304,9 +308,6 @@ class Extender:
             if gated:
                 self.state.handoffs.release(ref.uid or ref.key)
             raise
-        if gated and confirmed:
-            # Sources that confirm at bind (the simulated cluster) have no kubelet to wait for.
-            self.state.handoffs.release(ref.uid or ref.key)
         if confirmed:
             self.state.confirm(dataclasses.replace(
                 placement, annotations=tuple(sorted({**dict(inputs), **annotations}.items()))))

@@ -76,6 +76,8 @@ def parse_cluster(raw: Any) -> tuple[list[NodeSpec], list[dict[str, Any]]]:
 class SimSource:
     """A cluster held in memory: YAML nodes plus a pod registry standing in for the API."""
 
+    kubelet_admits = False  # binds confirm at once: nobody admits, nothing to hand over
+
     def __init__(self, nodes: list[NodeSpec], pods: list[dict[str, Any]] | None = None):
         self.nodes = list(nodes)
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}

@@ -51,6 +51,9 @@ class Verifier(Protocol):
 class ClusterSource(Protocol):
     """Where nodes and pods come from, and how a decision is written back."""
 
+    kubelet_admits: bool
+    """A kubelet admits the pods bound here (so the device-plugin hand-off applies)."""
+
     def start(self, state: Any) -> None:
         """Sync nodes and bound pods into ``state`` (sets ``state.synced``), then keep it fresh."""
 

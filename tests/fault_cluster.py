@@ -95,7 +95,10 @@ class Cluster:
                             background_events=False)
         if source._poster is not None:  # a lost answer is a timeout in a test, not in 10 s
             source._poster._timeout = lean_timeout_seconds
-        config = ConfigHolder(build_config({"state": {"assume_ttl_seconds": 30}}))
+        # The loopback API server has no kubelet to admit pods: the env hand-off, so that
+        # binds to one node are not held for a device plugin (tests of that: handoff tests).
+        config = ConfigHolder(build_config({"state": {"assume_ttl_seconds": 30},
+                                            "handoff": {"mode": "env"}}))
         app = create_app(config, source, clock, environ=ENV, may_bind=leading)
         replica = Replica(app, source)
         self.replicas.append(replica)

@@ -70,9 +70,9 @@ def api(fake):
         yield client.CoreV1Api(api_client)
 
 
-def make(api, watch_factory=StopWatch):
+def make(api, watch_factory=StopWatch, raw_config=None):
     source = KubeSource(api, watch_factory=watch_factory, background_events=False)
-    app = create_app(ConfigHolder(build_config({})), source, environ=SIGNED_ENV)
+    app = create_app(ConfigHolder(build_config(raw_config or {})), source, environ=SIGNED_ENV)
     if watch_factory is StopWatch:
         source.stop()
     return app, source
@@ -447,7 +447,7 @@ def test_failed_bind_gives_the_node_back(api, fake):
 
 
 def test_env_handoff_never_holds_a_node(api, fake):
-    app, source = make(api)
+    app, source = make(api, raw_config={"handoff": {"mode": "env"}})
     fake.put_pod(k8s_pod("new", "uid-new", annotations=DEMAND, phase="Pending"))
     filter_first(app, fake)
     assert bind(app) == {"Error": ""}
