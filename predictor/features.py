@@ -274,8 +274,38 @@ def external_tensors(model: Any) -> list[Any]:
     return [t for t in _all_initializers(model.graph) if t.data_location == TensorProto.EXTERNAL]
 
 
+_TYPED_FIELDS = ("float_data", "int32_data", "int64_data", "double_data", "uint64_data")
+
+
+def check_tensor_data(model: Any, where: str) -> None:
+    """Refuse an embedded tensor whose dims claim more data than it carries.
+
+    A 16-byte initializer declaring 10^12 floats would otherwise be costed (and later
+    allocated) as the 4 TB its dims say. Typed fields count 8 bytes per entry, the
+    widest a numeric entry takes, so only a true shortfall is refused.
+    """
+    from onnx import TensorProto
+
+    for tensor in _all_initializers(model.graph):
+        if tensor.data_location == TensorProto.EXTERNAL:
+            continue  # checked against its file by check_external_data
+        declared = _tensor_bytes(tensor.data_type, tensor.dims)
+        carried = len(tensor.raw_data) if tensor.raw_data else \
+            8 * sum(len(getattr(tensor, f)) for f in _TYPED_FIELDS) + \
+            sum(len(v) for v in tensor.string_data)
+        if declared > carried:
+            raise ModelRejected(
+                RejectReason.MALFORMED_GRAPH,
+                f"tensor {tensor.name!r}: dims {list(tensor.dims)} claim {declared} bytes "
+                f"but it carries {carried}",
+                model=where,
+            )
+
+
 def check_external_data(model: Any, base_dir: Path, limits: FeatureLimits) -> None:
-    """Refuse external-data references outside ``base_dir``, missing, or too short."""
+    """Refuse embedded tensors shorter than their dims (:func:`check_tensor_data`), and
+    external-data references outside ``base_dir``, missing, or too short."""
+    check_tensor_data(model, str(base_dir))
     root = base_dir.resolve()
     total = 0
     for tensor in external_tensors(model):

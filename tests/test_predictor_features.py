@@ -364,3 +364,29 @@ def test_path_based_shape_inference_gives_the_same_features(tmp_path: Path, monk
     on_disk = extract_features(path, 2)
     assert on_disk == in_memory
     assert on_disk.flops == 2 * per_sample
+
+
+def test_an_initializer_shorter_than_its_dims_is_refused(tmp_path: Path) -> None:
+    """16 bytes of data under dims that claim 10^12 floats: refused, never costed as 4 TB."""
+    weight = TensorProto(name="W", data_type=TensorProto.FLOAT, dims=[1_000_000, 1_000_000],
+                         raw_data=b"\0" * 16)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["Y"])], "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 1_000_000])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], initializer=[weight])
+    path = tmp_path / "short.onnx"
+    onnx.save(helper.make_model(graph), str(path))
+    with pytest.raises(ModelRejected) as info:
+        extract_features(path, 1)
+    assert info.value.reason is RejectReason.MALFORMED_GRAPH
+    assert "'W'" in str(info.value) and "carries 16" in str(info.value)
+    # typed fields are counted too: a float_data tensor that matches its dims passes
+    ok = numpy_helper.from_array(np.ones((4, 3), np.float32), "W")
+    ok.ClearField("raw_data")
+    ok.float_data.extend([1.0] * 12)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["Y"])], "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], initializer=[ok])
+    onnx.save(helper.make_model(graph), str(path))
+    assert extract_features(path, 2).batch_size == 2
