@@ -357,7 +357,16 @@ class Extender:
         with self._cache_lock:
             live = [e for e in self._cache.get(key, {}).values() if e[3] > now]
         if len(live) == 1:
-            return live[0][2]  # the usual case: no round trip
+            cached = live[0][2]
+            meta = cached.get("metadata") or {}
+            if (meta.get("namespace", args.pod_namespace), meta.get("name")) != \
+                    (args.pod_namespace, args.pod_name):
+                # The UID filter saw belongs to another pod: never bind (or, on the
+                # simulated cluster, create) a pod under a name filter never saw.
+                raise BindConflict(f"pod UID {args.pod_uid} is {meta.get('namespace')}/"
+                                   f"{meta.get('name')}, not {args.pod_namespace}/"
+                                   f"{args.pod_name}", None)
+            return cached  # the usual case: no round trip
         # Nothing cached, or filter saw differing contents for this UID (one of them may be
         # forged): the API server's copy decides, and its own cache entry is used if present.
         pod = self.source.read_pod(args.pod_namespace, args.pod_name)

@@ -131,6 +131,19 @@ def test_bind_refuses_recreated_pod_with_other_uid(env):
     assert "recreated" in r["Error"]
 
 
+def test_bind_with_a_known_uid_under_another_name_creates_and_binds_nothing(env):
+    """A bind naming another pod than the one filter saw with that UID is refused."""
+    client, ext, source, _ = env
+    p = training("real", uid="uid-1")
+    assert client.post("/filter", json=args(p, ["n1"])).get_json()["NodeNames"] == ["n1"]
+    forged = training("forged", uid="uid-1")
+    r = client.post("/bind", json=binding(forged, "n1")).get_json()
+    assert "/real, not " in r["Error"] and r["Error"].endswith("/forged"), r
+    assert source.read_pod("default", "forged") is None
+    assert ext.state.placement_of("uid-1") is None
+    assert client.post("/bind", json=binding(p, "n1")).get_json() == {"Error": ""}
+
+
 def test_bind_refused_when_not_leader():
     app, *_ = make_app(may_bind=lambda: False)
     r = app.test_client().post("/bind", json=binding(training(), "n1")).get_json()
