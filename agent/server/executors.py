@@ -212,7 +212,84 @@ class ModelLimits:
     profile_repeats: int = 3
 
 
-class OrtExecutor:
+class MeasuredExecutor:
+    """What the real executors share: timing through the device gate and the profiling
+    arithmetic over atoms (the pieces between valid cuts).
+
+    A subclass sets ``limits``, ``_timer``, ``device_gate`` and ``gpu_type``, and keeps on
+    ``loaded.handle`` the ``atom_costs_ms`` (one entry, the whole run, when the model has
+    no cut), ``whole_ms`` and ``boundary_cost_ms`` its ``_profile_atoms`` measured.
+    """
+
+    limits: ModelLimits
+    gpu_type: str
+    device_gate: DeviceGate
+    _timer: Callable[[], float]
+
+    def _sync(self) -> None:
+        """Wait for the device's queued work (a no-op where runs are synchronous)."""
+
+    def _sample(self, loaded: LoadedModel, batch: int) -> np.ndarray:
+        if loaded.sample_shape is None or any(d is None for d in loaded.sample_shape):
+            raise ModelRejected(
+                f"{loaded.ref}: non-batch input dimensions must be static to profile the model"
+            )
+        shape = (batch, *[int(d) for d in loaded.sample_shape if d is not None])
+        rng = np.random.default_rng(0)
+        if np.issubdtype(loaded.input_dtype, np.floating):
+            return rng.standard_normal(shape).astype(loaded.input_dtype)
+        return np.zeros(shape, dtype=loaded.input_dtype)
+
+    def _slice(self, fn: Callable[[], Any], expected_ms: float) -> tuple[float, Any]:
+        """One device run through the gate, synchronized: (its own duration in ms, result)."""
+
+        def timed() -> tuple[float, Any]:
+            start = self._timer()
+            out = fn()
+            self._sync()
+            return (self._timer() - start) * 1000.0, out
+
+        return self.device_gate(timed, expected_ms)
+
+    def _time_ms(self, fn: Callable[[], Any], expected_ms: float = 0.0) -> tuple[float, Any]:
+        """Median of ``profile_repeats`` runs after a warm-up, each its own slice; and a result."""
+        first, out = self._slice(fn, expected_ms)  # warm-up: first runs allocate
+        expected = max(expected_ms, first)
+        times = [self._slice(fn, expected)[0] for _ in range(self.limits.profile_repeats)]
+        return statistics.median(times), out
+
+    def _fit_chains(self, loaded: LoadedModel,
+                    chain_ms: Callable[[np.ndarray, list[float]], list[float]]) -> BatchingProfile:
+        """l(b) at ``limits.profile_batches`` from timing the atoms in a chain (one slice
+        each, so no slice is longer than an atom), less the yield points, fitted linearly."""
+        handle = loaded.handle
+        atoms = len(handle.atom_costs_ms)
+        samples = []
+        for b in self.limits.profile_batches:
+            chain = sum(chain_ms(self._sample(loaded, b), [c * b for c in handle.atom_costs_ms]))
+            yields = (atoms - 1) * handle.boundary_cost_ms
+            samples.append((b, max(chain - yields, chain / atoms)))
+        return fit_linear_profile(loaded.ref, self.gpu_type, samples, self.limits.max_batch)
+
+    def known_profile(self, loaded: LoadedModel) -> BatchingProfile | None:
+        """No stored profiles here; the server's profile store may have one."""
+        return None
+
+    def overhead_curve(
+        self, loaded: LoadedModel, profile: BatchingProfile, segment_fraction: float = 1.0
+    ) -> OverheadCurve:
+        """Overhead(Q) = yield points of the segments built for Q (``segment_fraction`` x Q,
+        as the runtime builds them) x measured cost per yield / run time."""
+        handle = loaded.handle
+        points = []
+        for q in QUANTUM_GRID_MS:
+            built = group_segments(handle.atom_costs_ms, q * segment_fraction)
+            n = len(built) if len(handle.atom_costs_ms) > 1 else 1
+            points.append([q, (n - 1) * handle.boundary_cost_ms / max(handle.whole_ms, 1e-6)])
+        return OverheadCurve.from_points(loaded.ref, points)
+
+
+class OrtExecutor(MeasuredExecutor):
     """ONNX Runtime on an explicitly chosen device (``cuda`` or ``cpu``)."""
 
     kind = "onnxruntime"
@@ -277,34 +354,6 @@ class OrtExecutor:
         self._profile_atoms(loaded, prepared.atoms)
         return loaded
 
-    def _sample(self, loaded: LoadedModel, batch: int) -> np.ndarray:
-        if loaded.sample_shape is None or any(d is None for d in loaded.sample_shape):
-            raise ModelRejected(
-                f"{loaded.ref}: non-batch input dimensions must be static to profile the model"
-            )
-        shape = (batch, *[int(d) for d in loaded.sample_shape if d is not None])
-        rng = np.random.default_rng(0)
-        if np.issubdtype(loaded.input_dtype, np.floating):
-            return rng.standard_normal(shape).astype(loaded.input_dtype)
-        return np.zeros(shape, dtype=loaded.input_dtype)
-
-    def _slice(self, fn: Callable[[], Any], expected_ms: float) -> tuple[float, Any]:
-        """One device run through the gate: (its own duration in ms, its result)."""
-
-        def timed() -> tuple[float, Any]:
-            start = self._timer()
-            out = fn()
-            return (self._timer() - start) * 1000.0, out
-
-        return self.device_gate(timed, expected_ms)
-
-    def _time_ms(self, fn: Callable[[], Any], expected_ms: float = 0.0) -> tuple[float, Any]:
-        """Median of ``profile_repeats`` runs after a warm-up, each its own slice; and a result."""
-        first, out = self._slice(fn, expected_ms)  # warm-up: first runs allocate
-        expected = max(expected_ms, first)
-        times = [self._slice(fn, expected)[0] for _ in range(self.limits.profile_repeats)]
-        return statistics.median(times), out
-
     def _chain_ms(
         self, loaded: LoadedModel, sessions: list[Any], x: np.ndarray, expected_ms: list[float]
     ) -> list[float]:
@@ -335,10 +384,6 @@ class OrtExecutor:
         # What a yield point costs: one more ORT call and its input/output copies.
         handle.boundary_cost_ms = max(0.0, sum(costs) - handle.whole_ms) / (len(costs) - 1)
 
-    def known_profile(self, loaded: LoadedModel) -> BatchingProfile | None:
-        """ORT has no stored profiles; the server's profile store may."""
-        return None
-
     def profile(self, loaded: LoadedModel) -> BatchingProfile:
         """Median latency at ``limits.profile_batches``, fitted linearly.
 
@@ -347,17 +392,14 @@ class OrtExecutor:
         sum less the yield points measured at batch 1.
         """
         handle: _OrtHandle = loaded.handle
+        if handle.atoms:
+            return self._fit_chains(
+                loaded, lambda x, expected: self._chain_ms(loaded, handle.atoms, x, expected))
         samples = []
         for b in self.limits.profile_batches:
             x = self._sample(loaded, b)
-            if handle.atoms:
-                expected = [c * b for c in handle.atom_costs_ms]
-                chain = sum(self._chain_ms(loaded, handle.atoms, x, expected))
-                yields = (len(handle.atoms) - 1) * handle.boundary_cost_ms
-                samples.append((b, max(chain - yields, chain / len(handle.atoms))))
-            else:
-                run = lambda x=x: handle.session.run(None, {loaded.input_name: x})  # noqa: E731
-                samples.append((b, self._time_ms(run, handle.whole_ms * b)[0]))
+            run = lambda x=x: handle.session.run(None, {loaded.input_name: x})  # noqa: E731
+            samples.append((b, self._time_ms(run, handle.whole_ms * b)[0]))
         return fit_linear_profile(loaded.ref, self.gpu_type, samples, self.limits.max_batch)
 
     def prepare_segments(self, loaded: LoadedModel, target_ms: float) -> None:
@@ -387,19 +429,6 @@ class OrtExecutor:
             lambda: handle.session.run(None, {loaded.input_name: x}), handle.whole_ms
         )
         return max(0.0, in_sequence - whole) / max(whole, 1e-6)
-
-    def overhead_curve(
-        self, loaded: LoadedModel, profile: BatchingProfile, segment_fraction: float = 1.0
-    ) -> OverheadCurve:
-        """Overhead(Q) = yield points of the segments built for Q (``segment_fraction`` x Q,
-        as the runtime builds them) x measured cost per yield / run time."""
-        handle: _OrtHandle = loaded.handle
-        points = []
-        for q in QUANTUM_GRID_MS:
-            built = group_segments(handle.atom_costs_ms, q * segment_fraction)
-            n = len(built) if handle.atoms else 1
-            points.append([q, (n - 1) * handle.boundary_cost_ms / max(handle.whole_ms, 1e-6)])
-        return OverheadCurve.from_points(loaded.ref, points)
 
     def run_batch(self, loaded: LoadedModel, batch: np.ndarray) -> list[np.ndarray]:
         """One ORT run of the whole model."""

@@ -19,7 +19,6 @@ so the agent runs without torch unless this executor is chosen.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,17 +26,16 @@ from typing import Any
 
 import numpy as np
 
-from agent.quanta import OverheadCurve, group_segments
+from agent.quanta import group_segments
 from agent.server.errors import ModelRejected
 from agent.server.executors import (
-    QUANTUM_GRID_MS,
     DeviceGate,
     Feed,
     LoadedModel,
+    MeasuredExecutor,
     ModelLimits,
     run_inline,
 )
-from agent.server.profiles import fit_linear_profile
 from predictor.batching import BatchingProfile
 
 _RUN_ERRORS = (RuntimeError, ValueError, TypeError, IndexError)
@@ -81,7 +79,7 @@ class _TorchHandle:
     segments: list[tuple[int, int]] = field(default_factory=list)
 
 
-class TorchExecutor:
+class TorchExecutor(MeasuredExecutor):
     """ONNX graphs executed as torch operations on an explicitly chosen device."""
 
     kind = "torch"
@@ -174,34 +172,6 @@ class TorchExecutor:
             raise ModelRejected(f"model {ref!r}: torch cannot run it: {exc}") from None
         return loaded
 
-    def _sample(self, loaded: LoadedModel, batch: int) -> np.ndarray:
-        if loaded.sample_shape is None or any(d is None for d in loaded.sample_shape):
-            raise ModelRejected(
-                f"{loaded.ref}: non-batch input dimensions must be static to profile the model"
-            )
-        shape = (batch, *[int(d) for d in loaded.sample_shape if d is not None])
-        if np.issubdtype(loaded.input_dtype, np.floating):
-            return np.random.default_rng(0).standard_normal(shape).astype(loaded.input_dtype)
-        return np.zeros(shape, dtype=loaded.input_dtype)
-
-    def _slice(self, fn: Callable[[], Any], expected_ms: float) -> tuple[float, Any]:
-        """One device run through the gate, synchronized: (its duration in ms, its result)."""
-
-        def timed() -> tuple[float, Any]:
-            start = self._timer()
-            out = fn()
-            self._sync()
-            return (self._timer() - start) * 1000.0, out
-
-        return self.device_gate(timed, expected_ms)
-
-    def _time_ms(self, fn: Callable[[], Any], expected_ms: float = 0.0) -> tuple[float, Any]:
-        """Median of ``profile_repeats`` runs after a warm-up, each its own slice; and a result."""
-        first, out = self._slice(fn, expected_ms)  # warm-up: allocator, kernels, cuDNN plans
-        expected = max(expected_ms, first)
-        times = [self._slice(fn, expected)[0] for _ in range(self.limits.profile_repeats)]
-        return statistics.median(times), out
-
     def _chain_ms(self, loaded: LoadedModel, ranges: list[tuple[int, int]], x: np.ndarray,
                   expected_ms: list[float]) -> list[float]:
         """Median time of each node range of a chain fed from ``x``, one slice per run."""
@@ -232,23 +202,12 @@ class TorchExecutor:
         # What a yield point costs: one more synchronization and Python hand-off.
         handle.boundary_cost_ms = max(0.0, sum(costs) - handle.whole_ms) / (len(costs) - 1)
 
-    def known_profile(self, loaded: LoadedModel) -> BatchingProfile | None:
-        """No stored profiles here; the server's profile store may have one."""
-        return None
-
     def profile(self, loaded: LoadedModel) -> BatchingProfile:
-        """Median latency at ``limits.profile_batches``, fitted linearly; a model with atoms
-        is timed atom by atom (no slice longer than one atom), less its yield points."""
-        handle: _TorchHandle = loaded.handle
+        """Median latency at ``limits.profile_batches``, fitted linearly; the model is timed
+        atom by atom (no slice longer than one atom), less its yield points."""
         atoms = self._atoms(loaded)
-        samples = []
-        for b in self.limits.profile_batches:
-            x = self._sample(loaded, b)
-            expected = [c * b for c in handle.atom_costs_ms]
-            chain = sum(self._chain_ms(loaded, atoms, x, expected))
-            yields = (len(atoms) - 1) * handle.boundary_cost_ms
-            samples.append((b, max(chain - yields, chain / len(atoms))))
-        return fit_linear_profile(loaded.ref, self.gpu_type, samples, self.limits.max_batch)
+        return self._fit_chains(loaded, lambda x, expected: self._chain_ms(loaded, atoms, x,
+                                                                           expected))
 
     def prepare_segments(self, loaded: LoadedModel, target_ms: float) -> None:
         """Group atoms into segments of about ``target_ms`` at batch 1 (node ranges)."""
@@ -266,16 +225,3 @@ class TorchExecutor:
             loaded.segment_overhead = max(0.0, in_sequence - whole) / max(whole, 1e-6)
         else:
             loaded.segment_overhead = 0.0
-
-    def overhead_curve(
-        self, loaded: LoadedModel, profile: BatchingProfile, segment_fraction: float = 1.0
-    ) -> OverheadCurve:
-        """Overhead(Q) = yield points of the segments built for Q x measured cost per yield
-        / run time (as ``OrtExecutor``)."""
-        handle: _TorchHandle = loaded.handle
-        points = []
-        for q in QUANTUM_GRID_MS:
-            n = len(group_segments(handle.atom_costs_ms, q * segment_fraction))
-            n = n if len(handle.atom_costs_ms) > 1 else 1
-            points.append([q, (n - 1) * handle.boundary_cost_ms / max(handle.whole_ms, 1e-6)])
-        return OverheadCurve.from_points(loaded.ref, points)
