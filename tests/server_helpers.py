@@ -71,3 +71,34 @@ def onnx_model(nodes, inits, shape) -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 10
     return model
+
+
+def one_matmul(rows: int, width: int) -> onnx.ModelProto:
+    """One MatMul over [N, rows, width]: no cut, so one piece of the whole cost."""
+    w = numpy_helper.from_array(np.eye(width, dtype=np.float32), "w")
+    return onnx_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [w], ["N", rows, width])
+
+
+def ort_runtimes(store: Path, **limits) -> Iterator:
+    """Yields ``make(profiles=None, **config)``: started CPU ONNX Runtime serving runtimes
+    over ``store`` (one core, no re-plan timer), all stopped at the end."""
+    from agent.server.executors import ModelLimits, OrtExecutor
+
+    started: list[ServingRuntime] = []
+
+    def make(profiles=None, **config) -> ServingRuntime:
+        executor = OrtExecutor("cpu", limits=ModelLimits(store_root=store, profile_repeats=2,
+                                                         **limits), intra_op_threads=1)
+        rt = ServingRuntime(executor, MonotonicClock(),
+                            RuntimeConfig(executor.gpu_type, min_replan_interval_ms=1e12,
+                                          **config),
+                            profiles=profiles or {}, post_workers=1)
+        rt.start()
+        started.append(rt)
+        return rt
+
+    try:
+        yield make
+    finally:
+        for rt in started:
+            rt.stop()

@@ -15,8 +15,7 @@ import numpy as np
 import onnx
 import pytest
 from bench_modules import load
-from onnx import helper, numpy_helper
-from server_helpers import onnx_model
+from server_helpers import one_matmul, ort_runtimes
 
 from agent.quanta import weighted_share_errors
 from agent.server.clock import MonotonicClock
@@ -26,32 +25,9 @@ from predictor.batching import BatchingProfile
 
 mlp = load("serving_ort").mlp  # the benchmark's MatMul+Relu chain: a cut after every node
 
-def one_matmul(rows: int, width: int) -> onnx.ModelProto:
-    """One MatMul over [N, rows, width]: no cut, so one segment of the whole cost."""
-    w = numpy_helper.from_array(np.eye(width, dtype=np.float32), "w")
-    return onnx_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [w], ["N", rows, width])
-
-
 @pytest.fixture()
 def make_runtime(tmp_path: Path) -> Iterator:
-    started: list[ServingRuntime] = []
-
-    def make(**config) -> ServingRuntime:
-        executor = OrtExecutor(
-            "cpu", limits=ModelLimits(store_root=tmp_path, profile_repeats=2), intra_op_threads=1
-        )
-        rt = ServingRuntime(
-            executor, MonotonicClock(),
-            RuntimeConfig(executor.gpu_type, min_replan_interval_ms=1e12, **config),
-            post_workers=1,
-        )  # fmt: skip
-        rt.start()
-        started.append(rt)
-        return rt
-
-    yield make
-    for rt in started:
-        rt.stop()
+    yield from ort_runtimes(tmp_path)
 
 
 def keep_backlogged(rt: ServingRuntime, name: str, tensor: np.ndarray, depth: int) -> None:

@@ -18,8 +18,7 @@ import onnx
 import pytest
 from bench_modules import load
 from extender_builders import args, binding, inference, make_app, node, pod
-from onnx import helper, numpy_helper
-from server_helpers import onnx_model
+from server_helpers import one_matmul, ort_runtimes
 
 from agent.server.app import create_app as create_server_app
 from agent.server.clock import MonotonicClock
@@ -30,30 +29,9 @@ from predictor.batching import BatchingProfile
 mlp = load("serving_ort").mlp
 
 
-def one_matmul(rows: int, width: int) -> onnx.ModelProto:
-    """One MatMul over [N, rows, width]: no cut, so one piece of the whole cost."""
-    w = numpy_helper.from_array(np.eye(width, dtype=np.float32), "w")
-    return onnx_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [w], ["N", rows, width])
-
-
 @pytest.fixture()
 def make_runtime(tmp_path: Path) -> Iterator:
-    started: list[ServingRuntime] = []
-
-    def make(profiles=None, **config) -> ServingRuntime:
-        executor = OrtExecutor("cpu", limits=ModelLimits(
-            store_root=tmp_path, profile_repeats=2, max_batch=8), intra_op_threads=1)
-        rt = ServingRuntime(executor, MonotonicClock(),
-                            RuntimeConfig(executor.gpu_type, min_replan_interval_ms=1e12,
-                                          **config),
-                            profiles=profiles or {}, post_workers=1)
-        rt.start()
-        started.append(rt)
-        return rt
-
-    yield make
-    for rt in started:
-        rt.stop()
+    yield from ort_runtimes(tmp_path, max_batch=8)
 
 
 def drive(rt: ServingRuntime, slo_name: str, slo_shape: tuple, rate_rps: float,
