@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 from extender_builders import TOKEN, node
-from slow_clients import SlowClients
+from slow_loris import SlowClients
 from test_agent_session_proxy import SLO, Loopback, Upstream
 
 from agent.server.serve import ServeOptions, http_server

@@ -8,7 +8,7 @@ import time
 
 import httpx
 from extender_builders import node
-from slow_clients import SlowClients
+from slow_loris import SlowClients
 
 from extender.config import ConfigHolder, build_config
 from extender.routes import create_app
