@@ -35,7 +35,6 @@ from urllib.parse import unquote, urlparse
 
 from predictor.errors import ModelRejected, ModelUnavailable, RejectReason
 
-
 OUTSIDE_STORE = "resolves outside the model store"
 """The one refusal text for a reference outside the store, whatever lies there."""
 

@@ -14,7 +14,14 @@ from typing import Any
 import pytest
 import yaml
 from chart_helpers import NAMESPACE, REPO, render
-from manifests_helpers import MANIFESTS, containers_of, pod_specs, resolve
+from manifests_helpers import (
+    MANIFESTS,
+    assert_one_read_only_model_store,
+    containers_of,
+    model_store_mounts,
+    pod_specs,
+    resolve,
+)
 
 # Made by the operator by hand with Kustomize (docs/deploy.md, step 3); the chart makes them.
 CHART_ONLY = {("Secret", "tandem-extender-tls"), ("Secret", "tandem-agent-token"),
@@ -105,6 +112,24 @@ def test_chart_and_kustomize_install_the_same_objects(case: str) -> None:
     assert set(ours) - set(chart) == KUSTOMIZE_ONLY
     for key in sorted(set(chart) & set(ours)):
         assert _comparable(chart[key]) == _comparable(ours[key]), key
+
+
+def _model_store(objects: list[dict[str, Any]]) -> tuple[str, dict[str, Any], list[str]]:
+    config = next(yaml.safe_load(o["data"]["tandem.yaml"]) for o in objects
+                  if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "tandem-config")
+    root = config["predictor"]["model_store"]
+    source = assert_one_read_only_model_store(objects, config)
+    return root, source, sorted(model_store_mounts(objects, root))
+
+
+@pytest.mark.parametrize("case", ["sidecar", "standalone", "sidecar+queue-gate"])
+def test_chart_and_kustomize_share_one_model_store_the_same_way(case: str) -> None:
+    """The same containers mount the same store at the path predictor.model_store names."""
+    sets, kustomize = CASES[case]
+    root, source, readers = _model_store(render(*sets))
+    assert (root, source, readers) == _model_store(kustomize())
+    assert any(r.endswith(":extender") for r in readers) and any(
+        r.endswith(":agent") for r in readers)
 
 
 def test_the_comparison_sees_a_difference() -> None:
