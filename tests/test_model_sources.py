@@ -59,6 +59,14 @@ def test_the_extender_predictor_gets_the_configured_sources():
     assert build_predictor(PredictorConfig()).fetcher.store.config.allowed_sources == ()
 
 
+def test_the_extender_downloads_beside_a_read_only_store(tmp_path):
+    """The installs mount the model store read-only: downloads must not go into it."""
+    predictor = build_predictor(PredictorConfig(model_store=str(tmp_path),
+                                                allowed_model_sources=(ALLOWED,)))
+    cache = predictor.fetcher.store._cache_dir()
+    assert not cache.is_relative_to(tmp_path) and cache.name == "tandem-models"
+
+
 def wait_for(predicate, seconds=5.0):
     deadline = time.monotonic() + seconds
     while not predicate():
