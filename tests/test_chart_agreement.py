@@ -168,3 +168,26 @@ def test_documented_kustomization_builds_with_kubectl(doc: Path, tmp_path: Path)
     version = yaml.safe_load((REPO / "charts/tandem/Chart.yaml").read_text())["appVersion"]
     assert {f"registry.example.com/tandem:{version}",
             f"registry.example.com/tandem-gpu:{version}"} <= images
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
+@pytest.mark.parametrize("overlay", ["sidecar", "standalone"])
+def test_documented_model_store_patch_reaches_every_reader(overlay: str, tmp_path: Path) -> None:
+    """The patch in docs/deploy.md puts one claim, and no placeholder, under the agents
+    and the extender."""
+    doc = (REPO / "docs" / "deploy.md").read_text()
+    block = re.search(r"### The model store.*?```yaml\n(.*?)```", doc, re.S)
+    assert block, "no model store patch in docs/deploy.md"
+    (tmp_path / "manifests").symlink_to(MANIFESTS)
+    (tmp_path / "my-tandem").mkdir()
+    (tmp_path / "my-tandem" / "kustomization.yaml").write_text(
+        f"resources: [../manifests/overlays/{overlay}]\n" + block.group(1))
+    out = subprocess.run(["kubectl", "kustomize", str(tmp_path / "my-tandem")],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    objects = [d for d in yaml.safe_load_all(out) if d]
+    config = yaml.safe_load(next(o for o in objects if o["metadata"]["name"] == "tandem-config")
+                            ["data"]["tandem.yaml"])
+    assert assert_one_read_only_model_store(objects, config) == {
+        "persistentVolumeClaim": {"claimName": "tandem-models", "readOnly": True}}
+    assert {k.rpartition(":")[2] for k in model_store_mounts(objects, "/srv/tandem")} == {
+        "agent", "extender"}
