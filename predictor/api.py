@@ -24,6 +24,7 @@ causes the interference Horus is avoiding), and the source says ``gpu=max``.
 
 from __future__ import annotations
 
+import tempfile
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -109,10 +110,12 @@ class Predictor:
         if not background_fetch:
             store = ModelStore(StoreConfig(root=store_root))
             return cls(artifacts, store, FeatureExtractor(limits))
+        # Servers mount the model store read-only: downloads go to their own temp dir.
         store = ModelStore(StoreConfig(root=store_root, timeout_seconds=FETCH_TIMEOUT_SECONDS,
                                        deadline_seconds=FETCH_DEADLINE_SECONDS,
                                        max_download_bytes=FETCH_MAX_BYTES,
-                                       allowed_sources=allowed_sources))
+                                       allowed_sources=allowed_sources,
+                                       cache_dir=Path(tempfile.gettempdir()) / "tandem-models"))
         return cls(artifacts, store, FeatureExtractor(limits), fetcher=BackgroundFetcher(store))
 
     def features(self, model_ref: str, batch_size: int) -> GraphFeatures:

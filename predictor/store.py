@@ -35,6 +35,9 @@ from urllib.parse import unquote, urlparse
 
 from predictor.errors import ModelRejected, ModelUnavailable, RejectReason
 
+OUTSIDE_STORE = "resolves outside the model store"
+"""The one refusal text for a reference outside the store, whatever lies there."""
+
 
 @dataclass(frozen=True)
 class StoreConfig:
@@ -140,16 +143,17 @@ class ModelStore:
         if root is None:
             target = path.expanduser().resolve()
         else:
+            # One answer for every reference outside the store, given before the
+            # filesystem is touched, so a refusal never tells whether the path exists.
+            outside = ModelRejected(RejectReason.PATH_OUTSIDE_STORE, OUTSIDE_STORE, model=ref)
             if path.is_absolute() and not absolute_ok:
-                raise ModelRejected(RejectReason.PATH_OUTSIDE_STORE, "absolute path", model=ref)
+                raise outside
             base = Path(root).resolve()
+            if not Path(os.path.normpath(base / path)).is_relative_to(base):
+                raise outside  # "..", or an absolute path elsewhere: lexically outside
             target = (base / path).resolve()
             if not target.is_relative_to(base):
-                raise ModelRejected(
-                    RejectReason.PATH_OUTSIDE_STORE,
-                    f"resolves outside the model store {base}",
-                    model=ref,
-                )
+                raise outside  # a symlink in the store that points out of it
         if not target.is_file():
             raise ModelUnavailable(f"{ref}: no such model file")
         return target

@@ -252,3 +252,44 @@ def assert_device_plugin_least_privilege(spec: dict[str, Any]) -> None:
     assert host == DEVICE_PLUGIN_HOST_PATHS
     writable = {m["mountPath"] for m in c["volumeMounts"] if not m.get("readOnly")}
     assert writable == {"/var/lib/kubelet/device-plugins", "/tmp"}
+
+
+# Containers that read tandem.io/model files: the extender and the queue gate through
+# predictor.model_store, the agent's inference servers through --model-store.
+MODEL_READERS = ("extender", "queue-gate", "agent")
+
+
+def model_store_mounts(objects: list[dict[str, Any]], root: str,
+                       ) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """``Kind/name:container`` -> (its mount at ``root``, the volume mounted) for every
+    container that reads models; fails if one of them lacks the mount."""
+    found = {}
+    for name, spec in pod_specs(objects):
+        for c in spec["containers"]:
+            if c["name"] not in MODEL_READERS:
+                continue
+            if c["name"] == "agent":
+                if "--serve-gpus" not in c["args"]:
+                    continue  # no inference servers, nothing to read
+                assert f"--serve-arg=--model-store={root}" in c["args"], name
+            mounts = [m for m in c.get("volumeMounts", []) if m["mountPath"] == root]
+            assert len(mounts) == 1, f"{name}:{c['name']} does not mount {root}"
+            (volume,) = [v for v in spec["volumes"] if v["name"] == mounts[0]["name"]]
+            found[f"{name}:{c['name']}"] = (mounts[0], volume)
+    return found
+
+
+def assert_one_read_only_model_store(objects: list[dict[str, Any]], config: dict[str, Any],
+                                     ) -> dict[str, Any]:
+    """The extender (and the agent's servers and the queue gate, where installed) mount one
+    volume source, model-store, read-only at the config's predictor.model_store; returns it."""
+    root = config["predictor"]["model_store"]
+    assert isinstance(root, str) and root.startswith("/"), root
+    mounts = model_store_mounts(objects, root)
+    assert any(k.endswith(":extender") for k in mounts), sorted(mounts)
+    sources = []
+    for where, (mount, volume) in mounts.items():
+        assert mount == {"name": "model-store", "mountPath": root, "readOnly": True}, where
+        sources.append({k: v for k, v in volume.items() if k != "name"})
+    assert all(s == sources[0] for s in sources), sources
+    return sources[0]

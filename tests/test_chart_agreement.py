@@ -14,7 +14,14 @@ from typing import Any
 import pytest
 import yaml
 from chart_helpers import NAMESPACE, REPO, render
-from manifests_helpers import MANIFESTS, containers_of, pod_specs, resolve
+from manifests_helpers import (
+    MANIFESTS,
+    assert_one_read_only_model_store,
+    containers_of,
+    model_store_mounts,
+    pod_specs,
+    resolve,
+)
 
 # Made by the operator by hand with Kustomize (docs/deploy.md, step 3); the chart makes them.
 CHART_ONLY = {("Secret", "tandem-extender-tls"), ("Secret", "tandem-agent-token"),
@@ -107,6 +114,24 @@ def test_chart_and_kustomize_install_the_same_objects(case: str) -> None:
         assert _comparable(chart[key]) == _comparable(ours[key]), key
 
 
+def _model_store(objects: list[dict[str, Any]]) -> tuple[str, dict[str, Any], list[str]]:
+    config = next(yaml.safe_load(o["data"]["tandem.yaml"]) for o in objects
+                  if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "tandem-config")
+    root = config["predictor"]["model_store"]
+    source = assert_one_read_only_model_store(objects, config)
+    return root, source, sorted(model_store_mounts(objects, root))
+
+
+@pytest.mark.parametrize("case", ["sidecar", "standalone", "sidecar+queue-gate"])
+def test_chart_and_kustomize_share_one_model_store_the_same_way(case: str) -> None:
+    """The same containers mount the same store at the path predictor.model_store names."""
+    sets, kustomize = CASES[case]
+    root, source, readers = _model_store(render(*sets))
+    assert (root, source, readers) == _model_store(kustomize())
+    assert any(r.endswith(":extender") for r in readers) and any(
+        r.endswith(":agent") for r in readers)
+
+
 def test_the_comparison_sees_a_difference() -> None:
     chart = _by_key(render("agent.metricsPort=9999"))
     ours = _by_key(resolve(MANIFESTS / "overlays/sidecar"))
@@ -143,3 +168,26 @@ def test_documented_kustomization_builds_with_kubectl(doc: Path, tmp_path: Path)
     version = yaml.safe_load((REPO / "charts/tandem/Chart.yaml").read_text())["appVersion"]
     assert {f"registry.example.com/tandem:{version}",
             f"registry.example.com/tandem-gpu:{version}"} <= images
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
+@pytest.mark.parametrize("overlay", ["sidecar", "standalone"])
+def test_documented_model_store_patch_reaches_every_reader(overlay: str, tmp_path: Path) -> None:
+    """The patch in docs/deploy.md puts one claim, and no placeholder, under the agents
+    and the extender."""
+    doc = (REPO / "docs" / "deploy.md").read_text()
+    block = re.search(r"### The model store.*?```yaml\n(.*?)```", doc, re.S)
+    assert block, "no model store patch in docs/deploy.md"
+    (tmp_path / "manifests").symlink_to(MANIFESTS)
+    (tmp_path / "my-tandem").mkdir()
+    (tmp_path / "my-tandem" / "kustomization.yaml").write_text(
+        f"resources: [../manifests/overlays/{overlay}]\n" + block.group(1))
+    out = subprocess.run(["kubectl", "kustomize", str(tmp_path / "my-tandem")],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    objects = [d for d in yaml.safe_load_all(out) if d]
+    config = yaml.safe_load(next(o for o in objects if o["metadata"]["name"] == "tandem-config")
+                            ["data"]["tandem.yaml"])
+    assert assert_one_read_only_model_store(objects, config) == {
+        "persistentVolumeClaim": {"claimName": "tandem-models", "readOnly": True}}
+    assert {k.rpartition(":")[2] for k in model_store_mounts(objects, "/srv/tandem")} == {
+        "agent", "extender"}

@@ -20,9 +20,11 @@ from manifests_helpers import (
     K8S_VERSION,
     MANIFESTS,
     assert_device_plugin_least_privilege,
+    assert_one_read_only_model_store,
     assert_pod_references_exist,
     assert_restricted_pod_security,
     containers_of,
+    model_store_mounts,
     pod_specs,
 )
 from typer.testing import CliRunner
@@ -50,9 +52,9 @@ OPTIONS = {
     ],
     "queue-in-extender": [
         "config.queue.enabled=true", "kubeScheduler.image.tag=v1.31.2",
-        "kubeScheduler.extenderWeight=3", "agent.modelStore.emptyDir=null",
-        "agent.modelStore.persistentVolumeClaim.claimName=models",
-        "agent.modelStore.persistentVolumeClaim.readOnly=true",
+        "kubeScheduler.extenderWeight=3", "modelStore.emptyDir=null",
+        "modelStore.persistentVolumeClaim.claimName=models",
+        "modelStore.persistentVolumeClaim.readOnly=true",
         "devicePlugin.shares=4",
     ],
 }
@@ -156,10 +158,9 @@ def test_values_reach_the_configuration(rendered: dict) -> None:
     assert scheduler["extenders"][0]["weight"] == 3
     images = {c["image"] for c in containers_of(rendered["queue-in-extender"])}
     assert "registry.k8s.io/kube-scheduler:v1.31.2" in images
-    agent = dict(pod_specs(rendered["queue-in-extender"]))["DaemonSet/tandem-agent"]
-    store = next(v for v in agent["volumes"] if v["name"] == "model-store")
-    assert store == {"name": "model-store",
-                     "persistentVolumeClaim": {"claimName": "models", "readOnly": True}}
+    config = _config(rendered["queue-in-extender"], "tandem-config", "tandem.yaml")
+    assert assert_one_read_only_model_store(rendered["queue-in-extender"], config) == {
+        "persistentVolumeClaim": {"claimName": "models", "readOnly": True}}
     no_serving = dict(pod_specs(rendered["standalone"]))["DaemonSet/tandem-agent"]
     assert "--serve-gpus" not in no_serving["containers"][0]["args"]
     assert len(no_serving["containers"][0]["ports"]) == 1
@@ -179,11 +180,46 @@ def test_kube_scheduler_follows_the_cluster_version(cluster: str, expected: str)
     (["devicePlugin.enabled=false"], "devicePlugin.enabled and config.handoff.mode"),
     (["config.handoff.mode=env"], "devicePlugin.enabled and config.handoff.mode"),
     (["agent.executor=sim"], "agent.executor must be onnxruntime (image tandem-gpu) or torch"),
+    (["config.predictor.model_store=/models"], "config.predictor.model_store must be /srv/tandem"),
+    (["config.predictor.model_store=null"], "config.predictor.model_store must be /srv/tandem"),
 ])
 def test_bad_values_fail_with_a_message(sets: list[str], message: str) -> None:
     result = helm_template(*sets, check=False)
     assert result.returncode != 0
     assert message in result.stderr
+
+
+@pytest.mark.parametrize("option", OPTIONS)
+def test_the_extender_reads_models_from_the_agents_model_store(rendered: dict,
+                                                                option: str) -> None:
+    """In either topology the extender (and the queue gate) mounts modelStore read-only
+    where its config's predictor.model_store points, as the agents' servers do."""
+    objects = rendered[option]
+    config = _config(objects, "tandem-config", "tandem.yaml")
+    assert config["predictor"]["model_store"] == "/srv/tandem"
+    source = assert_one_read_only_model_store(objects, config)
+    workloads = {n for n, s in pod_specs(objects)
+                 if any(c["name"] == "extender" for c in s["containers"])}
+    topology = "standalone" if "topology=standalone" in OPTIONS[option] else "sidecar"
+    assert workloads == {"Deployment/tandem-" + ("extender" if topology == "standalone"
+                                                  else "scheduler")}
+    if option != "queue-in-extender":
+        assert source == {"emptyDir": {"sizeLimit": "1Mi"}}
+
+
+@pytest.mark.parametrize("sets", [
+    ["agent.modelStore.persistentVolumeClaim.claimName=old"],
+    ["agent.modelStore.emptyDir=null", "agent.modelStore.persistentVolumeClaim.claimName=old"],
+], ids=["set", "with-null"])
+def test_agent_model_store_still_names_the_store(sets: list[str]) -> None:
+    """agent.modelStore, the value's former name, still works and now reaches the
+    extender too."""
+    objects = render(*sets, "queueGate.enabled=true")
+    config = _config(objects, "tandem-config", "tandem.yaml")
+    mounted = model_store_mounts(objects, "/srv/tandem")
+    assert {k.rpartition(":")[2] for k in mounted} == {"agent", "extender", "queue-gate"}
+    assert assert_one_read_only_model_store(objects, config) == {
+        "persistentVolumeClaim": {"claimName": "old"}}
 
 
 def test_the_inference_servers_run_the_executor_their_image_has() -> None:

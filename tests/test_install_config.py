@@ -8,7 +8,17 @@ import re
 
 import pytest
 import yaml
-from manifests_helpers import MANIFESTS, OVERLAYS, container, find, pod_specs, resolve
+from manifests_helpers import (
+    ADDONS,
+    ENV_HANDOFF_OVERLAYS,
+    MANIFESTS,
+    OVERLAYS,
+    assert_one_read_only_model_store,
+    container,
+    find,
+    pod_specs,
+    resolve,
+)
 
 from extender import config as extender_config
 
@@ -87,3 +97,17 @@ def test_files_named_in_the_config_are_mounted_from_the_right_secret(overlay: st
     assert config_map["data"][config_key] == CLUSTER_CONFIG.read_text()
     # No subPath: a subPath mount never sees ConfigMap updates, defeating hot reload.
     assert all("subPath" not in m for m in extender["volumeMounts"])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS + ENV_HANDOFF_OVERLAYS)
+def test_the_extender_reads_models_from_the_agents_model_store(overlay: str) -> None:
+    """tandem.io/model resolves in the one store the agents' servers read, never on the
+    extender's own filesystem: predictor.model_store is set and mounted read-only."""
+    objects = resolve(MANIFESTS / "overlays" / overlay)
+    for addon in ADDONS:
+        objects += resolve(MANIFESTS / "addons" / addon)
+    raw = yaml.safe_load(CLUSTER_CONFIG.read_text())
+    assert extender_config.load_config(CLUSTER_CONFIG, environ={}).predictor.model_store == \
+        raw["predictor"]["model_store"] == "/srv/tandem"
+    # The placeholder a user patches (a ReadOnlyMany claim or NFS), the same for all.
+    assert assert_one_read_only_model_store(objects, raw) == {"emptyDir": {"sizeLimit": "1Mi"}}

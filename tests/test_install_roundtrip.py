@@ -6,18 +6,21 @@ container exactly the GPU that tandem chose."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from extender_builders import tiny_model
 from manifests_helpers import MANIFESTS, example_objects
 
 from extender.config import ConfigHolder, load_config
 from extender.profiles import parse_profiles
 from extender.routes import create_app
 from extender.sim_cluster import SimSource, parse_cluster
-from extender.wiring import default_planner
+from extender.wiring import build_predictor, default_planner
 
 CLUSTER = yaml.safe_load("""
 nodes:
@@ -171,3 +174,35 @@ def test_training_and_inference_examples_never_share_a_gpu(
     serving = {uuid for name, uuid in chosen.items() if "inference" in name}
     training = {uuid for name, uuid in chosen.items() if "training" in name}
     assert serving and training and not serving & training, chosen  # never shared
+
+
+def test_the_shipped_config_reads_models_from_the_model_store_only(tmp_path: Path) -> None:
+    """With the shipped predictor.model_store (a directory standing in for the mounted
+    volume), a training pod that names only its model is placed from the store, and a
+    reference to the extender host's files is refused, the same whether they exist."""
+    shipped = load_config(MANIFESTS / "base/config/tandem.yaml", environ={
+        "TANDEM__SERVER__TLS_CERT_FILE": "", "TANDEM__SERVER__TLS_KEY_FILE": ""})
+    assert shipped.predictor.model_store == "/srv/tandem"
+    (tmp_path / "models").mkdir()
+    tiny_model(tmp_path / "models" / "resnet50.onnx")
+    cfg = dataclasses.replace(shipped, predictor=dataclasses.replace(
+        shipped.predictor, model_store=str(tmp_path)))
+    nodes, _ = parse_cluster(CLUSTER)
+    source = SimSource(nodes)
+    client = create_app(ConfigHolder(cfg), source, predictor=build_predictor(cfg.predictor),
+                        profiles=parse_profiles(PROFILES, "test"), planner=default_planner(),
+                        environ={}).test_client()
+    (training,) = [copy.deepcopy(p) for n, p in EXAMPLES if n == "tandem-example-training"]
+    annotations = training["metadata"]["annotations"]
+    del annotations["tandem.io/gpu-util"], annotations["tandem.io/gpu-mem-mib"]
+    reasons = {}
+    for ref in ("models/resnet50.onnx", "/etc/passwd", "../../etc/passwd", "/no/such.onnx"):
+        annotations["tandem.io/model"] = ref
+        training["metadata"]["uid"] = f"uid-{ref}"
+        body = client.post("/filter", json={"Pod": training, "NodeNames": ["a100-node"]})
+        reasons[ref] = body.get_json()
+    assert reasons.pop("models/resnet50.onnx")["NodeNames"] == ["a100-node"]
+    texts = {r["FailedAndUnresolvableNodes"]["a100-node"].replace(ref, "REF")
+             for ref, r in reasons.items()}
+    (text,) = texts
+    assert "path_outside_store" in text, text

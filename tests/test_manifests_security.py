@@ -11,6 +11,7 @@ from manifests_helpers import (
     MANIFESTS,
     OVERLAYS,
     assert_device_plugin_least_privilege,
+    assert_one_read_only_model_store,
     assert_restricted_pod_security,
     container,
     containers_of,
@@ -212,3 +213,24 @@ def test_only_the_extender_mounts_the_signing_key_read_only(overlay: str) -> Non
                   and o["metadata"]["name"] == "tandem-config")
     state = yaml.safe_load(config["data"]["tandem.yaml"])["state"]
     assert state["signing_key_file"] == "/etc/tandem/signing-key/key"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_pod_owners_reach_only_the_model_store_through_the_extender(overlay: str) -> None:
+    """A pod's tandem.io/model is read by the extender: the shipped config confines it to
+    predictor.model_store (a reference outside is refused without looking), which the
+    extender mounts read-only; the extender writes nowhere but /tmp."""
+    import yaml
+
+    from extender.config import build_config
+
+    objects = ALL[overlay]
+    config = yaml.safe_load(find(objects, "ConfigMap", "tandem-config")["data"]["tandem.yaml"])
+    root = build_config(config).predictor.model_store
+    assert root == "/srv/tandem"
+    assert_one_read_only_model_store(objects, config)
+    for name, spec in pod_specs(objects):
+        for c in spec["containers"]:
+            if c["name"] == "extender":
+                writable = {m["mountPath"] for m in c["volumeMounts"] if not m.get("readOnly")}
+                assert writable == {"/tmp"}, (name, writable)

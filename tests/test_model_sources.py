@@ -59,6 +59,14 @@ def test_the_extender_predictor_gets_the_configured_sources():
     assert build_predictor(PredictorConfig()).fetcher.store.config.allowed_sources == ()
 
 
+def test_the_extender_downloads_beside_a_read_only_store(tmp_path):
+    """The installs mount the model store read-only: downloads must not go into it."""
+    predictor = build_predictor(PredictorConfig(model_store=str(tmp_path),
+                                                allowed_model_sources=(ALLOWED,)))
+    cache = predictor.fetcher.store._cache_dir()
+    assert not cache.is_relative_to(tmp_path) and cache.name == "tandem-models"
+
+
 def wait_for(predicate, seconds=5.0):
     deadline = time.monotonic() + seconds
     while not predicate():
@@ -99,3 +107,24 @@ def test_an_empty_list_refuses_every_remote_reference(tmp_path):
     with pytest.raises(ModelRejected, match="not allowed") as err:
         fetcher.resolve(f"{ALLOWED}m.onnx")
     assert not isinstance(err.value, ModelBeingFetched) and fetcher.in_flight() == 0
+
+
+def test_filter_reasons_do_not_tell_whether_a_path_outside_the_store_exists(tmp_path):
+    """A pod owner probing the extender host reads the same reason for every path outside
+    the model store (the shipped installs set predictor.model_store)."""
+    (tmp_path / "store").mkdir()
+    (tmp_path / "exists.onnx").write_bytes(b"not for pods")
+    predictor = build_predictor(PredictorConfig(model_store=str(tmp_path / "store")))
+    app, *_ = make_app([node("n1", 2)], predictor=predictor)
+    client = app.test_client()
+    refs = ["/etc/passwd", "../../etc/passwd", "../exists.onnx", "/no/such/dir/m.onnx",
+            "../../no/such/dir/m.onnx", "../missing.onnx"]
+    reasons = set()
+    for i, ref in enumerate(refs):
+        p = PodBuilder(f"p{i}").uid(f"u{i}").model(ref).obj()
+        body = client.post("/filter", json=args(p, ["n1"])).get_json()
+        assert body["NodeNames"] == [], ref
+        reason = body["FailedAndUnresolvableNodes"]["n1"]
+        assert "outside the model store" in reason and str(tmp_path) not in reason, reason
+        reasons.add(reason.replace(ref, "REF"))
+    assert len(reasons) == 1, reasons

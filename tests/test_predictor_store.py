@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import httpx
 import pytest
 
 from predictor.errors import ModelRejected, ModelUnavailable, RejectReason
-from predictor.store import ModelStore, StoreConfig
+from predictor.store import OUTSIDE_STORE, ModelStore, StoreConfig
 
 
 @pytest.fixture()
@@ -39,6 +40,52 @@ def test_references_escaping_the_store_are_refused(store_root: Path, ref: str, r
     with pytest.raises(ModelRejected) as info:
         ModelStore(StoreConfig(root=store_root)).resolve(ref)
     assert info.value.reason is reason
+
+
+OUTSIDE = {
+    "absolute-existing": "/etc/passwd",
+    "dotdot-existing": "../../etc/passwd",
+    "absolute-missing": "/no/such/dir/m.onnx",
+    "dotdot-missing": "../../no/such/dir/m.onnx",
+    "file-url-existing": "file:///etc/passwd",
+    "file-url-missing": "file:///no/such/dir/m.onnx",
+}
+
+
+@pytest.mark.parametrize("ref", OUTSIDE.values(), ids=OUTSIDE.keys())
+def test_a_path_outside_the_store_gets_one_answer_without_a_look(
+        store_root: Path, ref: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether the path exists on the host cannot be read from the refusal: the text is
+    the same for all, and nothing outside the store is stat'ed to give it."""
+    root = store_root.resolve()
+    store = ModelStore(StoreConfig(root=store_root))
+    looked: list[str] = []
+
+    def spy(real):
+        def call(path, *a, **kw):
+            if not Path(os.fsdecode(path)).is_relative_to(root) and Path(
+                    os.fsdecode(path)) not in root.parents:
+                looked.append(os.fsdecode(path))
+            return real(path, *a, **kw)
+        return call
+
+    monkeypatch.setattr(os, "stat", spy(os.stat))
+    monkeypatch.setattr(os, "lstat", spy(os.lstat))
+    with pytest.raises(ModelRejected) as info:
+        store.resolve(ref)
+    assert info.value.reason is RejectReason.PATH_OUTSIDE_STORE
+    assert info.value.detail == OUTSIDE_STORE
+    assert str(info.value) == f"{ref}: path_outside_store: {OUTSIDE_STORE}"
+    assert looked == []
+
+
+def test_a_symlink_out_of_the_store_gets_the_same_answer(store_root: Path) -> None:
+    (store_root / "dangling.onnx").symlink_to(store_root.parent / "no-such.onnx")
+    store = ModelStore(StoreConfig(root=store_root))
+    for ref in ("escape.onnx", "dangling.onnx"):
+        with pytest.raises(ModelRejected) as info:
+            store.resolve(ref)
+        assert info.value.detail == OUTSIDE_STORE, ref
 
 
 def test_store_paths_and_file_urls_resolve(store_root: Path) -> None:

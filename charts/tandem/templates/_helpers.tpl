@@ -56,6 +56,17 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- .Values.tokens.admin.existingSecret | default "tandem-admin-token" -}}
 {{- end }}
 
+{{/* The model store's volume source: modelStore, or agent.modelStore (its former name)
+     when a user still sets it. Keys set to null are dropped: with no default under the
+     former name, Helm keeps the null of `--set agent.modelStore.emptyDir=null`. */}}
+{{- define "tandem.modelStore" -}}
+{{- $source := dict -}}
+{{- range $key, $value := (.Values.agent.modelStore | default .Values.modelStore) -}}
+{{- if not (kindIs "invalid" $value) }}{{ $_ := set $source $key $value }}{{ end -}}
+{{- end -}}
+{{- toYaml $source -}}
+{{- end }}
+
 {{/* Refuse value combinations that would install something broken. */}}
 {{- define "tandem.validate" -}}
 {{- if not (has .Values.topology (list "sidecar" "standalone")) -}}
@@ -66,6 +77,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- if and .Values.queueGate.enabled .Values.config.queue.enabled -}}
 {{- fail "queueGate.enabled and config.queue.enabled are both true: run the weighted-fair queue in one place only (each would release pods)" -}}
+{{- end -}}
+{{- if ne (toString .Values.config.predictor.model_store) "/srv/tandem" -}}
+{{- fail "config.predictor.model_store must be /srv/tandem, where the pods mount modelStore" -}}
 {{- end -}}
 {{- if lt (int .Values.replicas) 1 -}}
 {{- fail "replicas must be at least 1" -}}
