@@ -40,11 +40,13 @@ reads) and the ``tandem`` policy runs three ways on the same trace:
   curves, never corrected);
 - ``oracle``: knows the truth (utilisation and curves).
 
-Reported per truth and workload: the learning curve of the online run (mean and max over
-(model, GPU type) of |believed - true| utilisation, after 50/100/200/500
-completed jobs and at the end), and makespan, mean JCT and mean wait of each
-run. Goals: after 200 completed jobs a mean absolute error <= 5 points; makespan
-of ``online`` within 5% of ``oracle`` and at least 10% better than ``prior``.
+Reported per truth and workload: the learning curve of the online run (mean and max
+over (model, GPU type) of |believed - true| utilisation, and where the truth has its
+own interference curves the mean |believed - true| slowdown over cumulative
+utilisations 25..200%, after 50/100/200/500 completed jobs and at the end), and
+makespan, mean JCT and mean wait of each run. Goals: after 200 completed jobs a mean
+absolute error <= 5 points; makespan of ``online`` within 5% of ``oracle`` and at
+least 10% better than ``prior``.
 
 Usage: ``.venv/bin/python benchmarks/learning.py [--production-jobs N]``; prints
 one JSON object and writes it to ``benchmarks/results/learning.json``.
@@ -125,6 +127,21 @@ def _errors(knowledge: SimKnowledge, truth: Truth, reps: dict[str, SimJob],
             "observed_estimates": observed, "estimates": len(values), "per_model": per}
 
 
+CURVE_GRID = tuple(range(25, 201, 25))
+"""Cumulative utilisations (%) at which a believed curve is compared with the truth's."""
+
+
+def _curve_error(knowledge: SimKnowledge, truth: Truth, types: list[str]) -> float | None:
+    """Mean |believed - true| slowdown over ``CURVE_GRID`` and GPU types, where the truth
+    has its own curves (else None: the simulator's interference is not a curve)."""
+    if not truth.curves:
+        return None
+    believed = knowledge.policy(tandem_cost())
+    gaps = [abs(believed.curve_for(t).slowdown(u) - truth.curves[t].slowdown(u))
+            for t in types if t in truth.curves for u in CURVE_GRID]
+    return round(sum(gaps) / len(gaps), 3) if gaps else None
+
+
 def scenario(name: str, jobs: list[SimJob], cluster: str, seed: int,
              truth_kind: str = "random") -> dict[str, Any]:
     """The three runs on one workload under one truth, with the online run's learning curve."""
@@ -143,7 +160,9 @@ def scenario(name: str, jobs: list[SimJob], cluster: str, seed: int,
             def checkpoint(done: int, world: SimWorld = world) -> None:
                 if done in CHECKPOINTS or done == len(jobs):
                     curve.append({"completed_jobs": done, "samples": world.agents.samples,
-                                  **_errors(world.knowledge, truth, reps, types)})
+                                  **_errors(world.knowledge, truth, reps, types),
+                                  "curve_error_slowdown": _curve_error(world.knowledge, truth,
+                                                                       types)})
             world.agents.on_completed = checkpoint
         started = time.perf_counter()
         r = simulate(jobs, nodes, "tandem", world=world)
@@ -156,6 +175,7 @@ def scenario(name: str, jobs: list[SimJob], cluster: str, seed: int,
         if mode == "prior":
             runs[mode]["error"] = {k: v for k, v in _errors(world.knowledge, truth, reps,
                                                              types).items() if k != "per_model"}
+            runs[mode]["curve_error_slowdown"] = _curve_error(world.knowledge, truth, types)
     online, prior, oracle = (runs[m]["makespan_s"] for m in MODES)
     prior_gap = [abs(truth.util_of(j, t) - j.pred_util) for j in reps.values() for t in types]
     after_200 = next((p for p in curve if p["completed_jobs"] >= 200), None)
