@@ -112,6 +112,12 @@ def predict_fn(predictor: DemandPredictor) -> Callable[[str, int, str, str],
     return call
 
 
+def _handoff_busy(node: str, pod: str) -> BindConflict:
+    """Bind's answer while ``node`` hands a GPU to another pod (device plugin)."""
+    return BindConflict(f"{node} is handing a GPU to {pod} (device plugin); retry once that "
+                        "pod is admitted", None)
+
+
 @dataclass(frozen=True)
 class FilterOutcome:
     """What filter decided, for logs and metrics."""
@@ -260,8 +266,7 @@ class Extender:
         waiting = self.state.handoffs.holder(args.node, args.pod_uid) \
             if self._handoff_gated(handoff) else None
         if waiting is not None:
-            raise BindConflict(f"{args.node} is handing a GPU to {waiting.pod} (device plugin); "
-                               "retry once that pod is admitted", None)
+            raise _handoff_busy(args.node, waiting.pod)
         pod = self._pod_for(args)
         ref, demand = self.demand(pod)
         ref = PodRef(args.pod_namespace, args.pod_name, args.pod_uid or ref.uid)
@@ -272,8 +277,7 @@ class Extender:
             waiting = self.state.handoffs.claim(args.node, ref.uid or ref.key, ref.key,
                                                 handoff.timeout_seconds)
             if waiting is not None:
-                raise BindConflict(f"{args.node} is handing a GPU to {waiting.pod} "
-                                   "(device plugin); retry once that pod is admitted", None)
+                raise _handoff_busy(args.node, waiting.pod)
         try:
             inputs = tandem_annotations(annotations_of(pod))
             placement, plan, cost, uuids = self.state.assume_best(
