@@ -7,6 +7,7 @@ Heavy imports (NVML, httpx, prometheus_client) happen inside the command so
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -151,8 +152,9 @@ def session_command(
 
 @app.command("device-plugin")
 def device_plugin_command(
-    extender: str = typer.Option(..., help="Extender base URL: its /v1/state says which "
-                                 "GPUs each pod was bound to."),
+    extender: str | None = typer.Option(None, help="Extender base URL: its /v1/state says "
+                                        "which GPUs each pod was bound to (required unless "
+                                        "--list)."),
     gpus: str = typer.Option("nvml", help="GPU source for inventory and health: 'nvml' or "
                              "'sim:FILE' (explicit)."),
     node: str | None = typer.Option(None, help="Node name (default: $NODE_NAME)."),
@@ -168,11 +170,15 @@ def device_plugin_command(
     cdi_dir: list[Path] = typer.Option([], "--cdi-dir", help="CDI spec directory, repeatable "
                                        "(default: /etc/cdi and /var/run/cdi)."),
     health_interval_seconds: float = typer.Option(5.0, help="GPU health poll period."),
+    list_devices: bool = typer.Option(False, "--list", help="Print, as JSON, the GPUs that "
+                                      "would be advertised (health after one poll, shares, "
+                                      "CDI name found) and exit; needs no kubelet or "
+                                      "extender."),
 ) -> None:
     """Serve tandem.io/gpu to the kubelet: each container gets the GPUs its pod was bound to."""
     import threading
 
-    from agent.device_plugin.main import build_runner, run_plugin
+    from agent.device_plugin.main import build_runner, device_listing, run_plugin
     from agent.device_plugin.server import PluginConfig
     from agent.errors import ConfigError
     from agent.extender_view import StateClient
@@ -187,10 +193,19 @@ def device_plugin_command(
     try:
         if not node_name:
             raise ConfigError("no node name: pass --node or set NODE_NAME")
-        token = TokenSource(token_file)
-        state = StateClient(extender)
         config = PluginConfig(node=node_name, plugin_dir=plugin_dir, shares_per_gpu=shares,
                               health_interval_seconds=health_interval_seconds)
+        if list_devices:
+            source, close_list = open_gpu_source(gpus, node_name)
+            try:
+                typer.echo(json.dumps(device_listing(source, config, cdi_dir), indent=2))
+            finally:
+                close_list()
+            return
+        if not extender:
+            raise ConfigError("--extender is required (its /v1/state says where pods go)")
+        token = TokenSource(token_file)
+        state = StateClient(extender)
         source, close_source = open_gpu_source(gpus, node_name)
         runner = build_runner(config, source,
                               lambda: state.fetch(node_name, token.get()),

@@ -7,7 +7,9 @@ import signal
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
+from agent.device_plugin.assign import share_ids
 from agent.device_plugin.cdi import DEFAULT_DIRS, cdi_device_names
 from agent.device_plugin.health import HealthTracker
 from agent.device_plugin.server import (
@@ -59,6 +61,22 @@ def build_runner(config: PluginConfig, source: GpuSource, fetch: Callable[[], No
         lambda: pod_resources_holding(pod_resources_socket, config.resource_name),
         lambda: cdi_device_names(cdi_dirs or DEFAULT_DIRS), stop)
     return DevicePluginRunner(service, stop)
+
+
+def device_listing(source: GpuSource, config: PluginConfig, cdi_dirs: Sequence[Path],
+                   cdi_kind: str = "nvidia.com/gpu") -> dict[str, Any]:
+    """What the plugin would advertise now: per GPU its health after one poll, its share
+    devices and whether the node's CDI specs name it (else the device-node fallback).
+    For checking a node by hand, e.g. beside ``nvidia-smi -L``."""
+    tracker = HealthTracker(source, config.health_interval_seconds)
+    tracker.poll()
+    names = cdi_device_names(cdi_dirs or DEFAULT_DIRS)
+    gpus = sorted(tracker.gpus().values(), key=lambda g: g.index)
+    return {"node": config.node, "resource": config.resource_name,
+            "shares_per_gpu": config.shares_per_gpu,
+            "gpus": [{"index": g.index, "uuid": g.uuid, "healthy": g.healthy,
+                      "devices": len(share_ids(g, config.shares_per_gpu)),
+                      "cdi": f"{cdi_kind}={g.uuid}" in names} for g in gpus]}
 
 
 def run_plugin(runner: DevicePluginRunner, stop: threading.Event) -> None:
