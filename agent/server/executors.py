@@ -226,6 +226,19 @@ class MeasuredExecutor:
     device_gate: DeviceGate
     _timer: Callable[[], float]
 
+    def _setup(self, device: str, gpu_index: int, gpu_type: str | None, limits: ModelLimits,
+               timer: Callable[[], float], prepare_in_process: bool) -> None:
+        """The state every real executor keeps: device, GPU type, limits, model worker."""
+        from agent.server.prepare import ModelPreparer
+
+        self.device = device
+        self.gpu_type = gpu_type or ("cpu" if device == "cpu" else f"cuda:{gpu_index}")
+        self.limits = limits
+        self._timer = timer
+        self.preparer = ModelPreparer(prepare_in_process)
+        self.device_gate = run_inline
+        """How measurement runs reach the device; the serving runtime sets its time slices."""
+
     def _sync(self) -> None:
         """Wait for the device's queued work (a no-op where runs are synchronous)."""
 
@@ -306,8 +319,6 @@ class OrtExecutor(MeasuredExecutor):
     ):
         import onnxruntime as ort
 
-        from agent.server.prepare import ModelPreparer
-
         if device not in ("cuda", "cpu"):
             raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
         if device == "cuda":
@@ -324,14 +335,8 @@ class OrtExecutor(MeasuredExecutor):
         else:
             self._providers = ["CPUExecutionProvider"]
         self._ort = ort
-        self.device = device
-        self.gpu_type = gpu_type or ("cpu" if device == "cpu" else f"cuda:{gpu_index}")
-        self.limits = limits
         self._threads = intra_op_threads
-        self._timer = timer
-        self.preparer = ModelPreparer(prepare_in_process)
-        self.device_gate: DeviceGate = run_inline
-        """How measurement runs reach the device; the serving runtime sets its time slices."""
+        self._setup(device, gpu_index, gpu_type, limits, timer, prepare_in_process)
 
     def _session(self, model: bytes) -> Any:
         opts = self._ort.SessionOptions()

@@ -29,12 +29,10 @@ import numpy as np
 from agent.quanta import group_segments
 from agent.server.errors import ModelRejected
 from agent.server.executors import (
-    DeviceGate,
     Feed,
     LoadedModel,
     MeasuredExecutor,
     ModelLimits,
-    run_inline,
 )
 from predictor.batching import BatchingProfile
 
@@ -94,21 +92,13 @@ class TorchExecutor(MeasuredExecutor):
         timer: Callable[[], float] = time.perf_counter,
         prepare_in_process: bool = False,
     ):
-        from agent.server.prepare import ModelPreparer
-
         self.torch_device = require_torch_device(device, gpu_index)
         import torch
 
         self._torch = torch
         if device == "cpu" and intra_op_threads:
             torch.set_num_threads(intra_op_threads)  # as ORT's CPU executor: one core
-        self.device = device
-        self.gpu_type = gpu_type or ("cpu" if device == "cpu" else f"cuda:{gpu_index}")
-        self.limits = limits
-        self._timer = timer
-        self.preparer = ModelPreparer(prepare_in_process)
-        self.device_gate: DeviceGate = run_inline
-        """How measurement runs reach the device; the serving runtime sets its time slices."""
+        self._setup(device, gpu_index, gpu_type, limits, timer, prepare_in_process)
 
     # ---- running --------------------------------------------------------------------
 
