@@ -184,6 +184,12 @@ def test_refusal_is_409_with_reason_and_state_unchanged(client: FlaskClient) -> 
             id="npy-header-claims-2**40-rows",
         ),
         pytest.param(
+            "/v1/sessions/s/infer",
+            {"json": {"inputs": {"x": [[10e38, 1.0]]}}},
+            400,
+            id="json-number-out-of-float32-range",
+        ),
+        pytest.param(
             "/v1/sessions/nope/infer",
             {"data": npy(np.zeros((1, 2), np.float32)), "content_type": NPY},
             404,

@@ -57,7 +57,11 @@ def decode_json_inputs(document: Any, dtype: np.dtype) -> np.ndarray:
         raise BadRequest('"inputs" must map exactly one input name to a nested list')
     (value,) = inputs.values()
     try:
-        array = np.asarray(value, dtype=dtype)
+        # A number the input's type cannot hold (10e38 as float32) is refused, not run as inf.
+        with np.errstate(over="raise", invalid="raise"):
+            array = np.asarray(value, dtype=dtype)
+    except FloatingPointError as exc:
+        raise BadRequest(f"input holds a number out of range for {dtype}") from exc
     except (ValueError, TypeError, OverflowError) as exc:
         raise BadRequest(f"input is not a rectangular array of numbers: {exc}") from exc
     return array
