@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from agent.server.commands import serve_command
+from agent.inference.commands import serve_command
 
 app = typer.Typer(no_args_is_help=True)
 app.command("serve")(serve_command)
@@ -52,8 +52,8 @@ def run_command(
 ) -> None:
     """Run the node agent: NVML (or sim) metrics, reports, /metrics, session sync."""
     from agent.errors import ConfigError
-    from agent.main import build_agent, run_forever, run_once
-    from agent.supervisor import SupervisorConfig
+    from agent.node.main import build_agent, run_forever, run_once
+    from agent.node.supervisor import SupervisorConfig
 
     node_name = node or os.environ.get("NODE_NAME", "")
     try:
@@ -112,9 +112,9 @@ def session_command(
         "the session (else $TANDEM_ADMIN_TOKEN)."),
 ) -> None:
     """Register this pod's session with its GPU's server and forward requests to it."""
-    from agent.server.auth import AdminToken, AdminTokenError
-    from agent.session_http import ProxyConfig, ProxyServer, serve_forever
-    from agent.session_proxy import (
+    from agent.inference.auth import AdminToken, AdminTokenError
+    from agent.session.http import ProxyConfig, ProxyServer, serve_forever
+    from agent.session.proxy import (
         ProxyConfigError,
         SessionLink,
         parse_gpu_index,
@@ -181,9 +181,9 @@ def device_plugin_command(
     from agent.device_plugin.main import build_runner, device_listing, run_plugin
     from agent.device_plugin.server import PluginConfig
     from agent.errors import ConfigError
-    from agent.extender_view import StateClient
-    from agent.main import open_gpu_source
-    from agent.reporter import TokenSource
+    from agent.node.extender_view import StateClient
+    from agent.node.main import open_gpu_source
+    from agent.node.reporter import TokenSource
     from contracts.logs import setup_logging
 
     setup_logging(logger_name="")

@@ -23,13 +23,13 @@ import _common
 import httpx
 from prometheus_client import CollectorRegistry, generate_latest
 
-from agent.attribution import ProcAttributor
-from agent.extender_view import PlacedJobs, StateClient, ViewHolder
-from agent.nvml import NvmlGpuSource
-from agent.nvml_fake import FakeGpu, FakeNvml
-from agent.reporter import Reporter, TokenSource
-from agent.runner import Agent, AgentConfig
-from agent.sim_gpus import SimGpuSource, SimGpuSpec
+from agent.node.attribution import ProcAttributor
+from agent.node.extender_view import PlacedJobs, StateClient, ViewHolder
+from agent.node.nvml import NvmlGpuSource
+from agent.node.reporter import Reporter, TokenSource
+from agent.node.runner import Agent, AgentConfig
+from agent.node.sim_gpus import SimGpuSource, SimGpuSpec
+from tests.fakes.nvml import FakeGpu, FakeNvml
 
 PROC = _common.ROOT / "tests" / "data" / "agent" / "proc"
 NODE = "bench-node"

@@ -9,7 +9,7 @@ interleaved, ``--repeats`` times each:
 - ``kube``: tandem over its ``kube`` source, talking real HTTP to
   ``fake_kube_api.py`` in a process of its own: lists and watches through the
   official ``kubernetes`` client, bindings and events through tandem's lean client
-  built from that client's configuration (``extender/kube_http.py``);
+  built from that client's configuration (``extender/cluster/kube_http.py``);
 - ``trivial``: ``trivial_extender.py`` (Flask on cheroot, GPU memory check only,
   bind through the same client and fake API), the baseline a p99 is compared to.
 
@@ -53,13 +53,13 @@ import _common
 from kubernetes import client
 
 from benchmarks import fake_kube_api, trivial_extender
+from extender.cluster.kube import KubeSource
+from extender.cluster.sim import SimSource
 from extender.config import ConfigHolder, ExtenderConfig, StateConfig, load_config
 from extender.core import GpuSpec, NodeSpec
-from extender.kube import KubeSource
-from extender.routes import create_app
-from extender.server import start_background
-from extender.signing import PlacementSigner
-from extender.sim_cluster import SimSource
+from extender.state.signing import PlacementSigner
+from extender.transport.routes import create_app
+from extender.transport.server import start_background
 
 NODES, GPUS, CANDIDATES = 1000, 8, 500
 GPU_PRODUCT, GPU_MIB = "NVIDIA-A100-SXM4-40GB", 40960

@@ -46,14 +46,14 @@ import time
 import _common
 import numpy as np
 
-from agent.quanta import jain_index, weighted_share_errors
-from agent.server.clock import MonotonicClock, VirtualClock
-from agent.server.dispatch import DropPolicy
-from agent.server.errors import AdmissionRefused
-from agent.server.executors import SimExecutor
-from agent.server.profiles import load_nexus
-from agent.server.replay import Arrival, merge, poisson_arrivals, replay
-from agent.server.runtime import RuntimeConfig, ServingRuntime
+from agent.inference.batch_formation import DropPolicy
+from agent.inference.batching_profiles import load_nexus
+from agent.inference.clock import MonotonicClock, VirtualClock
+from agent.inference.errors import AdmissionRefused
+from agent.inference.executors import SimExecutor
+from agent.inference.quanta import jain_index, weighted_share_errors
+from agent.inference.replay import Arrival, merge, poisson_arrivals, replay
+from agent.inference.runtime import RuntimeConfig, ServingRuntime
 from benchmarks.serving_ort import onnxruntime_sections
 from planner import GpuPlan, SessionSpec, plan_gpu, saturated_config
 from predictor.batching import BatchingProfile

@@ -33,16 +33,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper, save
 
-from agent.quanta import jain_index, weighted_share_errors
-from agent.server.clock import MonotonicClock
-from agent.server.errors import AdmissionRefused, SessionNotFound
-from agent.server.executors import Executor, ModelLimits, OrtExecutor
-from agent.server.replay import merge, poisson_arrivals
-from agent.server.runtime import RuntimeConfig, ServingRuntime
+from agent.inference.clock import MonotonicClock
+from agent.inference.errors import AdmissionRefused, SessionNotFound
+from agent.inference.executors import Executor, ModelLimits, OrtExecutor
+from agent.inference.quanta import jain_index, weighted_share_errors
+from agent.inference.replay import merge, poisson_arrivals
+from agent.inference.runtime import RuntimeConfig, ServingRuntime
 from planner import GpuPlan, SessionSpec, plan_gpu
 
 if TYPE_CHECKING:
-    from agent.server.torch_executor import TorchExecutor
+    from agent.inference.torch_executor import TorchExecutor
 
 SLO_MIX = [("m1", 6, 150.0), ("m2", 10, 250.0), ("m3", 4, 100.0)]  # (name, layers, SLO ms)
 
@@ -79,7 +79,7 @@ def _runtime(device: str, store: Path, kind: str = "onnxruntime"
     threads = 1 if device == "cpu" else 0  # one core on the CPU, as a device of its own
     executor: OrtExecutor | TorchExecutor
     if kind == "torch":
-        from agent.server.torch_executor import TorchExecutor
+        from agent.inference.torch_executor import TorchExecutor
 
         executor = TorchExecutor(device, limits=limits, intra_op_threads=threads or None)
     else:

@@ -35,10 +35,10 @@ sys.path.append(str(ROOT / "tests"))  # the slow-loris and the loopback servers 
 from extender_builders import node, training  # noqa: E402
 from slow_loris import SlowClients  # noqa: E402
 
+from extender.cluster.sim import SimSource  # noqa: E402
 from extender.config import ConfigHolder, build_config  # noqa: E402
-from extender.routes import create_app  # noqa: E402
-from extender.server import start_background  # noqa: E402
-from extender.sim_cluster import SimSource  # noqa: E402
+from extender.transport.routes import create_app  # noqa: E402
+from extender.transport.server import start_background  # noqa: E402
 
 
 def summary(times: list[float], missed: int) -> dict[str, float | int]:
@@ -127,9 +127,9 @@ def measure_agent_side(opts: argparse.Namespace, target: str) -> dict:
 
     from test_agent_session_proxy import SLO, Loopback, Upstream
 
-    from agent.server.serve import ServeOptions, http_server
-    from agent.session_http import ProxyConfig, ProxyServer
-    from agent.session_proxy import SessionLink
+    from agent.inference.serve import ServeOptions, http_server
+    from agent.session.http import ProxyConfig, ProxyServer
+    from agent.session.proxy import SessionLink
 
     upstream = Upstream()
     stops = [upstream.runtime.stop]

@@ -29,18 +29,18 @@ def serve(
     from contracts.clusterfile import ClusterFileError
     from contracts.logs import setup_logging
     from extender.config import ConfigError, ConfigHolder, load_config
-    from extender.lifecycle import (
+    from extender.ha.lifecycle import (
         Draining,
         GracefulShutdown,
         LeadershipSetupError,
         setup_leadership,
     )
-    from extender.metrics import Metrics
-    from extender.profiles import ProfileFileError, load_profiles
+    from extender.inference_profiles import ProfileFileError, load_profiles
+    from extender.ops.metrics import Metrics
     from extender.queue import QueueError
     from extender.queue.metrics import QueueMetrics
-    from extender.routes import create_app
-    from extender.server import make_server, reload_loop
+    from extender.transport.routes import create_app
+    from extender.transport.server import make_server, reload_loop
     from extender.wiring import (
         PredictorSetupError,
         QueueGateThread,
@@ -136,7 +136,7 @@ def queue_gate(
 
     from contracts.logs import setup_logging
     from extender.config import ConfigError, load_config
-    from extender.lifecycle import LeadershipSetupError, setup_leadership
+    from extender.ha.lifecycle import LeadershipSetupError, setup_leadership
     from extender.queue import QueueError
     from extender.queue.metrics import QueueMetrics
     from extender.wiring import (

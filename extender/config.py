@@ -119,7 +119,7 @@ class PredictorConfig:
 
 @dataclass(frozen=True)
 class LearningConfig:
-    """Online learning of each model's utilisation from agent reports (extender/learning.py)."""
+    """Online learning of each model's utilisation from agent reports (learning/learner.py)."""
 
     enabled: bool = True
     """Turn agent reports into per-model observations and use them in resolution."""

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from extender.cluster.source import ClusterSource, output_annotations, tandem_annotations
 from extender.config import ConfigHolder
 from extender.core import (
     DemandError,
@@ -45,10 +46,9 @@ from extender.errors import (
     PodRejected,
     SourceError,
 )
-from extender.learning import Learner
-from extender.ledger import ClusterState
-from extender.source import ClusterSource, output_annotations, tandem_annotations
-from extender.wire import (
+from extender.learning.learner import Learner
+from extender.state.ledger import ClusterState
+from extender.transport.wire import (
     BindingArgs,
     EncodedJson,
     ExtenderArgs,

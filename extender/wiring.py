@@ -25,11 +25,11 @@ class SourceSpecError(ValueError):
 def build_source(spec: str) -> Any:
     """The cluster source for ``--cluster kube|sim:FILE``."""
     if spec == "kube":
-        from extender.kube import KubeSource
+        from extender.cluster.kube import KubeSource
 
         return KubeSource.from_environment()
     if spec.startswith("sim:") and len(spec) > 4:
-        from extender.sim_cluster import SimSource
+        from extender.cluster.sim import SimSource
 
         return SimSource.from_file(spec[4:])
     raise SourceSpecError(f"--cluster must be 'kube' or 'sim:FILE', got {spec!r}")

@@ -311,7 +311,7 @@ def load_curves(path: Path) -> CurvesFile:
     return CurvesFile(curves, bool(simulated), str(raw.get("data_digest", "")))
 
 
-# ---- online refits (extender/learning_curves.py) --------------------------------------------
+# ---- online refits (extender/learning/curves.py) --------------------------------------------
 def fit_partial(util_percent: Sequence[float], slowdown: Sequence[float],
                 prior: InterferenceCurve) -> InterferenceCurve:
     """Fit the regimes the points cover; keep ``prior``'s coefficients for the others.

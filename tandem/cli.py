@@ -13,8 +13,8 @@ import typer
 from agent.commands import app as agent_app
 from contracts.version import DISTRIBUTION, version
 from extender.commands import app as extender_app
+from extender.ops.status import status_command
 from extender.simulator.commands import simulate_command
-from extender.status import status_command
 from planner.commands import plan_command
 from predictor.commands import app as predictor_app
 from predictor.profiling.commands import profile_command

@@ -100,11 +100,11 @@ def _run_demo(seed: int, store: Path) -> dict[str, Any]:
     import httpx
 
     from contracts.clusterfile import load_cluster_file
+    from extender.cluster.sim import DEFAULT_CLUSTER, SimSource
     from extender.config import ConfigHolder, load_config
-    from extender.profiles import load_profiles
-    from extender.routes import create_app
-    from extender.server import start_background
-    from extender.sim_cluster import DEFAULT_CLUSTER, SimSource
+    from extender.inference_profiles import load_profiles
+    from extender.transport.routes import create_app
+    from extender.transport.server import start_background
     from extender.wiring import default_planner
     from predictor.api import Predictor
 
@@ -231,7 +231,7 @@ def _role(pods: list[dict[str, Any]]) -> str:
 
 
 class SimAgents:
-    """Simulated node agents (``agent.sim_gpus`` + ``agent.reporter``) when installed."""
+    """Simulated node agents (``agent.node.sim_gpus`` + ``agent.node.reporter``) when installed."""
 
     def __init__(self, sources: dict[str, Any], build_report: Any, token: str):
         self.sources = sources
@@ -247,8 +247,8 @@ class SimAgents:
     def create(cls, sim: Any, cluster: Any, token: str, seed: int = DEFAULT_SEED) -> SimAgents:
         """One simulated GPU source per GPU node of ``cluster``; load follows its bound pods."""
         try:
-            from agent.reporter import build_report
-            from agent.sim_gpus import SimGpuSource, SimJob, sim_gpu_specs
+            from agent.node.reporter import build_report
+            from agent.node.sim_gpus import SimGpuSource, SimJob, sim_gpu_specs
         except ImportError:
             return cls({}, None, token)
 

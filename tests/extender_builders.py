@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from extender.cluster.sim import SimSource
 from extender.config import ConfigHolder, build_config
 from extender.core import (
     GpuSpec,
@@ -26,10 +27,9 @@ from extender.core import (
     parse_demand,
     resolve_demand,
 )
-from extender.metrics import Metrics
-from extender.profiles import parse_profiles
-from extender.routes import create_app
-from extender.sim_cluster import SimSource
+from extender.inference_profiles import parse_profiles
+from extender.ops.metrics import Metrics
+from extender.transport.routes import create_app
 from extender.wiring import default_planner
 
 TOKEN = "s3cret-token"

@@ -17,10 +17,10 @@ from typing import Any
 from bench_modules import fake_kube_api
 from kubernetes import client
 
+from extender.cluster.kube import KubeSource, PlainWatch
+from extender.cluster.source import DONE_PHASES
 from extender.config import ConfigHolder, build_config
-from extender.kube import KubeSource, PlainWatch
-from extender.routes import create_app
-from extender.source import DONE_PHASES
+from extender.transport.routes import create_app
 
 GPUS_PER_NODE = 2
 GPU_MIB = 40960

@@ -24,9 +24,9 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from server_helpers import running_tiny_runtime
 
-from agent.server.app import create_app as server_app
-from agent.session_http import ProxyConfig, create_proxy_app
-from agent.session_proxy import SessionLink, session_request
+from agent.inference.app import create_app as server_app
+from agent.session.http import ProxyConfig, create_proxy_app
+from agent.session.proxy import SessionLink, session_request
 
 NPY = "application/x-npy"
 ANNOTATION_KEYS = ["tandem.io/gpu-util", "tandem.io/gpu-mem-mib", "tandem.io/workload",

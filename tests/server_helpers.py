@@ -9,9 +9,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from agent.server.clock import MonotonicClock
-from agent.server.executors import SimExecutor
-from agent.server.runtime import RuntimeConfig, ServingRuntime
+from agent.inference.clock import MonotonicClock
+from agent.inference.executors import SimExecutor
+from agent.inference.runtime import RuntimeConfig, ServingRuntime
 from predictor.batching import BatchingProfile
 
 
@@ -82,7 +82,7 @@ def one_matmul(rows: int, width: int) -> onnx.ModelProto:
 def ort_runtimes(store: Path, **limits) -> Iterator:
     """Yields ``make(profiles=None, **config)``: started CPU ONNX Runtime serving runtimes
     over ``store`` (one core, no re-plan timer), all stopped at the end."""
-    from agent.server.executors import ModelLimits, OrtExecutor
+    from agent.inference.executors import ModelLimits, OrtExecutor
 
     started: list[ServingRuntime] = []
 

@@ -13,14 +13,14 @@ from server_helpers import running_tiny_runtime
 from typer.testing import CliRunner
 
 from agent.errors import ConfigError
-from agent.extender_view import NodeView, parse_node_view
-from agent.main import build_agent
-from agent.server.app import create_app
-from agent.server.auth import AdminGuard, AdminToken
-from agent.server.runtime import ServingRuntime
-from agent.session_proxy import SessionLink, session_request
-from agent.sessions import SessionSync
-from agent.supervisor import SupervisorConfig
+from agent.inference.app import create_app
+from agent.inference.auth import AdminGuard, AdminToken
+from agent.inference.runtime import ServingRuntime
+from agent.node.extender_view import NodeView, parse_node_view
+from agent.node.main import build_agent
+from agent.node.sessions import SessionSync
+from agent.node.supervisor import SupervisorConfig
+from agent.session.proxy import SessionLink, session_request
 
 TOKEN = "admin-token-for-tests"
 NODE = "gpu-node-1"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.attribution import (
+from agent.node.attribution import (
     Attribution,
     ProcAttributor,
     attribute_cgroup_file,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from agent.exporter import AgentCollector, Observation
-from agent.extender_view import parse_node_view
-from agent.gpus import GpuInfo, GpuSample, NodeSample, ProcessSample
+from agent.node.exporter import AgentCollector, Observation
+from agent.node.extender_view import parse_node_view
+from agent.node.gpus import GpuInfo, GpuSample, NodeSample, ProcessSample
 
 HOST = "gpu-node-1"
 H100 = "NVIDIA H100 80GB HBM3"

@@ -43,7 +43,7 @@ def capture(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Comple
     dest = tmp_path_factory.mktemp("capture")
     device_out = tmp_path_factory.mktemp("device_out")
     env = {**os.environ, "PATH": f"{SITE}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONPATH": str(SITE), "TANDEM_FAKE_NVML": str(FIXTURE),
+           "PYTHONPATH": f"{SITE}{os.pathsep}{ROOT / 'tests'}", "TANDEM_FAKE_NVML": str(FIXTURE),
            "PYTHON": sys.executable, "LOAD_SECONDS": "3", "WARMUP_SECONDS": "2",
            "METRICS_PORT": str(_free_port()), "DEVICE_OUT": str(device_out),
            "NODE_NAME": "capture-test"}  # fmt: skip

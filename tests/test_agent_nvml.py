@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pynvml
 import pytest
+from fakes.nvml import FakeGpu, FakeNvml
 
 from agent.errors import DriverNotLoaded
-from agent.gpus import GpuSample
-from agent.nvml import NvmlGpuSource
-from agent.nvml_fake import FakeGpu, FakeNvml
+from agent.node.gpus import GpuSample
+from agent.node.nvml import NvmlGpuSource
 
 DATA = Path(__file__).parent / "data" / "agent"
 NOW = 10.0  # seconds; the fixture's samples run up to 10_000_000 us
@@ -94,7 +94,7 @@ def test_fixture_gpu_with_unsupported_and_forbidden_fields() -> None:
 
 def test_unexpected_field_error_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
     src = source(fixture_nvml())
-    with caplog.at_level(logging.WARNING, logger="agent.nvml"):
+    with caplog.at_level(logging.WARNING, logger="agent.node.nvml"):
         src.sample(1.0)
         src.sample(1.0)
     # NO_PERMISSION on GPU 1's temperature: once, despite two rounds; NOT_SUPPORTED: silent.

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from agent.errors import ConfigError, ExtenderUnavailable, ReportRejected
-from agent.gpus import GpuInfo, GpuSample, NodeSample, ProcessSample
-from agent.reporter import BackoffPolicy, Reporter, TokenSource, build_report
+from agent.node.gpus import GpuInfo, GpuSample, NodeSample, ProcessSample
+from agent.node.reporter import BackoffPolicy, Reporter, TokenSource, build_report
 
 TOKEN = "s3cr3t-t0ken-value"
 

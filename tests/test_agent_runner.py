@@ -9,20 +9,20 @@ from pathlib import Path
 import httpx
 import pynvml
 import pytest
+from fakes.nvml import FakeNvml
 from prometheus_client import CollectorRegistry
 from typer.testing import CliRunner
 
-from agent.attribution import ProcAttributor
 from agent.errors import ConfigError
-from agent.extender_view import PlacedJobs, StateClient, ViewHolder
-from agent.main import build_agent
-from agent.nvml import NvmlGpuSource
-from agent.nvml_fake import FakeNvml
-from agent.reporter import BackoffPolicy, Reporter, TokenSource, build_report
-from agent.runner import Agent, AgentConfig
-from agent.sessions import SessionSync
-from agent.sim_gpus import SimGpuSource, load_sim_gpus, true_load_factor
-from extender.reports import decode_report
+from agent.node.attribution import ProcAttributor
+from agent.node.extender_view import PlacedJobs, StateClient, ViewHolder
+from agent.node.main import build_agent
+from agent.node.nvml import NvmlGpuSource
+from agent.node.reporter import BackoffPolicy, Reporter, TokenSource, build_report
+from agent.node.runner import Agent, AgentConfig
+from agent.node.sessions import SessionSync
+from agent.node.sim_gpus import SimGpuSource, load_sim_gpus, true_load_factor
+from extender.state.reports import decode_report
 
 DATA = Path(__file__).parent / "data" / "agent"
 NODE = "gpu-node-1"

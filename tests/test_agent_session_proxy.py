@@ -1,6 +1,6 @@
 """The session process (``tandem agent session``) against the real inference server app.
 
-The server is ``agent.server.app.create_app`` over a sim-executor runtime, reached
+The server is ``agent.inference.app.create_app`` over a sim-executor runtime, reached
 through httpx's WSGI transport (a swappable app stands in for a server restart)
 or, for the network paths, over loopback cheroot. The proxy's own HTTP side runs
 on loopback cheroot where the wire matters and as a Flask test client elsewhere.
@@ -21,13 +21,14 @@ import pytest
 from cheroot import wsgi
 from flask import Flask
 
-from agent.extender_view import PodPlacement
-from agent.server.app import create_app
-from agent.server.clock import MonotonicClock
-from agent.server.executors import SimExecutor
-from agent.server.runtime import RuntimeConfig, ServingRuntime
-from agent.session_http import ProxyConfig, ProxyServer, create_proxy_app
-from agent.session_proxy import (
+from agent.inference.app import create_app
+from agent.inference.clock import MonotonicClock
+from agent.inference.executors import SimExecutor
+from agent.inference.runtime import RuntimeConfig, ServingRuntime
+from agent.node.extender_view import PodPlacement
+from agent.node.sessions import session_spec
+from agent.session.http import ProxyConfig, ProxyServer, create_proxy_app
+from agent.session.proxy import (
     ProxyConfigError,
     SessionLink,
     SessionRequest,
@@ -35,7 +36,6 @@ from agent.session_proxy import (
     server_url,
     session_request,
 )
-from agent.sessions import session_spec
 from predictor.batching import BatchingProfile
 
 NPY = "application/x-npy"
@@ -445,7 +445,7 @@ def test_example_deployment_runs_the_session_the_agent_would_register(
         seen["link"] = server.link
         raise Captured
 
-    monkeypatch.setattr("agent.session_http.serve_forever", capture)
+    monkeypatch.setattr("agent.session.http.serve_forever", capture)
     monkeypatch.setattr("contracts.logs.setup_logging", lambda **_: None)
     from typer.testing import CliRunner
 
@@ -471,7 +471,7 @@ def test_a_differing_registration_is_kept_not_fought(
 ) -> None:
     with httpx.Client(transport=httpx.WSGITransport(app=upstream)) as agent:
         assert agent.post(f"{SERVER}/v1/sessions", json=theirs).status_code == 201
-    with caplog.at_level("WARNING", logger="agent.session_proxy"):
+    with caplog.at_level("WARNING", logger="agent.session.proxy"):
         assert link.ensure().registered
     assert upstream.entry(SLO.name)["slo_ms"] == theirs["slo_ms"] and upstream.posts == 1
     assert any(r.msg == "session registered with other values" for r in caplog.records) is warned

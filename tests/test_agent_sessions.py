@@ -7,8 +7,8 @@ import json
 import httpx
 import pytest
 
-from agent.extender_view import NodeView, PodPlacement, parse_node_view
-from agent.sessions import SessionSync, desired_sessions, session_spec
+from agent.node.extender_view import NodeView, PodPlacement, parse_node_view
+from agent.node.sessions import SessionSync, desired_sessions, session_spec
 
 NODE = "gpu-node-1"
 
@@ -64,7 +64,7 @@ def test_a_skipped_pod_is_logged_once_per_reason(caplog: pytest.LogCaptureFixtur
     sync = SessionSync(lambda i: f"http://127.0.0.1:{8700 + i}",
                        transport=httpx.MockTransport(FakeServers({0: set()})))
     bad = view([pod("a", slo_ms="50")])
-    with caplog.at_level("WARNING", logger="agent.sessions"):
+    with caplog.at_level("WARNING", logger="agent.node.sessions"):
         results = [sync.sync(bad), sync.sync(bad)]
     assert [r.skipped for r in results] == [("ns.a",), ("ns.a",)]
     skips = [r for r in caplog.records if r.getMessage().startswith("session skipped")]

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from agent.errors import ConfigError
-from agent.extender_view import PlacedJobs, ViewHolder, parse_node_view
-from agent.gpus import GpuSource, parse_gpu_source
-from agent.sim_gpus import (
+from agent.node.extender_view import PlacedJobs, ViewHolder, parse_node_view
+from agent.node.gpus import GpuSource, parse_gpu_source
+from agent.node.sim_gpus import (
     SimGpuSource,
     SimGpuSpec,
     SimJob,

@@ -7,11 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from fakes.nvml import FakeNvml
 
-from agent.gpus import GpuSource
-from agent.nvml import NvmlGpuSource
-from agent.nvml_fake import FakeNvml
-from agent.sim_gpus import SimGpuSource, SimJob, load_sim_gpus
+from agent.node.gpus import GpuSource
+from agent.node.nvml import NvmlGpuSource
+from agent.node.sim_gpus import SimGpuSource, SimJob, load_sim_gpus
 
 DATA = Path(__file__).parent / "data" / "agent"
 

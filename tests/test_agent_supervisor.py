@@ -17,13 +17,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 from typer.testing import CliRunner
 
-from agent.attribution import ProcAttributor
 from agent.errors import ConfigError
-from agent.extender_view import PlacedJobs, ViewHolder
-from agent.main import build_agent, run_forever
-from agent.runner import Agent, AgentConfig
-from agent.sim_gpus import SimGpuSource, load_sim_gpus
-from agent.supervisor import ServerSupervisor, SupervisorConfig, popen_launcher
+from agent.node.attribution import ProcAttributor
+from agent.node.extender_view import PlacedJobs, ViewHolder
+from agent.node.main import build_agent, run_forever
+from agent.node.runner import Agent, AgentConfig
+from agent.node.sim_gpus import SimGpuSource, load_sim_gpus
+from agent.node.supervisor import ServerSupervisor, SupervisorConfig, popen_launcher
 
 PREFIX = ("tandem",)
 
@@ -267,7 +267,7 @@ def test_build_agent_supervises_only_when_asked() -> None:
 def test_run_forever_starts_servers_and_passes_sigterm_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("agent.main.setup_logging", lambda **_: None)
+    monkeypatch.setattr("agent.node.main.setup_logging", lambda **_: None)
     launcher = Launcher()
     sup = ServerSupervisor(SupervisorConfig(command_prefix=PREFIX), launcher=launcher,
                            environ={})

@@ -14,7 +14,7 @@ import yaml
 from onnx import TensorProto, helper
 from typer.testing import CliRunner
 
-from extender.sim_cluster import DEFAULT_CLUSTER
+from extender.cluster.sim import DEFAULT_CLUSTER
 from tandem.cli import app
 from tandem.errors import explain
 

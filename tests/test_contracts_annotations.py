@@ -12,13 +12,13 @@ from flask.testing import FlaskClient
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.extender_view import parse_node_view
-from agent.quanta import JobSpec, QuantaError
-from agent.server.app import create_app
-from agent.server.clock import MonotonicClock
-from agent.server.executors import SimExecutor
-from agent.server.runtime import RuntimeConfig, ServingRuntime
-from agent.sessions import desired_sessions
+from agent.inference.app import create_app
+from agent.inference.clock import MonotonicClock
+from agent.inference.executors import SimExecutor
+from agent.inference.quanta import JobSpec, QuantaError
+from agent.inference.runtime import RuntimeConfig, ServingRuntime
+from agent.node.extender_view import parse_node_view
+from agent.node.sessions import desired_sessions
 from contracts.annotations import (
     PRIORITY_RANGE,
     WEIGHT_RANGE,
@@ -30,8 +30,8 @@ from contracts.annotations import (
     parse_inputs,
     read_bound_inputs,
 )
+from extender.cluster.source import placement_from_pod
 from extender.core import DemandError, parse_demand
-from extender.source import placement_from_pod
 from predictor.batching import BatchingProfile
 
 

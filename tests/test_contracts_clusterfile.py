@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from agent.errors import ConfigError
-from agent.sim_gpus import load_sim_gpus
+from agent.node.sim_gpus import load_sim_gpus
 from contracts.clusterfile import (
     MAX_GPUS_PER_ENTRY,
     ClusterFile,
@@ -20,7 +20,7 @@ from contracts.clusterfile import (
     parse_cluster_file,
     sim_gpu_uuid,
 )
-from extender.sim_cluster import DEFAULT_CLUSTER, SimSource
+from extender.cluster.sim import DEFAULT_CLUSTER, SimSource
 from extender.simulator.cluster import load_cluster, uniform_cluster
 
 H100 = "{product: NVIDIA-H100-80GB-HBM3, memory_mib: 81559"

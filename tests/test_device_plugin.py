@@ -36,8 +36,8 @@ from agent.device_plugin.server import (
     pod_resources_holding,
 )
 from agent.errors import DriverNotLoaded
-from agent.gpus import GpuInfo, GpuSample, NodeSample
-from extender.handoff import HandoffGate
+from agent.node.gpus import GpuInfo, GpuSample, NodeSample
+from extender.state.handoff import HandoffGate
 
 G0, G1 = Gpu(0, "GPU-aaaa"), Gpu(1, "GPU-bbbb")
 INVENTORY = {G0.uuid: G0, G1.uuid: G1}

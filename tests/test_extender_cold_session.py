@@ -8,9 +8,9 @@ from typing import Any
 import yaml
 from extender_builders import args, binding, inference, make_app, node, pod
 
+from extender.cluster.sim import SimSource
 from extender.config import load_config
-from extender.profiles import load_profiles
-from extender.sim_cluster import SimSource
+from extender.inference_profiles import load_profiles
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "manifests/examples/inference-deployment.yaml"

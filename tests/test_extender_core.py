@@ -397,9 +397,9 @@ def _profiles():
 
 
 def test_ledger_rebuild_and_confirm_keep_pods_newer_than_the_sample():
-    # extender.ledger feeds the table bind and report times on one clock; a rebuild
+    # extender.state.ledger feeds the table bind and report times on one clock; a rebuild
     # (inventory change) and the watch's confirm must not fold a newer pod into the sample.
-    from extender.ledger import ClusterState
+    from extender.state.ledger import ClusterState
 
     clock = [10.0]
     state = ClusterState(lambda: CostPolicy(), lambda: clock[0])

@@ -12,7 +12,7 @@ from extender_builders import args, make_app, training
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extender.wire import dumps, encode_host_priorities, host_priorities
+from extender.transport.wire import dumps, encode_host_priorities, host_priorities
 
 
 @given(st.lists(st.tuples(st.text(max_size=12), st.integers(-5, 15)), max_size=20))

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from extender.handoff import HandoffGate, Waiting, admitted
+from extender.state.handoff import HandoffGate, Waiting, admitted
 
 
 class Clock:

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from extender_builders import args, binding, make_app, node, pod, tiny_model
 
-from agent.extender_view import parse_node_view
-from agent.sessions import desired_sessions
+from agent.node.extender_view import parse_node_view
+from agent.node.sessions import desired_sessions
+from extender.cluster.sim import SimSource
 from extender.config import ConfigError, NexusProfileSource, PredictorConfig, build_config
-from extender.profiles import ProfileFileError, load_nexus_profiles, load_profiles
-from extender.sim_cluster import SimSource
+from extender.inference_profiles import ProfileFileError, load_nexus_profiles, load_profiles
 from extender.wiring import PredictorSetupError, build_predictor
 from predictor.profiles import parse_nexus
 

@@ -11,11 +11,11 @@ from extender_builders import PodBuilder, demand, placement
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from extender.cluster.kube import KubeSource, PlainWatch, node_spec
 from extender.config import ConfigHolder, build_config
 from extender.core import PodRef
-from extender.kube import KubeSource, PlainWatch, node_spec
-from extender.routes import create_app
-from extender.signing import PlacementSigner
+from extender.state.signing import PlacementSigner
+from extender.transport.routes import create_app
 
 GFD = {"nvidia.com/gpu.count": "2", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
        "nvidia.com/gpu.memory": "40960"}

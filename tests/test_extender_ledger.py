@@ -21,11 +21,11 @@ from extender_builders import (
     training,
 )
 
+from extender.cluster.sim import SimSource, parse_cluster
 from extender.config import ConfigHolder, build_config
 from extender.core import CostPolicy, GpuSpec, Placement, SessionSpec, Workload
-from extender.ledger import ClusterState
-from extender.routes import create_app
-from extender.sim_cluster import SimSource, parse_cluster
+from extender.state.ledger import ClusterState
+from extender.transport.routes import create_app
 
 
 @pytest.mark.parametrize(("mem", "feasible"), [(8000, 5), (13000, 3), (41000, 0)],

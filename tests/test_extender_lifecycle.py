@@ -16,12 +16,12 @@ from manifests_helpers import MANIFESTS, container, pod_specs, resolve
 from typer.testing import CliRunner
 
 from extender import commands
+from extender.cluster.sim import SimSource
 from extender.config import ConfigHolder, build_config
-from extender.leader import AlwaysLeader, LeaseElector, LeaseFollower
-from extender.lifecycle import Draining, GracefulShutdown, LeadershipSetupError, setup_leadership
-from extender.routes import create_app
-from extender.server import start_background
-from extender.sim_cluster import SimSource
+from extender.ha.leader import AlwaysLeader, LeaseElector, LeaseFollower
+from extender.ha.lifecycle import Draining, GracefulShutdown, LeadershipSetupError, setup_leadership
+from extender.transport.routes import create_app
+from extender.transport.server import start_background
 
 ENV = {"POD_NAMESPACE": "tandem-system", "POD_NAME": "tandem-scheduler-abc"}
 
@@ -237,8 +237,8 @@ def test_serve_command_wires_leadership_readiness_and_sigterm(
     cluster.write_text(yaml.safe_dump({"nodes": [{"name": "n1", "gpus": [
         {"product": "NVIDIA-A100-SXM4-40GB", "memory_mib": 40960, "count": 1}]}]}))
     coordination, core = FakeCoordinationApi(), FakeCoreApi()
-    monkeypatch.setattr("extender.lifecycle.kube_clients", lambda: (coordination, core))
-    monkeypatch.setattr("extender.server.make_server", CliFakeServer)
+    monkeypatch.setattr("extender.ha.lifecycle.kube_clients", lambda: (coordination, core))
+    monkeypatch.setattr("extender.transport.server.make_server", CliFakeServer)
     monkeypatch.setenv("POD_NAMESPACE", ENV["POD_NAMESPACE"])
     monkeypatch.setenv("POD_NAME", ENV["POD_NAME"])
     previous = signal.getsignal(signal.SIGTERM)

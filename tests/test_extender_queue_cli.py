@@ -222,9 +222,9 @@ def test_standby_never_releases(fake_api: ApplyingCoreV1, config_file: Callable[
                 signal.raise_signal(signal.SIGTERM)
             return False
 
-    import extender.lifecycle
+    import extender.ha.lifecycle
 
-    monkeypatch.setattr(extender.lifecycle, "setup_leadership", lambda *_: (Standby(), None))
+    monkeypatch.setattr(extender.ha.lifecycle, "setup_leadership", lambda *_: (Standby(), None))
     cfg = config_file("queue: {k: 1, beta: 2}\npredictor: {enabled: false}\n")
     result = run_gate("--config", str(cfg), "--interval-seconds", "0.01")
     assert result.exit_code == 0, result.output
@@ -235,9 +235,9 @@ def test_standby_never_releases(fake_api: ApplyingCoreV1, config_file: Callable[
 def test_serve_runs_the_gate_in_process_and_stops_it(
         fake_api: ApplyingCoreV1, config_file: Callable[[str], Path],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import extender.server
+    import extender.transport.server
     import extender.wiring
-    from extender.sim_cluster import SimSource
+    from extender.cluster.sim import SimSource
 
     fake_api.pods = [heavy("h0", 10), heavy("h1", 20)]
     released = threading.Event()
@@ -256,7 +256,7 @@ def test_serve_runs_the_gate_in_process_and_stops_it(
             pass
 
     apps: list[Any] = []
-    monkeypatch.setattr(extender.server, "make_server",
+    monkeypatch.setattr(extender.transport.server, "make_server",
                         lambda app, *_: apps.append(app) or Server())
     monkeypatch.setattr(extender.wiring, "build_source",
                         lambda _spec: SimSource.from_file(REPO / "extender/demo_cluster.yaml"))

@@ -20,7 +20,7 @@ from extender_builders import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from extender.sim_cluster import SimSource
+from extender.cluster.sim import SimSource
 
 
 @pytest.fixture
@@ -296,7 +296,7 @@ def test_metrics_exposes_verbs_decisions_and_gpus(env):
 
 def test_config_hot_reload_swaps_weights(tmp_path):
     from extender.config import ConfigHolder, load_config
-    from extender.routes import create_app
+    from extender.transport.routes import create_app
 
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text("limits: {max_pods_per_gpu: 1}\n")
@@ -369,7 +369,7 @@ def _shared_app():
 
 def test_report_with_repeated_or_empty_uuids_is_refused():
     from extender.errors import BadRequest
-    from extender.reports import decode_report
+    from extender.state.reports import decode_report
 
     gpu = {"index": 0, "uuid": "GPU-A", "product": "A100", "memory_total_mib": 40960,
            "memory_used_mib": 0, "utilization_percent": 0}

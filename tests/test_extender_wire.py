@@ -13,7 +13,7 @@ import pytest
 from extender_builders import args, args_nodes, binding, make_app, training
 
 from extender.errors import BadRequest
-from extender.wire import (
+from extender.transport.wire import (
     decode_binding_args,
     decode_extender_args,
     decode_preemption_args,

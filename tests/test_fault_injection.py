@@ -14,7 +14,7 @@ import time
 import pytest
 from fault_cluster import PlainWatch, audit, cluster, k8s_pod, relist, truth
 
-from extender.leader import PodLabeler
+from extender.ha.leader import PodLabeler
 
 
 def wait_for(predicate, seconds=5.0):

@@ -15,13 +15,13 @@ from extender_builders import TOKEN, node
 from slow_loris import SlowClients
 from test_agent_session_proxy import SLO, Loopback, Upstream
 
-from agent.server.serve import ServeOptions, http_server
-from agent.session_http import ProxyConfig, ProxyServer
-from agent.session_proxy import SessionLink
+from agent.inference.serve import ServeOptions, http_server
+from agent.session.http import ProxyConfig, ProxyServer
+from agent.session.proxy import SessionLink
+from extender.cluster.sim import SimSource
 from extender.config import ConfigHolder, build_config
-from extender.routes import create_app
-from extender.server import start_background
-from extender.sim_cluster import SimSource
+from extender.transport.routes import create_app
+from extender.transport.server import start_background
 
 BODY = b'{"Pod": {"metadata": {"name": "p"}}, "NodeNames": []}'
 MALFORMED = {
@@ -190,7 +190,7 @@ def test_inference_server_read_deadline_comes_from_its_options(upstream):
 
 
 def test_read_deadline_flags_are_validated():
-    from agent.server.serve import build_runtime
+    from agent.inference.serve import build_runtime
 
     fields = {f.name: None for f in dataclasses.fields(ServeOptions)}
     with pytest.raises(ValueError, match="read-deadline"):

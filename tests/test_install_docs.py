@@ -29,7 +29,7 @@ def test_every_reason_is_explained_with_its_event_reason_and_kind(reason: Reason
 
 def _exported_metric_names() -> set[str]:
     names: set[str] = set()
-    for path in ("extender/metrics.py", "extender/queue/metrics.py", "agent/exporter.py"):
+    for path in ("extender/ops/metrics.py", "extender/queue/metrics.py", "agent/node/exporter.py"):
         text = (REPO / path).read_text()
         names |= set(re.findall(r'"((?:tandem|DCGM)_[A-Za-z_]+)"', text))
     # prometheus_client adds _total to counters and _bucket/_sum/_count to histograms.

@@ -1,4 +1,4 @@
-"""Lease-based leadership (extender/leader.py) against an in-memory Lease API and fake clocks."""
+"""Lease-based leadership (extender/ha/leader.py) against an in-memory Lease API and fake clocks."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from extender.leader import (
+from extender.ha.leader import (
     LEADER_LABEL,
     AlwaysLeader,
     KubeLeaseApi,

@@ -16,10 +16,10 @@ import yaml
 from extender_builders import tiny_model
 from manifests_helpers import MANIFESTS, example_objects
 
+from extender.cluster.sim import SimSource, parse_cluster
 from extender.config import ConfigHolder, load_config
-from extender.profiles import parse_profiles
-from extender.routes import create_app
-from extender.sim_cluster import SimSource, parse_cluster
+from extender.inference_profiles import parse_profiles
+from extender.transport.routes import create_app
 from extender.wiring import build_predictor, default_planner
 
 CLUSTER = yaml.safe_load("""

@@ -17,10 +17,10 @@ import pytest
 import yaml
 from manifests_helpers import MANIFESTS, example_objects
 
+from extender.cluster.sim import SimSource, parse_cluster
 from extender.config import ConfigHolder, load_config
-from extender.routes import create_app
-from extender.server import start_background
-from extender.sim_cluster import SimSource, parse_cluster
+from extender.transport.routes import create_app
+from extender.transport.server import start_background
 
 pytestmark = pytest.mark.skipif(
     shutil.which("openssl") is None or shutil.which("sh") is None,

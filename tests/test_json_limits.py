@@ -9,7 +9,7 @@ import pytest
 from extender_builders import TOKEN, make_app
 from test_server_http import sim_runtime  # noqa: F401  (fixture)
 
-from agent.server.app import create_app as create_server_app
+from agent.inference.app import create_app as create_server_app
 from contracts.jsonbody import (
     MAX_DEPTH,
     MAX_INT_DIGITS,

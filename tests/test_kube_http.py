@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from extender.kube_http import LeanPoster, supports
+from extender.cluster.kube_http import LeanPoster, supports
 
 HANG_UP = b"<hang up>"
 """Ends a scripted answer: send the rest, then close without saying so (idle timeout)."""

@@ -10,8 +10,8 @@ from extender_builders import TOKEN, args, binding, make_app, node, pod
 
 from extender.config import LearningConfig
 from extender.core.cost import CostPolicy
-from extender.learning import ConfigMapPersistence, Learner
-from extender.learning_curves import CurveGuards, CurveLearner, colocation_point
+from extender.learning.curves import CurveGuards, CurveLearner, colocation_point
+from extender.learning.learner import ConfigMapPersistence, Learner
 from predictor.curves import InterferenceCurve, bounded_step, fit_partial
 
 A100 = "NVIDIA-A100-SXM4-40GB"

@@ -9,7 +9,7 @@ from extender_builders import TOKEN, args, binding, make_app, node, pod
 from predictor_fixtures import tiny_model
 
 from extender.config import LearningConfig
-from extender.learning import DOCUMENT_VERSION, Learner, ObservationStore
+from extender.learning.learner import DOCUMENT_VERSION, Learner, ObservationStore
 
 A100 = "NVIDIA-A100-SXM4-40GB"
 

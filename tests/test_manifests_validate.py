@@ -136,7 +136,7 @@ def test_selectors_match_their_pods(overlay: str) -> None:
             assert obj["spec"]["selector"]["matchLabels"].items() <= labels.items()
         if obj["kind"] == "Service":
             selector = dict(obj["spec"]["selector"])
-            # The leader label is set at run time by extender/leader.py (PodLabeler).
+            # The leader label is set at run time by extender/ha/leader.py (PodLabeler).
             assert selector.pop("tandem.io/leader") == "true"
             matching = [n for n, meta in templates.items()
                         if selector.items() <= meta["labels"].items()]

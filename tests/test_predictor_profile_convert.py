@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from extender.config import load_config
 from extender.core import ProfileIndex
-from extender.profiles import load_profiles
+from extender.inference_profiles import load_profiles
 from predictor.dataset import write_csv
 from predictor.profile_convert import ConvertError, profile_entries
 from predictor.profiles import NO_MARGIN

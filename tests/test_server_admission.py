@@ -1,10 +1,10 @@
-"""Admission additions (agent.server.admission): learned latency margin, overrun headroom."""
+"""Admission additions (agent.inference.admission): learned latency margin, overrun headroom."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent.server.admission import LatencyMargin, plan_with_headroom, scaled_profile
+from agent.inference.admission import LatencyMargin, plan_with_headroom, scaled_profile
 from planner import GpuPlan, SessionSpec
 from predictor.batching import BatchingProfile
 

@@ -13,11 +13,11 @@ import pytest
 from flask.testing import FlaskClient
 from server_helpers import running_tiny_runtime
 
-from agent.server.app import create_app
-from agent.server.auth import AdminGuard, AdminToken, AdminTokenError, is_loopback
-from agent.server.errors import Unauthorized
-from agent.server.runtime import ServingRuntime
-from agent.server.serve import ServeOptions, admin_guard
+from agent.inference.app import create_app
+from agent.inference.auth import AdminGuard, AdminToken, AdminTokenError, is_loopback
+from agent.inference.errors import Unauthorized
+from agent.inference.runtime import ServingRuntime
+from agent.inference.serve import ServeOptions, admin_guard
 
 TOKEN = "t0ken-for-tests-only"
 SESSION = {"name": "s", "model": "tiny", "slo_ms": 2000, "rate_rps": 100}

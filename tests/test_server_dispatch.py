@@ -6,7 +6,7 @@ from collections import deque
 
 import pytest
 
-from agent.server.dispatch import DropPolicy, Request, form_batch
+from agent.inference.batch_formation import DropPolicy, Request, form_batch
 
 
 def queue_of(deadlines: list[float]) -> deque[Request]:

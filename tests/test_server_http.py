@@ -15,10 +15,10 @@ from cheroot import wsgi
 from flask.testing import FlaskClient
 from server_helpers import chain_model, save
 
-from agent.server.app import create_app
-from agent.server.clock import MonotonicClock
-from agent.server.executors import ModelLimits, OrtExecutor, SimExecutor
-from agent.server.runtime import RuntimeConfig, ServingRuntime
+from agent.inference.app import create_app
+from agent.inference.clock import MonotonicClock
+from agent.inference.executors import ModelLimits, OrtExecutor, SimExecutor
+from agent.inference.runtime import RuntimeConfig, ServingRuntime
 from predictor.batching import BatchingProfile
 
 NPY = "application/x-npy"

@@ -17,10 +17,10 @@ import pytest
 from bench_modules import load
 from server_helpers import one_matmul, ort_runtimes
 
-from agent.quanta import weighted_share_errors
-from agent.server.clock import MonotonicClock
-from agent.server.executors import ModelLimits, OrtExecutor
-from agent.server.runtime import RuntimeConfig, ServingRuntime
+from agent.inference.clock import MonotonicClock
+from agent.inference.executors import ModelLimits, OrtExecutor
+from agent.inference.quanta import weighted_share_errors
+from agent.inference.runtime import RuntimeConfig, ServingRuntime
 from predictor.batching import BatchingProfile
 
 mlp = load("serving_ort").mlp  # the benchmark's MatMul+Relu chain: a cut after every node

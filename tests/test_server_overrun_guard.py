@@ -20,10 +20,10 @@ from bench_modules import load
 from extender_builders import args, binding, inference, make_app, node, pod
 from server_helpers import one_matmul, ort_runtimes
 
-from agent.server.app import create_app as create_server_app
-from agent.server.clock import MonotonicClock
-from agent.server.executors import ModelLimits, OrtExecutor
-from agent.server.runtime import RuntimeConfig, ServingRuntime
+from agent.inference.app import create_app as create_server_app
+from agent.inference.clock import MonotonicClock
+from agent.inference.executors import ModelLimits, OrtExecutor
+from agent.inference.runtime import RuntimeConfig, ServingRuntime
 from predictor.batching import BatchingProfile
 
 mlp = load("serving_ort").mlp

@@ -9,9 +9,9 @@ import struct
 import numpy as np
 import pytest
 
-from agent.server.errors import ModelRejected
-from agent.server.executors import ModelLimits
-from agent.server.prepare import (
+from agent.inference.errors import ModelRejected
+from agent.inference.executors import ModelLimits
+from agent.inference.prepare import (
     WorkerProtocolError,
     _limits_from_json,
     _limits_to_json,

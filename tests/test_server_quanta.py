@@ -1,10 +1,10 @@
-"""Olympian quanta (agent.quanta): token passing, policies, Q choice, segment grouping."""
+"""Olympian quanta (agent.inference.quanta): token passing, policies, Q choice, segment grouping."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent.quanta import (
+from agent.inference.quanta import (
     JobSpec,
     OverheadCurve,
     QuantaError,

@@ -20,11 +20,11 @@ from bench_modules import load
 from onnx import helper, numpy_helper
 from server_helpers import onnx_model
 
-from agent.server.app import create_app
-from agent.server.clock import MonotonicClock
-from agent.server.errors import ModelRejected
-from agent.server.executors import ModelLimits, OrtExecutor
-from agent.server.runtime import RuntimeConfig, ServingRuntime
+from agent.inference.app import create_app
+from agent.inference.clock import MonotonicClock
+from agent.inference.errors import ModelRejected
+from agent.inference.executors import ModelLimits, OrtExecutor
+from agent.inference.runtime import RuntimeConfig, ServingRuntime
 
 mlp = load("serving_ort").mlp  # the benchmark's MatMul+Relu chain
 
@@ -167,7 +167,7 @@ def test_registering_a_slow_model_leaves_an_slo_session_p99_within_one_slice(
 def test_a_worker_that_dies_refuses_that_model_and_the_next_gets_a_fresh_one(
     tmp_path, monkeypatch
 ) -> None:
-    from agent.server.prepare import ModelPreparer
+    from agent.inference.prepare import ModelPreparer
 
     onnx.save(mlp(16, 2), str(tmp_path / "m.onnx"))
     executor = OrtExecutor("cpu", limits=ModelLimits(store_root=tmp_path))
@@ -186,7 +186,7 @@ def test_a_worker_that_dies_refuses_that_model_and_the_next_gets_a_fresh_one(
 def test_size_limit_flags_reach_the_executor(tmp_path) -> None:
     from typer.testing import CliRunner
 
-    from agent.server.serve import ServeOptions, build_runtime
+    from agent.inference.serve import ServeOptions, build_runtime
     from tandem.cli import app
 
     onnx.save(mlp(64, 2), str(tmp_path / "m.onnx"))

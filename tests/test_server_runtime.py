@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from agent.quanta import jain_index, weighted_share_errors
-from agent.server.clock import VirtualClock
-from agent.server.dispatch import DropPolicy
-from agent.server.errors import AdmissionRefused, DropReason, ModelRejected, SessionConflict
-from agent.server.executors import SimExecutor
-from agent.server.profiles import load_profiles
-from agent.server.replay import Arrival, merge, poisson_arrivals, replay, uniform_arrivals
-from agent.server.runtime import RuntimeConfig, ServingRuntime
+from agent.inference.batch_formation import DropPolicy
+from agent.inference.batching_profiles import load_profiles
+from agent.inference.clock import VirtualClock
+from agent.inference.errors import AdmissionRefused, DropReason, ModelRejected, SessionConflict
+from agent.inference.executors import SimExecutor
+from agent.inference.quanta import jain_index, weighted_share_errors
+from agent.inference.replay import Arrival, merge, poisson_arrivals, replay, uniform_arrivals
+from agent.inference.runtime import RuntimeConfig, ServingRuntime
 from predictor.batching import BatchingProfile
 from predictor.profiles import NEXUS_MARGIN
 
@@ -217,9 +217,9 @@ def test_slo_sessions_keep_their_slos_while_best_effort_fills_the_slack(nexus) -
 
 def _margin_run(learn: bool) -> tuple[ServingRuntime, float]:
     """One session planned on a profile the executor runs 25% slower (with 3% noise)."""
-    from agent.server.clock import VirtualClock
-    from agent.server.executors import SimExecutor
-    from agent.server.replay import poisson_arrivals, replay
+    from agent.inference.clock import VirtualClock
+    from agent.inference.executors import SimExecutor
+    from agent.inference.replay import poisson_arrivals, replay
 
     planned = {"m": BatchingProfile.linear("m", "sim", 1.0, 5.0, max_batch=32)}
     executed = {"m": BatchingProfile.linear("m", "sim", 1.25, 6.25, max_batch=32)}

@@ -10,10 +10,10 @@ import onnxruntime as ort
 import pytest
 from server_helpers import chain_model, save
 
-from agent.quanta import group_segments
-from agent.server.errors import ModelRejected
-from agent.server.executors import ModelLimits, OrtExecutor
-from agent.server.segments import (
+from agent.inference.errors import ModelRejected
+from agent.inference.executors import ModelLimits, OrtExecutor
+from agent.inference.quanta import group_segments
+from agent.inference.segments import (
     Cut,
     SegmentError,
     atoms,

@@ -16,11 +16,11 @@ import httpx
 import numpy as np
 import pytest
 
-from agent.server.app import create_app
-from agent.server.clock import MonotonicClock
-from agent.server.errors import DropReason, ServerStopping
-from agent.server.executors import SimExecutor
-from agent.server.runtime import RuntimeConfig, ServingRuntime
+from agent.inference.app import create_app
+from agent.inference.clock import MonotonicClock
+from agent.inference.errors import DropReason, ServerStopping
+from agent.inference.executors import SimExecutor
+from agent.inference.runtime import RuntimeConfig, ServingRuntime
 from predictor.batching import BatchingProfile
 
 TANDEM = Path(sys.executable).with_name("tandem")

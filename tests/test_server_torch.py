@@ -17,13 +17,13 @@ from server_helpers import chain_model, save
 from test_predictor_zoo import FAMILY_REPRESENTATIVES, _small_inputs
 from typer.testing import CliRunner
 
-from agent.server.errors import ModelRejected
-from agent.server.executors import ModelLimits, OrtExecutor
+from agent.inference.errors import ModelRejected
+from agent.inference.executors import ModelLimits, OrtExecutor
 from predictor.zoo import ZOO, export_onnx
 
 torch = pytest.importorskip("torch")
 
-from agent.server.torch_executor import TorchExecutor  # noqa: E402 (needs torch)
+from agent.inference.torch_executor import TorchExecutor  # noqa: E402 (needs torch)
 
 LIMITS = ModelLimits(profile_batches=(1, 2), profile_repeats=1)
 # Small graphs whose operators span the interpreter: Gemm/Relu, LSTM with its shape
@@ -116,9 +116,9 @@ def test_an_unsupported_operator_is_refused_by_name(tmp_path: Path) -> None:
 
 
 def test_the_app_answers_422_for_an_unsupported_operator(tmp_path: Path) -> None:
-    from agent.server.app import create_app
-    from agent.server.clock import MonotonicClock
-    from agent.server.runtime import RuntimeConfig, ServingRuntime
+    from agent.inference.app import create_app
+    from agent.inference.clock import MonotonicClock
+    from agent.inference.runtime import RuntimeConfig, ServingRuntime
 
     save(_hardmax_model(), tmp_path / "h.onnx")
     limits = ModelLimits(store_root=tmp_path, profile_batches=(1, 2), profile_repeats=1)
@@ -143,7 +143,7 @@ def test_cuda_without_a_cuda_device_refuses_to_start_with_a_sentence() -> None:
 def test_choosing_the_torch_executor_is_explicit_and_the_agent_needs_no_torch() -> None:
     with pytest.raises(ValueError, match="'cuda' or 'cpu'"):
         TorchExecutor("gpu")
-    code = ("import sys, agent.server.serve, agent.server.torch_executor, agent.commands; "
+    code = ("import sys, agent.inference.serve, agent.inference.torch_executor, agent.commands; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
@@ -152,9 +152,9 @@ def test_choosing_the_torch_executor_is_explicit_and_the_agent_needs_no_torch() 
 def test_the_server_serves_slo_and_best_effort_sessions_on_torch(tmp_path: Path) -> None:
     import onnxruntime as ort
 
-    from agent.server.app import create_app
-    from agent.server.clock import MonotonicClock
-    from agent.server.runtime import RuntimeConfig, ServingRuntime
+    from agent.inference.app import create_app
+    from agent.inference.clock import MonotonicClock
+    from agent.inference.runtime import RuntimeConfig, ServingRuntime
 
     save(chain_model(layers=6), tmp_path / "chain.onnx")
     export_onnx("mlp", 1, tmp_path / "mlp.onnx", dynamic_batch=True)

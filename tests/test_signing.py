@@ -8,7 +8,7 @@ import pytest
 
 from contracts.logs import LOGGER_NAME
 from extender.config import ConfigError, StateConfig
-from extender.signing import PlacementSigner, load_signer
+from extender.state.signing import PlacementSigner, load_signer
 
 OUT = {"tandem.io/gpu-index": "1", "tandem.io/predicted-gpu-mem-mib": "30000"}
 

@@ -10,10 +10,10 @@ import httpx
 from extender_builders import node
 from slow_loris import SlowClients
 
+from extender.cluster.sim import SimSource
 from extender.config import ConfigHolder, build_config
-from extender.routes import create_app
-from extender.server import start_background
-from extender.sim_cluster import SimSource
+from extender.transport.routes import create_app
+from extender.transport.server import start_background
 
 
 def serve(threads=2, deadline=10.0):
@@ -108,7 +108,7 @@ def test_inference_server_http_ignores_slow_clients():
     import dataclasses
     import threading
 
-    from agent.server.serve import ServeOptions, http_server
+    from agent.inference.serve import ServeOptions, http_server
 
     def app(environ, start_response):
         length = int(environ.get("CONTENT_LENGTH") or 0)

@@ -16,11 +16,11 @@ from extender_builders import PROFILES, TOKEN, args, binding, inference, node, t
 from typer.testing import CliRunner
 
 from contracts.annotations import GPU_UTIL, MODEL, PREDICTION_SOURCE
+from extender.cluster.sim import SimSource
 from extender.config import ConfigHolder, build_config
-from extender.routes import create_app
-from extender.server import start_background
-from extender.sim_cluster import SimSource
-from extender.status import pending_pods, pod_source
+from extender.ops.status import pending_pods, pod_source
+from extender.transport.routes import create_app
+from extender.transport.server import start_background
 from extender.wiring import default_planner
 from tandem.cli import app
 

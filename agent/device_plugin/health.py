@@ -13,7 +13,7 @@ import threading
 
 from agent.device_plugin.assign import APP_XIDS, Gpu
 from agent.errors import GpuSourceError
-from agent.gpus import GpuSource
+from agent.node.gpus import GpuSource
 
 log = logging.getLogger(__name__)
 

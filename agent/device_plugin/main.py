@@ -20,8 +20,8 @@ from agent.device_plugin.server import (
     pod_resources_holding,
 )
 from agent.errors import ConfigError, StateError
-from agent.extender_view import NodeView
-from agent.gpus import GpuSource
+from agent.node.extender_view import NodeView
+from agent.node.gpus import GpuSource
 
 log = logging.getLogger(__name__)
 

@@ -80,7 +80,7 @@ class CostPolicy:
     def with_curves(self, learned: Mapping[str, InterferenceCurve]) -> CostPolicy:
         """This policy with ``learned`` curves in place of the configured ones of their types.
 
-        The extender passes what it learned online (``extender.learning``) this way,
+        The extender passes what it learned online (``extender.learning.learner``) this way,
         so decisions stay pure functions of the policy.
         """
         if not learned:

@@ -11,12 +11,12 @@ on the simulator's cost; a real agent reports every second). Each job's figure i
 its true utilisation on that GPU, scaled down proportionally when the GPU's jobs
 together ask for more than 100%; on a shared GPU it is its true utilisation divided
 by the GPU's true slowdown (a training job's utilisation tracks its progress rate,
-the signal the extender's curve learning reads, :mod:`extender.learning_curves`).
+the signal the extender's curve learning reads, :mod:`extender.learning.curves`).
 Then seeded Gaussian measurement noise (``Truth.util_stddev_percent``), clipped to
 0..100.
 
-The reports go through the extender's own :meth:`extender.learning.Learner.observe`
-(a :class:`extender.reports.DecodedReport` and the placements the scheduler made),
+The reports go through the extender's own :meth:`extender.learning.learner.Learner.observe`
+(a :class:`extender.state.reports.DecodedReport` and the placements the scheduler made),
 so the simulated tandem policy learns with exactly the extender's code: the
 utilisation estimates and each GPU type's interference curve. The learner's
 clock is the simulated one (:class:`SimClock`), so the refit interval and the
@@ -33,10 +33,10 @@ import numpy as np
 
 from contracts.annotations import BATCH_SIZE, MODEL
 from extender.core import Placement
-from extender.learning import Learner
-from extender.reports import DecodedReport, ReportedProcess
+from extender.learning.learner import Learner
 from extender.simulator.engine import Engine, JobRun
 from extender.simulator.truth import Truth
+from extender.state.reports import DecodedReport, ReportedProcess
 
 REPORT_PERIOD_S = 60.0
 """Simulated seconds per report (real agents report every second: this is conservative)."""

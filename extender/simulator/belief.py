@@ -6,7 +6,7 @@ is resolved the way the extender resolves a pod that names only
 the learning knowledge (asserted > ``observed:<n>`` > prediction > cold-start).
 The prediction is the job's prior (its ``predicted_*`` numbers). Three modes:
 
-- ``online``: the extender's :class:`extender.learning.Learner`, fed by the
+- ``online``: the extender's :class:`extender.learning.learner.Learner`, fed by the
   simulated agents (:mod:`extender.simulator.agents`), answers once it has
   ``learning.min_observations`` samples of the model on a GPU type, and its
   refitted interference curves replace the configured ones in the cost (when
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from contracts.annotations import PodInputs
 from extender.config import LearningConfig
 from extender.core import CostPolicy, JobDemand, ResolvedDemand, UtilKnowledge, resolve_demand
-from extender.learning import Learner
+from extender.learning.learner import Learner
 from extender.simulator.agents import SIM_BATCH_SIZE, SimAgents, SimClock
 from extender.simulator.engine import JobRun
 from extender.simulator.truth import Truth

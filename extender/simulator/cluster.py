@@ -23,8 +23,8 @@ from contracts.clusterfile import (
     parse_cluster_file,
     uniform_gpus,
 )
+from extender.cluster.sim import node_specs
 from extender.core.snapshot import NodeSpec
-from extender.sim_cluster import node_specs
 
 RTX_2080 = ("NVIDIA GeForce RTX 2080", 8192)
 GTX_1080 = ("NVIDIA GeForce GTX 1080", 8192)

@@ -12,8 +12,7 @@ import os
 fixture = os.environ.get("TANDEM_FAKE_NVML")
 if fixture:
     import pynvml
-
-    from agent.nvml_fake import FakeNvml
+    from fakes.nvml import FakeNvml
 
     with open(fixture, encoding="utf-8") as fh:
         _fake = FakeNvml.from_json(json.load(fh))

@@ -1,0 +1,215 @@
+"""HTTP API of the inference server (Flask app factory; cheroot serves it).
+
+Routes (DESIGN.md, "Inference server"): ``POST/GET /v1/sessions``,
+``DELETE /v1/sessions/NAME``, ``POST /v1/sessions/NAME/infer``, ``/metrics``,
+``/livez``, ``/readyz``. Every error is JSON from one handler; bodies over the
+limit get 413 before they are read. With an ``AdminGuard``, adding and deleting
+sessions need ``Authorization: Bearer <token>`` (401 otherwise); the rest stays
+open, for the reasons in ``agent.inference.auth``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from flask import Flask, Response, jsonify, request
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+
+from agent.inference.auth import AdminGuard
+from agent.inference.errors import (
+    BadRequest,
+    DropReason,
+    RequestDropped,
+    ServerError,
+    Unauthorized,
+)
+from agent.inference.metrics import RuntimeCollector
+from agent.inference.runtime import ServingRuntime
+from agent.inference.tensors import (
+    NPY_TYPE,
+    coerce_input,
+    decode_json_inputs,
+    decode_npy,
+    encode_npy,
+)
+from contracts.annotations import (
+    DEFAULT_WEIGHT,
+    PRIORITY_RANGE,
+    RATE_RPS_RANGE,
+    SLO_MS_RANGE,
+    WEIGHT_RANGE,
+    AnnotationError,
+    IntRange,
+    NumberRange,
+)
+from contracts.jsonbody import JsonBodyError, parse_json
+
+DEFAULT_MAX_BODY_BYTES = 64 * 2**20
+SLO_FIELDS = {"name", "model", "slo_ms", "rate_rps"}
+BEST_EFFORT_FIELDS = {"name", "model", "weight", "priority"}
+_N = TypeVar("_N", int, float)
+
+
+def create_app(
+    runtime: ServingRuntime,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    best_effort_timeout_seconds: float = 60.0,
+    registry: CollectorRegistry | None = None,
+    admin: AdminGuard | None = None,
+) -> Flask:
+    """The inference server's Flask app over ``runtime``.
+
+    ``admin``: the guard of the session-management endpoints; None leaves them
+    open, which ``serve.py`` allows only on a loopback address.
+    """
+    app = Flask("tandem-inference-server")
+    app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
+    registry = registry or CollectorRegistry()
+    registry.register(RuntimeCollector(runtime))
+
+    @app.errorhandler(ServerError)
+    def _server_error(err: ServerError) -> tuple[Response, int]:
+        response = jsonify(err.to_json())
+        if isinstance(err, Unauthorized):
+            response.headers["WWW-Authenticate"] = 'Bearer realm="tandem-admin"'
+        return response, err.status
+
+    def _authorize() -> None:
+        if admin is not None:
+            admin.check(request.headers.get("Authorization"))
+
+    @app.errorhandler(HTTPException)
+    def _http_error(err: HTTPException) -> tuple[Response, int]:
+        status = err.code or 500
+        kind = "PayloadTooLarge" if isinstance(err, RequestEntityTooLarge) else type(err).__name__
+        return jsonify({"error": kind, "message": err.description}), status
+
+    @app.post("/v1/sessions")
+    def add_session() -> tuple[Response, int]:
+        _authorize()  # before the body is read: an unauthenticated caller costs nothing
+        body = _json_object()
+        if "slo_ms" in body or "rate_rps" in body:
+            _check_fields(body, SLO_FIELDS, SLO_FIELDS)
+            answer = runtime.add_slo_session(
+                _str(body, "name"),
+                _str(body, "model"),
+                _in_range(_number(body, "slo_ms"), SLO_MS_RANGE, "slo_ms"),
+                _in_range(_number(body, "rate_rps"), RATE_RPS_RANGE, "rate_rps"),
+            )
+        else:
+            _check_fields(body, BEST_EFFORT_FIELDS, {"name", "model"})
+            answer = runtime.add_best_effort_session(
+                _str(body, "name"),
+                _str(body, "model"),
+                _in_range(_int(body, "weight", DEFAULT_WEIGHT), WEIGHT_RANGE, "weight"),
+                _in_range(_int(body, "priority", 0), PRIORITY_RANGE, "priority"),
+            )
+        return jsonify(answer), 201
+
+    @app.get("/v1/sessions")
+    def list_sessions() -> Response:
+        return jsonify(runtime.snapshot())
+
+    @app.delete("/v1/sessions/<name>")
+    def delete_session(name: str) -> tuple[Response, int]:
+        _authorize()
+        runtime.remove_session(name)
+        return jsonify({"deleted": name}), 200
+
+    @app.post("/v1/sessions/<name>/infer")
+    def infer(name: str) -> Response:
+        dtype, shape, single = runtime.input_contract(name)
+        as_json = request.mimetype == "application/json"
+        if as_json:
+            array = decode_json_inputs(_json_body(), dtype)
+        elif request.mimetype == NPY_TYPE:
+            array = decode_npy(request.get_data(cache=False))
+        else:
+            raise BadRequest(f"Content-Type must be {NPY_TYPE} or application/json")
+        tensor = coerce_input(array, dtype, shape, single)
+        slo_ms = runtime.slo_ms(name)
+        timeout = best_effort_timeout_seconds if slo_ms is None else 4 * slo_ms / 1000.0 + 1.0
+        future = runtime.submit_future(name, tensor)
+        try:
+            outcome = future.result(timeout=timeout)
+        except TimeoutError:
+            raise RequestDropped(DropReason.TIMEOUT) from None
+        if outcome.reason is not None or not outcome.outputs:
+            raise RequestDropped(outcome.reason or DropReason.EXECUTION_FAILED)
+        if as_json:
+            return jsonify(
+                {"outputs": [o.tolist() for o in outcome.outputs], "latency_ms": outcome.latency_ms}
+            )
+        response = Response(encode_npy(outcome.outputs[0]), mimetype=NPY_TYPE)
+        response.headers["X-Tandem-Latency-Ms"] = f"{outcome.latency_ms:.3f}"
+        return response
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+
+    @app.get("/livez")
+    def livez() -> Response:
+        return jsonify({"status": "ok"})
+
+    @app.get("/readyz")
+    def readyz() -> tuple[Response, int]:
+        ready = runtime.is_running()
+        return jsonify({"status": "ready" if ready else "not ready"}), 200 if ready else 503
+
+    return app
+
+
+def _json_body() -> Any:
+    """The body as JSON within ``contracts.jsonbody``'s depth and number limits."""
+    try:
+        return parse_json(request.get_data(cache=False))
+    except JsonBodyError as exc:
+        raise BadRequest(f"body: {exc.problem}") from None
+
+
+def _json_object() -> dict[str, Any]:
+    body = _json_body()
+    if not isinstance(body, dict):
+        raise BadRequest("body must be a JSON object")
+    return body
+
+
+def _check_fields(body: Mapping[str, Any], allowed: set[str], required: set[str]) -> None:
+    unknown = sorted(set(body) - allowed)
+    missing = sorted(required - set(body))
+    if unknown or missing:
+        raise BadRequest("invalid session fields", unknown=unknown, missing=missing)
+
+
+def _str(body: Mapping[str, Any], key: str) -> str:
+    value = body.get(key)
+    if not isinstance(value, str) or not value:
+        raise BadRequest(f"{key} must be a non-empty string")
+    return value
+
+
+def _number(body: Mapping[str, Any], key: str) -> float:
+    value = body.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BadRequest(f"{key} must be a number")
+    return float(value)
+
+
+def _in_range(value: _N, valid: IntRange | NumberRange, key: str) -> _N:
+    """``value`` if the shared annotation contract accepts it (what the extender let bind)."""
+    try:
+        valid.check(value, key)  # type: ignore[arg-type]
+    except AnnotationError as exc:
+        raise BadRequest(f"{key} {exc.problem}") from None
+    return value
+
+
+def _int(body: Mapping[str, Any], key: str, default: int) -> int:
+    value = body.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"{key} must be an integer")
+    return value

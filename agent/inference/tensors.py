@@ -1,0 +1,108 @@
+"""Decode and check request tensors (``.npy`` bodies and small JSON inputs), encode answers."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from agent.inference.errors import BadRequest
+
+NPY_TYPE = "application/x-npy"
+
+
+def decode_npy(body: bytes) -> np.ndarray:
+    """An array from an ``.npy`` body; never unpickles."""
+    _check_npy_size(body)
+    try:
+        array = np.load(io.BytesIO(body), allow_pickle=False)
+    except (ValueError, OSError, EOFError, MemoryError) as exc:
+        raise BadRequest(f"body is not a valid .npy array: {exc}") from exc
+    if not isinstance(array, np.ndarray):
+        raise BadRequest("body must hold one array, not an archive")
+    return array
+
+
+def _check_npy_size(body: bytes) -> None:
+    """BadRequest when the header's shape claims other than the bytes that follow it.
+
+    numpy allocates what the header claims before reading the data, so a 100-byte
+    body claiming (2^40, 4) floats would ask for 16 TiB.
+    """
+    stream = io.BytesIO(body)
+    try:
+        version = np.lib.format.read_magic(stream)
+        reader = np.lib.format.read_array_header_1_0 if version == (1, 0) \
+            else np.lib.format.read_array_header_2_0
+        shape, _, dtype = reader(stream)
+    except (ValueError, OSError, EOFError, SyntaxError, TypeError):
+        return  # not a parseable header: np.load says why
+    if dtype.hasobject:
+        return  # refused by np.load (allow_pickle=False)
+    claimed = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    present = len(body) - stream.tell()
+    if claimed != present:
+        raise BadRequest(f"body is not a valid .npy array: the header claims shape {shape} "
+                         f"({claimed} bytes) but {present} bytes follow it")
+
+
+def decode_json_inputs(document: Any, dtype: np.dtype) -> np.ndarray:
+    """The single tensor of ``{"inputs": {NAME: nested list}}``, as ``dtype``."""
+    if not isinstance(document, Mapping) or set(document) != {"inputs"}:
+        raise BadRequest('JSON body must be {"inputs": {NAME: [...]}}')
+    inputs = document["inputs"]
+    if not isinstance(inputs, Mapping) or len(inputs) != 1:
+        raise BadRequest('"inputs" must map exactly one input name to a nested list')
+    (value,) = inputs.values()
+    try:
+        # A number the input's type cannot hold (10e38 as float32) is refused, not run as inf.
+        with np.errstate(over="raise", invalid="raise"):
+            array = np.asarray(value, dtype=dtype)
+    except FloatingPointError as exc:
+        raise BadRequest(f"input holds a number out of range for {dtype}") from exc
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise BadRequest(f"input is not a rectangular array of numbers: {exc}") from exc
+    return array
+
+
+def coerce_input(
+    array: np.ndarray, dtype: np.dtype, sample_shape: tuple[int | None, ...] | None, single: bool
+) -> np.ndarray:
+    """Check dtype and shape; add the batch dimension when the client left it out.
+
+    ``single`` (SLO sessions): exactly one sample, since the server forms the batches.
+    """
+    if array.dtype != dtype:
+        if array.dtype.kind in "OSUV" or not np.can_cast(array.dtype, dtype, casting="same_kind"):
+            raise BadRequest(f"input dtype {array.dtype} does not match the model's {dtype}")
+        array = array.astype(dtype)
+    if sample_shape is None:
+        if array.ndim == 0:
+            array = array.reshape(1)
+    elif array.ndim == len(sample_shape):
+        array = array[np.newaxis, ...]
+    if sample_shape is not None and (
+        array.ndim != len(sample_shape) + 1
+        or any(
+            want is not None and got != want
+            for got, want in zip(array.shape[1:], sample_shape, strict=True)
+        )
+    ):
+        raise BadRequest(
+            f"input shape {list(array.shape)} does not match [batch, "
+            f"{', '.join('?' if d is None else str(d) for d in sample_shape)}]"
+        )
+    if array.shape[0] < 1:
+        raise BadRequest("input has an empty batch dimension")
+    if single and array.shape[0] != 1:
+        raise BadRequest(f"an SLO session takes one sample per request, got {array.shape[0]}")
+    return np.ascontiguousarray(array)
+
+
+def encode_npy(array: np.ndarray) -> bytes:
+    """An ``.npy`` body."""
+    buffer = io.BytesIO()
+    np.save(buffer, np.asarray(array), allow_pickle=False)
+    return buffer.getvalue()

@@ -1,0 +1,1 @@
+"""The session process: the thin `tandem agent session` proxy inside an inference pod."""

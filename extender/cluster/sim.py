@@ -1,0 +1,147 @@
+"""The ``sim:FILE`` cluster source: nodes (and optionally bound pods) from YAML.
+
+The file is the shared contract ``contracts/clusterfile.py`` parses and validates
+(the same parser the agent and ``tandem simulate`` use); this module turns its
+nodes into the core's ``NodeSpec`` and its pods into pod objects carrying the
+placement annotations, as the extender would have written them.
+
+The source keeps an in-memory pod registry that plays the API server: ``bind``
+writes annotations and ``spec.nodeName`` into it, and a fresh ``ClusterState``
+started from the same source rebuilds itself from those annotations.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from contracts.annotations import GPU_INDEX, PREDICTED_MEM_MIB, PREDICTED_UTIL, WORKLOAD
+from contracts.clusterfile import (
+    ClusterFile,
+    SimPod,
+    load_cluster_file,
+    parse_cluster_file,
+)
+from extender.cluster.source import placement_from_pod
+from extender.core import GpuSpec, NodeSpec, PodRef, pod_ref
+
+DEFAULT_CLUSTER = Path(__file__).parents[1] / "demo_cluster.yaml"
+
+
+
+@dataclass(frozen=True)
+class SimEvent:
+    """An Event the sim source recorded instead of calling the API."""
+
+    pod: str
+    reason: str
+    message: str
+    warning: bool
+
+
+def node_specs(cluster: ClusterFile) -> list[NodeSpec]:
+    """The core's view of the file's nodes (memory as the core's float MiB)."""
+    return [NodeSpec(n.name, tuple(GpuSpec(g.index, g.uuid, g.product, float(g.memory_mib))
+                                   for g in n.gpus))
+            for n in cluster.nodes]
+
+
+def pod_object(pod: SimPod) -> dict[str, Any]:
+    """A bound pod object whose annotations record the file's placement."""
+    annotations = {
+        WORKLOAD: pod.workload,
+        GPU_INDEX: ",".join(str(i) for i in pod.gpu_index),
+        PREDICTED_UTIL: str(pod.util_percent),
+        PREDICTED_MEM_MIB: str(pod.mem_mib),
+        **dict(pod.annotations),
+    }
+    return {
+        "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid,
+                     "annotations": annotations},
+        "spec": {"nodeName": pod.node},
+        "status": {"phase": "Running"},
+    }
+
+
+def parse_cluster(raw: Any) -> tuple[list[NodeSpec], list[dict[str, Any]]]:
+    """Nodes and bound pod objects from a decoded sim file; raises ClusterFileError."""
+    cluster = parse_cluster_file(raw)
+    return node_specs(cluster), [pod_object(p) for p in cluster.pods]
+
+
+class SimSource:
+    """A cluster held in memory: YAML nodes plus a pod registry standing in for the API."""
+
+    kubelet_admits = False  # binds confirm at once: nobody admits, nothing to hand over
+
+    def __init__(self, nodes: list[NodeSpec], pods: list[dict[str, Any]] | None = None):
+        self.nodes = list(nodes)
+        self._pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self.events: list[SimEvent] = []
+        self.binds = 0
+        for pod in pods or []:
+            self.create_pod(pod)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> SimSource:
+        """Load a sim cluster file; raises ClusterFileError (also for unreadable files)."""
+        return cls.from_cluster(load_cluster_file(path))
+
+    @classmethod
+    def from_cluster(cls, cluster: ClusterFile) -> SimSource:
+        """A source holding a parsed cluster file's nodes and bound pods."""
+        return cls(node_specs(cluster), [pod_object(p) for p in cluster.pods])
+
+    def create_pod(self, pod: Mapping[str, Any]) -> PodRef:
+        """Register a pod (deep-copied), as a user's ``kubectl apply`` would."""
+        ref = pod_ref(pod)
+        with self._lock:
+            self._pods[(ref.namespace, ref.name)] = copy.deepcopy(dict(pod))
+        return ref
+
+    def pods(self) -> list[dict[str, Any]]:
+        """Copies of every registered pod."""
+        with self._lock:
+            return [copy.deepcopy(p) for p in self._pods.values()]
+
+    def start(self, state: Any) -> None:
+        """Load nodes and bound pods into ``state`` and mark it synced."""
+        state.set_nodes(self.nodes)
+        for pod in self.pods():
+            placement = placement_from_pod(pod)
+            if placement is not None:
+                state.confirm(placement)
+        state.synced = True
+
+    def read_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """A copy of the registered pod, or None."""
+        with self._lock:
+            pod = self._pods.get((namespace, name))
+            return copy.deepcopy(pod) if pod is not None else None
+
+    def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> bool:
+        """Record the binding in the registry; the sim confirms at once."""
+        with self._lock:
+            obj = self._pods.setdefault(
+                (pod.namespace, pod.name),
+                {"metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
+                 "spec": {}, "status": {}})
+            meta = obj.setdefault("metadata", {})
+            meta.setdefault("annotations", {}).update(annotations)
+            obj.setdefault("spec", {})["nodeName"] = node
+            obj.setdefault("status", {})["phase"] = "Running"
+            self.binds += 1
+        return True
+
+    def record_event(self, pod: PodRef, reason: str, message: str, warning: bool) -> None:
+        """Keep the event in memory (the demo prints them)."""
+        with self._lock:
+            self.events.append(SimEvent(pod.key, reason, message, warning))
+
+    def stop(self) -> None:
+        """Nothing to stop."""

@@ -1,0 +1,1 @@
+"""High availability: leader election on a Lease, leadership labels, graceful shutdown."""

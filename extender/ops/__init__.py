@@ -1,0 +1,1 @@
+"""Operations: `tandem status`, its rendering, and Prometheus metrics."""

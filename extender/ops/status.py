@@ -1,0 +1,208 @@
+"""``tandem status``: what the extender believes, per node and GPU, plus pending pods.
+
+Where the numbers come from:
+
+- ``--extender URL``: the running extender's ``GET /v1/state`` (its ledger and the
+  agents' latest fresh reports);
+- ``--cluster kube``: the ledger rebuilt from the API server the way the extender
+  rebuilds it on start (GPU Feature Discovery labels and bound pods' ``tandem.io/*``
+  annotations), plus pods waiting for the ``tandem`` scheduler with the last
+  ``FailedScheduling`` event of each; agents report to the extender only, so
+  observed utilisation needs ``--extender``;
+- ``--cluster sim:FILE``: the same rebuild from a simulated cluster file.
+
+:func:`collect` returns one JSON-able document (the ``--json`` output, keys in
+``docs/troubleshooting.md``); :mod:`extender.ops.status_render` turns it into text.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from contracts.annotations import GPU_UTIL, MODEL, PREDICTION_SOURCE
+
+SCHEDULING_GATE_REASON = "held by the queue's scheduling gate"
+
+
+class StatusError(RuntimeError):
+    """The state could not be read; the message says what to check."""
+
+
+def fetch_state(url: str, ca_cert: Path | None = None, timeout_s: float = 10.0) -> dict[str, Any]:
+    """``GET URL/v1/state`` from a running extender."""
+    target = url.rstrip("/") + "/v1/state"
+    context = ssl.create_default_context(cafile=str(ca_cert)) if ca_cert else None
+    try:
+        with urllib.request.urlopen(target, timeout=timeout_s, context=context) as resp:
+            doc = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raise StatusError(f"{target} answered HTTP {exc.code}; is this the tandem extender?") \
+            from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise StatusError(f"cannot reach {target} ({reason}); port-forward the extender first: "
+                          "kubectl -n tandem-system port-forward svc/tandem-extender 8443")\
+            from None
+    except ValueError:
+        raise StatusError(f"{target} did not answer JSON; is this the tandem extender?") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), dict):
+        raise StatusError(f"{target} did not answer a /v1/state document")
+    return doc
+
+
+def rebuilt_state(source: Any) -> dict[str, Any]:
+    """The ``/v1/state`` document of a fresh ledger synced from ``source`` (kube or sim)."""
+    from extender.config import build_config
+    from extender.state.ledger import ClusterState
+
+    policy = build_config({}).policy
+    state = ClusterState(lambda: policy, time.time)
+    if hasattr(source, "sync"):
+        source.sync(state)  # the kube source: one list, no watches
+    else:
+        source.start(state)
+    return state.view()
+
+
+def pending_pods(api: Any, scheduler_name: str = "tandem",
+                 now: Callable[[], float] = time.time) -> list[dict[str, Any]]:
+    """Unbound pods for ``scheduler_name`` with their last FailedScheduling message."""
+    pods = api.list_pod_for_all_namespaces(
+        field_selector=f"spec.schedulerName={scheduler_name},spec.nodeName=").items
+    if not pods:
+        return []
+    events = api.list_event_for_all_namespaces(field_selector="reason=FailedScheduling").items
+    last: dict[str, Any] = {}
+    for ev in events:
+        uid = getattr(ev.involved_object, "uid", None)
+        when = ev.last_timestamp or ev.event_time or ev.first_timestamp
+        if uid and (uid not in last or _ts(when) >= _ts(last[uid][0])):
+            last[uid] = (when, ev.message or "")
+    out = []
+    for p in pods:
+        if p.status is not None and p.status.phase in ("Succeeded", "Failed"):
+            continue
+        meta = p.metadata
+        gates = [g.name for g in (p.spec.scheduling_gates or [])] if p.spec else []
+        when, message = last.get(meta.uid, (None, ""))
+        reason = (f"{SCHEDULING_GATE_REASON} ({', '.join(gates)})" if gates
+                  else message or "not tried yet")
+        age = now() - _ts(when) if when is not None else None
+        out.append({"pod": f"{meta.namespace}/{meta.name}", "reason": reason,
+                    "age_s": round(age) if age is not None else None})
+    return sorted(out, key=lambda d: d["pod"])
+
+
+def _ts(when: Any) -> float:
+    return when.timestamp() if hasattr(when, "timestamp") else float("-inf")
+
+
+def pod_source(annotations: Mapping[str, str]) -> str:
+    """Where a pod's figures came from: what bind recorded in ``tandem.io/prediction-source``.
+
+    (``asserted``, ``xgboost:<digest>``, ``observed:<n>``, ``cold-start``, ``profile``,
+    each with its ``+mem:`` part). A pod bound without that annotation (by an older
+    extender, or written into a simulated cluster file) is described from its inputs.
+    """
+    recorded = annotations.get(PREDICTION_SOURCE)
+    if isinstance(recorded, str) and recorded:
+        return recorded
+    if GPU_UTIL in annotations:
+        return "asserted"
+    if MODEL in annotations:
+        return f"model {annotations[MODEL]}"
+    return "unknown"
+
+
+def _role(pods: list[dict[str, Any]]) -> str:
+    # Same rule as extender.core.table.Role: any session makes it a serving GPU.
+    kinds = {p.get("workload") for p in pods}
+    return "serving" if "inference" in kinds else "training" if "training" in kinds else "idle"
+
+
+def summarize(state: Mapping[str, Any], origin: str,
+              pending: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """The ``tandem status --json`` document from a ``/v1/state`` document."""
+    nodes = []
+    for name in sorted(state["nodes"]):
+        gpus = []
+        for g in state["nodes"][name].get("gpus", []):
+            pods = [{"pod": p["pod"], "state": p.get("state", "placed"),
+                     "workload": p.get("workload"), "util_percent": p.get("util_percent"),
+                     "mem_mib": p.get("mem_mib"),
+                     "source": pod_source(p.get("annotations") or {})}
+                    for p in g.get("pods", [])]
+            fresh = g.get("observed_util") is not None
+            gpus.append({
+                "index": g["index"], "uuid": g.get("uuid"), "product": g.get("product"),
+                "role": _role(pods), "memory_mib": g.get("memory_mib"),
+                "reserved_mib": g.get("reserved_mib"),
+                "predicted_util": g.get("predicted_util"),
+                "predicted_source": sorted({p["source"] for p in pods}),
+                "observed_util": g.get("observed_util"), "observed_mib": g.get("observed_mib"),
+                # /v1/state shows only reports younger than the staleness limit; its
+                # timestamps are on the extender's monotonic clock, so no age is derived.
+                "observed_source": ("agent report" if fresh else
+                                    "none: no fresh agent report" if origin.startswith("http")
+                                    else "none: agents report to the extender (use --extender)"),
+                "pods": pods,
+            })
+        nodes.append({"name": name, "gpus": gpus})
+    return {"source": origin, "synced": bool(state.get("synced", True)),
+            "placed": state.get("placed"), "assumed": state.get("assumed"),
+            "nodes": nodes, "pending": pending}
+
+
+def collect(extender: str | None, cluster: str | None, scheduler_name: str = "tandem",
+            ca_cert: Path | None = None) -> dict[str, Any]:
+    """Read the state from the extender or the cluster, and pending pods from kube."""
+    if extender is None and cluster is None:
+        raise StatusError("say where to look: --extender URL (a port-forwarded extender) "
+                          "or --cluster kube|sim:FILE")
+    from extender.wiring import build_source
+
+    source = build_source(cluster) if cluster is not None else None
+    if extender is not None:
+        state, origin = fetch_state(extender, ca_cert), extender
+    else:
+        state, origin = rebuilt_state(source), str(cluster)
+    pending = pending_pods(source.api, scheduler_name) if cluster == "kube" else None
+    return summarize(state, origin, pending)
+
+
+def status_command(
+    extender: str | None = typer.Option(
+        None, "--extender", help="Extender base URL, e.g. https://localhost:8443 after "
+        "`kubectl -n tandem-system port-forward svc/tandem-extender 8443`."),
+    cluster: str | None = typer.Option(
+        None, "--cluster", help="kube (list pending pods; without --extender also rebuild the "
+        "state from the API server) | sim:FILE"),
+    ca_cert: Path | None = typer.Option(
+        None, "--ca-cert", help="CA bundle that signed the extender's TLS certificate."),
+    scheduler_name: str = typer.Option(
+        "tandem", "--scheduler-name", help="schedulerName of the pods tandem schedules."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Per node and GPU: role, pods, reserved memory, predicted and observed load; pending pods."""
+    from contracts.clusterfile import ClusterFileError
+    from extender.ops.status_render import render
+    from extender.wiring import SourceSpecError
+
+    try:
+        doc = collect(extender, cluster, scheduler_name, ca_cert)
+    except (StatusError, SourceSpecError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    except ClusterFileError as exc:
+        typer.echo(f"error: {cluster}: {'; '.join(exc.problems)}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(json.dumps(doc, sort_keys=True) if json_out else render(doc))

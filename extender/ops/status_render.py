@@ -1,0 +1,75 @@
+"""Text rendering of ``tandem status`` (one table per node, at most 80 columns)."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+WIDTH = 80
+HEADER = f"{'GPU':<4}{'role':<9}{'product':<19}{'reserved MiB':>12}  {'predicted':>9}  observed"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}%"
+
+
+def _short_product(product: str | None) -> str:
+    name = (product or "?").removeprefix("NVIDIA-").removeprefix("NVIDIA ")
+    return name if len(name) <= 18 else name[:17] + "~"
+
+
+def _observed(gpu: dict[str, Any]) -> str:
+    if gpu["observed_util"] is None:
+        return "- (no fresh report)"
+    return f"{_pct(gpu['observed_util'])} (agent)"
+
+
+def _fold(prefix: str, items: list[str], indent: int = 5) -> list[str]:
+    """``prefix`` then the items comma-separated, wrapped at 80 columns under an indent."""
+    text = prefix + ", ".join(items)
+    return textwrap.wrap(text, width=WIDTH, initial_indent=" " * indent,
+                         subsequent_indent=" " * (indent + 2), break_on_hyphens=False)
+
+
+def _pod(p: dict[str, Any]) -> str:
+    flag = "" if p["state"] == "placed" else f" {p['state']}"
+    return (f"{p['pod']} {_pct(p['util_percent'])} {p['mem_mib']:.0f} MiB "
+            f"[{p['source']}]{flag}")
+
+
+def _node(node: dict[str, Any]) -> list[str]:
+    gpus = node["gpus"]
+    lines = [f"node {node['name']} ({len(gpus)} GPU{'s' if len(gpus) != 1 else ''})", HEADER]
+    for g in gpus:
+        reserved = f"{g['reserved_mib']:.0f}/{g['memory_mib']:.0f}"
+        lines.append(f"{g['index']:<4}{g['role']:<9}{_short_product(g['product']):<19}"
+                     f"{reserved:>12}  {_pct(g['predicted_util']):>9}  {_observed(g)}"[:WIDTH])
+        if g["pods"]:
+            lines += _fold("pods: ", [_pod(p) for p in g["pods"]])
+    if not gpus:
+        lines.append("     no GPU inventory (no GPU labels and no agent report)")
+    return lines
+
+
+def render(doc: dict[str, Any]) -> str:
+    """The ``tandem status`` text for a :func:`extender.ops.status.summarize` document."""
+    sync = "synced" if doc["synced"] else "NOT SYNCED yet"
+    head = (f"tandem status from {doc['source']}: {sync}, {doc.get('placed') or 0} placed, "
+            f"{doc.get('assumed') or 0} binding")
+    lines = textwrap.wrap(head, WIDTH, subsequent_indent="  ")
+    lines.append("predicted: pods' figures [from tandem.io/prediction-source]; observed: agents")
+    for node in doc["nodes"]:
+        lines += ["", *_node(node)]
+    pending = doc.get("pending")
+    lines.append("")
+    if pending is None:
+        lines.append("pending pods: use --cluster kube to list them")
+    elif not pending:
+        lines.append("pending pods: none")
+    else:
+        lines.append(f"pending pods ({len(pending)}):")
+        for p in pending:
+            age = f" ({p['age_s']}s ago)" if p.get("age_s") is not None else ""
+            lines += textwrap.wrap(f"{p['pod']}: {p['reason']}{age}", WIDTH, initial_indent="  ",
+                                   subsequent_indent="    ", break_on_hyphens=False)
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""HTTP transport: the extender/v1 wire types, the Flask routes and the cheroot server."""

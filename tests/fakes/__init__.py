@@ -1,0 +1,1 @@
+"""Test fakes, kept out of the shipped packages."""
