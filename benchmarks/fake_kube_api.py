@@ -4,7 +4,11 @@ It speaks real HTTP/1.1 (keep-alive, chunked watch streams), so the official
 ``kubernetes`` client runs unchanged against it: list and watch of nodes and pods
 (``spec.nodeName`` field selectors), GET pod, PATCH pod metadata (a ``metadata.uid``
 that differs from the pod's is a 409, as on the real server), POST
-``pods/{name}/binding`` and POST events. The binding behaves like the API
+``pods/{name}/binding``, POST events, PATCH ``pods/{name}/status`` (merge), list
+PodDisruptionBudgets (policy/v1) and POST ``pods/{name}/eviction``: an eviction
+honours the UID precondition and every budget selecting the pod (429 when one has
+no disruption left, else each budget's ``disruptionsAllowed`` drops by one and the
+pod is deleted at once: there is no kubelet to wait for). The binding behaves like the API
 server's ``BindingREST``: the Binding's ``metadata.uid`` is a precondition (409 when
 the pod was recreated), its annotations are copied onto the pod in the same
 update, and a pod that already has a node is a 409.
@@ -35,7 +39,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-POD_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)(/binding)?$")
+# A sibling module: found on sys.path when run as a script, in sys.modules when loaded
+# by path (tests/bench_modules.py loads it first).
+from fake_kube_policy import ApiError, PolicyMixin, status
+
+POD_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)(/binding|/eviction|/status)?$")
+PDB_PATH = re.compile(r"^/apis/policy/v1(?:/namespaces/([^/]+))?/poddisruptionbudgets$")
 EVENTS_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/events$")
 CONFIGMAP_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps(?:/([^/]+))?$")
 WATCH_POLL_SECONDS = 0.2
@@ -65,22 +74,6 @@ class Fault:
     stall_seconds: float = 0.5
 
 
-class ApiError(Exception):
-    """An HTTP error answered as a ``Status`` object."""
-
-    def __init__(self, code: int, reason: str, message: str):
-        super().__init__(message)
-        self.code, self.reason, self.message = code, reason, message
-
-
-def status(code: int, reason: str = "", message: str = "") -> dict[str, Any]:
-    """A ``Status`` object (Success for 2xx)."""
-    ok = 200 <= code < 300
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {},
-            "status": "Success" if ok else "Failure", "reason": reason,
-            "message": message, "code": code}
-
-
 def _selector_matches(pod: Mapping[str, Any], selector: str) -> bool:
     # Only the selectors extenders use: spec.nodeName=X and spec.nodeName!=X.
     if not selector:
@@ -98,7 +91,7 @@ def _selector_matches(pod: Mapping[str, Any], selector: str) -> bool:
     return True
 
 
-class FakeKubeApi:
+class FakeKubeApi(PolicyMixin):
     """Nodes, pods and their change history behind a threaded HTTP server."""
 
     def __init__(self, nodes: Iterable[Mapping[str, Any]] = (),
@@ -109,6 +102,7 @@ class FakeKubeApi:
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.events: list[dict[str, Any]] = []
         self.configmaps: dict[tuple[str, str], dict[str, Any]] = {}
+        self.pdbs: dict[tuple[str, str], dict[str, Any]] = {}
         self.requests: list[Recorded] = []
         self.record = record
         self.faults: list[Fault] = []
@@ -408,8 +402,14 @@ def _handler(api: FakeKubeApi) -> type[BaseHTTPRequestHandler]:
                     self._send(200, api._stored_pod(pod_match[1], pod_match[2]))
             elif pod_match and method == "PATCH" and not pod_match[3]:
                 self._send(200, api.patch_pod(pod_match[1], pod_match[2], body))
-            elif pod_match and method == "POST" and pod_match[3]:
+            elif pod_match and method == "PATCH" and pod_match[3] == "/status":
+                self._send(200, api.patch_pod_status(pod_match[1], pod_match[2], body))
+            elif pod_match and method == "POST" and pod_match[3] == "/binding":
                 self._send(201, api.bind_pod(pod_match[1], pod_match[2], body))
+            elif pod_match and method == "POST" and pod_match[3] == "/eviction":
+                self._send(201, api.evict_pod(pod_match[1], pod_match[2], body))
+            elif (pdb := PDB_PATH.match(path)) is not None and method == "GET":
+                self._send(200, api.list_pdbs(pdb[1]))
             elif event_match and method == "POST":
                 self._send(201, api.post_event(event_match[1], body))
             elif (cm := CONFIGMAP_PATH.match(path)) is not None:
