@@ -106,7 +106,7 @@ def run_once(agent: Agent, json_output: bool) -> int:
 def run_forever(agent: Agent, metrics_addr: str, metrics_port: int,
                 stop: threading.Event | None = None) -> None:
     """Serve /metrics and step every interval until SIGTERM/SIGINT (or ``stop``)."""
-    setup_logging(logger_name="")  # the agent logs through the root logger
+    setup_logging()  # every logger of the process, JSON (contracts.logs)
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):

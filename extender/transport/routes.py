@@ -120,9 +120,11 @@ def create_app(
         body = dumps(result)
         duration = time.perf_counter() - start
         observe(name, status, duration)
-        if log.isEnabledFor(logging.INFO):  # skip building the record when it is filtered
-            log.info(name, extra={"verb": name, "duration_seconds": round(duration, 6),
-                                  "status": status, **extra})
+        # Agent reports (one per node a second) are request logs: debug unless refused.
+        level = logging.DEBUG if name == "report" and status == 200 else logging.INFO
+        if log.isEnabledFor(level):  # skip building the record when it is filtered
+            log.log(level, name, extra={"verb": name, "duration_seconds": round(duration, 6),
+                                        "status": status, **extra})
         return status, body
 
     def verb(name: str, handler: Callable[[Any], Any]) -> Response:
