@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from contracts.logs import get_logger
+from extender.cluster.namespace import own_namespace
 from extender.config import LearningConfig
 from extender.core import Placement, UtilKnowledge
 from extender.core.cost import CostPolicy
@@ -50,7 +51,7 @@ from predictor.curves import InterferenceCurve
 
 DOCUMENT_KEY = "observations.json"
 __all__ = ["DOCUMENT_VERSION", "ConfigMapPersistence", "Estimate", "Learner", "ObservationStore",
-           "build_learner", "own_namespace"]
+           "build_learner"]
 
 
 class ConfigMapPersistence:
@@ -220,16 +221,6 @@ def _drain(response: Any) -> None:
         release()
 
 
-def own_namespace(default: str = "default") -> str:
-    """The pod's namespace in a cluster (service-account file), else ``default``."""
-    try:
-        with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace",
-                  encoding="utf-8") as f:
-            return f.read().strip() or default
-    except OSError:
-        return default
-
-
 def build_learner(cfg: LearningConfig, source: Any, may_persist: Callable[[], bool],
                   prior: Callable[[str], InterferenceCurve] | None = None,
                   digest_of: Callable[[str], str | None] | None = None) -> Learner:
@@ -241,7 +232,7 @@ def build_learner(cfg: LearningConfig, source: Any, may_persist: Callable[[], bo
     api = getattr(source, "api", None)
     persistence = None
     if cfg.configmap and api is not None and hasattr(api, "read_namespaced_config_map"):
-        persistence = ConfigMapPersistence(api, cfg.namespace or own_namespace(), cfg.configmap)
+        persistence = ConfigMapPersistence(api, own_namespace(cfg.namespace), cfg.configmap)
     learner = Learner(cfg, persistence, may_persist,
                       prior=prior or (lambda _t: InterferenceCurve()), digest_of=digest_of)
     learner.start()
