@@ -39,9 +39,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-# A sibling module: found on sys.path when run as a script, in sys.modules when loaded
-# by path (tests/bench_modules.py loads it first).
-from fake_kube_policy import ApiError, PolicyMixin, status
+try:  # benchmarks run as scripts (the repository root on sys.path, see _common.py)
+    from benchmarks.fake_kube_policy import ApiError, PolicyMixin, status
+except ImportError:  # loaded by path: tests/bench_modules.py loads the sibling first
+    from fake_kube_policy import ApiError, PolicyMixin, status  # type: ignore[no-redef]
 
 POD_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)(/binding|/eviction|/status)?$")
 PDB_PATH = re.compile(r"^/apis/policy/v1(?:/namespaces/([^/]+))?/poddisruptionbudgets$")
