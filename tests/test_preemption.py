@@ -143,6 +143,12 @@ def do_filter(app, fake, name, nodes=("gpu-a", "gpu-b")):
         "Pod": fake.pod("ml", name), "NodeNames": list(nodes)}).get_json()
 
 
+def posted_events(source, fake):
+    """(pod, reason) of every event posted so far (the queue drained first)."""
+    source.drain_events()
+    return {(e["involvedObject"]["name"], e["reason"]) for e in fake.events}
+
+
 def evictions(fake):
     return [r.path.split("/")[-2] for r in fake.requests
             if r.method == "POST" and r.path.endswith("/eviction")]
@@ -160,10 +166,8 @@ def test_high_priority_pod_preempts_the_fewest_unprotected_pods(cluster):
     # guarded (budget) and low (not needed once mid is gone) stay
     assert evictions(fake) == ["mid"]
     wait_for(lambda: fake.pod("ml", "urgent")["status"].get("nominatedNodeName") == "gpu-b")
-    source.drain_events()
-    fake_events = {(e["involvedObject"]["name"], e["reason"]) for e in fake.events}
-    assert ("mid", "TandemPreempted") in fake_events
-    assert ("urgent", "TandemPreempting") in fake_events
+    wait_for(lambda: {("mid", "TandemPreempted"), ("urgent", "TandemPreempting")}
+             <= posted_events(source, fake))
     # the freed GPU is kept: another pod that fits there does not get it
     wait_for(lambda: ext.state.placement_of("nominated/uid-urgent") is not None)
     fake.put_pod(pending("other", 20000, 100))
@@ -204,9 +208,7 @@ def test_eviction_refused_by_the_api_server_stops_and_says_so(cluster):
     do_filter(app, fake, "urgent")
     wait_for(lambda: fake.faults_injected["429"] == 1)
     wait_for(lambda: not app.extensions["tandem"].preemptor._nominated)
-    source.drain_events()
-    assert ("urgent", "TandemPreemptionBlocked") in {
-        (e["involvedObject"]["name"], e["reason"]) for e in fake.events}
+    wait_for(lambda: ("urgent", "TandemPreemptionBlocked") in posted_events(source, fake))
     assert "nominatedNodeName" not in fake.pod("ml", "urgent")["status"]
     assert {"low", "mid"} <= {name for _, name in fake.pods}
 
