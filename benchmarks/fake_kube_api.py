@@ -317,6 +317,11 @@ class FakeKubeApi(PolicyMixin):
         return int(server.server_address[1])
 
     @property
+    def connections_accepted(self) -> int:
+        """TCP connections clients have opened so far."""
+        return self._server.accepted if self._server is not None else 0
+
+    @property
     def url(self) -> str:
         """``http://127.0.0.1:PORT`` of the running server."""
         assert self._server is not None, "start() first"
@@ -333,7 +338,15 @@ class FakeKubeApi(PolicyMixin):
 
 
 class _QuietServer(ThreadingHTTPServer):
-    """Clients that hang up (a stopped extender's pooled connections) are not errors."""
+    """Clients that hang up (a stopped extender's pooled connections) are not errors;
+    ``accepted`` counts the connections clients opened."""
+
+    accepted = 0
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Count the connection, then serve it on a thread of its own."""
+        self.accepted += 1
+        super().process_request(request, client_address)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """Ignore disconnects; report anything else as the base class does."""

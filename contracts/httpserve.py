@@ -42,6 +42,8 @@ from cheroot.server import HeaderReader, HTTPConnection, HTTPRequest
 from cheroot.ssl.builtin import BuiltinSSLAdapter
 
 DEFAULT_READ_DEADLINE_SECONDS = 10.0
+KEEP_ALIVE_CONNECTIONS = 512
+"""Open keep-alive connections kept (idle ones wait in the selector, without a worker)."""
 MAX_HEAD_BYTES = 64 * 1024
 """A request head longer than this is handed to cheroot at once (which refuses it)."""
 _HEAD_END = b"\r\n\r\n"
@@ -223,7 +225,13 @@ def harden(server: Any, read_deadline_seconds: float = DEFAULT_READ_DEADLINE_SEC
            body_limit: int = 4 << 20,
            error_body: Callable[[str], bytes] = json_error) -> Any:
     """Make ``server`` (a cheroot ``wsgi.Server``) gather requests before using a worker,
-    refuse malformed headers with a 400, and answer its own errors with ``error_body``."""
+    refuse malformed headers with a 400, and answer its own errors with ``error_body``.
+
+    It also keeps up to ``KEEP_ALIVE_CONNECTIONS`` keep-alive connections: cheroot's
+    default (10) answers ``Connection: close`` to every request once ten are open, so a
+    scheduler binding 16 pods at once reconnected (and redid TLS) on every call.
+    """
+    server.keep_alive_conn_limit = KEEP_ALIVE_CONNECTIONS
     request_class = type("TandemRequest", (JsonErrorRequest,), {
         "error_body": staticmethod(error_body)})
     server.ConnectionClass = type("TandemConnection", (GatheringConnection,), {

@@ -38,6 +38,7 @@ from kubernetes.client.rest import ApiException
 from contracts.logs import get_logger
 from extender.cluster.kube_http import LeanPoster, api_error, supports
 from extender.cluster.source import DONE_PHASES, Verifier, same_decision, trusted_placement
+from extender.cluster.traffic import BindTraffic
 from extender.core import GpuSpec, NodeSpec, Placement, PodRef
 from extender.errors import BindOutcomeUnknown, SourceError
 
@@ -46,6 +47,8 @@ GFD_PRODUCT = "nvidia.com/gpu.product"
 GFD_MEMORY = "nvidia.com/gpu.memory"
 COMPONENT = "tandem-extender"
 EVENT_QUEUE_LIMIT = 1000
+EVENT_DEFER_SECONDS = 1.0
+"""Longest an event batch waits for a pause in binding (``extender.cluster.traffic``)."""
 
 
 def _json(response: Any) -> Any:
@@ -105,6 +108,7 @@ class KubeSource:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._events: queue.Queue[dict[str, Any] | None] = queue.Queue(EVENT_QUEUE_LIMIT)
+        self._traffic = BindTraffic()
         self._log = get_logger()
         self._signer: Any = None
         self._on_untrusted: Callable[[str], None] | None = None
@@ -308,9 +312,10 @@ class KubeSource:
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         try:
             if self._poster is not None:
-                self._poster.post(f"/api/v1/namespaces/{quote(pod.namespace, safe='')}/pods/"
-                                  f"{quote(pod.name, safe='')}/binding",
-                                  json.dumps(body).encode())
+                with self._traffic.binding():
+                    self._poster.post(f"/api/v1/namespaces/{quote(pod.namespace, safe='')}/"
+                                      f"pods/{quote(pod.name, safe='')}/binding",
+                                      json.dumps(body).encode())
                 return False
             # _preload_content=False: the answer is a Status nobody reads (and the client
             # cannot deserialise it as a Binding, kubernetes-client/python#825).
@@ -392,6 +397,7 @@ class KubeSource:
             event = self._events.get()
             if event is None or self._stop.is_set():
                 return
+            self._traffic.wait_idle(EVENT_DEFER_SECONDS)  # binds first (traffic.py)
             # Whatever queued up meanwhile goes in the same batch (merged when identical).
             batch, stop = [event], False
             while not stop:
