@@ -342,6 +342,7 @@ class _QuietServer(ThreadingHTTPServer):
     ``accepted`` counts the connections clients opened."""
 
     accepted = 0
+    request_queue_size = 128  # the listen backlog (socketserver's 5 drops bursts of connects)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         """Count the connection, then serve it on a thread of its own."""
