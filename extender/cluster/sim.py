@@ -19,7 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from contracts.annotations import GPU_INDEX, PREDICTED_MEM_MIB, PREDICTED_UTIL, WORKLOAD
+from contracts.annotations import (
+    GPU_INDEX,
+    GPU_UUID,
+    PREDICTED_MEM_MIB,
+    PREDICTED_UTIL,
+    WORKLOAD,
+)
 from contracts.clusterfile import (
     ClusterFile,
     SimPod,
@@ -50,11 +56,14 @@ def node_specs(cluster: ClusterFile) -> list[NodeSpec]:
             for n in cluster.nodes]
 
 
-def pod_object(pod: SimPod) -> dict[str, Any]:
-    """A bound pod object whose annotations record the file's placement."""
+def pod_object(pod: SimPod, cluster: ClusterFile) -> dict[str, Any]:
+    """A bound pod object whose annotations record the file's placement, with the UUIDs of
+    its GPUs: a placement follows its GPU's UUID when an agent report renumbers the node."""
+    uuid_at = {g.index: g.uuid for g in cluster.node(pod.node).gpus}
     annotations = {
         WORKLOAD: pod.workload,
         GPU_INDEX: ",".join(str(i) for i in pod.gpu_index),
+        GPU_UUID: ",".join(uuid_at[i] for i in pod.gpu_index),
         PREDICTED_UTIL: str(pod.util_percent),
         PREDICTED_MEM_MIB: str(pod.mem_mib),
         **dict(pod.annotations),
@@ -70,7 +79,7 @@ def pod_object(pod: SimPod) -> dict[str, Any]:
 def parse_cluster(raw: Any) -> tuple[list[NodeSpec], list[dict[str, Any]]]:
     """Nodes and bound pod objects from a decoded sim file; raises ClusterFileError."""
     cluster = parse_cluster_file(raw)
-    return node_specs(cluster), [pod_object(p) for p in cluster.pods]
+    return node_specs(cluster), [pod_object(p, cluster) for p in cluster.pods]
 
 
 class SimSource:
@@ -95,7 +104,7 @@ class SimSource:
     @classmethod
     def from_cluster(cls, cluster: ClusterFile) -> SimSource:
         """A source holding a parsed cluster file's nodes and bound pods."""
-        return cls(node_specs(cluster), [pod_object(p) for p in cluster.pods])
+        return cls(node_specs(cluster), [pod_object(p, cluster) for p in cluster.pods])
 
     def create_pod(self, pod: Mapping[str, Any]) -> PodRef:
         """Register a pod (deep-copied), as a user's ``kubectl apply`` would."""
