@@ -32,6 +32,7 @@ from extender.core import (
     UtilKnowledge,
     Workload,
     annotations_of,
+    container_gpu_counts,
     gpu_type_of,
     parse_demand,
     pod_ref,
@@ -277,12 +278,13 @@ class Extender:
         try:
             inputs = tandem_annotations(annotations_of(pod))
             placement, plan, cost, uuids = self.state.assume_best(
-                args.node, demand, self._inference, ref.uid or ref.key, ref.key, inputs)
+                args.node, demand, self._inference, ref.uid or ref.key, ref.key, inputs,
+                container_gpu_counts(pod))
             annotations = output_annotations(placement, uuids, cost, plan,
                                              self._source_on(demand, args.node,
                                                              tuple(placement.gpu_indices)))
             try:
-                confirmed = self.source.bind(ref, args.node, annotations)
+                confirmed = self.source.bind(ref, args.node, annotations, placement)
             except BindOutcomeUnknown as exc:
                 # The binding may be on the API server: keep the GPUs reserved (the expiry
                 # clock starts now) until the watch shows the pod, a retry asks the API, or

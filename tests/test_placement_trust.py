@@ -6,11 +6,26 @@ source, as tests/test_fault_injection.py does.
 
 from __future__ import annotations
 
-from fault_cluster import audit, cluster, k8s_pod
+import pytest
+from fault_cluster import PlainWatch, audit, cluster, k8s_pod, ledger
 
 
 def reserved(replica, node="gpu-0"):
     return [g["reserved_mib"] for g in replica.state.view()["nodes"][node]["gpus"]]
+
+
+def place(c, replica, names, annotations, node="gpu-0"):
+    """Create, filter and bind ``names`` on ``node`` through ``replica``."""
+    for name in names:
+        c.fake.put_pod(k8s_pod(name, annotations))
+        assert replica.filter(c.fake, name, [node])["NodeNames"] == [node]
+        assert replica.bind(name, node) == {"Error": ""}
+
+
+def audit_held(c, replica):
+    """UIDs the replica holds, checked against what the API server bound: none lost."""
+    assert not audit(c.fake, replica.state).lost
+    return set(ledger(replica.state))
 
 
 def test_a_forged_filter_body_never_sets_what_bind_reserves():
@@ -46,3 +61,117 @@ def test_a_forged_filter_with_the_real_uid_and_version_does_not_answer_for_the_r
         assert r.bind("p", "gpu-0") == {"Error": ""}
         assert sorted(reserved(r)) == [0, 30000]
         assert audit(c.fake, r.state).clean
+
+
+# ---- Kube mode: rebuilds (restart, 410 relist) take placements from the record -------------
+def watch_through_a_410(c, r):
+    """A pod watch resuming from a compacted version: the API server answers 410 Gone and the
+    source relists (the real path, not a direct sync)."""
+    _, pod_rv = r.source.sync(r.state)
+    c.fake.compact()
+    r.source._watch_factory = PlainWatch
+    real_sync = r.source.sync
+    relists = []
+
+    def sync_then_stop(state):
+        relists.append(1)
+        r.source._stop.set()
+        return real_sync(state)
+    r.source.sync = sync_then_stop
+    r.source._stop.wait = lambda timeout: False
+    r.source._watch(r.state, c.api.list_pod_for_all_namespaces, r.source.apply_pod_event,
+                    pod_rv)
+    assert relists == [1]
+
+
+def edit(c, name, **changes):
+    pod = c.fake.pod("ml", name)
+    ann = pod["metadata"]["annotations"]
+    for key, value in changes.items():
+        key = f"tandem.io/{key.replace('_', '-')}"
+        if value is None:
+            ann.pop(key, None)
+        else:
+            ann[key] = value
+    c.fake.put_pod(pod)
+
+
+TWENTY = {"tandem.io/gpu-util": "20", "tandem.io/gpu-mem-mib": "20000"}
+
+
+@pytest.mark.parametrize("rebuild", ["relist-410", "restart"])
+def test_pods_whose_annotations_no_longer_parse_keep_their_gpus(rebuild):
+    with cluster(nodes=1) as c:
+        r = c.replica()
+        place(c, r, ["a", "b"], TWENTY)  # one per GPU (20,000 MiB each, 40,960 per GPU)
+        before = reserved(r)
+        assert sorted(before) == [20000, 20000]
+        edit(c, "a", gpu_index=None)
+        edit(c, "b", predicted_gpu_util="NaN")
+        if rebuild == "relist-410":
+            watch_through_a_410(c, r)
+        else:
+            r = c.replica()
+        assert reserved(r) == before
+        assert audit_held(c, r) == {"uid-a", "uid-b"}
+        c.fake.put_pod(k8s_pod("c", {"tandem.io/gpu-util": "20",
+                                     "tandem.io/gpu-mem-mib": "30000"}))
+        assert r.filter(c.fake, "c", ["gpu-0"])["NodeNames"] == []
+        assert "no longer fits" in r.bind("c", "gpu-0")["Error"]
+        if rebuild == "restart":  # what a person sees: the edits are reported
+            r.source.drain_events()
+            untrusted = [e for e in c.fake.events if e["reason"] == "TandemPlacementUntrusted"]
+            assert {e["involvedObject"]["name"] for e in untrusted} == {"a", "b"}
+
+
+def test_moved_names_and_a_forged_signature_do_not_move_the_reservation():
+    with cluster(nodes=1) as c:
+        r = c.replica()
+        place(c, r, ["a"], TWENTY)
+        ann = c.fake.pod("ml", "a")["metadata"]["annotations"]
+        where = int(ann["tandem.io/gpu-index"])
+        other = 1 - where
+        edit(c, "a", gpu_index=str(other), gpu_uuid=str(other),
+             placement_signature="v1:" + "0" * 64)
+        restarted = c.replica()
+        held = reserved(restarted)
+        assert held[where] == 20000 and held[other] == 0  # where bind put it
+
+
+def test_a_pod_that_skipped_the_scheduler_holds_its_whole_node_and_is_not_placed():
+    with cluster(nodes=1) as c:
+        r = c.replica()
+        place(c, r, ["a"], TWENTY)
+        r.source.sync(r.state)  # the watch confirms it
+        copied = k8s_pod("bypass", c.fake.pod("ml", "a")["metadata"]["annotations"],
+                         phase="Running")
+        copied["spec"]["nodeName"] = "gpu-0"
+        c.fake.put_pod(copied)
+        for replica in (r, c.replica()):  # a watch event, and a restart
+            if replica is r:
+                r.source.apply_pod_event(r.state, "ADDED", c.fake.pod("ml", "bypass"))
+            view = replica.state.view()
+            assert (view["placed"], view["untrusted"]) == (1, 1)
+            states = {p["pod"]: p["state"] for g in view["nodes"]["gpu-0"]["gpus"]
+                      for p in g["pods"]}
+            assert states == {"ml/a": "placed", "ml/bypass": "untrusted"}
+            assert [g["reserved_mib"] >= 40960 for g in view["nodes"]["gpu-0"]["gpus"]] == \
+                [True, True]
+            replica.source.drain_events()
+        events = [e for e in c.fake.events if e["reason"] == "TandemPlacementUntrusted"]
+        assert {e["involvedObject"]["name"] for e in events} == {"bypass"}
+
+
+def test_the_record_lives_in_the_extenders_namespace_and_drops_pods_that_are_gone():
+    with cluster(nodes=1) as c:
+        r = c.replica()
+        place(c, r, ["a", "b"], TWENTY)
+        record = c.fake.configmaps[("default", "tandem-placements-gpu-0")]
+        assert set(record["data"]) == {"uid-a", "uid-b"}
+        assert record["metadata"]["labels"]["tandem.io/placement-record"] == "true"
+        gone = c.fake.pod("ml", "a")
+        c.fake.delete_pod("ml", "a")
+        r.source.apply_pod_event(r.state, "DELETED", gone)
+        place(c, r, ["c"], TWENTY)
+        record = c.fake.configmaps[("default", "tandem-placements-gpu-0")]
+        assert set(record["data"]) == {"uid-b", "uid-c"}

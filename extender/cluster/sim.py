@@ -133,8 +133,10 @@ class SimSource:
             pod = self._pods.get((namespace, name))
             return copy.deepcopy(pod) if pod is not None else None
 
-    def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> bool:
-        """Record the binding in the registry; the sim confirms at once."""
+    def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str],
+             placement: Any = None) -> bool:
+        """Record the binding in the registry; the sim confirms at once (the extender's
+        ledger holds ``placement`` itself: nothing rebuilds it from a pod owner's edits)."""
         with self._lock:
             obj = self._pods.setdefault(
                 (pod.namespace, pod.name),

@@ -1,23 +1,24 @@
 """The cluster source interface, and placements to and from pod annotations.
 
 Two sources implement :class:`ClusterSource`: ``kube`` (the Kubernetes API) and
-``sim:FILE`` (a YAML cluster). Both rebuild the ledger from pod annotations, so
-after a restart nothing is lost or double-booked: Kubernetes (or the sim file's
-pod registry) is the source of truth and the extender's memory is a cache. The
-annotation keys and their encoding are the shared contract in
-:mod:`contracts.annotations`; this module maps them to the extender's types.
+``sim:FILE`` (a YAML cluster). After a restart nothing is lost or double-booked:
+``kube`` rebuilds the ledger from the placement records bind wrote
+(:mod:`extender.cluster.records`) for the pods the API server has bound, ``sim``
+from its pod registry (the operator's file). The annotation keys and their
+encoding are the shared contract in :mod:`contracts.annotations`; this module
+maps them to the extender's types.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import contracts.annotations as ann_contract
 from contracts.annotations import (
     GPU_MEM_MIB_RANGE,
     BindOutputs,
+    decode_container_gpus,
     decode_outputs,
     encode_outputs,
     read_bound_inputs,
@@ -25,6 +26,7 @@ from contracts.annotations import (
 )
 from extender.core import (
     DemandError,
+    GpuSpec,
     Placement,
     PodRef,
     SessionSpec,
@@ -35,10 +37,6 @@ from extender.core import (
 
 DONE_PHASES = ("Succeeded", "Failed")
 FULL_UTIL_PERCENT = 100.0
-
-GpusNamed = Callable[[str, tuple[int, ...], tuple[str, ...]], tuple[tuple[int, ...], float | None]]
-"""(node, indices, uuids) -> (every GPU index named either way, largest memory among them)."""
-
 
 class Verifier(Protocol):
     """Checks a placement's signature (``extender.state.signing.PlacementSigner``)."""
@@ -60,8 +58,10 @@ class ClusterSource(Protocol):
     def read_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The pod object, or None when it does not exist."""
 
-    def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> bool:
-        """Write annotations, then bind with the pod UID; True when already confirmed."""
+    def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str],
+             placement: Placement | None = None) -> bool:
+        """Record ``placement`` where pod owners cannot write (``kube``: the node's placement
+        record), then bind with the pod UID and the annotations; True when already confirmed."""
 
     def record_event(self, pod: PodRef, reason: str, message: str, warning: bool) -> None:
         """Emit a Kubernetes Event (or its stand-in) on the pod."""
@@ -97,33 +97,34 @@ def placement_from_pod(pod: Mapping[str, Any]) -> Placement | None:
             session = None  # no usable SLO: a best-effort session
     weight = inputs.share_weight if workload is Workload.INFERENCE and session is None else 1
     return Placement(ref.uid, ref.key, node, out.gpu_indices, out.util_percent, out.mem_mib,
-                     workload, session, tandem_annotations(ann), weight, out.gpu_uuids)
+                     workload, session, tandem_annotations(ann), weight, out.gpu_uuids,
+                     decode_container_gpus(ann))
 
 
-def trusted_placement(pod: Mapping[str, Any], verifier: Verifier | None,
-                      gpus_named: GpusNamed) -> tuple[Placement | None, bool]:
-    """(placement, verified): the recorded placement if its signature verifies, else the
-    conservative one (see :func:`conservative_placement`). No verifier: taken as written."""
-    p = placement_from_pod(pod)
-    if p is None or verifier is None:
-        return p, True
-    ann = annotations_of(pod)
-    if verifier.verify(p.pod_uid, p.node, ann):
-        return p, True
-    out = decode_outputs(ann)
-    uuids = out.gpu_uuids if out is not None else ()
-    return conservative_placement(p, uuids, gpus_named), False
+def requests_gpus(pod: Mapping[str, Any]) -> bool:
+    """True when a container of the pod names ``tandem.io/gpu`` in its resources (set at
+    creation and immutable: a pod owner cannot add or remove it from a bound pod)."""
+    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
+    for key in ("containers", "initContainers"):
+        containers = spec.get(key)
+        for c in containers if isinstance(containers, list) else ():
+            res = c.get("resources") if isinstance(c, Mapping) else None
+            for kind in ("limits", "requests"):
+                amounts = res.get(kind) if isinstance(res, Mapping) else None
+                if isinstance(amounts, Mapping) and ann_contract.GPU_RESOURCE in amounts:
+                    return True
+    return False
 
 
-def conservative_placement(p: Placement, uuids: tuple[str, ...],
-                           gpus_named: GpusNamed) -> Placement:
-    """What an unverifiable bound pod holds: every GPU its annotations name (by index or
-    UUID, so a moved ``gpu-index`` still covers the GPU its ``gpu-uuid`` names), each at
-    full utilisation and its whole memory. Never less than any decision bind could make."""
-    indices, memory = gpus_named(p.node, p.gpu_indices, uuids)
-    return dataclasses.replace(p, gpu_indices=indices, gpu_uuids=(),
-                               util_percent=FULL_UTIL_PERCENT,
-                               mem_mib=memory if memory is not None else GPU_MEM_MIB_RANGE.high)
+def untrusted_placement(uid: str, pod: str, node: str, gpus: list[GpuSpec],
+                        annotations: tuple[tuple[str, str], ...]) -> Placement:
+    """What a bound pod with no placement record holds: every GPU of its node (whatever
+    its annotations name), each at full utilisation and its whole memory, never less
+    than any decision bind could have made."""
+    memory = max((g.memory_mib for g in gpus), default=GPU_MEM_MIB_RANGE.high)
+    return Placement(uid, pod, node, tuple(g.index for g in gpus), FULL_UTIL_PERCENT,
+                     memory, Workload.TRAINING, None, annotations, 1,
+                     tuple(g.uuid for g in gpus), trusted=False)
 
 
 def same_decision(a: Placement, b: Placement) -> bool:
@@ -141,4 +142,5 @@ def output_annotations(p: Placement, uuids: list[str], cost: float, plan: Any,
         batch = alloc.batch if alloc else 0
         duty_cycle_ms = plan.duty_cycle_ms
     return encode_outputs(BindOutputs(tuple(p.gpu_indices), tuple(uuids), p.util_percent,
-                                      p.mem_mib, cost, batch, duty_cycle_ms, source or None))
+                                      p.mem_mib, cost, batch, duty_cycle_ms, source or None,
+                                      p.containers))

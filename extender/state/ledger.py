@@ -55,6 +55,7 @@ from extender.core import (
     ResolvedDemand,
     choose,
     evaluate,
+    split_gpus,
 )
 from extender.errors import BindConflict
 from extender.state.handoff import HandoffGate
@@ -227,22 +228,6 @@ class ClusterState:
             entry = self._assumed.get(uid)
             return self._placed.get(uid) or (entry[0] if entry else None)
 
-    def named_gpus(self, node: str, indices: tuple[int, ...], uuids: tuple[str, ...],
-                   ) -> tuple[tuple[int, ...], float | None]:
-        """Indices of ``node``'s GPUs named by index or UUID (all of them when it names none
-        it has), and the largest one's memory; None when the node has no known GPU."""
-        with self.lock:
-            t = self._table
-            if node not in t.node_index:
-                return indices, None
-            rows = [r for r in t.node_rows(node)
-                    if t.gpus[r].index in indices or t.gpus[r].uuid in uuids] \
-                or list(t.node_rows(node))  # names no GPU it has: it may be on any of them
-            if not rows:
-                return indices, None
-            return (tuple(sorted(t.gpus[r].index for r in rows)),
-                    max(t.gpus[r].memory_mib for r in rows))
-
     # ---- decisions -------------------------------------------------------------------
     def gpu_types(self) -> list[str]:
         """GPU types present in the inventory."""
@@ -262,8 +247,10 @@ class ClusterState:
 
     def assume_best(self, node: str, demand: ResolvedDemand, inference: InferenceContext | None,
                     pod_uid: str, pod: str, annotations: tuple[tuple[str, str], ...] = (),
+                    containers: tuple[tuple[str, int, bool], ...] = (),
                     ) -> tuple[Placement, Any, float, list[str]]:
-        """Decide the GPUs on ``node`` against fresh state and assume them, atomically."""
+        """Decide the GPUs on ``node`` against fresh state and assume them, atomically;
+        ``containers`` (``extender.core.container_gpu_counts``) says who gets which."""
         self.expire()
         with self.lock:
             if pod_uid in self._placed or pod_uid in self._assumed:
@@ -279,7 +266,9 @@ class ClusterState:
             placement = dataclasses.replace(placement,
                                             util_percent=round(placement.util_percent, 2),
                                             mem_mib=float(round(placement.mem_mib)),
-                                            annotations=annotations, gpu_uuids=tuple(uuids))
+                                            annotations=annotations, gpu_uuids=tuple(uuids),
+                                            containers=split_gpus(containers,
+                                                                  placement.gpu_indices))
             self._assumed[pod_uid] = (placement, None)
             self._applied_at[pod_uid] = self._clock()
             self._table.place(placement, self._applied_at[pod_uid])
@@ -328,9 +317,12 @@ class ClusterState:
                         rows = t.rows_of(p)
                     except PlacementError:
                         continue
-                    for row in rows:
+                    owner = {i: c for c, indices in p.containers for i in indices}
+                    for row, index in zip(rows, p.gpu_indices, strict=False):
                         pods_by_row.setdefault(row, []).append(
-                            {"pod": p.pod, "uid": p.pod_uid, "state": state,
+                            {"pod": p.pod, "uid": p.pod_uid,
+                             "state": state if p.trusted else "untrusted",
+                             "container": owner.get(index),
                              "workload": p.workload.value, "util_percent": p.util_percent,
                              "mem_mib": p.mem_mib, "annotations": dict(p.annotations)})
             nodes: dict[str, Any] = {}
@@ -350,8 +342,10 @@ class ClusterState:
                         "pods": sorted(pods_by_row.get(row, []), key=lambda d: d["pod"]),
                     })
                 nodes[name] = {"gpus": gpus}
+            untrusted = sum(not p.trusted for p in self._placed.values())
             return {"nodes": nodes, "synced": self.synced,
-                    "placed": len(self._placed), "assumed": len(self._assumed)}
+                    "placed": len(self._placed) - untrusted, "assumed": len(self._assumed),
+                    "untrusted": untrusted}
 
     def node_gpus(self, node: str) -> list[GpuSpec]:
         """The GPUs of one node (none for an unknown node): O(its GPUs), for the bind path."""
