@@ -8,8 +8,8 @@ simulated GPU source also turns these placements into load (``placed_jobs``).
 Shape read (as ``extender/state/ledger.py`` writes it)::
 
     {"nodes": {NAME: {"gpus": [{"index", "uuid", "predicted_util", ...,
-        "pods": [{"pod": "NS/NAME", "uid", "workload", "util_percent", "mem_mib",
-                  "annotations": {"tandem.io/...": "..."}}]}]}}}
+        "pods": [{"pod": "NS/NAME", "uid", "state", "container", "workload",
+                  "util_percent", "mem_mib", "annotations": {"tandem.io/...": "..."}}]}]}}}
 
 ``predicted_util`` and ``util_percent`` are percent. ``annotations`` (the pod's
 ``tandem.io/*`` annotations) is optional; session sync needs it for the model and
@@ -43,6 +43,15 @@ class PodPlacement:
     predicted_util_percent: float | None
     memory_mib: int | None
     annotations: tuple[tuple[str, str], ...] = ()
+    container: str | None = None
+    """The container the extender bound this GPU for (None: not said)."""
+    state: str = "placed"
+    """``placed``, ``assumed`` or ``untrusted`` (bound without the extender's decision)."""
+
+    @property
+    def trusted(self) -> bool:
+        """False for a pod bound without the extender's decision: it gets no session."""
+        return self.state != "untrusted"
 
     def annotation(self, key: str) -> str | None:
         """The value of annotation ``key``, or None."""
@@ -110,6 +119,7 @@ def _parse_pod(raw: Any, gpu_index: int) -> PodPlacement | None:
     util = _number(raw.get("util_percent", notes.get(PREDICTED_UTIL)))
     memory = _number(raw.get("mem_mib", notes.get(PREDICTED_MEM_MIB)))
     namespace, _, name = str(raw.get("pod", "")).rpartition("/")
+    container, state = raw.get("container"), raw.get("state")
     return PodPlacement(
         uid=uid,
         name=name,
@@ -118,6 +128,8 @@ def _parse_pod(raw: Any, gpu_index: int) -> PodPlacement | None:
         predicted_util_percent=util,
         memory_mib=None if memory is None else int(memory),
         annotations=tuple(sorted(notes.items())),
+        container=container if isinstance(container, str) and container else None,
+        state=state if isinstance(state, str) else "placed",
     )
 
 
