@@ -357,7 +357,7 @@ class Extender:
         """The pod as the cluster has it (the API server, or the simulated registry), never a
         /filter body: anyone who reaches the extender can send one. The demand cache still
         saves the prediction when the contents are those filter saw (same digest)."""
-        pod = self.source.read_pod(args.pod_namespace, args.pod_name)
+        pod = self.source.current_pod(args.pod_namespace, args.pod_name)
         if pod is None:
             raise BindConflict(f"pod {args.pod_namespace}/{args.pod_name} not found", None)
         uid = (pod.get("metadata") or {}).get("uid")

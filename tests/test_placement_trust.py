@@ -6,8 +6,14 @@ source, as tests/test_fault_injection.py does.
 
 from __future__ import annotations
 
+import dataclasses
+import time
+
 import pytest
+from extender_builders import placement
 from fault_cluster import PlainWatch, audit, cluster, k8s_pod, ledger
+
+from extender.cluster.records import PlacementRecords, decode_entry, encode_entry
 
 
 def reserved(replica, node="gpu-0"):
@@ -175,3 +181,41 @@ def test_the_record_lives_in_the_extenders_namespace_and_drops_pods_that_are_gon
         place(c, r, ["c"], TWENTY)
         record = c.fake.configmaps[("default", "tandem-placements-gpu-0")]
         assert set(record["data"]) == {"uid-b", "uid-c"}
+
+
+def test_bind_takes_a_pending_pod_from_the_watch_without_a_read():
+    """With the pod watch running, bind reads the pod the watch delivered (the API server's
+    copy, never a /filter body) and saves the round trip."""
+    with cluster(nodes=1) as c:
+        r = c.replica(PlainWatch)
+        c.fake.record = True
+        real = c.fake.put_pod(k8s_pod("big", {"tandem.io/gpu-util": "20",
+                                              "tandem.io/gpu-mem-mib": "30000"}))
+        deadline = time.monotonic() + 5
+        while r.source._pending.get("ml", "big") is None:
+            assert time.monotonic() < deadline, "the watch never delivered the pod"
+            time.sleep(0.01)
+        forged = {**real, "metadata": {**real["metadata"], "annotations": {
+            "tandem.io/gpu-util": "1", "tandem.io/gpu-mem-mib": "100"}}}
+        r.post("/filter", {"Pod": forged, "NodeNames": ["gpu-0"]})
+        c.fake.requests.clear()
+        assert r.bind("big", "gpu-0") == {"Error": ""}
+        assert sorted(reserved(r)) == [0, 30000]
+        assert not [q for q in c.fake.requests if q.method == "GET"]
+
+
+def test_records_through_the_official_client_when_the_lean_one_cannot_speak():
+    """The records' second path (a configuration ``kube_http.supports`` refuses)."""
+    with cluster(nodes=1) as c:
+        records = PlacementRecords(c.api, "tandem-system", poster=None)
+        records.load_all()
+        p = placement("uid-x", pod="ml/x", node="gpu-0", gpus=(1,), util=10, mem=100)
+        records.write("gpu-0", "uid-x", encode_entry(p), keep=lambda uid: True)
+        records.write("gpu-0", "uid-y", encode_entry(p), keep=lambda uid: uid != "uid-x")
+        again = PlacementRecords(c.api, "tandem-system", poster=None)
+        again.load_all()
+        assert again.entry("gpu-0", "uid-x", refresh=True) is None  # dropped by keep
+        assert decode_entry("uid-y", "ml/x", "gpu-0", again.entry(
+            "gpu-0", "uid-y", refresh=False)) == dataclasses.replace(p, pod_uid="uid-y")
+        assert decode_entry("uid-y", "ml/other", "gpu-0",
+                            again.entry("gpu-0", "uid-y", refresh=False)) is None

@@ -40,6 +40,7 @@ from extender.cluster.kube_http import LeanPoster, api_error, supports
 from extender.cluster.records import PlacementRecords, RecordError, decode_entry, encode_entry
 from extender.cluster.source import (
     DONE_PHASES,
+    PendingPods,
     placement_from_pod,
     requests_gpus,
     same_decision,
@@ -106,8 +107,6 @@ class KubeSource:
                  watch_timeout_seconds: int = 300, background_events: bool = True,
                  records_namespace: str | None = None):
         self.api = api
-        self.records = PlacementRecords(api, records_namespace or own_namespace())
-        """Where bind records its decisions (the extender's namespace unless told)."""
         self._state: Any = None
         self._watch_factory = watch_factory
         self._timeout = watch_timeout_seconds
@@ -126,6 +125,10 @@ class KubeSource:
         self._poster = LeanPoster(configuration, api_client.user_agent) \
             if configuration is not None and supports(configuration) else None
         self._events = EventQueue(api, self._poster)
+        self.records = PlacementRecords(api, records_namespace or own_namespace(), self._poster)
+        self._pending = PendingPods()
+        """Pods waiting for a node, as the pod watch last delivered them (bind reads here)."""
+        """Where bind records its decisions (the extender's namespace unless told)."""
 
     def use_signer(self, signer: Any, on_untrusted: Callable[[str], None] | None = None,
                    ) -> None:
@@ -158,15 +161,20 @@ class KubeSource:
         nodes, node_rv = self._list(self.api.list_node)
         state.set_nodes([node_spec(n) for n in nodes])
         listed_at = state.now()
-        self.records.load_all()  # before the pods: a pod bound after this is read again
+        self.records.load_all()  # before the pods: one bound after it is read again
         pods, pod_rv = self._list(self.api.list_pod_for_all_namespaces,
                                   field_selector="spec.nodeName!=")
         bound: set[str] = set()
         for pod in pods:
             state.handoffs.observe(pod)
-            uid = self._observe_bound(state, pod, refresh=False)
+            uid = self._observe_bound(state, pod)
             if uid is not None:
                 bound.add(uid)
+        # Pods waiting for a node, so that bind finds them without a read (the watch keeps
+        # them fresh from here on).
+        for pod in self._list(self.api.list_pod_for_all_namespaces,
+                              field_selector="spec.nodeName=")[0]:
+            self._pending.observe(pod, False)
         # A relist is the truth: pods deleted or finished while no watch ran are released.
         for gone in state.retain_placed(bound, listed_at):
             self._distrusted.discard(gone.pod_uid)
@@ -188,25 +196,26 @@ class KubeSource:
         A pod with our annotations but no ``nodeName`` yet is mid-bind: its assumed
         placement is left alone (forgetting it would free capacity still promised).
         """
-        uid = str((pod.get("metadata") or {}).get("uid", ""))
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid", ""))
         phase = (pod.get("status") or {}).get("phase")
         state.handoffs.observe(pod, deleted=kind == "DELETED")
+        self._pending.observe(pod, kind == "DELETED")
         if kind == "DELETED" or phase in DONE_PHASES:
             state.forget(uid)
             self._distrusted.discard(uid)
             return
         self._observe_bound(state, pod)
 
-    def _observe_bound(self, state: Any, pod: Mapping[str, Any], refresh: bool = True,
-                       ) -> str | None:
+    def _observe_bound(self, state: Any, pod: Mapping[str, Any]) -> str | None:
         """Confirm a bound pod's placement, trusting only what the extender decided.
 
         A pod the ledger holds on that node keeps the decision held (a watch event or a
         relist never changes a placement). Else the node's placement record says what
-        bind decided (``refresh``: read it again on a miss); a pod bound before records
-        existed is taken from its annotations if their signature verifies; a pod asking
-        for ``tandem.io/gpu`` with neither holds every GPU of its node in full. Returns
-        the UID of the pod placed, if any.
+        bind decided; a pod bound before records existed is taken from its annotations if
+        their signature verifies; else the record is read again (a pod another replica
+        bound a moment ago), and a pod asking for ``tandem.io/gpu`` with no record holds
+        every GPU of its node in full. Returns the UID of the pod placed, if any.
         """
         meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
         node = (pod.get("spec") or {}).get("nodeName")
@@ -223,12 +232,14 @@ class KubeSource:
             state.confirm(held)
             return uid
         ann = written.annotations if written is not None else ()
-        recorded = decode_entry(uid, key, node, self.records.entry(node, uid, refresh), ann)
-        if recorded is not None and (written is None or not same_decision(written, recorded)):
-            self._distrust(pod, recorded, "changed", "differs from the placement bound")
-        elif recorded is None and written is not None and self._signer is not None \
+        recorded = decode_entry(uid, key, node, self.records.entry(node, uid, False), ann)
+        if recorded is None and written is not None and self._signer is not None \
                 and self._signer.verify(uid, node, meta.get("annotations") or {}):
             recorded = written  # bound before placement records: its signature verifies
+        elif recorded is None:
+            recorded = decode_entry(uid, key, node, self.records.entry(node, uid, True), ann)
+        if recorded is not None and (written is None or not same_decision(written, recorded)):
+            self._distrust(pod, recorded, "changed", "differs from the placement bound")
         if recorded is None:
             if written is None and not requests_gpus(pod):
                 return None  # not a tandem pod
@@ -318,13 +329,22 @@ class KubeSource:
 
     # ---- writes ----------------------------------------------------------------------
     def read_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        """The pod as plain JSON, or None on 404."""
+        """The pod as plain JSON, or None on 404 (bind reads it: the lean client if it can)."""
         try:
+            if self._poster is not None:
+                return json.loads(self._poster.request(
+                    "GET", f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/"
+                           f"{quote(name, safe='')}"))
             return _json(self.api.read_namespaced_pod(name, namespace, _preload_content=False))
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
+
+    def current_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The pod as the API server has it: the pod watch's copy of a pending pod, else
+        read (a pod created before this process started, or not yet seen)."""
+        return self._pending.get(namespace, name) or self.read_pod(namespace, name)
 
     def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str],
              placement: Placement | None = None) -> bool:

@@ -22,6 +22,7 @@ import math
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import quote
 
 from kubernetes.client.rest import ApiException
 
@@ -108,10 +109,13 @@ def _plain(response: Any) -> Any:
 
 
 class PlacementRecords:
-    """The per-node records in one namespace, cached (only the leader writes them)."""
+    """The per-node records in one namespace, cached (only the leader writes them).
 
-    def __init__(self, api: Any, namespace: str):
-        self.api, self.namespace = api, namespace
+    Reads and writes of one record go through ``poster`` (``kube_http.LeanPoster``) when
+    there is one, else through the official client; the list at start always does."""
+
+    def __init__(self, api: Any, namespace: str, poster: Any = None):
+        self.api, self.namespace, self._poster = api, namespace, poster
         self._lock = threading.Lock()
         self._nodes: dict[str, tuple[str | None, dict[str, str]]] = {}
         """node -> (resourceVersion, None when the ConfigMap does not exist; its data)."""
@@ -148,10 +152,17 @@ class PlacementRecords:
         with self._lock:
             return self._node_locks.setdefault(node, threading.Lock())
 
+    def _path(self, name: str = "") -> str:
+        return f"/api/v1/namespaces/{quote(self.namespace, safe='')}/configmaps" + \
+            (f"/{quote(name, safe='')}" if name else "")
+
     def _fetch(self, node: str) -> tuple[str | None, dict[str, str]]:
         try:
-            cm = _plain(self.api.read_namespaced_config_map(
-                record_name(node), self.namespace, _preload_content=False))
+            if self._poster is not None:
+                cm = json.loads(self._poster.request("GET", self._path(record_name(node))))
+            else:
+                cm = _plain(self.api.read_namespaced_config_map(
+                    record_name(node), self.namespace, _preload_content=False))
             found = ((cm.get("metadata") or {}).get("resourceVersion"), dict(cm.get("data") or {}))
         except ApiException as exc:
             if exc.status != 404:
@@ -196,11 +207,17 @@ class PlacementRecords:
                                            "app.kubernetes.io/managed-by": "tandem"},
                                 "annotations": {NODE_ANNOTATION: node}}
         body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": dict(data)}
-        if version is None:
+        if version is not None:
+            meta["resourceVersion"] = version
+        if self._poster is not None:
+            stored = json.loads(self._poster.request(
+                "POST" if version is None else "PUT",
+                self._path("" if version is None else record_name(node)),
+                json.dumps(body, separators=(",", ":")).encode()))
+        elif version is None:
             stored = _plain(self.api.create_namespaced_config_map(
                 self.namespace, body, _preload_content=False))
         else:
-            meta["resourceVersion"] = version
             stored = _plain(self.api.replace_namespaced_config_map(
                 record_name(node), self.namespace, body, _preload_content=False))
         with self._lock:

@@ -133,6 +133,10 @@ class SimSource:
             pod = self._pods.get((namespace, name))
             return copy.deepcopy(pod) if pod is not None else None
 
+    def current_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The registered pod (the registry plays the API server), or None."""
+        return self.read_pod(namespace, name)
+
     def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str],
              placement: Any = None) -> bool:
         """Record the binding in the registry; the sim confirms at once (the extender's

@@ -11,6 +11,8 @@ maps them to the extender's types.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -57,6 +59,10 @@ class ClusterSource(Protocol):
 
     def read_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The pod object, or None when it does not exist."""
+
+    def current_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The pod as the cluster has it for bind (``kube``: the watch's copy of a pending
+        pod when it has one, else read), never a body a client sent; None if absent."""
 
     def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str],
              placement: Placement | None = None) -> bool:
@@ -125,6 +131,41 @@ def untrusted_placement(uid: str, pod: str, node: str, gpus: list[GpuSpec],
     return Placement(uid, pod, node, tuple(g.index for g in gpus), FULL_UTIL_PERCENT,
                      memory, Workload.TRAINING, None, annotations, 1,
                      tuple(g.uuid for g in gpus), trusted=False)
+
+
+PENDING_LIMIT = 10_000
+"""Most pending pods :class:`PendingPods` keeps (the oldest go; bind then reads the pod)."""
+
+
+class PendingPods:
+    """Pods asking for ``tandem.io/gpu`` with no node yet, as the pod watch delivered them:
+    the API server's copy, so bind needs no round trip to read it."""
+
+    def __init__(self, limit: int = PENDING_LIMIT):
+        self._limit = limit
+        self._pods: OrderedDict[tuple[str, str], Mapping[str, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def observe(self, pod: Mapping[str, Any], deleted: bool) -> None:
+        """Keep a pending pod's latest version; drop it once bound, finished or deleted."""
+        meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        waiting = not deleted and not (pod.get("spec") or {}).get("nodeName") \
+            and (pod.get("status") or {}).get("phase") not in DONE_PHASES \
+            and requests_gpus(pod)
+        with self._lock:
+            if not waiting:
+                self._pods.pop(key, None)
+                return
+            self._pods[key] = pod
+            self._pods.move_to_end(key)
+            while len(self._pods) > self._limit:
+                self._pods.popitem(last=False)
+
+    def get(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The pending pod, or None when the watch has not delivered it (or it is bound)."""
+        with self._lock:
+            return self._pods.get((namespace, name))
 
 
 def same_decision(a: Placement, b: Placement) -> bool:
