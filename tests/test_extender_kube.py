@@ -124,7 +124,7 @@ def test_bind_reads_the_pod_then_binds_with_uid_precondition_and_annotations(api
     # placement record, then the binding: no PATCH
     read, record, request = fake.requests
     assert (read.method, read.path) == ("GET", "/api/v1/namespaces/ml/pods/new")
-    assert (record.method, record.path) == ("POST", "/api/v1/namespaces/default/configmaps")
+    assert (record.method, record.path) == ("POST", "/api/v1/namespaces/tandem-system/configmaps")
     assert record.body["metadata"]["name"] == "tandem-placements-gpu-1"
     assert set(record.body["data"]) == {"uid-new"}
     assert (request.method, request.path) == ("POST", "/api/v1/namespaces/ml/pods/new/binding")

@@ -172,14 +172,14 @@ def test_the_record_lives_in_the_extenders_namespace_and_drops_pods_that_are_gon
     with cluster(nodes=1) as c:
         r = c.replica()
         place(c, r, ["a", "b"], TWENTY)
-        record = c.fake.configmaps[("default", "tandem-placements-gpu-0")]
+        record = c.fake.configmaps[("tandem-system", "tandem-placements-gpu-0")]
         assert set(record["data"]) == {"uid-a", "uid-b"}
         assert record["metadata"]["labels"]["tandem.io/placement-record"] == "true"
         gone = c.fake.pod("ml", "a")
         c.fake.delete_pod("ml", "a")
         r.source.apply_pod_event(r.state, "DELETED", gone)
         place(c, r, ["c"], TWENTY)
-        record = c.fake.configmaps[("default", "tandem-placements-gpu-0")]
+        record = c.fake.configmaps[("tandem-system", "tandem-placements-gpu-0")]
         assert set(record["data"]) == {"uid-b", "uid-c"}
 
 

@@ -82,7 +82,8 @@ def test_json_has_the_documented_keys(extender_url: str) -> None:
     result = runner.invoke(app, ["status", "--extender", extender_url, "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
-    assert set(doc) == {"source", "synced", "placed", "assumed", "nodes", "pending"}
+    assert set(doc) == {"source", "synced", "placed", "assumed", "untrusted", "nodes",
+                        "pending"}
     assert doc["synced"] is True and doc["placed"] == 6 and doc["pending"] is None
     by_node = {n["name"]: n for n in doc["nodes"]}
     (busy,) = by_node["a100-node-with-a-long-name-1"]["gpus"]

@@ -50,6 +50,8 @@ from extender.core import GpuSpec, NodeSpec, Placement, PodRef
 from extender.errors import BindOutcomeUnknown, SourceError
 from extender.learning.learner import own_namespace
 
+RECORDS_HOME = "tandem-system"
+"""The installs' namespace: where ``tandem status`` finds the placement records."""
 GFD_COUNT = "nvidia.com/gpu.count"
 GFD_PRODUCT = "nvidia.com/gpu.product"
 GFD_MEMORY = "nvidia.com/gpu.memory"
@@ -125,10 +127,12 @@ class KubeSource:
         self._poster = LeanPoster(configuration, api_client.user_agent) \
             if configuration is not None and supports(configuration) else None
         self._events = EventQueue(api, self._poster)
-        self.records = PlacementRecords(api, records_namespace or own_namespace(), self._poster)
+        self.records = PlacementRecords(api, records_namespace or own_namespace(RECORDS_HOME),
+                                        self._poster)
+        """Where bind records its decisions: the extender's own namespace in a cluster (the
+        service account's), ``tandem-system`` outside one (``tandem status``)."""
         self._pending = PendingPods()
         """Pods waiting for a node, as the pod watch last delivered them (bind reads here)."""
-        """Where bind records its decisions (the extender's namespace unless told)."""
 
     def use_signer(self, signer: Any, on_untrusted: Callable[[str], None] | None = None,
                    ) -> None:

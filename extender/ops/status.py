@@ -159,7 +159,7 @@ def summarize(state: Mapping[str, Any], origin: str,
         nodes.append({"name": name, "gpus": gpus})
     return {"source": origin, "synced": bool(state.get("synced", True)),
             "placed": state.get("placed"), "assumed": state.get("assumed"),
-            "nodes": nodes, "pending": pending}
+            "untrusted": state.get("untrusted", 0), "nodes": nodes, "pending": pending}
 
 
 def collect(extender: str | None, cluster: str | None, scheduler_name: str = "tandem",
