@@ -13,6 +13,10 @@ import pytest
 from extender_builders import placement
 from fault_cluster import PlainWatch, audit, cluster, k8s_pod, ledger
 
+from agent.device_plugin.assign import Gpu, candidates, choose
+from agent.device_plugin.main import placements_of
+from agent.node.extender_view import parse_node_view
+from extender.cluster import records
 from extender.cluster.records import PlacementRecords, decode_entry, encode_entry
 
 
@@ -166,9 +170,17 @@ def test_a_pod_that_skipped_the_scheduler_holds_its_whole_node_and_is_not_placed
             replica.source.drain_events()
         events = [e for e in c.fake.events if e["reason"] == "TandemPlacementUntrusted"]
         assert {e["involvedObject"]["name"] for e in events} == {"bypass"}
+        # The device plugin, reading this state, has nothing to hand the bypass pod: "a"
+        # holds its GPU, and "bypass" is no candidate.
+        node = parse_node_view(r.state.view(), "gpu-0")
+        inventory = {g.uuid: Gpu(g.index, g.uuid) for g in node.gpus}
+        waiting = candidates(placements_of(node), inventory, {"ml/a": {"c"}})
+        assert waiting == []
+        assert choose(waiting, 1, "gpu-0").reason == "NoAssignment"
 
 
-def test_the_record_lives_in_the_extenders_namespace_and_drops_pods_that_are_gone():
+def test_the_record_lives_in_the_extenders_namespace_and_drops_pods_that_are_gone(
+        monkeypatch):
     with cluster(nodes=1) as c:
         r = c.replica()
         place(c, r, ["a", "b"], TWENTY)
@@ -178,9 +190,14 @@ def test_the_record_lives_in_the_extenders_namespace_and_drops_pods_that_are_gon
         gone = c.fake.pod("ml", "a")
         c.fake.delete_pod("ml", "a")
         r.source.apply_pod_event(r.state, "DELETED", gone)
-        place(c, r, ["c"], TWENTY)
+        place(c, r, ["c"], TWENTY)  # a's entry is young: a new leader may not know it yet
         record = c.fake.configmaps[("tandem-system", "tandem-placements-gpu-0")]
-        assert set(record["data"]) == {"uid-b", "uid-c"}
+        assert set(record["data"]) == {"uid-a", "uid-b", "uid-c"}
+        later = time.time() + records.KEEP_SECONDS + 1
+        monkeypatch.setattr(records.time, "time", lambda: later)
+        place(c, r, ["d"], TWENTY)
+        record = c.fake.configmaps[("tandem-system", "tandem-placements-gpu-0")]
+        assert set(record["data"]) == {"uid-b", "uid-c", "uid-d"}
 
 
 def test_bind_takes_a_pending_pod_from_the_watch_without_a_read():
@@ -207,11 +224,11 @@ def test_bind_takes_a_pending_pod_from_the_watch_without_a_read():
 def test_records_through_the_official_client_when_the_lean_one_cannot_speak():
     """The records' second path (a configuration ``kube_http.supports`` refuses)."""
     with cluster(nodes=1) as c:
-        records = PlacementRecords(c.api, "tandem-system", poster=None)
-        records.load_all()
+        store = PlacementRecords(c.api, "tandem-system", poster=None)
+        store.load_all()
         p = placement("uid-x", pod="ml/x", node="gpu-0", gpus=(1,), util=10, mem=100)
-        records.write("gpu-0", "uid-x", encode_entry(p), keep=lambda uid: True)
-        records.write("gpu-0", "uid-y", encode_entry(p), keep=lambda uid: uid != "uid-x")
+        store.write("gpu-0", "uid-x", encode_entry(p, at=0.0), keep=lambda uid: True)
+        store.write("gpu-0", "uid-y", encode_entry(p), keep=lambda uid: uid != "uid-x")
         again = PlacementRecords(c.api, "tandem-system", poster=None)
         again.load_all()
         assert again.entry("gpu-0", "uid-x", refresh=True) is None  # dropped by keep

@@ -10,8 +10,10 @@ labelled ``tandem.io/placement-record: "true"``, ``data[<pod uid>]`` one JSON en
 its UID on the node it is bound to; the annotations stay a record for people.
 
 Entries of pods that are gone are dropped when the node's record is next written
-(``keep``), so a record holds at most the pods bound to its node plus those that
-ended since its last bind.
+(``keep``), once they are :data:`KEEP_SECONDS` old (a new leader's pod watch may
+not have shown it a pod the old leader bound a moment ago), so a record holds at
+most the pods bound to its node plus those that ended since shortly before its
+last bind.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import hashlib
 import json
 import math
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote
@@ -35,6 +38,8 @@ MAX_RECORD_BYTES = 900_000
 """A ConfigMap holds at most 1 MiB; headroom for its metadata."""
 MAX_ENTRY_BYTES = 8192
 WRITE_ATTEMPTS = 3
+KEEP_SECONDS = 600.0
+"""Entries younger than this stay even when ``keep`` does not know their pod."""
 _VERSION = 1
 
 
@@ -50,11 +55,13 @@ def record_name(node: str) -> str:
     return NAME_PREFIX + hashlib.sha256(node.encode()).hexdigest()[:40]
 
 
-def encode_entry(p: Placement) -> str:
-    """One placement as the record keeps it (what a rebuild needs, nothing a pod wrote)."""
+def encode_entry(p: Placement, at: float | None = None) -> str:
+    """One placement as the record keeps it (what a rebuild needs, nothing a pod wrote);
+    ``at``: when (wall clock, seconds), now by default."""
     session = None if p.session is None else [p.session.model, p.session.slo_ms,
                                               p.session.rate_rps]
-    return json.dumps({"v": _VERSION, "pod": p.pod, "node": p.node,
+    return json.dumps({"v": _VERSION, "at": round(time.time() if at is None else at, 3),
+                       "pod": p.pod, "node": p.node,
                        "gpus": list(p.gpu_indices), "uuids": list(p.gpu_uuids),
                        "util": p.util_percent, "mem": p.mem_mib, "workload": p.workload.value,
                        "session": session, "weight": p.weight,
@@ -86,6 +93,15 @@ def decode_entry(uid: str, pod: str, node: str, text: Any,
         return None
     return Placement(uid, pod, node, gpus, util, mem, workload, session, annotations,
                      weight, uuids, containers)
+
+
+def _written_at(text: str) -> float:
+    """When an entry was written (0 when unreadable: it may go)."""
+    try:
+        at = json.loads(text).get("at")
+    except (ValueError, AttributeError):
+        return 0.0
+    return float(at) if isinstance(at, int | float) and math.isfinite(at) else 0.0
 
 
 def _int(value: Any) -> int:
@@ -183,7 +199,9 @@ class PlacementRecords:
                 with self._lock:
                     cached = self._nodes.get(node) or ((None, {}) if self._listed else None)
                 version, data = cached if cached is not None else self._fetch(node)
-                data = {u: t for u, t in data.items() if u != uid and keep(u)}
+                young = time.time() - KEEP_SECONDS
+                data = {u: t for u, t in data.items()
+                        if u != uid and (keep(u) or _written_at(t) > young)}
                 data[uid] = entry
                 if sum(len(u) + len(t) for u, t in data.items()) > MAX_RECORD_BYTES:
                     raise RecordError(f"the placement record of {node} is full")
