@@ -35,13 +35,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from contracts.annotations import BATCH_SIZE, MODEL
+from contracts.annotations import MODEL, WORKLOADS, read_bound_inputs
 from extender.core import Placement, Workload, gpu_type_of
 from extender.state.reports import ReportedProcess
 
 DOCUMENT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
-DEFAULT_BATCH = {"training": 32, "inference": 1}
 DIGEST_PREFIX = "sha256:"
 
 Key = tuple[str, int, str, str]
@@ -226,8 +225,7 @@ class ObservationStore:
         model = ann.get(MODEL)
         if not model:
             return "no-model"
-        batch_text = ann.get(BATCH_SIZE, "")
-        batch = int(batch_text) if batch_text.isdigit() else DEFAULT_BATCH[p.workload.value]
+        batch = read_bound_inputs(ann).batch  # the codec's reader: the batch it was placed at
         return (self.model_key(model), batch, p.workload.value, gpu_type_of(product)), model
 
     def trusted_alone(self, key: Key, min_samples: int) -> float | None:
@@ -314,7 +312,7 @@ def _parse_entry(row: Any, path: str) -> tuple[Key, Estimate]:
         reference = str(row.get("reference") or row["model"])  # version 1: the key itself
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"learning document: {path}: {exc!r}") from None
-    if key[2] not in DEFAULT_BATCH or not (0 <= mean <= 100 and 0 <= sd <= 100 and count >= 1
+    if key[2] not in WORKLOADS or not (0 <= mean <= 100 and 0 <= sd <= 100 and count >= 1
                                             and key[1] >= 1 and math.isfinite(at)):
         raise ValueError(f"learning document: {path}: out of range")
     return key, Estimate(mean, sd * sd, count, at, reference)

@@ -1,0 +1,96 @@
+"""One strict integer reader for every integer annotation and resource count, and one
+batch size: what the filter places a pod at is what learning files its samples under."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from extender_builders import TOKEN, args, binding, make_app, node, pod
+
+from agent.session.proxy import ProxyConfigError, parse_gpu_index
+from contracts.annotations import (
+    BATCH_SIZE_RANGE,
+    AnnotationError,
+    BindOutputs,
+    decode_outputs,
+    parse_integer,
+    read_bound_inputs,
+)
+from extender.core.demand import DemandError, parse_demand
+
+HUGE = "9" * 5000
+
+
+@pytest.mark.parametrize("text", ["²", "١", "1_0", "0x10", "٨", HUGE, "", "1.0", "++1"])
+def test_integer_text_other_than_ascii_digits_is_refused_with_a_reason(text: str) -> None:
+    with pytest.raises(AnnotationError) as caught:
+        parse_integer(text, "tandem.io/batch-size", BATCH_SIZE_RANGE)
+    assert "ASCII digits" in caught.value.problem
+    assert len(str(caught.value)) < 300  # a 5,000-digit value is not echoed whole
+
+
+@pytest.mark.parametrize("gpus", ["²", HUGE, "١"])
+def test_a_gpu_count_the_reader_refuses_is_a_clear_reason_at_filter(gpus: str) -> None:
+    """Before: '²' passed str.isdigit and int('²') raised ValueError ("internal error");
+    5,000 digits hit int()'s digit limit the same way; '١' was read as 1."""
+    with pytest.raises(DemandError) as caught:
+        parse_demand(pod("p", gpus, gpu_util="10", gpu_mem_mib="100"))
+    assert "tandem.io/gpu" in caught.value.field
+    app, *_ = make_app([node("n1", 2)])
+    answer = app.test_client().post(
+        "/filter", json=args(pod("p", gpus, gpu_util="10", gpu_mem_mib="100"), ["n1"])).get_json()
+    reason = answer["FailedAndUnresolvableNodes"]["n1"]
+    assert "internal error" not in reason and "ASCII digits" in reason
+    assert answer["Error"] == ""
+
+
+def test_bound_gpu_indices_are_read_by_the_same_reader() -> None:
+    assert decode_outputs({"tandem.io/gpu-index": "0,1"}) == BindOutputs((0, 1))
+    # Before: int('١') == 1, so an Arabic-Indic digit named GPU 1.
+    assert decode_outputs({"tandem.io/gpu-index": "١"}) is None
+    assert decode_outputs({"tandem.io/gpu-index": HUGE}) is None
+
+
+@pytest.mark.parametrize("value", ["²", "١", HUGE])
+def test_the_session_process_refuses_an_unreadable_gpu_index(value: str) -> None:
+    with pytest.raises(ProxyConfigError):  # before: ValueError from int()
+        parse_gpu_index(value)
+
+
+class MemoryOnlyPredictor:
+    def predict(self, model_ref: str, batch_size: int, gpu_type: str | None, workload: str):
+        return SimpleNamespace(gpu_util_percent=None, gpu_mem_mib=1000.0,
+                               source="unknown+mem:no-overhead")
+
+
+@pytest.mark.parametrize("text", ["+8", " 8", "08", "8"])
+def test_learning_files_samples_under_the_batch_size_the_pod_was_placed_at(text: str) -> None:
+    """Before: the store re-read the annotation with str.isdigit and its own default, so
+    '+8' (placed at batch 8) was learned as batch 32."""
+    placed_at = parse_demand(pod("a", 1, model="m.onnx", batch_size=text)).batch_size
+    assert placed_at == 8
+    app, _, source, _ = make_app([node("n1", 1)], predictor=MemoryOnlyPredictor())
+    c = app.test_client()
+    p = pod("a", 1, uid="uid-a", model="m.onnx", batch_size=text)
+    source.create_pod(p)
+    assert c.post("/filter", json=args(p, ["n1"])).get_json()["NodeNames"] == ["n1"]
+    assert c.post("/bind", json=binding(p, "n1")).get_json() == {"Error": ""}
+    report: dict[str, Any] = {
+        "node": "n1", "timestamp": 1.0, "interval_seconds": 1.0,
+        "gpus": [{"index": 0, "uuid": "GPU-0", "product": "NVIDIA A100-SXM4-40GB",
+                  "memory_total_mib": 40960, "memory_used_mib": 1000,
+                  "utilization_percent": 30.0,
+                  "processes": [{"pid": 1, "pod_uid": "uid-a", "used_memory_mib": 900}]}]}
+    r = c.post("/v1/agents/report", json=report, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.get_json()["samples"] == 1
+    (entry,) = c.get("/v1/state").get_json()["learning"]["alone"]
+    assert entry["batch_size"] == placed_at
+
+
+def test_a_bound_pod_without_a_batch_size_reads_the_one_default() -> None:
+    assert read_bound_inputs({}).batch == 32
+    assert read_bound_inputs({"tandem.io/workload": "inference",
+                              "tandem.io/model": "m"}).batch == 1
+    assert read_bound_inputs({"tandem.io/batch-size": "²"}).batch == 32
