@@ -155,9 +155,10 @@ class Learner:
         moves: list[float] = []
         points = SharedGpuPoints(self.curves, lambda key: self.store.trusted_alone(
             key, self.cfg.min_observations))
-        for gpu, util, procs in zip(report.gpus, report.util_percent, report.processes,
-                                    strict=False):
-            taken += self.store.observe_gpu(report.node, gpu.index, gpu.product, util, procs,
+        for position, (gpu, util, procs) in enumerate(zip(
+                report.gpus, report.util_percent, report.processes, strict=False)):
+            taken += self.store.observe_gpu(report.node, report.gpus, position, gpu.product,
+                                            util, procs,
                                             placement_of, points if self.cfg.curves else None,
                                             moves)
         if moves:

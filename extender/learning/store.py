@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contracts.annotations import MODEL, WORKLOADS, read_bound_inputs
+from contracts.gpus import GpuRef, holds
 from extender.core import Placement, Workload, gpu_type_of
 from extender.state.reports import ReportedProcess
 
@@ -164,12 +165,13 @@ class ObservationStore:
         while len(table) > self.max_entries:  # drop the least recently observed
             del table[min(table, key=lambda k: table[k].updated_at)]
 
-    def observe_gpu(self, node: str, gpu_index: int, product: str, gpu_util: float,
-                    processes: Sequence[ReportedProcess],
+    def observe_gpu(self, node: str, gpus: Sequence[GpuRef], position: int, product: str,
+                    gpu_util: float, processes: Sequence[ReportedProcess],
                     placement_of: Callable[[str], Placement | None],
                     colocated: Callable[[list[tuple[Key, float]]], None] | None = None,
                     moves: list[float] | None = None) -> int:
-        """Samples from one GPU of one report; returns how many were taken.
+        """Samples from GPU ``gpus[position]`` of one report (``gpus``: the node's GPUs as
+        reported); returns how many were taken.
 
         ``colocated`` receives the shared GPU's ``(key, utilisation)`` per pod when
         every process on it is a placed pod's and has its own utilisation figure;
@@ -186,7 +188,7 @@ class ObservationStore:
         taken = 0
         shared: list[tuple[Key, float]] = []
         for uid, procs in sorted(by_pod.items()):
-            found = self._key_of(placement_of(uid), node, gpu_index, product)
+            found = self._key_of(placement_of(uid), node, gpus, position, product)
             if isinstance(found, str):
                 self._reject(found)
                 continue
@@ -214,10 +216,12 @@ class ObservationStore:
         with self._lock:
             self.rejected[reason] += 1
 
-    def _key_of(self, p: Placement | None, node: str, gpu_index: int,
+    def _key_of(self, p: Placement | None, node: str, gpus: Sequence[GpuRef], position: int,
                 product: str) -> tuple[Key, str] | str:
         """The learning key and reference of a placed training pod on this GPU, else why not."""
-        if p is None or p.node != node or gpu_index not in p.gpu_indices:
+        # UUID first, as the GPU table finds a placement's GPUs: after a renumbering the
+        # index a pod recorded names another GPU.
+        if p is None or p.node != node or not holds(p.gpus, gpus, position):
             return "not-placed-here"
         if p.workload is not Workload.TRAINING:
             return "not-training"  # sessions run inside the GPU's server: its processes

@@ -1,5 +1,6 @@
-"""One strict integer reader for every integer annotation and resource count, and one
-batch size: what the filter places a pod at is what learning files its samples under."""
+"""One strict integer reader for every integer annotation and resource count; one batch
+size (what the filter places a pod at is what learning files its samples under); one GPU
+identity lookup (UUID first) for the table, the device plugin and learning."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from contracts.annotations import (
     parse_integer,
     read_bound_inputs,
 )
+from contracts.gpus import GpuRef, find_gpus, gpu_type_of
 from extender.core.demand import DemandError, parse_demand
 
 HUGE = "9" * 5000
@@ -94,3 +96,45 @@ def test_a_bound_pod_without_a_batch_size_reads_the_one_default() -> None:
     assert read_bound_inputs({"tandem.io/workload": "inference",
                               "tandem.io/model": "m"}).batch == 1
     assert read_bound_inputs({"tandem.io/batch-size": "²"}).batch == 32
+
+
+# ---- GPU identity: learning attribution follows the UUID, as the GPU table does ----------
+
+def test_learning_attributes_a_sample_by_the_gpu_uuid_not_a_renumbered_index() -> None:
+    """Before: attribution compared indices only, so after NVML renumbered the node's GPUs
+    the pod's samples were refused ("not-placed-here") while the table followed the UUID."""
+    app, _, source, _ = make_app([node("n1", 2)], predictor=MemoryOnlyPredictor())
+    c = app.test_client()
+    p = pod("a", 1, uid="uid-a", model="m.onnx")
+    source.create_pod(p)
+    assert c.post("/filter", json=args(p, ["n1"])).get_json()["NodeNames"] == ["n1"]
+    assert c.post("/bind", json=binding(p, "n1")).get_json() == {"Error": ""}
+    ann = source.read_pod("default", "a")["metadata"]["annotations"]
+    index, uuid = int(ann["tandem.io/gpu-index"]), ann["tandem.io/gpu-uuid"]
+    other = f"GPU-n1-{1 - index}"
+
+    def entry(i: int, u: str, procs: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"index": i, "uuid": u, "product": "NVIDIA A100-SXM4-40GB",
+                "memory_total_mib": 40960, "memory_used_mib": 1000,
+                "utilization_percent": 30.0, "processes": procs}
+
+    mine = [{"pid": 1, "pod_uid": "uid-a", "used_memory_mib": 900}]
+    # The pod's GPU now answers to the other index, and its old index names the other GPU.
+    doc = {"node": "n1", "timestamp": 1.0, "interval_seconds": 1.0,
+           "gpus": [entry(1 - index, uuid, mine), entry(index, other, [])]}
+    r = c.post("/v1/agents/report", json=doc, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.get_json()["samples"] == 1
+    # A process claimed on the GPU the pod's old index now names is not the pod's.
+    doc["gpus"] = [entry(1 - index, uuid, []), entry(index, other, mine)]
+    r = c.post("/v1/agents/report", json=doc, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.get_json()["samples"] == 0
+
+
+def test_one_lookup_rule_for_recorded_gpus() -> None:
+    have = [GpuRef(0, "GPU-b"), GpuRef(1, "GPU-c")]
+    assert find_gpus([GpuRef(1, "GPU-b")], have) == [0]  # renumbered: the UUID decides
+    assert find_gpus([GpuRef(1, "GPU-a")], have, gone={"GPU-a"}) is None  # vanished
+    assert find_gpus([GpuRef(1, "0")], have) == [1]  # a placeholder UUID: the index decides
+    assert find_gpus([GpuRef(1, "GPU-a")], have, complete=True) is None
+    assert find_gpus([GpuRef(0, ""), GpuRef(1, "")], have) == [0, 1]
+    assert gpu_type_of(" NVIDIA  A100-SXM4-40GB ") == "NVIDIA-A100-SXM4-40GB"
