@@ -1,6 +1,7 @@
 """One strict integer reader for every integer annotation and resource count; one batch
 size (what the filter places a pod at is what learning files its samples under); one GPU
-identity lookup (UUID first) for the table, the device plugin and learning."""
+identity lookup (UUID first) for the table, the device plugin and learning; one bearer-token
+reader and check."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from typing import Any
 import pytest
 from extender_builders import TOKEN, args, binding, make_app, node, pod
 
+from agent.inference.auth import AdminGuard, AdminToken
+from agent.inference.errors import Unauthorized as ServerUnauthorized
+from agent.node.reporter import TokenSource
 from agent.session.proxy import ProxyConfigError, parse_gpu_index
 from contracts.annotations import (
     BATCH_SIZE_RANGE,
@@ -20,7 +24,10 @@ from contracts.annotations import (
     read_bound_inputs,
 )
 from contracts.gpus import GpuRef, find_gpus, gpu_type_of
+from contracts.tokens import bearer_of, read_token, same_token
+from extender.config import ReportsConfig
 from extender.core.demand import DemandError, parse_demand
+from extender.state.reports import expected_token
 
 HUGE = "9" * 5000
 
@@ -138,3 +145,35 @@ def test_one_lookup_rule_for_recorded_gpus() -> None:
     assert find_gpus([GpuRef(1, "GPU-a")], have, complete=True) is None
     assert find_gpus([GpuRef(0, ""), GpuRef(1, "")], have) == [0, 1]
     assert gpu_type_of(" NVIDIA  A100-SXM4-40GB ") == "NVIDIA-A100-SXM4-40GB"
+
+
+# ---- bearer tokens: one reader (stripped), one check ------------------------------------
+
+def _report() -> dict[str, Any]:
+    return {"node": "n1", "timestamp": 1.0, "interval_seconds": 1.0, "gpus": []}
+
+
+@pytest.mark.parametrize("configured", ["s3cret\n", " s3cret ", "s3cret"])
+def test_the_extender_strips_the_agent_token_from_its_environment(configured: str) -> None:
+    """Before: the environment value was used as is, so a token set with a trailing
+    newline (``echo`` into a Secret) refused every agent report for good."""
+    app, *_ = make_app([node("n1", 1)], environ={"TANDEM_AGENT_TOKEN": configured})
+    c = app.test_client()
+    ok = c.post("/v1/agents/report", json=_report(), headers={"Authorization": "Bearer s3cret"})
+    assert ok.status_code == 200
+    bad = c.post("/v1/agents/report", json=_report(), headers={"Authorization": "Bearer s3cre"})
+    assert bad.status_code == 401
+
+
+def test_agent_and_server_tokens_are_read_and_checked_by_one_implementation(tmp_path) -> None:
+    (tmp_path / "t").write_text("s3cret\n")
+    env = {"TANDEM_AGENT_TOKEN": "s3cret\n", "TANDEM_ADMIN_TOKEN": "s3cret\n"}
+    assert TokenSource(environ=env).get() == AdminToken(environ=env).get() == "s3cret"
+    assert TokenSource(tmp_path / "t").get() == AdminToken(tmp_path / "t").get() == "s3cret"
+    assert expected_token(ReportsConfig(), env) == "s3cret"
+    assert expected_token(ReportsConfig(token_file=str(tmp_path / "t")), {}) == "s3cret"
+    AdminGuard(AdminToken(environ=env)).check("Bearer s3cret")
+    with pytest.raises(ServerUnauthorized):
+        AdminGuard(AdminToken(environ=env)).check("Bearer s3cret-not")
+    assert read_token(None, "X", {"X": " a\n"}) == "a" and not same_token("", "")
+    assert bearer_of("Bearer  a ") == "a" and bearer_of("Basic a") == ""
