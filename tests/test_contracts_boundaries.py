@@ -1,7 +1,7 @@
 """One strict integer reader for every integer annotation and resource count; one batch
 size (what the filter places a pod at is what learning files its samples under); one GPU
 identity lookup (UUID first) for the table, the device plugin and learning; one bearer-token
-reader and check."""
+reader and check; one learning-document decoder."""
 
 from __future__ import annotations
 
@@ -24,10 +24,13 @@ from contracts.annotations import (
     read_bound_inputs,
 )
 from contracts.gpus import GpuRef, find_gpus, gpu_type_of
+from contracts.learningdoc import decode_document
 from contracts.tokens import bearer_of, read_token, same_token
 from extender.config import ReportsConfig
 from extender.core.demand import DemandError, parse_demand
+from extender.learning.store import ObservationStore
 from extender.state.reports import expected_token
+from predictor.observed import ObservationDocumentError, observed_rows
 
 HUGE = "9" * 5000
 
@@ -177,3 +180,35 @@ def test_agent_and_server_tokens_are_read_and_checked_by_one_implementation(tmp_
         AdminGuard(AdminToken(environ=env)).check("Bearer s3cret-not")
     assert read_token(None, "X", {"X": " a\n"}) == "a" and not same_token("", "")
     assert bearer_of("Bearer  a ") == "a" and bearer_of("Basic a") == ""
+
+
+# ---- the learning document: one encoder, one decoder -------------------------------------
+
+GOOD_ENTRY = {"model": "sha256:ab12", "reference": "models/m.onnx", "batch_size": 32,
+              "workload": "training", "gpu_type": "NVIDIA-A100-SXM4-40GB",
+              "util_percent": 41.5, "stddev_percent": 3.0, "samples": 12, "updated_at": 5.0}
+
+
+@pytest.mark.parametrize("bad", [{"stddev_percent": 500.0}, {"samples": 0},
+                                 {"updated_at": float("nan")}, {"batch_size": True},
+                                 {"workload": "batch"}],
+                         ids=["spread-500", "no-samples", "nan-time", "bool-batch", "workload"])
+def test_the_extender_and_the_exporter_refuse_the_same_entries(bad: dict[str, Any]) -> None:
+    """Before: ``predictor/observed.py`` re-read the document with its own checks and took
+    entries the extender refuses (a 500% spread, 0 samples, a NaN time)."""
+    doc = {"version": 2, "alone": [{**GOOD_ENTRY, **bad}], "colocated": []}
+    with pytest.raises(ValueError):
+        ObservationStore().load_document(doc)
+    with pytest.raises(ObservationDocumentError):
+        observed_rows(doc)
+
+
+def test_what_the_extender_writes_the_exporter_reads_with_the_same_figures() -> None:
+    store = ObservationStore()
+    assert store.load_document({"version": 2, "alone": [GOOD_ENTRY], "colocated": []}) == 1
+    doc = store.to_document()
+    assert doc == {"version": 2, "alone": [GOOD_ENTRY], "colocated": []}
+    (row,) = observed_rows(doc)
+    assert (row["model"], row["model_digest"], row["util_mean_percent"], row["n_samples"]) == \
+        ("models/m.onnx", "ab12", 41.5, 12)
+    assert decode_document(doc)["alone"][0].digest == "ab12"

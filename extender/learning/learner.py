@@ -39,12 +39,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from contracts.learningdoc import DOCUMENT_VERSION
 from contracts.logs import get_logger
 from extender.config import LearningConfig
 from extender.core import Placement, UtilKnowledge
 from extender.core.cost import CostPolicy
 from extender.learning.curves import CurveGuards, CurveLearner, LearnedPolicy, SharedGpuPoints
-from extender.learning.store import DOCUMENT_VERSION, Estimate, ObservationStore
+from extender.learning.store import Estimate, ObservationStore
 from extender.state.reports import DecodedReport
 from predictor.curves import InterferenceCurve
 
