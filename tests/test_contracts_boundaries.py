@@ -5,11 +5,13 @@ reader and check; one learning-document decoder."""
 
 from __future__ import annotations
 
+import inspect
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from extender_builders import TOKEN, args, binding, make_app, node, pod
+from nvml_fakes import NOT_FOUND, FakeNvml
 
 from agent.inference.auth import AdminGuard, AdminToken
 from agent.inference.errors import Unauthorized as ServerUnauthorized
@@ -31,6 +33,7 @@ from extender.core.demand import DemandError, parse_demand
 from extender.learning.store import ObservationStore
 from extender.state.reports import expected_token
 from predictor.observed import ObservationDocumentError, observed_rows
+from predictor.profiling.nvml import read_samples
 
 HUGE = "9" * 5000
 
@@ -212,3 +215,17 @@ def test_what_the_extender_writes_the_exporter_reads_with_the_same_figures() -> 
     assert (row["model"], row["model_digest"], row["util_mean_percent"], row["n_samples"]) == \
         ("models/m.onnx", "ab12", 41.5, 12)
     assert decode_document(doc)["alone"][0].digest == "ab12"
+
+
+# ---- NVML's sample ring buffer: one reader for the agent and the profiler -----------------
+
+def test_one_reader_of_nvml_samples_for_the_agent_and_the_profiler() -> None:
+    import agent.node.nvml
+    import predictor.profiling.nvml
+
+    fake = FakeNvml(samples=[[(30, 7), (10, 5), (20, 6)], NOT_FOUND])
+    assert read_samples(fake, "h0", 1, 10) == [(20, 6.0), (30, 7.0)]  # newer only, in order
+    assert read_samples(fake, "h0", 1, 30) == []  # NOT_FOUND: nothing new yet
+    for module in (agent.node.nvml, predictor.profiling.nvml):
+        calls = inspect.getsource(module).count(".nvmlDeviceGetSamples(")
+        assert calls == (1 if module is predictor.profiling.nvml else 0), module
