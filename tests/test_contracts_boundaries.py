@@ -1,7 +1,8 @@
 """One strict integer reader for every integer annotation and resource count; one batch
 size (what the filter places a pod at is what learning files its samples under); one GPU
 identity lookup (UUID first) for the table, the device plugin and learning; one bearer-token
-reader and check; one learning-document decoder."""
+reader and check; one learning-document decoder; one NVML sample reader; each default and
+range in one place."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import yaml
 from extender_builders import TOKEN, args, binding, make_app, node, pod
 from nvml_fakes import NOT_FOUND, FakeNvml
 
@@ -28,10 +30,20 @@ from contracts.annotations import (
 from contracts.gpus import GpuRef, find_gpus, gpu_type_of
 from contracts.learningdoc import decode_document
 from contracts.tokens import bearer_of, read_token, same_token
-from extender.config import ReportsConfig
+from extender.config import (
+    DEFAULT_CONFIG,
+    ConfigError,
+    QueueSettings,
+    ReportsConfig,
+    build_config,
+)
+from extender.core import CostPolicy, Reason, is_unresolvable
+from extender.core.cost import MAX_PODS_RANGE
 from extender.core.demand import DemandError, parse_demand
 from extender.learning.store import ObservationStore
+from extender.queue import QueueConfig, QueueError
 from extender.state.reports import expected_token
+from extender.wiring import gate_config
 from predictor.observed import ObservationDocumentError, observed_rows
 from predictor.profiling.nvml import read_samples
 
@@ -229,3 +241,42 @@ def test_one_reader_of_nvml_samples_for_the_agent_and_the_profiler() -> None:
     for module in (agent.node.nvml, predictor.profiling.nvml):
         calls = inspect.getsource(module).count(".nvmlDeviceGetSamples(")
         assert calls == (1 if module is predictor.profiling.nvml else 0), module
+
+
+# ---- each default and range in one place -----------------------------------------------------
+
+def test_the_shipped_yaml_repeats_the_codes_defaults() -> None:
+    shipped = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    policy = CostPolicy()
+    assert shipped["limits"]["max_pods_per_gpu"] == policy.max_pods_per_gpu
+    assert shipped["limits"]["min_best_effort_slack_percent"] == \
+        policy.min_best_effort_slack_percent
+    assert (shipped["cost"]["w_mem"], shipped["cost"]["w_util"]) == (policy.w_mem, policy.w_util)
+    built = build_config({})
+    assert built.policy.max_pods_per_gpu == policy.max_pods_per_gpu
+    assert built.queue.fair == QueueConfig()
+    with pytest.raises(ConfigError, match=f"must be in 1..{MAX_PODS_RANGE[1]}"):
+        build_config({"limits": {"max_pods_per_gpu": MAX_PODS_RANGE[1] + 1}})
+
+
+@pytest.mark.parametrize(("field", "value"), [("k", 65), ("beta", 10_001)])
+def test_the_queue_knobs_have_one_range(field: str, value: int) -> None:
+    """Before: ``queue:`` refused k=65 while the queue itself (and the gate's --k override)
+    took it; QueueSettings and QueueConfig each declared k, beta and starvation."""
+    with pytest.raises(QueueError):
+        QueueConfig(**{field: value})
+    with pytest.raises(ConfigError, match=f"queue.{field}: must be in"):
+        build_config({"queue": {field: value}})
+    with pytest.raises(QueueError):
+        gate_config(QueueSettings(), **{field: value})
+
+
+def test_pod_and_handoff_rejections_are_reasons_of_the_closed_enum() -> None:
+    assert Reason.BAD_POD_REQUEST.event_reason == "BadPodRequest"  # the wire text is kept
+    assert Reason.HANDOFF_PENDING.event_reason == "HandoffPending"
+    assert is_unresolvable(Reason.BAD_POD_REQUEST)
+    assert not is_unresolvable(Reason.HANDOFF_PENDING)
+    app, *_ = make_app([node("n1", 1)])
+    c = app.test_client()
+    c.post("/filter", json=args(pod("p", "²", gpu_util="1", gpu_mem_mib="1"), ["n1"]))
+    assert 'reason="BadPodRequest"' in c.get("/metrics").get_data(as_text=True)
