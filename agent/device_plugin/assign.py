@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from contracts.annotations import GPU_UUID, PREFIX
+from contracts.gpus import GpuRef, find_gpus
 
 SHARE_SEPARATOR = "::"
 POD_UID_NOTE = PREFIX + "pod-uid"
@@ -46,11 +47,9 @@ APP_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 
 @dataclass(frozen=True)
-class Gpu:
-    """One physical GPU as the plugin advertises it."""
+class Gpu(GpuRef):
+    """One physical GPU as the plugin advertises it (identity, device minor, health)."""
 
-    index: int
-    uuid: str
     minor: int | None = None
     healthy: bool = True
 
@@ -102,11 +101,13 @@ def candidates(placements: Iterable[Row], inventory: Mapping[str, Gpu],
     until any of its containers holds devices.
     """
     pods: dict[str, tuple[str, dict[str | None, list[Gpu]]]] = {}
-    by_index = {g.index: g for g in inventory.values()}
+    have = list(inventory.values())
     for namespace, name, uid, index, uuid, container, state in placements:
-        gpu = inventory.get(uuid) if uuid else by_index.get(index)
-        if gpu is None or state == UNTRUSTED:
+        # The plugin's inventory is NVML's: every GPU with its real UUID (complete).
+        found = find_gpus([GpuRef(index, uuid or "")], have, complete=True)
+        if found is None or state == UNTRUSTED:
             continue
+        gpu = have[found[0]]
         gpus = pods.setdefault(uid, (f"{namespace}/{name}", {}))[1].setdefault(container, [])
         if gpu not in gpus:
             gpus.append(gpu)
