@@ -7,6 +7,7 @@ source, as tests/test_fault_injection.py does.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 
 import pytest
@@ -18,6 +19,7 @@ from agent.device_plugin.main import placements_of
 from agent.node.extender_view import parse_node_view
 from extender.cluster import records
 from extender.cluster.records import PlacementRecords, decode_entry, encode_entry
+from extender.core import container_gpu_counts, split_gpus
 
 
 def reserved(replica, node="gpu-0"):
@@ -236,3 +238,46 @@ def test_records_through_the_official_client_when_the_lean_one_cannot_speak():
             "gpu-0", "uid-y", refresh=False)) == dataclasses.replace(p, pod_uid="uid-y")
         assert decode_entry("uid-y", "ml/other", "gpu-0",
                             again.entry("gpu-0", "uid-y", refresh=False)) is None
+
+
+# ---- the record's entries and the container split ------------------------------------------
+GOOD = {"v": 1, "at": 1.0, "pod": "ml/x", "node": "gpu-0", "gpus": [1], "uuids": ["GPU-b"],
+        "util": 10.0, "mem": 100.0, "workload": "training", "session": None, "weight": 1,
+        "containers": [["c", [1]]]}
+
+
+@pytest.mark.parametrize("change", [
+    {"v": 2}, {"pod": "ml/other"}, {"node": "gpu-1"}, {"gpus": []}, {"gpus": [True]},
+    {"gpus": [-1]}, {"uuids": ["a", "b"]}, {"util": float("nan")}, {"mem": -1},
+    {"workload": "mining"}, {"session": ["m", "fast", 1]}, {"weight": "1"},
+    {"containers": [["c"]]}, {"gpus": None}],
+    ids=lambda c: next(iter(c)))
+def test_an_entry_that_does_not_read_back_exactly_is_no_record(change):
+    assert decode_entry("uid-x", "ml/x", "gpu-0", json.dumps(GOOD)) is not None
+    assert decode_entry("uid-x", "ml/x", "gpu-0", json.dumps({**GOOD, **change})) is None
+
+
+def test_an_oversized_or_non_json_entry_is_no_record():
+    assert decode_entry("u", "ml/x", "gpu-0", "{" * 10) is None
+    assert decode_entry("u", "ml/x", "gpu-0", " " * (records.MAX_ENTRY_BYTES + 1)) is None
+    assert decode_entry("u", "ml/x", "gpu-0", None) is None
+
+
+@pytest.mark.parametrize(("counts", "indices", "want"), [
+    ((("c1", 1, False), ("c2", 1, False)), (2, 3), (("c1", (2,)), ("c2", (3,)))),
+    ((("a", 2, False), ("b", 1, False)), (0, 1, 5), (("a", (0, 1)), ("b", (5,)))),
+    ((("init", 2, True), ("a", 1, False), ("b", 1, False)), (4, 6),
+     (("init", (4, 6)), ("a", (4,)), ("b", (6,)))),
+    ((("a", 0, False), ("b", 1, False)), (7,), (("b", (7,)),)),
+])
+def test_containers_take_the_bound_gpus_in_admission_order(counts, indices, want):
+    assert split_gpus(counts, indices) == want
+
+
+def test_container_counts_follow_the_kubelets_admission_order():
+    pod = {"spec": {
+        "initContainers": [{"name": "prep", "resources": {"limits": {"tandem.io/gpu": "1"}}}],
+        "containers": [{"name": "cpu"},
+                       {"name": "c1", "resources": {"limits": {"tandem.io/gpu": "2"}}},
+                       {"name": "c2", "resources": {"requests": {"tandem.io/gpu": "1"}}}]}}
+    assert container_gpu_counts(pod) == (("prep", 1, True), ("c1", 2, False), ("c2", 1, False))
