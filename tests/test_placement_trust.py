@@ -281,3 +281,23 @@ def test_container_counts_follow_the_kubelets_admission_order():
                        {"name": "c1", "resources": {"limits": {"tandem.io/gpu": "2"}}},
                        {"name": "c2", "resources": {"requests": {"tandem.io/gpu": "1"}}}]}}
     assert container_gpu_counts(pod) == (("prep", 1, True), ("c1", 2, False), ("c2", 1, False))
+
+
+def test_an_untrusted_pod_also_holds_gpus_its_node_reports_later():
+    """Bound before the node's GPUs were known (no GFD labels yet): once an agent reports
+    them, the pod holds every one."""
+    with cluster(nodes=1) as c:
+        c.fake.put_node({"metadata": {"name": "bare", "labels": {}}})
+        bypass = k8s_pod("bypass", {}, phase="Running")
+        bypass["spec"]["nodeName"] = "bare"
+        c.fake.put_pod(bypass)
+        r = c.replica()
+        assert r.state.view()["untrusted"] == 1
+        report = {"node": "bare", "timestamp": 1.0, "interval_seconds": 1.0,
+                  "gpus": [{"index": i, "uuid": f"GPU-{i}", "product": "NVIDIA A100-SXM4-40GB",
+                            "memory_total_mib": 40960, "memory_used_mib": 0,
+                            "utilization_percent": 0, "processes": []} for i in range(2)]}
+        assert r.post("/v1/agents/report", report,
+                      {"Authorization": "Bearer agent-token"}).status_code == 200
+        held = reserved(r, "bare")  # its memory was unknown at bind: the largest a pod may ask
+        assert len(held) == 2 and all(m >= 40960 for m in held)

@@ -40,14 +40,6 @@ from extender.core import (
 DONE_PHASES = ("Succeeded", "Failed")
 FULL_UTIL_PERCENT = 100.0
 
-class Verifier(Protocol):
-    """Checks a placement's signature (``extender.state.signing.PlacementSigner``)."""
-
-    def verify(self, uid: str, node: str, ann: Mapping[str, object]) -> bool:
-        """True when the annotations carry a valid signature for this pod and node."""
-        ...
-
-
 class ClusterSource(Protocol):
     """Where nodes and pods come from, and how a decision is written back."""
 
@@ -124,9 +116,10 @@ def requests_gpus(pod: Mapping[str, Any]) -> bool:
 
 def untrusted_placement(uid: str, pod: str, node: str, gpus: list[GpuSpec],
                         annotations: tuple[tuple[str, str], ...]) -> Placement:
-    """What a bound pod with no placement record holds: every GPU of its node (whatever
-    its annotations name), each at full utilisation and its whole memory, never less
-    than any decision bind could have made."""
+    """What a bound pod with no placement record holds: every GPU of its node, whatever
+    its annotations name (the GPU table gives it all the node's rows, also GPUs that
+    appear later), each at full utilisation and the largest GPU's whole memory: never
+    less than any decision bind could have made."""
     memory = max((g.memory_mib for g in gpus), default=GPU_MEM_MIB_RANGE.high)
     return Placement(uid, pod, node, tuple(g.index for g in gpus), FULL_UTIL_PERCENT,
                      memory, Workload.TRAINING, None, annotations, 1,
