@@ -181,6 +181,20 @@ def test_a_pod_that_skipped_the_scheduler_holds_its_whole_node_and_is_not_placed
         assert choose(waiting, 1, "gpu-0").reason == "NoAssignment"
 
 
+def test_output_annotations_on_a_pod_that_asks_for_no_gpu_block_nothing():
+    """A CPU pod carrying copied tandem.io/* outputs gets no tandem GPU (the device plugin
+    hands out only tandem.io/gpu), so it must not lock a node either."""
+    with cluster(nodes=1) as c:
+        r = c.replica()
+        place(c, r, ["a"], TWENTY)
+        cpu = k8s_pod("cpu", c.fake.pod("ml", "a")["metadata"]["annotations"], "Running")
+        cpu["spec"] = {"nodeName": "gpu-0", "containers": [{"name": "c"}]}
+        c.fake.put_pod(cpu)
+        restarted = c.replica()
+        assert sorted(reserved(restarted)) == [0, 20000]
+        assert restarted.state.view()["untrusted"] == 0
+
+
 def test_the_record_lives_in_the_extenders_namespace_and_drops_pods_that_are_gone(
         monkeypatch):
     with cluster(nodes=1) as c:

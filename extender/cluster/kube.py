@@ -245,8 +245,10 @@ class KubeSource:
         if recorded is not None and (written is None or not same_decision(written, recorded)):
             self._distrust(pod, recorded, "changed", "differs from the placement bound")
         if recorded is None:
-            if written is None and not requests_gpus(pod):
-                return None  # not a tandem pod
+            if not requests_gpus(pod):
+                # No tandem GPU to be had (the device plugin hands out only tandem.io/gpu):
+                # output annotations alone must not let any pod block a node.
+                return None
             recorded = untrusted_placement(uid, key, node, state.node_gpus(node), ann)
             self._distrust(pod, recorded, "unrecorded",
                            "has no placement record tandem wrote at bind (edited, forged, "
