@@ -176,9 +176,8 @@ class KubeSource:
                 bound.add(uid)
         # Pods waiting for a node, so that bind finds them without a read (the watch keeps
         # them fresh from here on).
-        for pod in self._list(self.api.list_pod_for_all_namespaces,
-                              field_selector="spec.nodeName=")[0]:
-            self._pending.observe(pod, False)
+        self._pending.reset(self._list(self.api.list_pod_for_all_namespaces,
+                                       field_selector="spec.nodeName=")[0])
         # A relist is the truth: pods deleted or finished while no watch ran are released.
         for gone in state.retain_placed(bound, listed_at):
             self._distrusted.discard(gone.pod_uid)

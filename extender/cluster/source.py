@@ -155,6 +155,13 @@ class PendingPods:
             while len(self._pods) > self._limit:
                 self._pods.popitem(last=False)
 
+    def reset(self, pods: list[Mapping[str, Any]]) -> None:
+        """Start again from a list (a relist: pods deleted or bound meanwhile go)."""
+        with self._lock:
+            self._pods.clear()
+        for pod in pods:
+            self.observe(pod, False)
+
     def get(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The pending pod, or None when the watch has not delivered it (or it is bound)."""
         with self._lock:
