@@ -3,8 +3,7 @@
 It speaks real HTTP/1.1 (keep-alive, chunked watch streams), so the official
 ``kubernetes`` client runs unchanged against it: list and watch of nodes and pods
 (``spec.nodeName`` field selectors), GET pod, PATCH pod metadata (a ``metadata.uid``
-that differs from the pod's is a 409, as on the real server), ConfigMaps (get, list by
-label, create, replace with the resourceVersion precondition), POST
+that differs from the pod's is a 409, as on the real server), ConfigMaps, POST
 ``pods/{name}/binding`` and POST events. The binding behaves like the API
 server's ``BindingREST``: the Binding's ``metadata.uid`` is a precondition (409 when
 the pod was recreated), its annotations are copied onto the pod in the same
@@ -257,17 +256,15 @@ class FakeKubeApi:
 
     def configmap(self, method: str, namespace: str, name: str | None, body: Any,
                   selector: str = "") -> tuple[int, dict[str, Any]]:
-        """GET (one, or the namespace's list with an ``a=b`` label selector), POST (create;
-        409 if it exists) and PUT (replace; 404 if absent, 409 when its
-        ``metadata.resourceVersion`` is not the stored one) ConfigMaps."""
+        """GET (one, or a list by ``a=b`` label), POST (create; 409 if it exists) and PUT
+        (replace; 404 if absent, 409 unless ``metadata.resourceVersion`` is the stored one)."""
         with self._cond:
             if method == "GET" and not name:
                 label, _, value = selector.partition("=")
                 items = [copy.deepcopy(cm) for (ns, _), cm in sorted(self.configmaps.items())
                          if ns == namespace and (not label or (
                              (cm.get("metadata") or {}).get("labels") or {}).get(label) == value)]
-                return 200, {"kind": "ConfigMapList", "apiVersion": "v1",
-                             "metadata": {"resourceVersion": str(self._rv)}, "items": items}
+                return 200, {"kind": "ConfigMapList", "apiVersion": "v1", "items": items}
             if method == "POST" and isinstance(body, dict):
                 name = str((body.get("metadata") or {}).get("name", ""))
                 if (namespace, name) in self.configmaps:
@@ -282,10 +279,9 @@ class FakeKubeApi:
             if method == "PUT" and key not in self.configmaps:
                 raise ApiError(404, "NotFound", f"configmaps {name} not found")
             given = (body.get("metadata") or {}).get("resourceVersion")
-            if method == "PUT" and given and given != \
-                    self.configmaps[key]["metadata"].get("resourceVersion"):
-                raise ApiError(409, "Conflict", f"Operation cannot be fulfilled on configmaps "
-                                                f'"{name}": the object has been modified')
+            if method == "PUT" and given not in (None, self.configmaps[key]["metadata"].get(
+                    "resourceVersion")):
+                raise ApiError(409, "Conflict", f'configmaps "{name}": the object was modified')
             stored = copy.deepcopy(body)
             self._rv += 1
             stored.setdefault("metadata", {}).update(namespace=namespace,

@@ -315,3 +315,18 @@ def test_an_untrusted_pod_also_holds_gpus_its_node_reports_later():
                       {"Authorization": "Bearer agent-token"}).status_code == 200
         held = reserved(r, "bare")  # its memory was unknown at bind: the largest a pod may ask
         assert len(held) == 2 and all(m >= 40960 for m in held)
+
+
+def test_two_writers_of_one_record_lose_nothing():
+    """A new leader writes with the version it listed; the old leader wrote since: the
+    resourceVersion precondition refuses the stale write, which reads and retries."""
+    with cluster(nodes=1) as c:
+        old, new = (PlacementRecords(c.api, "tandem-system") for _ in range(2))
+        old.load_all()
+        new.load_all()
+        p = placement("uid-1", pod="ml/x", node="gpu-0", gpus=(0,), util=10, mem=100)
+        old.write("gpu-0", "uid-1", encode_entry(p), keep=lambda uid: True)
+        old.write("gpu-0", "uid-2", encode_entry(p), keep=lambda uid: True)
+        new.write("gpu-0", "uid-3", encode_entry(p), keep=lambda uid: False)  # all young
+        stored = c.fake.configmaps[("tandem-system", "tandem-placements-gpu-0")]
+        assert set(stored["data"]) == {"uid-1", "uid-2", "uid-3"}
