@@ -19,6 +19,7 @@ from agent.device_plugin.main import placements_of
 from agent.node.extender_view import parse_node_view
 from extender.cluster import records
 from extender.cluster.records import PlacementRecords, decode_entry, encode_entry
+from extender.cluster.source import PENDING_TEXT_LIMIT, PendingPods
 from extender.core import container_gpu_counts, split_gpus
 
 
@@ -330,3 +331,23 @@ def test_two_writers_of_one_record_lose_nothing():
         new.write("gpu-0", "uid-3", encode_entry(p), keep=lambda uid: False)  # all young
         stored = c.fake.configmaps[("tandem-system", "tandem-placements-gpu-0")]
         assert set(stored["data"]) == {"uid-1", "uid-2", "uid-3"}
+
+
+def test_the_pending_cache_keeps_only_what_bind_reads_and_stays_bounded():
+    cache = PendingPods(limit=2)
+    pod = k8s_pod("p", {"tandem.io/gpu-mem-mib": "100", "note": "x" * 100_000})
+    cache.observe(pod, False)
+    kept = cache.get("ml", "p")
+    assert kept["metadata"]["annotations"] == {"tandem.io/gpu-mem-mib": "100"}
+    assert kept["spec"]["containers"] == [{"name": "c", "resources": {
+        "limits": {"tandem.io/gpu": "1"}}}]
+    padded = k8s_pod("q", {"tandem.io/pad": "x" * (PENDING_TEXT_LIMIT + 1)})
+    cache.observe(padded, False)
+    assert cache.get("ml", "q") is None  # bind reads it from the API server instead
+    for name in ("a", "b"):
+        cache.observe(k8s_pod(name), False)
+    assert cache.get("ml", "p") is None and cache.get("ml", "b") is not None
+    bound = k8s_pod("b")
+    bound["spec"]["nodeName"] = "gpu-0"
+    cache.observe(bound, False)
+    assert cache.get("ml", "b") is None

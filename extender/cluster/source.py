@@ -126,8 +126,27 @@ def untrusted_placement(uid: str, pod: str, node: str, gpus: list[GpuSpec],
                      tuple(g.uuid for g in gpus), trusted=False)
 
 
-PENDING_LIMIT = 10_000
+PENDING_LIMIT = 5_000
 """Most pending pods :class:`PendingPods` keeps (the oldest go; bind then reads the pod)."""
+PENDING_TEXT_LIMIT = 16_384
+"""A pending pod whose ``tandem.io/*`` annotations are longer is not kept (bind reads it)."""
+
+
+def _slim(pod: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What bind reads of a pod (name, UID, ``tandem.io/*`` annotations, containers' names
+    and resources), or None when that is too large to keep: the cache stays bounded."""
+    meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
+    ann = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
+    ours = dict(tandem_annotations(ann))
+    if sum(len(k) + len(v) for k, v in ours.items()) > PENDING_TEXT_LIMIT:
+        return None
+    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
+    containers = {key: [{"name": c.get("name"), "resources": c.get("resources")}
+                        for c in spec.get(key) if isinstance(c, Mapping)]
+                  for key in ("containers", "initContainers") if isinstance(spec.get(key), list)}
+    return {"metadata": {k: meta.get(k) for k in ("name", "namespace", "uid", "resourceVersion")
+                         if k in meta} | {"annotations": ours},
+            "spec": containers}
 
 
 class PendingPods:
@@ -146,11 +165,12 @@ class PendingPods:
         waiting = not deleted and not (pod.get("spec") or {}).get("nodeName") \
             and (pod.get("status") or {}).get("phase") not in DONE_PHASES \
             and requests_gpus(pod)
+        slim = _slim(pod) if waiting else None
         with self._lock:
-            if not waiting:
+            if slim is None:
                 self._pods.pop(key, None)
                 return
-            self._pods[key] = pod
+            self._pods[key] = slim
             self._pods.move_to_end(key)
             while len(self._pods) > self._limit:
                 self._pods.popitem(last=False)
