@@ -29,6 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from contracts.state import StateDocumentError, decode_state
+
 OBSERVED_FILE = "observed.csv"
 OBSERVED_COLUMNS: tuple[str, ...] = (
     "model", "workload", "batch_size", "gpu_product", "util_mean_percent",
@@ -44,8 +46,14 @@ class ObservationDocumentError(ValueError):
 
 def observed_rows(doc: Any, min_samples: int = 1) -> list[dict[str, Any]]:
     """``observed.csv`` rows from a learning document (or a ``/v1/state`` document)."""
-    if isinstance(doc, Mapping) and isinstance(doc.get("learning"), Mapping):
-        doc = doc["learning"]  # GET /v1/state carries the document under "learning"
+    if isinstance(doc, Mapping) and "nodes" in doc:  # GET /v1/state: under "learning"
+        try:
+            doc = decode_state(doc).learning
+        except StateDocumentError as exc:
+            raise ObservationDocumentError(f"not a /v1/state document: {exc}") from None
+        if doc is None:
+            raise ObservationDocumentError(
+                "this /v1/state answer has no 'learning': it was read without the agent token")
     if not isinstance(doc, Mapping) or not isinstance(doc.get("alone"), list):
         raise ObservationDocumentError("expected a learning document with an 'alone' list")
     rows = []

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from bench_modules import running_api
-from extender_builders import TOKEN, args, binding, make_app, node, pod
+from extender_builders import AGENT_AUTH, TOKEN, args, binding, make_app, node, pod
 
 from contracts.annotations import BindOutputs, decode_outputs, encode_outputs
 from extender.config import LearningConfig
@@ -67,7 +67,7 @@ def test_reports_move_a_model_from_cold_start_to_observed() -> None:
     third = place(c, source, pod("c", uid="uid-c", model="m.onnx"))
     assert third["tandem.io/prediction-source"] == "observed:5+mem:no-overhead"
     assert third["tandem.io/predicted-gpu-util"] == "37.00"  # alone: the GPU's utilisation
-    learned = c.get("/v1/state").get_json()["learning"]
+    learned = c.get("/v1/state", headers=AGENT_AUTH).get_json()["learning"]
     assert [(e["model"], e["gpu_type"], e["samples"]) for e in learned["alone"]] == [
         ("m.onnx", A100, 5)]
 

@@ -8,6 +8,7 @@ import pytest
 from extender_builders import (
     A100,
     A100_MIB,
+    AGENT_AUTH,
     H100,
     NodeBuilder,
     PodBuilder,
@@ -54,7 +55,8 @@ def test_concurrent_binds_never_overcommit(mem, feasible):
     # 40960 MiB GPU: exactly floor(40960 / mem) binds fit (co-location limit 8 not reached)
     assert sum(e == "" for e in results) == feasible
     assert all("no longer fits" in e for e in results if e)
-    gpu = app.test_client().get("/v1/state").get_json()["nodes"]["n1"]["gpus"][0]
+    state = app.test_client().get("/v1/state", headers=AGENT_AUTH).get_json()
+    gpu = state["nodes"]["n1"]["gpus"][0]
     assert gpu["reserved_mib"] == feasible * mem <= 40960
 
 
@@ -67,11 +69,11 @@ def test_restart_rebuilds_from_annotations_without_loss_or_double_booking():
         source.create_pod(p)
         names = client.post("/filter", json=args(p, ["n1", "n2"])).get_json()["NodeNames"]
         assert client.post("/bind", json=binding(p, names[0])).get_json() == {"Error": ""}
-    before = client.get("/v1/state").get_json()
+    before = client.get("/v1/state", headers=AGENT_AUTH).get_json()
 
     # a new process: fresh app and state over the same "API server"
     app2, ext2, *_ = make_app(source=source)
-    after = app2.test_client().get("/v1/state").get_json()
+    after = app2.test_client().get("/v1/state", headers=AGENT_AUTH).get_json()
     for doc in (before, after):
         for info in doc["nodes"].values():
             for g in info["gpus"]:

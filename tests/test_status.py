@@ -63,7 +63,8 @@ def _place_and_report(source: SimSource, url: str) -> None:
 
 
 def test_text_fits_80_columns_and_shows_roles_pods_and_sources(extender_url: str) -> None:
-    result = runner.invoke(app, ["status", "--extender", extender_url])
+    result = runner.invoke(app, ["status", "--extender", extender_url],
+                           env={"TANDEM_AGENT_TOKEN": TOKEN})
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert max(len(line) for line in lines) <= 80, [ln for ln in lines if len(ln) > 80]
@@ -79,10 +80,12 @@ def test_text_fits_80_columns_and_shows_roles_pods_and_sources(extender_url: str
 
 
 def test_json_has_the_documented_keys(extender_url: str) -> None:
-    result = runner.invoke(app, ["status", "--extender", extender_url, "--json"])
+    result = runner.invoke(app, ["status", "--extender", extender_url, "--json"],
+                           env={"TANDEM_AGENT_TOKEN": TOKEN})
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
-    assert set(doc) == {"source", "synced", "placed", "assumed", "nodes", "pending"}
+    assert set(doc) == {"source", "synced", "placed", "assumed", "nodes", "pending", "redacted"}
+    assert doc["redacted"] is False
     assert doc["synced"] is True and doc["placed"] == 6 and doc["pending"] is None
     by_node = {n["name"]: n for n in doc["nodes"]}
     (busy,) = by_node["a100-node-with-a-long-name-1"]["gpus"]
@@ -95,6 +98,29 @@ def test_json_has_the_documented_keys(extender_url: str) -> None:
     assert serving["role"] == "serving" and serving["observed_util"] == 41.0
     assert serving["observed_source"] == "agent report"
     assert serving["predicted_source"] == ["profile"]  # tandem.io/prediction-source
+
+
+def test_without_the_agent_token_pod_names_are_hidden_and_figures_shown(
+        extender_url: str, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["status", "--extender", extender_url, "--json"],
+                           env={"TANDEM_AGENT_TOKEN": ""})
+    doc = json.loads(result.output)
+    pods = [p for n in doc["nodes"] for g in n["gpus"] for p in g["pods"]]
+    assert doc["redacted"] is True and len(pods) == 6
+    assert {p["pod"] for p in pods} == {"(hidden)"}
+    assert sum(p["mem_mib"] for p in pods) > 10000  # the figures are still there
+    text = runner.invoke(app, ["status", "--extender", extender_url],
+                         env={"TANDEM_AGENT_TOKEN": ""}).output
+    assert "train-job" not in text and "pass --token-file" in text
+    wrong = tmp_path / "token"
+    wrong.write_text("not-the-token\n")
+    result = runner.invoke(app, ["status", "--extender", extender_url, "--json",
+                                 "--token-file", str(wrong)])
+    assert json.loads(result.output)["redacted"] is True
+    wrong.write_text(TOKEN + "\n")  # a Secret mounted with a trailing newline still works
+    result = runner.invoke(app, ["status", "--extender", extender_url, "--json",
+                                 "--token-file", str(wrong)])
+    assert json.loads(result.output)["redacted"] is False
 
 
 def test_sim_file_rebuilds_the_state_from_its_bound_pods(tmp_path: Path) -> None:

@@ -109,7 +109,7 @@ class SimSource:
         with self._lock:
             return [copy.deepcopy(p) for p in self._pods.values()]
 
-    def start(self, state: Any) -> None:
+    def sync(self, state: Any) -> None:
         """Load nodes and bound pods into ``state`` and mark it synced."""
         state.set_nodes(self.nodes)
         for pod in self.pods():
@@ -117,6 +117,10 @@ class SimSource:
             if placement is not None:
                 state.confirm(placement)
         state.synced = True
+
+    def start(self, state: Any) -> None:
+        """The sim changes only through ``bind``: one sync is all there is to watch."""
+        self.sync(state)
 
     def read_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """A copy of the registered pod, or None."""

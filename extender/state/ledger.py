@@ -36,10 +36,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from contracts.state import (
+    StateDocument,
+    StateGpu,
+    StateNode,
+    StatePod,
+    bounded_annotations,
+    encode_state,
+)
 from extender.core import (
     CostPolicy,
     DecisionContext,
@@ -315,43 +323,51 @@ class ClusterState:
 
     # ---- views -----------------------------------------------------------------------
     def view(self) -> dict[str, Any]:
-        """The ``GET /v1/state`` document (DESIGN shape)."""
+        """The encoded ``GET /v1/state`` document without ``learning`` (tests, operators)."""
+        return encode_state(self.document())
+
+    def document(self, learning: Mapping[str, Any] | None = None,
+                 node: str | None = None) -> StateDocument:
+        """The ``GET /v1/state`` document (``contracts.state``); with ``node``, that node only
+        (each agent asks for its own: O(its GPUs), not O(cluster))."""
         policy = self._policy()
         now = self._clock()
         with self.lock:
             t = self._table
-            pods_by_row: dict[int, list[dict[str, Any]]] = {}
+            pods_by_row: dict[int, list[StatePod]] = {}
             for state, placements in (("placed", self._placed.values()),
                                       ("assumed", [p for p, _ in self._assumed.values()])):
                 for p in placements:
+                    if node is not None and p.node != node:
+                        continue
                     try:
                         rows = t.rows_of(p)
                     except PlacementError:
                         continue
+                    notes, omitted = bounded_annotations(p.annotations)
+                    entry = StatePod(state, p.workload.value, p.util_percent, p.mem_mib,
+                                     p.pod, p.pod_uid, notes, omitted)
                     for row in rows:
-                        pods_by_row.setdefault(row, []).append(
-                            {"pod": p.pod, "uid": p.pod_uid, "state": state,
-                             "workload": p.workload.value, "util_percent": p.util_percent,
-                             "mem_mib": p.mem_mib, "annotations": dict(p.annotations)})
-            nodes: dict[str, Any] = {}
-            for name in t.node_names:
+                        pods_by_row.setdefault(row, []).append(entry)
+            nodes = []
+            names = t.node_names if node is None else [n for n in (node,) if n in t.node_index]
+            for name in names:
                 gpus = []
                 for row in t.node_rows(name):
                     g = t.gpus[row]
                     fresh = now - float(t.observed_at[row]) <= policy.staleness_seconds
-                    gpus.append({
-                        "index": g.index, "uuid": g.uuid, "product": g.product,
-                        "memory_mib": g.memory_mib,
-                        "reserved_mib": float(t.reserved_mib[row]),
-                        "predicted_util": float(t.reserved_util[row]),
-                        "observed_util": float(t.observed_util[row]) if fresh else None,
-                        "observed_mib": float(t.observed_mib[row]) if fresh else None,
-                        "observed_at": float(t.observed_at[row]) if fresh else None,
-                        "pods": sorted(pods_by_row.get(row, []), key=lambda d: d["pod"]),
-                    })
-                nodes[name] = {"gpus": gpus}
-            return {"nodes": nodes, "synced": self.synced,
-                    "placed": len(self._placed), "assumed": len(self._assumed)}
+                    gpus.append(StateGpu(
+                        g.index, g.uuid, g.product, g.memory_mib,
+                        reserved_mib=float(t.reserved_mib[row]),
+                        predicted_util=float(t.reserved_util[row]),
+                        observed_util=float(t.observed_util[row]) if fresh else None,
+                        observed_mib=float(t.observed_mib[row]) if fresh else None,
+                        observed_at=float(t.observed_at[row]) if fresh else None,
+                        pods=tuple(sorted(pods_by_row.get(row, []), key=lambda d: d.pod or "")),
+                    ))
+                nodes.append(StateNode(name, tuple(gpus)))
+            return StateDocument(tuple(nodes), self.synced, len(self._placed),
+                                 len(self._assumed), learning)
 
     def node_gpus(self, node: str) -> list[GpuSpec]:
         """The GPUs of one node (none for an unknown node): O(its GPUs), for the bind path."""

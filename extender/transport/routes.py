@@ -20,6 +20,7 @@ from flask import Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from contracts.logs import get_logger
+from contracts.state import NODE_QUERY, STATE_PATH, encode_state
 from extender.cluster.source import ClusterSource
 from extender.config import ConfigHolder
 from extender.core.decide import PlannerFn
@@ -202,10 +203,18 @@ def create_app(
             return Response(dumps({"Error": str(exc)}), status=exc.http_status, mimetype=JSON)
         return verb("report", handle)
 
-    @app.get("/v1/state")
+    @app.get(STATE_PATH)
     def get_state() -> Response:
-        return Response(dumps({**state.view(), "learning": learner.view()}),
-                        mimetype=JSON)
+        # The full document (pod names, annotations, what was learned) to the agent token;
+        # the same figures without them to anyone else (docs/security.md).
+        try:
+            check_token(request.headers.get("Authorization"), config.current().reports, environ)
+            full = True
+        except ExtenderError:
+            full = False
+        node = request.args.get(NODE_QUERY)
+        doc = state.document(learner.view() if full else None, node=node)
+        return Response(dumps(encode_state(doc if full else doc.redacted())), mimetype=JSON)
 
     @app.get("/livez")
     def livez() -> Response:
