@@ -25,6 +25,7 @@ from extender_builders import (
 from extender.cluster.sim import SimSource, parse_cluster
 from extender.config import ConfigHolder, build_config
 from extender.core import CostPolicy, GpuSpec, Placement, SessionSpec, Workload
+from extender.errors import BindConflict
 from extender.state.ledger import ClusterState
 from extender.transport.routes import create_app
 
@@ -218,3 +219,31 @@ def test_renumbered_gpus_keep_their_pods_by_uuid():
         assert placed.gpu_uuids == ("GPU-C",)
     gpus = {g["uuid"]: g for g in state.view()["nodes"]["n1"]["gpus"]}
     assert (len(gpus["GPU-B"]["pods"]), len(gpus["GPU-C"]["pods"])) == (8, 8)
+
+
+def test_sim_file_pods_follow_their_gpu_uuid_when_a_report_renumbers():
+    """#25: a cluster file's pods on GPU 1; a report says GPU 0 is gone and the old GPU 1 is
+    now index 0 (same UUID): the pods stay on that GPU and it takes no more than its limit."""
+    from contracts.clusterfile import sim_gpu_uuid
+
+    raw = {"nodes": [{"name": "n", "gpus": [{"product": "X", "memory_mib": 1000, "count": 2}]}],
+           "pods": [{"name": f"p{i}", "node": "n", "gpu_index": [1], "util_percent": 1,
+                     "mem_mib": 100} for i in range(8)]}
+    nodes, pods = parse_cluster(raw)
+    state = ClusterState(lambda: CostPolicy(), lambda: 0.0)
+    SimSource(nodes, pods).start(state)
+    survivor = sim_gpu_uuid("n", 1)
+    state.report("n", [GpuSpec(0, survivor, "X", 1000.0)], [0.0], [0.0])
+    (gpu,) = state.view()["nodes"]["n"]["gpus"]
+    assert gpu["uuid"] == survivor and len(gpu["pods"]) == 8 and gpu["reserved_mib"] == 800
+    p = training("p9", util=1, mem=100)
+    with pytest.raises(BindConflict):  # 8 pods is the default limit per GPU
+        state.assume_best("n", demand(p, state.gpu_types()), None, "u9", "default/p9")
+
+
+def test_sources_mark_the_state_synced_through_its_method_only():
+    state = ClusterState(lambda: CostPolicy(), lambda: 0.0)
+    with pytest.raises(AttributeError):
+        state.synced = True  # read-only: the sources call mark_synced()
+    SimSource([]).start(state)
+    assert state.synced

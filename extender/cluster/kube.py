@@ -158,7 +158,7 @@ class KubeSource:
         for gone in state.retain_placed(bound, listed_at):
             self._distrusted.discard(gone.pod_uid)
             self._log.info("released on relist", extra={"pod": gone.pod})
-        state.synced = True
+        state.mark_synced()
         return node_rv, pod_rv
 
     def apply_node_event(self, state: Any, kind: str, node: Mapping[str, Any]) -> None:
