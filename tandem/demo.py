@@ -104,9 +104,8 @@ def _run_demo(seed: int, store: Path) -> dict[str, Any]:
     from extender.cluster.sim import DEFAULT_CLUSTER, SimSource
     from extender.config import ConfigHolder, load_config
     from extender.inference_profiles import load_profiles
-    from extender.transport.routes import create_app
     from extender.transport.server import start_background
-    from extender.wiring import default_planner
+    from extender.wiring import create_app, default_planner
     from predictor.api import Predictor
 
     started = time.perf_counter()

@@ -15,7 +15,7 @@ from extender.cluster.kube import KubeSource, PlainWatch, node_spec
 from extender.config import ConfigHolder, build_config
 from extender.core import PodRef
 from extender.state.signing import PlacementSigner
-from extender.transport.routes import create_app
+from extender.wiring import create_app
 
 GFD = {"nvidia.com/gpu.count": "2", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
        "nvidia.com/gpu.memory": "40960"}

@@ -28,6 +28,9 @@ class MemoryOnlyPredictor:
         return SimpleNamespace(gpu_util_percent=None, gpu_mem_mib=1000.0,
                                source="unknown+mem:no-overhead")
 
+    def known_digest(self, model_ref: str) -> str | None:
+        return None
+
 
 def report(gpu_procs: dict[int, list[dict[str, Any]]], util: float = 37.0) -> dict[str, Any]:
     return {"node": "n1", "timestamp": 1.0, "interval_seconds": 1.0,

@@ -27,7 +27,7 @@ from extender.config import ConfigHolder, build_config
 from extender.core import CostPolicy, GpuSpec, Placement, SessionSpec, Workload
 from extender.errors import BindConflict
 from extender.state.ledger import ClusterState
-from extender.transport.routes import create_app
+from extender.wiring import create_app
 
 
 @pytest.mark.parametrize(("mem", "feasible"), [(8000, 5), (13000, 3), (41000, 0)],

@@ -297,7 +297,7 @@ def test_metrics_exposes_verbs_decisions_and_gpus(env):
 
 def test_config_hot_reload_swaps_weights(tmp_path):
     from extender.config import ConfigHolder, load_config
-    from extender.transport.routes import create_app
+    from extender.wiring import create_app
 
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text("limits: {max_pods_per_gpu: 1}\n")

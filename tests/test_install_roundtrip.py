@@ -19,8 +19,7 @@ from manifests_helpers import MANIFESTS, example_objects
 from extender.cluster.sim import SimSource, parse_cluster
 from extender.config import ConfigHolder, load_config
 from extender.inference_profiles import parse_profiles
-from extender.transport.routes import create_app
-from extender.wiring import build_predictor, default_planner
+from extender.wiring import build_predictor, create_app, default_planner
 
 CLUSTER = yaml.safe_load("""
 nodes:

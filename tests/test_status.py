@@ -19,9 +19,8 @@ from contracts.annotations import GPU_UTIL, MODEL, PREDICTION_SOURCE
 from extender.cluster.sim import SimSource
 from extender.config import ConfigHolder, build_config
 from extender.ops.status import pending_pods, pod_source
-from extender.transport.routes import create_app
 from extender.transport.server import start_background
-from extender.wiring import default_planner
+from extender.wiring import create_app, default_planner
 from tandem.cli import app
 
 runner = CliRunner()

@@ -117,6 +117,8 @@ class KubeSource:
         self._poster = LeanPoster(configuration, api_client.user_agent) \
             if configuration is not None and supports(configuration) else None
 
+    signs_placements = True
+
     def use_signer(self, signer: Any, on_untrusted: Callable[[str], None] | None = None,
                    ) -> None:
         """Sign placements at bind and verify them when rebuilding (``extender.state.signing``);

@@ -80,6 +80,8 @@ class SimSource:
     """A cluster held in memory: YAML nodes plus a pod registry standing in for the API."""
 
     kubelet_admits = False  # binds confirm at once: nobody admits, nothing to hand over
+    api = None  # no Kubernetes API: learning is not persisted, no pending pods to list
+    signs_placements = False  # the file and this registry are trusted as written
 
     def __init__(self, nodes: list[NodeSpec], pods: list[dict[str, Any]] | None = None):
         self.nodes = list(nodes)
@@ -124,6 +126,10 @@ class SimSource:
     def start(self, state: Any) -> None:
         """The sim changes only through ``bind``: one sync is all there is to watch."""
         self.sync(state)
+
+    def use_signer(self, signer: Any, on_untrusted: Any = None) -> None:
+        """Never called (``signs_placements`` is False): a simulation has no pod owners."""
+        raise NotImplementedError("the sim: source does not sign placements")
 
     def read_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """A copy of the registered pod, or None."""
