@@ -118,3 +118,14 @@ def test_without_the_agent_token_the_document_is_redacted(headers: dict[str, str
     full = app.test_client().get("/v1/state", headers=AGENT_AUTH).get_json()
     assert "learning" in full and all("pod" in p and "uid" in p for n in full["nodes"].values()
                                       for g in n["gpus"] for p in g["pods"])
+
+
+def test_fleet_rows_read_learning_through_the_decoder() -> None:
+    from predictor.observed import ObservationDocumentError, observed_rows
+
+    app, *_ = make_app(source=padded_cluster())
+    full = app.test_client().get("/v1/state", headers=AGENT_AUTH).get_json()
+    assert observed_rows(full) == []  # nothing learned yet, but the document is read
+    redacted = app.test_client().get("/v1/state").get_json()
+    with pytest.raises(ObservationDocumentError, match="agent token"):
+        observed_rows(redacted)
