@@ -7,9 +7,10 @@ export). Shape::
 
     {"nodes": {NAME: {"gpus": [{"index", "uuid", "product", "memory_mib",
         "reserved_mib", "predicted_util", "observed_util", "observed_mib", "observed_at",
-        "pods": [{"pod": "NS/NAME", "uid", "state", "workload", "util_percent",
-                  "mem_mib", "annotations": {"tandem.io/...": "..."}}]}]}},
-     "synced": bool, "placed": int, "assumed": int, "learning": {...}}
+        "pods": [{"pod": "NS/NAME", "uid", "state", "container", "workload",
+                  "util_percent", "mem_mib", "annotations": {"tandem.io/...": "..."},
+                  "annotations_omitted"}]}]}},
+     "synced": bool, "placed": int, "assumed": int, "untrusted": int, "learning": {...}}
 
 Bounded: a pod repeats only the annotation keys tandem reads (:data:`STATE_ANNOTATION_KEYS`)
 with values of at most :data:`MAX_ANNOTATION_CHARS` characters; the rest are left out
@@ -48,7 +49,8 @@ STATE_ANNOTATION_KEYS: frozenset[str] = frozenset({
 outputs bind wrote. Anything else a pod owner adds stays on the pod only."""
 MAX_ANNOTATION_CHARS = 2048
 """Longest annotation value repeated (a model reference or URL fits; padding does not)."""
-POD_STATES = ("placed", "assumed")
+POD_STATES = ("placed", "assumed", "untrusted")
+"""``untrusted``: bound without a decision the extender can verify (it holds its GPUs whole)."""
 
 
 class StateDocumentError(ValueError):
@@ -69,6 +71,8 @@ class StatePod:
     annotations: tuple[tuple[str, str], ...] = ()
     annotations_omitted: int = 0
     """How many of the pod's ``tandem.io/*`` annotations were left out (unknown or too long)."""
+    container: str | None = None
+    """The container bind gave this GPU to (None: not said, or redacted)."""
 
     @property
     def namespace(self) -> str:
@@ -124,6 +128,8 @@ class StateDocument:
     assumed: int = 0
     learning: Mapping[str, Any] | None = None
     """The learning document (:mod:`extender.learning`), opaque here; None when redacted."""
+    untrusted: int = 0
+    """Bound pods the ledger holds without a verifiable decision (not counted in ``placed``)."""
     unreadable: tuple[str, ...] = field(default=(), compare=False)
     """Decoder only: nodes whose entries did not decode (left out of ``nodes``)."""
 
@@ -140,7 +146,8 @@ class StateDocument:
         return replace(self, learning=None, nodes=tuple(
             replace(n, gpus=tuple(
                 replace(g, pods=tuple(replace(p, pod=None, uid=None, annotations=(),
-                                              annotations_omitted=0) for p in g.pods))
+                                              annotations_omitted=0, container=None)
+                                      for p in g.pods))
                 for g in n.gpus))
             for n in self.nodes))
 
@@ -164,6 +171,7 @@ def encode_state(doc: StateDocument) -> dict[str, Any]:
     out: dict[str, Any] = {
         "nodes": {n.name: {"gpus": [_encode_gpu(g) for g in n.gpus]} for n in doc.nodes},
         "synced": doc.synced, "placed": doc.placed, "assumed": doc.assumed,
+        "untrusted": doc.untrusted,
     }
     if doc.learning is not None:
         out["learning"] = doc.learning
@@ -186,6 +194,8 @@ def _encode_pod(p: StatePod) -> dict[str, Any]:
         out["uid"] = p.uid
     out.update({"state": p.state, "workload": p.workload, "util_percent": p.util_percent,
                 "mem_mib": p.mem_mib})
+    if p.container is not None:
+        out["container"] = p.container
     if p.pod is not None:
         out["annotations"] = dict(p.annotations)
     if p.annotations_omitted:
@@ -212,6 +222,7 @@ def decode_state(raw: Any, node: str | None = None) -> StateDocument:
     return StateDocument(
         nodes=tuple(nodes), synced=raw.get("synced") is True,
         placed=_count(raw.get("placed")), assumed=_count(raw.get("assumed")),
+        untrusted=_count(raw.get("untrusted")),
         learning=learning if isinstance(learning, Mapping) else None,
         unreadable=tuple(unreadable))
 
@@ -262,6 +273,9 @@ def _decode_pod(raw: Any, path: str) -> StatePod:
         raise StateDocumentError(f"{path}.pod: expected 'namespace/name'")
     if uid is not None and not (isinstance(uid, str) and uid):
         raise StateDocumentError(f"{path}.uid: expected a non-empty string")
+    container = raw.get("container")
+    if container is not None and not (isinstance(container, str) and container):
+        raise StateDocumentError(f"{path}.container: expected a non-empty string")
     notes = raw.get("annotations", {})
     if not isinstance(notes, Mapping):
         raise StateDocumentError(f"{path}.annotations: expected an object")
@@ -272,7 +286,8 @@ def _decode_pod(raw: Any, path: str) -> StatePod:
         util_percent=_number(raw.get("util_percent", 0.0), f"{path}.util_percent"),
         mem_mib=_number(raw.get("mem_mib", 0.0), f"{path}.mem_mib"),
         pod=pod, uid=uid, annotations=kept,
-        annotations_omitted=omitted + _count(raw.get("annotations_omitted")))
+        annotations_omitted=omitted + _count(raw.get("annotations_omitted")),
+        container=container)
 
 
 def _text(value: Any, path: str) -> str:

@@ -45,10 +45,10 @@ def padded_cluster() -> SimSource:
 
 def test_codec_round_trips_the_typed_value() -> None:
     pod = StatePod("assumed", "inference", 12.5, 2048.0, "ns/a", "uid-a",
-                   (("tandem.io/model", "m.onnx"),), 2)
+                   (("tandem.io/model", "m.onnx"),), 2, "main")
     doc = StateDocument((StateNode("n1", (StateGpu(0, "GPU-0", "A100", 40960.0, 2048.0, 12.5,
                                                    30.0, 1000.0, 5.0, (pod,)),)),),
-                        True, 0, 1, {"alone": []})
+                        True, 0, 1, {"alone": []}, 3)
     assert decode_state(json.loads(json.dumps(encode_state(doc)))) == doc
 
 
@@ -129,3 +129,10 @@ def test_fleet_rows_read_learning_through_the_decoder() -> None:
     redacted = app.test_client().get("/v1/state").get_json()
     with pytest.raises(ObservationDocumentError, match="agent token"):
         observed_rows(redacted)
+
+
+def test_the_agent_sees_the_container_and_an_untrusted_state() -> None:
+    raw = {"nodes": {"n1": {"gpus": [{"index": 0, "pods": [
+        {"pod": "ns/a", "uid": "u", "state": "untrusted", "container": "c2"}]}]}}}
+    (pod,) = parse_node_view(raw, "n1").pods()
+    assert (pod.container, pod.state, pod.trusted) == ("c2", "untrusted", False)

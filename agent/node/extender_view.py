@@ -47,6 +47,15 @@ class PodPlacement:
     predicted_util_percent: float | None
     memory_mib: int | None
     annotations: tuple[tuple[str, str], ...] = ()
+    container: str | None = None
+    """The container the extender bound this GPU for (None: not said)."""
+    state: str = "placed"
+    """``placed``, ``assumed`` or ``untrusted`` (bound without the extender's decision)."""
+
+    @property
+    def trusted(self) -> bool:
+        """False for a pod bound without the extender's decision: it gets no session."""
+        return self.state != "untrusted"
 
     def annotation(self, key: str) -> str | None:
         """The value of annotation ``key``, or None."""
@@ -101,7 +110,8 @@ def _placement(p: StatePod, gpu_index: int) -> PodPlacement:
     notes.setdefault(WORKLOAD, p.workload)
     return PodPlacement(uid=str(p.uid), name=p.name, namespace=p.namespace,
                         gpu_index=gpu_index, predicted_util_percent=p.util_percent,
-                        memory_mib=int(p.mem_mib), annotations=tuple(sorted(notes.items())))
+                        memory_mib=int(p.mem_mib), annotations=tuple(sorted(notes.items())),
+                        container=p.container, state=p.state)
 
 
 class StateClient:
