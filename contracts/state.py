@@ -13,7 +13,8 @@ export). Shape::
      "synced": bool, "placed": int, "assumed": int, "untrusted": int, "learning": {...}}
 
 Bounded: a pod repeats only the annotation keys tandem reads (:data:`STATE_ANNOTATION_KEYS`)
-with values of at most :data:`MAX_ANNOTATION_CHARS` characters; the rest are left out
+with values of at most :data:`MAX_ANNOTATION_CHARS` characters, at most
+:data:`MAX_POD_ANNOTATION_CHARS` in all; the rest are left out
 and counted in ``annotations_omitted``, so a pod owner cannot grow the document by
 writing large or many annotations. A redacted document (for callers without the
 agent token) has no pod names, UIDs or annotations and no ``learning``.
@@ -49,6 +50,9 @@ STATE_ANNOTATION_KEYS: frozenset[str] = frozenset({
 outputs bind wrote. Anything else a pod owner adds stays on the pod only."""
 MAX_ANNOTATION_CHARS = 2048
 """Longest annotation value repeated (a model reference or URL fits; padding does not)."""
+MAX_POD_ANNOTATION_CHARS = 4096
+"""Most characters of annotation values one pod entry repeats, all keys together (a pod's
+real inputs and outputs take a model reference plus a few numbers)."""
 POD_STATES = ("placed", "assumed", "untrusted")
 """``untrusted``: bound without a decision the extender can verify (it holds its GPUs whole)."""
 
@@ -156,10 +160,13 @@ def bounded_annotations(ann: Mapping[str, str] | tuple[tuple[str, str], ...],
                         ) -> tuple[tuple[tuple[str, str], ...], int]:
     """(the annotations a pod entry repeats, sorted; how many ``tandem.io/*`` ones it omits)."""
     items = ann.items() if isinstance(ann, Mapping) else ann
-    kept, omitted = [], 0
-    for k, v in items:
-        if k in STATE_ANNOTATION_KEYS and isinstance(v, str) and len(v) <= MAX_ANNOTATION_CHARS:
+    kept, omitted, total = [], 0, 0
+    # Shortest values first, so a long one never crowds out the short inputs readers need.
+    for k, v in sorted(items, key=lambda kv: (len(str(kv[1])), str(kv[0]))):
+        if k in STATE_ANNOTATION_KEYS and isinstance(v, str) and len(v) <= MAX_ANNOTATION_CHARS \
+                and total + len(v) <= MAX_POD_ANNOTATION_CHARS:
             kept.append((k, v))
+            total += len(v)
         else:
             omitted += 1
     return tuple(sorted(kept)), omitted

@@ -136,3 +136,14 @@ def test_the_agent_sees_the_container_and_an_untrusted_state() -> None:
         {"pod": "ns/a", "uid": "u", "state": "untrusted", "container": "c2"}]}]}}}
     (pod,) = parse_node_view(raw, "n1").pods()
     assert (pod.container, pod.state, pod.trusted) == ("c2", "untrusted", False)
+
+
+def test_one_pod_entry_repeats_at_most_the_per_pod_total() -> None:
+    from contracts.state import MAX_POD_ANNOTATION_CHARS, bounded_annotations
+
+    long = "m" * MAX_ANNOTATION_CHARS
+    ann = {"tandem.io/model": long, "tandem.io/prediction-source": long,
+           "tandem.io/gpu-uuid": long, "tandem.io/workload": "inference"}
+    kept, omitted = bounded_annotations(ann)
+    assert sum(len(v) for _, v in kept) <= MAX_POD_ANNOTATION_CHARS
+    assert omitted == 2 and dict(kept)["tandem.io/workload"] == "inference"
