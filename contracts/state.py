@@ -10,14 +10,16 @@ export). Shape::
         "pods": [{"pod": "NS/NAME", "uid", "state", "container", "workload",
                   "util_percent", "mem_mib", "annotations": {"tandem.io/...": "..."},
                   "annotations_omitted"}]}]}},
-     "synced": bool, "placed": int, "assumed": int, "untrusted": int, "learning": {...}}
+     "synced": bool, "placed": int, "assumed": int, "untrusted": int, "learning": {...},
+     "redacted": true}   # only in a redacted document
 
 Bounded: a pod repeats only the annotation keys tandem reads (:data:`STATE_ANNOTATION_KEYS`)
 with values of at most :data:`MAX_ANNOTATION_CHARS` characters, at most
 :data:`MAX_POD_ANNOTATION_CHARS` in all; the rest are left out
 and counted in ``annotations_omitted``, so a pod owner cannot grow the document by
 writing large or many annotations. A redacted document (for callers without the
-agent token) has no pod names, UIDs or annotations and no ``learning``.
+agent token) says ``"redacted": true`` and has no pod names, UIDs, annotations,
+containers or ``learning``.
 
 The decoder is strict per node and lenient across nodes: a node entry that does
 not decode is listed in :attr:`StateDocument.unreadable` and the other nodes still
@@ -134,6 +136,8 @@ class StateDocument:
     """The learning document (:mod:`extender.learning`), opaque here; None when redacted."""
     untrusted: int = 0
     """Bound pods the ledger holds without a verifiable decision (not counted in ``placed``)."""
+    redacted: bool = False
+    """True when the caller did not present the agent token (see :meth:`redacted_copy`)."""
     unreadable: tuple[str, ...] = field(default=(), compare=False)
     """Decoder only: nodes whose entries did not decode (left out of ``nodes``)."""
 
@@ -145,9 +149,9 @@ class StateDocument:
         """The document narrowed to one node (no node when the extender does not know it)."""
         return replace(self, nodes=tuple(n for n in self.nodes if n.name == name))
 
-    def redacted(self) -> StateDocument:
+    def redacted_copy(self) -> StateDocument:
         """No pod names, UIDs, annotations or learning: what any caller may read."""
-        return replace(self, learning=None, nodes=tuple(
+        return replace(self, learning=None, redacted=True, nodes=tuple(
             replace(n, gpus=tuple(
                 replace(g, pods=tuple(replace(p, pod=None, uid=None, annotations=(),
                                               annotations_omitted=0, container=None)
@@ -180,6 +184,8 @@ def encode_state(doc: StateDocument) -> dict[str, Any]:
         "synced": doc.synced, "placed": doc.placed, "assumed": doc.assumed,
         "untrusted": doc.untrusted,
     }
+    if doc.redacted:
+        out["redacted"] = True
     if doc.learning is not None:
         out["learning"] = doc.learning
     return out
@@ -229,7 +235,7 @@ def decode_state(raw: Any, node: str | None = None) -> StateDocument:
     return StateDocument(
         nodes=tuple(nodes), synced=raw.get("synced") is True,
         placed=_count(raw.get("placed")), assumed=_count(raw.get("assumed")),
-        untrusted=_count(raw.get("untrusted")),
+        untrusted=_count(raw.get("untrusted")), redacted=raw.get("redacted") is True,
         learning=learning if isinstance(learning, Mapping) else None,
         unreadable=tuple(unreadable))
 

@@ -429,6 +429,6 @@ class Extender:
         try:
             self.authorize_agent(authorization)
         except Unauthorized:
-            return self.state.document(node=node).redacted()
+            return self.state.document(node=node).redacted_copy()
         learning = self.learner.view() if self.learner is not None else None
         return self.state.document(learning, node)

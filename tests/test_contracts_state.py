@@ -111,11 +111,12 @@ def test_oversized_answer_is_refused_without_parsing() -> None:
 def test_without_the_agent_token_the_document_is_redacted(headers: dict[str, str]) -> None:
     app, *_ = make_app(source=padded_cluster())
     raw = app.test_client().get("/v1/state", headers=headers).get_json()
-    assert "learning" not in raw
+    assert "learning" not in raw and raw["redacted"] is True
     pods = [p for n in raw["nodes"].values() for g in n["gpus"] for p in g["pods"]]
     assert len(pods) == 69
     assert all(set(p) == {"state", "workload", "util_percent", "mem_mib"} for p in pods)
     full = app.test_client().get("/v1/state", headers=AGENT_AUTH).get_json()
+    assert "redacted" not in full
     assert "learning" in full and all("pod" in p and "uid" in p for n in full["nodes"].values()
                                       for g in n["gpus"] for p in g["pods"])
 
@@ -147,3 +148,11 @@ def test_one_pod_entry_repeats_at_most_the_per_pod_total() -> None:
     kept, omitted = bounded_annotations(ann)
     assert sum(len(v) for _, v in kept) <= MAX_POD_ANNOTATION_CHARS
     assert omitted == 2 and dict(kept)["tandem.io/workload"] == "inference"
+
+
+def test_an_agent_with_a_wrong_token_keeps_its_view_instead_of_an_empty_one() -> None:
+    """A redacted answer has no pod UIDs: read as a view it would drop every session."""
+    app, *_ = make_app(source=padded_cluster())
+    raw = app.test_client().get("/v1/state?node=n1", headers={"Authorization": "Bearer no"})
+    with pytest.raises(StateError, match="agent token"):
+        parse_node_view(raw.get_json(), "n1")

@@ -97,6 +97,8 @@ def parse_node_view(document: Any, node: str) -> NodeView:
         raise StateError(f"state: {err}") from None
     if decoded.unreadable:
         raise StateError(f"state: node {node}: its entry does not decode")
+    if decoded.redacted:  # pods without names: syncing on it would drop every session
+        raise StateError("state: the extender did not accept the agent token (redacted)")
     entry = decoded.node(node)
     gpus = [] if entry is None else [
         GpuView(g.index, g.uuid or None, g.predicted_util,

@@ -158,11 +158,9 @@ def summarize(state: StateDocument, origin: str,
               pending: list[dict[str, Any]] | None) -> dict[str, Any]:
     """The ``tandem status --json`` document from a ``/v1/state`` document."""
     nodes = []
-    redacted = False
     for node in sorted(state.nodes, key=lambda n: n.name):
         gpus = []
         for g in node.gpus:
-            redacted = redacted or any(p.pod is None for p in g.pods)
             pods = [{"pod": p.pod or HIDDEN, "state": p.state, "workload": p.workload,
                      "util_percent": p.util_percent, "mem_mib": p.mem_mib,
                      "source": pod_source(dict(p.annotations)) if p.pod else "unknown"}
@@ -185,7 +183,7 @@ def summarize(state: StateDocument, origin: str,
         nodes.append({"name": node.name, "gpus": gpus})
     return {"source": origin, "synced": state.synced, "placed": state.placed,
             "assumed": state.assumed, "nodes": nodes, "pending": pending,
-            "redacted": redacted}
+            "redacted": state.redacted}
 
 
 def collect(extender: str | None, cluster: str | None, scheduler_name: str = "tandem",
