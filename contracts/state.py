@@ -145,10 +145,6 @@ class StateDocument:
         """The node called ``name``, or None."""
         return next((n for n in self.nodes if n.name == name), None)
 
-    def only(self, name: str) -> StateDocument:
-        """The document narrowed to one node (no node when the extender does not know it)."""
-        return replace(self, nodes=tuple(n for n in self.nodes if n.name == name))
-
     def redacted_copy(self) -> StateDocument:
         """No pod names, UIDs, annotations or learning: what any caller may read."""
         return replace(self, learning=None, redacted=True, nodes=tuple(
