@@ -200,3 +200,9 @@ def test_pod_source_is_the_recorded_prediction_source_else_derived() -> None:
     assert pod_source({GPU_UTIL: "30"}) == "asserted"
     assert pod_source({MODEL: "m.onnx"}) == "model m.onnx"
     assert pod_source({}) == "unknown"
+
+
+def test_a_token_file_that_cannot_be_read_is_one_line(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["status", "--extender", "http://127.0.0.1:9",
+                                 "--token-file", str(tmp_path / "missing")])
+    assert result.exit_code == 1 and "--token-file" in result.output

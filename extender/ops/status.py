@@ -18,7 +18,6 @@ Where the numbers come from:
 from __future__ import annotations
 
 import json
-import os
 import ssl
 import time
 import urllib.error
@@ -73,14 +72,16 @@ def fetch_state(url: str, ca_cert: Path | None = None, timeout_s: float = 10.0,
 
 
 def read_token(token_file: Path | None, environ: Mapping[str, str] | None = None) -> str | None:
-    """The agent token for a full document: ``--token-file``, else ``TANDEM_AGENT_TOKEN``."""
-    if token_file is not None:
-        try:
-            return token_file.read_text().strip() or None
-        except OSError as exc:
-            raise StatusError(f"--token-file {token_file}: {exc.strerror}") from None
-    return ((environ if environ is not None else os.environ).get(TOKEN_ENV) or "").strip() \
-        or None
+    """The agent token for a full document: ``--token-file``, else ``TANDEM_AGENT_TOKEN``;
+    read by the extender's own reader (``extender.state.reports.expected_token``)."""
+    from extender.config import ReportsConfig
+    from extender.state.reports import expected_token
+
+    token = expected_token(ReportsConfig(token_file=str(token_file) if token_file else None,
+                                         token_env=TOKEN_ENV), environ)
+    if token is None and token_file is not None:
+        raise StatusError(f"--token-file {token_file}: cannot read it, or it is empty")
+    return token
 
 
 def rebuilt_state(source: ClusterSource) -> StateDocument:
