@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from extender_builders import args, binding, make_app, node, training
+from extender_builders import TOKEN, args, binding, make_app, node, training
 from test_device_plugin import G0, G1, INVENTORY, allocate, placement, plugin  # noqa: F401
 
 from agent.device_plugin.assign import Candidate, Gpu, Refusal, candidates, choose
@@ -35,7 +35,8 @@ def test_bind_says_which_container_gets_which_gpu_and_the_plugin_follows_it():
     ann = source.read_pod("default", "duo")["metadata"]["annotations"]
     first, second = (int(i) for i in ann["tandem.io/gpu-index"].split(","))
     assert ann["tandem.io/container-gpus"] == f"c1={first};c2={second}"
-    view = parse_node_view(client.get("/v1/state").get_json(), "n1")
+    view = parse_node_view(client.get("/v1/state", headers={
+        "Authorization": f"Bearer {TOKEN}"}).get_json(), "n1")
     inventory = {g.uuid: Gpu(g.index, g.uuid) for g in view.gpus}
     rows = [r for r in placements_of(view) if r[1] == "duo"]
     assert {(r[3], r[5]) for r in rows} == {(first, "c1"), (second, "c2")}

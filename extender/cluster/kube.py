@@ -134,6 +134,8 @@ class KubeSource:
         self._pending = PendingPods()
         """Pods waiting for a node, as the pod watch last delivered them (bind reads here)."""
 
+    signs_placements = True
+
     def use_signer(self, signer: Any, on_untrusted: Callable[[str], None] | None = None,
                    ) -> None:
         """Sign the annotations bind writes (``extender.state.signing``; a pod bound before
@@ -182,7 +184,7 @@ class KubeSource:
         for gone in state.retain_placed(bound, listed_at):
             self._distrusted.discard(gone.pod_uid)
             self._log.info("released on relist", extra={"pod": gone.pod})
-        state.synced = True
+        state.mark_synced()
         return node_rv, pod_rv
 
     def apply_node_event(self, state: Any, kind: str, node: Mapping[str, Any]) -> None:
