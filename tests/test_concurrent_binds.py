@@ -9,6 +9,7 @@ import time
 
 import pytest
 from bench_modules import fake_kube_api
+from extender_builders import placement
 from kubernetes import client
 
 from extender.cluster.kube import KubeSource
@@ -51,12 +52,15 @@ def test_a_second_burst_of_binds_opens_no_new_api_connection(fake):
     source = KubeSource(api, background_events=False)
 
     def binder(i):
-        return lambda: source.bind(PodRef("ml", f"p{i}", f"u{i}"), "gpu-1", {})
+        # a node each: bind also writes the node's placement record before the Binding
+        return lambda: source.bind(PodRef("ml", f"p{i}", f"u{i}"), f"gpu-{i}", {},
+                                   placement(f"u{i}", pod=f"ml/p{i}", node=f"gpu-{i}"))
     burst([binder(i) for i in range(BURST)])
     opened = fake.connections_accepted
     burst([binder(i) for i in range(BURST, 2 * BURST)])
     assert fake.connections_accepted == opened
-    assert all(fake.pod("ml", f"p{i}")["spec"]["nodeName"] == "gpu-1" for i in range(2 * BURST))
+    assert [fake.pod("ml", f"p{i}")["spec"].get("nodeName") for i in range(2 * BURST)] == \
+        [f"gpu-{i}" for i in range(2 * BURST)]
     source.stop()
 
 
@@ -102,8 +106,7 @@ def test_events_wait_for_binds_in_flight():
 def test_event_worker_posts_after_the_bind_burst(fake):
     api = client.CoreV1Api(client.ApiClient(client.Configuration(host=fake.url)))
     source = KubeSource(api)
-    source._stop.clear()
-    worker = threading.Thread(target=source._event_worker, daemon=True)
+    worker = threading.Thread(target=source._events.run, daemon=True)
     with source._traffic.binding():
         worker.start()
         source.record_event(PodRef("ml", "p0", "u0"), "TandemBound", "placed", False)
