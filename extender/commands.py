@@ -24,11 +24,15 @@ def serve(
              "| elect (standalone replicas elect on --lease-name)"),
     lease_name: str | None = typer.Option(
         None, "--lease-name", help="Lease to follow or elect on (POD_NAMESPACE's)"),
+    insecure: bool = typer.Option(
+        False, "--insecure",
+        help="serve on a non-loopback server.host without TLS or an agent token"),
 ) -> None:
     """Run the kube-scheduler extender on cheroot until SIGTERM/SIGINT."""
     from contracts.clusterfile import ClusterFileError
     from contracts.logs import setup_logging
     from extender.config import ConfigError, ConfigHolder, load_config
+    from extender.exposure import exposure_problem
     from extender.ha.lifecycle import (
         Draining,
         GracefulShutdown,
@@ -56,6 +60,12 @@ def serve(
     try:
         cfg = load_config(config)
         log = setup_logging(cfg.log_level)
+        exposed = exposure_problem(cfg, os.environ)
+        if exposed and not insecure:
+            raise ConfigError([exposed])
+        if exposed:
+            log.warning("serving without TLS or an agent token (--insecure)",
+                        extra={"path": cfg.server.host})
         if cfg.queue.enabled and cluster != "kube":
             raise SourceSpecError("queue.enabled needs --cluster kube (the gate patches real pods)")
         leader, loop = setup_leadership(leadership, lease_name)

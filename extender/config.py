@@ -48,7 +48,8 @@ class ConfigError(ValueError):
 class ServerConfig:
     """HTTP server settings."""
 
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"
+    """Listen address; loopback unless TLS and an agent token are configured (exposure.py)."""
     port: int = 8888
     """TCP port, 0..65535 (0 = pick a free one). Default 8888."""
     max_body_bytes: int = 4 * 1024 * 1024

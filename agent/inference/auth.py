@@ -24,7 +24,6 @@ the token with the same ``AdminToken``.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
 import os
 import threading
@@ -32,6 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from agent.inference.errors import Unauthorized
+from contracts.listen import is_loopback as is_loopback  # the agent's servers import it here
 
 log = logging.getLogger(__name__)
 
@@ -85,16 +85,6 @@ class AdminToken:
     def __repr__(self) -> str:
         where = f"file={self._path}" if self._path is not None else f"env={self._env}"
         return f"AdminToken({where})"
-
-
-def is_loopback(host: str) -> bool:
-    """Whether a server bound to ``host`` accepts connections from this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a name or a wildcard-like value: assume it is reachable
-        return False
 
 
 class AdminGuard:
