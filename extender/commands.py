@@ -10,7 +10,10 @@ from pathlib import Path
 
 import typer
 
+from extender.webhook.commands import webhook
+
 app = typer.Typer(no_args_is_help=True)
+app.command("webhook")(webhook)
 
 
 @app.command("serve")

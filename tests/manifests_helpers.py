@@ -24,7 +24,7 @@ OVERLAYS = ("sidecar", "standalone")
 # The same two with the environment-variable GPU hand-off (components/env-handoff).
 ENV_HANDOFF_OVERLAYS = ("sidecar-env-handoff", "standalone-env-handoff")
 # Optional kustomizations applied after an overlay (they use its namespace and config).
-ADDONS = ("queue-gate",)
+ADDONS = ("queue-gate", "webhook")
 K8S_VERSION = "1.30.0"  # oldest minor we document support for; see docs/deploy.md
 
 # Objects the operator creates at install time (docs/deploy.md), never committed.

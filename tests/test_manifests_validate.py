@@ -36,6 +36,7 @@ ALL_OVERLAYS = OVERLAYS + ENV_HANDOFF_OVERLAYS
 NOT_API_OBJECTS = {
     "base/config/tandem.yaml": "tandem's own config, packed into a ConfigMap",
     "overlays/sidecar/kube-scheduler-config.yaml": "KubeSchedulerConfiguration, in a ConfigMap",
+    "addons/webhook/webhook.yaml": "the admission webhook's settings, in a ConfigMap",
     "overlays/standalone/kube-scheduler-extender.yaml": "snippet for an existing scheduler",
     "components/env-handoff/no-device-plugin.yaml": "a kustomize patch ($patch: delete)",
     "components/env-handoff/extender-env-mode-sidecar.yaml": "a kustomize patch (partial)",

@@ -6,7 +6,8 @@
 #   manifests/tls/generate-certs.sh OUT_DIR --apply  # ... and creates the Secret and ConfigMap
 #
 # The certificate names every address the extender is called on: the Service
-# (agents), 127.0.0.1 and localhost (the sidecar kube-scheduler), and stays valid
+# (agents), 127.0.0.1 and localhost (the sidecar kube-scheduler), and the admission
+# webhook's Service (components/webhook, called by the API server); it stays valid
 # for DAYS (default 365). Keep ca.key offline; the cluster needs only ca.crt.
 set -eu
 
@@ -15,6 +16,7 @@ apply="${2:-}"
 ns="${NAMESPACE:-tandem-system}"
 days="${DAYS:-365}"
 service="tandem-extender"
+webhook="tandem-webhook"
 
 command -v openssl >/dev/null || { echo "openssl not found" >&2; exit 1; }
 mkdir -p "$out"
@@ -30,7 +32,7 @@ cat > "$out/server.ext" <<EXT
 basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
-subjectAltName=DNS:${service},DNS:${service}.${ns},DNS:${service}.${ns}.svc,DNS:${service}.${ns}.svc.cluster.local,DNS:localhost,IP:127.0.0.1
+subjectAltName=DNS:${service},DNS:${service}.${ns},DNS:${service}.${ns}.svc,DNS:${service}.${ns}.svc.cluster.local,DNS:localhost,IP:127.0.0.1,DNS:${webhook}.${ns}.svc,DNS:${webhook}.${ns}.svc.cluster.local
 EXT
 
 openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -sha256 -subj "/CN=${service}.${ns}.svc" \
@@ -48,4 +50,9 @@ if [ "$apply" = "--apply" ]; then
     --from-file=ca.crt="$out/ca.crt" --dry-run=client -o yaml | kubectl apply -f -
   kubectl -n "$ns" create configmap tandem-extender-ca \
     --from-file=ca.crt="$out/ca.crt" --dry-run=client -o yaml | kubectl apply -f -
+  # The admission webhook (components/webhook), when installed, trusts the same CA.
+  if kubectl get mutatingwebhookconfiguration tandem-webhook >/dev/null 2>&1; then
+    kubectl patch mutatingwebhookconfiguration tandem-webhook --type=json -p \
+      "[{\"op\":\"add\",\"path\":\"/webhooks/0/clientConfig/caBundle\",\"value\":\"$(base64 < "$out/ca.crt" | tr -d '\n')\"}]"
+  fi
 fi
