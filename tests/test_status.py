@@ -18,7 +18,9 @@ from typer.testing import CliRunner
 from contracts.annotations import GPU_UTIL, MODEL, PREDICTION_SOURCE
 from extender.cluster.sim import SimSource
 from extender.config import ConfigHolder, build_config
-from extender.ops.status import pending_pods, pod_source
+from extender.ops.coexist import doubly_advertised
+from extender.ops.status import pending_pods, pod_source, summarize
+from extender.ops.status_render import render
 from extender.transport.routes import create_app
 from extender.transport.server import start_background
 from extender.wiring import default_planner
@@ -82,8 +84,10 @@ def test_json_has_the_documented_keys(extender_url: str) -> None:
     result = runner.invoke(app, ["status", "--extender", extender_url, "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
-    assert set(doc) == {"source", "synced", "placed", "assumed", "nodes", "pending"}
+    assert set(doc) == {"source", "synced", "placed", "assumed", "nodes", "pending",
+                        "both_plugins"}
     assert doc["synced"] is True and doc["placed"] == 6 and doc["pending"] is None
+    assert doc["both_plugins"] is None  # needs --cluster kube
     by_node = {n["name"]: n for n in doc["nodes"]}
     (busy,) = by_node["a100-node-with-a-long-name-1"]["gpus"]
     (idle,) = by_node["n3"]["gpus"]
@@ -175,3 +179,59 @@ def test_pod_source_is_the_recorded_prediction_source_else_derived() -> None:
     assert pod_source({GPU_UTIL: "30"}) == "asserted"
     assert pod_source({MODEL: "m.onnx"}) == "model m.onnx"
     assert pod_source({}) == "unknown"
+
+
+def _node(name: str, allocatable: dict[str, str] | None) -> Any:
+    return NS(metadata=NS(name=name), status=NS(allocatable=allocatable))
+
+
+class NodesApi:
+    def list_node(self) -> Any:
+        return NS(items=[
+            _node("mixed-2", {"cpu": "64", "nvidia.com/gpu": "8", "tandem.io/gpu": "64"}),
+            _node("mixed-1", {"nvidia.com/gpu": "4", "tandem.io/gpu": "32"}),
+            _node("tandem-only", {"nvidia.com/gpu": "0", "tandem.io/gpu": "64"}),
+            _node("nvidia-only", {"nvidia.com/gpu": "8"}),
+            _node("cpu", {"cpu": "16"}),
+            _node("new", None)])
+
+
+def test_nodes_where_both_device_plugins_advertise_gpus_are_named() -> None:
+    both = doubly_advertised(NodesApi())
+    assert both == [{"node": "mixed-1", "nvidia.com/gpu": 4, "tandem.io/gpu": 32},
+                    {"node": "mixed-2", "nvidia.com/gpu": 8, "tandem.io/gpu": 64}]
+    doc = summarize({"nodes": {}}, "kube", [], both)
+    text = render(doc)
+    assert "both device plugins on 2 node(s)" in text
+    assert "  mixed-1: nvidia.com/gpu 4, tandem.io/gpu 32" in text.splitlines()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "both device plugins" not in render(summarize({"nodes": {}}, "kube", [], []))
+
+
+def test_an_untrusted_certificate_says_to_pass_the_ca(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    from extender.cluster.sim import parse_cluster
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs openssl")
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run(["sh", str(root / "manifests/tls/generate-certs.sh"), str(tmp_path)],
+                   check=True, capture_output=True, timeout=60)
+    cfg = build_config({"server": {"host": "127.0.0.1",
+                                   "tls_cert_file": str(tmp_path / "tls.crt"),
+                                   "tls_key_file": str(tmp_path / "tls.key")}})
+    nodes, pods = parse_cluster({"nodes": [{"name": "g1", "gpus": [
+        {"product": "NVIDIA-H100-80GB-HBM3", "memory_mib": 81559, "count": 1}]}]})
+    running = start_background(create_app(ConfigHolder(cfg), SimSource(nodes, pods),
+                                          environ={}), cfg.server, port=0)
+    try:
+        result = runner.invoke(app, ["status", "--extender", running.url])
+        assert result.exit_code == 1
+        assert "--ca-cert" in result.output and "port-forward" not in result.output
+        trusted = runner.invoke(app, ["status", "--extender", running.url,
+                                      "--ca-cert", str(tmp_path / "ca.crt")])
+        assert trusted.exit_code == 0, trusted.output
+    finally:
+        running.stop()

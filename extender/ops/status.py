@@ -29,6 +29,7 @@ from typing import Any
 import typer
 
 from contracts.annotations import GPU_UTIL, MODEL, PREDICTION_SOURCE
+from extender.ops.coexist import doubly_advertised
 
 SCHEDULING_GATE_REASON = "held by the queue's scheduling gate"
 
@@ -49,6 +50,10 @@ def fetch_state(url: str, ca_cert: Path | None = None, timeout_s: float = 10.0) 
             from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
+        if isinstance(reason, ssl.SSLCertVerificationError):
+            raise StatusError(f"{target}: the extender's certificate is not trusted "
+                              f"({reason.verify_message}); pass the CA that signed it: "
+                              "--ca-cert ca.crt (ConfigMap tandem-extender-ca)") from None
         raise StatusError(f"cannot reach {target} ({reason}); port-forward the extender first: "
                           "kubectl -n tandem-system port-forward svc/tandem-extender 8443")\
             from None
@@ -130,7 +135,8 @@ def _role(pods: list[dict[str, Any]]) -> str:
 
 
 def summarize(state: Mapping[str, Any], origin: str,
-              pending: list[dict[str, Any]] | None) -> dict[str, Any]:
+              pending: list[dict[str, Any]] | None,
+              both_plugins: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The ``tandem status --json`` document from a ``/v1/state`` document."""
     nodes = []
     for name in sorted(state["nodes"]):
@@ -159,7 +165,7 @@ def summarize(state: Mapping[str, Any], origin: str,
         nodes.append({"name": name, "gpus": gpus})
     return {"source": origin, "synced": bool(state.get("synced", True)),
             "placed": state.get("placed"), "assumed": state.get("assumed"),
-            "nodes": nodes, "pending": pending}
+            "nodes": nodes, "pending": pending, "both_plugins": both_plugins}
 
 
 def collect(extender: str | None, cluster: str | None, scheduler_name: str = "tandem",
@@ -176,7 +182,8 @@ def collect(extender: str | None, cluster: str | None, scheduler_name: str = "ta
     else:
         state, origin = rebuilt_state(source), str(cluster)
     pending = pending_pods(source.api, scheduler_name) if cluster == "kube" else None
-    return summarize(state, origin, pending)
+    both = doubly_advertised(source.api) if cluster == "kube" else None
+    return summarize(state, origin, pending, both)
 
 
 def status_command(
