@@ -131,3 +131,151 @@ def test_kustomize_webhook_addon_matches_the_chart() -> None:
     assert "DNS:${webhook}.${ns}.svc" in script
     assert json.dumps(sorted(p for p, _ in pod_specs(objects))) == \
         '["Deployment/tandem-webhook"]'
+
+
+# --- where pods run, ports, resources -------------------------------------------
+
+def pod_spec(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    return dict(pod_specs(objects))[name]
+
+
+def test_placement_values_reach_each_component() -> None:
+    objects = render(
+        "agent.nodeSelector.pool=tandem", "agent.priorityClassName=gpu-critical",
+        "agent.runtimeClassName=nvidia-cdi",
+        "agent.tolerations[0].key=dedicated", "agent.tolerations[0].operator=Exists",
+        "devicePlugin.nodeSelector.pool=tandem", "devicePlugin.runtimeClassName=",
+        "devicePlugin.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        ".nodeSelectorTerms[0].matchExpressions[0].key=tandem.io/gpu-node",
+        "devicePlugin.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        ".nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+        "extender.nodeSelector.role=control", "extender.priorityClassName=",
+        "extender.tolerations[0].key=control", "extender.tolerations[0].operator=Exists",
+        "kubeScheduler.resources.requests.cpu=300m",
+        "kubeScheduler.resources.limits.memory=1Gi")
+    validate(objects)
+    agent = pod_spec(objects, "DaemonSet/tandem-agent")
+    assert agent["nodeSelector"] == {"pool": "tandem"}
+    assert (agent["priorityClassName"], agent["runtimeClassName"]) == (
+        "gpu-critical", "nvidia-cdi")
+    assert [t["key"] for t in agent["tolerations"]] == [
+        "nvidia.com/gpu", "tandem.io/gpu", "dedicated"]  # added to the defaults
+    assert "nvidia.com/gpu.present" in json.dumps(agent["affinity"])  # default kept
+    plugin = pod_spec(objects, "DaemonSet/tandem-device-plugin")
+    assert "runtimeClassName" not in plugin  # empty: the node's default runtime
+    assert json.dumps(plugin["affinity"]).count("matchExpressions") == 1  # replaced
+    scheduler = pod_spec(objects, "Deployment/tandem-scheduler")
+    assert scheduler["nodeSelector"] == {"role": "control"}
+    assert "priorityClassName" not in scheduler
+    assert scheduler["tolerations"] == [{"key": "control", "operator": "Exists"}]
+    assert "podAntiAffinity" in scheduler["affinity"]
+    kube_scheduler = next(c for c in scheduler["containers"] if c["name"] == "kube-scheduler")
+    assert kube_scheduler["resources"] == {"requests": {"cpu": "300m", "memory": "128Mi"},
+                                           "limits": {"memory": "1Gi"}}
+
+
+def test_defaults_keep_the_previous_placement() -> None:
+    objects = render()
+    agent = pod_spec(objects, "DaemonSet/tandem-agent")
+    assert (agent["priorityClassName"], agent["runtimeClassName"]) == (
+        "system-node-critical", "nvidia")
+    assert "nodeSelector" not in agent
+    scheduler = pod_spec(objects, "Deployment/tandem-scheduler")
+    assert scheduler["priorityClassName"] == "system-cluster-critical"
+    assert "tolerations" not in scheduler
+
+
+def test_standalone_extender_takes_the_same_placement_values() -> None:
+    objects = render("topology=standalone", "extender.nodeSelector.role=control",
+                     "extender.priorityClassName=high")
+    extender = pod_spec(objects, "Deployment/tandem-extender")
+    assert extender["nodeSelector"] == {"role": "control"}
+    assert extender["priorityClassName"] == "high"
+
+
+def test_serve_ports_follow_their_base_and_count() -> None:
+    objects = render("agent.servePortBase=9700", "agent.maxGpusPerNode=2")
+    validate(objects)
+    (agent,) = pod_spec(objects, "DaemonSet/tandem-agent")["containers"]
+    infer = [p for p in agent["ports"] if p["name"].endswith("-infer")]
+    assert [(p["containerPort"], p["hostPort"]) for p in infer] == [(9700, 9700),
+                                                                   (9701, 9701)]
+    assert "--session-base-port=9700" in agent["args"]
+
+
+def test_mps_value_runs_the_daemons_and_points_the_device_plugin_at_them() -> None:
+    objects = render("mps.enabled=true", "mps.root=/run/x/mps", "mps.threadPercentage=true")
+    validate(objects)
+    agent_spec = pod_spec(objects, "DaemonSet/tandem-agent")
+    (agent,) = agent_spec["containers"]
+    assert {"--mps", "--mps-root=/run/x/mps"} <= set(agent["args"])
+    mounts = {m["name"]: m for m in agent["volumeMounts"]}
+    assert mounts["mps"]["mountPath"] == "/run/x/mps" and not mounts["mps"].get("readOnly")
+    assert mounts["mps-shm"]["mountPath"] == "/dev/shm"
+    volumes = {v["name"]: v for v in agent_spec["volumes"]}
+    assert volumes["mps-shm"]["hostPath"]["path"] == "/run/x/mps/shm"
+    plugin_spec = pod_spec(objects, "DaemonSet/tandem-device-plugin")
+    (plugin,) = plugin_spec["containers"]
+    assert {"--mps-root=/run/x/mps", "--mps-thread-percentage"} <= set(plugin["args"])
+    assert {m["name"]: m for m in plugin["volumeMounts"]}["mps"]["readOnly"] is True
+    off = render()
+    (agent,) = pod_spec(off, "DaemonSet/tandem-agent")["containers"]
+    assert not any(a.startswith("--mps") for a in agent["args"])
+
+
+# --- NetworkPolicy ------------------------------------------------------------------
+
+def policy(objects: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return next((o for o in objects if o["kind"] == "NetworkPolicy"), None)
+
+
+def labels(objects: list[dict[str, Any]], name: str) -> dict[str, str]:
+    kind, _, obj = name.partition("/")
+    return find(objects, kind, obj)["spec"]["template"]["metadata"]["labels"]
+
+
+def test_network_policy_lets_only_agents_and_device_plugins_reach_the_extender() -> None:
+    objects = render()
+    validate(objects)
+    np = policy(objects)
+    assert np is not None and np["spec"]["policyTypes"] == ["Ingress"]
+    selector = np["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= labels(objects, "Deployment/tandem-scheduler").items()
+    (rule,) = np["spec"]["ingress"]
+    allowed = [p["podSelector"]["matchLabels"] for p in rule["from"]]
+    for name in ("DaemonSet/tandem-agent", "DaemonSet/tandem-device-plugin"):
+        assert any(a.items() <= labels(objects, name).items() for a in allowed), name
+    for name in ("Deployment/tandem-scheduler",):  # nobody else in the release
+        assert not any(a.items() <= labels(objects, name).items() for a in allowed)
+    assert rule["ports"] == [{"port": 8443, "protocol": "TCP"}]
+    extender = next(c for c in pod_spec(objects, "Deployment/tandem-scheduler")["containers"]
+                    if c["name"] == "extender")
+    assert extender["ports"][0]["containerPort"] == 8443
+
+
+def test_network_policy_values() -> None:
+    assert policy(render("networkPolicy.enabled=false")) is None
+    assert policy(render("topology=standalone")) is None  # its scheduler is outside
+    objects = render("topology=standalone",
+                     "networkPolicy.schedulerFrom[0].ipBlock.cidr=10.0.0.10/32",
+                     "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.team=obs")
+    validate(objects)
+    rules = policy(objects)["spec"]["ingress"]
+    assert rules[1]["from"] == [{"ipBlock": {"cidr": "10.0.0.10/32"}}]
+    assert rules[2]["ports"] == [{"port": 8443, "protocol": "TCP"},
+                                 {"port": 10259, "protocol": "TCP"}]
+    assert policy(objects)["spec"]["podSelector"]["matchLabels"].items() <= \
+        labels(objects, "Deployment/tandem-extender").items()
+
+
+def test_kustomize_sidecar_ships_the_same_policy() -> None:
+    objects = resolve(MANIFESTS / "overlays/sidecar")
+    assert policy(objects)["spec"] == policy(render())["spec"]
+    assert policy(resolve(MANIFESTS / "overlays/standalone")) is None
+
+
+def test_rendering_without_the_cluster_warns_that_generated_secrets_rotate() -> None:
+    out = helm_template().stdout
+    assert "`helm template` (GitOps) makes new ones each time" in out
+    quiet = helm_template("tls.generate=false").stdout
+    assert "makes new ones each time" not in quiet

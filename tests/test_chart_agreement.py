@@ -94,7 +94,7 @@ def _comparable(obj: dict[str, Any]) -> Any:
         return obj["rules"]
     if kind in ("ClusterRoleBinding", "RoleBinding"):
         return obj["roleRef"], obj["subjects"], obj["metadata"].get("namespace")
-    if kind in ("Service", "PodDisruptionBudget"):
+    if kind in ("Service", "PodDisruptionBudget", "NetworkPolicy"):
         return obj["spec"]
     if kind == "ServiceAccount":
         return obj.get("automountServiceAccountToken"), obj["metadata"]["namespace"]
