@@ -46,6 +46,7 @@ def serve(
     from extender.ops.metrics import Metrics
     from extender.queue import QueueError
     from extender.queue.metrics import QueueMetrics
+    from extender.scheduler_auth import ask_for_client_certificates, scheduler_only
     from extender.transport.routes import create_app
     from extender.transport.server import make_server, reload_loop
     from extender.wiring import (
@@ -87,7 +88,16 @@ def serve(
     app_ = create_app(holder, source, predictor=predictor,
                       profiles=profiles, planner=default_planner(), readiness=[draining],
                       may_bind=leader.is_leader, metrics=metrics)
+    if cfg.server.tls_client_ca_file:
+        app_ = scheduler_only(app_, cfg.server.scheduler_client_names)
     server = make_server(app_, cfg.server, port)
+    if cfg.server.tls_client_ca_file:
+        try:
+            ask_for_client_certificates(server.ssl_adapter, cfg.server.tls_client_ca_file)
+        except ConfigError as exc:
+            source.stop()
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
     address = f"{cfg.server.host}:{port or cfg.server.port}"
     try:
         server.prepare()  # bind now, so a busy port fails before we claim to serve

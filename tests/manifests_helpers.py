@@ -33,6 +33,7 @@ CREATED_AT_INSTALL = {
     ("Secret", "tandem-admin-token"),
     ("Secret", "tandem-extender-tls"),
     ("Secret", "tandem-signing-key"),
+    ("Secret", "tandem-scheduler-client"),
     ("ConfigMap", "tandem-extender-ca"),
 }
 # Cluster roles every Kubernetes cluster ships.

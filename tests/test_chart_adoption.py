@@ -279,3 +279,58 @@ def test_rendering_without_the_cluster_warns_that_generated_secrets_rotate() -> 
     assert "`helm template` (GitOps) makes new ones each time" in out
     quiet = helm_template("tls.generate=false").stdout
     assert "makes new ones each time" not in quiet
+
+
+# --- mutual TLS between kube-scheduler and the extender -----------------------------
+
+def scheduler_tls(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    config = yaml.safe_load(find(objects, "ConfigMap", "tandem-scheduler-config")
+                            ["data"]["kube-scheduler-config.yaml"])
+    (extender,) = config["extenders"]
+    return extender["tlsConfig"]
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
+def test_chart_issues_the_scheduler_a_client_certificate_the_extender_checks(
+        tmp_path: Path) -> None:
+    objects = render()
+    tls = scheduler_tls(objects)
+    spec = pod_spec(objects, "Deployment/tandem-scheduler")
+    kube_scheduler = next(c for c in spec["containers"] if c["name"] == "kube-scheduler")
+    mounts = {m["mountPath"]: m["name"] for m in kube_scheduler["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for key in ("certFile", "keyFile"):
+        directory = tls[key].rpartition("/")[0]
+        assert volumes[mounts[directory]]["secret"]["secretName"] == "tandem-scheduler-client"
+    config = yaml.safe_load(find(objects, "ConfigMap", "tandem-config")["data"]["tandem.yaml"])
+    assert config["server"]["tls_client_ca_file"] == tls["caFile"]  # the same CA
+    client = find(objects, "Secret", "tandem-scheduler-client")["data"]
+    server = find(objects, "Secret", "tandem-extender-tls")["data"]
+    assert client["ca.crt"] == server["ca.crt"]
+    for name, value in (("client.crt", client["tls.crt"]), ("ca.crt", server["ca.crt"])):
+        (tmp_path / name).write_bytes(base64.b64decode(value))
+    verify = subprocess.run(["openssl", "verify", "-purpose", "sslclient", "-CAfile",
+                             tmp_path / "ca.crt", tmp_path / "client.crt"],
+                            capture_output=True, text=True)
+    assert verify.returncode == 0, verify.stderr
+    subject = subprocess.run(["openssl", "x509", "-noout", "-subject", "-in",
+                              tmp_path / "client.crt"], capture_output=True, text=True,
+                             check=True).stdout
+    assert "CN = tandem-scheduler" in subject or "CN=tandem-scheduler" in subject
+
+
+def test_kustomize_scheduler_presents_the_same_client_certificate() -> None:
+    objects = resolve(MANIFESTS / "overlays/sidecar")
+    assert scheduler_tls(objects) == scheduler_tls(render())
+    text = (MANIFESTS / "overlays/standalone/kube-scheduler-extender.yaml").read_text()
+    (extender,) = yaml.safe_load(text)["extenders"]
+    assert {"certFile", "keyFile", "caFile"} <= set(extender["tlsConfig"])
+
+
+def test_cert_manager_issues_the_scheduler_client_certificate() -> None:
+    objects = render("tls.generate=false", "certManager.enabled=true",
+                     "certManager.issuerRef.name=tandem-ca")
+    cert = find(objects, "Certificate", "tandem-scheduler-client")
+    assert cert["spec"]["commonName"] == "tandem-scheduler"
+    assert cert["spec"]["secretName"] == "tandem-scheduler-client"
+    assert "client auth" in cert["spec"]["usages"]
