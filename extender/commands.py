@@ -88,10 +88,11 @@ def serve(
     app_ = create_app(holder, source, predictor=predictor,
                       profiles=profiles, planner=default_planner(), readiness=[draining],
                       may_bind=leader.is_leader, metrics=metrics)
-    if cfg.server.tls_client_ca_file:
+    mutual_tls = bool(cfg.server.tls_client_ca_file and cfg.server.tls_cert_file)
+    if mutual_tls:
         app_ = scheduler_only(app_, cfg.server.scheduler_client_names)
     server = make_server(app_, cfg.server, port)
-    if cfg.server.tls_client_ca_file:
+    if mutual_tls:
         try:
             ask_for_client_certificates(server.ssl_adapter, cfg.server.tls_client_ca_file)
         except ConfigError as exc:

@@ -59,7 +59,8 @@ class ServerConfig:
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     tls_client_ca_file: str | None = None
-    """CA of the scheduler's client certificate: the scheduling verbs need one (mTLS)."""
+    """CA of the scheduler's client certificate: the scheduling verbs need one (mTLS);
+    without TLS (no ``tls_cert_file``) it has no effect."""
     scheduler_client_names: tuple[str, ...] = ("tandem-scheduler",)
     """Common names of the client certificates the scheduling verbs accept."""
     request_read_timeout_seconds: float = 10.0
@@ -408,8 +409,6 @@ def build_config(raw: Any, source_path: str | None = None) -> ExtenderConfig:
     tls = sections["server"]
     if bool(tls.get("tls_cert_file")) != bool(tls.get("tls_key_file")):
         problems.append("server.tls_cert_file/tls_key_file: give both or neither")
-    if tls.get("tls_client_ca_file") and not tls.get("tls_cert_file"):
-        problems.append("server.tls_client_ca_file: needs server.tls_cert_file (TLS)")
     if problems:
         raise ConfigError(problems)
     reports = ReportsConfig(**sections["reports"])

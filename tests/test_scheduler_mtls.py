@@ -150,3 +150,45 @@ def test_an_unusable_ca_file_is_a_config_error(tmp_path: Path) -> None:
     context = SimpleNamespace(context=ssl.create_default_context(ssl.Purpose.CLIENT_AUTH))
     with pytest.raises(ConfigError, match="tls_client_ca_file"):
         ask_for_client_certificates(context, str(tmp_path / "missing.crt"))
+
+
+class CapturingServer:
+    """Stands in for cheroot in ``serve``: keeps the app and TLS context, binds nothing."""
+
+    last: CapturingServer | None = None
+
+    def __init__(self, app: object, *_: object) -> None:
+        self.app = app
+        self.ssl_adapter = SimpleNamespace(
+            context=ssl.create_default_context(ssl.Purpose.CLIENT_AUTH))
+        CapturingServer.last = self
+
+    def prepare(self) -> None:
+        raise OSError(98, "Address already in use")  # stop serve before it serves
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_serve_wires_mutual_tls_from_the_config(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+    from werkzeug.test import Client
+
+    from extender import commands
+    from extender.cluster.sim import DEFAULT_CLUSTER
+
+    subprocess.run(["sh", str(MANIFESTS / "tls/generate-certs.sh"), str(tmp_path)],
+                   check=True, capture_output=True, timeout=60)
+    config = tmp_path / "tandem.yaml"
+    config.write_text(yaml.safe_dump({"server": {
+        "host": "127.0.0.1", "tls_cert_file": str(tmp_path / "tls.crt"),
+        "tls_key_file": str(tmp_path / "tls.key"),
+        "tls_client_ca_file": str(tmp_path / "ca.crt")}, "predictor": {"enabled": False}}))
+    monkeypatch.setattr("extender.transport.server.make_server", CapturingServer)
+    CliRunner().invoke(commands.app, ["serve", "--config", str(config),
+                                      "--cluster", f"sim:{DEFAULT_CLUSTER}"])
+    server = CapturingServer.last
+    assert server is not None
+    assert server.ssl_adapter.context.verify_mode == ssl.CERT_OPTIONAL
+    response = Client(server.app).post("/filter", json=FILTER)
+    assert response.status_code == 403
+    assert Client(server.app).get("/livez").status_code == 200
