@@ -68,6 +68,16 @@ _ALLOW_SIMULATED = typer.Option(
 )
 
 
+def _note_missing_plots(what: str) -> None:
+    """Before the work: say on stderr that no PNG will be written, and how to get one
+    (the result's ``plot`` is then null; the fit itself does not need matplotlib)."""
+    from contracts.extras import missing_extra
+
+    problem = missing_extra("plots", what)
+    if problem:
+        typer.echo(f"note: no plot: {problem}", err=True)
+
+
 def _echo_guarded(as_json: bool, body: Callable[[], dict[str, Any]]) -> None:
     """Run ``body`` under ``_guarded`` and print its result: one line with --json, else indented."""
     result = _guarded(as_json, body)
@@ -215,6 +225,8 @@ def evaluate_command(
     """RMSLE per held-out family for XGBoost and baselines; JSON + predicted-vs-measured PNG."""
     from predictor.training import build_table, cross_validate
 
+    _note_missing_plots("the predicted-vs-measured PNG")
+
     def body() -> dict[str, Any]:
         datasets = _load(data, allow_simulated)
         table = build_table(datasets)
@@ -255,6 +267,7 @@ def fit_curves_command(
 
     if out.suffix not in (".yaml", ".yml"):
         _fail(f"--out {out}: the curves file is YAML; name it *.yaml", as_json)
+    _note_missing_plots(f"{out.with_suffix('.png')}")
 
     def body() -> dict[str, Any]:
         datasets = _load(data, allow_simulated)
