@@ -27,7 +27,7 @@ def run_command(
     extender: str | None = typer.Option(None, help="Extender base URL; omit to report nowhere."),
     gpus: str = typer.Option("nvml", help="GPU source: 'nvml' or 'sim:FILE' (explicit)."),
     interval_seconds: float = typer.Option(1.0, help="Sampling and report period."),
-    metrics_port: int = typer.Option(DEFAULT_METRICS_PORT, help="Prometheus port (0: any)."),
+    metrics_port: int = typer.Option(DEFAULT_METRICS_PORT, help="Prometheus port (0: off)."),
     metrics_addr: str = typer.Option("0.0.0.0", help="Prometheus listen address."),
     token_file: Path | None = typer.Option(None, help="Bearer token file (else "
                                            "$TANDEM_AGENT_TOKEN)."),
