@@ -164,6 +164,11 @@ def predict_command(
     if pred.gpu_util_percent is None and not as_json:
         typer.echo(f"note: no trained utilisation model in {artifacts} (run `tandem predictor "
                    "train`); the memory estimate needs none", err=True)
+    trained = predictor.artifacts.gpu_types if predictor.artifacts is not None else ()
+    if gpu_type is not None and trained and gpu_type not in trained:
+        typer.echo(f"note: --gpu-type {gpu_type} is not one the model was trained for "
+                   f"({', '.join(trained)}); the utilisation is the largest prediction over "
+                   "those (source ...,gpu=max)", err=True)
     typer.echo(
         json.dumps(out)
         if as_json
