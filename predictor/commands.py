@@ -25,7 +25,9 @@ DEFAULT_ARTIFACTS = DEFAULT_DATA / "artifacts"
 _WORKLOADS = ("training", "inference")
 
 
-def _fail(message: str, as_json: bool, reason: str = "error", code: int = 1) -> None:
+def _fail(message: str, as_json: bool, reason: str = "error", code: int = 2) -> None:
+    """Exit with ``message``: 2 for a bad command line or input (the default), 1 when the
+    command ran and failed, 3 when no trained model exists (docs/troubleshooting.md)."""
     if as_json:
         typer.echo(json.dumps({"error": message, "reason": reason}))
     typer.echo(f"error: {message}", err=True)
@@ -50,8 +52,10 @@ def _guarded(as_json: bool, body: Callable[[], Any], looked_in: Path | None = No
     except NoTrainedModel as exc:
         where = f" (looked in {looked_in}; pass --artifacts DIR)" if looked_in else ""
         _fail(f"{exc}{where}", as_json, "no_trained_model", 3)
-    except (ModelUnavailable, ValueError, KeyError) as exc:
+    except ModelUnavailable as exc:  # ran, and the model could not be had
         _fail(str(exc), as_json, "error", 1)
+    except (ValueError, KeyError) as exc:  # the input is wrong
+        _fail(str(exc), as_json, "error", 2)
 
 
 # Options several commands share, declared once so their flags and help stay the same.

@@ -35,7 +35,12 @@ SCHEDULING_GATE_REASON = "held by the queue's scheduling gate"
 
 
 class StatusError(RuntimeError):
-    """The state could not be read; the message says what to check."""
+    """The state could not be read; the message says what to check. ``usage``: the
+    command line itself is wrong (exit 2), else reading failed (exit 1)."""
+
+    def __init__(self, message: str, usage: bool = False):
+        super().__init__(message)
+        self.usage = usage
 
 
 def fetch_state(url: str, ca_cert: Path | None = None, timeout_s: float = 10.0) -> dict[str, Any]:
@@ -173,7 +178,7 @@ def collect(extender: str | None, cluster: str | None, scheduler_name: str = "ta
     """Read the state from the extender or the cluster, and pending pods from kube."""
     if extender is None and cluster is None:
         raise StatusError("say where to look: --extender URL (a port-forwarded extender) "
-                          "or --cluster kube|sim:FILE")
+                          "or --cluster kube|sim:FILE", usage=True)
     from extender.wiring import build_source
 
     source = build_source(cluster) if cluster is not None else None
@@ -206,10 +211,13 @@ def status_command(
 
     try:
         doc = collect(extender, cluster, scheduler_name, ca_cert)
-    except (StatusError, SourceSpecError) as exc:
+    except StatusError as exc:  # given where to look, it could not read there
         typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(2 if exc.usage else 1) from None
+    except SourceSpecError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     except ClusterFileError as exc:
         typer.echo(f"error: {cluster}: {'; '.join(exc.problems)}", err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(2) from None
     typer.echo(json.dumps(doc, sort_keys=True) if json_out else render(doc))
