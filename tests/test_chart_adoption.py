@@ -334,3 +334,28 @@ def test_cert_manager_issues_the_scheduler_client_certificate() -> None:
     assert cert["spec"]["commonName"] == "tandem-scheduler"
     assert cert["spec"]["secretName"] == "tandem-scheduler-client"
     assert "client auth" in cert["spec"]["usages"]
+
+
+def notes(*sets: str) -> str:
+    from chart_helpers import CHART, HELM, NAMESPACE
+
+    if HELM is None:
+        pytest.skip("no helm")
+    cmd = [HELM, "install", "tandem", str(CHART), "--namespace", NAMESPACE,
+           "--dry-run=client", "--set", "kubeScheduler.image.tag=v1.31.0"]
+    for s in sets:
+        cmd += ["--set", s]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
+    return out[out.index("NOTES:"):]
+
+
+def test_install_notes_warn_about_rotation_and_a_missing_policy() -> None:
+    default = notes()
+    assert "`helm template`" in default and "makes new ones on every render" in default
+    assert "NO NetworkPolicy" not in default  # the sidecar install has one
+    standalone = notes("topology=standalone")
+    assert "NO NetworkPolicy guards the extender" in standalone
+    own = notes("tls.generate=false", "tokens.agent.existingSecret=a",
+                "tokens.admin.existingSecret=b", "signingKey.existingSecret=c",
+                "topology=standalone", "networkPolicy.schedulerFrom[0].ipBlock.cidr=10.0.0.1/32")
+    assert "makes new ones" not in own and "NO NetworkPolicy" not in own
