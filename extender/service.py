@@ -27,6 +27,7 @@ from extender.core import (
     PodRef,
     ProfileIndex,
     Purpose,
+    Reason,
     ResolvedDemand,
     UtilKnowledge,
     Workload,
@@ -214,7 +215,8 @@ class Extender:
             ref, demand = self.demand(args.pod)
         except PodRejected as exc:
             result = filter_result(args, [], {}, {n: str(exc) for n in names})
-            return dict(result), FilterOutcome(0, {"BadPodRequest": len(names)})
+            bad = Reason.BAD_POD_REQUEST.event_reason
+            return dict(result), FilterOutcome(0, {bad: len(names)})
         ev = self.state.evaluate(names, demand, self._inference, Purpose.FILTER)
         failed, unresolvable, reasons = {}, {}, {}
         for name, rej in ev.rejections.items():
@@ -230,7 +232,8 @@ class Extender:
                     failed[name] = (f"tandem: {name} is handing a GPU to {waiting.pod} "
                                     "(device plugin); it takes the next pod once that one "
                                     "is admitted")
-                    reasons["HandoffPending"] = reasons.get("HandoffPending", 0) + 1
+                    pending = Reason.HANDOFF_PENDING.event_reason
+                    reasons[pending] = reasons.get(pending, 0) + 1
         return dict(filter_result(args, passed, failed, unresolvable)), \
             FilterOutcome(len(passed), reasons)
 

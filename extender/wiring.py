@@ -10,6 +10,7 @@ import importlib
 import json
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -124,12 +125,10 @@ def gate_config(settings: QueueSettings, *, k: int | None = None, beta: int | No
 
     Raises ``extender.queue.QueueError`` when an override is out of range.
     """
-    from extender.queue.fair import QueueConfig
     from extender.queue.gate import GateConfig
 
-    queue = QueueConfig(k=settings.k if k is None else k,
-                        beta=settings.beta if beta is None else beta,
-                        starvation_seconds=settings.starvation_seconds)
+    queue = replace(settings.fair, k=settings.k if k is None else k,
+                    beta=settings.beta if beta is None else beta)
     return GateConfig(queue=queue, gate_name=settings.gate_name,
                       namespaces=settings.namespaces,
                       interval_seconds=(settings.interval_seconds if interval_seconds is None

@@ -266,13 +266,12 @@ class SimAgents:
             def provider() -> list[Any]:
                 jobs = []
                 for pod in sim.pods():
-                    ann = pod["metadata"].get("annotations", {})
-                    if pod.get("spec", {}).get("nodeName") != node or keys.GPU_INDEX not in ann:
+                    out = keys.decode_outputs(pod["metadata"].get("annotations", {}))
+                    if pod.get("spec", {}).get("nodeName") != node or out is None:
                         continue
-                    for idx in ann[keys.GPU_INDEX].split(","):
-                        jobs.append(SimJob(int(idx), pod["metadata"]["uid"],
-                                           float(ann[keys.PREDICTED_UTIL]),
-                                           int(float(ann[keys.PREDICTED_MEM_MIB]))))
+                    for idx in out.gpu_indices:
+                        jobs.append(SimJob(idx, pod["metadata"]["uid"], out.util_percent,
+                                           int(out.mem_mib)))
                 return jobs
             return provider
 

@@ -11,10 +11,9 @@ environment variable; it never appears in logs, errors or reprs.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import httpx
 
 from agent.errors import ConfigError, ExtenderUnavailable, ReportRejected
 from agent.node.gpus import GpuSample, NodeSample
+from contracts.tokens import BearerToken, TokenError
 
 log = logging.getLogger(__name__)
 
@@ -71,34 +71,20 @@ def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(float(value), digits)
 
 
-class TokenSource:
+class TokenSource(BearerToken):
     """The bearer token, from a file (re-read every call) or an environment variable."""
 
     def __init__(self, path: Path | None = None, env: str = TOKEN_ENV,
-                 environ: dict[str, str] | None = None) -> None:
-        self._path = path
-        self._env = env
-        self._environ = os.environ if environ is None else environ
+                 environ: Mapping[str, str] | None = None) -> None:
+        super().__init__(path, env, environ)
         self.get()  # fail at start, with a clear message, rather than at the first push
 
     def get(self) -> str:
         """The current token; ``ConfigError`` if none is configured or the file is empty."""
-        if self._path is not None:
-            try:
-                token = self._path.read_text().strip()
-            except OSError as err:
-                raise ConfigError(f"token file {self._path}: {err.strerror}") from None
-            if not token:
-                raise ConfigError(f"token file {self._path} is empty")
-            return token
-        token = self._environ.get(self._env, "").strip()
-        if not token:
-            raise ConfigError(f"no token: pass --token-file or set {self._env}")
-        return token
-
-    def __repr__(self) -> str:
-        where = f"file={self._path}" if self._path is not None else f"env={self._env}"
-        return f"TokenSource({where})"
+        try:
+            return super().get()
+        except TokenError as err:
+            raise ConfigError(str(err)) from None
 
 
 @dataclass(frozen=True)
@@ -150,7 +136,7 @@ class Reporter:
         start = self._monotonic()
         last_error = ""
         for attempt in range(1, self._backoff.max_attempts + 1):
-            headers = {"Authorization": f"Bearer {self._token.get()}"}
+            headers = self._token.headers()
             try:
                 response = self._client.post(REPORT_PATH, json=report, headers=headers)
             except httpx.HTTPError as err:

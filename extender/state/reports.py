@@ -1,21 +1,19 @@
 """Agent reports: bearer-token check and validation of the report document.
 
 The token is read from ``reports.token_file`` (re-read on each check, so a
-rotated Secret takes effect without restart) or ``reports.token_env``; it is
-compared in constant time and never logged. With no token configured every
-report is refused: an open endpoint would let anyone steer placements.
+rotated Secret takes effect without restart) or ``reports.token_env`` by
+``contracts.tokens`` (stripped, compared in constant time, never logged). With
+no token configured every report is refused: an open endpoint would let anyone steer placements.
 """
 
 from __future__ import annotations
 
-import hmac
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from contracts.tokens import bearer_of, same_token, token_or_none
 from extender.config import ReportsConfig
 from extender.core import GpuSpec
 from extender.errors import BadRequest, Unauthorized
@@ -47,13 +45,8 @@ class DecodedReport:
 
 
 def expected_token(cfg: ReportsConfig, environ: Mapping[str, str] | None = None) -> str | None:
-    """The configured token (file first, then environment), or None."""
-    if cfg.token_file:
-        try:
-            return Path(cfg.token_file).read_text().strip() or None
-        except OSError:
-            return None
-    return (environ if environ is not None else os.environ).get(cfg.token_env) or None
+    """The configured token (file first, then environment, stripped), or None."""
+    return token_or_none(cfg.token_file or None, cfg.token_env, environ)
 
 
 def check_token(header: str | None, cfg: ReportsConfig,
@@ -62,8 +55,7 @@ def check_token(header: str | None, cfg: ReportsConfig,
     expected = expected_token(cfg, environ)
     if expected is None:
         raise Unauthorized("no agent token is configured on the extender")
-    given = header[7:].strip() if header and header.startswith("Bearer ") else ""
-    if not hmac.compare_digest(given.encode(), expected.encode()):
+    if not same_token(bearer_of(header), expected):
         raise Unauthorized("missing or wrong bearer token")
 
 

@@ -19,6 +19,8 @@ from typing import Any
 from flask import Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from contracts.httpserve import BadContentLength, read_body
+from contracts.httpserve import BodyTooLarge as TooLarge
 from contracts.logs import get_logger
 from extender.cluster.source import ClusterSource
 from extender.config import ConfigHolder
@@ -86,13 +88,7 @@ def create_app(
     app.extensions["tandem_metrics"] = metrics
 
     def read_body() -> bytes:
-        limit = config.current().server.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            raise BodyTooLarge(f"body larger than {limit} bytes")
-        data = request.stream.read(limit + 1)
-        if len(data) > limit:
-            raise BodyTooLarge(f"body larger than {limit} bytes")
-        return data
+        return _wsgi_body(request.environ, config.current().server.max_body_bytes)
 
     children: dict[tuple[str, int], tuple[Any, Any]] = {}
 
@@ -240,25 +236,13 @@ def create_app(
 
 
 def _wsgi_body(environ: Mapping[str, Any], limit: int) -> bytes:
-    """The request body, at most ``limit`` bytes (werkzeug's rules for unknown lengths)."""
-    raw = environ.get("CONTENT_LENGTH")
+    """The request body, at most ``limit`` bytes (``contracts.httpserve.read_body``)."""
     try:
-        length = int(raw) if raw else None
-    except ValueError:
-        raise BadRequest("Content-Length", "must be an integer") from None
-    if length is not None and length < 0:  # cheroot refuses it first; other servers may not
-        raise BadRequest("Content-Length", "must not be negative")
-    if length is not None and length > limit:
-        raise BodyTooLarge(f"body larger than {limit} bytes")
-    stream = environ["wsgi.input"]
-    if length is None:
-        # Without a length only a server-terminated stream (chunked) can be read safely.
-        data = stream.read(limit + 1) if environ.get("wsgi.input_terminated") else b""
-    else:
-        data = stream.read(length)
-    if len(data) > limit:
-        raise BodyTooLarge(f"body larger than {limit} bytes")
-    return data
+        return read_body(environ, limit)
+    except BadContentLength:
+        raise BadRequest("Content-Length", "must be a non-negative integer") from None
+    except TooLarge as exc:
+        raise BodyTooLarge(str(exc)) from None
 
 
 def _pod_key(pod: Mapping[str, Any]) -> str:
