@@ -359,3 +359,14 @@ def test_install_notes_warn_about_rotation_and_a_missing_policy() -> None:
                 "tokens.admin.existingSecret=b", "signingKey.existingSecret=c",
                 "topology=standalone", "networkPolicy.schedulerFrom[0].ipBlock.cidr=10.0.0.1/32")
     assert "makes new ones" not in own and "NO NetworkPolicy" not in own
+
+
+def test_webhook_placement_values() -> None:
+    objects = render("webhook.enabled=true", "webhook.nodeSelector.role=infra",
+                     "webhook.priorityClassName=high",
+                     "webhook.tolerations[0].key=infra", "webhook.tolerations[0].operator=Exists")
+    validate(objects)
+    spec = pod_spec(objects, "Deployment/tandem-webhook")
+    assert spec["nodeSelector"] == {"role": "infra"} and spec["priorityClassName"] == "high"
+    assert spec["tolerations"] == [{"key": "infra", "operator": "Exists"}]
+    assert "podAntiAffinity" in spec["affinity"]
