@@ -49,11 +49,13 @@ def run_command(
     seed: int = typer.Option(0, help="Noise seed of the sim backend."),
     once: bool = typer.Option(False, help="Take one sample, push it, print it, exit."),
     json_output: bool = typer.Option(False, "--json", help="With --once: print the report."),
-    mps: bool = typer.Option(False, "--mps", help="Run and keep running one MPS control "
-                             "daemon per GPU (nvidia-cuda-mps-control -d), for the device "
-                             "plugin's --mps-root."),
-    mps_root: Path = typer.Option(Path("/run/tandem/mps"), help="Pipe, log and shm "
-                                  "directories of the MPS daemons (a host path)."),
+    mps: bool = typer.Option(False, "--mps", envvar="TANDEM_MPS",
+                             help="Run and keep running one MPS control daemon per GPU "
+                             "(nvidia-cuda-mps-control -d), for the device plugin's "
+                             "--mps-root."),
+    mps_root: Path = typer.Option(Path("/run/tandem/mps"), envvar="TANDEM_MPS_ROOT",
+                                  help="Pipe, log and shm directories of the MPS daemons "
+                                  "(a host path)."),
 ) -> None:
     """Run the node agent: NVML (or sim) metrics, reports, /metrics, session sync."""
     import threading
@@ -188,11 +190,13 @@ def device_plugin_command(
                                       "CDI name found) and exit; needs no kubelet or "
                                       "extender."),
     mps_root: Path | None = typer.Option(
-        None, help="Where the node runs MPS (the agent's --mps-root): each container gets "
-        "its GPU's MPS pipe and a memory limit equal to its reservation."),
+        None, envvar="TANDEM_MPS_ROOT", help="Where the node runs MPS (the agent's "
+        "--mps-root): each container gets its GPU's MPS pipe and a memory limit equal to "
+        "its reservation."),
     mps_thread_percentage: bool = typer.Option(
-        False, "--mps-thread-percentage", help="With --mps-root: also cap each container's "
-        "SMs at its predicted utilisation (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)."),
+        False, "--mps-thread-percentage", envvar="TANDEM_MPS_THREAD_PERCENTAGE",
+        help="With --mps-root: also cap each container's SMs at its predicted utilisation "
+        "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)."),
 ) -> None:
     """Serve tandem.io/gpu to the kubelet: each container gets the GPUs its pod was bound to."""
     import threading

@@ -25,6 +25,8 @@ OVERLAYS = ("sidecar", "standalone")
 ENV_HANDOFF_OVERLAYS = ("sidecar-env-handoff", "standalone-env-handoff")
 # Optional kustomizations applied after an overlay (they use its namespace and config).
 ADDONS = ("queue-gate", "webhook")
+MPS_OVERLAYS = ("sidecar-mps",)
+"""overlays/sidecar with components/mps (the agent's MPS daemons, the plugin's limits)."""
 K8S_VERSION = "1.30.0"  # oldest minor we document support for; see docs/deploy.md
 
 # Objects the operator creates at install time (docs/deploy.md), never committed.

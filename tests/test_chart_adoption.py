@@ -370,3 +370,40 @@ def test_webhook_placement_values() -> None:
     assert spec["nodeSelector"] == {"role": "infra"} and spec["priorityClassName"] == "high"
     assert spec["tolerations"] == [{"key": "infra", "operator": "Exists"}]
     assert "podAntiAffinity" in spec["affinity"]
+
+
+def test_kustomize_mps_component_sets_what_the_chart_value_does() -> None:
+    """components/mps passes the settings through the environment (the DaemonSets' args
+    stay); the chart through flags. Both give the same settings, mounts and volumes."""
+    objects = resolve(MANIFESTS / "overlays/sidecar-mps")
+    validate(objects)
+    chart = render("mps.enabled=true")
+    for name, flags in (("DaemonSet/tandem-agent", {"--mps": "TANDEM_MPS",
+                                                     "--mps-root": "TANDEM_MPS_ROOT"}),
+                        ("DaemonSet/tandem-device-plugin", {"--mps-root": "TANDEM_MPS_ROOT"})):
+        (kc,) = pod_spec(objects, name)["containers"]
+        (hc,) = pod_spec(chart, name)["containers"]
+        env = {e["name"]: e["value"] for e in kc["env"] if e["name"].startswith("TANDEM_MPS")}
+        args = dict((a.split("=", 1) + ["true"])[:2] for a in hc["args"] if "--mps" in a)
+        assert {flags[k]: v for k, v in args.items()} == env, name
+        mounts = {(m["name"], m["mountPath"], bool(m.get("readOnly"))) for m in kc["volumeMounts"]
+                  if m["name"].startswith("mps")}
+        assert mounts == {(m["name"], m["mountPath"], bool(m.get("readOnly")))
+                          for m in hc["volumeMounts"] if m["name"].startswith("mps")}
+        volumes = [v for v in pod_spec(objects, name)["volumes"] if v["name"].startswith("mps")]
+        assert volumes == [v for v in pod_spec(chart, name)["volumes"]
+                           if v["name"].startswith("mps")]
+
+
+def test_mps_environment_reaches_the_commands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The variables components/mps sets are the ones the commands read."""
+    import typer
+
+    from tandem.cli import app
+
+    root = typer.main.get_command(app)
+    agent = root.commands["agent"]
+    envs = {p.name: p.envvar for cmd in ("run", "device-plugin")
+            for p in agent.commands[cmd].params if p.name.startswith("mps")}
+    assert envs == {"mps": "TANDEM_MPS", "mps_root": "TANDEM_MPS_ROOT",
+                    "mps_thread_percentage": "TANDEM_MPS_THREAD_PERCENTAGE"}
