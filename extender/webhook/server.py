@@ -37,15 +37,25 @@ def make_app(settings: WebhookSettings) -> Callable[..., Iterable[bytes]]:
             length = int(environ.get("CONTENT_LENGTH") or 0)
             if length > MAX_BODY_BYTES:
                 return _answer(start_response, "413 Payload Too Large", {"error": "too large"})
-            answer = review(parse_json(environ["wsgi.input"].read(length)), settings)
+            body = parse_json(environ["wsgi.input"].read(length))
+            answer = review(body, settings)
         except (JsonBodyError, ReviewError, ValueError) as exc:
             return _answer(start_response, "400 Bad Request", {"error": str(exc)})
         response = answer["response"]
-        log.info("admission review", extra={"verb": "mutate", "pod": response["uid"],
+        log.info("admission review", extra={"verb": "mutate", "pod": _pod_key(body),
+                                            "uid": response["uid"],
                                             "patched": "patch" in response})
         return _answer(start_response, "200 OK", answer)
 
     return app
+
+
+def _pod_key(body: Any) -> str:
+    """namespace/name of the reviewed pod (a new pod may have only generateName)."""
+    request = body.get("request") or {}
+    meta = (request.get("object") or {}).get("metadata") or {}
+    name = request.get("name") or meta.get("name") or f"{meta.get('generateName', '')}*"
+    return f"{request.get('namespace') or meta.get('namespace', '')}/{name}"
 
 
 def _answer(start_response: Callable[..., Any], status: str, doc: Any) -> list[bytes]:
