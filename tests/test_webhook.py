@@ -197,5 +197,8 @@ def test_served_over_tls_and_survives_bad_input(served: tuple[int, ssl.SSLContex
     assert status == 200 and answer["response"]["patchType"] == "JSONPatch"
     assert post(port, context, b"{not json")[0] == 400
     assert post(port, context, b'{"kind": "AdmissionReview"}')[0] == 400
+    odd = {**REVIEW, "request": {**REVIEW["request"], "object": "not a pod"}}
+    status, answer = post(port, context, json.dumps(odd).encode())
+    assert status == 200 and "patch" not in answer["response"]
     status, answer = post(port, context, json.dumps(REVIEW).encode())  # still serving
     assert status == 200 and answer["response"]["allowed"] is True

@@ -52,8 +52,11 @@ def make_app(settings: WebhookSettings) -> Callable[..., Iterable[bytes]]:
 
 def _pod_key(body: Any) -> str:
     """namespace/name of the reviewed pod (a new pod may have only generateName)."""
-    request = body.get("request") or {}
-    meta = (request.get("object") or {}).get("metadata") or {}
+    def mapping(value: Any) -> dict[str, Any]:
+        return value if isinstance(value, dict) else {}
+
+    request = mapping(body.get("request"))
+    meta = mapping(mapping(request.get("object")).get("metadata"))
     name = request.get("name") or meta.get("name") or f"{meta.get('generateName', '')}*"
     return f"{request.get('namespace') or meta.get('namespace', '')}/{name}"
 
