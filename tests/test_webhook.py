@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from manifests_helpers import MANIFESTS
 
 from extender.webhook.mutate import (
@@ -202,3 +204,27 @@ def test_served_over_tls_and_survives_bad_input(served: tuple[int, ssl.SSLContex
     assert status == 200 and "patch" not in answer["response"]
     status, answer = post(port, context, json.dumps(REVIEW).encode())  # still serving
     assert status == 200 and answer["response"]["allowed"] is True
+
+
+
+KEYS = st.sampled_from(["spec", "containers", "initContainers", "resources", "limits",
+                        "requests", "nvidia.com/gpu", "tandem.io/gpu", "schedulerName",
+                        "metadata", "annotations", "x"])
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=3)
+                    | st.dictionaries(KEYS, inner, max_size=4), max_leaves=12)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(pod=JSON)
+def test_any_pod_shape_is_answered_or_refused_cleanly(pod: Any) -> None:
+    body = copy.deepcopy(REVIEW)
+    body["request"]["object"] = pod
+    try:
+        answer = review(body, TRANSLATE)
+    except ReviewError:
+        return  # a 400 with the reason
+    response = answer["response"]
+    assert response["allowed"] is True and response["uid"] == REVIEW["request"]["uid"]
+    if "patch" in response:
+        json.loads(base64.b64decode(response["patch"]))

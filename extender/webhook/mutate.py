@@ -121,13 +121,15 @@ def pod_patch(pod: Mapping[str, Any], settings: WebhookSettings,
         raise ReviewError("request.object.spec is missing")
     ops: list[dict[str, Any]] = []
     scheduler = spec.get("schedulerName", "")
-    if scheduler not in (*DEFAULT_SCHEDULERS, settings.scheduler_name):
+    if not isinstance(scheduler, str) or \
+            scheduler not in (*DEFAULT_SCHEDULERS, settings.scheduler_name):
         return ops  # another scheduler's pod: its GPUs are not tandem's to hand out
     translate = settings.translate_nvidia_gpu and (
         not settings.translate_namespaces or namespace in settings.translate_namespaces)
     wants_tandem = False
     for group in ("initContainers", "containers"):
-        for i, container in enumerate(spec.get(group) or []):
+        items = spec.get(group)
+        for i, container in enumerate(items if isinstance(items, list) else []):
             resources = container.get("resources") if isinstance(container, Mapping) else None
             if not isinstance(resources, Mapping):
                 continue
@@ -141,7 +143,9 @@ def pod_patch(pod: Mapping[str, Any], settings: WebhookSettings,
         return ops
     if scheduler in DEFAULT_SCHEDULERS:
         ops.append({"op": "add", "path": "/spec/schedulerName", "value": settings.scheduler_name})
-    ops.extend(_annotation_ops(pod.get("metadata") or {}, settings.default_annotations))
+    metadata = pod.get("metadata")
+    ops.extend(_annotation_ops(metadata if isinstance(metadata, Mapping) else {},
+                               settings.default_annotations))
     return ops
 
 
