@@ -407,3 +407,12 @@ def test_mps_environment_reaches_the_commands(monkeypatch: pytest.MonkeyPatch) -
             for p in agent.commands[cmd].params if p.name.startswith("mps")}
     assert envs == {"mps": "TANDEM_MPS", "mps_root": "TANDEM_MPS_ROOT",
                     "mps_thread_percentage": "TANDEM_MPS_THREAD_PERCENTAGE"}
+
+
+def test_queue_gate_placement_values() -> None:
+    objects = render("queueGate.enabled=true", "queueGate.nodeSelector.role=infra",
+                     "queueGate.priorityClassName=high")
+    validate(objects)
+    spec = pod_spec(objects, "Deployment/tandem-queue-gate")
+    assert spec["nodeSelector"] == {"role": "infra"} and spec["priorityClassName"] == "high"
+    assert "podAntiAffinity" in spec["affinity"]
