@@ -46,7 +46,10 @@ def apply_patch(doc: Any, patch: list[dict[str, Any]]) -> Any:
         node = doc
         for token in parents:
             node = node[int(token)] if isinstance(node, list) else node[token]
-        if isinstance(node, list):
+        if isinstance(node, list) and last == "-":
+            assert op["op"] == "add"
+            node.append(op["value"])
+        elif isinstance(node, list):
             node[int(last)] = op["value"]
         else:
             assert op["op"] == "add" or last in node, f"replace of a missing {op['path']}"
@@ -109,6 +112,26 @@ def test_defaults_fill_only_what_the_pod_does_not_set() -> None:
     assert pod["spec"]["schedulerName"] == "tandem"
 
 
+TOLERATE = {"key": "tandem.io/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def test_tolerations_for_the_tandem_pool_are_added_once() -> None:
+    settings = parse_settings({"translate_nvidia_gpu": True, "tolerations": [TOLERATE]})
+    _, pod = mutated(REVIEW, settings)  # the review's pod has one toleration already
+    assert pod["spec"]["tolerations"] == [REVIEW["request"]["object"]["spec"]["tolerations"][0],
+                                          TOLERATE]
+    again = copy.deepcopy(REVIEW)
+    again["request"]["object"]["spec"]["tolerations"].append(TOLERATE)
+    _, pod = mutated(again, settings)
+    assert pod["spec"]["tolerations"].count(TOLERATE) == 1
+    bare = copy.deepcopy(REVIEW)
+    del bare["request"]["object"]["spec"]["tolerations"]
+    assert mutated(bare, settings)[1]["spec"]["tolerations"] == [TOLERATE]
+    # a pod that stays with its own scheduler gets none
+    assert "tolerations" not in mutated(bare, parse_settings({"tolerations": [TOLERATE]}))[1][
+        "spec"]
+
+
 def test_a_pod_of_another_scheduler_is_not_touched() -> None:
     response, _ = mutated(tandem_review(None, scheduler="volcano"), TRANSLATE)
     assert "patch" not in response
@@ -154,6 +177,8 @@ def test_numbers_in_defaults_become_annotation_text() -> None:
     ({"default_annotations": {"tandem.io/gpu-util": "400"}}, "tandem.io/gpu-util"),
     ({"translate_nvidia_gpu": "yes"}, "true or false"),
     ({"schedulerName": "x"}, "unknown key"),
+    ({"tolerations": [{"key": "a", "tolerationSecond": 1}]}, "unknown keys"),
+    ({"tolerations": {"key": "a"}}, "must be a list"),
 ])
 def test_bad_settings_name_the_problem(raw: dict[str, Any], problem: str) -> None:
     with pytest.raises(WebhookConfigError, match=problem):

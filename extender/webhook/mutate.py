@@ -23,7 +23,8 @@ DEFAULTABLE = (ann.WORKLOAD, ann.MODEL, ann.BATCH_SIZE, ann.GPU_UTIL, ann.GPU_ME
                ann.SLO_MS, ann.RATE_RPS, ann.WEIGHT, ann.PRIORITY)
 """Input annotations a default may fill; outputs are bind's alone."""
 _KEYS = ("scheduler_name", "translate_nvidia_gpu", "translate_namespaces",
-         "default_annotations")
+         "default_annotations", "tolerations")
+_TOLERATION_KEYS = ("key", "operator", "value", "effect", "tolerationSeconds")
 
 
 class WebhookConfigError(ValueError):
@@ -48,6 +49,8 @@ class WebhookSettings:
     translate_namespaces: tuple[str, ...] = ()
     """Where translation applies; empty = every namespace the webhook is sent."""
     default_annotations: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    """Added to the pods moved to tandem that lack them (e.g. for a tainted tandem pool)."""
 
 
 def parse_settings(raw: Any) -> WebhookSettings:
@@ -85,9 +88,25 @@ def parse_settings(raw: Any) -> WebhookSettings:
                               **defaults})
         except ann.AnnotationError as exc:
             problems.append(f"default_annotations: {exc}")
+    tolerations = _tolerations(raw.get("tolerations") or [], problems)
     if problems:
         raise WebhookConfigError(problems)
-    return WebhookSettings(name, translate, tuple(namespaces), dict(defaults))
+    return WebhookSettings(name, translate, tuple(namespaces), dict(defaults), tolerations)
+
+
+def _tolerations(raw: Any, problems: list[str]) -> tuple[Mapping[str, Any], ...]:
+    if not isinstance(raw, list):
+        problems.append("tolerations: must be a list of tolerations")
+        return ()
+    for i, item in enumerate(raw):
+        if not isinstance(item, Mapping) or not item:
+            problems.append(f"tolerations[{i}]: must be a toleration mapping")
+            continue
+        unknown = [k for k in item if k not in _TOLERATION_KEYS]
+        if unknown:
+            problems.append(f"tolerations[{i}]: unknown keys {unknown} "
+                            f"(valid: {', '.join(_TOLERATION_KEYS)})")
+    return tuple(dict(t) for t in raw if isinstance(t, Mapping))
 
 
 def review(body: Any, settings: WebhookSettings) -> dict[str, Any]:
@@ -143,6 +162,7 @@ def pod_patch(pod: Mapping[str, Any], settings: WebhookSettings,
         return ops
     if scheduler in DEFAULT_SCHEDULERS:
         ops.append({"op": "add", "path": "/spec/schedulerName", "value": settings.scheduler_name})
+    ops.extend(_toleration_ops(spec.get("tolerations"), settings.tolerations))
     metadata = pod.get("metadata")
     ops.extend(_annotation_ops(metadata if isinstance(metadata, Mapping) else {},
                                settings.default_annotations))
@@ -160,6 +180,17 @@ def _translated(resources: Mapping[str, Any]) -> Mapping[str, Any]:
                       if not (k == ann.GPU_RESOURCE and NVIDIA_GPU in values)}
         out[part] = values
     return out
+
+
+def _toleration_ops(present: Any, wanted: tuple[Mapping[str, Any], ...],
+                    ) -> list[dict[str, Any]]:
+    have = present if isinstance(present, list) else None
+    missing = [dict(t) for t in wanted if have is None or t not in have]
+    if not missing:
+        return []
+    if have is None:
+        return [{"op": "add", "path": "/spec/tolerations", "value": missing}]
+    return [{"op": "add", "path": "/spec/tolerations/-", "value": t} for t in missing]
 
 
 def _annotation_ops(metadata: Mapping[str, Any],
