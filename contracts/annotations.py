@@ -348,10 +348,13 @@ def decode_outputs(ann: Mapping[str, object]) -> BindOutputs | None:
         util_percent=max(util, 0.0), mem_mib=max(mem, 0.0),
         # Records for people only: an unreadable one is dropped, never the placement.
         cost=_float_or_none(ann.get(COST)),
-        batch=integer_or_none(batch, BATCH_SIZE_RANGE) if isinstance(batch, str) else None,
+        batch=integer_or_none(batch, _BATCH_RECORD) if isinstance(batch, str) else None,
         duty_cycle_ms=_float_or_none(ann.get(DUTY_CYCLE_MS)),
         source=_source_or_none(ann.get(PREDICTION_SOURCE)),
     )
+
+
+_BATCH_RECORD = IntRange(0, BATCH_SIZE_RANGE.high)
 
 
 def _source_or_none(raw: object) -> str | None:

@@ -187,7 +187,10 @@ def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict:
     seen: set[Any] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=True)
-        if isinstance(key, list | dict) or key in seen:
+        if isinstance(key, list | dict):
+            raise yaml.constructor.ConstructorError(
+                None, None, "a mapping key must be a plain value", key_node.start_mark)
+        if key in seen:
             raise yaml.constructor.ConstructorError(
                 None, None, f"mapping key {key!r} written twice", key_node.start_mark)
         seen.add(key)

@@ -47,7 +47,6 @@ def serve(
     from extender.queue import QueueError
     from extender.queue.metrics import QueueMetrics
     from extender.scheduler_auth import ask_for_client_certificates, scheduler_only
-    from extender.transport.routes import create_app
     from extender.transport.server import make_server, reload_loop
     from extender.wiring import (
         PredictorSetupError,
@@ -56,6 +55,7 @@ def serve(
         build_predictor,
         build_queue_gate,
         build_source,
+        create_app,
         default_planner,
         predictor_demand_fn,
     )

@@ -21,8 +21,8 @@ from manifests_helpers import MANIFESTS
 from extender.cluster.sim import SimSource, parse_cluster
 from extender.config import ConfigError, ConfigHolder, load_config
 from extender.scheduler_auth import ask_for_client_certificates, scheduler_only
-from extender.transport.routes import create_app
 from extender.transport.server import start_background
+from extender.wiring import create_app
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None,
                                 reason="needs openssl to generate throwaway certificates")
