@@ -4,11 +4,8 @@ It speaks real HTTP/1.1 (keep-alive, chunked watch streams), so the official
 ``kubernetes`` client runs unchanged against it: list and watch of nodes and pods
 (``spec.nodeName`` field selectors), GET pod, PATCH pod metadata (a ``metadata.uid``
 that differs from the pod's is a 409, as on the real server), ConfigMaps, POST
-``pods/{name}/binding``, POST events, PATCH ``pods/{name}/status`` (merge), list
-PodDisruptionBudgets (policy/v1) and POST ``pods/{name}/eviction``: an eviction
-honours the UID precondition and every budget selecting the pod (429 when one has
-no disruption left, else each budget's ``disruptionsAllowed`` drops by one and the
-pod is deleted at once: there is no kubelet to wait for). The binding behaves like the API
+``pods/{name}/binding``, POST events, and the pod status, PodDisruptionBudgets and
+Eviction API of ``fake_kube_policy.py``. The binding behaves like the API
 server's ``BindingREST``: the Binding's ``metadata.uid`` is a precondition (409 when
 the pod was recreated), its annotations are copied onto the pod in the same
 update, and a pod that already has a node is a 409.
@@ -40,9 +37,9 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 try:  # benchmarks run as scripts (the repository root on sys.path, see _common.py)
-    from benchmarks.fake_kube_policy import ApiError, PolicyMixin, status
+    from benchmarks.fake_kube_policy import ApiError, PolicyMixin, _selector_matches, status
 except ImportError:  # loaded by path: tests/bench_modules.py loads the sibling first
-    from fake_kube_policy import ApiError, PolicyMixin, status  # type: ignore[no-redef]
+    from fake_kube_policy import ApiError, PolicyMixin, _selector_matches, status
 
 POD_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)(/binding|/eviction|/status)?$")
 PDB_PATH = re.compile(r"^/apis/policy/v1(?:/namespaces/([^/]+))?/poddisruptionbudgets$")
@@ -73,23 +70,6 @@ class Fault:
     kind: int | str
     times: int = 1
     stall_seconds: float = 0.5
-
-
-def _selector_matches(pod: Mapping[str, Any], selector: str) -> bool:
-    # Only the selectors extenders use: spec.nodeName=X and spec.nodeName!=X.
-    if not selector:
-        return True
-    node = (pod.get("spec") or {}).get("nodeName") or ""
-    for term in selector.split(","):
-        if term.startswith("spec.nodeName!="):
-            if node == term[len("spec.nodeName!="):]:
-                return False
-        elif term.startswith("spec.nodeName="):
-            if node != term[len("spec.nodeName="):]:
-                return False
-        else:
-            raise ApiError(400, "BadRequest", f"unsupported field selector {term!r}")
-    return True
 
 
 class FakeKubeApi(PolicyMixin):

@@ -29,6 +29,23 @@ def status(code: int, reason: str = "", message: str = "") -> dict[str, Any]:
             "message": message, "code": code}
 
 
+def _selector_matches(pod: Mapping[str, Any], selector: str) -> bool:
+    # Only the selectors extenders use: spec.nodeName=X and spec.nodeName!=X.
+    if not selector:
+        return True
+    node = (pod.get("spec") or {}).get("nodeName") or ""
+    for term in selector.split(","):
+        if term.startswith("spec.nodeName!="):
+            if node == term[len("spec.nodeName!="):]:
+                return False
+        elif term.startswith("spec.nodeName="):
+            if node != term[len("spec.nodeName="):]:
+                return False
+        else:
+            raise ApiError(400, "BadRequest", f"unsupported field selector {term!r}")
+    return True
+
+
 class PolicyMixin:
     """Methods of ``FakeKubeApi`` over its store (``_cond``, ``pods``, ``pdbs``, ``_commit``)."""
 
