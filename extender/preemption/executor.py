@@ -115,14 +115,15 @@ class Preemptor:
         passes when it fits there with its own reservation set aside.
         """
         resolvable = list(failed)
-        for name in list(passed):
-            holder = self.holder(name, ref.uid)
-            if holder is not None:
+        with self._lock:  # one look at the nominations (usually none), not one per node
+            nom = self._nominated.get(ref.uid)
+            held = {n.node: n.ref for n in self._nominated.values()
+                    if not n.reserved and n.ref.uid != ref.uid}
+        if held:
+            for name in [n for n in passed if n in held]:
                 passed.remove(name)
                 failed[name] = (f"tandem: {name} is being freed for higher-priority pod "
-                                f"{holder.key} (preemption)")
-        with self._lock:
-            nom = self._nominated.get(ref.uid)
+                                f"{held[name].key} (preemption)")
         if nom is not None and nom.reserved and nom.node in failed and \
                 self.state.fits_without(nom.node, [nom.reservation], demand, self._inference):
             del failed[nom.node]
