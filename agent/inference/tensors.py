@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import tokenize
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,7 +16,7 @@ NPY_TYPE = "application/x-npy"
 
 def decode_npy(body: bytes) -> np.ndarray:
     """An array from an ``.npy`` body; never unpickles."""
-    _check_npy_size(body)
+    _check_npy_header(body)
     try:
         array = np.load(io.BytesIO(body), allow_pickle=False)
     except (ValueError, OSError, EOFError, MemoryError) as exc:
@@ -25,8 +26,16 @@ def decode_npy(body: bytes) -> np.ndarray:
     return array
 
 
-def _check_npy_size(body: bytes) -> None:
-    """BadRequest when the header's shape claims other than the bytes that follow it.
+# What numpy's header reader raises on a header that is not a Python literal: it
+# tokenizes the text first (TokenError on an unclosed bracket), then literal_evals
+# it (SyntaxError, ValueError; RecursionError or MemoryError when nested deeply).
+_HEADER_ERRORS = (ValueError, OSError, EOFError, SyntaxError, TypeError,
+                  tokenize.TokenError, RecursionError, MemoryError)
+
+
+def _check_npy_header(body: bytes) -> None:
+    """BadRequest when the header does not parse, or its shape claims other than the
+    bytes that follow it.
 
     numpy allocates what the header claims before reading the data, so a 100-byte
     body claiming (2^40, 4) floats would ask for 16 TiB.
@@ -37,8 +46,9 @@ def _check_npy_size(body: bytes) -> None:
         reader = np.lib.format.read_array_header_1_0 if version == (1, 0) \
             else np.lib.format.read_array_header_2_0
         shape, _, dtype = reader(stream)
-    except (ValueError, OSError, EOFError, SyntaxError, TypeError):
-        return  # not a parseable header: np.load says why
+    except _HEADER_ERRORS as exc:
+        raise BadRequest(f"body is not a valid .npy array: its header does not parse "
+                         f"({type(exc).__name__}: {exc})") from None
     if dtype.hasobject:
         return  # refused by np.load (allow_pickle=False)
     claimed = int(np.prod(shape, dtype=object)) * dtype.itemsize
