@@ -1,0 +1,182 @@
+"""Adding and removing sessions (HTTP threads): admission, then the plan changes once.
+
+A registration loads and profiles its model outside the runtime's lock (its
+device calls wait as probe slices for the executor loop), then plans under the
+lock: a refusal leaves every part as it was; an admission adds the session and
+adopts the new plan in one step.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from agent.inference.admission import best_effort_refusal_on
+from agent.inference.batch_formation import Request
+from agent.inference.clock import Clock
+from agent.inference.errors import (
+    AdmissionRefused,
+    BadRequest,
+    BestEffortRefused,
+    DropReason,
+)
+from agent.inference.executors import Executor, LoadedModel
+from agent.inference.planning import Planning
+from agent.inference.quanta import JobSpec, QuantaScheduler, choose_quantum_ms
+from agent.inference.registry import SessionRegistry
+from agent.inference.session_state import (
+    BestEffortState,
+    RuntimeConfig,
+    SloState,
+    profile_json,
+)
+from planner import GpuPlan, Infeasible, SessionError, SessionSpec
+from predictor.batching import BatchingProfile
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What a registration works with; the runtime builds them and holds the lock."""
+
+    config: RuntimeConfig
+    clock: Clock
+    executor: Executor
+    sessions: SessionRegistry
+    planning: Planning
+    quanta: QuantaScheduler
+    lock: threading.Condition
+    adopt: Callable[[GpuPlan | None], None]
+    """Make a plan the one in force (sessions take their batches, the cycle restarts)."""
+
+
+class Registration:
+    """Admission of SLO sessions and best-effort jobs, and their removal."""
+
+    def __init__(self, parts: Parts):
+        self._p = parts
+        self._admin = threading.Lock()
+        """One registration at a time: the plan each proposes sees the one before."""
+
+    def longest_segment_ms(self) -> float:
+        p = self._p
+        return p.sessions.longest_segment_ms(
+            p.quanta.quantum_ms * p.config.segment_fraction_of_quantum)
+
+    def _replan(self) -> GpuPlan | Infeasible:
+        p = self._p
+        return p.planning.propose(p.sessions.specs(), p.planning.profile_map(
+            p.sessions.slo.values()), self.longest_segment_ms())
+
+    def add_slo(self, name: str, model: str, slo_ms: float, rate_rps: float,
+                check_open: Callable[[], None]) -> dict[str, Any]:
+        """Register an SLO session, or raise AdmissionRefused with state unchanged."""
+        p = self._p
+        with self._admin:
+            check_open()
+            p.sessions.check_free(name)
+            try:
+                spec = SessionSpec(name, model, float(slo_ms), float(rate_rps))
+            except SessionError as exc:
+                raise BadRequest(str(exc)) from exc
+            loaded, profile = p.sessions.load_and_profile(p.executor, model)
+            with p.lock:
+                profiles = {**p.planning.profile_map(p.sessions.slo.values()),
+                            (model, p.config.gpu_type): p.planning.planned(profile)}
+                plan = p.planning.propose(p.sessions.specs() + [spec], profiles,
+                                          self.longest_segment_ms())
+                if isinstance(plan, Infeasible):
+                    raise AdmissionRefused(
+                        f"session {name} refused: {plan.message()}", reason=plan.reason.value,
+                        required=plan.required, available=plan.available, session=plan.session)
+                now = p.clock.now_ms()
+                p.sessions.add_slo(SloState(spec, loaded, profile, 1, window_start_ms=now,
+                                            rate_ewma_rps=spec.rate_rps))
+                p.adopt(plan)
+                p.lock.notify_all()
+                alloc = plan.allocation(name)
+                return {
+                    "name": name, "kind": "slo", "batch": alloc.batch if alloc else 1,
+                    "duty_cycle_ms": plan.duty_cycle_ms, "occupancy": plan.occupancy,
+                    "worst_case_latency_ms": alloc.latency_ms if alloc else None,
+                    "profile": profile_json(profile),
+                }  # fmt: skip
+
+    def add_best_effort(self, name: str, model: str, weight: int, priority: int,
+                        check_open: Callable[[], None]) -> dict[str, Any]:
+        """Register a best-effort job that shares the duty cycle's slack in quanta."""
+        p = self._p
+        with self._admin:
+            check_open()
+            p.sessions.check_free(name)
+            try:
+                job = JobSpec(name, weight, priority)
+            except ValueError as exc:
+                raise BadRequest(str(exc)) from exc
+            loaded, profile = p.sessions.load_and_profile(p.executor, model)
+            fraction = p.config.segment_fraction_of_quantum
+            curve = p.executor.overhead_curve(loaded, profile, fraction)
+            quantum = p.config.quantum_ms or choose_quantum_ms(
+                [*p.sessions.curves.values(), curve], p.config.overhead_tolerance_percent,
+                p.config.min_quantum_ms, p.config.max_quantum_ms)
+            target = quantum * fraction
+            p.executor.prepare_segments(loaded, target)
+            with p.lock:
+                self._refuse_unrunnable(name, loaded, profile, target)
+                p.quanta.quantum_ms = quantum
+                p.quanta.register(job)
+                p.sessions.add_best_effort(BestEffortState(job, loaded, profile), curve)
+                if p.sessions.slo:  # make room for this job's overruns where the plan can
+                    plan = self._replan()
+                    if isinstance(plan, GpuPlan):
+                        p.adopt(plan)
+                p.lock.notify_all()
+                in_force = p.planning.plan
+            return {
+                "name": name, "kind": "best_effort", "weight": weight, "priority": priority,
+                "quantum_ms": quantum, "cuts": loaded.cuts,
+                "segments": len(loaded.segment_fractions or ()),
+                "segment_overhead": loaded.segment_overhead,
+                "duty_cycle_ms": in_force.duty_cycle_ms if in_force else None,
+                "profile": profile_json(profile),
+            }  # fmt: skip
+
+    def _refuse_unrunnable(self, name: str, loaded: LoadedModel, profile: BatchingProfile,
+                           target_ms: float) -> None:
+        """Raise BestEffortRefused when the job's longest piece could only run by
+        making an SLO session miss (``planner.overrun``, the extender's rule too)."""
+        p = self._p
+        if not p.sessions.slo:
+            return
+        piece = max(loaded.segment_costs_ms(profile.latency_ms(1), target_ms))
+        refusal = best_effort_refusal_on(
+            p.sessions.specs(), p.planning.profile_map(p.sessions.slo.values()),
+            p.config.gpu_type, p.config.memory_mib, piece)
+        if refusal is not None:
+            raise BestEffortRefused(
+                f"best-effort session {name} refused: its longest piece takes {piece:.4g} ms, "
+                f"more than the SLO sessions' slack, and overrunning a duty cycle by it would "
+                f"make an SLO session miss: {refusal.message()}",
+                reason=refusal.reason.value, required=refusal.required,
+                available=refusal.available,
+            )
+
+    def remove(self, name: str) -> list[tuple[Request, DropReason]]:
+        """Remove a session; its queued requests, to be answered SESSION_REMOVED."""
+        p = self._p
+        with self._admin, p.lock:
+            gone = p.sessions.remove(name)
+            if isinstance(gone, SloState):
+                plan = self._replan()
+                p.adopt(plan if isinstance(plan, GpuPlan) else None)
+                pending = list(gone.queue)
+            else:
+                p.quanta.deregister(name)
+                if p.sessions.slo and p.planning.overrun_headroom_ms > 0:
+                    plan = self._replan()  # its headroom is free again
+                    if isinstance(plan, GpuPlan):
+                        p.adopt(plan)
+                pending = gone.abandon()
+            p.lock.notify_all()
+        return [(r, DropReason.SESSION_REMOVED) for r in pending]
