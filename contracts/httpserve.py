@@ -20,6 +20,11 @@ workers stop the server answering anything, health checks included.
   ``Authorization`` header gets HTTP 400 with the reason, before any application
   code runs; every error cheroot itself answers carries a JSON body
   (``error_body``) in the server's own error shape instead of plain text.
+- **When the request arrived, for the application.** Each request's WSGI
+  environ carries ``tandem.arrived`` (``time.monotonic()`` seconds): when its
+  connection was accepted, or for a later request on a kept-alive connection
+  when its first byte was read. A server with deadlines counts them from there,
+  so time spent waiting for a worker is not hidden from it.
 - **TLS handshakes off the accept loop.** cheroot's builtin adapter completes
   the handshake in the thread that accepts connections, so a client that
   connects and stays silent stalls every accept for the socket timeout. The
@@ -42,6 +47,8 @@ from cheroot.server import HeaderReader, HTTPConnection, HTTPRequest
 from cheroot.ssl.builtin import BuiltinSSLAdapter
 
 DEFAULT_READ_DEADLINE_SECONDS = 10.0
+ARRIVED = "tandem.arrived"
+"""WSGI environ key: when the request arrived, in ``time.monotonic()`` seconds."""
 MAX_HEAD_BYTES = 64 * 1024
 """A request head longer than this is handed to cheroot at once (which refuses it)."""
 _HEAD_END = b"\r\n\r\n"
@@ -160,6 +167,9 @@ class GatheringConnection(HTTPConnection):
         self._buffered = _BufferedSocket(sock)
         self.rfile = makefile(self._buffered, "rb", self.rbufsize)
         self._first_byte_at: float | None = None
+        self.arrived_at: float | None = time.monotonic()
+        """When the request being gathered arrived: its accept, or a kept-alive
+        request's first byte."""
         self._eof = False
 
     def communicate(self) -> bool:
@@ -171,7 +181,10 @@ class GatheringConnection(HTTPConnection):
             return started is None or \
                 time.monotonic() - started < self.read_deadline_seconds
         self._first_byte_at = None
-        return bool(super().communicate())
+        try:
+            return bool(super().communicate())
+        finally:
+            self.arrived_at = None  # the next request on this connection stamps its own
 
     def _gather(self) -> bool:
         """Read what is available without blocking; True when the request is complete
@@ -193,6 +206,8 @@ class GatheringConnection(HTTPConnection):
                     return bool(data)  # a partial request: let cheroot answer 400
                 if self._first_byte_at is None:
                     self._first_byte_at = time.monotonic()
+                if self.arrived_at is None:
+                    self.arrived_at = self._first_byte_at
                 data += chunk
         finally:
             sock.settimeout(self.server.timeout)
@@ -229,7 +244,19 @@ def harden(server: Any, read_deadline_seconds: float = DEFAULT_READ_DEADLINE_SEC
     server.ConnectionClass = type("TandemConnection", (GatheringConnection,), {
         "read_deadline_seconds": read_deadline_seconds, "body_limit": body_limit,
         "RequestHandlerClass": request_class})
+    server.gateway = _stamped(server.gateway)
     return server
+
+
+def _stamped(gateway: Any) -> Any:
+    """``gateway`` whose environ carries the request's arrival time (``ARRIVED``)."""
+
+    def get_environ(self: Any) -> Any:
+        env = gateway.get_environ(self)
+        env[ARRIVED] = getattr(self.req.conn, "arrived_at", None) or time.monotonic()
+        return env
+
+    return type(f"Stamped{gateway.__name__}", (gateway,), {"get_environ": get_environ})
 
 
 def tls_adapter(cert_file: str, key_file: str) -> DeferredHandshakeAdapter:

@@ -1,8 +1,11 @@
 """The duty cycle's plan: admission's Nexus plan, the overrun headroom, replanning.
 
 This part owns the plan in force and what it was made with (the learned latency
-margin, the headroom kept for best-effort overruns); it proposes plans and says
-when to replan (the margin moved, a session's arrival rate drifted). Adopting a
+margin, the request path's own time, the headroom kept for best-effort overruns);
+it proposes plans and says when to replan (the margin or the request path's time
+moved, a session's arrival rate drifted). Each session is planned with its SLO
+less the request path's front and back time (``pathcost.py``): the executor gets
+only what the request path leaves of the deadline. Adopting a
 plan (sessions take their batch sizes, the cycle restarts) is the runtime's.
 Not thread-safe: the runtime calls it under its lock.
 """
@@ -13,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from agent.inference.admission import LatencyMargin, plan_with_headroom, scaled_profile
+from agent.inference.pathcost import PathFigures, RequestPathCost
 from agent.inference.session_state import RuntimeConfig, SloState
 from planner import GpuPlan, Infeasible, SessionSpec
 from predictor.batching import BatchingProfile
@@ -21,8 +25,11 @@ from predictor.batching import BatchingProfile
 class Planning:
     """The plan in force and when to make another."""
 
-    def __init__(self, config: RuntimeConfig, now_ms: float):
+    def __init__(self, config: RuntimeConfig, now_ms: float, path: RequestPathCost):
         self._config = config
+        self.path = path
+        self.path_in_plan: PathFigures = path.figures()
+        """The request path's figures the last proposed plan was made with."""
         self.plan: GpuPlan | None = None
         self.overrun_headroom_ms = 0.0
         self.margin = LatencyMargin(
@@ -45,9 +52,24 @@ class Planning:
                 longest_segment_ms: float) -> GpuPlan | Infeasible:
         """The Nexus plan, with headroom for best-effort overruns where needed
         (admission.py); the headroom computed is the one overruns are held to."""
-        plan, self.overrun_headroom_ms = plan_with_headroom(
-            specs, profiles, self._config.gpu_type, self._config.memory_mib, longest_segment_ms)
+        self.path_in_plan = self.path.figures()
+        plan, self.overrun_headroom_ms = self._plan(specs, profiles, longest_segment_ms)
         return plan
+
+    def trial(self, specs: list[SessionSpec],
+              profiles: Mapping[tuple[str, str], BatchingProfile],
+              longest_segment_ms: float) -> GpuPlan | Infeasible:
+        """``propose`` without recording anything (what-if questions of admission)."""
+        return self._plan(specs, profiles, longest_segment_ms)[0]
+
+    def _plan(self, specs: list[SessionSpec],
+              profiles: Mapping[tuple[str, str], BatchingProfile],
+              longest_segment_ms: float) -> tuple[GpuPlan | Infeasible, float]:
+        figures = self.path.figures()
+        if cut := figures.front_ms + figures.back_ms:
+            specs = [replace(s, slo_ms=max(s.slo_ms - cut, 1e-3)) for s in specs]
+        return plan_with_headroom(specs, profiles, self._config.gpu_type,
+                                  self._config.memory_mib, longest_segment_ms)
 
     def adopt(self, plan: GpuPlan | None) -> None:
         self.plan = plan
@@ -58,7 +80,7 @@ class Planning:
         the plan to adopt when either moved enough (None: keep the plan). What is
         admitted stays when no plan fits; later admissions see the margin."""
         adopt: GpuPlan | None = None
-        if self._margin_moved(now) and sessions:
+        if self._inputs_moved(now) and sessions:
             adopt = self._replan([s.spec for s in sessions.values()], sessions,
                                  longest_segment_ms) or adopt
         cfg = self._config
@@ -82,10 +104,14 @@ class Planning:
         self.replans_refused += 1
         return None
 
-    def _margin_moved(self, now: float) -> bool:
-        """Refresh the latency margin once a rate window; True when planning must redo."""
+    def _inputs_moved(self, now: float) -> bool:
+        """Once a rate window: refresh the latency margin and look at the request path's
+        time; True when either moved enough that planning must redo."""
         cfg = self._config
-        if not cfg.learn_latency_margin or now - self._last_margin_ms < cfg.rate_window_ms:
+        if now - self._last_margin_ms < cfg.rate_window_ms:
             return False
         self._last_margin_ms = now
-        return self.margin.refresh()
+        margin = cfg.learn_latency_margin and self.margin.refresh()
+        old, new = self.path_in_plan, self.path.figures()
+        was, now_ms = old.front_ms + old.back_ms, new.front_ms + new.back_ms
+        return margin or abs(now_ms - was) > max(1.0, 0.2 * was)

@@ -3,15 +3,21 @@
 A registration loads and profiles its model outside the runtime's lock (its
 device calls wait as probe slices for the executor loop), then plans under the
 lock: a refusal leaves every part as it was; an admission adds the session and
-adopts the new plan in one step.
+adopts the new plan in one step. An SLO session is admitted only where the plan
+holds it with the request path's own time taken from its SLO and the request path
+holds it too (its CPU and its workers, ``pathcost.host_refusal``); a refusal says
+why and the highest rate this host would hold now (``holdable_rate_rps``), so the
+caller can scale the session down.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+
+import numpy as np
 
 from agent.inference.admission import best_effort_refusal_on
 from agent.inference.batch_formation import Request
@@ -23,6 +29,7 @@ from agent.inference.errors import (
     DropReason,
 )
 from agent.inference.executors import Executor, LoadedModel
+from agent.inference.pathcost import PathLoad, RequestPathLimits, host_refusal
 from agent.inference.planning import Planning
 from agent.inference.quanta import JobSpec, QuantaScheduler, choose_quantum_ms
 from agent.inference.registry import SessionRegistry
@@ -49,6 +56,14 @@ class Parts:
     lock: threading.Condition
     adopt: Callable[[GpuPlan | None], None]
     """Make a plan the one in force (sessions take their batches, the cycle restarts)."""
+    path_limits: RequestPathLimits | None = None
+    """What the request path may hold (None: in-process use, no HTTP path to count)."""
+
+
+def request_bytes(loaded: LoadedModel) -> float:
+    """An SLO request's body: one sample of the model's input, plus the .npy header."""
+    dims = [d or 1 for d in loaded.sample_shape or ()]
+    return float(np.dtype(loaded.input_dtype).itemsize * int(np.prod(dims)) + 128)
 
 
 class Registration:
@@ -86,10 +101,10 @@ class Registration:
                             (model, p.config.gpu_type): p.planning.planned(profile)}
                 plan = p.planning.propose(p.sessions.specs() + [spec], profiles,
                                           self.longest_segment_ms())
-                if isinstance(plan, Infeasible):
-                    raise AdmissionRefused(
-                        f"session {name} refused: {plan.message()}", reason=plan.reason.value,
-                        required=plan.required, available=plan.available, session=plan.session)
+                refusal = self._refusal(plan, spec, loaded, profiles)
+                if refusal is not None:
+                    raise refusal
+                assert isinstance(plan, GpuPlan)
                 now = p.clock.now_ms()
                 p.sessions.add_slo(SloState(spec, loaded, profile, 1, window_start_ms=now,
                                             rate_ewma_rps=spec.rate_rps))
@@ -100,8 +115,68 @@ class Registration:
                     "name": name, "kind": "slo", "batch": alloc.batch if alloc else 1,
                     "duty_cycle_ms": plan.duty_cycle_ms, "occupancy": plan.occupancy,
                     "worst_case_latency_ms": alloc.latency_ms if alloc else None,
+                    "request_path": p.planning.path_in_plan.to_json(),
                     "profile": profile_json(profile),
                 }  # fmt: skip
+
+    def _loads(self, plan: GpuPlan, new: SessionSpec, loaded: LoadedModel) -> list[PathLoad]:
+        """Each session's requests as the request path holds them: a worker from arrival
+        until the plan's worst case for its batch has passed and the answer is back."""
+        figures = self._p.planning.path.figures()
+
+        def held_ms(spec: SessionSpec) -> float:
+            alloc = plan.allocation(spec.name)
+            worst = alloc.latency_ms if alloc else spec.slo_ms
+            return min(spec.slo_ms, worst + figures.front_ms + figures.back_ms)
+
+        loads = [PathLoad(s.spec.rate_rps, held_ms(s.spec), request_bytes(s.loaded))
+                 for s in self._p.sessions.slo.values()]
+        return [*loads, PathLoad(new.rate_rps, held_ms(new), request_bytes(loaded))]
+
+    def _holds(self, plan: GpuPlan | Infeasible, spec: SessionSpec, loaded: LoadedModel
+               ) -> str | None:
+        """None when the plan and the request path hold ``spec`` beside the sessions."""
+        if isinstance(plan, Infeasible):
+            return plan.message()
+        host = host_refusal(self._loads(plan, spec, loaded), self._p.planning.path.figures(),
+                            self._p.path_limits)
+        return None if host is None else host.message()
+
+    def _refusal(self, plan: GpuPlan | Infeasible, spec: SessionSpec, loaded: LoadedModel,
+                 profiles: dict[tuple[str, str], BatchingProfile]) -> AdmissionRefused | None:
+        """Why ``spec`` cannot be admitted (None: it can), with the rate that could."""
+        p = self._p
+        why = self._holds(plan, spec, loaded)
+        if why is None:
+            return None
+        holdable = self._holdable_rate(spec, loaded, profiles)
+        path = p.planning.path.figures()
+        note = (f" (planned with the request path's own {path.front_ms + path.back_ms:.3g} ms "
+                f"taken from each SLO)" if path.front_ms + path.back_ms > 0 else "")
+        if isinstance(plan, Infeasible):
+            fields = {"reason": plan.reason.value, "required": plan.required,
+                      "available": plan.available, "session": plan.session}
+        else:
+            host = host_refusal(self._loads(plan, spec, loaded), path, p.path_limits)
+            assert host is not None
+            fields = {"reason": host.reason, "required": host.required,
+                      "available": host.available, "session": spec.name}
+        return AdmissionRefused(
+            f"session {spec.name} refused: {why}{note}; this host holds it at up to "
+            f"{holdable:.4g} rps now", holdable_rate_rps=holdable, **fields)
+
+    def _holdable_rate(self, spec: SessionSpec, loaded: LoadedModel,
+                       profiles: dict[tuple[str, str], BatchingProfile]) -> float:
+        """The highest rate (to 1/256 of the asked one) at which ``spec`` would be admitted."""
+        p = self._p
+        specs = p.sessions.specs()
+        low, high = 0.0, spec.rate_rps
+        for _ in range(8):
+            mid = (low + high) / 2
+            trial = replace(spec, rate_rps=mid)
+            plan = p.planning.trial([*specs, trial], profiles, self.longest_segment_ms())
+            low, high = (mid, high) if self._holds(plan, trial, loaded) is None else (low, mid)
+        return round(low, 3)
 
     def add_best_effort(self, name: str, model: str, weight: int, priority: int,
                         check_open: Callable[[], None]) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from agent.inference.errors import DropReason, ServerStopping, SessionNotFound
 from agent.inference.execution import Execution
 from agent.inference.executors import Executor
 from agent.inference.handoff import Delivery, ProbeQueue
+from agent.inference.pathcost import RequestPathCost, RequestPathLimits
 from agent.inference.planning import Planning
 from agent.inference.quanta import QuantaScheduler
 from agent.inference.registration import Parts, Registration
@@ -62,14 +63,20 @@ class ServingRuntime:
         profiles: Mapping[str, BatchingProfile] | None = None,
         post_workers: int = 0,
         timer: Callable[[], float] = time.perf_counter,
+        path_cost: RequestPathCost | None = None,
+        path_limits: RequestPathLimits | None = None,
     ):
+        """``path_cost``: the request path's own cost, which admission and the plan
+        count (none: requests are submitted in-process); ``path_limits``: what the
+        request path may hold (its cores and HTTP workers)."""
         self.clock = clock
         self.config = config
         self._timer = timer
         self._cv = threading.Condition()
         now = clock.now_ms()
         self.sessions = SessionRegistry(dict(profiles or {}))
-        self.planning = Planning(config, now)
+        self.path_cost = path_cost or RequestPathCost()
+        self.planning = Planning(config, now, self.path_cost)
         self.cycle = DutyCycle(config, now)
         self.quanta = QuantaScheduler(config.quantum_ms or config.min_quantum_ms)
         self.execution = Execution(
@@ -78,7 +85,7 @@ class ServingRuntime:
         self._probes = ProbeQueue()
         self._registration = Registration(Parts(
             config, clock, executor, self.sessions, self.planning, self.quanta, self._cv,
-            self._adopt))
+            self._adopt, path_limits))
         if hasattr(executor, "device_gate"):
             executor.device_gate = self.run_in_slice
         self._thread: threading.Thread | None = None
@@ -182,8 +189,15 @@ class ServingRuntime:
         tensor: np.ndarray,
         on_done: Callable[[Outcome], None],
         arrival_ms: float | None = None,
+        deadline_ms: float | None = None,
+        late_ok: bool = False,
     ) -> None:
-        """Queue one request; ``on_done`` gets its Outcome (from the executor or a worker)."""
+        """Queue one request; ``on_done`` gets its Outcome (from the executor or a worker).
+
+        ``arrival_ms``: when the request arrived (default now); an SLO request's
+        deadline is its arrival plus the SLO, or ``deadline_ms`` if earlier; one that
+        could not finish by then even alone is answered DEADLINE_EXPIRED at once.
+        ``late_ok``: outputs finished after the deadline are given, marked late."""
         with self._cv:
             now = self.clock.now_ms() if arrival_ms is None else arrival_ms
             target = self.sessions.find(name)
@@ -197,15 +211,26 @@ class ServingRuntime:
                 on_done(Outcome(None, DropReason.QUEUE_FULL, 0.0))
                 return
             if isinstance(target, SloState):
-                target.enqueue(Request(name, tensor, now, now + target.spec.slo_ms, on_done))
+                deadline = now + target.spec.slo_ms
+                if deadline_ms is not None:
+                    deadline = min(deadline, deadline_ms)
+                # The executor must finish in time for the answer to travel back.
+                deadline -= self.planning.path_in_plan.back_ms
+                if max(now, self.clock.now_ms()) + target.profile.latency_ms(1) > deadline:
+                    target.stats.record_drop(DropReason.DEADLINE_EXPIRED)
+                    on_done(Outcome(None, DropReason.DEADLINE_EXPIRED, self.clock.now_ms() - now))
+                    return
+                target.enqueue(Request(name, tensor, now, deadline, on_done, late_ok))
             else:
-                target.queue.append(Request(name, tensor, now, None, on_done))
+                target.queue.append(Request(name, tensor, now, None, on_done, late_ok))
             self._cv.notify_all()
 
-    def submit_future(self, name: str, tensor: np.ndarray) -> Future[Outcome]:
-        """Queue one request and return a future of its Outcome."""
+    def submit_future(self, name: str, tensor: np.ndarray, arrival_ms: float | None = None,
+                      deadline_ms: float | None = None, late_ok: bool = False
+                      ) -> Future[Outcome]:
+        """Queue one request and return a future of its Outcome (``submit``'s arguments)."""
         future: Future[Outcome] = Future()
-        self.submit(name, tensor, future.set_result)
+        self.submit(name, tensor, future.set_result, arrival_ms, deadline_ms, late_ok)
         return future
 
     # ---- the executor thread -----------------------------------------------------------
@@ -335,5 +360,8 @@ class ServingRuntime:
                 "latency_margin": pl.margin.margin,
                 "replans_refused": pl.replans_refused,
                 "overrun_headroom_ms": pl.overrun_headroom_ms,
+                "request_path": {**pl.path.figures().to_json(),
+                                 "startup": pl.path.startup.to_json(),
+                                 "observed_requests": pl.path.observed},
                 "sessions": [s.to_json(total_gpu, elapsed) for s in sessions],
             }

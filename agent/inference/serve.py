@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -16,6 +17,7 @@ from agent.inference.batch_formation import DropPolicy
 from agent.inference.batching_profiles import load_profiles
 from agent.inference.clock import MonotonicClock
 from agent.inference.executors import Executor, ModelLimits, OrtExecutor, SimExecutor
+from agent.inference.pathcost import RequestPathCost, RequestPathLimits, calibrate
 from agent.inference.runtime import RuntimeConfig, ServingRuntime
 from predictor.profiles import NO_MARGIN, Margin
 
@@ -106,7 +108,19 @@ def build_runtime(options: ServeOptions) -> ServingRuntime:
         # A real executor's latency varies with the machine: admission learns the headroom.
         learn_latency_margin=options.executor != "sim",
     )
-    return ServingRuntime(executor, clock, config, profiles, post_workers=options.post_workers)
+    return ServingRuntime(executor, clock, config, profiles, post_workers=options.post_workers,
+                          path_cost=RequestPathCost(calibrate()),
+                          path_limits=path_limits(options))
+
+
+def path_limits(options: ServeOptions) -> RequestPathLimits:
+    """What the request path may hold: the HTTP workers, and the host's cores less the
+    one a CPU executor runs on (its one intra-op thread), so it never starves either."""
+    cores = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                  else os.cpu_count() or 1)
+    executor_cores = 1.0 if options.executor != "sim" and options.device == "cpu" else 0.0
+    return RequestPathLimits(workers=options.http_threads,
+                             cores=max(cores - executor_cores, 0.5))
 
 
 def admin_guard(options: ServeOptions, environ: Mapping[str, str] | None = None

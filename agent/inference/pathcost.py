@@ -1,0 +1,232 @@
+"""The request path's own cost: measured at start-up, then from the requests served.
+
+What a request spends outside the executor counts against its deadline and takes
+the host's CPU: waiting for a worker, reading and decoding the body, the hand-off
+to the executor thread (the *front*), and the hand-off back, encoding and writing
+the answer (the *back*). Admission and the duty-cycle plan count both:
+
+- latency: each session is planned with its SLO less the front and back time a
+  request takes (the observed ``quantile``, never below the start-up figure);
+  the executor's deadline for a request is the client's less the back time;
+- CPU: the sessions' rates times the CPU time per request (a fixed part and a
+  part per byte) must fit the cores the request path has (``RequestPathLimits``).
+
+The start-up figure (``calibrate``) times the same steps on this host as it is
+now (busy or quiet): loopback connections, ``.npy`` decoding and encoding at two
+sizes, and a hand-off between threads.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import numpy as np
+
+from agent.inference.tensors import coerce_input, decode_npy, encode_npy
+
+_REPLY = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+
+
+@dataclass(frozen=True)
+class PathFigures:
+    """One estimate of the request path: latency (ms) and CPU per request."""
+
+    front_ms: float
+    back_ms: float
+    cpu_ms: float
+    """CPU time per request, fixed part."""
+    cpu_ms_per_kib: float = 0.0
+
+    def cpu_per_request_ms(self, body_bytes: float) -> float:
+        return self.cpu_ms + self.cpu_ms_per_kib * body_bytes / 1024.0
+
+    def to_json(self) -> dict[str, float]:
+        return {"front_ms": self.front_ms, "back_ms": self.back_ms, "cpu_ms": self.cpu_ms,
+                "cpu_ms_per_kib": self.cpu_ms_per_kib}
+
+
+ZERO = PathFigures(0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class RequestPathLimits:
+    """What the request path may hold on this host."""
+
+    workers: int
+    """HTTP worker threads; each holds a request until it is answered."""
+    cores: float
+    """Cores the request path may use beside the executor."""
+    max_load: float = 0.7
+    """Share of ``cores`` admission may fill (queueing grows fast beyond it)."""
+
+    def workers_needed(self, in_flight: float) -> int:
+        """Workers that hold ``in_flight`` requests on average (Little's law) with
+        Poisson bursts: the mean plus three standard deviations."""
+        return math.ceil(in_flight + 3.0 * math.sqrt(in_flight)) + 1 if in_flight > 0 else 0
+
+
+class RequestPathCost:
+    """The request path's figures: the start-up calibration, raised by what serving shows.
+
+    Thread-safe: HTTP workers ``observe``, the executor thread and registrations read.
+    """
+
+    def __init__(self, startup: PathFigures = ZERO, quantile: float = 0.99,
+                 window: int = 2000, min_samples: int = 50):
+        self.startup = startup
+        self._quantile = quantile
+        self._min_samples = min_samples
+        self._front: deque[float] = deque(maxlen=window)
+        self._back: deque[float] = deque(maxlen=window)
+        self._cpu: deque[float] = deque(maxlen=window)
+        self._lock = threading.Lock()
+        self.observed = 0
+
+    def observe(self, front_ms: float, back_ms: float, cpu_ms: float) -> None:
+        """One served request: its time before the executor's queue, after its result,
+        and the CPU its worker spent on it."""
+        with self._lock:
+            self._front.append(front_ms)
+            self._back.append(back_ms)
+            self._cpu.append(cpu_ms)
+            self.observed += 1
+
+    def figures(self) -> PathFigures:
+        """The startup figures, raised to the observed quantile (latency) and mean (CPU)
+        once enough requests were served."""
+        with self._lock:
+            if len(self._front) < self._min_samples:
+                return self.startup
+            front = _quantile(self._front, self._quantile)
+            back = _quantile(self._back, self._quantile)
+            cpu = sum(self._cpu) / len(self._cpu)
+        s = self.startup
+        return PathFigures(max(front, s.front_ms), max(back, s.back_ms), max(cpu, s.cpu_ms),
+                           s.cpu_ms_per_kib)
+
+
+def _quantile(values: deque[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def calibrate(repeats: int = 40, quantile: float = 0.9) -> PathFigures:
+    """Time the request path's steps on this host now (about 0.1-0.5 s)."""
+    connect = _connections(repeats)
+    small, large = 64, 256 * 1024
+    decode_small = _codec(small // 4, repeats)
+    decode_large = _codec(large // 4, max(repeats // 4, 5))
+    handoff = _handoffs(repeats)
+    per_kib = max(0.0, (_median(decode_large) - _median(decode_small)) / ((large - small) / 1024))
+    q = lambda xs: _quantile(deque(xs), quantile)  # noqa: E731
+    front = q(connect) + q(decode_small) + q(handoff)
+    return PathFigures(front_ms=front, back_ms=q(handoff) + q(decode_small) / 2,
+                       cpu_ms=_median(connect) + _median(decode_small) + _median(handoff),
+                       cpu_ms_per_kib=per_kib)
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def _connections(repeats: int) -> list[float]:
+    """Loopback connect, send a request head, read an answer, close (ms each)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(repeats)
+    port = listener.getsockname()[1]
+
+    def answer() -> None:
+        for _ in range(repeats):
+            conn, _addr = listener.accept()
+            with conn:
+                conn.recv(4096)
+                conn.sendall(_REPLY)
+
+    server = threading.Thread(target=answer, daemon=True)
+    server.start()
+    took = []
+    head = b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+    try:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                sock.sendall(head)
+                while sock.recv(4096):
+                    pass
+            took.append((time.perf_counter() - start) * 1000)
+    finally:
+        server.join(timeout=5)
+        listener.close()
+    return took
+
+
+def _codec(floats: int, repeats: int) -> list[float]:
+    """Decode, check and encode one ``.npy`` body of ``floats`` float32s (ms each)."""
+    body = encode_npy(np.zeros((1, floats), np.float32))
+    took = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        array = coerce_input(decode_npy(body), np.dtype(np.float32), (floats,), True)
+        encode_npy(array)
+        took.append((time.perf_counter() - start) * 1000)
+    return took
+
+
+def _handoffs(repeats: int) -> list[float]:
+    """A future completed by another thread, as results come back (ms each)."""
+    took = []
+    for _ in range(repeats):
+        future: Future[float] = Future()
+        start = time.perf_counter()
+        threading.Thread(target=future.set_result, args=(0.0,)).start()
+        future.result(timeout=5)
+        took.append((time.perf_counter() - start) * 1000)
+    return took
+
+
+@dataclass(frozen=True)
+class PathLoad:
+    """One SLO session as the request path sees it."""
+
+    rate_rps: float
+    held_ms: float
+    """How long each request holds an HTTP worker at most."""
+    body_bytes: float
+
+
+@dataclass(frozen=True)
+class HostRefusal:
+    """The request path cannot hold the sessions: why, and the numbers."""
+
+    reason: str
+    """``RequestPathCpu`` (cores) or ``RequestWorkers`` (threads)."""
+    required: float
+    available: float
+
+    def message(self) -> str:
+        what = ("the request path needs {r:.3g} cores of the {a:.3g} it may use"
+                if self.reason == "RequestPathCpu"
+                else "the requests in flight need {r:.0f} HTTP workers, the server has {a:.0f}")
+        return f"{self.reason}: " + what.format(r=self.required, a=self.available)
+
+
+def host_refusal(loads: list[PathLoad], figures: PathFigures,
+                 limits: RequestPathLimits | None) -> HostRefusal | None:
+    """None when the request path holds ``loads`` (or has no limits), else why not."""
+    if limits is None:
+        return None
+    cores = sum(x.rate_rps * figures.cpu_per_request_ms(x.body_bytes) for x in loads) / 1000.0
+    if cores > limits.cores * limits.max_load:
+        return HostRefusal("RequestPathCpu", cores, limits.cores * limits.max_load)
+    in_flight = sum(x.rate_rps * x.held_ms for x in loads) / 1000.0
+    needed = limits.workers_needed(in_flight)
+    if needed > limits.workers:
+        return HostRefusal("RequestWorkers", needed, limits.workers)
+    return None
