@@ -96,6 +96,15 @@ def test_client_deadline_header(served) -> None:
         assert answer.status_code == 400 and "X-Tandem-Timeout-Ms" in answer.json()["message"]
     assert httpx.post(url, content=_npy(X),
                       headers={**npy, "X-Tandem-Late": "yes"}).status_code == 400
+    # An absolute deadline counts time before the server saw the request at all.
+    now = time.time() * 1000
+    ok = httpx.post(url, content=_npy(X), headers={**npy, "X-Tandem-Deadline": f"{now + 80}"})
+    assert ok.status_code == 200
+    past = httpx.post(url, content=_npy(X), headers={**npy, "X-Tandem-Deadline": f"{now - 1}"})
+    assert past.status_code == 503 and past.json()["reason"] == "deadline_expired"
+    for bad in ("soon", "nan", f"{now + 10**9}"):
+        answer = httpx.post(url, content=_npy(X), headers={**npy, "X-Tandem-Deadline": bad})
+        assert answer.status_code == 400 and "X-Tandem-Deadline" in answer.json()["message"]
 
 
 def _late_runtime() -> tuple[ServingRuntime, VirtualClock]:

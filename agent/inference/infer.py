@@ -3,7 +3,8 @@
 The deadline counts from when the request arrived at the server (the accept of
 its connection, ``contracts.httpserve.ARRIVED``), not from when a worker took
 it: an SLO session's deadline is arrival + SLO, or earlier where the client sent
-``X-Tandem-Timeout-Ms``. It is checked wherever the request waits: when a worker
+``X-Tandem-Timeout-Ms`` or ``X-Tandem-Deadline`` (``contracts.deadline``). It
+is checked wherever the request waits: when a worker
 takes it (before its body is decoded), before it is queued, when the executor
 forms a batch, and before the answer is sent. Nothing is answered 200 after its
 deadline unless the client sent ``X-Tandem-Late: accept``; such an answer carries
@@ -31,7 +32,13 @@ from agent.inference.tensors import (
     decode_npy,
     encode_npy,
 )
-from contracts.deadline import LATE_HEADER, DeadlineHeaderError, accepts_late, client_budget_ms
+from contracts.deadline import (
+    LATE_HEADER,
+    DeadlineHeaderError,
+    absolute_deadline_left_ms,
+    accepts_late,
+    client_budget_ms,
+)
 from contracts.httpserve import ARRIVED
 from contracts.jsonbody import JsonBodyError, parse_json
 
@@ -46,8 +53,12 @@ def answer_infer(runtime: ServingRuntime, name: str, request: Request,
                           ) * 1000.0
     try:
         budget, late_ok = client_budget_ms(request.headers), accepts_late(request.headers)
+        left = absolute_deadline_left_ms(request.headers, time.time() * 1000.0)
     except DeadlineHeaderError as exc:
         raise BadRequest(str(exc)) from None
+    if left is not None:  # the absolute deadline as a budget from arrival
+        absolute = began + left - arrival
+        budget = absolute if budget is None else min(budget, absolute)
     dtype, shape, single = runtime.input_contract(name)
     slo = runtime.slo_ms(name)
     limits = [b for b in (slo, budget) if b is not None]

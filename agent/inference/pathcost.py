@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,6 +80,7 @@ class RequestPathCost:
     def __init__(self, startup: PathFigures = ZERO, quantile: float = 0.99,
                  window: int = 2000, min_samples: int = 50):
         self.startup = startup
+        """What ``calibrate`` measured (``recalibrate`` replaces it)."""
         self._quantile = quantile
         self._min_samples = min_samples
         self._front: deque[float] = deque(maxlen=window)
@@ -87,6 +88,11 @@ class RequestPathCost:
         self._cpu: deque[float] = deque(maxlen=window)
         self._lock = threading.Lock()
         self.observed = 0
+
+    def recalibrate(self, startup: PathFigures) -> None:
+        """Take a new start-up measurement (the server measures once its app exists)."""
+        with self._lock:
+            self.startup = startup
 
     def observe(self, front_ms: float, back_ms: float, cpu_ms: float) -> None:
         """One served request: its time before the executor's queue, after its result,
@@ -116,19 +122,49 @@ def _quantile(values: deque[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def calibrate(repeats: int = 40, quantile: float = 0.9) -> PathFigures:
-    """Time the request path's steps on this host now (about 0.1-0.5 s)."""
+def calibrate(repeats: int = 40, quantile: float = 0.9,
+              probe: Callable[[bytes], object] | None = None) -> PathFigures:
+    """Time the request path's steps on this host now (about 0.2-1 s).
+
+    ``probe``: one request through the server's own web framework (routing,
+    parsing, an error answer) with the given ``.npy`` body, timed like the rest.
+
+    A request crosses threads four times (the accept loop to a worker, the worker to
+    the executor, the executor to a post-processing thread, that thread back to the
+    worker); on a busy host each crossing waits for a core, so the tail of one
+    crossing (99th percentile of 5x ``repeats``) is counted four times."""
     connect = _connections(repeats)
     small, large = 64, 256 * 1024
     decode_small = _codec(small // 4, repeats)
     decode_large = _codec(large // 4, max(repeats // 4, 5))
-    handoff = _handoffs(repeats)
+    wake = _wakeups(5 * repeats)
+    body = encode_npy(np.zeros((1, small // 4), np.float32))
+    framework = _timed(lambda: probe(body), repeats) if probe else [0.0]
     per_kib = max(0.0, (_median(decode_large) - _median(decode_small)) / ((large - small) / 1024))
     q = lambda xs: _quantile(deque(xs), quantile)  # noqa: E731
-    front = q(connect) + q(decode_small) + q(handoff)
-    return PathFigures(front_ms=front, back_ms=q(handoff) + q(decode_small) / 2,
-                       cpu_ms=_median(connect) + _median(decode_small) + _median(handoff),
+    tail = _quantile(deque(wake), 0.99)
+    return PathFigures(front_ms=q(connect) + q(framework) + q(decode_small) + 2 * tail,
+                       back_ms=2 * tail + q(decode_small) / 2,
+                       cpu_ms=_median(connect) + _median(framework) + _median(decode_small)
+                       + 4 * _median(wake),
                        cpu_ms_per_kib=per_kib)
+
+
+def _timed(fn: Callable[[], object], repeats: int) -> list[float]:
+    took = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        took.append((time.perf_counter() - start) * 1000)
+    return took
+
+
+def core_share(seconds: float = 0.1) -> float:
+    """The share of one core a busy thread of this process gets now (1.0 on a quiet host)."""
+    wall, cpu = time.perf_counter(), time.thread_time()
+    while time.perf_counter() - wall < seconds:
+        pass
+    return min(1.0, (time.thread_time() - cpu) / max(time.perf_counter() - wall, 1e-9))
 
 
 def _median(values: list[float]) -> float:
@@ -179,15 +215,29 @@ def _codec(floats: int, repeats: int) -> list[float]:
     return took
 
 
-def _handoffs(repeats: int) -> list[float]:
-    """A future completed by another thread, as results come back (ms each)."""
+def _wakeups(repeats: int) -> list[float]:
+    """How long a thread waiting on an event takes to run once it is set (ms each)."""
+    go, back = threading.Event(), threading.Event()
+    woke: list[float] = []
+
+    def waiter() -> None:
+        for _ in range(repeats):
+            go.wait()
+            woke.append(time.perf_counter())
+            go.clear()
+            back.set()
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
     took = []
     for _ in range(repeats):
-        future: Future[float] = Future()
-        start = time.perf_counter()
-        threading.Thread(target=future.set_result, args=(0.0,)).start()
-        future.result(timeout=5)
-        took.append((time.perf_counter() - start) * 1000)
+        set_at = time.perf_counter()
+        go.set()
+        if not back.wait(timeout=5):
+            break
+        back.clear()
+        took.append((woke[-1] - set_at) * 1000)
+    thread.join(timeout=5)
     return took
 
 

@@ -32,7 +32,13 @@ from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from agent.session.proxy import Checker, ProxyConfigError, SessionLink
-from contracts.deadline import TIMEOUT_HEADER, DeadlineHeaderError, accepts_late, client_budget_ms
+from contracts.deadline import (
+    DEADLINE_HEADER,
+    TIMEOUT_HEADER,
+    DeadlineHeaderError,
+    accepts_late,
+    client_budget_ms,
+)
 from contracts.httpserve import ARRIVED
 
 log = logging.getLogger(__name__)
@@ -164,6 +170,8 @@ def _deadline_headers(slo_ms: float | None) -> dict[str, str] | tuple[Response, 
         return _error(400, "BadRequest", str(exc))
     limits = [b for b in (budget, slo_ms) if b is not None]
     headers = {"X-Tandem-Late": "accept"} if late else {}
+    if DEADLINE_HEADER in request.headers:  # absolute: counts this hop by itself
+        headers[DEADLINE_HEADER] = request.headers[DEADLINE_HEADER]
     if limits:
         arrived = request.environ.get(ARRIVED, time.monotonic())
         left = min(limits) - (time.monotonic() - arrived) * 1000.0
