@@ -85,24 +85,26 @@ class Server:
     def __init__(self, kind: str, store: Path):
         tandem = Path(sys.executable).parent / "tandem"
         env = {**os.environ, "PYTHONPATH": str(_common.ROOT)}
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [str(tandem), "agent", "serve", f"--executor={kind}", "--device=cpu", "--port=0",
              f"--model-store={store}", "--post-workers=2"],
-            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, text=True)
-        assert self.proc.stderr is not None
+            stderr=self.log, stdout=subprocess.DEVNULL, env=env, text=True)
         deadline = time.monotonic() + 120
         self.port = 0
-        for line in self.proc.stderr:
-            if '"event": "serving"' in line:
-                self.port = json.loads(line)["port"]
-                break
-            if time.monotonic() > deadline:
-                break
+        while not self.port and time.monotonic() < deadline and self.proc.poll() is None:
+            time.sleep(0.1)
+            for line in Path(self.log.name).read_text().splitlines():
+                if '"event": "serving"' in line:
+                    self.port = json.loads(line)["port"]
         if not self.port:
             self.proc.kill()
-            raise RuntimeError(f"the {kind} server did not start")
-        threading.Thread(target=lambda: [None for _ in self.proc.stderr or ()],
-                         daemon=True).start()  # keep its stderr drained
+            raise RuntimeError(f"the {kind} server did not start: {self.errors()}")
+
+    def errors(self) -> list[str]:
+        """Tracebacks' last lines in the server's log (an answer 500 logs one)."""
+        lines = Path(self.log.name).read_text().splitlines()
+        return [ln for ln in lines if ln and not ln.startswith((" ", "{", "Traceback"))][-20:]
 
     def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, Any]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)
@@ -120,6 +122,7 @@ class Server:
             self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+        self.log.close()
 
 
 def register(server: Server, name: str, model: str, slo: float, rate: float) -> dict:
@@ -254,6 +257,7 @@ def scenario(kind: str, hog: bool, store: Path, rates: dict[str, float],
                 raise RuntimeError(f"client failed: {client.stderr[-2000:]}")
             records = json.loads(client.stdout)["records"]
             _status, snap = server.call("GET", "/v1/sessions")
+            server_errors = server.errors()
         finally:
             server.stop()
     finally:
@@ -269,6 +273,7 @@ def scenario(kind: str, hog: bool, store: Path, rates: dict[str, float],
         "admission": admitted,
         "client": summarise(records, client_sessions, seconds),
         "server": {"sessions": server_view, "request_path": snap["request_path"],
+                   "log_errors": server_errors,
                    "latency_margin": snap["latency_margin"], "replans": snap["replans"]},
     }
 

@@ -3,6 +3,7 @@ own cost counted by admission (issue: serving that holds what it admits)."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -18,9 +19,11 @@ from agent.inference.errors import AdmissionRefused, DropReason
 from agent.inference.executors import SimExecutor
 from agent.inference.pathcost import (
     PathFigures,
+    PathLoad,
     RequestPathCost,
     RequestPathLimits,
     calibrate,
+    queue_tail_ms,
 )
 from agent.inference.runtime import RuntimeConfig, ServingRuntime
 from agent.inference.stats import Outcome
@@ -199,3 +202,27 @@ def test_calibration_measures_this_host() -> None:
     figures = calibrate(repeats=10)
     assert 0 < figures.front_ms < 1000 and 0 < figures.back_ms < 1000
     assert figures.cpu_ms > 0 and figures.cpu_ms_per_kib >= 0
+
+
+def test_queue_tail_of_the_request_path() -> None:
+    limits = RequestPathLimits(workers=100, cores=0.1)
+    figures = PathFigures(0.0, 0.0, cpu_ms=0.5)
+    # 100 rps x 0.5 ms = 0.05 cores of 0.1: rho 0.5, 5 ms per request at this share.
+    tail = queue_tail_ms([PathLoad(100.0, 50.0, 0.0)], figures, limits)
+    assert tail == pytest.approx(5.0 * math.log(100) / 0.5)
+    assert queue_tail_ms([PathLoad(200.0, 50.0, 0.0)], figures, limits) == math.inf
+    assert queue_tail_ms([PathLoad(100.0, 50.0, 0.0)], figures, None) == 0.0
+
+
+def test_admission_counts_the_request_paths_queue() -> None:
+    """A host that gives the path a tenth of a core: 100 rps would queue ~46 ms at p99,
+    which a 50 ms SLO cannot spare; the refusal names a lower rate, which is admitted."""
+    limits = RequestPathLimits(workers=100, cores=0.1, max_load=0.9)
+    rt = _sim_runtime(PathFigures(0.0, 0.0, cpu_ms=0.5), limits)
+    with pytest.raises(AdmissionRefused) as refused:
+        rt.add_slo_session("s", "m", 50, 100)
+    err = refused.value.to_json()
+    assert "request path's own" in err["message"]
+    assert 0 < err["holdable_rate_rps"] < 100
+    assert rt.add_slo_session("s", "m", 50, err["holdable_rate_rps"])["name"] == "s"
+    assert rt.planning.queue_ms > 0

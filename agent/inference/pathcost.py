@@ -159,7 +159,7 @@ def _timed(fn: Callable[[], object], repeats: int) -> list[float]:
     return took
 
 
-def core_share(seconds: float = 0.1) -> float:
+def core_share(seconds: float = 0.25) -> float:
     """The share of one core a busy thread of this process gets now (1.0 on a quiet host)."""
     wall, cpu = time.perf_counter(), time.thread_time()
     while time.perf_counter() - wall < seconds:
@@ -265,6 +265,24 @@ class HostRefusal:
                 if self.reason == "RequestPathCpu"
                 else "the requests in flight need {r:.0f} HTTP workers, the server has {a:.0f}")
         return f"{self.reason}: " + what.format(r=self.required, a=self.available)
+
+
+def queue_tail_ms(loads: list[PathLoad], figures: PathFigures,
+                  limits: RequestPathLimits | None) -> float:
+    """The 99th percentile of a request's time queued for and served on the request
+    path's CPU: M/M/1 with the path as one server of ``limits.cores`` (a share of a
+    core), ``S * ln(100) / (1 - rho)``; infinite when the path is saturated."""
+    if limits is None or not loads:
+        return 0.0
+    rate = sum(x.rate_rps for x in loads)
+    if rate <= 0:
+        return 0.0
+    demand = sum(x.rate_rps * figures.cpu_per_request_ms(x.body_bytes) for x in loads) / 1000.0
+    rho = demand / limits.cores
+    if rho >= 1.0:
+        return math.inf
+    service_ms = demand * 1000.0 / rate / limits.cores
+    return service_ms * math.log(100.0) / (1.0 - rho)
 
 
 def host_refusal(loads: list[PathLoad], figures: PathFigures,

@@ -30,6 +30,8 @@ class Planning:
         self.path = path
         self.path_in_plan: PathFigures = path.figures()
         """The request path's figures the last proposed plan was made with."""
+        self.queue_ms = 0.0
+        """The request path's CPU queue tail at the admitted rates (``pathcost``)."""
         self.plan: GpuPlan | None = None
         self.overrun_headroom_ms = 0.0
         self.margin = LatencyMargin(
@@ -49,24 +51,30 @@ class Planning:
 
     def propose(self, specs: list[SessionSpec],
                 profiles: Mapping[tuple[str, str], BatchingProfile],
-                longest_segment_ms: float) -> GpuPlan | Infeasible:
+                longest_segment_ms: float, queue_ms: float | None = None
+                ) -> GpuPlan | Infeasible:
         """The Nexus plan, with headroom for best-effort overruns where needed
-        (admission.py); the headroom computed is the one overruns are held to."""
+        (admission.py); the headroom computed is the one overruns are held to.
+        ``queue_ms``: the request path's queue tail at these sessions' rates (None:
+        the last one given)."""
         self.path_in_plan = self.path.figures()
-        plan, self.overrun_headroom_ms = self._plan(specs, profiles, longest_segment_ms)
+        if queue_ms is not None:
+            self.queue_ms = queue_ms
+        plan, self.overrun_headroom_ms = self._plan(specs, profiles, longest_segment_ms,
+                                                    self.queue_ms)
         return plan
 
     def trial(self, specs: list[SessionSpec],
               profiles: Mapping[tuple[str, str], BatchingProfile],
-              longest_segment_ms: float) -> GpuPlan | Infeasible:
+              longest_segment_ms: float, queue_ms: float) -> GpuPlan | Infeasible:
         """``propose`` without recording anything (what-if questions of admission)."""
-        return self._plan(specs, profiles, longest_segment_ms)[0]
+        return self._plan(specs, profiles, longest_segment_ms, queue_ms)[0]
 
     def _plan(self, specs: list[SessionSpec],
               profiles: Mapping[tuple[str, str], BatchingProfile],
-              longest_segment_ms: float) -> tuple[GpuPlan | Infeasible, float]:
+              longest_segment_ms: float, queue_ms: float) -> tuple[GpuPlan | Infeasible, float]:
         figures = self.path.figures()
-        if cut := figures.front_ms + figures.back_ms:
+        if cut := figures.front_ms + figures.back_ms + queue_ms:
             specs = [replace(s, slo_ms=max(s.slo_ms - cut, 1e-3)) for s in specs]
         return plan_with_headroom(specs, profiles, self._config.gpu_type,
                                   self._config.memory_mib, longest_segment_ms)

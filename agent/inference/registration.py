@@ -29,7 +29,7 @@ from agent.inference.errors import (
     DropReason,
 )
 from agent.inference.executors import Executor, LoadedModel
-from agent.inference.pathcost import PathLoad, RequestPathLimits, host_refusal
+from agent.inference.pathcost import PathLoad, RequestPathLimits, host_refusal, queue_tail_ms
 from agent.inference.planning import Planning
 from agent.inference.quanta import JobSpec, QuantaScheduler, choose_quantum_ms
 from agent.inference.registry import SessionRegistry
@@ -100,7 +100,7 @@ class Registration:
                 profiles = {**p.planning.profile_map(p.sessions.slo.values()),
                             (model, p.config.gpu_type): p.planning.planned(profile)}
                 plan = p.planning.propose(p.sessions.specs() + [spec], profiles,
-                                          self.longest_segment_ms())
+                                          self.longest_segment_ms(), self._queue_ms(spec, loaded))
                 refusal = self._refusal(plan, spec, loaded, profiles)
                 if refusal is not None:
                     raise refusal
@@ -118,6 +118,15 @@ class Registration:
                     "request_path": p.planning.path_in_plan.to_json(),
                     "profile": profile_json(profile),
                 }  # fmt: skip
+
+    def _queue_ms(self, new: SessionSpec, loaded: LoadedModel) -> float:
+        """The request path's CPU queue tail with ``new`` beside the sessions (finite:
+        a saturated path is refused by ``host_refusal``, not planned for)."""
+        loads = [PathLoad(s.spec.rate_rps, s.spec.slo_ms, request_bytes(s.loaded))
+                 for s in self._p.sessions.slo.values()]
+        loads.append(PathLoad(new.rate_rps, new.slo_ms, request_bytes(loaded)))
+        tail = queue_tail_ms(loads, self._p.planning.path.figures(), self._p.path_limits)
+        return min(tail, new.slo_ms)
 
     def _loads(self, plan: GpuPlan, new: SessionSpec, loaded: LoadedModel) -> list[PathLoad]:
         """Each session's requests as the request path holds them: a worker from arrival
@@ -151,8 +160,9 @@ class Registration:
             return None
         holdable = self._holdable_rate(spec, loaded, profiles)
         path = p.planning.path.figures()
-        note = (f" (planned with the request path's own {path.front_ms + path.back_ms:.3g} ms "
-                f"taken from each SLO)" if path.front_ms + path.back_ms > 0 else "")
+        own = path.front_ms + path.back_ms + self._queue_ms(spec, loaded)
+        note = (f" (planned with the request path's own {own:.3g} ms taken from each SLO)"
+                if own > 0 else "")
         if isinstance(plan, Infeasible):
             fields = {"reason": plan.reason.value, "required": plan.required,
                       "available": plan.available, "session": plan.session}
@@ -174,7 +184,8 @@ class Registration:
         for _ in range(8):
             mid = (low + high) / 2
             trial = replace(spec, rate_rps=mid)
-            plan = p.planning.trial([*specs, trial], profiles, self.longest_segment_ms())
+            plan = p.planning.trial([*specs, trial], profiles, self.longest_segment_ms(),
+                                    self._queue_ms(trial, loaded))
             low, high = (mid, high) if self._holds(plan, trial, loaded) is None else (low, mid)
         return round(low, 3)
 
