@@ -73,7 +73,8 @@ def test_time_waiting_for_a_worker_counts_against_the_deadline(served) -> None:
 
     hog = threading.Thread(target=post, args=("hog",))
     hog.start()
-    time.sleep(0.05)  # the hog's request holds the worker now
+    while not any(s["name"] == "hog" and s["arrived"] for s in rt.snapshot()["sessions"]):
+        time.sleep(0.005)  # until the hog's request holds the only worker
     started = time.monotonic()
     post("fast")
     hog.join()
@@ -226,3 +227,14 @@ def test_admission_counts_the_request_paths_queue() -> None:
     assert 0 < err["holdable_rate_rps"] < 100
     assert rt.add_slo_session("s", "m", 50, err["holdable_rate_rps"])["name"] == "s"
     assert rt.planning.queue_ms > 0
+
+
+def test_a_path_queue_longer_than_the_slo_is_its_own_reason() -> None:
+    limits = RequestPathLimits(workers=100, cores=0.1, max_load=0.9)
+    rt = _sim_runtime(PathFigures(0.0, 0.0, cpu_ms=0.5), limits)
+    with pytest.raises(AdmissionRefused) as refused:
+        rt.add_slo_session("s", "m", 50, 150)  # rho 0.75: ~92 ms at p99 on the path alone
+    err = refused.value.to_json()
+    assert err["reason"] == "RequestPathQueue" and err["available"] == 50
+    assert err["required"] == pytest.approx(5.0 * math.log(100) / 0.25)
+    assert 0 < err["holdable_rate_rps"] < 150

@@ -12,6 +12,7 @@ caller can scale the session down.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -119,13 +120,17 @@ class Registration:
                     "profile": profile_json(profile),
                 }  # fmt: skip
 
-    def _queue_ms(self, new: SessionSpec, loaded: LoadedModel) -> float:
-        """The request path's CPU queue tail with ``new`` beside the sessions (finite:
-        a saturated path is refused by ``host_refusal``, not planned for)."""
+    def _rates(self, new: SessionSpec, loaded: LoadedModel) -> list[PathLoad]:
+        """Every session's requests with ``new`` beside them, each held its SLO at most."""
         loads = [PathLoad(s.spec.rate_rps, s.spec.slo_ms, request_bytes(s.loaded))
                  for s in self._p.sessions.slo.values()]
-        loads.append(PathLoad(new.rate_rps, new.slo_ms, request_bytes(loaded)))
-        tail = queue_tail_ms(loads, self._p.planning.path.figures(), self._p.path_limits)
+        return [*loads, PathLoad(new.rate_rps, new.slo_ms, request_bytes(loaded))]
+
+    def _queue_ms(self, new: SessionSpec, loaded: LoadedModel) -> float:
+        """The request path's CPU queue tail with ``new`` beside the sessions, as planning
+        takes it from the SLOs (capped: a saturated path is refused, not planned for)."""
+        tail = queue_tail_ms(self._rates(new, loaded), self._p.planning.path.figures(),
+                             self._p.path_limits)
         return min(tail, new.slo_ms)
 
     def _loads(self, plan: GpuPlan, new: SessionSpec, loaded: LoadedModel) -> list[PathLoad]:
@@ -142,37 +147,47 @@ class Registration:
                  for s in self._p.sessions.slo.values()]
         return [*loads, PathLoad(new.rate_rps, held_ms(new), request_bytes(loaded))]
 
-    def _holds(self, plan: GpuPlan | Infeasible, spec: SessionSpec, loaded: LoadedModel
-               ) -> str | None:
-        """None when the plan and the request path hold ``spec`` beside the sessions."""
-        if isinstance(plan, Infeasible):
-            return plan.message()
-        host = host_refusal(self._loads(plan, spec, loaded), self._p.planning.path.figures(),
-                            self._p.path_limits)
-        return None if host is None else host.message()
+    def _why_not(self, plan: GpuPlan | Infeasible, spec: SessionSpec, loaded: LoadedModel
+                 ) -> tuple[str, dict[str, Any]] | None:
+        """None when the request path and the plan hold ``spec`` beside the sessions;
+        else the reason's text and its fields (the request path's first: its wait is
+        what shortens every SLO the planner sees)."""
+        p = self._p
+        path = p.planning.path.figures()
+        queue = queue_tail_ms(self._rates(spec, loaded), path, p.path_limits)
+        own = path.front_ms + path.back_ms + queue
+        tightest = min([s.slo_ms for s in p.sessions.specs()] + [spec.slo_ms])
+        if own >= tightest and math.isfinite(own):
+            text = (f"RequestPathQueue: a request would spend {own:.3g} ms on the request "
+                    f"path at p99 ({queue:.3g} ms waiting for its CPU), the tightest SLO "
+                    f"is {tightest:.3g} ms")
+            return text, {"reason": "RequestPathQueue", "required": own,
+                          "available": tightest, "session": spec.name}
+        if isinstance(plan, GpuPlan):
+            host = host_refusal(self._loads(plan, spec, loaded), path, p.path_limits)
+        else:  # a saturated path (infinite wait) is the reason, not the plan it spoilt
+            host = None if math.isfinite(own) else host_refusal(self._rates(spec, loaded), path,
+                                                                p.path_limits)
+            if host is None:
+                note = f" (planned with the request path's own {own:.3g} ms taken from each SLO)"
+                return plan.message() + (note if own > 0 else ""), {
+                    "reason": plan.reason.value, "required": plan.required,
+                    "available": plan.available, "session": plan.session}
+        if host is None:
+            return None
+        return host.message(), {"reason": host.reason, "required": host.required,
+                                "available": host.available, "session": spec.name}
 
     def _refusal(self, plan: GpuPlan | Infeasible, spec: SessionSpec, loaded: LoadedModel,
                  profiles: dict[tuple[str, str], BatchingProfile]) -> AdmissionRefused | None:
         """Why ``spec`` cannot be admitted (None: it can), with the rate that could."""
-        p = self._p
-        why = self._holds(plan, spec, loaded)
+        why = self._why_not(plan, spec, loaded)
         if why is None:
             return None
+        text, fields = why
         holdable = self._holdable_rate(spec, loaded, profiles)
-        path = p.planning.path.figures()
-        own = path.front_ms + path.back_ms + self._queue_ms(spec, loaded)
-        note = (f" (planned with the request path's own {own:.3g} ms taken from each SLO)"
-                if own > 0 else "")
-        if isinstance(plan, Infeasible):
-            fields = {"reason": plan.reason.value, "required": plan.required,
-                      "available": plan.available, "session": plan.session}
-        else:
-            host = host_refusal(self._loads(plan, spec, loaded), path, p.path_limits)
-            assert host is not None
-            fields = {"reason": host.reason, "required": host.required,
-                      "available": host.available, "session": spec.name}
         return AdmissionRefused(
-            f"session {spec.name} refused: {why}{note}; this host holds it at up to "
+            f"session {spec.name} refused: {text}; this host holds it at up to "
             f"{holdable:.4g} rps now", holdable_rate_rps=holdable, **fields)
 
     def _holdable_rate(self, spec: SessionSpec, loaded: LoadedModel,
@@ -186,7 +201,7 @@ class Registration:
             trial = replace(spec, rate_rps=mid)
             plan = p.planning.trial([*specs, trial], profiles, self.longest_segment_ms(),
                                     self._queue_ms(trial, loaded))
-            low, high = (mid, high) if self._holds(plan, trial, loaded) is None else (low, mid)
+            low, high = (mid, high) if self._why_not(plan, trial, loaded) is None else (low, mid)
         return round(low, 3)
 
     def add_best_effort(self, name: str, model: str, weight: int, priority: int,
