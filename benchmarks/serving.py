@@ -372,7 +372,7 @@ def main() -> None:
 
         started = time.perf_counter()
         out = {"benchmark": "serving_http",
-               **http_load(args.http_seconds, ["onnxruntime", "torch"], 150.0)}
+               **http_load(args.http_seconds, ["onnxruntime", "torch"], 60.0)}
         out["wall_seconds"] = time.perf_counter() - started
         out.update(_common.context(("numpy", "onnxruntime", "torch", "cheroot")))
         _common.write_result(out, args.out or _common.RESULTS / "serving_http_cpu.json")

@@ -292,3 +292,4 @@ def test_unparseable_npy_header_says_why(client: FlaskClient) -> None:
                          data=forged_npy((), "{'descr': __import__('os')"))
     assert answer.status_code == 400
     assert "header does not parse" in answer.json["message"]
+

@@ -159,7 +159,7 @@ def _timed(fn: Callable[[], object], repeats: int) -> list[float]:
     return took
 
 
-def core_share(seconds: float = 0.25) -> float:
+def core_share(seconds: float = 0.5) -> float:
     """The share of one core a busy thread of this process gets now (1.0 on a quiet host)."""
     wall, cpu = time.perf_counter(), time.thread_time()
     while time.perf_counter() - wall < seconds:

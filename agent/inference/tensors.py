@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import threading
 import tokenize
 from collections.abc import Mapping
 from typing import Any
@@ -13,12 +14,19 @@ from agent.inference.errors import BadRequest
 
 NPY_TYPE = "application/x-npy"
 
+_HEADER_LOCK = threading.Lock()
+"""numpy reads an .npy header with ``ast.literal_eval``; CPython 3.11 parses ASTs
+from several threads wrongly now and then ("SystemError: AST constructor recursion
+depth mismatch", a 500 to one request in a few thousand under load), so the HTTP
+workers parse headers one at a time."""
+
 
 def decode_npy(body: bytes) -> np.ndarray:
     """An array from an ``.npy`` body; never unpickles."""
     _check_npy_header(body)
     try:
-        array = np.load(io.BytesIO(body), allow_pickle=False)
+        with _HEADER_LOCK:
+            array = np.load(io.BytesIO(body), allow_pickle=False)
     except (ValueError, OSError, EOFError, MemoryError) as exc:
         raise BadRequest(f"body is not a valid .npy array: {exc}") from exc
     if not isinstance(array, np.ndarray):
@@ -45,7 +53,8 @@ def _check_npy_header(body: bytes) -> None:
         version = np.lib.format.read_magic(stream)
         reader = np.lib.format.read_array_header_1_0 if version == (1, 0) \
             else np.lib.format.read_array_header_2_0
-        shape, _, dtype = reader(stream)
+        with _HEADER_LOCK:
+            shape, _, dtype = reader(stream)
     except _HEADER_ERRORS as exc:
         raise BadRequest(f"body is not a valid .npy array: its header does not parse "
                          f"({type(exc).__name__}: {exc})") from None
