@@ -46,6 +46,7 @@ import argparse
 import random
 import statistics
 import time
+from pathlib import Path
 
 import _common
 import numpy as np
@@ -363,8 +364,12 @@ def main() -> None:
     )
     parser.add_argument("--http-load", action="store_true",
                         help="only the HTTP scenario of serving_http.py")
-    parser.add_argument("--http-seconds", type=float, default=12.0,
+    parser.add_argument("--http-seconds", type=float, default=10.0,
                         help="seconds of load per HTTP scenario")
+    parser.add_argument("--http-baseline", type=Path, default=None,
+                        help="another checkout whose server runs the HTTP load too")
+    parser.add_argument("--note", action="append", default=[],
+                        help="a line for the result's notes (how the machine was)")
     _common.add_out_option(parser, None)  # default: serving_cpu.json or serving_gpu.json
     args = parser.parse_args()
     if args.http_load:
@@ -372,7 +377,9 @@ def main() -> None:
 
         started = time.perf_counter()
         out = {"benchmark": "serving_http",
-               **http_load(args.http_seconds, ["onnxruntime", "torch"], 60.0)}
+               **http_load(args.http_seconds, ["onnxruntime", "torch"], 60.0,
+                           args.http_baseline)}
+        out["notes"] = args.note
         out["wall_seconds"] = time.perf_counter() - started
         out.update(_common.context(("numpy", "onnxruntime", "torch", "cheroot")))
         _common.write_result(out, args.out or _common.RESULTS / "serving_http_cpu.json")

@@ -82,9 +82,9 @@ def batch1_ms(kind: str, path: Path, width: int, repeats: int = 200) -> float:
 class Server:
     """``tandem agent serve`` in its own process."""
 
-    def __init__(self, kind: str, store: Path):
+    def __init__(self, kind: str, store: Path, root: Path = _common.ROOT):
         tandem = Path(sys.executable).parent / "tandem"
-        env = {**os.environ, "PYTHONPATH": str(_common.ROOT)}
+        env = {**os.environ, "PYTHONPATH": str(root)}
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [str(tandem), "agent", "serve", f"--executor={kind}", "--device=cpu", "--port=0",
@@ -132,7 +132,7 @@ def register(server: Server, name: str, model: str, slo: float, rate: float) -> 
     out: dict[str, Any] = {"asked_rps": rate}
     if status == 201:
         return {**out, "admitted_rps": rate, "batch": answer["batch"],
-                "request_path": answer["request_path"]}
+                "request_path": answer.get("request_path")}
     out["refusal"] = {k: answer.get(k) for k in ("reason", "message", "required", "available",
                                                   "holdable_rate_rps")}
     holdable = answer.get("holdable_rate_rps") or 0.0
@@ -140,7 +140,7 @@ def register(server: Server, name: str, model: str, slo: float, rate: float) -> 
         status, answer = server.call("POST", "/v1/sessions", {**body, "rate_rps": holdable})
         if status == 201:
             return {**out, "admitted_rps": holdable, "scaled_down": True,
-                    "batch": answer["batch"], "request_path": answer["request_path"]}
+                    "batch": answer["batch"], "request_path": answer.get("request_path")}
         out["second_refusal"] = answer
     return {**out, "admitted_rps": 0.0}
 
@@ -235,13 +235,13 @@ def summarise(records: list, sessions: list[dict], seconds: float) -> dict:
 
 
 def scenario(kind: str, hog: bool, store: Path, rates: dict[str, float],
-             seconds: float) -> dict:
+             seconds: float, root: Path = _common.ROOT) -> dict:
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
             for _ in range(os.cpu_count() or 1)] if hog else []
     try:
         time.sleep(0.5 if hog else 0)
         load_before = _common.load_average()
-        server = Server(kind, store)
+        server = Server(kind, store, root)
         try:
             admitted = {name: register(server, name, f"{name}.onnx", slo, rates[name])
                         for name, _w, _l, slo in SESSIONS}
@@ -272,14 +272,16 @@ def scenario(kind: str, hog: bool, store: Path, rates: dict[str, float],
         "load_average_after": _common.load_average(),
         "admission": admitted,
         "client": summarise(records, client_sessions, seconds),
-        "server": {"sessions": server_view, "request_path": snap["request_path"],
+        "server": {"sessions": server_view, "request_path": snap.get("request_path"),
                    "log_errors": server_errors,
                    "latency_margin": snap["latency_margin"], "replans": snap["replans"]},
     }
 
 
-def http_load(seconds: float, kinds: list[str], max_rps: float) -> dict:
-    """Every scenario for every executor (the ``--http-load`` section of serving.py)."""
+def http_load(seconds: float, kinds: list[str], max_rps: float,
+              baseline: Path | None = None) -> dict:
+    """Every scenario for every executor (the ``--http-load`` section of serving.py);
+    with ``baseline`` (another checkout), its server too, on the first executor."""
     out: dict[str, Any] = {
         "load": {"sessions": [{"name": n, "mlp_width": w, "layers": layer, "slo_ms": slo}
                               for n, w, layer, slo in SESSIONS],
@@ -300,10 +302,25 @@ def http_load(seconds: float, kinds: list[str], max_rps: float) -> dict:
             out[kind] = {"batch1_ms": l1, "rates_rps": rates}
             for label, hog in (("as_is", False), ("cpu_hog", True)):
                 out[kind][label] = scenario(kind, hog, store, rates, seconds)
+                if baseline is not None and kind == kinds[0]:
+                    out.setdefault("baseline", {"server_code": _baseline_label(baseline),
+                                                "executor": kind})
+                    out["baseline"][label] = scenario(kind, hog, store, rates, seconds,
+                                                      baseline)
     out["goal"] = ("client-side attainment >= 99% for every admitted session, or the session "
                    "refused or scaled down with a reason; no 200 after its deadline")
     out["met"] = {f"{k}/{c}": _met(out[k][c]) for k in kinds for c in ("as_is", "cpu_hog")}
+    if baseline is not None:
+        out["met"].update({f"baseline/{c}": _met(out["baseline"][c])
+                           for c in ("as_is", "cpu_hog")})
     return out
+
+
+def _baseline_label(root: Path) -> str:
+    """The baseline checkout's commit, for the record."""
+    head = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%h %s"],
+                          capture_output=True, text=True)
+    return head.stdout.strip() or str(root)
 
 
 def _met(result: dict) -> bool:
@@ -320,6 +337,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--executors", default="onnxruntime,torch")
     parser.add_argument("--max-rps", type=float, default=60.0)
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="another checkout whose server runs the same load (first executor)")
     parser.add_argument("--client", help=argparse.SUPPRESS)
     _common.add_out_option(parser, "serving_http_cpu")
     args = parser.parse_args()
@@ -328,7 +347,7 @@ def main() -> None:
         return
     started = time.perf_counter()
     out = {"benchmark": "serving_http", **http_load(args.seconds, args.executors.split(","),
-                                                     args.max_rps)}
+                                                     args.max_rps, args.baseline)}
     out["wall_seconds"] = time.perf_counter() - started
     out.update(_common.context(("numpy", "onnxruntime", "torch", "cheroot")))
     _common.write_result(out, args.out)
