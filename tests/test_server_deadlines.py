@@ -49,6 +49,7 @@ def served() -> Iterator[tuple[str, ServingRuntime]]:
     rt = ServingRuntime(SimExecutor(profiles, clock, "sim"), clock, RuntimeConfig("sim"),
                         post_workers=1)
     rt.add_slo_session("fast", "tiny", 100, 5)
+    rt.add_slo_session("roomy", "tiny", 10_000, 5)
     rt.add_best_effort_session("hog", "slow")
     rt.start()
     server = harden(wsgi.Server(("127.0.0.1", 0), create_app(rt), numthreads=1), 10.0, 1 << 20)
@@ -89,9 +90,9 @@ def test_time_waiting_for_a_worker_counts_against_the_deadline(served) -> None:
 
 def test_client_deadline_header(served) -> None:
     base, _rt = served
-    url = f"{base}/v1/sessions/fast/infer"
+    url = f"{base}/v1/sessions/roomy/infer"  # a 10 s SLO: the client's deadline decides
     npy = {"Content-Type": "application/x-npy"}
-    ok = httpx.post(url, content=_npy(X), headers={**npy, "X-Tandem-Timeout-Ms": "80"})
+    ok = httpx.post(url, content=_npy(X), headers={**npy, "X-Tandem-Timeout-Ms": "3000"})
     assert ok.status_code == 200
     gone = httpx.post(url, content=_npy(X), headers={**npy, "X-Tandem-Timeout-Ms": "0.001"})
     assert gone.status_code == 503 and gone.json()["reason"] in {"deadline_expired", "timeout"}
@@ -102,7 +103,7 @@ def test_client_deadline_header(served) -> None:
                       headers={**npy, "X-Tandem-Late": "yes"}).status_code == 400
     # An absolute deadline counts time before the server saw the request at all.
     now = time.time() * 1000
-    ok = httpx.post(url, content=_npy(X), headers={**npy, "X-Tandem-Deadline": f"{now + 80}"})
+    ok = httpx.post(url, content=_npy(X), headers={**npy, "X-Tandem-Deadline": f"{now + 3000}"})
     assert ok.status_code == 200
     past = httpx.post(url, content=_npy(X), headers={**npy, "X-Tandem-Deadline": f"{now - 1}"})
     assert past.status_code == 503 and past.json()["reason"] == "deadline_expired"

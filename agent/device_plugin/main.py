@@ -27,8 +27,10 @@ log = logging.getLogger(__name__)
 
 
 def placements_of(view: NodeView) -> Placements:
-    """(namespace, name, uid, GPU index, GPU uuid) for every pod and GPU in the view."""
-    return [(p.namespace, p.name, p.uid, g.index, g.uuid) for g in view.gpus for p in g.pods]
+    """(namespace, name, uid, GPU index, GPU uuid, container, state) for every pod and GPU
+    in the view."""
+    return [(p.namespace, p.name, p.uid, g.index, g.uuid, p.container, p.state)
+            for g in view.gpus for p in g.pods]
 
 
 def fetching_placements(fetch: Callable[[], NodeView]) -> Callable[[], Placements]:

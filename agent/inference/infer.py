@@ -19,10 +19,10 @@ from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
-from flask import Request, Response, jsonify
+from flask import Request, Response, current_app, jsonify
 from flask import request as current_request
 
-from agent.inference.errors import BadRequest, DropReason, RequestDropped
+from agent.inference.errors import BadRequest, DropReason, PayloadTooLarge, RequestDropped
 from agent.inference.runtime import ServingRuntime
 from agent.inference.stats import Outcome
 from agent.inference.tensors import (
@@ -39,7 +39,7 @@ from contracts.deadline import (
     accepts_late,
     client_budget_ms,
 )
-from contracts.httpserve import ARRIVED
+from contracts.httpserve import ARRIVED, BadContentLength, BodyTooLarge, read_body
 from contracts.jsonbody import JsonBodyError, parse_json
 
 
@@ -94,10 +94,22 @@ def answer_infer(runtime: ServingRuntime, name: str, request: Request,
     return response
 
 
+def body() -> bytes:
+    """The current request's body, within the app's size limit
+    (``contracts.httpserve.read_body``)."""
+    limit = current_app.config["MAX_CONTENT_LENGTH"]
+    try:
+        return read_body(current_request.environ, limit)
+    except BodyTooLarge as exc:
+        raise PayloadTooLarge(str(exc)) from None
+    except BadContentLength as exc:
+        raise BadRequest(str(exc)) from None
+
+
 def json_body() -> object:
     """The current request's body as JSON within ``contracts.jsonbody``'s limits."""
     try:
-        return parse_json(current_request.get_data(cache=False))
+        return parse_json(body())
     except JsonBodyError as exc:
         raise BadRequest(f"body: {exc.problem}") from None
 
@@ -106,7 +118,7 @@ def _decode(request: Request, dtype: np.dtype, as_json: bool) -> np.ndarray:
     if as_json:
         return decode_json_inputs(json_body(), dtype)
     if request.mimetype == NPY_TYPE:
-        return decode_npy(request.get_data(cache=False))
+        return decode_npy(body())
     raise BadRequest(f"Content-Type must be {NPY_TYPE} or application/json")
 
 

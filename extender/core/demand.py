@@ -52,11 +52,15 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from contracts.annotations import GPU_RESOURCE, AnnotationError, PodInputs, parse_inputs
+from contracts.annotations import (
+    GPU_COUNT_RANGE,
+    GPU_RESOURCE,
+    AnnotationError,
+    PodInputs,
+    parse_inputs,
+    parse_integer,
+)
 from extender.core.snapshot import SessionSpec, Workload
-
-DEFAULT_BATCH = {Workload.INFERENCE: 1, Workload.TRAINING: 32}
-
 
 DemandError = AnnotationError  # the pod's request cannot be understood; ``field`` names it
 
@@ -142,7 +146,7 @@ class JobDemand:
     @property
     def batch_size(self) -> int:
         """The asserted batch size, else the workload's default."""
-        return self.inputs.batch_size or DEFAULT_BATCH[self.workload]
+        return self.inputs.batch
 
     @property
     def best_effort(self) -> bool:
@@ -202,49 +206,58 @@ def annotations_of(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     return ann
 
 
+def container_gpu_counts(pod: Mapping[str, Any]) -> tuple[tuple[str, int, bool], ...]:
+    """(container name, ``tandem.io/gpu`` count, init container?) of every container asking
+    for GPUs, in the kubelet's admission order (init containers first); DemandError if the
+    pod is malformed (``parse_demand`` has refused such a pod already)."""
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        raise DemandError("Pod.spec", spec, "must be an object")
+    out = []
+    for key in ("initContainers", "containers"):
+        counts = _per_container(spec, key)
+        names = [c.get("name") if isinstance(c, Mapping) else None
+                 for c in spec.get(key) or []]
+        out += [(str(name), n, key == "initContainers")
+                for name, n in zip(names, counts, strict=True) if n > 0]
+    return tuple(out)
+
+
+def _per_container(spec: Mapping[str, Any], key: str) -> list[int]:
+    """Each container's ``tandem.io/gpu`` count (limits or requests, the larger)."""
+    containers = spec.get(key) or []
+    if not isinstance(containers, list):
+        raise DemandError(f"Pod.spec.{key}", containers, "must be a list")
+    counts = []
+    for i, c in enumerate(containers):
+        res = c.get("resources") if isinstance(c, Mapping) else None
+        res = res if isinstance(res, Mapping) else {}
+        values = [
+            (res.get(kind) or {}).get(GPU_RESOURCE)
+            for kind in ("limits", "requests")
+            if isinstance(res.get(kind) or {}, Mapping)
+        ]
+        counts.append(
+            max((_quantity(v, f"Pod.spec.{key}[{i}].resources.{GPU_RESOURCE}") for v in values
+                 if v is not None), default=0)
+        )
+    return counts
+
+
 def gpu_count_of(pod: Mapping[str, Any]) -> int:
     """GPUs requested via ``tandem.io/gpu`` (sum over containers; init containers: max)."""
     spec = pod.get("spec")
     if not isinstance(spec, Mapping):
         raise DemandError("Pod.spec", spec, "must be an object")
-
-    def per_container(key: str) -> list[int]:
-        containers = spec.get(key) or []
-        if not isinstance(containers, list):
-            raise DemandError(f"Pod.spec.{key}", containers, "must be a list")
-        counts = []
-        for i, c in enumerate(containers):
-            res = c.get("resources") if isinstance(c, Mapping) else None
-            res = res if isinstance(res, Mapping) else {}
-            values = [
-                (res.get(kind) or {}).get(GPU_RESOURCE)
-                for kind in ("limits", "requests")
-                if isinstance(res.get(kind) or {}, Mapping)
-            ]
-            counts.append(
-                max((_quantity(v, f"Pod.spec.{key}[{i}].resources.{GPU_RESOURCE}") for v in values
-                     if v is not None), default=0)
-            )
-        return counts
-
-    total = max(sum(per_container("containers")), max(per_container("initContainers"), default=0))
+    total = max(sum(_per_container(spec, "containers")),
+                max(_per_container(spec, "initContainers"), default=0))
     if total <= 0:
         raise DemandError(f"resources[{GPU_RESOURCE}]", 0, "the pod requests no tandem.io/gpu")
     return total
 
 
 def _quantity(value: object, path: str) -> int:
-    if isinstance(value, bool):
-        raise DemandError(path, value, "must be a whole number of GPUs")
-    if isinstance(value, int):
-        n = value
-    elif isinstance(value, str) and value.strip().isdigit():
-        n = int(value.strip())
-    else:
-        raise DemandError(path, value, "must be a whole number of GPUs")
-    if n < 0 or n > 1024:
-        raise DemandError(path, value, "must be between 0 and 1024")
-    return n
+    return parse_integer(value, path, GPU_COUNT_RANGE)  # a whole number of GPUs
 
 
 def parse_demand(pod: Mapping[str, Any]) -> JobDemand:
@@ -253,7 +266,7 @@ def parse_demand(pod: Mapping[str, Any]) -> JobDemand:
     workload = Workload(inputs.workload)
     # The default batch size is stored, so a pod that asserts it reads the same as one
     # that leaves it out.
-    inputs = replace(inputs, batch_size=inputs.batch_size or DEFAULT_BATCH[workload])
+    inputs = replace(inputs, batch_size=inputs.batch)
     job = JobDemand(gpu_count_of(pod), inputs)
     if workload is Workload.INFERENCE and job.gpu_count != 1:
         raise DemandError(GPU_RESOURCE, job.gpu_count, "an inference session takes 1 GPU")

@@ -12,7 +12,11 @@ import enum
 from dataclasses import dataclass, field
 from typing import NewType
 
+from contracts.gpus import GpuRef, GpuSpec, gpu_type_of, refs_of
 from planner.types import SessionSpec
+
+__all__ = ["GpuObservation", "GpuRef", "GpuSpec", "GpuUuid", "NodeName", "NodeSpec", "Placement",
+           "PodUid", "SessionSpec", "Workload", "gpu_type_of"]
 
 NodeName = NewType("NodeName", str)
 """A Kubernetes node's name."""
@@ -27,26 +31,6 @@ class Workload(enum.Enum):
 
     TRAINING = "training"
     INFERENCE = "inference"
-
-
-def gpu_type_of(product: str) -> str:
-    """Canonical GPU type name of a product string (GFD and NVML spell it differently)."""
-    return "-".join(product.strip().split())
-
-
-@dataclass(frozen=True)
-class GpuSpec:
-    """One physical GPU: its index on the node, uuid, product name and memory."""
-
-    index: int
-    uuid: GpuUuid
-    product: str
-    memory_mib: float
-
-    @property
-    def gpu_type(self) -> str:
-        """The product as a canonical type name (spaces become dashes)."""
-        return gpu_type_of(self.product)
 
 
 @dataclass(frozen=True)
@@ -77,11 +61,22 @@ class Placement:
     gpu_uuids: tuple[str, ...] = field(default=(), compare=False)
     """The GPUs' UUIDs when known, one per index: they find the GPUs again after an agent
     report renumbers a node's indices (a GPU vanished), so a pod stays on its GPU."""
+    containers: tuple[tuple[str, tuple[int, ...]], ...] = field(default=(), compare=False)
+    """Which container gets which of ``gpu_indices`` (:func:`split_gpus`), as bind decided:
+    the device plugin hands them out container by container."""
+    trusted: bool = field(default=True, compare=False)
+    """False for a bound pod with no placement record bind wrote: it holds every GPU of its
+    node in full, the device plugin refuses it, ``/v1/state`` lists it as ``untrusted``."""
 
     @property
     def best_effort(self) -> bool:
         """An inference session without an SLO: it runs in the duty cycle's slack."""
         return self.workload is Workload.INFERENCE and self.session is None
+
+    @property
+    def gpus(self) -> tuple[GpuRef, ...]:
+        """The placement's GPUs as recorded (UUIDs only when there is one per index)."""
+        return refs_of(self.gpu_indices, self.gpu_uuids)
 
 
 @dataclass(frozen=True)
@@ -92,3 +87,22 @@ class GpuObservation:
     util_percent: float
     memory_used_mib: float
     observed_at_seconds: float
+
+
+
+def split_gpus(counts: tuple[tuple[str, int, bool], ...], indices: tuple[int, ...],
+               ) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """Which container gets which GPU. ``counts``: (name, ``tandem.io/gpu`` count, init
+    container?) in the kubelet's admission order, init containers first. The containers
+    take the bound GPUs in order, each its count; an init container takes the first ones
+    (the kubelet reuses an init container's devices for the containers after it)."""
+    out, at = [], 0
+    for name, count, init in counts:
+        if count <= 0:
+            continue
+        if init:
+            out.append((name, indices[:count]))
+        else:
+            out.append((name, indices[at:at + count]))
+            at += count
+    return tuple(out)
