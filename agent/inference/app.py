@@ -61,22 +61,11 @@ def create_app(
     registry = registry or CollectorRegistry()
     registry.register(RuntimeCollector(runtime))
 
-    @app.errorhandler(ServerError)
-    def _server_error(err: ServerError) -> tuple[Response, int]:
-        response = jsonify(err.to_json())
-        if isinstance(err, Unauthorized):
-            response.headers["WWW-Authenticate"] = 'Bearer realm="tandem-admin"'
-        return response, err.status
+    _json_errors(app)
 
     def _authorize() -> None:
         if admin is not None:
             admin.check(request.headers.get("Authorization"))
-
-    @app.errorhandler(HTTPException)
-    def _http_error(err: HTTPException) -> tuple[Response, int]:
-        status = err.code or 500
-        kind = "PayloadTooLarge" if isinstance(err, RequestEntityTooLarge) else type(err).__name__
-        return jsonify({"error": kind, "message": err.description}), status
 
     @app.post("/v1/sessions")
     def add_session() -> tuple[Response, int]:
@@ -128,6 +117,23 @@ def create_app(
         return jsonify({"status": "ready" if ready else "not ready"}), 200 if ready else 503
 
     return app
+
+
+def _json_errors(app: Flask) -> None:
+    """Every error as JSON in one shape: the server's own, and werkzeug's."""
+
+    @app.errorhandler(ServerError)
+    def _server_error(err: ServerError) -> tuple[Response, int]:
+        response = jsonify(err.to_json())
+        if isinstance(err, Unauthorized):
+            response.headers["WWW-Authenticate"] = 'Bearer realm="tandem-admin"'
+        return response, err.status
+
+    @app.errorhandler(HTTPException)
+    def _http_error(err: HTTPException) -> tuple[Response, int]:
+        status = err.code or 500
+        kind = "PayloadTooLarge" if isinstance(err, RequestEntityTooLarge) else type(err).__name__
+        return jsonify({"error": kind, "message": err.description}), status
 
 
 def _json_object() -> dict[str, Any]:
