@@ -239,3 +239,27 @@ def test_a_path_queue_longer_than_the_slo_is_its_own_reason() -> None:
     assert err["reason"] == "RequestPathQueue" and err["available"] == 50
     assert err["required"] == pytest.approx(5.0 * math.log(100) / 0.25)
     assert 0 < err["holdable_rate_rps"] < 150
+
+
+def test_the_last_check_keeps_time_to_write_the_answer(served) -> None:
+    """Writing answers has been taking 10 s (as observed): a 100 ms SLO cannot be met
+    once the answer is ready, so it is refused, unless the client accepts late answers."""
+    base, rt = served
+    for _ in range(60):
+        rt.path_cost.observe_write(10_000.0)
+    assert rt.path_cost.write_reserve_ms() == 10_000.0
+    url = f"{base}/v1/sessions/fast/infer"
+    npy = {"Content-Type": "application/x-npy"}
+    refused = httpx.post(url, content=_npy(X), headers=npy)
+    assert refused.status_code == 503 and refused.json()["reason"] == "deadline_missed"
+    late = httpx.post(url, content=_npy(X), headers={**npy, "X-Tandem-Late": "accept"})
+    assert late.status_code == 200 and late.headers["X-Tandem-Late"] == "true"
+
+
+def test_write_reserve_needs_enough_answers() -> None:
+    cost = RequestPathCost(min_samples=50)
+    for _ in range(49):
+        cost.observe_write(5.0)
+    assert cost.write_reserve_ms() == 0.0
+    cost.observe_write(5.0)
+    assert cost.write_reserve_ms() == 5.0

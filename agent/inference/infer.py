@@ -83,7 +83,9 @@ def answer_infer(runtime: ServingRuntime, name: str, request: Request,
         raise RequestDropped(outcome.reason or DropReason.EXECUTION_FAILED)
     response = encode(outcome, as_json)
     done = clock.now_ms()
-    late = outcome.late or (deadline is not None and done > deadline)
+    # The answer is written after this check: it must leave time for that too.
+    reserve = runtime.path_cost.write_reserve_ms()
+    late = outcome.late or (deadline is not None and done + reserve > deadline)
     if late and not late_ok:
         raise RequestDropped(DropReason.DEADLINE_MISSED)
     if late:
@@ -91,6 +93,7 @@ def answer_infer(runtime: ServingRuntime, name: str, request: Request,
     finished = arrival + outcome.latency_ms
     runtime.path_cost.observe(front_ms=submitted - arrival, back_ms=done - finished,
                               cpu_ms=(submitted - began) + (done - resumed))
+    response.call_on_close(lambda: runtime.path_cost.observe_write(clock.now_ms() - done))
     return response
 
 

@@ -86,6 +86,7 @@ class RequestPathCost:
         self._front: deque[float] = deque(maxlen=window)
         self._back: deque[float] = deque(maxlen=window)
         self._cpu: deque[float] = deque(maxlen=window)
+        self._write: deque[float] = deque(maxlen=window)
         self._lock = threading.Lock()
         self.observed = 0
 
@@ -102,6 +103,19 @@ class RequestPathCost:
             self._back.append(back_ms)
             self._cpu.append(cpu_ms)
             self.observed += 1
+
+    def observe_write(self, write_ms: float) -> None:
+        """One answer's time from the last deadline check until it was written."""
+        with self._lock:
+            self._write.append(write_ms)
+
+    def write_reserve_ms(self) -> float:
+        """What the last deadline check keeps for writing the answer: the observed
+        quantile (0 until enough answers were written)."""
+        with self._lock:
+            if len(self._write) < self._min_samples:
+                return 0.0
+            return _quantile(self._write, self._quantile)
 
     def figures(self) -> PathFigures:
         """The startup figures, raised to the observed quantile (latency) and mean (CPU)
