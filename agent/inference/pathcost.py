@@ -117,6 +117,16 @@ class RequestPathCost:
                 return 0.0
             return _quantile(self._write, self._quantile)
 
+    def back_reserve_ms(self) -> float:
+        """What a request's executor deadline keeps for its answer to come back: the
+        median observed (the start-up figure until enough requests were served). Not
+        the 99th percentile: a request dropped for it is a certain miss, while the
+        last deadline check still refuses the rare answer that comes back too late."""
+        with self._lock:
+            if len(self._back) < self._min_samples:
+                return self.startup.back_ms
+            return _quantile(self._back, 0.5)
+
     def figures(self) -> PathFigures:
         """The startup figures, raised to the observed quantile (latency) and mean (CPU)
         once enough requests were served."""

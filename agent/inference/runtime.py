@@ -215,7 +215,7 @@ class ServingRuntime:
                 if deadline_ms is not None:
                     deadline = min(deadline, deadline_ms)
                 # The executor must finish in time for the answer to travel back.
-                deadline -= self.planning.path_in_plan.back_ms
+                deadline -= self.path_cost.back_reserve_ms()
                 if max(now, self.clock.now_ms()) + target.profile.latency_ms(1) > deadline:
                     target.stats.record_drop(DropReason.DEADLINE_EXPIRED)
                     on_done(Outcome(None, DropReason.DEADLINE_EXPIRED, self.clock.now_ms() - now))

@@ -157,9 +157,6 @@ def serve_forever(runtime: ServingRuntime, options: ServeOptions,
 
     app = create_app(runtime, max_body_bytes=options.max_body_bytes, admin=admin)
     server = http_server(app, options)
-    # A latency server: a thread ready to run waits at most 1 ms for the interpreter
-    # lock (default 5 ms), so the HTTP threads and the executor do not stall each other.
-    sys.setswitchinterval(0.001)
     runtime.path_cost.recalibrate(calibrate(probe=framework_probe(app)))
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
