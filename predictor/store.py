@@ -72,8 +72,11 @@ def source_problem(prefix: Any) -> str | None:
     if not isinstance(prefix, str):
         return "must be a string"
     parsed = urlparse(prefix)
-    if parsed.scheme not in ("https", "http") or not parsed.hostname:
-        return "must be an https:// (or http://) URL with a host"
+    if parsed.scheme == "http":
+        return ("must be an https:// URL: plain http is refused "
+                "(a model could be swapped in transit)")
+    if parsed.scheme != "https" or not parsed.hostname:
+        return "must be an https:// URL with a host"
     if parsed.username or parsed.password or parsed.query or parsed.fragment:
         return "must not carry credentials, a query or a fragment"
     if not prefix.endswith("/"):

@@ -30,6 +30,7 @@ import grpc
 from agent.device_plugin import assign
 from agent.device_plugin import protocol as api
 from agent.device_plugin.health import HealthTracker
+from agent.device_plugin.mps import MpsHook
 from contracts.annotations import GPU_RESOURCE
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,10 @@ class DevicePluginService(api.DevicePluginServicer):
                  holding: Callable[[], dict[str, set[str]]],
                  cdi_names: Callable[[], set[str]],
                  stop: threading.Event,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 mps: MpsHook | None = None) -> None:
         self.config, self.health = config, health
+        self._mps = mps  # where the node runs MPS: pipe and memory limit per container
         self._placements, self._holding, self._cdi = placements, holding, cdi_names
         self._stop, self._sleep = stop, sleep
         self._granted: dict[str, set[str]] = {}
@@ -132,6 +135,11 @@ class DevicePluginService(api.DevicePluginServicer):
                 container.devices.add(container_path=path, host_path=path, permissions="rw")
             container.envs.update(dict(given.envs))
             container.annotations.update(dict(given.annotations))
+            refused = self._mps and self._mps.apply(container, pod.uid,
+                                                    [g.uuid for g in pod.gpus])
+            if refused:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"tandem {refused[0]}: {refused[1]}")
             with self._granted_lock:
                 self._granted.setdefault(pod.uid, set()).add(pod.container or "")
             log.info("allocated", extra={"pod": pod.key, "uid": pod.uid,
