@@ -4,7 +4,8 @@ It speaks real HTTP/1.1 (keep-alive, chunked watch streams), so the official
 ``kubernetes`` client runs unchanged against it: list and watch of nodes and pods
 (``spec.nodeName`` field selectors), GET pod, PATCH pod metadata (a ``metadata.uid``
 that differs from the pod's is a 409, as on the real server), POST
-``pods/{name}/binding`` and POST events. The binding behaves like the API
+``pods/{name}/binding``, POST events and ConfigMaps (a PUT naming a stale
+``resourceVersion`` is a 409 Conflict, as on the real server). The binding behaves like the API
 server's ``BindingREST``: the Binding's ``metadata.uid`` is a precondition (409 when
 the pod was recreated), its annotations are copied onto the pod in the same
 update, and a pod that already has a node is a 409.
@@ -256,7 +257,8 @@ class FakeKubeApi:
 
     def configmap(self, method: str, namespace: str, name: str | None, body: Any,
                   ) -> tuple[int, dict[str, Any]]:
-        """GET, POST (create; 409 if it exists) and PUT (replace; 404 if absent) ConfigMaps."""
+        """GET, POST (create; 409 if it exists) and PUT (replace; 404 if absent; 409 when
+        its ``metadata.resourceVersion`` is set and not the stored one) ConfigMaps."""
         with self._cond:
             if method == "POST" and isinstance(body, dict):
                 name = str((body.get("metadata") or {}).get("name", ""))
@@ -271,6 +273,11 @@ class FakeKubeApi:
                 raise ApiError(400, "BadRequest", "configmap body must be an object")
             if method == "PUT" and key not in self.configmaps:
                 raise ApiError(404, "NotFound", f"configmaps {name} not found")
+            expected = (body.get("metadata") or {}).get("resourceVersion")
+            if method == "PUT" and expected and expected != \
+                    self.configmaps[key]["metadata"]["resourceVersion"]:
+                raise ApiError(409, "Conflict", f"configmaps {name}: the object has been "
+                               "modified; please apply your changes to the latest version")
             stored = copy.deepcopy(body)
             self._rv += 1
             stored.setdefault("metadata", {}).update(namespace=namespace,

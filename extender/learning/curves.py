@@ -162,8 +162,11 @@ class CurveLearner:
             return [{**_view_row(t, self._learned.get(t), len(self._points.get(t, ()))),
                      "data": [list(p) for p in self._points.get(t, ())]} for t in types]
 
-    def load_document(self, rows: Any) -> int:
-        """Replace points and curves by a persisted ``curves`` list; ValueError when malformed."""
+    def load_document(self, rows: Any, merge: bool = False) -> int:
+        """Replace points and curves by a persisted ``curves`` list; ValueError when malformed.
+
+        ``merge``: keep, per GPU type, the more recently refitted curve and the
+        longer point list of the two (another replica's document into this one's)."""
         if not isinstance(rows, list):
             raise ValueError("learning document: curves must be a list")
         points: dict[str, deque[tuple[float, float]]] = {}
@@ -174,6 +177,13 @@ class CurveLearner:
             if curve is not None:
                 learned[gpu_type] = curve
         with self._lock:
+            if merge:
+                for t, mine in self._points.items():
+                    if len(mine) > len(points.get(t, ())):
+                        points[t] = mine
+                for t, curve in self._learned.items():
+                    if t not in learned or curve.refitted_at > learned[t].refitted_at:
+                        learned[t] = curve
             self._points, self._learned = points, learned
             self._last_try = {t: c.refitted_at for t, c in learned.items()}
             self.version += 1

@@ -23,8 +23,12 @@ interference-curve point
 (:mod:`extender.learning.curves`); the learned curves enter the cost through
 :meth:`Learner.policy`.
 
-The leader persists the estimates in a ConfigMap (one JSON document, at most
-``max_entries`` estimates) and every replica reloads it at start. ``tandem
+The leader persists the estimates in a ConfigMap (one JSON document under
+:data:`~extender.learning.persistence.MAX_BYTES`, the least recently used estimates
+evicted first; :mod:`extender.learning.persistence`). Every replica reloads it at
+start, and a replica that becomes leader reloads and merges it before it writes;
+each write is conditional on the ConfigMap's resourceVersion (a conflict merges and
+retries), so a failover never loses what the old leader persisted. ``tandem
 predictor export-observations`` turns that document into ``training_data/`` rows
 (:mod:`predictor.observed`). :meth:`Learner.stats` feeds the learner's
 Prometheus metrics (``tandem_learning_*``, docs/metrics.md).
@@ -32,11 +36,10 @@ Prometheus metrics (``tandem_learning_*``, docs/metrics.md).
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from contracts.logs import get_logger
@@ -44,56 +47,21 @@ from extender.config import LearningConfig
 from extender.core import Placement, UtilKnowledge
 from extender.core.cost import CostPolicy
 from extender.learning.curves import CurveGuards, CurveLearner, LearnedPolicy, SharedGpuPoints
+from extender.learning.persistence import (
+    DOCUMENT_KEY,
+    MAX_BYTES,
+    ConfigMapPersistence,
+    WriteConflict,
+    encode,
+)
 from extender.learning.store import DOCUMENT_VERSION, Estimate, ObservationStore
 from extender.state.reports import DecodedReport
 from predictor.curves import InterferenceCurve
 
-DOCUMENT_KEY = "observations.json"
-__all__ = ["DOCUMENT_VERSION", "ConfigMapPersistence", "Estimate", "Learner", "ObservationStore",
-           "build_learner", "own_namespace"]
-
-
-class ConfigMapPersistence:
-    """The estimates in one ConfigMap (``data[observations.json]``), via a CoreV1Api."""
-
-    MAX_BYTES = 900_000  # a ConfigMap holds at most 1 MiB; keep headroom for metadata
-
-    def __init__(self, api: Any, namespace: str, name: str):
-        self.api, self.namespace, self.name = api, namespace, name
-
-    def load(self) -> Any | None:
-        """The persisted document, or None when the ConfigMap does not exist."""
-        from kubernetes.client.exceptions import ApiException
-        try:
-            response = self.api.read_namespaced_config_map(self.name, self.namespace,
-                                                           _preload_content=False)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        body = json.loads(response.data)
-        text = (body.get("data") or {}).get(DOCUMENT_KEY)
-        return None if text is None else json.loads(text)
-
-    def save(self, doc: Mapping[str, Any]) -> None:
-        """Write the document (replace, or create on 404); ValueError when too large."""
-        from kubernetes.client.exceptions import ApiException
-        text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
-        if len(text) > self.MAX_BYTES:
-            raise ValueError(f"learning document is {len(text)} bytes (limit {self.MAX_BYTES}); "
-                             "lower learning.max_entries")
-        body = {"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": self.name, "namespace": self.namespace,
-                             "labels": {"app.kubernetes.io/managed-by": "tandem"}},
-                "data": {DOCUMENT_KEY: text}}
-        try:
-            _drain(self.api.replace_namespaced_config_map(self.name, self.namespace, body,
-                                                          _preload_content=False))
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            _drain(self.api.create_namespaced_config_map(self.namespace, body,
-                                                         _preload_content=False))
+SAVE_ATTEMPTS = 3
+"""Conditional writes per save (each conflict re-reads and merges first)."""
+__all__ = ["DOCUMENT_KEY", "DOCUMENT_VERSION", "ConfigMapPersistence", "Estimate", "Learner",
+           "ObservationStore", "build_learner", "own_namespace"]
 
 
 class Learner:
@@ -121,25 +89,44 @@ class Learner:
         self._save_lock = threading.Lock()
         self.persist_writes = 0
         self.persist_failures = 0
+        self.persist_conflicts = 0
+        self._leading = False
+        self._synced = False
+        """The persisted document was read (and merged) since this replica became leader."""
         self.persisted_at: float | None = None
         """Wall-clock seconds of the last successful write (or of the reloaded document)."""
 
     def start(self) -> None:
         """Reload what an earlier leader persisted; a bad document is logged and skipped."""
-        if self.persistence is None:
-            return
+        if self.persistence is not None:
+            self._reload(merge=False)
+
+    def _reload(self, merge: bool) -> bool:
+        """Read the ConfigMap and replace (``merge``: merge into) what this replica knows.
+
+        False when it could not be read; a document that does not parse counts as
+        read (it is overwritten by the next write: learning again beats garbage)."""
+        assert self.persistence is not None
         try:
             doc = self.persistence.load()
-            loaded = 0 if doc is None else self.store.load_document(doc)
-            if doc is not None and doc.get("curves") is not None:  # older documents have none
-                loaded += self.curves.load_document(doc["curves"])
+        except Exception as exc:  # the API server is unreachable: try again later
+            get_logger().warning("learning: cannot read persisted observations",
+                                 extra={"error": repr(exc)})
+            return False
+        if doc is None:
+            return True
+        try:
+            loaded = self.store.merge_document(doc, replace=not merge)
+            if doc.get("curves") is not None:  # older documents have none
+                loaded += self.curves.load_document(doc["curves"], merge=merge)
         except Exception as exc:  # learning restarts from zero; placement must not stop
             get_logger().warning("learning: cannot reload persisted observations",
                                  extra={"error": repr(exc)})
-            return
-        if doc is not None:
-            self.persisted_at = self._wall()
-        get_logger().info("learning: observations reloaded", extra={"entries": loaded})
+            return True
+        self.persisted_at = self._wall()
+        get_logger().info("learning: observations reloaded",
+                          extra={"entries": loaded, "merged": merge})
+        return True
 
     def knowledge(self, cfg: LearningConfig) -> UtilKnowledge:
         """What resolution uses: the alone estimates and the shared floors (when enabled),
@@ -171,34 +158,66 @@ class Learner:
         return self._overlay(base, cfg.enabled and cfg.curves)
 
     def document(self) -> dict[str, Any]:
-        """What is persisted: the estimates and the curves with their points."""
-        return {**self.store.to_document(), "curves": self.curves.to_document()}
+        """What is persisted: the estimates and the curves with their points, within
+        ``persistence.MAX_BYTES`` (least recently used estimates evicted first)."""
+        curves = self.curves.to_document()
+        if self.persistence is not None:
+            limit = getattr(self.persistence, "MAX_BYTES", MAX_BYTES)
+            fixed = len(encode({**self.store.to_document(empty=True), "curves": curves}))
+            self.store.fit_bytes(limit - fixed)
+        return {**self.store.to_document(), "curves": curves}
 
     def view(self) -> dict[str, Any]:
         """For ``/v1/state``: the estimates and the learned curves."""
         return {**self.store.view(), "curves": self.curves.view()}
 
     def maybe_persist(self, force: bool = False) -> bool:
-        """Write the ConfigMap if this replica leads, something changed and it is due."""
-        if self.persistence is None or not (self.store.dirty or self.curves.dirty) \
-                or not self._may_persist():
+        """Write the ConfigMap if this replica leads, something changed and it is due.
+
+        A replica that has just become leader first reads and merges the ConfigMap
+        (the old leader may have written after this replica last read it)."""
+        if self.persistence is None:
             return False
+        leading = self._may_persist()
         with self._save_lock:
+            if leading and not self._leading:
+                self._synced = False
+            self._leading = leading
+            if not leading:
+                return False
+            if not self._synced:
+                self._synced = self._reload(merge=True)
+                if not self._synced:
+                    return False
             now = self._clock()
-            if not force and now - self._last_save < self.cfg.persist_interval_seconds:
+            if not (self.store.dirty or self.curves.dirty) or \
+                    not force and now - self._last_save < self.cfg.persist_interval_seconds:
                 return False
             self._last_save = now
+            return self._save()
+
+    def _save(self) -> bool:
+        """Conditional writes, merging the stored document after each conflict."""
+        assert self.persistence is not None
+        for _ in range(SAVE_ATTEMPTS):
             try:
                 self.persistence.save(self.document())
-            except Exception as exc:  # the next report retries; reports must still be taken
-                self.persist_failures += 1
+            except WriteConflict:
+                self.persist_conflicts += 1
+                if not self._reload(merge=True):
+                    break
+                continue
+            except Exception as exc:  # the next due save retries; reports must still be taken
                 get_logger().warning("learning: cannot persist observations",
                                      extra={"error": repr(exc)})
-                return False
+                break
             self.persist_writes += 1
             self.persisted_at = self._wall()
+            self.store.mark_synced()
             self.store.dirty = self.curves.dirty = False
             return True
+        self.persist_failures += 1
+        return False
 
     def stats(self) -> dict[str, Any]:
         """What the learner's metrics show (``extender.ops.metrics.LearnerCollector``)."""
@@ -208,16 +227,10 @@ class Learner:
                 "last_change_percent": store.last_change,
                 "persist_writes": self.persist_writes,
                 "persist_failures": self.persist_failures,
+                "persist_conflicts": self.persist_conflicts,
+                "evicted": store.evicted,
                 "persist_age_seconds": None if self.persisted_at is None
                 else max(0.0, self._wall() - self.persisted_at)}
-
-
-def _drain(response: Any) -> None:
-    """Read and release an unparsed response (its body is a ConfigMap nobody needs)."""
-    response.data  # noqa: B018 - reading the body returns the connection to the pool
-    release = getattr(response, "release_conn", None)
-    if release is not None:
-        release()
 
 
 def own_namespace(default: str = "default") -> str:

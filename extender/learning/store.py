@@ -28,6 +28,8 @@ reference-keyed entries and migrate as above.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import threading
 import time
@@ -43,6 +45,10 @@ DOCUMENT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 DEFAULT_BATCH = {"training": 32, "inference": 1}
 DIGEST_PREFIX = "sha256:"
+MAX_REFERENCE_CHARS = 256
+"""A longer ``tandem.io/model`` reference is keyed by its hash and stored shortened, so no
+pod owner can grow the learning document with one long name."""
+HASHED_PREFIX = "ref-sha256:"
 
 Key = tuple[str, int, str, str]
 """(model digest ``sha256:<hex>`` or reference, batch size, workload, GPU type)."""
@@ -62,6 +68,10 @@ class Estimate:
     updated_at: float = 0.0
     reference: str = ""
     """The last ``tandem.io/model`` reference seen for this key (for people and export)."""
+    used_at: float = 0.0
+    """Wall-clock seconds of the last sample or lookup (eviction drops the oldest first)."""
+    synced: int = 0
+    """Samples of ``count`` the persisted document already holds (merges add only the rest)."""
 
     def add(self, value: float, alpha: float, now: float) -> float:
         """Fold one sample in (running mean first, EWMA once past ``1/alpha`` samples).
@@ -72,7 +82,7 @@ class Estimate:
         delta = value - self.mean
         self.mean += weight * delta
         self.var = (1 - weight) * (self.var + weight * delta * delta)
-        self.updated_at = now
+        self.updated_at = self.used_at = now
         return abs(weight * delta)
 
     def merge(self, other: Estimate) -> None:
@@ -85,7 +95,18 @@ class Estimate:
                     + other.count * (other.var + (other.mean - mean) ** 2)) / n
         self.mean, self.count = mean, n
         self.updated_at = max(self.updated_at, other.updated_at)
+        self.used_at = max(self.used_at, other.used_at)
         self.reference = self.reference or other.reference
+
+    def merged_with_persisted(self, persisted: Estimate) -> Estimate:
+        """``persisted`` (what another replica wrote) plus this replica's unsynced samples."""
+        fresh = self.count - self.synced
+        out = Estimate(persisted.mean, persisted.var, persisted.count, persisted.updated_at,
+                       persisted.reference, max(self.used_at, persisted.used_at))
+        if fresh > 0:
+            out.merge(Estimate(self.mean, self.var, fresh, self.updated_at, self.reference))
+        out.synced = persisted.count
+        return out
 
     @property
     def stddev(self) -> float:
@@ -116,6 +137,8 @@ class ObservationStore:
         self._lock = threading.Lock()
         self.samples_total = 0
         self.rejected: dict[str, int] = dict.fromkeys(REJECT_REASONS, 0)
+        self.evicted = 0
+        """Estimates dropped to keep the table or the persisted document within bounds."""
         self.last_change = 0.0
         """Mean absolute change of the estimates the last report moved (percentage points)."""
         self.dirty = False
@@ -127,16 +150,18 @@ class ObservationStore:
         Entries learned under the reference are merged into the digest's first."""
         digest = self._digest_of(reference) if self._digest_of is not None else None
         if not digest:
-            return reference
+            return short_key(reference)
         key = DIGEST_PREFIX + digest
+        short = short_key(reference)
         with self._lock:
-            if reference not in self._undigested:
+            if short not in self._undigested:
                 return key
-            self._undigested.discard(reference)
+            self._undigested.discard(short)
             for table in (self._alone, self._colocated):
-                for old in [k for k in table if k[0] == reference]:
+                for old in [k for k in table if k[0] == short]:
                     moved = table.pop(old)
-                    target = table.setdefault((key, *old[1:]), Estimate(reference=reference))
+                    target = table.setdefault((key, *old[1:]),
+                                              Estimate(reference=_shorten(reference)))
                     target.merge(moved)
                     self.dirty = True
         return key
@@ -154,7 +179,7 @@ class ObservationStore:
             est = table.setdefault(key, Estimate())
             if not key[0].startswith(DIGEST_PREFIX):
                 self._undigested.add(key[0])
-            est.reference = reference or est.reference or key[0]
+            est.reference = _shorten(reference or est.reference or key[0])
             moved = est.add(value, self.alpha, self._clock())
             self.samples_total += 1
             self.dirty = True
@@ -162,8 +187,27 @@ class ObservationStore:
             return moved
 
     def _bound(self, table: dict[Key, Estimate]) -> None:
-        while len(table) > self.max_entries:  # drop the least recently observed
-            del table[min(table, key=lambda k: table[k].updated_at)]
+        while len(table) > self.max_entries:  # drop the least recently used
+            del table[min(table, key=lambda k: table[k].used_at)]
+            self.evicted += 1
+
+    def fit_bytes(self, budget: int) -> int:
+        """Evict the least recently used estimates (both tables) until their entries fit
+        ``budget`` bytes of the persisted document; returns how many were evicted."""
+        with self._lock:
+            rows = [(e.used_at, name, k, len(encode_entry(_entry(k, e))) + 1)
+                    for name, table in (("alone", self._alone), ("colocated", self._colocated))
+                    for k, e in table.items()]
+            total = sum(r[3] for r in rows)
+            dropped = 0
+            for _, name, k, size in sorted(rows, key=lambda r: r[0]):
+                if total <= budget:
+                    break
+                del (self._alone if name == "alone" else self._colocated)[k]
+                total -= size
+                dropped += 1
+            self.evicted += dropped
+            return dropped
 
     def observe_gpu(self, node: str, gpu_index: int, product: str, gpu_util: float,
                     processes: Sequence[ReportedProcess],
@@ -243,7 +287,10 @@ class ObservationStore:
         key = (self.model_key(model_ref), batch_size, workload, gpu_type)
         with self._lock:
             est = self._alone.get(key)
-            return None if est is None else (round(est.mean, 2), est.count)
+            if est is None:
+                return None
+            est.used_at = self._clock()
+            return round(est.mean, 2), est.count
 
     def lookup_shared(self, model_ref: str, batch_size: int, gpu_type: str, workload: str,
                       ) -> tuple[float, int] | None:
@@ -251,7 +298,10 @@ class ObservationStore:
         key = (self.model_key(model_ref), batch_size, workload, gpu_type)
         with self._lock:
             est = self._colocated.get(key)
-            return None if est is None else (round(est.mean, 2), est.count)
+            if est is None:
+                return None
+            est.used_at = self._clock()
+            return round(est.mean, 2), est.count
 
     def trust_counts(self, min_samples: int) -> dict[str, int]:
         """Alone estimates that resolution uses (``trusted``) and those still ``learning``."""
@@ -268,8 +318,10 @@ class ObservationStore:
                     "colocated": [_entry(k, e) for k, e in sorted(self._colocated.items())]}
 
     # ---- persistence -----------------------------------------------------------------
-    def to_document(self) -> dict[str, Any]:
-        """The JSON document persisted in the ConfigMap (version 2)."""
+    def to_document(self, empty: bool = False) -> dict[str, Any]:
+        """The JSON document persisted in the ConfigMap (version 2); ``empty``: its frame."""
+        if empty:
+            return {"version": DOCUMENT_VERSION, "alone": [], "colocated": []}
         doc = self.view()
         return {"version": DOCUMENT_VERSION, "alone": doc["alone"], "colocated": doc["colocated"]}
 
@@ -279,30 +331,74 @@ class ObservationStore:
         A document of another version or shape is refused with ValueError (the
         caller logs it and starts empty: learning again beats trusting garbage).
         """
-        if not isinstance(doc, Mapping) or doc.get("version") not in READABLE_VERSIONS:
-            raise ValueError("learning document: version must be one of "
-                             f"{', '.join(map(str, READABLE_VERSIONS))}")
-        tables: dict[str, dict[Key, Estimate]] = {}
-        for name in ("alone", "colocated"):
-            rows = doc.get(name) or []
-            if not isinstance(rows, list):
-                raise ValueError(f"learning document: {name} must be a list")
-            tables[name] = dict(_parse_entry(r, f"{name}[{i}]") for i, r in enumerate(rows))
+        return self.merge_document(doc, replace=True)
+
+    def merge_document(self, doc: Any, replace: bool = False) -> int:
+        """Merge a persisted document into the estimates; entries in the result.
+
+        Per key, the persisted estimate plus the samples this replica took since it
+        last read or wrote the document (:meth:`Estimate.merged_with_persisted`); keys
+        only this replica knows are kept. ``replace``: the document alone (start).
+        """
+        tables = _parse_tables(doc)
         with self._lock:
+            if not replace:
+                for name, mine in (("alone", self._alone), ("colocated", self._colocated)):
+                    theirs = tables[name]
+                    for k, e in mine.items():
+                        theirs[k] = e.merged_with_persisted(theirs[k]) if k in theirs else e
             self._alone, self._colocated = tables["alone"], tables["colocated"]
             self._undigested = {k[0] for t in tables.values() for k in t
                                 if not k[0].startswith(DIGEST_PREFIX)}
             self._bound(self._alone)
             self._bound(self._colocated)
-            self.dirty = False
+            self.dirty = not replace
             return len(self._alone) + len(self._colocated)
+
+    def mark_synced(self) -> None:
+        """Every sample is in the persisted document now (after a successful write)."""
+        with self._lock:
+            for table in (self._alone, self._colocated):
+                for e in table.values():
+                    e.synced = e.count
+
+
+def _parse_tables(doc: Any) -> dict[str, dict[Key, Estimate]]:
+    if not isinstance(doc, Mapping) or doc.get("version") not in READABLE_VERSIONS:
+        raise ValueError("learning document: version must be one of "
+                         f"{', '.join(map(str, READABLE_VERSIONS))}")
+    tables: dict[str, dict[Key, Estimate]] = {}
+    for name in ("alone", "colocated"):
+        rows = doc.get(name) or []
+        if not isinstance(rows, list):
+            raise ValueError(f"learning document: {name} must be a list")
+        tables[name] = dict(_parse_entry(r, f"{name}[{i}]") for i, r in enumerate(rows))
+    return tables
+
+
+def short_key(reference: str) -> str:
+    """The reference itself, or its hash when longer than :data:`MAX_REFERENCE_CHARS`."""
+    if len(reference) <= MAX_REFERENCE_CHARS:
+        return reference
+    return HASHED_PREFIX + hashlib.sha256(reference.encode()).hexdigest()
+
+
+def _shorten(reference: str) -> str:
+    return reference if len(reference) <= MAX_REFERENCE_CHARS \
+        else reference[: MAX_REFERENCE_CHARS - 3] + "..."
+
+
+def encode_entry(row: Mapping[str, Any]) -> str:
+    """One entry as the persisted document writes it (its size counts against the budget)."""
+    return json.dumps(row, sort_keys=True, separators=(",", ":"))
 
 
 def _entry(k: Key, e: Estimate) -> dict[str, Any]:
     return {"model": k[0], "reference": e.reference or k[0], "batch_size": k[1],
             "workload": k[2], "gpu_type": k[3],
             "util_percent": round(e.mean, 3), "stddev_percent": round(e.stddev, 3),
-            "samples": e.count, "updated_at": round(e.updated_at, 3)}
+            "samples": e.count, "updated_at": round(e.updated_at, 3),
+            "used_at": round(e.used_at, 3)}
 
 
 def _parse_entry(row: Any, path: str) -> tuple[Key, Estimate]:
@@ -311,10 +407,13 @@ def _parse_entry(row: Any, path: str) -> tuple[Key, Estimate]:
                str(row["gpu_type"]))
         mean, sd = float(row["util_percent"]), float(row["stddev_percent"])
         count, at = int(row["samples"]), float(row["updated_at"])
-        reference = str(row.get("reference") or row["model"])  # version 1: the key itself
+        reference = _shorten(str(row.get("reference") or row["model"]))  # v1: the key itself
+        used = float(row.get("used_at") or at)  # older documents: last sample
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"learning document: {path}: {exc!r}") from None
     if key[2] not in DEFAULT_BATCH or not (0 <= mean <= 100 and 0 <= sd <= 100 and count >= 1
-                                            and key[1] >= 1 and math.isfinite(at)):
+                                            and key[1] >= 1 and math.isfinite(at)
+                                            and math.isfinite(used)) \
+            or len(key[0]) > MAX_REFERENCE_CHARS:
         raise ValueError(f"learning document: {path}: out of range")
-    return key, Estimate(mean, sd * sd, count, at, reference)
+    return key, Estimate(mean, sd * sd, count, at, reference, used, synced=count)
