@@ -127,8 +127,16 @@ class LearningConfig:
     """Utilisation assumed for a model with no observation and no trained model, (0, 100]."""
     min_observations: int = 5
     """Samples before an observed estimate replaces the prediction, 1..10000."""
+    min_observed_seconds: float = 120.0
+    """Observed time (after warm-up) before an estimate replaces the prediction, [0, 86400]."""
+    min_pods: int = 1
+    """Pods whose samples an estimate needs before it replaces the prediction, 1..1000."""
+    warmup_seconds: float = 60.0
+    """Each pod's first seconds on a GPU give no sample (loading, compiling), [0, 86400]."""
+    spread_margin: float = 1.0
+    """Standard errors added to a trusted estimate (a safety margin), [0, 10]."""
     ewma_alpha: float = 0.1
-    """Weight of a new sample in the running estimate once past 1/alpha samples, (0, 1]."""
+    """Weight of one minute of samples once the estimate holds 1/alpha minutes, (0, 1]."""
     max_entries: int = 2000
     """Most (model, batch, workload, GPU type) estimates kept; least recent dropped, 1..100000."""
     configmap: str | None = "tandem-learning"
@@ -246,6 +254,11 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool
         "cold_start_util_percent": ((int, float), lambda v: 0 < v <= 100, "must be in (0, 100]"),
         "min_observations": (int, lambda v: 1 <= v <= 10_000, "must be in 1..10000"),
         "ewma_alpha": ((int, float), lambda v: 0 < v <= 1, "must be in (0, 1]"),
+        "min_observed_seconds": ((int, float), lambda v: 0 <= v <= 86_400,
+                                 "must be in [0, 86400]"),
+        "min_pods": (int, lambda v: 1 <= v <= 1000, "must be in 1..1000"),
+        "warmup_seconds": ((int, float), lambda v: 0 <= v <= 86_400, "must be in [0, 86400]"),
+        "spread_margin": ((int, float), lambda v: 0 <= v <= 10, "must be in [0, 10]"),
         "max_entries": (int, lambda v: 1 <= v <= 100_000, "must be in 1..100000"),
         "configmap": ((str, type(None)), lambda v: v is None or _DNS_NAME.fullmatch(v) is not None,
                       "must be null or a DNS-1123 name"),
@@ -434,6 +447,7 @@ def build_config(raw: Any, source_path: str | None = None) -> ExtenderConfig:
 def _learning(section: Mapping[str, Any]) -> LearningConfig:
     values = dict(section)
     for key in ("cold_start_util_percent", "ewma_alpha", "persist_interval_seconds",
+                "min_observed_seconds", "warmup_seconds", "spread_margin",
                 "curve_max_step", "curve_outlier_mads", "curve_refit_interval_seconds"):
         if key in values:
             values[key] = float(values[key])

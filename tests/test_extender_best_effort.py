@@ -352,8 +352,9 @@ def test_best_effort_uses_a_trustworthy_observed_utilisation(model, predict, sam
 
 def test_bound_best_effort_session_records_its_observed_source_over_http():
     app, ext, source, _ = make_app([node("n1", 1)])
-    for _ in range(6):
-        ext.learner.store.add(("resnet50", 1, "inference", A100), 30.0, alone=True)
+    for _ in range(6):  # six minutes of samples (learning.min_observed_seconds: 120)
+        ext.learner.store.add(("resnet50", 1, "inference", A100), 30.0, alone=True,
+                              seconds=60.0)
     p = best_effort("batch-job")
     source.create_pod(p)
     c = app.test_client()

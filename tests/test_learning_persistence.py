@@ -24,7 +24,8 @@ def kube_api():
 
 
 def replica(api, leading: list[bool], now: list[float]) -> Learner:
-    learner = Learner(LearningConfig(persist_interval_seconds=1.0),
+    learner = Learner(LearningConfig(persist_interval_seconds=1.0, min_observations=1,
+                                     min_observed_seconds=0, spread_margin=0),
                       ConfigMapPersistence(api, *CM), may_persist=lambda: leading[0],
                       clock=lambda: now[0], wall_clock=lambda: now[0])
     learner.start()

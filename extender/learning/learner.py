@@ -54,7 +54,13 @@ from extender.learning.persistence import (
     WriteConflict,
     encode,
 )
-from extender.learning.store import DOCUMENT_VERSION, Estimate, ObservationStore
+from extender.learning.store import (
+    DOCUMENT_VERSION,
+    INDEPENDENT_SECONDS,
+    Estimate,
+    ObservationStore,
+    Trust,
+)
 from extender.state.reports import DecodedReport
 from predictor.curves import InterferenceCurve
 
@@ -74,7 +80,7 @@ class Learner:
                  wall_clock: Callable[[], float] = time.time,
                  digest_of: Callable[[str], str | None] | None = None):
         self.cfg = cfg
-        self.store = ObservationStore(cfg.ewma_alpha, cfg.max_entries, wall_clock, digest_of)
+        self.store = ObservationStore(trust_of(cfg), cfg.max_entries, wall_clock, digest_of)
         self._wall = wall_clock
         self.curves = CurveLearner(CurveGuards(
             cfg.curve_min_points, cfg.curve_max_step, cfg.curve_outlier_mads,
@@ -128,6 +134,10 @@ class Learner:
                           extra={"entries": loaded, "merged": merge})
         return True
 
+    def use_wall_clock(self, wall_clock: Callable[[], float]) -> None:
+        """Read time from ``wall_clock`` from now on (simulations and tests)."""
+        self._wall = self.store.clock = self.curves.clock = wall_clock
+
     def knowledge(self, cfg: LearningConfig) -> UtilKnowledge:
         """What resolution uses: the alone estimates and the shared floors (when enabled),
         and the cold-start rule."""
@@ -140,8 +150,7 @@ class Learner:
         """Samples from one agent report, then a save when due; returns samples taken."""
         taken = 0
         moves: list[float] = []
-        points = SharedGpuPoints(self.curves, lambda key: self.store.trusted_alone(
-            key, self.cfg.min_observations))
+        points = SharedGpuPoints(self.curves, self.store.trusted_alone)
         for gpu, util, procs in zip(report.gpus, report.util_percent, report.processes,
                                     strict=False):
             taken += self.store.observe_gpu(report.node, gpu.index, gpu.product, util, procs,
@@ -223,7 +232,7 @@ class Learner:
         """What the learner's metrics show (``extender.ops.metrics.LearnerCollector``)."""
         store = self.store
         return {"accepted": store.samples_total, "rejected": dict(store.rejected),
-                "estimates": store.trust_counts(self.cfg.min_observations),
+                "estimates": store.trust_counts(),
                 "last_change_percent": store.last_change,
                 "persist_writes": self.persist_writes,
                 "persist_failures": self.persist_failures,
@@ -231,6 +240,13 @@ class Learner:
                 "evicted": store.evicted,
                 "persist_age_seconds": None if self.persisted_at is None
                 else max(0.0, self._wall() - self.persisted_at)}
+
+
+def trust_of(cfg: LearningConfig) -> Trust:
+    """The store's trust rule from the configuration (``ewma_alpha``: weight of one minute
+    of samples once the estimate holds ``1/alpha`` minutes)."""
+    return Trust(cfg.min_observations, cfg.min_observed_seconds, cfg.min_pods,
+                 cfg.warmup_seconds, INDEPENDENT_SECONDS / cfg.ewma_alpha, cfg.spread_margin)
 
 
 def own_namespace(default: str = "default") -> str:

@@ -13,14 +13,21 @@ one. When a reference's digest becomes known, what was learned under the
 reference is merged into the digest's estimate (weighted by sample counts) the
 next time that reference is looked up or observed.
 
-Each estimate is a bounded running mean: the mean of the first ``1/alpha``
-samples, then an exponentially weighted mean with weight ``alpha`` (it follows
-a model whose behaviour drifts), with its variance and sample count. Samples
+Agents report every second (NVML's 1 Hz sampling), so samples are weighed by time:
+each sample stands for the seconds since its pod's previous report on that GPU
+(at most :data:`MAX_SAMPLE_SECONDS`; reports closer than :data:`MIN_SAMPLE_SECONDS`
+are dropped), whatever the cadence. Each pod's first ``warmup_seconds`` on a GPU
+(data loading, compilation) are skipped. An estimate (:class:`Estimate`) is the
+time-weighted mean over a horizon, with its variance, samples, seconds and pods;
+resolution trusts it only after ``min_observations`` samples covering
+``min_observed_seconds`` from ``min_pods`` pods (:class:`Trust`), and then uses
+its mean plus ``spread_margin`` standard errors (one independent sample per minute). Samples
 taken alone and co-located are kept apart; resolution uses the alone estimate.
 
 Persisted document (``observations.json``), version 2: ``alone`` and
 ``colocated`` lists of entries ``{model, reference, batch_size, workload,
-gpu_type, util_percent, stddev_percent, samples, updated_at}`` (``model`` the key:
+gpu_type, util_percent, stddev_percent, samples, updated_at}`` and, additively,
+``used_at``, ``seconds`` and ``pods`` (``model`` the key:
 a digest or a reference; ``reference`` the last reference seen for it). Version
 1 documents (entries keyed by reference, no ``reference`` field) are read as
 reference-keyed entries and migrate as above.
@@ -33,6 +40,7 @@ import json
 import math
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,18 +57,32 @@ MAX_REFERENCE_CHARS = 256
 """A longer ``tandem.io/model`` reference is keyed by its hash and stored shortened, so no
 pod owner can grow the learning document with one long name."""
 HASHED_PREFIX = "ref-sha256:"
+INDEPENDENT_SECONDS = 60.0
+"""Seconds of 1 Hz samples counted as one independent sample in the safety margin."""
+MAX_SAMPLE_SECONDS = 300.0
+"""Most time one sample stands for (a pod not reported for longer restarts from here)."""
+MIN_SAMPLE_SECONDS = 0.5
+"""Reports of one pod on one GPU closer than this are dropped (``rate-limited``)."""
+MAX_TRACKED_PODS = 100_000
 
 Key = tuple[str, int, str, str]
 """(model digest ``sha256:<hex>`` or reference, batch size, workload, GPU type)."""
 
 REJECT_REASONS = ("not-placed-here", "not-training", "no-model", "shared-no-per-process",
-                  "not-finite")
+                  "not-finite", "warm-up", "rate-limited")
 """Why a reported process gave no sample (``tandem_learning_observations_rejected``)."""
 
 
 @dataclass
 class Estimate:
-    """A running estimate of one key's utilisation: mean, variance, sample count."""
+    """A running estimate of one key's utilisation, weighted by observed time.
+
+    Each sample weighs the seconds since the pod's previous report on that GPU, so
+    the estimate is the time-weighted mean utilisation whatever the reporting
+    cadence: the plain time-weighted mean of the first ``horizon`` seconds, then an
+    exponentially weighted one with that time constant (it follows a model whose
+    behaviour drifts, and a short phase moves it by its share of the time only).
+    """
 
     mean: float = 0.0
     var: float = 0.0
@@ -72,46 +94,79 @@ class Estimate:
     """Wall-clock seconds of the last sample or lookup (eviction drops the oldest first)."""
     synced: int = 0
     """Samples of ``count`` the persisted document already holds (merges add only the rest)."""
+    seconds: float = 0.0
+    """Observed time the samples cover (after each pod's warm-up)."""
+    synced_seconds: float = 0.0
+    pods: int = 0
+    """Pods (per GPU) that contributed a sample."""
 
-    def add(self, value: float, alpha: float, now: float) -> float:
-        """Fold one sample in (running mean first, EWMA once past ``1/alpha`` samples).
-
-        Returns how far the mean moved (absolute, percentage points)."""
-        self.count += 1
-        weight = max(alpha, 1.0 / self.count)
+    def add(self, value: float, seconds: float, horizon: float, now: float) -> float:
+        """Fold in one sample covering ``seconds``; returns how far the mean moved (points)."""
+        if seconds <= 0:
+            return 0.0
+        weight = seconds / (min(self.seconds, horizon) + seconds)
         delta = value - self.mean
         self.mean += weight * delta
         self.var = (1 - weight) * (self.var + weight * delta * delta)
+        self.count += 1
+        self.seconds += seconds
         self.updated_at = self.used_at = now
         return abs(weight * delta)
 
     def merge(self, other: Estimate) -> None:
         """Pool ``other`` (the same model learned under another key) into this one."""
-        n = self.count + other.count
-        if n == 0:
+        n = self.seconds + other.seconds
+        if n <= 0:
             return
-        mean = (self.mean * self.count + other.mean * other.count) / n
-        self.var = (self.count * (self.var + (self.mean - mean) ** 2)
-                    + other.count * (other.var + (other.mean - mean) ** 2)) / n
-        self.mean, self.count = mean, n
+        mean = (self.mean * self.seconds + other.mean * other.seconds) / n
+        self.var = (self.seconds * (self.var + (self.mean - mean) ** 2)
+                    + other.seconds * (other.var + (other.mean - mean) ** 2)) / n
+        self.mean, self.seconds = mean, n
+        self.count += other.count
+        self.pods += other.pods
         self.updated_at = max(self.updated_at, other.updated_at)
         self.used_at = max(self.used_at, other.used_at)
         self.reference = self.reference or other.reference
 
     def merged_with_persisted(self, persisted: Estimate) -> Estimate:
         """``persisted`` (what another replica wrote) plus this replica's unsynced samples."""
-        fresh = self.count - self.synced
         out = Estimate(persisted.mean, persisted.var, persisted.count, persisted.updated_at,
-                       persisted.reference, max(self.used_at, persisted.used_at))
+                       persisted.reference, max(self.used_at, persisted.used_at),
+                       seconds=persisted.seconds, pods=persisted.pods)
+        fresh = self.seconds - self.synced_seconds
         if fresh > 0:
-            out.merge(Estimate(self.mean, self.var, fresh, self.updated_at, self.reference))
-        out.synced = persisted.count
+            out.merge(Estimate(self.mean, self.var, max(0, self.count - self.synced),
+                               self.updated_at, self.reference, seconds=fresh))
+        out.synced, out.synced_seconds = out.count, out.seconds
         return out
 
     @property
     def stddev(self) -> float:
         """Spread of the samples around the estimate (percentage points)."""
         return math.sqrt(max(self.var, 0.0))
+
+    def upper(self, margin: float) -> float:
+        """The mean plus ``margin`` standard errors, counting one independent sample per
+        :data:`INDEPENDENT_SECONDS` (1 Hz samples of one job are strongly correlated)."""
+        n = max(1.0, self.seconds / INDEPENDENT_SECONDS)
+        return min(100.0, self.mean + margin * self.stddev / math.sqrt(n))
+
+
+@dataclass(frozen=True)
+class Trust:
+    """When an estimate may replace a prediction, and how it is used."""
+
+    min_samples: int = 5
+    min_seconds: float = 120.0
+    min_pods: int = 1
+    warmup_seconds: float = 60.0
+    horizon_seconds: float = 600.0
+    spread_margin: float = 1.0
+
+    def trusted(self, est: Estimate) -> bool:
+        """Enough samples, observed time and pods."""
+        return est.count >= self.min_samples and est.seconds >= self.min_seconds \
+            and est.pods >= self.min_pods
 
 
 class ObservationStore:
@@ -121,14 +176,16 @@ class ObservationStore:
     when not known yet; it must not do I/O (it is called on the report path).
     """
 
-    def __init__(self, alpha: float = 0.1, max_entries: int = 2000,
+    def __init__(self, trust: Trust = Trust(), max_entries: int = 2000,
                  wall_clock: Callable[[], float] = time.time,
                  digest_of: Callable[[str], str | None] | None = None):
-        if not 0 < alpha <= 1 or max_entries < 1:
-            raise ValueError("alpha must be in (0, 1] and max_entries >= 1")
-        self.alpha = alpha
+        if max_entries < 1 or trust.horizon_seconds <= 0:
+            raise ValueError("max_entries must be >= 1 and the horizon > 0")
+        self.trust = trust
         self.max_entries = max_entries
-        self._clock = wall_clock
+        self._pods: OrderedDict[tuple[str, str, int], list[float]] = OrderedDict()
+        """(pod UID, node, GPU index) -> [first report, last report] (wall-clock seconds)."""
+        self.clock = wall_clock
         self._digest_of = digest_of
         self._alone: dict[Key, Estimate] = {}
         self._colocated: dict[Key, Estimate] = {}
@@ -167,8 +224,10 @@ class ObservationStore:
         return key
 
     # ---- learning --------------------------------------------------------------------
-    def add(self, key: Key, util_percent: float, alone: bool, reference: str = "") -> float:
-        """One utilisation sample of ``key`` (0..100); returns how far its estimate moved."""
+    def add(self, key: Key, util_percent: float, alone: bool, reference: str = "",
+            seconds: float = 1.0, new_pod: bool = True) -> float:
+        """One utilisation sample of ``key`` (0..100) covering ``seconds``; ``new_pod``: the
+        first sample of its pod (per GPU) for this key. Returns how far the estimate moved."""
         if not math.isfinite(util_percent):
             with self._lock:
                 self.rejected["not-finite"] += 1
@@ -180,7 +239,8 @@ class ObservationStore:
             if not key[0].startswith(DIGEST_PREFIX):
                 self._undigested.add(key[0])
             est.reference = _shorten(reference or est.reference or key[0])
-            moved = est.add(value, self.alpha, self._clock())
+            est.pods += int(new_pod)
+            moved = est.add(value, seconds, self.trust.horizon_seconds, self.clock())
             self.samples_total += 1
             self.dirty = True
             self._bound(table)
@@ -212,7 +272,7 @@ class ObservationStore:
     def observe_gpu(self, node: str, gpu_index: int, product: str, gpu_util: float,
                     processes: Sequence[ReportedProcess],
                     placement_of: Callable[[str], Placement | None],
-                    colocated: Callable[[list[tuple[Key, float]]], None] | None = None,
+                    colocated: Callable[[list[tuple[Key, float]], Any], None] | None = None,
                     moves: list[float] | None = None) -> int:
         """Samples from one GPU of one report; returns how many were taken.
 
@@ -230,12 +290,18 @@ class ObservationStore:
         alone = len(by_pod) == 1 and not foreign
         taken = 0
         shared: list[tuple[Key, float]] = []
+        now = self.clock()
         for uid, procs in sorted(by_pod.items()):
             found = self._key_of(placement_of(uid), node, gpu_index, product)
             if isinstance(found, str):
                 self._reject(found)
                 continue
             key, reference = found
+            timing = self._elapsed(uid, node, gpu_index, now)
+            if isinstance(timing, str):
+                self._reject(timing)
+                continue
+            seconds, first = timing
             per_process = [p.util_percent for p in procs if p.util_percent is not None]
             if per_process:
                 util = min(100.0, sum(per_process))
@@ -246,14 +312,36 @@ class ObservationStore:
             else:
                 self._reject("shared-no-per-process")
                 continue
-            moved = self.add(key, util, alone, reference)
+            moved = self.add(key, util, alone, reference, seconds, first)
             if moves is not None:
                 moves.append(moved)
             taken += 1
         if colocated is not None and not foreign and len(by_pod) >= 2 \
                 and len(shared) == len(by_pod):
-            colocated(shared)
+            colocated(shared, (node, gpu_index))
         return taken
+
+    def _elapsed(self, uid: str, node: str, gpu_index: int, now: float,
+                 ) -> tuple[float, bool] | str:
+        """Seconds since this pod's last report on this GPU (capped) and whether this is its
+        first counted sample; or why none is taken (``warm-up``, ``rate-limited``)."""
+        with self._lock:
+            track = self._pods.get((uid, node, gpu_index))
+            if track is None:
+                self._pods[(uid, node, gpu_index)] = [now, now, 0.0]
+                while len(self._pods) > MAX_TRACKED_PODS:
+                    self._pods.popitem(last=False)
+                return "warm-up"  # and the time its first sample stands for is unknown
+            self._pods.move_to_end((uid, node, gpu_index))
+            first, last, counted = track
+            gap = now - last
+            if gap < MIN_SAMPLE_SECONDS:
+                return "rate-limited"  # the time is counted by the report that follows
+            track[1] = now
+            if now - first < self.trust.warmup_seconds:
+                return "warm-up"
+            track[2] = 1.0
+            return min(gap, MAX_SAMPLE_SECONDS), not counted
 
     def _reject(self, reason: str) -> None:
         with self._lock:
@@ -274,11 +362,11 @@ class ObservationStore:
         batch = int(batch_text) if batch_text.isdigit() else DEFAULT_BATCH[p.workload.value]
         return (self.model_key(model), batch, p.workload.value, gpu_type_of(product)), model
 
-    def trusted_alone(self, key: Key, min_samples: int) -> float | None:
-        """The alone estimate of ``key`` once it has ``min_samples`` samples, else None."""
+    def trusted_alone(self, key: Key) -> float | None:
+        """The alone estimate of ``key`` once trusted (:class:`Trust`), else None."""
         with self._lock:
             est = self._alone.get(key)
-            return est.mean if est is not None and est.count >= min_samples else None
+            return est.mean if est is not None and self.trust.trusted(est) else None
 
     # ---- answers ---------------------------------------------------------------------
     def lookup(self, model_ref: str, batch_size: int, gpu_type: str, workload: str,
@@ -289,8 +377,8 @@ class ObservationStore:
             est = self._alone.get(key)
             if est is None:
                 return None
-            est.used_at = self._clock()
-            return round(est.mean, 2), est.count
+            est.used_at = self.clock()
+            return self._answer(est)
 
     def lookup_shared(self, model_ref: str, batch_size: int, gpu_type: str, workload: str,
                       ) -> tuple[float, int] | None:
@@ -300,13 +388,20 @@ class ObservationStore:
             est = self._colocated.get(key)
             if est is None:
                 return None
-            est.used_at = self._clock()
-            return round(est.mean, 2), est.count
+            est.used_at = self.clock()
+            return self._answer(est)
 
-    def trust_counts(self, min_samples: int) -> dict[str, int]:
+    def _answer(self, est: Estimate) -> tuple[float, int]:
+        """``(upper bound of the mean, samples)``; samples 0 while not trusted (so resolution
+        keeps the prediction)."""
+        if not self.trust.trusted(est):
+            return round(est.mean, 2), 0
+        return round(est.upper(self.trust.spread_margin), 2), est.count
+
+    def trust_counts(self) -> dict[str, int]:
         """Alone estimates that resolution uses (``trusted``) and those still ``learning``."""
         with self._lock:
-            trusted = sum(1 for e in self._alone.values() if e.count >= min_samples)
+            trusted = sum(1 for e in self._alone.values() if self.trust.trusted(e))
             return {"trusted": trusted, "learning": len(self._alone) - trusted,
                     "colocated": len(self._colocated)}
 
@@ -360,7 +455,7 @@ class ObservationStore:
         with self._lock:
             for table in (self._alone, self._colocated):
                 for e in table.values():
-                    e.synced = e.count
+                    e.synced, e.synced_seconds = e.count, e.seconds
 
 
 def _parse_tables(doc: Any) -> dict[str, dict[Key, Estimate]]:
@@ -398,7 +493,7 @@ def _entry(k: Key, e: Estimate) -> dict[str, Any]:
             "workload": k[2], "gpu_type": k[3],
             "util_percent": round(e.mean, 3), "stddev_percent": round(e.stddev, 3),
             "samples": e.count, "updated_at": round(e.updated_at, 3),
-            "used_at": round(e.used_at, 3)}
+            "used_at": round(e.used_at, 3), "seconds": round(e.seconds, 3), "pods": e.pods}
 
 
 def _parse_entry(row: Any, path: str) -> tuple[Key, Estimate]:
@@ -409,11 +504,15 @@ def _parse_entry(row: Any, path: str) -> tuple[Key, Estimate]:
         count, at = int(row["samples"]), float(row["updated_at"])
         reference = _shorten(str(row.get("reference") or row["model"]))  # v1: the key itself
         used = float(row.get("used_at") or at)  # older documents: last sample
+        seconds = float(row.get("seconds") or count)  # older documents: one second a sample
+        pods = int(row.get("pods") or 1)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"learning document: {path}: {exc!r}") from None
     if key[2] not in DEFAULT_BATCH or not (0 <= mean <= 100 and 0 <= sd <= 100 and count >= 1
                                             and key[1] >= 1 and math.isfinite(at)
-                                            and math.isfinite(used)) \
+                                            and math.isfinite(used) and pods >= 0
+                                            and 0 < seconds < 1e12) \
             or len(key[0]) > MAX_REFERENCE_CHARS:
         raise ValueError(f"learning document: {path}: out of range")
-    return key, Estimate(mean, sd * sd, count, at, reference, used, synced=count)
+    return key, Estimate(mean, sd * sd, count, at, reference, used, synced=count,
+                         seconds=seconds, synced_seconds=seconds, pods=pods)
