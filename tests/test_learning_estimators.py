@@ -152,3 +152,37 @@ def test_a_curve_fitted_just_above_100_percent_keeps_the_prior_far_past_it() -> 
     # pinned to the prior past the points, the learned curve stays at the prior's 3x there.
     assert max(naive_at_200) - min(naive_at_200) > 1.0
     assert all(abs(v - PRIOR.slowdown(200.0)) < 0.2 for v in learned_at_200)
+
+
+def _report(gpus: dict[int, list[tuple[str | None, float | None]]], util: float):
+    from extender.core import GpuSpec
+    from extender.state.reports import DecodedReport
+    idx = sorted(gpus)
+    return DecodedReport("n1", tuple(GpuSpec(i, f"GPU-{i}", A100, 40960.0) for i in idx),
+                         tuple(util for _ in idx), tuple(1000.0 for _ in idx),
+                         tuple(tuple(ReportedProcess(uid, 900.0, u) for uid, u in gpus[i])
+                               for i in idx))
+
+
+def test_a_data_parallel_pod_is_alone_only_when_none_of_its_gpus_is_shared() -> None:
+    world = World(LearningConfig(min_observed_seconds=0, spread_margin=0))
+    world.placements["dp"] = Placement("dp", "team/dp", "n1", (0, 1), 100.0, 1000.0,
+                                       annotations=((BATCH_SIZE, "32"), (MODEL, "m.onnx")))
+    world.place("other", model="o.onnx", gpu=1)
+    world.place("single", gpu=2)
+    for _ in range(120):
+        world.now += 1.0
+        # dp alone on GPU 0 (no per-process figures), sharing GPU 1 with another pod;
+        # a one-GPU pod of the same model alone on GPU 2
+        world.learner.observe(_report({0: [("dp", None)], 1: [("dp", 30.0), ("other", 40.0)],
+                                       2: [("single", None)]}, 55.0), world.placements.get)
+    store = world.learner.store
+    # GPU 0's 55% is not dp's own alone figure: it waits for GPU 1 at each exchange
+    assert store.lookup("m.onnx", 32, TYPE, "training", gpus=2) is None
+    assert store.lookup_shared("m.onnx", 32, TYPE, "training", gpus=2)[0] == 30.0
+    # the one-GPU pod of the same model is learned apart (keyed by GPU count)
+    assert store.lookup("m.onnx", 32, TYPE, "training")[0] == 55.0
+    keys = {(e["model"], e["gpus"]) for e in store.view()["alone"]}
+    assert keys == {("m.onnx", 1)}
+    knowledge = world.learner.knowledge(world.learner.cfg, gpus=2)
+    assert knowledge.observed("m.onnx", 32, TYPE, "training") is None

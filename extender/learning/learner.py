@@ -6,12 +6,13 @@ report becomes one *sample* per (placed training pod, GPU):
 
 - the pod's per-process utilisation summed (capped at 100) when reported, else
 - the GPU's utilisation when the pod is alone on the GPU (its processes are the
-  only ones, none unattributed), else no sample (a shared GPU's total cannot be
-  split fairly without per-process figures).
+  only ones, none unattributed) and on each of its other GPUs (:func:`shared_pods`),
+  else no sample (a shared GPU's total cannot be split fairly without per-process
+  figures). A sample counts as *alone* only under that same condition.
 
 The pod must be placed by this extender on that node and GPU (its ledger
 placement), so an agent cannot teach about pods it does not host. Samples are
-keyed by (model file digest, batch size, workload, GPU type), the reference
+keyed by (model file digest, batch size, workload, GPU type, GPU count), the reference
 standing in for the digest until the extender has resolved it, and kept as a
 bounded running estimate (:mod:`extender.learning.store`). Samples taken alone and
 co-located are kept apart: resolution uses the alone estimate (what the
@@ -138,12 +139,20 @@ class Learner:
         """Read time from ``wall_clock`` from now on (simulations and tests)."""
         self._wall = self.store.clock = self.curves.clock = wall_clock
 
-    def knowledge(self, cfg: LearningConfig) -> UtilKnowledge:
-        """What resolution uses: the alone estimates and the shared floors (when enabled),
-        and the cold-start rule."""
-        return UtilKnowledge(self.store.lookup if cfg.enabled else None, cfg.min_observations,
-                             cfg.cold_start_util_percent,
-                             self.store.lookup_shared if cfg.enabled else None)
+    def knowledge(self, cfg: LearningConfig, gpus: int = 1) -> UtilKnowledge:
+        """What resolution uses for a pod of ``gpus`` GPUs: the alone estimates and the shared
+        floors (when enabled), and the cold-start rule."""
+        store = self.store
+
+        def alone(model: str, batch: int, gpu_type: str, workload: str,
+                  ) -> tuple[float, int] | None:
+            return store.lookup(model, batch, gpu_type, workload, gpus)
+
+        def floor(model: str, batch: int, gpu_type: str, workload: str,
+                  ) -> tuple[float, int] | None:
+            return store.lookup_shared(model, batch, gpu_type, workload, gpus)
+        return UtilKnowledge(alone if cfg.enabled else None, cfg.min_observations,
+                             cfg.cold_start_util_percent, floor if cfg.enabled else None)
 
     def observe(self, report: DecodedReport,
                 placement_of: Callable[[str], Placement | None]) -> int:
@@ -151,11 +160,12 @@ class Learner:
         taken = 0
         moves: list[float] = []
         points = SharedGpuPoints(self.curves, self.store.trusted_alone)
+        shared = shared_pods(report, placement_of)
         for gpu, util, procs in zip(report.gpus, report.util_percent, report.processes,
                                     strict=False):
             taken += self.store.observe_gpu(report.node, gpu.index, gpu.product, util, procs,
                                             placement_of, points if self.cfg.curves else None,
-                                            moves)
+                                            moves, shared)
         if moves:
             self.store.last_change = sum(moves) / len(moves)
         points.refit(self.prior)
@@ -240,6 +250,26 @@ class Learner:
                 "evicted": store.evicted,
                 "persist_age_seconds": None if self.persisted_at is None
                 else max(0.0, self._wall() - self.persisted_at)}
+
+
+def shared_pods(report: DecodedReport, placement_of: Callable[[str], Placement | None],
+                ) -> frozenset[str]:
+    """Pods of ``report`` not alone on all their GPUs: one of them has another pod or an
+    unattributed process, or is missing from the report (a data-parallel pod's GPU where it
+    is alone still waits at each gradient exchange for its shared one)."""
+    seen: dict[str, set[int]] = {}
+    shared: set[str] = set()
+    for gpu, procs in zip(report.gpus, report.processes, strict=False):
+        uids = {p.pod_uid for p in procs}
+        for uid in uids - {None}:
+            seen.setdefault(uid, set()).add(gpu.index)  # type: ignore[arg-type]
+            if len(uids) > 1:
+                shared.add(uid)  # type: ignore[arg-type]
+    for uid, indices in seen.items():
+        p = placement_of(uid)
+        if p is not None and not set(p.gpu_indices) <= indices:
+            shared.add(uid)
+    return frozenset(shared)
 
 
 def trust_of(cfg: LearningConfig) -> Trust:

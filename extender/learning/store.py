@@ -2,7 +2,7 @@
 
 A report becomes one *sample* per (placed training pod, GPU) (the rules are in
 :mod:`extender.learning.learner`). Samples are keyed by (model, batch size, workload,
-GPU type) where *model* is the model file's digest, ``sha256:<hex>``, once the
+GPU type, the pod's GPU count) where *model* is the model file's digest, ``sha256:<hex>``, once the
 extender has resolved the pod's ``tandem.io/model`` reference (the predictor
 reads the file to estimate memory, so the digest is known from the first
 scheduling of a model-only pod), and the reference itself before that (no
@@ -65,8 +65,11 @@ MIN_SAMPLE_SECONDS = 0.5
 """Reports of one pod on one GPU closer than this are dropped (``rate-limited``)."""
 MAX_TRACKED_PODS = 100_000
 
-Key = tuple[str, int, str, str]
-"""(model digest ``sha256:<hex>`` or reference, batch size, workload, GPU type)."""
+Key = tuple[str, int, str, str, int]
+"""(model digest ``sha256:<hex>`` or reference, batch size, workload, GPU type, the pod's
+GPU count): a data-parallel pod's GPU idles at each gradient exchange, so it is learned
+apart from the same model on one GPU."""
+MAX_GPUS = 64
 
 REJECT_REASONS = ("not-placed-here", "not-training", "no-model", "shared-no-per-process",
                   "not-finite", "warm-up", "rate-limited")
@@ -170,7 +173,8 @@ class Trust:
 
 
 class ObservationStore:
-    """Per-(model, batch, workload, GPU type) estimates, alone and co-located; thread-safe.
+    """Per-(model, batch, workload, GPU type, GPUs) estimates, alone and co-located;
+    thread-safe.
 
     ``digest_of``: the digest (hex) the extender resolved a reference to, or None
     when not known yet; it must not do I/O (it is called on the report path).
@@ -224,10 +228,12 @@ class ObservationStore:
         return key
 
     # ---- learning --------------------------------------------------------------------
-    def add(self, key: Key, util_percent: float, alone: bool, reference: str = "",
+    def add(self, key: tuple[Any, ...], util_percent: float, alone: bool, reference: str = "",
             seconds: float = 1.0, new_pod: bool = True) -> float:
         """One utilisation sample of ``key`` (0..100) covering ``seconds``; ``new_pod``: the
-        first sample of its pod (per GPU) for this key. Returns how far the estimate moved."""
+        first sample of its pod (per GPU) for this key. A key without a GPU count is a
+        one-GPU pod's. Returns how far the estimate moved."""
+        key = full_key(key)
         if not math.isfinite(util_percent):
             with self._lock:
                 self.rejected["not-finite"] += 1
@@ -273,12 +279,14 @@ class ObservationStore:
                     processes: Sequence[ReportedProcess],
                     placement_of: Callable[[str], Placement | None],
                     colocated: Callable[[list[tuple[Key, float]], Any], None] | None = None,
-                    moves: list[float] | None = None) -> int:
+                    moves: list[float] | None = None,
+                    shared_pods: frozenset[str] = frozenset()) -> int:
         """Samples from one GPU of one report; returns how many were taken.
 
         ``colocated`` receives the shared GPU's ``(key, utilisation)`` per pod when
         every process on it is a placed pod's and has its own utilisation figure;
-        ``moves`` collects how far each sample moved its estimate.
+        ``moves`` collects how far each sample moved its estimate; ``shared_pods``: pods
+        with a GPU shared elsewhere in the report (not alone, though alone here).
         """
         by_pod: dict[str, list[ReportedProcess]] = {}
         foreign = False
@@ -297,6 +305,7 @@ class ObservationStore:
                 self._reject(found)
                 continue
             key, reference = found
+            pod_alone = alone and uid not in shared_pods
             timing = self._elapsed(uid, node, gpu_index, now)
             if isinstance(timing, str):
                 self._reject(timing)
@@ -307,12 +316,12 @@ class ObservationStore:
                 util = min(100.0, sum(per_process))
                 if len(per_process) == len(procs):
                     shared.append((key, util))
-            elif alone and math.isfinite(gpu_util):
+            elif pod_alone and math.isfinite(gpu_util):
                 util = gpu_util
             else:
                 self._reject("shared-no-per-process")
                 continue
-            moved = self.add(key, util, alone, reference, seconds, first)
+            moved = self.add(key, util, pod_alone, reference, seconds, first)
             if moves is not None:
                 moves.append(moved)
             taken += 1
@@ -360,19 +369,21 @@ class ObservationStore:
             return "no-model"
         batch_text = ann.get(BATCH_SIZE, "")
         batch = int(batch_text) if batch_text.isdigit() else DEFAULT_BATCH[p.workload.value]
-        return (self.model_key(model), batch, p.workload.value, gpu_type_of(product)), model
+        return (self.model_key(model), batch, p.workload.value, gpu_type_of(product),
+                len(p.gpu_indices)), model
 
-    def trusted_alone(self, key: Key) -> float | None:
+    def trusted_alone(self, key: tuple[Any, ...]) -> float | None:
         """The alone estimate of ``key`` once trusted (:class:`Trust`), else None."""
         with self._lock:
-            est = self._alone.get(key)
+            est = self._alone.get(full_key(key))
             return est.mean if est is not None and self.trust.trusted(est) else None
 
     # ---- answers ---------------------------------------------------------------------
     def lookup(self, model_ref: str, batch_size: int, gpu_type: str, workload: str,
-               ) -> tuple[float, int] | None:
-        """The alone estimate ``(util_percent, samples)`` (the core's ``ObservedFn``)."""
-        key = (self.model_key(model_ref), batch_size, workload, gpu_type)
+               gpus: int = 1) -> tuple[float, int] | None:
+        """The alone estimate ``(util_percent, samples)`` (the core's ``ObservedFn``) of a
+        pod of ``gpus`` GPUs."""
+        key = (self.model_key(model_ref), batch_size, workload, gpu_type, gpus)
         with self._lock:
             est = self._alone.get(key)
             if est is None:
@@ -381,9 +392,9 @@ class ObservationStore:
             return self._answer(est)
 
     def lookup_shared(self, model_ref: str, batch_size: int, gpu_type: str, workload: str,
-                      ) -> tuple[float, int] | None:
+                      gpus: int = 1) -> tuple[float, int] | None:
         """The co-located estimate ``(util_percent, samples)``: a floor of the alone one."""
-        key = (self.model_key(model_ref), batch_size, workload, gpu_type)
+        key = (self.model_key(model_ref), batch_size, workload, gpu_type, gpus)
         with self._lock:
             est = self._colocated.get(key)
             if est is None:
@@ -471,6 +482,11 @@ def _parse_tables(doc: Any) -> dict[str, dict[Key, Estimate]]:
     return tables
 
 
+def full_key(key: tuple[Any, ...]) -> Key:
+    """``key`` with its GPU count (1 when it has none: a one-GPU pod's)."""
+    return key if len(key) == 5 else (*key, 1)  # type: ignore[return-value]
+
+
 def short_key(reference: str) -> str:
     """The reference itself, or its hash when longer than :data:`MAX_REFERENCE_CHARS`."""
     if len(reference) <= MAX_REFERENCE_CHARS:
@@ -490,7 +506,7 @@ def encode_entry(row: Mapping[str, Any]) -> str:
 
 def _entry(k: Key, e: Estimate) -> dict[str, Any]:
     return {"model": k[0], "reference": e.reference or k[0], "batch_size": k[1],
-            "workload": k[2], "gpu_type": k[3],
+            "workload": k[2], "gpu_type": k[3], "gpus": k[4],
             "util_percent": round(e.mean, 3), "stddev_percent": round(e.stddev, 3),
             "samples": e.count, "updated_at": round(e.updated_at, 3),
             "used_at": round(e.used_at, 3), "seconds": round(e.seconds, 3), "pods": e.pods}
@@ -499,7 +515,7 @@ def _entry(k: Key, e: Estimate) -> dict[str, Any]:
 def _parse_entry(row: Any, path: str) -> tuple[Key, Estimate]:
     try:
         key = (str(row["model"]), int(row["batch_size"]), str(row["workload"]),
-               str(row["gpu_type"]))
+               str(row["gpu_type"]), int(row.get("gpus") or 1))  # older documents: 1 GPU
         mean, sd = float(row["util_percent"]), float(row["stddev_percent"])
         count, at = int(row["samples"]), float(row["updated_at"])
         reference = _shorten(str(row.get("reference") or row["model"]))  # v1: the key itself
@@ -512,7 +528,7 @@ def _parse_entry(row: Any, path: str) -> tuple[Key, Estimate]:
                                             and key[1] >= 1 and math.isfinite(at)
                                             and math.isfinite(used) and pods >= 0
                                             and 0 < seconds < 1e12) \
-            or len(key[0]) > MAX_REFERENCE_CHARS:
+            or len(key[0]) > MAX_REFERENCE_CHARS or not 1 <= key[4] <= MAX_GPUS:
         raise ValueError(f"learning document: {path}: out of range")
     return key, Estimate(mean, sd * sd, count, at, reference, used, synced=count,
                          seconds=seconds, synced_seconds=seconds, pods=pods)
