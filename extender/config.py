@@ -98,6 +98,14 @@ class ReportsConfig:
     """File holding the agents' bearer token (preferred over ``token_env``)."""
     token_env: str = "TANDEM_AGENT_TOKEN"
     """Environment variable holding the token when no file is given."""
+    identity: str = "shared-token"
+    """``shared-token``: every agent sends the one token above (simulated cluster, demos);
+    ``service-account``: each sends its pod's projected ServiceAccount token, reviewed with
+    the API server and bound to its pod's node (``extender/state/node_identity.py``)."""
+    audience: str = "tandem"
+    """Audience the agents' projected tokens are issued for (``service-account``)."""
+    service_account: str = "tandem-system/tandem-agent"
+    """``namespace/name`` of the agents' ServiceAccount (``service-account``)."""
 
 
 @dataclass(frozen=True)
@@ -234,6 +242,12 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool
         "staleness_seconds": ((int, float), lambda v: v > 0, "must be > 0"),
         "token_file": ((str, type(None)), None, ""),
         "token_env": (str, None, ""),
+        "identity": (str, lambda v: v in ("shared-token", "service-account"),
+                     "must be shared-token or service-account"),
+        "audience": (str, lambda v: 0 < len(v) <= 253, "must be a non-empty string"),
+        "service_account": (str, lambda v: _DNS_LABEL.fullmatch(v.partition("/")[0]) is not None
+                            and _DNS_NAME.fullmatch(v.partition("/")[2]) is not None,
+                            "must be namespace/name"),
     },
     "limits": {"max_pods_per_gpu": (int, lambda v: 1 <= v <= 1024, "must be in 1..1024"),
                "min_best_effort_slack_percent": ((int, float), lambda v: 0 <= v < 100,

@@ -171,8 +171,9 @@ class Extender:
         except DemandError as exc:
             raise PodRejected(f"tandem: bad pod request: {exc}", exc.field) from None
         predict = self._predict if self.config.current().predictor.enabled else None
+        knowledge = self._knowledge(job.gpu_count, ref.namespace)
         resolved = resolve_demand(job, self.state.gpu_types(), predict, self._profiles,
-                                  session_name=ref.key, knowledge=self._knowledge(job.gpu_count))
+                                  session_name=ref.key, knowledge=knowledge)
         ttl = self.config.current().state.demand_cache_seconds
         if any(g.startswith(FETCHING) for g in resolved.gaps.values()):
             return ref, resolved  # not cached: the next filter sees the model once it is here
@@ -187,10 +188,10 @@ class Extender:
                 self._cache.popitem(last=False)
         return ref, resolved
 
-    def _knowledge(self, gpus: int) -> UtilKnowledge:
+    def _knowledge(self, gpus: int, namespace: str) -> UtilKnowledge:
         cfg = self.config.current().learning
         if self.learner is not None:
-            return self.learner.knowledge(cfg, gpus)
+            return self.learner.knowledge(cfg, gpus, namespace)
         return UtilKnowledge(None, cfg.min_observations, cfg.cold_start_util_percent)
 
     def _source_on(self, demand: ResolvedDemand, node: str, indices: tuple[int, ...]) -> str:

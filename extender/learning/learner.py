@@ -45,7 +45,7 @@ from typing import Any
 
 from contracts.logs import get_logger
 from extender.config import LearningConfig
-from extender.core import Placement, UtilKnowledge
+from extender.core import Placement, UtilKnowledge, gpu_type_of
 from extender.core.cost import CostPolicy
 from extender.learning.curves import CurveGuards, CurveLearner, LearnedPolicy, SharedGpuPoints
 from extender.learning.persistence import (
@@ -139,30 +139,40 @@ class Learner:
         """Read time from ``wall_clock`` from now on (simulations and tests)."""
         self._wall = self.store.clock = self.curves.clock = wall_clock
 
-    def knowledge(self, cfg: LearningConfig, gpus: int = 1) -> UtilKnowledge:
-        """What resolution uses for a pod of ``gpus`` GPUs: the alone estimates and the shared
-        floors (when enabled), and the cold-start rule."""
+    def knowledge(self, cfg: LearningConfig, gpus: int = 1,
+                  namespace: str | None = None) -> UtilKnowledge:
+        """What resolution uses for a pod of ``gpus`` GPUs in ``namespace``: the alone
+        estimates and the shared floors (when enabled), and the cold-start rule. An estimate
+        learned from one namespace's pods only serves that namespace until a second confirms
+        it (a tenant cannot set another's predictions by naming its model)."""
         store = self.store
 
         def alone(model: str, batch: int, gpu_type: str, workload: str,
                   ) -> tuple[float, int] | None:
-            return store.lookup(model, batch, gpu_type, workload, gpus)
+            return store.lookup(model, batch, gpu_type, workload, gpus, namespace)
 
         def floor(model: str, batch: int, gpu_type: str, workload: str,
                   ) -> tuple[float, int] | None:
-            return store.lookup_shared(model, batch, gpu_type, workload, gpus)
+            return store.lookup_shared(model, batch, gpu_type, workload, gpus, namespace)
         return UtilKnowledge(alone if cfg.enabled else None, cfg.min_observations,
                              cfg.cold_start_util_percent, floor if cfg.enabled else None)
 
     def observe(self, report: DecodedReport,
-                placement_of: Callable[[str], Placement | None]) -> int:
-        """Samples from one agent report, then a save when due; returns samples taken."""
+                placement_of: Callable[[str], Placement | None],
+                inventory: frozenset[str] | None = None) -> int:
+        """Samples from one agent report, then a save when due; returns samples taken.
+
+        ``inventory``: the GPU types the cluster source lists for the report's node; a GPU
+        reported as another type teaches nothing (an agent cannot invent GPU types)."""
         taken = 0
         moves: list[float] = []
         points = SharedGpuPoints(self.curves, self.store.trusted_alone)
         shared = shared_pods(report, placement_of)
         for gpu, util, procs in zip(report.gpus, report.util_percent, report.processes,
                                     strict=False):
+            if inventory is not None and gpu_type_of(gpu.product) not in inventory:
+                self.store.reject("gpu-type-not-in-inventory", len(procs))
+                continue
             taken += self.store.observe_gpu(report.node, gpu.index, gpu.product, util, procs,
                                             placement_of, points if self.cfg.curves else None,
                                             moves, shared)

@@ -64,6 +64,8 @@ MAX_SAMPLE_SECONDS = 300.0
 MIN_SAMPLE_SECONDS = 0.5
 """Reports of one pod on one GPU closer than this are dropped (``rate-limited``)."""
 MAX_TRACKED_PODS = 100_000
+MAX_NAMESPACES = 8
+MAX_NAMESPACE_CHARS = 63
 
 Key = tuple[str, int, str, str, int]
 """(model digest ``sha256:<hex>`` or reference, batch size, workload, GPU type, the pod's
@@ -72,7 +74,7 @@ apart from the same model on one GPU."""
 MAX_GPUS = 64
 
 REJECT_REASONS = ("not-placed-here", "not-training", "no-model", "shared-no-per-process",
-                  "not-finite", "warm-up", "rate-limited")
+                  "not-finite", "warm-up", "rate-limited", "gpu-type-not-in-inventory")
 """Why a reported process gave no sample (``tandem_learning_observations_rejected``)."""
 
 
@@ -102,6 +104,21 @@ class Estimate:
     synced_seconds: float = 0.0
     pods: int = 0
     """Pods (per GPU) that contributed a sample."""
+    namespaces: tuple[str, ...] = ()
+    """Namespaces of those pods (sorted, at most :data:`MAX_NAMESPACES`): an estimate taught
+    by one namespace only sets predictions in that namespace (:meth:`serves`)."""
+
+    def add_namespace(self, namespace: str) -> None:
+        """Record that a pod of ``namespace`` contributed."""
+        if namespace and namespace not in self.namespaces \
+                and len(self.namespaces) < MAX_NAMESPACES:
+            self.namespaces = tuple(sorted((*self.namespaces, namespace)))
+
+    def serves(self, namespace: str | None) -> bool:
+        """Whether a pod of ``namespace`` may be predicted from this estimate: it learned from
+        that namespace, or was confirmed by at least two (None: no tenant check, simulator;
+        no namespace recorded: an entry persisted before namespaces were)."""
+        return namespace is None or len(self.namespaces) != 1 or namespace in self.namespaces
 
     def add(self, value: float, seconds: float, horizon: float, now: float) -> float:
         """Fold in one sample covering ``seconds``; returns how far the mean moved (points)."""
@@ -127,6 +144,8 @@ class Estimate:
         self.mean, self.seconds = mean, n
         self.count += other.count
         self.pods += other.pods
+        for ns in other.namespaces:
+            self.add_namespace(ns)
         self.updated_at = max(self.updated_at, other.updated_at)
         self.used_at = max(self.used_at, other.used_at)
         self.reference = self.reference or other.reference
@@ -135,7 +154,10 @@ class Estimate:
         """``persisted`` (what another replica wrote) plus this replica's unsynced samples."""
         out = Estimate(persisted.mean, persisted.var, persisted.count, persisted.updated_at,
                        persisted.reference, max(self.used_at, persisted.used_at),
-                       seconds=persisted.seconds, pods=persisted.pods)
+                       seconds=persisted.seconds, pods=persisted.pods,
+                       namespaces=persisted.namespaces)
+        for ns in self.namespaces:
+            out.add_namespace(ns)
         fresh = self.seconds - self.synced_seconds
         if fresh > 0:
             out.merge(Estimate(self.mean, self.var, max(0, self.count - self.synced),
@@ -229,7 +251,7 @@ class ObservationStore:
 
     # ---- learning --------------------------------------------------------------------
     def add(self, key: tuple[Any, ...], util_percent: float, alone: bool, reference: str = "",
-            seconds: float = 1.0, new_pod: bool = True) -> float:
+            seconds: float = 1.0, new_pod: bool = True, namespace: str = "") -> float:
         """One utilisation sample of ``key`` (0..100) covering ``seconds``; ``new_pod``: the
         first sample of its pod (per GPU) for this key. A key without a GPU count is a
         one-GPU pod's. Returns how far the estimate moved."""
@@ -246,6 +268,7 @@ class ObservationStore:
                 self._undigested.add(key[0])
             est.reference = _shorten(reference or est.reference or key[0])
             est.pods += int(new_pod)
+            est.add_namespace(namespace)
             moved = est.add(value, seconds, self.trust.horizon_seconds, self.clock())
             self.samples_total += 1
             self.dirty = True
@@ -302,13 +325,13 @@ class ObservationStore:
         for uid, procs in sorted(by_pod.items()):
             found = self._key_of(placement_of(uid), node, gpu_index, product)
             if isinstance(found, str):
-                self._reject(found)
+                self.reject(found)
                 continue
             key, reference = found
             pod_alone = alone and uid not in shared_pods
             timing = self._elapsed(uid, node, gpu_index, now)
             if isinstance(timing, str):
-                self._reject(timing)
+                self.reject(timing)
                 continue
             seconds, first = timing
             per_process = [p.util_percent for p in procs if p.util_percent is not None]
@@ -319,9 +342,10 @@ class ObservationStore:
             elif pod_alone and math.isfinite(gpu_util):
                 util = gpu_util
             else:
-                self._reject("shared-no-per-process")
+                self.reject("shared-no-per-process")
                 continue
-            moved = self.add(key, util, pod_alone, reference, seconds, first)
+            moved = self.add(key, util, pod_alone, reference, seconds, first,
+                             _namespace_of(placement_of(uid)))
             if moves is not None:
                 moves.append(moved)
             taken += 1
@@ -352,9 +376,10 @@ class ObservationStore:
             track[2] = 1.0
             return min(gap, MAX_SAMPLE_SECONDS), not counted
 
-    def _reject(self, reason: str) -> None:
+    def reject(self, reason: str, n: int = 1) -> None:
+        """Count ``n`` reported processes that gave no sample for ``reason``."""
         with self._lock:
-            self.rejected[reason] += 1
+            self.rejected[reason] += n
 
     def _key_of(self, p: Placement | None, node: str, gpu_index: int,
                 product: str) -> tuple[Key, str] | str:
@@ -380,19 +405,19 @@ class ObservationStore:
 
     # ---- answers ---------------------------------------------------------------------
     def lookup(self, model_ref: str, batch_size: int, gpu_type: str, workload: str,
-               gpus: int = 1) -> tuple[float, int] | None:
+               gpus: int = 1, namespace: str | None = None) -> tuple[float, int] | None:
         """The alone estimate ``(util_percent, samples)`` (the core's ``ObservedFn``) of a
-        pod of ``gpus`` GPUs."""
+        pod of ``gpus`` GPUs in ``namespace``."""
         key = (self.model_key(model_ref), batch_size, workload, gpu_type, gpus)
         with self._lock:
             est = self._alone.get(key)
             if est is None:
                 return None
             est.used_at = self.clock()
-            return self._answer(est)
+            return self._answer(est, namespace)
 
     def lookup_shared(self, model_ref: str, batch_size: int, gpu_type: str, workload: str,
-                      gpus: int = 1) -> tuple[float, int] | None:
+                      gpus: int = 1, namespace: str | None = None) -> tuple[float, int] | None:
         """The co-located estimate ``(util_percent, samples)``: a floor of the alone one."""
         key = (self.model_key(model_ref), batch_size, workload, gpu_type, gpus)
         with self._lock:
@@ -400,12 +425,12 @@ class ObservationStore:
             if est is None:
                 return None
             est.used_at = self.clock()
-            return self._answer(est)
+            return self._answer(est, namespace)
 
-    def _answer(self, est: Estimate) -> tuple[float, int]:
-        """``(upper bound of the mean, samples)``; samples 0 while not trusted (so resolution
-        keeps the prediction)."""
-        if not self.trust.trusted(est):
+    def _answer(self, est: Estimate, namespace: str | None) -> tuple[float, int]:
+        """``(upper bound of the mean, samples)``; samples 0 while not trusted, or not for
+        ``namespace`` (so resolution keeps the prediction)."""
+        if not self.trust.trusted(est) or not est.serves(namespace):
             return round(est.mean, 2), 0
         return round(est.upper(self.trust.spread_margin), 2), est.count
 
@@ -482,6 +507,11 @@ def _parse_tables(doc: Any) -> dict[str, dict[Key, Estimate]]:
     return tables
 
 
+def _namespace_of(p: Placement | None) -> str:
+    """The namespace of a placed pod (``namespace/name``)."""
+    return "" if p is None else p.pod.partition("/")[0][:MAX_NAMESPACE_CHARS]
+
+
 def full_key(key: tuple[Any, ...]) -> Key:
     """``key`` with its GPU count (1 when it has none: a one-GPU pod's)."""
     return key if len(key) == 5 else (*key, 1)  # type: ignore[return-value]
@@ -509,7 +539,8 @@ def _entry(k: Key, e: Estimate) -> dict[str, Any]:
             "workload": k[2], "gpu_type": k[3], "gpus": k[4],
             "util_percent": round(e.mean, 3), "stddev_percent": round(e.stddev, 3),
             "samples": e.count, "updated_at": round(e.updated_at, 3),
-            "used_at": round(e.used_at, 3), "seconds": round(e.seconds, 3), "pods": e.pods}
+            "used_at": round(e.used_at, 3), "seconds": round(e.seconds, 3), "pods": e.pods,
+            "namespaces": list(e.namespaces)}
 
 
 def _parse_entry(row: Any, path: str) -> tuple[Key, Estimate]:
@@ -522,6 +553,8 @@ def _parse_entry(row: Any, path: str) -> tuple[Key, Estimate]:
         used = float(row.get("used_at") or at)  # older documents: last sample
         seconds = float(row.get("seconds") or count)  # older documents: one second a sample
         pods = int(row.get("pods") or 1)
+        namespaces = tuple(sorted({str(n)[:MAX_NAMESPACE_CHARS]
+                                   for n in row.get("namespaces") or ()}))[:MAX_NAMESPACES]
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"learning document: {path}: {exc!r}") from None
     if key[2] not in DEFAULT_BATCH or not (0 <= mean <= 100 and 0 <= sd <= 100 and count >= 1
@@ -531,4 +564,5 @@ def _parse_entry(row: Any, path: str) -> tuple[Key, Estimate]:
             or len(key[0]) > MAX_REFERENCE_CHARS or not 1 <= key[4] <= MAX_GPUS:
         raise ValueError(f"learning document: {path}: out of range")
     return key, Estimate(mean, sd * sd, count, at, reference, used, synced=count,
-                         seconds=seconds, synced_seconds=seconds, pods=pods)
+                         seconds=seconds, synced_seconds=seconds, pods=pods,
+                         namespaces=namespaces)

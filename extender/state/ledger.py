@@ -55,6 +55,7 @@ from extender.core import (
     ResolvedDemand,
     choose,
     evaluate,
+    gpu_type_of,
 )
 from extender.errors import BindConflict
 from extender.state.handoff import HandoffGate
@@ -226,6 +227,15 @@ class ClusterState:
         with self.lock:
             entry = self._assumed.get(uid)
             return self._placed.get(uid) or (entry[0] if entry else None)
+
+    def source_gpu_types(self, node: str) -> frozenset[str] | None:
+        """The GPU types the cluster source lists for ``node`` (GPU feature discovery's labels,
+        the cluster file), not what its agent reports; None when it lists none."""
+        with self.lock:
+            spec = self._source_nodes.get(node)
+            if spec is None or not spec.gpus:
+                return None
+            return frozenset(gpu_type_of(g.product) for g in spec.gpus)
 
     def named_gpus(self, node: str, indices: tuple[int, ...], uuids: tuple[str, ...],
                    ) -> tuple[tuple[int, ...], float | None]:

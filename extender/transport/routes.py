@@ -28,6 +28,7 @@ from extender.learning.learner import build_learner
 from extender.ops.metrics import Metrics
 from extender.service import DemandPredictor, Extender
 from extender.state.ledger import ClusterState
+from extender.state.node_identity import agent_identity, check_node
 from extender.state.reports import check_token, decode_report
 from extender.state.signing import load_signer
 from extender.transport.wire import (
@@ -187,16 +188,27 @@ def create_app(
     app.add_url_rule("/preempt", "preempt", lambda: verb("preempt", do_preempt),
                      methods=["POST"])
 
+    node_identity = agent_identity(source)
+
     @app.post("/v1/agents/report")
     def agent_report() -> Response:
+        speaks_for: list[str | None] = [None]
+
         def handle(doc: Any) -> tuple[Any, dict[str, Any]]:
             report = decode_report(doc)
+            check_node(speaks_for[0], report.node)
             state.report(report.node, report.gpus, report.util_percent, report.memory_used_mib)
-            samples = learner.observe(report, state.placement_of) \
+            samples = learner.observe(report, state.placement_of,
+                                      state.source_gpu_types(report.node)) \
                 if config.current().learning.enabled else 0
             return {"accepted": len(report.gpus), "samples": samples}, {"node": report.node}
         try:
-            check_token(request.headers.get("Authorization"), config.current().reports, environ)
+            reports_cfg = config.current().reports
+            if reports_cfg.identity == "service-account":
+                speaks_for[0] = node_identity(reports_cfg).node_of(
+                    request.headers.get("Authorization"))
+            else:
+                check_token(request.headers.get("Authorization"), reports_cfg, environ)
         except ExtenderError as exc:
             metrics.requests.labels("report", str(exc.http_status)).inc()
             return Response(dumps({"Error": str(exc)}), status=exc.http_status, mimetype=JSON)
