@@ -14,8 +14,8 @@ from extender_builders import TOKEN, args, binding, make_app, node, pod
 from contracts.annotations import BindOutputs, decode_outputs, encode_outputs
 from extender.config import LearningConfig
 from extender.errors import BadRequest
+from extender.learning.estimate import Trust
 from extender.learning.learner import ConfigMapPersistence, Estimate, Learner, ObservationStore
-from extender.learning.store import Trust
 from extender.state.reports import decode_report
 
 A100 = "NVIDIA-A100-SXM4-40GB"

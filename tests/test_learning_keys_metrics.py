@@ -9,8 +9,8 @@ from extender_builders import TOKEN, args, binding, make_app, node, pod
 from predictor_fixtures import tiny_model
 
 from extender.config import LearningConfig
+from extender.learning.estimate import Trust
 from extender.learning.learner import DOCUMENT_VERSION, Learner, ObservationStore
-from extender.learning.store import Trust
 
 A100 = "NVIDIA-A100-SXM4-40GB"
 LOOSE = Trust(min_samples=1, min_seconds=0, warmup_seconds=0, spread_margin=0)

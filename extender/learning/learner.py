@@ -48,6 +48,8 @@ from extender.config import LearningConfig
 from extender.core import Placement, UtilKnowledge, gpu_type_of
 from extender.core.cost import CostPolicy
 from extender.learning.curves import CurveGuards, CurveLearner, LearnedPolicy, SharedGpuPoints
+from extender.learning.document import DOCUMENT_VERSION
+from extender.learning.estimate import INDEPENDENT_SECONDS, Estimate, Trust
 from extender.learning.persistence import (
     DOCUMENT_KEY,
     MAX_BYTES,
@@ -55,13 +57,7 @@ from extender.learning.persistence import (
     WriteConflict,
     encode,
 )
-from extender.learning.store import (
-    DOCUMENT_VERSION,
-    INDEPENDENT_SECONDS,
-    Estimate,
-    ObservationStore,
-    Trust,
-)
+from extender.learning.store import ObservationStore
 from extender.state.reports import DecodedReport
 from predictor.curves import InterferenceCurve
 

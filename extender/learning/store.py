@@ -23,175 +23,42 @@ resolution trusts it only after ``min_observations`` samples covering
 ``min_observed_seconds`` from ``min_pods`` pods (:class:`Trust`), and then uses
 its mean plus ``spread_margin`` standard errors (one independent sample per minute). Samples
 taken alone and co-located are kept apart; resolution uses the alone estimate.
-
-Persisted document (``observations.json``), version 2: ``alone`` and
-``colocated`` lists of entries ``{model, reference, batch_size, workload,
-gpu_type, util_percent, stddev_percent, samples, updated_at}`` and, additively,
-``used_at``, ``seconds`` and ``pods`` (``model`` the key:
-a digest or a reference; ``reference`` the last reference seen for it). Version
-1 documents (entries keyed by reference, no ``reference`` field) are read as
-reference-keyed entries and migrate as above.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from contracts.annotations import BATCH_SIZE, MODEL
 from extender.core import Placement, Workload, gpu_type_of
+from extender.learning.document import (
+    DEFAULT_BATCH,
+    DIGEST_PREFIX,
+    DOCUMENT_VERSION,
+    Key,
+    encode_entry,
+    entry,
+    full_key,
+    parse_tables,
+    short_key,
+    shorten,
+)
+from extender.learning.estimate import MAX_NAMESPACE_CHARS, Estimate, Trust
 from extender.state.reports import ReportedProcess
 
-DOCUMENT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
-DEFAULT_BATCH = {"training": 32, "inference": 1}
-DIGEST_PREFIX = "sha256:"
-MAX_REFERENCE_CHARS = 256
-"""A longer ``tandem.io/model`` reference is keyed by its hash and stored shortened, so no
-pod owner can grow the learning document with one long name."""
-HASHED_PREFIX = "ref-sha256:"
-INDEPENDENT_SECONDS = 60.0
-"""Seconds of 1 Hz samples counted as one independent sample in the safety margin."""
 MAX_SAMPLE_SECONDS = 300.0
 """Most time one sample stands for (a pod not reported for longer restarts from here)."""
 MIN_SAMPLE_SECONDS = 0.5
 """Reports of one pod on one GPU closer than this are dropped (``rate-limited``)."""
 MAX_TRACKED_PODS = 100_000
-MAX_NAMESPACES = 8
-MAX_NAMESPACE_CHARS = 63
-
-Key = tuple[str, int, str, str, int]
-"""(model digest ``sha256:<hex>`` or reference, batch size, workload, GPU type, the pod's
-GPU count): a data-parallel pod's GPU idles at each gradient exchange, so it is learned
-apart from the same model on one GPU."""
-MAX_GPUS = 64
-
 REJECT_REASONS = ("not-placed-here", "not-training", "no-model", "shared-no-per-process",
                   "not-finite", "warm-up", "rate-limited", "gpu-type-not-in-inventory")
 """Why a reported process gave no sample (``tandem_learning_observations_rejected``)."""
-
-
-@dataclass
-class Estimate:
-    """A running estimate of one key's utilisation, weighted by observed time.
-
-    Each sample weighs the seconds since the pod's previous report on that GPU, so
-    the estimate is the time-weighted mean utilisation whatever the reporting
-    cadence: the plain time-weighted mean of the first ``horizon`` seconds, then an
-    exponentially weighted one with that time constant (it follows a model whose
-    behaviour drifts, and a short phase moves it by its share of the time only).
-    """
-
-    mean: float = 0.0
-    var: float = 0.0
-    count: int = 0
-    updated_at: float = 0.0
-    reference: str = ""
-    """The last ``tandem.io/model`` reference seen for this key (for people and export)."""
-    used_at: float = 0.0
-    """Wall-clock seconds of the last sample or lookup (eviction drops the oldest first)."""
-    synced: int = 0
-    """Samples of ``count`` the persisted document already holds (merges add only the rest)."""
-    seconds: float = 0.0
-    """Observed time the samples cover (after each pod's warm-up)."""
-    synced_seconds: float = 0.0
-    pods: int = 0
-    """Pods (per GPU) that contributed a sample."""
-    namespaces: tuple[str, ...] = ()
-    """Namespaces of those pods (sorted, at most :data:`MAX_NAMESPACES`): an estimate taught
-    by one namespace only sets predictions in that namespace (:meth:`serves`)."""
-
-    def add_namespace(self, namespace: str) -> None:
-        """Record that a pod of ``namespace`` contributed."""
-        if namespace and namespace not in self.namespaces \
-                and len(self.namespaces) < MAX_NAMESPACES:
-            self.namespaces = tuple(sorted((*self.namespaces, namespace)))
-
-    def serves(self, namespace: str | None) -> bool:
-        """Whether a pod of ``namespace`` may be predicted from this estimate: it learned from
-        that namespace, or was confirmed by at least two (None: no tenant check, simulator;
-        no namespace recorded: an entry persisted before namespaces were)."""
-        return namespace is None or len(self.namespaces) != 1 or namespace in self.namespaces
-
-    def add(self, value: float, seconds: float, horizon: float, now: float) -> float:
-        """Fold in one sample covering ``seconds``; returns how far the mean moved (points)."""
-        if seconds <= 0:
-            return 0.0
-        weight = seconds / (min(self.seconds, horizon) + seconds)
-        delta = value - self.mean
-        self.mean += weight * delta
-        self.var = (1 - weight) * (self.var + weight * delta * delta)
-        self.count += 1
-        self.seconds += seconds
-        self.updated_at = self.used_at = now
-        return abs(weight * delta)
-
-    def merge(self, other: Estimate) -> None:
-        """Pool ``other`` (the same model learned under another key) into this one."""
-        n = self.seconds + other.seconds
-        if n <= 0:
-            return
-        mean = (self.mean * self.seconds + other.mean * other.seconds) / n
-        self.var = (self.seconds * (self.var + (self.mean - mean) ** 2)
-                    + other.seconds * (other.var + (other.mean - mean) ** 2)) / n
-        self.mean, self.seconds = mean, n
-        self.count += other.count
-        self.pods += other.pods
-        for ns in other.namespaces:
-            self.add_namespace(ns)
-        self.updated_at = max(self.updated_at, other.updated_at)
-        self.used_at = max(self.used_at, other.used_at)
-        self.reference = self.reference or other.reference
-
-    def merged_with_persisted(self, persisted: Estimate) -> Estimate:
-        """``persisted`` (what another replica wrote) plus this replica's unsynced samples."""
-        out = Estimate(persisted.mean, persisted.var, persisted.count, persisted.updated_at,
-                       persisted.reference, max(self.used_at, persisted.used_at),
-                       seconds=persisted.seconds, pods=persisted.pods,
-                       namespaces=persisted.namespaces)
-        for ns in self.namespaces:
-            out.add_namespace(ns)
-        fresh = self.seconds - self.synced_seconds
-        if fresh > 0:
-            out.merge(Estimate(self.mean, self.var, max(0, self.count - self.synced),
-                               self.updated_at, self.reference, seconds=fresh))
-        out.synced, out.synced_seconds = out.count, out.seconds
-        return out
-
-    @property
-    def stddev(self) -> float:
-        """Spread of the samples around the estimate (percentage points)."""
-        return math.sqrt(max(self.var, 0.0))
-
-    def upper(self, margin: float) -> float:
-        """The mean plus ``margin`` standard errors, counting one independent sample per
-        :data:`INDEPENDENT_SECONDS` (1 Hz samples of one job are strongly correlated)."""
-        n = max(1.0, self.seconds / INDEPENDENT_SECONDS)
-        return min(100.0, self.mean + margin * self.stddev / math.sqrt(n))
-
-
-@dataclass(frozen=True)
-class Trust:
-    """When an estimate may replace a prediction, and how it is used."""
-
-    min_samples: int = 5
-    min_seconds: float = 120.0
-    min_pods: int = 1
-    warmup_seconds: float = 60.0
-    horizon_seconds: float = 600.0
-    spread_margin: float = 1.0
-
-    def trusted(self, est: Estimate) -> bool:
-        """Enough samples, observed time and pods."""
-        return est.count >= self.min_samples and est.seconds >= self.min_seconds \
-            and est.pods >= self.min_pods
 
 
 class ObservationStore:
@@ -244,7 +111,7 @@ class ObservationStore:
                 for old in [k for k in table if k[0] == short]:
                     moved = table.pop(old)
                     target = table.setdefault((key, *old[1:]),
-                                              Estimate(reference=_shorten(reference)))
+                                              Estimate(reference=shorten(reference)))
                     target.merge(moved)
                     self.dirty = True
         return key
@@ -266,7 +133,7 @@ class ObservationStore:
             est = table.setdefault(key, Estimate())
             if not key[0].startswith(DIGEST_PREFIX):
                 self._undigested.add(key[0])
-            est.reference = _shorten(reference or est.reference or key[0])
+            est.reference = shorten(reference or est.reference or key[0])
             est.pods += int(new_pod)
             est.add_namespace(namespace)
             moved = est.add(value, seconds, self.trust.horizon_seconds, self.clock())
@@ -284,7 +151,7 @@ class ObservationStore:
         """Evict the least recently used estimates (both tables) until their entries fit
         ``budget`` bytes of the persisted document; returns how many were evicted."""
         with self._lock:
-            rows = [(e.used_at, name, k, len(encode_entry(_entry(k, e))) + 1)
+            rows = [(e.used_at, name, k, len(encode_entry(entry(k, e))) + 1)
                     for name, table in (("alone", self._alone), ("colocated", self._colocated))
                     for k, e in table.items()]
             total = sum(r[3] for r in rows)
@@ -445,8 +312,8 @@ class ObservationStore:
         """For ``/v1/state``: entry counts and the estimates, alone and co-located."""
         with self._lock:
             return {"samples_total": self.samples_total,
-                    "alone": [_entry(k, e) for k, e in sorted(self._alone.items())],
-                    "colocated": [_entry(k, e) for k, e in sorted(self._colocated.items())]}
+                    "alone": [entry(k, e) for k, e in sorted(self._alone.items())],
+                    "colocated": [entry(k, e) for k, e in sorted(self._colocated.items())]}
 
     # ---- persistence -----------------------------------------------------------------
     def to_document(self, empty: bool = False) -> dict[str, Any]:
@@ -471,7 +338,7 @@ class ObservationStore:
         last read or wrote the document (:meth:`Estimate.merged_with_persisted`); keys
         only this replica knows are kept. ``replace``: the document alone (start).
         """
-        tables = _parse_tables(doc)
+        tables = parse_tables(doc)
         with self._lock:
             if not replace:
                 for name, mine in (("alone", self._alone), ("colocated", self._colocated)):
@@ -494,75 +361,6 @@ class ObservationStore:
                     e.synced, e.synced_seconds = e.count, e.seconds
 
 
-def _parse_tables(doc: Any) -> dict[str, dict[Key, Estimate]]:
-    if not isinstance(doc, Mapping) or doc.get("version") not in READABLE_VERSIONS:
-        raise ValueError("learning document: version must be one of "
-                         f"{', '.join(map(str, READABLE_VERSIONS))}")
-    tables: dict[str, dict[Key, Estimate]] = {}
-    for name in ("alone", "colocated"):
-        rows = doc.get(name) or []
-        if not isinstance(rows, list):
-            raise ValueError(f"learning document: {name} must be a list")
-        tables[name] = dict(_parse_entry(r, f"{name}[{i}]") for i, r in enumerate(rows))
-    return tables
-
-
 def _namespace_of(p: Placement | None) -> str:
     """The namespace of a placed pod (``namespace/name``)."""
     return "" if p is None else p.pod.partition("/")[0][:MAX_NAMESPACE_CHARS]
-
-
-def full_key(key: tuple[Any, ...]) -> Key:
-    """``key`` with its GPU count (1 when it has none: a one-GPU pod's)."""
-    return key if len(key) == 5 else (*key, 1)  # type: ignore[return-value]
-
-
-def short_key(reference: str) -> str:
-    """The reference itself, or its hash when longer than :data:`MAX_REFERENCE_CHARS`."""
-    if len(reference) <= MAX_REFERENCE_CHARS:
-        return reference
-    return HASHED_PREFIX + hashlib.sha256(reference.encode()).hexdigest()
-
-
-def _shorten(reference: str) -> str:
-    return reference if len(reference) <= MAX_REFERENCE_CHARS \
-        else reference[: MAX_REFERENCE_CHARS - 3] + "..."
-
-
-def encode_entry(row: Mapping[str, Any]) -> str:
-    """One entry as the persisted document writes it (its size counts against the budget)."""
-    return json.dumps(row, sort_keys=True, separators=(",", ":"))
-
-
-def _entry(k: Key, e: Estimate) -> dict[str, Any]:
-    return {"model": k[0], "reference": e.reference or k[0], "batch_size": k[1],
-            "workload": k[2], "gpu_type": k[3], "gpus": k[4],
-            "util_percent": round(e.mean, 3), "stddev_percent": round(e.stddev, 3),
-            "samples": e.count, "updated_at": round(e.updated_at, 3),
-            "used_at": round(e.used_at, 3), "seconds": round(e.seconds, 3), "pods": e.pods,
-            "namespaces": list(e.namespaces)}
-
-
-def _parse_entry(row: Any, path: str) -> tuple[Key, Estimate]:
-    try:
-        key = (str(row["model"]), int(row["batch_size"]), str(row["workload"]),
-               str(row["gpu_type"]), int(row.get("gpus") or 1))  # older documents: 1 GPU
-        mean, sd = float(row["util_percent"]), float(row["stddev_percent"])
-        count, at = int(row["samples"]), float(row["updated_at"])
-        reference = _shorten(str(row.get("reference") or row["model"]))  # v1: the key itself
-        used = float(row.get("used_at") or at)  # older documents: last sample
-        seconds = float(row.get("seconds") or count)  # older documents: one second a sample
-        pods = int(row.get("pods") or 1)
-        namespaces = tuple(sorted({str(n)[:MAX_NAMESPACE_CHARS]
-                                   for n in row.get("namespaces") or ()}))[:MAX_NAMESPACES]
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ValueError(f"learning document: {path}: {exc!r}") from None
-    if key[2] not in DEFAULT_BATCH or not (0 <= mean <= 100 and 0 <= sd <= 100 and count >= 1
-                                            and key[1] >= 1 and math.isfinite(at)
-                                            and math.isfinite(used) and pods >= 0
-                                            and 0 < seconds < 1e12) \
-            or len(key[0]) > MAX_REFERENCE_CHARS or not 1 <= key[4] <= MAX_GPUS:
-        raise ValueError(f"learning document: {path}: out of range")
-    return key, Estimate(mean, sd * sd, count, at, reference, used, synced=count,
-                         seconds=seconds, synced_seconds=seconds, pods=pods,
-                         namespaces=namespaces)

@@ -44,6 +44,17 @@ class DecodedReport:
     memory_used_mib: tuple[float, ...]
     processes: tuple[tuple[ReportedProcess, ...], ...] = ()
     """Per GPU (same order as ``gpus``), the processes the agent saw on it."""
+    sessions: tuple[tuple[ReportedSession, ...], ...] = ()
+    """Per GPU, the best-effort sessions its inference server runs (optional)."""
+
+
+@dataclass(frozen=True)
+class ReportedSession:
+    """A best-effort session of a GPU's inference server: its pod and the GPU time the
+    server has measured for it since the session started (a cumulative counter)."""
+
+    pod_uid: str
+    gpu_time_ms: float
 
 
 def expected_token(cfg: ReportsConfig, environ: Mapping[str, str] | None = None) -> str | None:
@@ -88,7 +99,7 @@ def decode_report(document: Any) -> DecodedReport:
     gpus_raw = document.get("gpus")
     if not isinstance(gpus_raw, list) or len(gpus_raw) > MAX_GPUS_PER_REPORT:
         raise BadRequest("gpus", f"must be a list of at most {MAX_GPUS_PER_REPORT} GPUs")
-    gpus, utils, used, procs = [], [], [], []
+    gpus, utils, used, procs, sessions = [], [], [], [], []
     for i, g in enumerate(gpus_raw):
         path = f"gpus[{i}]"
         if not isinstance(g, Mapping):
@@ -107,11 +118,30 @@ def decode_report(document: Any) -> DecodedReport:
                                100))
         gpus.append(GpuSpec(index, uuid, product, total))
         procs.append(_processes(g.get("processes"), f"{path}.processes"))
+        sessions.append(_sessions(g.get("sessions"), f"{path}.sessions"))
     if len({g.index for g in gpus}) != len(gpus):
         raise BadRequest("gpus", "GPU indices repeat")
     if len({g.uuid for g in gpus}) != len(gpus):  # placements find their GPUs by UUID
         raise BadRequest("gpus", "GPU UUIDs repeat")
-    return DecodedReport(node, tuple(gpus), tuple(utils), tuple(used), tuple(procs))
+    return DecodedReport(node, tuple(gpus), tuple(utils), tuple(used), tuple(procs),
+                         tuple(sessions))
+
+
+def _sessions(raw: Any, path: str) -> tuple[ReportedSession, ...]:
+    """The optional ``sessions`` list of one GPU (absent or null = none reported)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or len(raw) > MAX_PROCESSES_PER_GPU:
+        raise BadRequest(path, f"must be a list of at most {MAX_PROCESSES_PER_GPU} sessions")
+    out = []
+    for i, entry in enumerate(raw):
+        uid = entry.get("pod_uid") if isinstance(entry, Mapping) else None
+        if not isinstance(uid, str) or not 0 < len(uid) <= MAX_UID_CHARS:
+            raise BadRequest(f"{path}[{i}].pod_uid",
+                             f"must be a string of 1..{MAX_UID_CHARS} characters")
+        out.append(ReportedSession(uid, _num(entry.get("gpu_time_ms"),
+                                             f"{path}[{i}].gpu_time_ms", 0, 1e15)))
+    return tuple(out)
 
 
 def _processes(raw: Any, path: str) -> tuple[ReportedProcess, ...]:
