@@ -14,7 +14,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,19 +30,35 @@ REPORT_PATH = "/v1/agents/report"
 TOKEN_ENV = "TANDEM_AGENT_TOKEN"
 
 
-def build_report(node: str, sample: NodeSample) -> dict[str, Any]:
+def build_report(node: str, sample: NodeSample,
+                 sessions: Mapping[int, list[dict[str, Any]]] | None = None) -> dict[str, Any]:
     """The report JSON object for one sampling round (keys exactly as the contract).
 
     A GPU whose identity was never read (lost since start: no memory total) is left
     out, since the extender needs its total to accept the report; a GPU lost later
-    keeps its identity and is sent with null metrics.
+    keeps its identity and is sent with null metrics. ``sessions``: per GPU index, its
+    server's best-effort sessions (:func:`session_entries`), sent as ``sessions``.
     """
+    gpus = [_gpu_entry(g) for g in sample.gpus if g.info.memory_total_mib is not None]
+    for entry in gpus:
+        if sessions and sessions.get(entry["index"]):
+            entry["sessions"] = sessions[entry["index"]]
     return {
         "node": node,
         "timestamp": round(sample.timestamp, 3),
         "interval_seconds": sample.interval_seconds,
-        "gpus": [_gpu_entry(g) for g in sample.gpus if g.info.memory_total_mib is not None],
+        "gpus": gpus,
     }
+
+
+def session_entries(gpu_time_ms: Mapping[int, Mapping[str, float]],
+                    pods: Iterable[Any]) -> dict[int, list[dict[str, Any]]]:
+    """Per GPU index, ``{"pod_uid", "gpu_time_ms"}`` of each best-effort session its server
+    lists, matched to the pod by session name (``<namespace>.<name>``)."""
+    uid_of = {(p.gpu_index, f"{p.namespace}.{p.name}"): p.uid for p in pods}
+    return {index: [{"pod_uid": uid_of[(index, name)], "gpu_time_ms": round(ms, 3)}
+                    for name, ms in sorted(times.items()) if (index, name) in uid_of]
+            for index, times in gpu_time_ms.items()}
 
 
 def _gpu_entry(g: GpuSample) -> dict[str, Any]:

@@ -10,6 +10,11 @@ report becomes one *sample* per (placed training pod, GPU):
   else no sample (a shared GPU's total cannot be split fairly without per-process
   figures). A sample counts as *alone* only under that same condition.
 
+A best-effort inference session runs inside its GPU's inference server, so its
+processes teach nothing; the server counts the GPU time each session used and the
+agent carries that counter in the report (``sessions``), from which the session's
+utilisation is learned (:meth:`ObservationStore.observe_sessions`).
+
 The pod must be placed by this extender on that node and GPU (its ledger
 placement), so an agent cannot teach about pods it does not host. Samples are
 keyed by (model file digest, batch size, workload, GPU type, GPU count), the reference
@@ -172,6 +177,10 @@ class Learner:
             taken += self.store.observe_gpu(report.node, gpu.index, gpu.product, util, procs,
                                             placement_of, points if self.cfg.curves else None,
                                             moves, shared)
+        for gpu, sessions in zip(report.gpus, report.sessions, strict=False):
+            if sessions and (inventory is None or gpu_type_of(gpu.product) in inventory):
+                taken += self.store.observe_sessions(report.node, gpu.index, gpu.product,
+                                                     sessions, placement_of)
         if moves:
             self.store.last_change = sum(moves) / len(moves)
         points.refit(self.prior)

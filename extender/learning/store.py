@@ -49,7 +49,7 @@ from extender.learning.document import (
     shorten,
 )
 from extender.learning.estimate import MAX_NAMESPACE_CHARS, Estimate, Trust
-from extender.state.reports import ReportedProcess
+from extender.state.reports import ReportedProcess, ReportedSession
 
 MAX_SAMPLE_SECONDS = 300.0
 """Most time one sample stands for (a pod not reported for longer restarts from here)."""
@@ -77,6 +77,8 @@ class ObservationStore:
         self.trust = trust
         self.max_entries = max_entries
         self._pods: OrderedDict[tuple[str, str, int], list[float]] = OrderedDict()
+        self._gpu_ms: OrderedDict[tuple[str, int], float] = OrderedDict()
+        """(session pod UID, GPU index) -> the server's GPU-time counter at its last report."""
         """(pod UID, node, GPU index) -> [first report, last report] (wall-clock seconds)."""
         self.clock = wall_clock
         self._digest_of = digest_of
@@ -221,6 +223,43 @@ class ObservationStore:
             colocated(shared, (node, gpu_index))
         return taken
 
+    def observe_sessions(self, node: str, gpu_index: int, product: str,
+                         sessions: Sequence[ReportedSession],
+                         placement_of: Callable[[str], Placement | None]) -> int:
+        """Samples of best-effort inference sessions from their server's GPU time.
+
+        The server counts the GPU time each session used; between two reports of one
+        session its utilisation is the counter's growth over the time between them (at
+        most 100%). The first report of a session, a counter that went back (the server
+        restarted) and each pod's warm-up give no sample. Returns samples taken."""
+        now = self.clock()
+        taken = 0
+        for s in sessions:
+            p = placement_of(s.pod_uid)
+            if p is None or p.node != node or gpu_index not in p.gpu_indices:
+                self.reject("not-placed-here")
+                continue
+            model = dict(p.annotations).get(MODEL)
+            if not p.best_effort or not model:
+                self.reject("no-model" if p.best_effort else "not-training")
+                continue
+            with self._lock:
+                last = self._gpu_ms.get((s.pod_uid, gpu_index))
+                self._gpu_ms[(s.pod_uid, gpu_index)] = s.gpu_time_ms
+                self._gpu_ms.move_to_end((s.pod_uid, gpu_index))
+                while len(self._gpu_ms) > MAX_TRACKED_PODS:
+                    self._gpu_ms.popitem(last=False)
+            timing = self._elapsed(s.pod_uid, node, gpu_index, now)
+            if isinstance(timing, str) or last is None or s.gpu_time_ms < last:
+                self.reject(timing if isinstance(timing, str) else "warm-up")
+                continue
+            seconds, first = timing
+            key = (self.model_key(model), _batch(p), p.workload.value, gpu_type_of(product), 1)
+            util = min(100.0, (s.gpu_time_ms - last) / (10.0 * seconds))
+            self.add(key, util, True, model, seconds, first, _namespace_of(p))
+            taken += 1
+        return taken
+
     def _elapsed(self, uid: str, node: str, gpu_index: int, now: float,
                  ) -> tuple[float, bool] | str:
         """Seconds since this pod's last report on this GPU (capped) and whether this is its
@@ -259,9 +298,7 @@ class ObservationStore:
         model = ann.get(MODEL)
         if not model:
             return "no-model"
-        batch_text = ann.get(BATCH_SIZE, "")
-        batch = int(batch_text) if batch_text.isdigit() else DEFAULT_BATCH[p.workload.value]
-        return (self.model_key(model), batch, p.workload.value, gpu_type_of(product),
+        return (self.model_key(model), _batch(p), p.workload.value, gpu_type_of(product),
                 len(p.gpu_indices)), model
 
     def trusted_alone(self, key: tuple[Any, ...]) -> float | None:
@@ -364,3 +401,9 @@ class ObservationStore:
 def _namespace_of(p: Placement | None) -> str:
     """The namespace of a placed pod (``namespace/name``)."""
     return "" if p is None else p.pod.partition("/")[0][:MAX_NAMESPACE_CHARS]
+
+
+def _batch(p: Placement) -> int:
+    """The pod's batch size annotation, else its workload's default."""
+    text = dict(p.annotations).get(BATCH_SIZE, "")
+    return int(text) if text.isdigit() and len(text) <= 9 else DEFAULT_BATCH[p.workload.value]
