@@ -32,11 +32,12 @@ def learner_with(points: list[tuple[float, float]], clock: list[float],
 
 def test_too_few_points_no_refit_and_the_prior_stays() -> None:
     clock = [0.0]
-    learner = learner_with(line_points(1.0)[:9], clock, min_points=10, refit_interval_seconds=0)
+    spread = line_points(1.0, range(20, 100, 8))  # 10 points over the linear regime
+    learner = learner_with(spread[:9], clock, min_points=10, refit_interval_seconds=0)
     assert not learner.maybe_refit(A100, PRIOR)
     assert learner.curves() == {}
     assert learner.view()[0]["curve"] is None and learner.view()[0]["points_held"] == 9
-    learner.add_point(A100, 55.0, 1.55)
+    learner.add_point(A100, *spread[9])
     assert learner.maybe_refit(A100, PRIOR)
     assert A100 in learner.curves()
 
@@ -154,13 +155,15 @@ def test_a_learned_curve_reaches_the_extenders_cost() -> None:
     # curve (2x at 80%) makes it the worse one.
     assert before == [10, 0] and after == [0, 10]
     rows = c.get("/v1/state").get_json()["learning"]["curves"]
-    # refitted at the fifth point (four fitted, one held out); later refits fit the same
-    # points no better on the held-out ones, so they are not adopted
-    assert [(r["gpu_type"], r["points"], r["refits"]) for r in rows] == [(A100, 4, 1)]
-    assert rows[0]["curve"]["slope"] == pytest.approx(1.25)  # cost 1.0 at 80%
+    assert [r["gpu_type"] for r in rows] == [A100] and rows[0]["refits"] >= 1
+    # cost 1.0 at 80% observed (the prior says 0.4); the prior still holds at low
+    # utilisation, where nothing was observed, so the line moves toward the points only
+    learned = InterferenceCurve(**rows[0]["curve"])
+    assert abs(learned(80.0) - 1.0) < abs(PRIOR(80.0) - 1.0)
+    assert learned.slope > PRIOR.slope
     text = c.get("/metrics").get_data(as_text=True)
-    assert f'tandem_learning_curve_r2{{gpu_type="{A100}"}} 1.0' in text
-    assert f'tandem_learning_curve_points{{gpu_type="{A100}"}} 4.0' in text
+    assert f'tandem_learning_curve_r2{{gpu_type="{A100}"}}' in text
+    assert f'tandem_learning_curve_points{{gpu_type="{A100}"}} {rows[0]["points"]}.0' in text
     assert "tandem_learning_curve_last_refit_timestamp_seconds" in text
 
 
@@ -175,7 +178,7 @@ def test_policy_overlay_is_cached_and_replaces_only_learned_types() -> None:
     base = CostPolicy(curves={"OTHER": InterferenceCurve(slope=0.1)})
     cfg = learner.cfg
     assert learner.policy(base, cfg) is base  # nothing learned yet
-    for u, s in line_points(1.0)[:5]:
+    for u, s in line_points(1.0, range(20, 100, 16)):  # five points over the linear regime
         learner.curves.add_point(A100, u, s)
     assert learner.curves.maybe_refit(A100, base.curve_for(A100))
     policy = learner.policy(base, cfg)
@@ -198,7 +201,7 @@ def test_learned_curves_survive_a_restart_through_the_api_server(kube_api) -> No
     first = Learner(cfg, ConfigMapPersistence(api, "tandem", "tandem-learning"),
                     wall_clock=lambda: 1234.5)
     first.start()
-    for u, s in line_points(1.0)[:8]:
+    for u, s in line_points(1.0, range(20, 100, 10)):
         first.curves.add_point(A100, u, s)
     first.curves.add_point("NVIDIA-H100-80GB-HBM3", 60.0, 1.3)  # too few to refit
     assert first.curves.maybe_refit(A100, PRIOR)

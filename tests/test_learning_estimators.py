@@ -115,7 +115,7 @@ def test_curve_points_at_most_once_a_minute_per_gpu() -> None:
     assert curves.view()[0]["points_held"] == 3
 
 
-def test_a_refit_that_does_not_beat_the_curve_in_force_is_not_adopted() -> None:
+def test_a_refit_on_noise_never_fits_the_held_out_points_worse() -> None:
     rng = random.Random(4)
     now = [0.0]
     curves = CurveLearner(CurveGuards(min_points=30, refit_interval_seconds=0, max_step=10),
@@ -127,8 +127,11 @@ def test_a_refit_that_does_not_beat_the_curve_in_force_is_not_adopted() -> None:
     curves.maybe_refit(TYPE, PRIOR)
     learned = curves.curves().get(TYPE, PRIOR)
     held = [(u, s) for i, (u, s) in enumerate(curves.to_document()[0]["data"]) if i % 5 == 0]
-    assert sum(abs(learned.slowdown(u) - s) for u, s in held) <= \
-        sum(abs(PRIOR.slowdown(u) - s) for u, s in held)
+
+    def median_error(curve: InterferenceCurve) -> float:
+        errors = sorted(abs(curve.slowdown(u) - s) for u, s in held)
+        return errors[len(errors) // 2]
+    assert median_error(learned) <= median_error(PRIOR)
 
 
 def test_a_curve_fitted_just_above_100_percent_keeps_the_prior_far_past_it() -> None:
@@ -178,11 +181,12 @@ def test_a_data_parallel_pod_is_alone_only_when_none_of_its_gpus_is_shared() -> 
                                        2: [("single", None)]}, 55.0), world.placements.get)
     store = world.learner.store
     # GPU 0's 55% is not dp's own alone figure: it waits for GPU 1 at each exchange
-    assert store.lookup("m.onnx", 32, TYPE, "training", gpus=2) is None
     assert store.lookup_shared("m.onnx", 32, TYPE, "training", gpus=2)[0] == 30.0
     # the one-GPU pod of the same model is learned apart (keyed by GPU count)
     assert store.lookup("m.onnx", 32, TYPE, "training")[0] == 55.0
     keys = {(e["model"], e["gpus"]) for e in store.view()["alone"]}
     assert keys == {("m.onnx", 1)}
+    # until the two-GPU pod has its own, it is predicted from the one-GPU pod's (an upper
+    # bound of a data-parallel pod's per-GPU use), never from its own shared GPU 0
     knowledge = world.learner.knowledge(world.learner.cfg, gpus=2)
-    assert knowledge.observed("m.onnx", 32, TYPE, "training") is None
+    assert knowledge.observed("m.onnx", 32, TYPE, "training")[0] == 55.0

@@ -219,3 +219,22 @@ def test_online_knowledge_refits_the_curve_from_simulated_colocation() -> None:
     assert SimWorld.build(truth, "prior", cfg, [RTX]).knowledge.policy(base) is base
     oracle = SimWorld.build(truth, "oracle", cfg, [RTX]).knowledge.policy(base)
     assert oracle.curve_for(RTX) == flat
+
+
+def test_phases_are_what_a_1_hz_agent_averages_over_a_window() -> None:
+    from extender.simulator.agents import phase_factor
+    from extender.simulator.truth import Phases, parse_truth, truth_document
+
+    p = Phases(warmup_seconds=60, warmup_util_factor=0.05, eval_every_seconds=600,
+               eval_seconds=30, eval_util_factor=0.2)
+    assert phase_factor(p, 0, 60) == pytest.approx(0.05)  # all warm-up
+    assert phase_factor(p, 0, 120) == pytest.approx((60 * 0.05 + 60) / 120)
+    assert phase_factor(p, 630, 660) == pytest.approx(0.2)  # the first evaluation phase
+    assert phase_factor(p, 60, 660) == pytest.approx((570 + 30 * 0.2) / 600)
+    assert phase_factor(Phases(), 0, 1000) == 1.0
+    truth = parse_truth({"phases": {"warmup_seconds": 60, "warmup_util_factor": 0.05}})
+    assert truth.phases == Phases(warmup_seconds=60, warmup_util_factor=0.05)
+    assert parse_truth(truth_document(truth)) == truth
+    with pytest.raises(TruthError) as err:
+        parse_truth({"phases": {"warmup_util_factor": 2, "bogus": 1}})
+    assert len(err.value.problems) == 2

@@ -242,17 +242,18 @@ def _robust_fit(points: list[tuple[float, float]], current: InterferenceCurve,
 
 
 def _anchors(u: np.ndarray, prior: InterferenceCurve) -> tuple[np.ndarray, np.ndarray]:
-    """The prior's slowdown on a grid above the observed utilisations (more than
-    :data:`ANCHOR_MARGIN` points past the highest, up to 300%), as many points as observed
-    ones above 100%: the quadratic regime then follows the points where they are and
-    stays at the prior far past them (a fit on 100-120% says nothing about 200%). None
-    when no point is above 100% (:func:`fit_partial` keeps the prior's terms there)."""
-    over = int((u > 100.0).sum())
-    top = float(u.max()) + ANCHOR_MARGIN
-    grid = [x for x in range(110, 301, 10) if x > top]
-    if not over or not grid:
+    """The prior's slowdown on a grid (every 10% up to 300%) outside the observed
+    utilisations (more than :data:`ANCHOR_MARGIN` points beyond them), in the regimes
+    (below or above 100%) the points cover, as many anchors as points: a fit then follows
+    the points where they are and stays at the prior away from them (a line fitted on
+    45-70% says little about 100%, a quadratic fitted on 100-120% nothing about 200%)."""
+    lo, hi = float(u.min()) - ANCHOR_MARGIN, float(u.max()) + ANCHOR_MARGIN
+    below, above = bool((u <= 100.0).any()), bool((u > 100.0).any())
+    grid = [x for x in range(0, 301, 10) if (x < lo or x > hi)
+            and (below if x <= 100 else above)]
+    if not grid:
         return np.zeros(0), np.zeros(0)
-    au = np.repeat(np.array(grid, dtype=float), max(1, over // len(grid)))
+    au = np.repeat(np.array(grid, dtype=float), max(1, len(u) // len(grid)))
     return au, np.array([prior.slowdown(float(x)) for x in au])
 
 

@@ -40,6 +40,7 @@ from extender.learning.document import (
     DEFAULT_BATCH,
     DIGEST_PREFIX,
     DOCUMENT_VERSION,
+    MAX_GPUS,
     Key,
     encode_entry,
     entry,
@@ -311,14 +312,23 @@ class ObservationStore:
     def lookup(self, model_ref: str, batch_size: int, gpu_type: str, workload: str,
                gpus: int = 1, namespace: str | None = None) -> tuple[float, int] | None:
         """The alone estimate ``(util_percent, samples)`` (the core's ``ObservedFn``) of a
-        pod of ``gpus`` GPUs in ``namespace``."""
+        pod of ``gpus`` GPUs in ``namespace``. Until the pod's own GPU count has a trusted
+        estimate, a multi-GPU pod takes that of the largest smaller GPU count that has one:
+        an upper bound of its per-GPU use (with more GPUs, each waits longer at the gradient
+        exchanges), so never an optimistic guess."""
         key = (self.model_key(model_ref), batch_size, workload, gpu_type, gpus)
         with self._lock:
             est = self._alone.get(key)
-            if est is None:
-                return None
-            est.used_at = self.clock()
-            return self._answer(est, namespace)
+            answer = None if est is None else self._answer(est, namespace)
+            for fewer in range(min(gpus, MAX_GPUS + 1) - 1, 0, -1):
+                if answer is not None and answer[1] > 0:
+                    break
+                other = self._alone.get((*key[:4], fewer))
+                if other is not None and self._answer(other, namespace)[1] > 0:
+                    est, answer = other, self._answer(other, namespace)
+            if est is not None:
+                est.used_at = self.clock()
+            return answer
 
     def lookup_shared(self, model_ref: str, batch_size: int, gpu_type: str, workload: str,
                       gpus: int = 1, namespace: str | None = None) -> tuple[float, int] | None:

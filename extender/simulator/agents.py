@@ -36,7 +36,7 @@ from contracts.annotations import BATCH_SIZE, MODEL
 from extender.core import Placement
 from extender.learning.learner import Learner
 from extender.simulator.engine import Engine, JobRun
-from extender.simulator.truth import Truth
+from extender.simulator.truth import Phases, Truth
 from extender.state.reports import DecodedReport, ReportedProcess
 
 REPORT_PERIOD_S = 60.0
@@ -77,6 +77,8 @@ class SimAgents:
         self._rng = np.random.default_rng(truth.seed)
         self._placements: dict[str, Placement] = {}
         self._engine: Engine | None = None
+        self._window = (0.0, 0.0)
+        """The simulated seconds the report being built covers (for the truth's phases)."""
 
     def attach(self, engine: Engine) -> None:
         """Watch ``engine``'s GPUs."""
@@ -113,8 +115,10 @@ class SimAgents:
                 since[node] = max(since.get(node, 0.0), float(self._since[r]))
             self._since[r] = now_s
         for node, node_rows in by_node.items():
-            for at in report_times(since[node], now_s):
+            times = report_times(since[node], now_s)
+            for before, at in zip([since[node], *times[:-1]], times, strict=True):
                 self.clock.now_s = at
+                self._window = (before, at)
                 report = DecodedReport(
                     node=node, gpus=tuple(engine.table.gpus[r] for r in node_rows),
                     util_percent=tuple(min(100.0, float(engine.util_true[r]))
@@ -124,6 +128,14 @@ class SimAgents:
                 self.reports += 1
                 self.samples += self.learner.observe(report, self._placements.get)
         self.clock.now_s = now_s
+
+    def _phase(self, run: JobRun) -> float:
+        """The truth's phase factor over the report's window for ``run``."""
+        phases = self.truth.phases
+        if phases == Phases() or not math.isfinite(run.start_s):
+            return 1.0
+        t0, t1 = self._window
+        return phase_factor(phases, t0 - run.start_s, t1 - run.start_s)
 
     def _processes(self, engine: Engine, r: int) -> tuple[ReportedProcess, ...]:
         total = float(engine.util_true[r])
@@ -139,9 +151,34 @@ class SimAgents:
                     continue
                 noise = self._rng.normal(0.0, self.truth.util_stddev_percent) \
                     if self.truth.util_stddev_percent > 0 else 0.0
-                util = min(100.0, max(0.0, run.util_rows[k] * scale + noise))
+                util = min(100.0, max(0.0, run.util_rows[k] * scale * self._phase(run) + noise))
                 out.append(ReportedProcess(p.pod_uid, run.mem_rows[k], util))
         return tuple(out)
+
+
+def phase_factor(phases: Phases, e0: float, e1: float) -> float:
+    """Mean factor on a job's steady utilisation over ``[e0, e1]`` seconds since it started:
+    ``warmup_util_factor`` in its first ``warmup_seconds``, ``eval_util_factor`` in the last
+    ``eval_seconds`` of every ``eval_every_seconds`` after that, 1 otherwise (what a 1 Hz
+    agent's samples over that window average to)."""
+    span = e1 - e0
+    if span <= 0:
+        return 1.0
+    warm = max(0.0, min(e1, phases.warmup_seconds) - max(e0, 0.0))
+    evals = 0.0
+    every, length = phases.eval_every_seconds, min(phases.eval_seconds,
+                                                   phases.eval_every_seconds)
+    if every > 0 and length > 0:
+        start = phases.warmup_seconds + every - length
+
+        def upto(x: float) -> float:  # evaluation seconds in [start, x]
+            if x <= start:
+                return 0.0
+            k = math.floor((x - start) / every)
+            return k * length + min(length, x - start - k * every)
+        evals = upto(e1) - upto(max(e0, phases.warmup_seconds))
+    return (warm * phases.warmup_util_factor + evals * phases.eval_util_factor
+            + (span - warm - evals)) / span
 
 
 def report_times(since_s: float, now_s: float) -> list[float]:
