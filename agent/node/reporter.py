@@ -1,4 +1,4 @@
-"""The agent report (architecture.md contract) and its push to the extender.
+"""The agent report (``contracts.agentreport``) and its push to the extender.
 
 ``POST {extender}/v1/agents/report`` with ``Authorization: Bearer <token>``.
 Network errors, 5xx and 429 are retried with exponential backoff and jitter
@@ -11,7 +11,6 @@ environment variable; it never appears in logs, errors or reprs.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -23,98 +22,91 @@ import httpx
 
 from agent.errors import ConfigError, ExtenderUnavailable, ReportRejected
 from agent.node.gpus import GpuSample, NodeSample
+from contracts.agentreport import (
+    REPORT_PATH,
+    AgentReport,
+    ReportedGpu,
+    ReportedProcess,
+    ReportedSession,
+    encode_report,
+)
+from contracts.tokens import BearerToken, TokenError
 
 log = logging.getLogger(__name__)
 
-REPORT_PATH = "/v1/agents/report"
 TOKEN_ENV = "TANDEM_AGENT_TOKEN"
 
 
 def build_report(node: str, sample: NodeSample,
-                 sessions: Mapping[int, list[dict[str, Any]]] | None = None) -> dict[str, Any]:
-    """The report JSON object for one sampling round (keys exactly as the contract).
+                 sessions: Mapping[int, tuple[ReportedSession, ...]] | None = None,
+                 ) -> dict[str, Any]:
+    """The report JSON object for one sampling round (``contracts.agentreport``);
+    ``sessions``: per GPU index, its server's best-effort sessions (:func:`session_entries`).
 
     A GPU whose identity was never read (lost since start: no memory total) is left
     out, since the extender needs its total to accept the report; a GPU lost later
-    keeps its identity and is sent with null metrics. ``sessions``: per GPU index, its
-    server's best-effort sessions (:func:`session_entries`), sent as ``sessions``.
+    keeps its identity and is sent with null metrics.
     """
-    gpus = [_gpu_entry(g) for g in sample.gpus if g.info.memory_total_mib is not None]
-    for entry in gpus:
-        if sessions and sessions.get(entry["index"]):
-            entry["sessions"] = sessions[entry["index"]]
-    return {
-        "node": node,
-        "timestamp": round(sample.timestamp, 3),
-        "interval_seconds": sample.interval_seconds,
-        "gpus": gpus,
-    }
+    return encode_report(AgentReport(
+        node=node,
+        gpus=tuple(_gpu_entry(g, (sessions or {}).get(g.info.index, ()))
+                   for g in sample.gpus if g.info.memory_total_mib is not None),
+        timestamp=round(sample.timestamp, 3),
+        interval_seconds=sample.interval_seconds,
+    ))
 
 
 def session_entries(gpu_time_ms: Mapping[int, Mapping[str, float]],
-                    pods: Iterable[Any]) -> dict[int, list[dict[str, Any]]]:
-    """Per GPU index, ``{"pod_uid", "gpu_time_ms"}`` of each best-effort session its server
-    lists, matched to the pod by session name (``<namespace>.<name>``)."""
+                    pods: Iterable[Any]) -> dict[int, tuple[ReportedSession, ...]]:
+    """Per GPU index, each best-effort session its server lists with the GPU time it used,
+    matched to its pod by session name (``<namespace>.<name>``): the extender learns the
+    session's utilisation from it."""
     uid_of = {(p.gpu_index, f"{p.namespace}.{p.name}"): p.uid for p in pods}
-    return {index: [{"pod_uid": uid_of[(index, name)], "gpu_time_ms": round(ms, 3)}
-                    for name, ms in sorted(times.items()) if (index, name) in uid_of]
+    return {index: tuple(ReportedSession(uid_of[(index, name)], round(ms, 3))
+                         for name, ms in sorted(times.items()) if (index, name) in uid_of)
             for index, times in gpu_time_ms.items()}
 
 
-def _gpu_entry(g: GpuSample) -> dict[str, Any]:
-    return {
-        "index": g.info.index,
-        "uuid": g.info.uuid,
-        "product": g.info.product,
-        "memory_total_mib": g.info.memory_total_mib,
-        "memory_used_mib": g.memory_used_mib,
-        "utilization_percent": _round(g.utilization_percent, 2),
-        "memory_utilization_percent": _round(g.memory_utilization_percent, 2),
-        "power_watts": _round(g.power_watts, 1),
-        "temperature_c": g.temperature_c,
-        "xid_errors": g.xid_errors,
-        "mig_mode": g.info.mig_mode,
-        "processes": [
-            {"pid": p.pid, "used_memory_mib": p.used_memory_mib,
-             "pod_uid": p.pod_uid, "container_id": p.container_id,
-             "utilization_percent": _round(p.utilization_percent, 2)}
-            for p in g.processes
-        ],
-    }
+def _gpu_entry(g: GpuSample, sessions: tuple[ReportedSession, ...] = ()) -> ReportedGpu:
+    return ReportedGpu(
+        index=g.info.index,
+        uuid=g.info.uuid,
+        product=g.info.product,
+        memory_total_mib=g.info.memory_total_mib or 0,
+        memory_used_mib=g.memory_used_mib,
+        utilization_percent=_round(g.utilization_percent, 2),
+        memory_utilization_percent=_round(g.memory_utilization_percent, 2),
+        power_watts=_round(g.power_watts, 1),
+        temperature_c=g.temperature_c,
+        xid_errors=g.xid_errors,
+        mig_mode=g.info.mig_mode,
+        processes=tuple(
+            ReportedProcess(pod_uid=p.pod_uid, used_memory_mib=p.used_memory_mib,
+                            util_percent=_round(p.utilization_percent, 2), pid=p.pid,
+                            container_id=p.container_id)
+            for p in g.processes),
+        sessions=sessions,
+    )
 
 
 def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(float(value), digits)
 
 
-class TokenSource:
+class TokenSource(BearerToken):
     """The bearer token, from a file (re-read every call) or an environment variable."""
 
     def __init__(self, path: Path | None = None, env: str = TOKEN_ENV,
-                 environ: dict[str, str] | None = None) -> None:
-        self._path = path
-        self._env = env
-        self._environ = os.environ if environ is None else environ
+                 environ: Mapping[str, str] | None = None) -> None:
+        super().__init__(path, env, environ)
         self.get()  # fail at start, with a clear message, rather than at the first push
 
     def get(self) -> str:
         """The current token; ``ConfigError`` if none is configured or the file is empty."""
-        if self._path is not None:
-            try:
-                token = self._path.read_text().strip()
-            except OSError as err:
-                raise ConfigError(f"token file {self._path}: {err.strerror}") from None
-            if not token:
-                raise ConfigError(f"token file {self._path} is empty")
-            return token
-        token = self._environ.get(self._env, "").strip()
-        if not token:
-            raise ConfigError(f"no token: pass --token-file or set {self._env}")
-        return token
-
-    def __repr__(self) -> str:
-        where = f"file={self._path}" if self._path is not None else f"env={self._env}"
-        return f"TokenSource({where})"
+        try:
+            return super().get()
+        except TokenError as err:
+            raise ConfigError(str(err)) from None
 
 
 @dataclass(frozen=True)
@@ -166,7 +158,7 @@ class Reporter:
         start = self._monotonic()
         last_error = ""
         for attempt in range(1, self._backoff.max_attempts + 1):
-            headers = {"Authorization": f"Bearer {self._token.get()}"}
+            headers = self._token.headers()
             try:
                 response = self._client.post(REPORT_PATH, json=report, headers=headers)
             except httpx.HTTPError as err:

@@ -48,6 +48,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from contracts.gpus import find_gpus
 from contracts.logs import get_logger
 from extender.config import LearningConfig
 from extender.core import Placement, UtilKnowledge, gpu_type_of
@@ -169,18 +170,19 @@ class Learner:
         moves: list[float] = []
         points = SharedGpuPoints(self.curves, self.store.trusted_alone)
         shared = shared_pods(report, placement_of)
-        for gpu, util, procs in zip(report.gpus, report.util_percent, report.processes,
-                                    strict=False):
+        for position, (gpu, util, procs) in enumerate(zip(
+                report.gpus, report.util_percent, report.processes, strict=False)):
             if inventory is not None and gpu_type_of(gpu.product) not in inventory:
                 self.store.reject("gpu-type-not-in-inventory", len(procs))
                 continue
-            taken += self.store.observe_gpu(report.node, gpu.index, gpu.product, util, procs,
-                                            placement_of, points if self.cfg.curves else None,
-                                            moves, shared)
-        for gpu, sessions in zip(report.gpus, report.sessions, strict=False):
+            taken += self.store.observe_gpu(report.node, report.gpus, position, gpu.product,
+                                            util, procs, placement_of,
+                                            points if self.cfg.curves else None, moves, shared)
+        for position, (gpu, sessions) in enumerate(zip(report.gpus, report.sessions,
+                                                       strict=False)):
             if sessions and (inventory is None or gpu_type_of(gpu.product) in inventory):
-                taken += self.store.observe_sessions(report.node, gpu.index, gpu.product,
-                                                     sessions, placement_of)
+                taken += self.store.observe_sessions(report.node, report.gpus, position,
+                                                     gpu.product, sessions, placement_of)
         if moves:
             self.store.last_change = sum(moves) / len(moves)
         points.refit(self.prior)
@@ -274,15 +276,16 @@ def shared_pods(report: DecodedReport, placement_of: Callable[[str], Placement |
     is alone still waits at each gradient exchange for its shared one)."""
     seen: dict[str, set[int]] = {}
     shared: set[str] = set()
-    for gpu, procs in zip(report.gpus, report.processes, strict=False):
+    for position, procs in enumerate(report.processes):
         uids = {p.pod_uid for p in procs}
         for uid in uids - {None}:
-            seen.setdefault(uid, set()).add(gpu.index)  # type: ignore[arg-type]
+            seen.setdefault(uid, set()).add(position)  # type: ignore[arg-type]
             if len(uids) > 1:
                 shared.add(uid)  # type: ignore[arg-type]
-    for uid, indices in seen.items():
+    for uid, positions in seen.items():
         p = placement_of(uid)
-        if p is not None and not set(p.gpu_indices) <= indices:
+        found = None if p is None else find_gpus(p.gpus, report.gpus)
+        if p is not None and (found is None or not set(found) <= positions):
             shared.add(uid)
     return frozenset(shared)
 
@@ -312,9 +315,9 @@ def build_learner(cfg: LearningConfig, source: Any, may_persist: Callable[[], bo
     ``prior``: the configured curve of a GPU type (where curve refits start);
     ``digest_of``: the model file digest a reference resolved to (keys estimates).
     """
-    api = getattr(source, "api", None)
+    api = source.api
     persistence = None
-    if cfg.configmap and api is not None and hasattr(api, "read_namespaced_config_map"):
+    if cfg.configmap and api is not None:
         persistence = ConfigMapPersistence(api, cfg.namespace or own_namespace(), cfg.configmap)
     learner = Learner(cfg, persistence, may_persist,
                       prior=prior or (lambda _t: InterferenceCurve()), digest_of=digest_of)

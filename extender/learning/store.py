@@ -34,16 +34,16 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from contracts.annotations import BATCH_SIZE, MODEL
+from contracts.annotations import MODEL, read_bound_inputs
+from contracts.gpus import GpuRef, holds
 from extender.core import Placement, Workload, gpu_type_of
 from extender.learning.document import (
-    DEFAULT_BATCH,
     DIGEST_PREFIX,
     DOCUMENT_VERSION,
     MAX_GPUS,
     Key,
-    encode_entry,
     entry,
+    entry_text,
     full_key,
     parse_tables,
     short_key,
@@ -154,7 +154,7 @@ class ObservationStore:
         """Evict the least recently used estimates (both tables) until their entries fit
         ``budget`` bytes of the persisted document; returns how many were evicted."""
         with self._lock:
-            rows = [(e.used_at, name, k, len(encode_entry(entry(k, e))) + 1)
+            rows = [(e.used_at, name, k, len(entry_text(entry(k, e))) + 1)
                     for name, table in (("alone", self._alone), ("colocated", self._colocated))
                     for k, e in table.items()]
             total = sum(r[3] for r in rows)
@@ -168,13 +168,14 @@ class ObservationStore:
             self.evicted += dropped
             return dropped
 
-    def observe_gpu(self, node: str, gpu_index: int, product: str, gpu_util: float,
-                    processes: Sequence[ReportedProcess],
+    def observe_gpu(self, node: str, gpus: Sequence[GpuRef], position: int, product: str,
+                    gpu_util: float, processes: Sequence[ReportedProcess],
                     placement_of: Callable[[str], Placement | None],
                     colocated: Callable[[list[tuple[Key, float]], Any], None] | None = None,
                     moves: list[float] | None = None,
                     shared_pods: frozenset[str] = frozenset()) -> int:
-        """Samples from one GPU of one report; returns how many were taken.
+        """Samples from GPU ``gpus[position]`` of one report (``gpus``: the node's GPUs as
+        reported); returns how many were taken.
 
         ``colocated`` receives the shared GPU's ``(key, utilisation)`` per pod when
         every process on it is a placed pod's and has its own utilisation figure;
@@ -192,8 +193,9 @@ class ObservationStore:
         taken = 0
         shared: list[tuple[Key, float]] = []
         now = self.clock()
+        gpu_index = gpus[position].index
         for uid, procs in sorted(by_pod.items()):
-            found = self._key_of(placement_of(uid), node, gpu_index, product)
+            found = self._key_of(placement_of(uid), node, gpus, position, product)
             if isinstance(found, str):
                 self.reject(found)
                 continue
@@ -224,7 +226,7 @@ class ObservationStore:
             colocated(shared, (node, gpu_index))
         return taken
 
-    def observe_sessions(self, node: str, gpu_index: int, product: str,
+    def observe_sessions(self, node: str, gpus: Sequence[GpuRef], position: int, product: str,
                          sessions: Sequence[ReportedSession],
                          placement_of: Callable[[str], Placement | None]) -> int:
         """Samples of best-effort inference sessions from their server's GPU time.
@@ -235,9 +237,10 @@ class ObservationStore:
         restarted) and each pod's warm-up give no sample. Returns samples taken."""
         now = self.clock()
         taken = 0
+        gpu_index = gpus[position].index
         for s in sessions:
             p = placement_of(s.pod_uid)
-            if p is None or p.node != node or gpu_index not in p.gpu_indices:
+            if p is None or p.node != node or not holds(p.gpus, gpus, position):
                 self.reject("not-placed-here")
                 continue
             model = dict(p.annotations).get(MODEL)
@@ -255,7 +258,8 @@ class ObservationStore:
                 self.reject(timing if isinstance(timing, str) else "warm-up")
                 continue
             seconds, first = timing
-            key = (self.model_key(model), _batch(p), p.workload.value, gpu_type_of(product), 1)
+            key = (self.model_key(model), read_bound_inputs(dict(p.annotations)).batch,
+                   p.workload.value, gpu_type_of(product), 1)
             util = min(100.0, (s.gpu_time_ms - last) / (10.0 * seconds))
             self.add(key, util, True, model, seconds, first, _namespace_of(p))
             taken += 1
@@ -288,10 +292,12 @@ class ObservationStore:
         with self._lock:
             self.rejected[reason] += n
 
-    def _key_of(self, p: Placement | None, node: str, gpu_index: int,
+    def _key_of(self, p: Placement | None, node: str, gpus: Sequence[GpuRef], position: int,
                 product: str) -> tuple[Key, str] | str:
         """The learning key and reference of a placed training pod on this GPU, else why not."""
-        if p is None or p.node != node or gpu_index not in p.gpu_indices:
+        # UUID first, as the GPU table finds a placement's GPUs: after a renumbering the
+        # index a pod recorded names another GPU.
+        if p is None or p.node != node or not holds(p.gpus, gpus, position):
             return "not-placed-here"
         if p.workload is not Workload.TRAINING:
             return "not-training"  # sessions run inside the GPU's server: its processes
@@ -299,7 +305,8 @@ class ObservationStore:
         model = ann.get(MODEL)
         if not model:
             return "no-model"
-        return (self.model_key(model), _batch(p), p.workload.value, gpu_type_of(product),
+        batch = read_bound_inputs(ann).batch  # the codec's reader: the batch it was placed at
+        return (self.model_key(model), batch, p.workload.value, gpu_type_of(product),
                 len(p.gpu_indices)), model
 
     def trusted_alone(self, key: tuple[Any, ...]) -> float | None:
@@ -412,8 +419,3 @@ def _namespace_of(p: Placement | None) -> str:
     """The namespace of a placed pod (``namespace/name``)."""
     return "" if p is None else p.pod.partition("/")[0][:MAX_NAMESPACE_CHARS]
 
-
-def _batch(p: Placement) -> int:
-    """The pod's batch size annotation, else its workload's default."""
-    text = dict(p.annotations).get(BATCH_SIZE, "")
-    return int(text) if text.isdigit() and len(text) <= 9 else DEFAULT_BATCH[p.workload.value]

@@ -58,6 +58,8 @@ def render(doc: dict[str, Any]) -> str:
             f"{doc.get('assumed') or 0} binding")
     lines = textwrap.wrap(head, WIDTH, subsequent_indent="  ")
     lines.append("predicted: pods' figures [from tandem.io/prediction-source]; observed: agents")
+    if doc.get("redacted"):
+        lines.append("pod names hidden: pass --token-file with the agent token to see them")
     for node in doc["nodes"]:
         lines += ["", *_node(node)]
     pending = doc.get("pending")

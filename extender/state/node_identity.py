@@ -21,10 +21,11 @@ import json
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from extender.errors import ExtenderError, Forbidden, Unauthorized
+from extender.state.reports import check_token
 
 NODE_NAME = "authentication.kubernetes.io/node-name"
 POD_NAME = "authentication.kubernetes.io/pod-name"
@@ -145,3 +146,33 @@ def agent_identity(source: Any) -> Callable[[Any], NodeIdentity]:
                 built[key] = NodeIdentity(api, *key)
             return built[key]
     return current
+
+
+def speaks_for(authorization: str | None, cfg: Any, environ: Mapping[str, str] | None,
+               identity: Callable[[Any], NodeIdentity]) -> str | None:
+    """The node an agent's report may be about: with ``reports.identity: service-account``
+    the node its reviewed pod token is bound to; else None (the shared agent token, any
+    node). Unauthorized or Forbidden otherwise."""
+    if cfg.identity == "service-account":
+        return identity(cfg).node_of(authorization)
+    check_token(authorization, cfg, environ)
+    return None
+
+
+def may_read_full(authorization: str | None, node: str | None, cfg: Any,
+                  environ: Mapping[str, str] | None,
+                  identity: Callable[[Any], NodeIdentity]) -> bool:
+    """Whether ``GET /v1/state`` answers in full: the shared agent token (agents, device
+    plugins, operators), or with ``service-account`` identity an agent's reviewed token
+    for its own node (``?node=``)."""
+    try:
+        check_token(authorization, cfg, environ)
+        return True
+    except Unauthorized:
+        pass
+    if cfg.identity != "service-account" or node is None:
+        return False
+    try:
+        return identity(cfg).node_of(authorization) == node
+    except ExtenderError:
+        return False
