@@ -150,6 +150,7 @@ def test_placement_annotation_lookup() -> None:
 
 def test_best_effort_gpu_time_is_carried_in_the_report_by_pod() -> None:
     from agent.node.reporter import session_entries
+    from contracts.agentreport import ReportedSession
 
     def listing(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json={"sessions": [
@@ -163,4 +164,4 @@ def test_best_effort_gpu_time_is_carried_in_the_report_by_pod() -> None:
     assert sync.gpu_time_ms == {0: {"ns.batch": 1234.5, "ns.stranger": 7.0}}
     # only sessions of pods the extender placed on that GPU, named by pod UID
     assert session_entries(sync.gpu_time_ms, current.pods()) == {
-        0: [{"pod_uid": "uid-batch", "gpu_time_ms": 1234.5}]}
+        0: (ReportedSession("uid-batch", 1234.5),)}

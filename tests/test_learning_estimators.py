@@ -7,6 +7,7 @@ import random
 import pytest
 
 from contracts.annotations import BATCH_SIZE, MODEL
+from contracts.gpus import GpuRef
 from extender.config import LearningConfig
 from extender.core import Placement
 from extender.learning.curves import CurveGuards, CurveLearner
@@ -17,6 +18,8 @@ from predictor.curves import InterferenceCurve, fit_partial
 A100 = "NVIDIA A100-SXM4-40GB"
 TYPE = "NVIDIA-A100-SXM4-40GB"
 PRIOR = InterferenceCurve()
+GPUS = tuple(GpuRef(i, f"GPU-{i}") for i in range(4))
+"""The node's GPUs as its agent reports them (index and UUID)."""
 
 
 class World:
@@ -37,7 +40,7 @@ class World:
         for _ in range(seconds):
             self.now += 1.0
             value = util if isinstance(util, float) else (rng or random).uniform(*util)
-            self.learner.store.observe_gpu("n1", gpu, A100, value,
+            self.learner.store.observe_gpu("n1", GPUS, gpu, A100, value,
                                            (ReportedProcess(uid, 900.0, None),),
                                            self.placements.get)
 
@@ -84,7 +87,7 @@ def test_a_flood_of_reports_weighs_the_time_it_covers_only() -> None:
     store = world.learner.store
     for _ in range(30):  # 30 forged reports within one second
         world.now += 0.01
-        store.observe_gpu("n1", 0, A100, 1.0, (ReportedProcess("p1", 900.0, None),),
+        store.observe_gpu("n1", GPUS, 0, A100, 1.0, (ReportedProcess("p1", 900.0, None),),
                           world.placements.get)
     assert world.answer()[0] >= 79.0
     assert store.rejected["rate-limited"] >= 29

@@ -60,7 +60,6 @@ from extender.core import (
     ResolvedDemand,
     choose,
     evaluate,
-    gpu_type_of,
 )
 from extender.errors import BindConflict
 from extender.state.handoff import HandoffGate
@@ -203,10 +202,7 @@ class ClusterState:
         """The GPU types the cluster source lists for ``node`` (GPU feature discovery's labels,
         the cluster file), not what its agent reports; None when it lists none."""
         with self.lock:
-            spec = self._source_nodes.get(node)
-            if spec is None or not spec.gpus:
-                return None
-            return frozenset(gpu_type_of(g.product) for g in spec.gpus)
+            return self._inventory.source_gpu_types(node)
 
     def named_gpus(self, node: str, indices: tuple[int, ...], uuids: tuple[str, ...],
                    ) -> tuple[tuple[int, ...], float | None]:
