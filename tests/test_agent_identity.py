@@ -122,3 +122,16 @@ def test_an_estimate_from_one_namespace_sets_another_namespaces_prediction_only_
     feed("real", 1, 80.0, 10)  # a second namespace confirms the model
     util, samples = team_b("m", 32, gpu_type, "training")
     assert samples > 0 and util > 40.0
+
+
+def test_a_reviewed_agent_token_reads_its_own_nodes_state_in_full_only(kube_app) -> None:
+    _, app = kube_app
+    c = app.test_client()
+
+    def state(token: str, query: str = "") -> dict[str, Any]:
+        return c.get(f"/v1/state{query}", headers={"Authorization": f"Bearer {token}"}
+                     ).get_json()
+    assert not state("tok-n1", "?node=n1").get("redacted")
+    assert state("tok-n1", "?node=n2").get("redacted") is True  # not its node
+    assert state("tok-n1").get("redacted") is True  # the whole cluster: not an agent's
+    assert not state(TOKEN).get("redacted")  # the shared token still reads it (plugins)
