@@ -106,3 +106,19 @@ def test_the_document_stays_under_the_configmap_limit_evicting_least_recently_us
     learner.store.add(KEY, 33.0, alone=True)
     now[0] += 5.0
     assert learner.maybe_persist() and learner.stats()["persist_failures"] == 0
+
+
+def test_an_unreachable_api_server_is_read_again_once_per_interval_not_per_report(
+        kube_api) -> None:
+    server, api = kube_api
+    now = [0.0]
+    learner = replica(api, [True], now)
+    server.inject("GET", "/api/v1/namespaces/tandem/configmaps/tandem-learning", 503, times=1)
+    learner.store.add(KEY, 40.0, alone=True)
+    gets = len([r for r in server.requests if r.method == "GET"])
+    assert not learner.maybe_persist()  # the new leader cannot read what was persisted
+    assert not learner.maybe_persist()  # ... and does not ask again on every report
+    assert len([r for r in server.requests if r.method == "GET"]) == gets + 1
+    now[0] += 1.0  # learning.persist_interval_seconds later: read, merged, written
+    assert learner.maybe_persist()
+    assert samples(stored(server), KEY) == 1

@@ -101,6 +101,7 @@ class Learner:
         self.persist_conflicts = 0
         self._leading = False
         self._synced = False
+        self._last_sync_try = -math.inf
         """The persisted document was read (and merged) since this replica became leader."""
         self.persisted_at: float | None = None
         """Wall-clock seconds of the last successful write (or of the reloaded document)."""
@@ -217,15 +218,18 @@ class Learner:
         leading = self._may_persist()
         with self._save_lock:
             if leading and not self._leading:
-                self._synced = False
+                self._synced, self._last_sync_try = False, -math.inf
             self._leading = leading
             if not leading:
                 return False
-            if not self._synced:
+            now = self._clock()
+            if not self._synced:  # a failed read is retried once per persist interval
+                if now - self._last_sync_try < self.cfg.persist_interval_seconds:
+                    return False
+                self._last_sync_try = now
                 self._synced = self._reload(merge=True)
                 if not self._synced:
                     return False
-            now = self._clock()
             if not (self.store.dirty or self.curves.dirty) or \
                     not force and now - self._last_save < self.cfg.persist_interval_seconds:
                 return False
