@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from contracts.learningdoc import LearningDocumentError, decode_entries
+from contracts.state import StateDocumentError, decode_state
 
 OBSERVED_FILE = "observed.csv"
 OBSERVED_COLUMNS: tuple[str, ...] = (
@@ -44,8 +45,14 @@ ObservationDocumentError = LearningDocumentError
 
 def observed_rows(doc: Any, min_samples: int = 1) -> list[dict[str, Any]]:
     """``observed.csv`` rows from a learning document (or a ``/v1/state`` document)."""
-    if isinstance(doc, Mapping) and isinstance(doc.get("learning"), Mapping):
-        doc = doc["learning"]  # GET /v1/state carries the entries under "learning"
+    if isinstance(doc, Mapping) and "nodes" in doc:  # GET /v1/state: under "learning"
+        try:
+            doc = decode_state(doc).learning
+        except StateDocumentError as exc:
+            raise ObservationDocumentError(f"not a /v1/state document: {exc}") from None
+        if doc is None:
+            raise ObservationDocumentError(
+                "this /v1/state answer has no 'learning': it was read without the agent token")
     if not isinstance(doc, Mapping) or not isinstance(doc.get("alone"), list):
         raise ObservationDocumentError("expected a learning document with an 'alone' list")
     rows = []

@@ -13,6 +13,7 @@ the text rendering lives in :mod:`tandem.demo_render`.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import tempfile
 import time
@@ -22,6 +23,7 @@ from typing import Any
 import typer
 
 from contracts import annotations as keys
+from contracts.state import STATE_PATH, StateDocument, decode_state
 from tandem.demo_render import render
 
 HERE = Path(__file__).parent
@@ -103,9 +105,8 @@ def _run_demo(seed: int, store: Path) -> dict[str, Any]:
     from extender.cluster.sim import DEFAULT_CLUSTER, SimSource
     from extender.config import ConfigHolder, load_config
     from extender.inference_profiles import load_profiles
-    from extender.transport.routes import create_app
     from extender.transport.server import start_background
-    from extender.wiring import default_planner
+    from extender.wiring import create_app, default_planner
     from predictor.api import Predictor
 
     started = time.perf_counter()
@@ -135,7 +136,7 @@ def _run_demo(seed: int, store: Path) -> dict[str, Any]:
                 placements.append(schedule_one(http, pod, names, sim))
                 cycles_ms.append(1000.0 * (time.perf_counter() - cycle))
                 agents.post(http)
-            state = http.get("/v1/state").json()
+            state = decode_state(http.get(STATE_PATH, headers=agents.headers).json())
     finally:
         server.stop()
     summary = summarise(placements, state)
@@ -169,10 +170,11 @@ def schedule_one(http: Any, pod: dict[str, Any], names: list[str], sim: Any) -> 
     filtered = http.post("/filter", json=args).json()
     passed = filtered.get("NodeNames") or []
     if filtered.get("Error") or not passed:
-        reasons = {**filtered.get("FailedNodes", {}), **filtered.get("FailedAndUnresolvableNodes",
-                                                                      {})}
+        failed = filtered.get("FailedNodes") or {}
+        unresolvable = filtered.get("FailedAndUnresolvableNodes") or {}
         return {**row, "outcome": "rejected", "node": None,
-                "reason": filtered.get("Error") or _main_reason(reasons), "node_reasons": reasons}
+                "reason": filtered.get("Error") or _main_reason(failed, unresolvable),
+                "node_reasons": {**failed, **unresolvable}}
     scores = {passed[0]: None}
     if len(passed) > 1:
         ranked = http.post("/prioritize", json={"Pod": pod, "NodeNames": passed}).json()
@@ -193,40 +195,48 @@ def schedule_one(http: Any, pod: dict[str, Any], names: list[str], sim: Any) -> 
             "source": out.get(keys.PREDICTION_SOURCE)}
 
 
-def _main_reason(reasons: dict[str, str]) -> str:
-    """Node reasons grouped by their text (numbers left out), most common first."""
-    groups: dict[str, list[str]] = {}
-    for node, text in sorted(reasons.items()):
-        short = text.removeprefix("tandem: ").split(" (need", 1)[0]
-        groups.setdefault(short, []).append(node)
-    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
-    return " | ".join(f"{len(nodes)} node(s): {text}" for text, nodes in ordered)
+def _main_reason(failed: dict[str, str], unresolvable: dict[str, str]) -> str:
+    """Node reasons grouped by their text (numbers left out). Reasons of nodes that could
+    take the pod later (resolvable) come first, since they say what holds it back; then
+    the most common, then the one that blocks the most GPUs."""
+    groups: dict[tuple[bool, str], list[str]] = {}
+    for kind, reasons in ((False, failed), (True, unresolvable)):
+        for node, text in sorted(reasons.items()):
+            short = text.removeprefix("tandem: ").split(" (need", 1)[0]
+            groups.setdefault((kind, short), []).append(node)
+
+    def blocked(text: str) -> int:
+        return sum(int(n) for n in re.findall(r" on (\d+)/\d+ GPUs", text))
+
+    ordered = sorted(groups.items(),
+                     key=lambda kv: (kv[0][0], -len(kv[1]), -blocked(kv[0][1]), kv[0][1]))
+    return " | ".join(f"{len(nodes)} node(s): {text}" for (_, text), nodes in ordered)
 
 
-def summarise(placements: list[dict[str, Any]], state: dict[str, Any]) -> dict[str, Any]:
+def summarise(placements: list[dict[str, Any]], state: StateDocument) -> dict[str, Any]:
     """GPUs used, per-GPU predicted and observed utilisation, rejected pods and why."""
     gpus = []
-    for node, info in sorted(state["nodes"].items()):
-        for g in info["gpus"]:
-            gpus.append({"node": node, "index": g["index"], "product": g["product"],
-                         "role": _role(g["pods"]),
-                         "predicted_util_percent": round(g["predicted_util"], 1),
-                         "observed_util_percent": None if g["observed_util"] is None
-                         else round(g["observed_util"], 1),
-                         "reserved_mib": round(g["reserved_mib"]),
-                         "memory_mib": g["memory_mib"],
-                         "pods": [p["pod"].split("/", 1)[1] for p in g["pods"]]})
+    for node in sorted(state.nodes, key=lambda n: n.name):
+        for g in node.gpus:
+            gpus.append({"node": node.name, "index": g.index, "product": g.product,
+                         "role": _role([p.workload for p in g.pods]),
+                         "predicted_util_percent": round(g.predicted_util, 1),
+                         "observed_util_percent": None if g.observed_util is None
+                         else round(g.observed_util, 1),
+                         "reserved_mib": round(g.reserved_mib),
+                         "memory_mib": g.memory_mib,
+                         "pods": [p.name for p in g.pods]})
     used = [g for g in gpus if g["pods"]]
     rejected = [{"pod": p["pod"], "reason": p["reason"]} for p in placements
                 if p["outcome"] != "placed"]
-    return {"nodes_total": len(state["nodes"]), "gpus_total": len(gpus), "gpus_used": len(used),
+    return {"nodes_total": len(state.nodes), "gpus_total": len(gpus), "gpus_used": len(used),
             "pods_placed": sum(p["outcome"] == "placed" for p in placements),
             "pods_rejected": len(rejected), "gpus": gpus, "rejected": rejected}
 
 
-def _role(pods: list[dict[str, Any]]) -> str:
+def _role(workloads: list[str]) -> str:
     """``serving`` (hosts inference sessions), ``training`` or ``idle``."""
-    kinds = {p["workload"] for p in pods}
+    kinds = set(workloads)
     return "serving" if "inference" in kinds else "training" if kinds else "idle"
 
 
@@ -272,9 +282,14 @@ class SimAgents:
                                                   seed=seed)
         return cls(sources, build_report, token)
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """The agent token, as agents send it (reports, the full ``/v1/state``)."""
+        return {"Authorization": f"Bearer {self.token}"}
+
     def post(self, http: Any) -> None:
         """Post one report per node."""
         for node, source in self.sources.items():
             report = self.build_report(node, source.sample(1.0))
             http.post("/v1/agents/report", json=report,
-                      headers={"Authorization": f"Bearer {self.token}"})
+                      headers=self.headers)

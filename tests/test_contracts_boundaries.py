@@ -91,6 +91,9 @@ class MemoryOnlyPredictor:
         return SimpleNamespace(gpu_util_percent=None, gpu_mem_mib=1000.0,
                                source="unknown+mem:no-overhead")
 
+    def known_digest(self, model_ref: str) -> str | None:
+        return None
+
 
 @pytest.mark.parametrize("text", ["+8", " 8", "08", "8"])
 def test_learning_files_samples_under_the_batch_size_the_pod_was_placed_at(text: str) -> None:
@@ -112,7 +115,8 @@ def test_learning_files_samples_under_the_batch_size_the_pod_was_placed_at(text:
                   "processes": [{"pid": 1, "pod_uid": "uid-a", "used_memory_mib": 900}]}]}
     r = c.post("/v1/agents/report", json=report, headers={"Authorization": f"Bearer {TOKEN}"})
     assert r.get_json()["samples"] == 1
-    (entry,) = c.get("/v1/state").get_json()["learning"]["alone"]
+    state = c.get("/v1/state", headers={"Authorization": f"Bearer {TOKEN}"}).get_json()
+    (entry,) = state["learning"]["alone"]
     assert entry["batch_size"] == placed_at
 
 

@@ -22,6 +22,7 @@ from agent.node.runner import Agent, AgentConfig
 from agent.node.sessions import SessionSync
 from agent.node.sim_gpus import SimGpuSource, SimJob, load_sim_gpus
 from agent.node.supervisor import ServerSupervisor, SupervisorConfig
+from contracts.agentreport import decode_report
 from contracts.logs import setup_logging
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,10 @@ def build_agent(*, node: str, gpus: str, extender: str | None, interval_seconds:
     return agent, closers
 
 
+def _mib(value: float | None) -> str:
+    return "None" if value is None else f"{value:.0f}"
+
+
 def run_once(agent: Agent, json_output: bool) -> int:
     """One step; prints the report (JSON with ``--json``); exit code 1 if the source failed."""
     result = agent.step()
@@ -94,10 +99,10 @@ def run_once(agent: Agent, json_output: bool) -> int:
     if json_output:
         print(json.dumps(result.report))
     else:
-        for gpu in result.report["gpus"]:
-            print(f"gpu {gpu['index']} {gpu['product']} util={gpu['utilization_percent']}% "
-                  f"mem={gpu['memory_used_mib']}/{gpu['memory_total_mib']} MiB "
-                  f"processes={len(gpu['processes'])}")
+        for gpu in decode_report(result.report).gpus:
+            print(f"gpu {gpu.index} {gpu.product} util={gpu.utilization_percent}% "
+                  f"mem={_mib(gpu.memory_used_mib)}/{_mib(gpu.memory_total_mib)} MiB "
+                  f"processes={len(gpu.processes)}")
     if result.push_error:
         print(f"push failed: {result.push_error}")
     return 0
@@ -105,15 +110,18 @@ def run_once(agent: Agent, json_output: bool) -> int:
 
 def run_forever(agent: Agent, metrics_addr: str, metrics_port: int,
                 stop: threading.Event | None = None) -> None:
-    """Serve /metrics and step every interval until SIGTERM/SIGINT (or ``stop``)."""
+    """Serve /metrics (``metrics_port`` 0: off, as for the queue gate) and step every
+    interval until SIGTERM/SIGINT (or ``stop``)."""
     setup_logging(logger_name="")  # the agent logs through the root logger
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
-    server, thread = start_http_server(metrics_port, metrics_addr, registry=agent.registry)
+    server = thread = None
+    if metrics_port:
+        server, thread = start_http_server(metrics_port, metrics_addr, registry=agent.registry)
     log.info("agent started", extra={"node": agent.config.node,
-                                     "metrics_port": server.server_port,
+                                     "metrics_port": server.server_port if server else None,
                                      "interval_seconds": agent.config.interval_seconds})
     servers = agent.servers
     watcher = None
@@ -129,7 +137,8 @@ def run_forever(agent: Agent, metrics_addr: str, metrics_port: int,
             watcher.join(timeout=5)
             codes = servers.stop_children()  # SIGTERM reached only us: pass it on
             log.info("inference servers stopped", extra={"exit_codes": codes})
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+        if server is not None and thread is not None:
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=5)
         log.info("agent stopped", extra={"node": agent.config.node})

@@ -1,4 +1,4 @@
-"""The agent report (architecture.md contract) and its push to the extender.
+"""The agent report (``contracts.agentreport``) and its push to the extender.
 
 ``POST {extender}/v1/agents/report`` with ``Authorization: Bearer <token>``.
 Network errors, 5xx and 429 are retried with exponential backoff and jitter
@@ -22,49 +22,54 @@ import httpx
 
 from agent.errors import ConfigError, ExtenderUnavailable, ReportRejected
 from agent.node.gpus import GpuSample, NodeSample
+from contracts.agentreport import (
+    REPORT_PATH,
+    AgentReport,
+    ReportedGpu,
+    ReportedProcess,
+    encode_report,
+)
 from contracts.tokens import BearerToken, TokenError
 
 log = logging.getLogger(__name__)
 
-REPORT_PATH = "/v1/agents/report"
 TOKEN_ENV = "TANDEM_AGENT_TOKEN"
 
 
 def build_report(node: str, sample: NodeSample) -> dict[str, Any]:
-    """The report JSON object for one sampling round (keys exactly as the contract).
+    """The report JSON object for one sampling round (``contracts.agentreport``).
 
     A GPU whose identity was never read (lost since start: no memory total) is left
     out, since the extender needs its total to accept the report; a GPU lost later
     keeps its identity and is sent with null metrics.
     """
-    return {
-        "node": node,
-        "timestamp": round(sample.timestamp, 3),
-        "interval_seconds": sample.interval_seconds,
-        "gpus": [_gpu_entry(g) for g in sample.gpus if g.info.memory_total_mib is not None],
-    }
+    return encode_report(AgentReport(
+        node=node,
+        gpus=tuple(_gpu_entry(g) for g in sample.gpus if g.info.memory_total_mib is not None),
+        timestamp=round(sample.timestamp, 3),
+        interval_seconds=sample.interval_seconds,
+    ))
 
 
-def _gpu_entry(g: GpuSample) -> dict[str, Any]:
-    return {
-        "index": g.info.index,
-        "uuid": g.info.uuid,
-        "product": g.info.product,
-        "memory_total_mib": g.info.memory_total_mib,
-        "memory_used_mib": g.memory_used_mib,
-        "utilization_percent": _round(g.utilization_percent, 2),
-        "memory_utilization_percent": _round(g.memory_utilization_percent, 2),
-        "power_watts": _round(g.power_watts, 1),
-        "temperature_c": g.temperature_c,
-        "xid_errors": g.xid_errors,
-        "mig_mode": g.info.mig_mode,
-        "processes": [
-            {"pid": p.pid, "used_memory_mib": p.used_memory_mib,
-             "pod_uid": p.pod_uid, "container_id": p.container_id,
-             "utilization_percent": _round(p.utilization_percent, 2)}
-            for p in g.processes
-        ],
-    }
+def _gpu_entry(g: GpuSample) -> ReportedGpu:
+    return ReportedGpu(
+        index=g.info.index,
+        uuid=g.info.uuid,
+        product=g.info.product,
+        memory_total_mib=g.info.memory_total_mib or 0,
+        memory_used_mib=g.memory_used_mib,
+        utilization_percent=_round(g.utilization_percent, 2),
+        memory_utilization_percent=_round(g.memory_utilization_percent, 2),
+        power_watts=_round(g.power_watts, 1),
+        temperature_c=g.temperature_c,
+        xid_errors=g.xid_errors,
+        mig_mode=g.info.mig_mode,
+        processes=tuple(
+            ReportedProcess(pod_uid=p.pod_uid, used_memory_mib=p.used_memory_mib,
+                            util_percent=_round(p.utilization_percent, 2), pid=p.pid,
+                            container_id=p.container_id)
+            for p in g.processes),
+    )
 
 
 def _round(value: float | None, digits: int) -> float | None:

@@ -240,9 +240,9 @@ def build_learner(cfg: LearningConfig, source: Any, may_persist: Callable[[], bo
     ``prior``: the configured curve of a GPU type (where curve refits start);
     ``digest_of``: the model file digest a reference resolved to (keys estimates).
     """
-    api = getattr(source, "api", None)
+    api = source.api
     persistence = None
-    if cfg.configmap and api is not None and hasattr(api, "read_namespaced_config_map"):
+    if cfg.configmap and api is not None:
         persistence = ConfigMapPersistence(api, cfg.namespace or own_namespace(), cfg.configmap)
     learner = Learner(cfg, persistence, may_persist,
                       prior=prior or (lambda _t: InterferenceCurve()), digest_of=digest_of)

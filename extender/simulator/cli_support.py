@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from contracts.clusterfile import ClusterFileError
+from contracts.extras import missing_extra
 from extender.simulator.cluster import load_cluster
 from extender.simulator.engine import EngineConfig
 from extender.simulator.interference import InterferenceError
@@ -112,6 +113,8 @@ def run_command(*, trace: Path | None, workload: str | None, policies: Sequence[
     ``progress`` shows bars on stderr (only where it is a terminal)."""
     if models < 0:
         raise CommandError("--models must be >= 0")
+    if plots is not None and (problem := missing_extra("plots", "--plots")):
+        raise CommandError(problem)  # before the simulation, not after it
     job_list, nodes, label = _load_inputs(trace, workload, cluster, jobs, seed, models)
     options = _options(config)
     worlds = _world_factory(truth, knowledge, config, nodes, sweep)
