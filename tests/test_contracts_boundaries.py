@@ -7,6 +7,8 @@ range in one place."""
 from __future__ import annotations
 
 import inspect
+import io
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -40,9 +42,12 @@ from extender.config import (
 from extender.core import CostPolicy, Reason, is_unresolvable
 from extender.core.cost import MAX_PODS_RANGE
 from extender.core.demand import DemandError, parse_demand
+from extender.exposure import exposure_problem
 from extender.learning.store import ObservationStore
 from extender.queue import QueueConfig, QueueError
 from extender.state.reports import expected_token
+from extender.webhook.mutate import WebhookSettings
+from extender.webhook.server import make_app as webhook_app
 from extender.wiring import gate_config
 from predictor.observed import ObservationDocumentError, observed_rows
 from predictor.profiling.nvml import read_samples
@@ -302,3 +307,30 @@ def test_pod_and_handoff_rejections_are_reasons_of_the_closed_enum() -> None:
     c = app.test_client()
     c.post("/filter", json=args(pod("p", "²", gpu_util="1", gpu_mem_mib="1"), ["n1"]))
     assert 'reason="BadPodRequest"' in c.get("/metrics").get_data(as_text=True)
+
+
+# ---- readers that arrived later go through the same contracts ------------------------------
+
+@pytest.mark.parametrize("value", ["\n", "  "])
+def test_a_blank_token_variable_does_not_count_as_a_token_for_exposure(value: str) -> None:
+    """Before: exposure_problem read the variable raw, so a token of "\\n" let the extender
+    serve on an open address while every report was refused (the reader strips it)."""
+    cfg = build_config({"server": {"host": "0.0.0.0", "tls_cert_file": "/c.crt",
+                                   "tls_key_file": "/c.key"}})
+    problem = exposure_problem(cfg, {"TANDEM_AGENT_TOKEN": value})
+    assert problem is not None and "agent token" in problem
+
+
+def test_the_webhook_reads_its_body_with_the_one_reader() -> None:
+    app = webhook_app(WebhookSettings())
+    answers: list[str] = []
+
+    def call(environ: dict[str, Any]) -> dict[str, Any]:
+        base = {"PATH_INFO": "/mutate", "REQUEST_METHOD": "POST"}
+        body = b"".join(app({**base, **environ}, lambda status, headers: answers.append(status)))
+        return json.loads(body)
+
+    big = call({"CONTENT_LENGTH": str(4 << 20), "wsgi.input": io.BytesIO(b"")})
+    assert answers[-1].startswith("413") and big == {"error": "too large"}
+    call({"CONTENT_LENGTH": "١", "wsgi.input": io.BytesIO(b"{}")})  # ASCII digits only
+    assert answers[-1].startswith("400")
