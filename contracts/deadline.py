@@ -16,6 +16,8 @@
 from __future__ import annotations
 
 import math
+import threading
+from collections import deque
 from collections.abc import Mapping
 
 TIMEOUT_HEADER = "X-Tandem-Timeout-Ms"
@@ -67,3 +69,45 @@ def accepts_late(headers: Mapping[str, str]) -> bool:
     if raw.strip().lower() != "accept":
         raise DeadlineHeaderError(f"{LATE_HEADER} must be 'accept' when given")
     return True
+
+
+class AnswerReserve:
+    """What the last deadline check before a 200 keeps for the answer to reach the client.
+
+    The answer is written after that check, and the client still has to be woken to
+    read it, so a 200 is sent only if the deadline less this reserve has not passed.
+    The reserve is the larger of a floor (measured on this host at start-up: a
+    thread's wake-up tail and a small write) and the observed ``quantile`` of the
+    time from the check to the answer written, over every answer (errors too, so a
+    server that answers few 200s still learns it); before ``min_samples`` answers
+    the largest one seen stands in for the quantile. Thread-safe.
+    """
+
+    def __init__(self, floor_ms: float = 0.0, quantile: float = 0.99, window: int = 2000,
+                 min_samples: int = 50):
+        self.floor_ms = floor_ms
+        self._quantile = quantile
+        self._min_samples = min_samples
+        self._seen: deque[float] = deque(maxlen=window)
+        self._lock = threading.Lock()
+
+    def observe(self, write_ms: float) -> None:
+        """One answer's time from the last check until it was written."""
+        if math.isfinite(write_ms) and write_ms >= 0:
+            with self._lock:
+                self._seen.append(write_ms)
+
+    def reserve_ms(self) -> float:
+        """The time the last check keeps back from the deadline (ms)."""
+        with self._lock:
+            if not self._seen:
+                return self.floor_ms
+            ordered = sorted(self._seen)
+        if len(ordered) < self._min_samples:
+            return max(self.floor_ms, ordered[-1])
+        return max(self.floor_ms, ordered[min(len(ordered) - 1,
+                                              int(self._quantile * len(ordered)))])
+
+    def too_late(self, now_ms: float, deadline_ms: float | None) -> bool:
+        """Whether a 200 written from ``now_ms`` would reach the client after the deadline."""
+        return deadline_ms is not None and now_ms + self.reserve_ms() > deadline_ms

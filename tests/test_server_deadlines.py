@@ -191,7 +191,8 @@ def test_observed_request_path_time_replans() -> None:
     rt.add_slo_session("s", "m", 40, 200)
     batch_before = rt.plan.allocations[0].batch
     for _ in range(60):  # serving shows 15 ms per request before the queue
-        rt.path_cost.observe(front_ms=15.0, back_ms=0.5, cpu_ms=0.2)
+        rt.path_cost.observe_front(15.0)
+        rt.path_cost.observe(back_ms=0.5, cpu_ms=0.2)
     assert rt.path_cost.figures().front_ms == pytest.approx(15.0)
     rt.clock.advance_to(2000.0)
     rt.step()
@@ -273,12 +274,13 @@ def test_the_last_check_keeps_time_to_write_the_answer(served) -> None:
     assert late.status_code == 200 and late.headers["X-Tandem-Late"] == "true"
 
 
-def test_write_reserve_needs_enough_answers() -> None:
+def test_write_reserve_from_the_first_answer_and_the_quantile_once_enough() -> None:
     cost = RequestPathCost(min_samples=50)
-    for _ in range(49):
+    assert cost.write_reserve_ms() == 0.0  # nothing measured, nothing observed
+    cost.observe_write(30.0)  # one slow write: kept until the quantile has samples
+    assert cost.write_reserve_ms() == 30.0
+    for _ in range(199):
         cost.observe_write(5.0)
-    assert cost.write_reserve_ms() == 0.0
-    cost.observe_write(5.0)
     assert cost.write_reserve_ms() == 5.0
 
 
@@ -286,5 +288,6 @@ def test_the_executor_deadline_keeps_the_typical_time_back() -> None:
     cost = RequestPathCost(PathFigures(0.0, back_ms=2.0, cpu_ms=0.0), min_samples=50)
     assert cost.back_reserve_ms() == 2.0  # the start-up figure until answers were seen
     for i in range(100):  # a heavy tail: the p99 is 40 ms, the median 1 ms
-        cost.observe(front_ms=1.0, back_ms=40.0 if i % 50 == 0 else 1.0, cpu_ms=0.1)
+        cost.observe_front(1.0)
+        cost.observe(back_ms=40.0 if i % 50 == 0 else 1.0, cpu_ms=0.1)
     assert cost.figures().back_ms == 40.0 and cost.back_reserve_ms() == 1.0

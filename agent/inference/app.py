@@ -24,7 +24,7 @@ from agent.inference.errors import (
     ServerError,
     Unauthorized,
 )
-from agent.inference.infer import answer_infer, encode_outcome, json_body
+from agent.inference.infer import answer_infer, encode_outcome, json_body, observe_write
 from agent.inference.metrics import RuntimeCollector
 from agent.inference.runtime import ServingRuntime
 from contracts.annotations import (
@@ -102,6 +102,12 @@ def create_app(
     @app.post("/v1/sessions/<name>/infer")
     def infer(name: str) -> Response:
         return answer_infer(runtime, name, request, encode_outcome, best_effort_timeout_seconds)
+
+    @app.after_request
+    def _time_write(response: Response) -> Response:
+        if request.endpoint == "infer":
+            observe_write(runtime, request, response)
+        return response
 
     @app.get("/metrics")
     def metrics() -> Response:

@@ -131,6 +131,9 @@ class DropReason(enum.Enum):
     """It ran, but finished after its deadline."""
     QUEUE_FULL = "queue_full"
     """Its session's queue was at its limit."""
+    SCALED_DOWN = "scaled_down"
+    """Its session was scaled down while serving (the host got busier) and the
+    request was above the rate it holds now."""
 
 
 class RequestDropped(ServerError):

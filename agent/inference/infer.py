@@ -42,6 +42,9 @@ from contracts.deadline import (
 from contracts.httpserve import ARRIVED, BadContentLength, BodyTooLarge, read_body
 from contracts.jsonbody import JsonBodyError, parse_json
 
+ANSWERED = "tandem.answered"
+"""WSGI environ key: when the last deadline check passed (the clock's ms)."""
+
 
 def answer_infer(runtime: ServingRuntime, name: str, request: Request,
                  encode: Callable[[Outcome, bool], Response],
@@ -64,10 +67,13 @@ def answer_infer(runtime: ServingRuntime, name: str, request: Request,
     limits = [b for b in (slo, budget) if b is not None]
     deadline = arrival + min(limits) if limits else None
     if deadline is not None and began >= deadline:  # it waited for a worker past its deadline
+        runtime.path_cost.observe_front(began - arrival)
+        runtime.note_answer(name, DropReason.DEADLINE_EXPIRED, counted=False)
         raise RequestDropped(DropReason.DEADLINE_EXPIRED)
     as_json = request.mimetype == "application/json"
     tensor = coerce_input(_decode(request, dtype, as_json), dtype, shape, single)
     submitted = clock.now_ms()
+    runtime.path_cost.observe_front(submitted - arrival)
     future = runtime.submit_future(name, tensor, arrival,
                                    None if budget is None else arrival + budget, late_ok)
     if deadline is None or late_ok:
@@ -77,25 +83,39 @@ def answer_infer(runtime: ServingRuntime, name: str, request: Request,
     try:
         outcome = future.result(timeout=wait_s)
     except FutureTimeout:
+        runtime.note_answer(name, DropReason.TIMEOUT)
         raise RequestDropped(DropReason.TIMEOUT) from None
     resumed = clock.now_ms()
+    if outcome.reason in (None, DropReason.EARLY_DROP):  # from the executor's thread
+        runtime.path_cost.observe_crossing(resumed - arrival - outcome.latency_ms)
     if outcome.reason is not None or not outcome.outputs:
+        runtime.note_answer(name, outcome.reason or DropReason.EXECUTION_FAILED)
         raise RequestDropped(outcome.reason or DropReason.EXECUTION_FAILED)
     response = encode(outcome, as_json)
     done = clock.now_ms()
-    # The answer is written after this check: it must leave time for that too.
+    request.environ[ANSWERED] = done
+    # The answer is written after this check, and the client must wake to read it: the
+    # check keeps back the time both take (``pathcost.RequestPathCost.write_reserve_ms``).
     reserve = runtime.path_cost.write_reserve_ms()
     late = outcome.late or (deadline is not None and done + reserve > deadline)
     if late and not late_ok:
+        runtime.note_answer(name, DropReason.DEADLINE_MISSED, counted=outcome.late)
         raise RequestDropped(DropReason.DEADLINE_MISSED)
+    runtime.note_answer(name, None)
     if late:
         response.headers[LATE_HEADER] = "true"
     finished = arrival + outcome.latency_ms
-    runtime.path_cost.observe(front_ms=submitted - arrival, back_ms=done - finished,
+    runtime.path_cost.observe(back_ms=done - finished,
                               cpu_ms=(submitted - began) + (done - resumed))
-    response.call_on_close(lambda: runtime.path_cost.observe_write(clock.now_ms() - done))
     return response
 
+
+def observe_write(runtime: ServingRuntime, request: Request, response: Response) -> None:
+    """Time every inference answer's write, errors too, from its last check (or from
+    now, for an answer that had none): what the last check must keep back."""
+    clock = runtime.clock
+    stamp = request.environ.get(ANSWERED) or clock.now_ms()
+    response.call_on_close(lambda: runtime.path_cost.observe_write(clock.now_ms() - stamp))
 
 def body() -> bytes:
     """The current request's body, within the app's size limit

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from agent.inference.tensors import coerce_input, decode_npy, encode_npy
+from contracts.deadline import AnswerReserve
 
 _REPLY = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
 
@@ -42,13 +43,18 @@ class PathFigures:
     cpu_ms: float
     """CPU time per request, fixed part."""
     cpu_ms_per_kib: float = 0.0
+    wake_ms: float = 0.0
+    """One thread's wake-up tail on this host (the client reading its answer is one)."""
+    write_ms: float = 0.0
+    """Writing a small answer to a loopback socket."""
 
     def cpu_per_request_ms(self, body_bytes: float) -> float:
         return self.cpu_ms + self.cpu_ms_per_kib * body_bytes / 1024.0
 
     def to_json(self) -> dict[str, float]:
         return {"front_ms": self.front_ms, "back_ms": self.back_ms, "cpu_ms": self.cpu_ms,
-                "cpu_ms_per_kib": self.cpu_ms_per_kib}
+                "cpu_ms_per_kib": self.cpu_ms_per_kib, "wake_ms": self.wake_ms,
+                "write_ms": self.write_ms}
 
 
 ZERO = PathFigures(0.0, 0.0, 0.0)
@@ -86,7 +92,10 @@ class RequestPathCost:
         self._front: deque[float] = deque(maxlen=window)
         self._back: deque[float] = deque(maxlen=window)
         self._cpu: deque[float] = deque(maxlen=window)
-        self._write: deque[float] = deque(maxlen=window)
+        self._crossing: deque[float] = deque(maxlen=window)
+        self.answer = AnswerReserve(startup.write_ms, quantile, window,
+                                    min_samples)
+        """The write half of the last check's reserve (every answer's write observed)."""
         self._lock = threading.Lock()
         self.observed = 0
 
@@ -94,28 +103,41 @@ class RequestPathCost:
         """Take a new start-up measurement (the server measures once its app exists)."""
         with self._lock:
             self.startup = startup
+        self.answer.floor_ms = startup.write_ms
 
-    def observe(self, front_ms: float, back_ms: float, cpu_ms: float) -> None:
-        """One served request: its time before the executor's queue, after its result,
-        and the CPU its worker spent on it."""
+    def observe_front(self, front_ms: float) -> None:
+        """One request's time from arrival until it was queued, or until it was dropped
+        there: the tail that drops requests is the one planning must see."""
         with self._lock:
             self._front.append(front_ms)
+
+    def observe(self, back_ms: float, cpu_ms: float) -> None:
+        """One request answered after the executor: its time after its result, and the
+        CPU its worker spent on it."""
+        with self._lock:
             self._back.append(back_ms)
             self._cpu.append(cpu_ms)
             self.observed += 1
 
+    def observe_crossing(self, ms: float) -> None:
+        """The time from the executor's result to the waiting worker running again (two
+        thread wake-ups), for every request the executor answered, dropped ones too."""
+        with self._lock:
+            self._crossing.append(ms)
+
     def observe_write(self, write_ms: float) -> None:
         """One answer's time from the last deadline check until it was written."""
-        with self._lock:
-            self._write.append(write_ms)
+        self.answer.observe(write_ms)
 
     def write_reserve_ms(self) -> float:
-        """What the last deadline check keeps for writing the answer: the observed
-        quantile (0 until enough answers were written)."""
+        """What the last deadline check keeps back: writing the answer (``AnswerReserve``)
+        and the client's wake-up to read it (one thread wake-up: half the observed
+        quantile of the executor-to-worker crossing, never below the start-up tail)."""
         with self._lock:
-            if len(self._write) < self._min_samples:
-                return 0.0
-            return _quantile(self._write, self._quantile)
+            crossing = (_quantile(self._crossing, self._quantile) / 2.0
+                        if len(self._crossing) >= self._min_samples else 0.0)
+            wake = max(self.startup.wake_ms, crossing)
+        return self.answer.reserve_ms() + wake
 
     def back_reserve_ms(self) -> float:
         """What a request's executor deadline keeps for its answer to come back: the
@@ -131,14 +153,14 @@ class RequestPathCost:
         """The startup figures, raised to the observed quantile (latency) and mean (CPU)
         once enough requests were served."""
         with self._lock:
-            if len(self._front) < self._min_samples:
+            if len(self._front) < self._min_samples or len(self._back) < self._min_samples:
                 return self.startup
             front = _quantile(self._front, self._quantile)
             back = _quantile(self._back, self._quantile)
             cpu = sum(self._cpu) / len(self._cpu)
         s = self.startup
         return PathFigures(max(front, s.front_ms), max(back, s.back_ms), max(cpu, s.cpu_ms),
-                           s.cpu_ms_per_kib)
+                           s.cpu_ms_per_kib, s.wake_ms, s.write_ms)
 
 
 def _quantile(values: deque[float], q: float) -> float:
@@ -171,7 +193,8 @@ def calibrate(repeats: int = 40, quantile: float = 0.9,
                        back_ms=2 * tail + q(decode_small) / 2,
                        cpu_ms=_median(connect) + _median(framework) + _median(decode_small)
                        + 4 * _median(wake),
-                       cpu_ms_per_kib=per_kib)
+                       cpu_ms_per_kib=per_kib, wake_ms=tail,
+                       write_ms=_median(connect) / 2)
 
 
 def _timed(fn: Callable[[], object], repeats: int) -> list[float]:

@@ -96,12 +96,20 @@ class Planning:
         for sess in sessions.values():
             change = sess.observe_rate(now, cfg.rate_window_ms, cfg.rate_ewma_alpha)
             drifted |= change is not None and change * 100.0 > cfg.replan_threshold_percent
+            if change is not None and sess.hold is not None:
+                sess.hold.review(now, self._host_now())
         if drifted and now - self._last_replan_ms >= cfg.min_replan_interval_ms:
             self._last_replan_ms = now
             specs = [replace(s.spec, rate_rps=max(s.rate_ewma_rps, 0.1))
                      for s in sessions.values()]
             adopt = self._replan(specs, sessions, longest_segment_ms) or adopt
         return adopt
+
+    def _host_now(self) -> str:
+        """The request path as served now, for a scale-down's reason."""
+        f = self.path.figures()
+        return (f"request path p99 {f.front_ms:.3g} ms before the queue, {f.back_ms:.3g} ms "
+                f"after the result, write reserve {self.path.write_reserve_ms():.3g} ms")
 
     def _replan(self, specs: list[SessionSpec], sessions: Mapping[str, SloState],
                 longest_segment_ms: float) -> GpuPlan | None:

@@ -30,6 +30,7 @@ from agent.inference.errors import (
     DropReason,
 )
 from agent.inference.executors import Executor, LoadedModel
+from agent.inference.holding import Hold
 from agent.inference.pathcost import PathLoad, RequestPathLimits, host_refusal, queue_tail_ms
 from agent.inference.planning import Planning
 from agent.inference.quanta import JobSpec, QuantaScheduler, choose_quantum_ms
@@ -108,7 +109,8 @@ class Registration:
                 assert isinstance(plan, GpuPlan)
                 now = p.clock.now_ms()
                 p.sessions.add_slo(SloState(spec, loaded, profile, 1, window_start_ms=now,
-                                            rate_ewma_rps=spec.rate_rps))
+                                            rate_ewma_rps=spec.rate_rps,
+                                            hold=Hold(spec.rate_rps, now)))
                 p.adopt(plan)
                 p.lock.notify_all()
                 alloc = plan.allocation(name)

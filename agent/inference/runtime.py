@@ -39,6 +39,7 @@ from agent.inference.errors import DropReason, ServerStopping, SessionNotFound
 from agent.inference.execution import Execution
 from agent.inference.executors import Executor
 from agent.inference.handoff import Delivery, ProbeQueue
+from agent.inference.holding import MISSES
 from agent.inference.pathcost import RequestPathCost, RequestPathLimits
 from agent.inference.planning import Planning
 from agent.inference.quanta import QuantaScheduler
@@ -211,6 +212,10 @@ class ServingRuntime:
                 on_done(Outcome(None, DropReason.QUEUE_FULL, 0.0))
                 return
             if isinstance(target, SloState):
+                if target.hold is not None and not target.hold.take(self.clock.now_ms()):
+                    target.stats.record_drop(DropReason.SCALED_DOWN)
+                    on_done(Outcome(None, DropReason.SCALED_DOWN, 0.0))
+                    return
                 deadline = now + target.spec.slo_ms
                 if deadline_ms is not None:
                     deadline = min(deadline, deadline_ms)
@@ -232,6 +237,24 @@ class ServingRuntime:
         future: Future[Outcome] = Future()
         self.submit(name, tensor, future.set_result, arrival_ms, deadline_ms, late_ok)
         return future
+
+    def note_answer(self, name: str, reason: DropReason | None, counted: bool = True) -> None:
+        """How the HTTP path answered one SLO request (``reason`` None: on time), for the
+        session's held rate (``holding.py``). ``counted`` False: the executor's counters
+        do not know it yet: dropped before it was queued (arrived and dropped), or served
+        in time but too late to answer at the last check (late, not good)."""
+        with self._cv:
+            sess = self.sessions.slo.get(name)
+            if sess is None:
+                return
+            if not counted and reason is DropReason.DEADLINE_EXPIRED:
+                sess.stats.arrived += 1
+                sess.stats.record_drop(reason)
+            elif not counted and reason is DropReason.DEADLINE_MISSED:
+                sess.stats.good -= 1
+                sess.stats.late += 1
+            if sess.hold is not None and (reason is None or reason in MISSES):
+                sess.hold.outcome(reason is not None)
 
     # ---- the executor thread -----------------------------------------------------------
 

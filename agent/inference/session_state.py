@@ -10,6 +10,7 @@ from typing import Any
 from agent.inference.batch_formation import DropPolicy, Request, form_batch
 from agent.inference.errors import DropReason
 from agent.inference.executors import LoadedModel
+from agent.inference.holding import Hold
 from agent.inference.quanta import JobSpec
 from agent.inference.stats import SessionStats
 from planner import SessionAllocation, SessionSpec
@@ -82,6 +83,8 @@ class SloState:
     window_start_ms: float = 0.0
     window_count: int = 0
     rate_ewma_rps: float = 0.0
+    hold: Hold | None = None
+    """The rate held now (``holding.py``); set at registration."""
 
     def enqueue(self, request: Request) -> None:
         self.queue.append(request)
@@ -125,6 +128,7 @@ class SloState:
             "observed_rate_rps": self.rate_ewma_rps, "batch": self.batch,
             "queue": len(self.queue),
             "gpu_share": self.stats.gpu_time_ms / total_gpu_ms if total_gpu_ms else 0.0,
+            "held": self.hold.to_json() if self.hold else None,
             **self.stats.to_json(elapsed_ms),
         }  # fmt: skip
 

@@ -1,0 +1,113 @@
+"""Holding what was admitted while the host changes: each SLO session's held rate.
+
+Admission sees the host as it was when a session registered. If the host gets
+busier later (another process takes the cores, the request path's waits grow),
+requests start to miss at the server: dropped where they waited, answered after
+their deadline's reserve, or timed out. Rather than keep missing, the server
+scales the session down: it holds a lower rate, and requests above it are
+answered at once with 503 ``scaled_down`` (the client's cue to go elsewhere),
+which relieves the executor and the request path for the rest.
+
+The rule, reviewed once per rate window from the session's own outcomes at the
+server (not from a model of the host, so whatever made the host busier counts):
+
+- more than ``1 - target`` of the last ``window`` requests missed: halve the held
+  rate (below ``min_rps``: hold none) and start a new window;
+- no miss since the last change, at least ``cooldown_ms`` ago, over a quarter
+  window of requests (or none held): raise the held rate by half (at least to
+  ``min_rps``), up to the admitted rate.
+
+The held rate is enforced by a token bucket (``burst_s`` seconds of tokens).
+Not thread-safe: the runtime calls it under its lock.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from agent.inference.errors import DropReason
+
+MISSES = frozenset({DropReason.DEADLINE_EXPIRED, DropReason.EARLY_DROP,
+                    DropReason.DEADLINE_MISSED, DropReason.TIMEOUT, DropReason.QUEUE_FULL})
+"""Outcomes that count as a miss of the session's deadline at the server."""
+
+
+@dataclass(frozen=True)
+class HoldRule:
+    """When to scale a session down and back up."""
+
+    target: float = 0.99
+    window: int = 200
+    min_rps: float = 1.0
+    cooldown_ms: float = 5000.0
+    burst_s: float = 0.5
+
+
+class Hold:
+    """One SLO session's held rate, its recent outcomes and why it was scaled down."""
+
+    def __init__(self, admitted_rps: float, now_ms: float, rule: HoldRule | None = None):
+        self.rule = rule or HoldRule()
+        self.admitted_rps = admitted_rps
+        self.rate_rps = admitted_rps
+        self.reason: str | None = None
+        """Why the held rate is below the admitted one (None: it is not)."""
+        self.scale_downs = 0
+        self.shed = 0
+        self._outcomes: deque[bool] = deque(maxlen=self.rule.window)
+        self._tokens = self._burst()
+        self._refilled_ms = now_ms
+        self._changed_ms = now_ms
+
+    def _burst(self) -> float:
+        return max(1.0, self.rate_rps * self.rule.burst_s)
+
+    def take(self, now_ms: float) -> bool:
+        """Whether a request arriving now is within the held rate (it takes a token)."""
+        if self.reason is None:
+            return True
+        self._tokens = min(self._burst(), self._tokens
+                           + (now_ms - self._refilled_ms) * self.rate_rps / 1000.0)
+        self._refilled_ms = now_ms
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        self.shed += 1
+        return False
+
+    def outcome(self, missed: bool) -> None:
+        """One request's outcome at the server."""
+        self._outcomes.append(missed)
+
+    def review(self, now_ms: float, why: str) -> bool:
+        """Scale down or back up by the rule; True when the held rate changed. ``why``:
+        the host's state now, for the reason shown with a scale-down."""
+        rule, seen = self.rule, self._outcomes
+        misses = sum(seen)
+        if len(seen) >= rule.window * 0.25 and misses > (1.0 - rule.target) * rule.window:
+            rate = self.rate_rps / 2.0
+            self.rate_rps = rate if rate >= rule.min_rps else 0.0
+            self.reason = (f"HostBusier: {misses} of the last {len(seen)} requests missed "
+                           f"their deadline at the server ({why}); held at "
+                           f"{self.rate_rps:.3g} of the admitted {self.admitted_rps:.3g} rps")
+            self.scale_downs += 1
+        elif (self.reason is not None and not misses
+              and now_ms - self._changed_ms >= rule.cooldown_ms
+              and (len(seen) >= rule.window * 0.25 or self.rate_rps == 0.0)):
+            self.rate_rps = min(self.admitted_rps, max(self.rate_rps * 1.5, rule.min_rps))
+            if self.rate_rps >= self.admitted_rps:
+                self.reason = None
+        else:
+            return False
+        seen.clear()
+        self._changed_ms = self._refilled_ms = now_ms
+        self._tokens = min(self._tokens, self._burst())
+        return True
+
+    def to_json(self) -> dict[str, Any]:
+        """The session's entry in GET /v1/sessions under ``held``."""
+        return {"rate_rps": self.rate_rps, "admitted_rps": self.admitted_rps,
+                "scaled_down": self.reason is not None, "reason": self.reason,
+                "scale_downs": self.scale_downs, "shed": self.shed}

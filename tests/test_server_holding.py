@@ -1,0 +1,177 @@
+"""The last check keeps the answer's write and the client's wake-up; requests dropped
+where they waited are counted; a session the host can no longer hold is scaled down
+while serving, with its reason (issue: serving that holds what it admits)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+from cheroot import wsgi
+
+from agent.inference.app import create_app
+from agent.inference.clock import MonotonicClock, VirtualClock
+from agent.inference.errors import DropReason
+from agent.inference.executors import SimExecutor
+from agent.inference.holding import Hold, HoldRule
+from agent.inference.pathcost import PathFigures, RequestPathCost
+from agent.inference.runtime import RuntimeConfig, ServingRuntime
+from agent.inference.stats import Outcome
+from agent.inference.tensors import encode_npy
+from contracts.deadline import AnswerReserve
+from contracts.httpserve import harden
+from predictor.batching import BatchingProfile
+
+X = encode_npy(np.zeros((1, 2), np.float32))
+NPY = {"Content-Type": "application/x-npy"}
+TINY = {"tiny": BatchingProfile.linear("tiny", "sim", 0.01, 0.05, max_batch=8)}
+
+
+@pytest.fixture()
+def served() -> Iterator[tuple[str, ServingRuntime]]:
+    clock = MonotonicClock()
+    rt = ServingRuntime(SimExecutor(TINY, clock, "sim"), clock, RuntimeConfig("sim"),
+                        post_workers=1)
+    rt.add_slo_session("fast", "tiny", 100, 5)
+    rt.start()
+    server = harden(wsgi.Server(("127.0.0.1", 0), create_app(rt), numthreads=2), 10.0, 1 << 20)
+    server.prepare()
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.bind_addr[1]}", rt
+    rt.stop()
+    server.stop()
+    thread.join(timeout=5)
+
+
+def _session(rt: ServingRuntime, name: str = "fast") -> dict:
+    return next(s for s in rt.snapshot()["sessions"] if s["name"] == name)
+
+
+def test_one_slow_write_counts_before_fifty_were_seen(served) -> None:
+    """Regression: the reserve was 0 until 50 answers had been written, so the first
+    slow writes could still turn into 200s after the deadline."""
+    base, rt = served
+    rt.path_cost.observe_write(10_000.0)
+    answer = httpx.post(f"{base}/v1/sessions/fast/infer", content=X, headers=NPY)
+    assert answer.status_code == 503 and answer.json()["reason"] == "deadline_missed"
+    assert _session(rt)["late"] == 1 and _session(rt)["good"] == 0
+
+
+def test_the_start_up_wake_up_tail_is_kept_back() -> None:
+    """Regression: the client's wake-up to read the answer was kept nowhere."""
+    cost = RequestPathCost(PathFigures(0.0, 0.0, 0.0, wake_ms=30.0, write_ms=2.0))
+    assert cost.write_reserve_ms() == 32.0
+    for _ in range(60):  # serving shows a worse crossing: half of it is one wake-up
+        cost.observe_crossing(100.0)
+    assert cost.write_reserve_ms() == 52.0
+
+
+def test_error_answers_teach_the_write_reserve(served) -> None:
+    """Regression: only 200s were timed, so a server answering mostly errors learned
+    nothing about its writes."""
+    base, rt = served
+    for _ in range(3):
+        bad = httpx.post(f"{base}/v1/sessions/fast/infer", content=b"junk", headers=NPY)
+        assert bad.status_code == 400
+    deadline = time.monotonic() + 5
+    while rt.path_cost.answer.reserve_ms() == 0.0 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the write is timed when the connection's answer is closed
+    assert rt.path_cost.answer.reserve_ms() > 0.0
+
+
+def test_a_request_dropped_before_the_queue_is_counted(served) -> None:
+    """Regression: a request whose deadline passed before a worker took it was answered
+    503 but counted nowhere (the server's attainment looked better than the client's)."""
+    base, rt = served
+    passed = f"{time.time() * 1000.0 - 5.0:.3f}"
+    answer = httpx.post(f"{base}/v1/sessions/fast/infer", content=X,
+                        headers={**NPY, "X-Tandem-Deadline": passed})
+    assert answer.status_code == 503 and answer.json()["reason"] == "deadline_expired"
+    row = _session(rt)
+    assert row["arrived"] == 1 and row["drop_reasons"] == {"deadline_expired": 1}
+    assert row["slo_attainment"] == 0.0
+
+
+def test_answer_reserve_floor_and_bad_samples() -> None:
+    reserve = AnswerReserve(floor_ms=3.0, min_samples=5)
+    reserve.observe(float("nan"))
+    reserve.observe(-1.0)
+    assert reserve.reserve_ms() == 3.0
+    assert reserve.too_late(98.0, 100.0) and not reserve.too_late(96.0, 100.0)
+    assert not reserve.too_late(1e9, None)
+
+
+def test_hold_scales_down_on_misses_and_back_up() -> None:
+    rule = HoldRule(window=100, cooldown_ms=1000.0, min_rps=1.0)
+    hold = Hold(40.0, 0.0, rule)
+    for i in range(50):
+        hold.outcome(i % 10 == 0)  # 10% missed
+    assert hold.review(1000.0, "busy")
+    assert hold.rate_rps == 20.0 and "HostBusier: 5 of the last 50" in (hold.reason or "")
+    # Above the held rate, requests are shed: a burst of 40 at once gets ~10 through.
+    taken = sum(hold.take(1000.0) for _ in range(40))
+    assert taken == 10 and hold.shed == 30
+    for _ in range(30):
+        hold.outcome(False)
+    assert not hold.review(1500.0, "quiet")  # within the cool-down: stays
+    assert hold.review(2500.0, "quiet") and hold.rate_rps == 30.0
+    for _ in range(30):
+        hold.outcome(False)
+    assert hold.review(4000.0, "quiet") and hold.rate_rps == 40.0 and hold.reason is None
+    assert all(hold.take(4000.0) for _ in range(100))  # not scaled down: nothing shed
+
+
+def test_hold_stops_at_none_and_probes_back() -> None:
+    hold = Hold(1.5, 0.0, HoldRule(window=8, cooldown_ms=1000.0, min_rps=1.0))
+    for _ in range(4):
+        hold.outcome(True)
+    assert hold.review(0.0, "busy") and hold.rate_rps == 0.0
+    assert not hold.take(10_000.0) or not hold.take(10_000.0)
+    assert hold.review(2000.0, "quiet") and hold.rate_rps == 1.0  # tries again, slowly
+
+
+def test_a_busier_host_scales_an_admitted_session_down() -> None:
+    """Requests start missing at the server after admission: once a rate window, the
+    session is scaled down, shown with its reason in GET /v1/sessions and metrics, and
+    requests above the held rate are answered at once with ``scaled_down``."""
+    clock = VirtualClock()
+    rt = ServingRuntime(SimExecutor(TINY, clock, "sim"), clock, RuntimeConfig("sim"))
+    rt.add_slo_session("s", "tiny", 50, 40)
+    for _ in range(60):
+        rt.note_answer("s", DropReason.DEADLINE_EXPIRED, counted=False)
+    assert _session(rt, "s")["held"]["scaled_down"] is False
+    clock.advance_to(1500.0)
+    rt.step()
+    held = _session(rt, "s")["held"]
+    assert held["scaled_down"] and held["rate_rps"] == 20.0 and held["admitted_rps"] == 40
+    assert held["reason"].startswith("HostBusier: 60 of the last 60")
+    outcomes: list[Outcome] = []
+    for _ in range(30):
+        rt.submit("s", np.zeros((1, 2), np.float32), outcomes.append)
+    shed = [o for o in outcomes if o.reason is DropReason.SCALED_DOWN]
+    assert len(shed) == 20  # a burst of 10 tokens (0.5 s at 20 rps) went through
+    assert _session(rt, "s")["drop_reasons"]["scaled_down"] == 20
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry()
+    create_app(rt, registry=registry)
+    text = generate_latest(registry).decode()
+    assert 'tandem_server_scaled_down{kind="slo",session="s"} 1.0' in text
+    assert 'tandem_server_held_rate_rps{kind="slo",rate="held",session="s"} 20.0' in text
+
+
+def test_on_time_answers_keep_the_session_at_its_rate() -> None:
+    clock = VirtualClock()
+    rt = ServingRuntime(SimExecutor(TINY, clock, "sim"), clock, RuntimeConfig("sim"))
+    rt.add_slo_session("s", "tiny", 50, 40)
+    for i in range(200):
+        rt.note_answer("s", DropReason.DEADLINE_MISSED if i == 0 else None)
+    rt.note_answer("s", DropReason.SESSION_REMOVED)  # not the host's doing: not a miss
+    clock.advance_to(1500.0)
+    rt.step()
+    assert _session(rt, "s")["held"]["scaled_down"] is False
