@@ -175,3 +175,26 @@ def test_on_time_answers_keep_the_session_at_its_rate() -> None:
     clock.advance_to(1500.0)
     rt.step()
     assert _session(rt, "s")["held"]["scaled_down"] is False
+
+
+def test_admission_measures_the_host_again() -> None:
+    """Regression: the request path's cores were measured once at start-up, so a CPU hog
+    that started later never counted at admission."""
+    from agent.inference.errors import AdmissionRefused
+    from agent.inference.pathcost import HostLimits, RequestPathLimits
+
+    shares = [1.0]
+    now = [0.0]
+    limits = HostLimits(lambda: RequestPathLimits(workers=100, cores=shares[0], max_load=0.9),
+                        max_age_s=2.0, timer=lambda: now[0])
+    clock = VirtualClock()
+    rt = ServingRuntime(SimExecutor(TINY, clock, "sim"), clock, RuntimeConfig("sim"),
+                        path_cost=RequestPathCost(PathFigures(0.0, 0.0, cpu_ms=0.5)),
+                        path_limits=limits)
+    assert rt.add_slo_session("a", "tiny", 50, 100)["request_path"]["cores"] == 1.0
+    shares[0] = 0.1  # a hog takes the cores; measured again only once the last is old
+    assert rt.add_slo_session("b", "tiny", 50, 1)["request_path"]["cores"] == 1.0
+    now[0] = 10.0
+    with pytest.raises(AdmissionRefused) as refused:
+        rt.add_slo_session("c", "tiny", 50, 100)
+    assert refused.value.to_json()["reason"].startswith("RequestPath")

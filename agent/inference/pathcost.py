@@ -77,6 +77,31 @@ class RequestPathLimits:
         return math.ceil(in_flight + 3.0 * math.sqrt(in_flight)) + 1 if in_flight > 0 else 0
 
 
+class HostLimits:
+    """The request path's limits as the host is now: measured again when admission asks
+    and the last measurement is older than ``max_age_s`` (a CPU hog that started after
+    the server did counts at the next registration, not never)."""
+
+    def __init__(self, measure: Callable[[], RequestPathLimits], max_age_s: float = 2.0,
+                 timer: Callable[[], float] = time.monotonic):
+        self._measure = measure
+        self._max_age_s = max_age_s
+        self._timer = timer
+        self._limits = measure()
+        self._at = timer()
+
+    def now(self) -> RequestPathLimits:
+        """The limits, measured again if the last measurement is too old."""
+        if self._timer() - self._at > self._max_age_s:
+            self._limits, self._at = self._measure(), self._timer()
+        return self._limits
+
+
+def current_limits(limits: RequestPathLimits | HostLimits | None) -> RequestPathLimits | None:
+    """The limits to admit with now (``HostLimits`` measures the host again)."""
+    return limits.now() if isinstance(limits, HostLimits) else limits
+
+
 class RequestPathCost:
     """The request path's figures: the start-up calibration, raised by what serving shows.
 

@@ -31,7 +31,14 @@ from agent.inference.errors import (
 )
 from agent.inference.executors import Executor, LoadedModel
 from agent.inference.holding import Hold
-from agent.inference.pathcost import PathLoad, RequestPathLimits, host_refusal, queue_tail_ms
+from agent.inference.pathcost import (
+    HostLimits,
+    PathLoad,
+    RequestPathLimits,
+    current_limits,
+    host_refusal,
+    queue_tail_ms,
+)
 from agent.inference.planning import Planning
 from agent.inference.quanta import JobSpec, QuantaScheduler, choose_quantum_ms
 from agent.inference.registry import SessionRegistry
@@ -58,8 +65,9 @@ class Parts:
     lock: threading.Condition
     adopt: Callable[[GpuPlan | None], None]
     """Make a plan the one in force (sessions take their batches, the cycle restarts)."""
-    path_limits: RequestPathLimits | None = None
-    """What the request path may hold (None: in-process use, no HTTP path to count)."""
+    path_limits: RequestPathLimits | HostLimits | None = None
+    """What the request path may hold (None: in-process use, no HTTP path to count);
+    ``HostLimits``: measured again at each registration."""
 
 
 def request_bytes(loaded: LoadedModel) -> float:
@@ -75,6 +83,8 @@ class Registration:
         self._p = parts
         self._admin = threading.Lock()
         """One registration at a time: the plan each proposes sees the one before."""
+        self._limits: RequestPathLimits | None = None
+        """The request path's limits this registration admits with (measured at its start)."""
 
     def longest_segment_ms(self) -> float:
         p = self._p
@@ -98,6 +108,7 @@ class Registration:
             except SessionError as exc:
                 raise BadRequest(str(exc)) from exc
             loaded, profile = p.sessions.load_and_profile(p.executor, model)
+            self._limits = current_limits(p.path_limits)  # the host as it is now
             with p.lock:
                 profiles = {**p.planning.profile_map(p.sessions.slo.values()),
                             (model, p.config.gpu_type): p.planning.planned(profile)}
@@ -118,7 +129,8 @@ class Registration:
                     "name": name, "kind": "slo", "batch": alloc.batch if alloc else 1,
                     "duty_cycle_ms": plan.duty_cycle_ms, "occupancy": plan.occupancy,
                     "worst_case_latency_ms": alloc.latency_ms if alloc else None,
-                    "request_path": p.planning.path_in_plan.to_json(),
+                    "request_path": {**p.planning.path_in_plan.to_json(), "cores":
+                                     self._limits.cores if self._limits else None},
                     "profile": profile_json(profile),
                 }  # fmt: skip
 
@@ -132,7 +144,7 @@ class Registration:
         """The request path's CPU queue tail with ``new`` beside the sessions, as planning
         takes it from the SLOs (capped: a saturated path is refused, not planned for)."""
         tail = queue_tail_ms(self._rates(new, loaded), self._p.planning.path.figures(),
-                             self._p.path_limits)
+                             self._limits)
         return min(tail, new.slo_ms)
 
     def _loads(self, plan: GpuPlan, new: SessionSpec, loaded: LoadedModel) -> list[PathLoad]:
@@ -156,7 +168,7 @@ class Registration:
         what shortens every SLO the planner sees)."""
         p = self._p
         path = p.planning.path.figures()
-        queue = queue_tail_ms(self._rates(spec, loaded), path, p.path_limits)
+        queue = queue_tail_ms(self._rates(spec, loaded), path, self._limits)
         own = path.front_ms + path.back_ms + queue
         tightest = min([s.slo_ms for s in p.sessions.specs()] + [spec.slo_ms])
         if own >= tightest and math.isfinite(own):
@@ -166,10 +178,10 @@ class Registration:
             return text, {"reason": "RequestPathQueue", "required": own,
                           "available": tightest, "session": spec.name}
         if isinstance(plan, GpuPlan):
-            host = host_refusal(self._loads(plan, spec, loaded), path, p.path_limits)
+            host = host_refusal(self._loads(plan, spec, loaded), path, self._limits)
         else:  # a saturated path (infinite wait) is the reason, not the plan it spoilt
             host = None if math.isfinite(own) else host_refusal(self._rates(spec, loaded), path,
-                                                                p.path_limits)
+                                                                self._limits)
             if host is None:
                 note = f" (planned with the request path's own {own:.3g} ms taken from each SLO)"
                 return plan.message() + (note if own > 0 else ""), {

@@ -40,7 +40,7 @@ from agent.inference.execution import Execution
 from agent.inference.executors import Executor
 from agent.inference.handoff import Delivery, ProbeQueue
 from agent.inference.holding import MISSES
-from agent.inference.pathcost import RequestPathCost, RequestPathLimits
+from agent.inference.pathcost import HostLimits, RequestPathCost, RequestPathLimits
 from agent.inference.planning import Planning
 from agent.inference.quanta import QuantaScheduler
 from agent.inference.registration import Parts, Registration
@@ -65,11 +65,12 @@ class ServingRuntime:
         post_workers: int = 0,
         timer: Callable[[], float] = time.perf_counter,
         path_cost: RequestPathCost | None = None,
-        path_limits: RequestPathLimits | None = None,
+        path_limits: RequestPathLimits | HostLimits | None = None,
     ):
         """``path_cost``: the request path's own cost, which admission and the plan
         count (none: requests are submitted in-process); ``path_limits``: what the
-        request path may hold (its cores and HTTP workers)."""
+        request path may hold (its cores and HTTP workers; ``HostLimits``: measured again
+        at each registration)."""
         self.clock = clock
         self.config = config
         self._timer = timer

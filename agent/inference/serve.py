@@ -17,7 +17,13 @@ from agent.inference.batch_formation import DropPolicy
 from agent.inference.batching_profiles import load_profiles
 from agent.inference.clock import MonotonicClock
 from agent.inference.executors import Executor, ModelLimits, OrtExecutor, SimExecutor
-from agent.inference.pathcost import RequestPathCost, RequestPathLimits, calibrate, core_share
+from agent.inference.pathcost import (
+    HostLimits,
+    RequestPathCost,
+    RequestPathLimits,
+    calibrate,
+    core_share,
+)
 from agent.inference.runtime import RuntimeConfig, ServingRuntime
 from predictor.profiles import NO_MARGIN, Margin
 
@@ -110,7 +116,7 @@ def build_runtime(options: ServeOptions) -> ServingRuntime:
     )
     return ServingRuntime(executor, clock, config, profiles, post_workers=options.post_workers,
                           path_cost=RequestPathCost(),
-                          path_limits=path_limits(options))
+                          path_limits=HostLimits(lambda: path_limits(options)))
 
 
 def path_limits(options: ServeOptions) -> RequestPathLimits:
