@@ -500,3 +500,34 @@ def test_a_differing_registration_is_kept_not_fought(
         assert link.ensure().registered
     assert upstream.entry(SLO.name)["slo_ms"] == theirs["slo_ms"] and upstream.posts == 1
     assert any(r.msg == "session registered with other values" for r in caplog.records) is warned
+
+
+def test_an_answer_back_too_late_is_not_passed_on_as_200(upstream: Upstream) -> None:
+    """Regression: the server answered in time by its own clock, but the answer reached
+    this hop after the client's deadline and was passed on as a 200 anyway."""
+
+    def slow_way_back(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        body = b"".join(upstream(environ, start_response))
+        time.sleep(0.15)  # the answer takes 150 ms to come back
+        return [body]
+
+    ln = SessionLink(SERVER, SLO, transport=httpx.WSGITransport(app=slow_way_back))
+    try:
+        proxy = create_proxy_app(ln, ProxyConfig()).test_client()
+        ln.ensure()
+        x = npy(np.ones((1, 2), np.float32))
+        late = proxy.post("/infer", data=x, content_type=NPY,
+                          headers={"X-Tandem-Timeout-Ms": "100"})
+        assert late.status_code == 503 and late.json["reason"] == "deadline_missed"
+        assert upstream.entry(SLO.name)["good"] == 1  # the server itself was on time
+        ok = proxy.post("/infer", data=x, content_type=NPY,
+                        headers={"X-Tandem-Timeout-Ms": "100", "X-Tandem-Late": "accept"})
+        assert ok.status_code == 200
+        roomy = proxy.post("/infer", data=x, content_type=NPY)  # the 2 s SLO: in time
+        assert roomy.status_code == 200
+        # An absolute deadline is forwarded less what this hop keeps back (its writes).
+        due = round(time.time() * 1000.0 + 1500.0, 3)
+        proxy.post("/infer", data=x, content_type=NPY, headers={"X-Tandem-Deadline": f"{due}"})
+        assert float(upstream.infer_environs[-1]["HTTP_X_TANDEM_DEADLINE"]) <= due
+    finally:
+        ln.close()

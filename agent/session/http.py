@@ -3,7 +3,11 @@
 Routes: ``POST /infer`` and ``POST /v1/sessions/NAME/infer`` (the server's own
 path, so clients can switch between the pod's Service and the server), both
 forwarding the body and its Content-Type unchanged and streaming the answer
-back with its status (a 503 drop keeps its JSON ``reason``); ``GET /livez``;
+back with its status (a 503 drop keeps its JSON ``reason``). The deadline
+forwarded is what is left of the client's less what this hop keeps back for
+passing the answer on (its own writes, observed); a 200 that comes back after
+that is answered 503 ``deadline_missed`` instead, unless the client sent
+``X-Tandem-Late: accept``; ``GET /livez``;
 ``GET /readyz`` (200 only while the session is registered, the server answers
 and the process is not draining). Bodies over the limit get 413 before any
 byte is forwarded. cheroot serves it hardened like the inference server
@@ -34,8 +38,11 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from agent.session.proxy import Checker, ProxyConfigError, SessionLink
 from contracts.deadline import (
     DEADLINE_HEADER,
+    LATE_HEADER,
     TIMEOUT_HEADER,
+    AnswerReserve,
     DeadlineHeaderError,
+    absolute_deadline_left_ms,
     accepts_late,
     client_budget_ms,
 )
@@ -87,6 +94,8 @@ def create_proxy_app(link: SessionLink, config: ProxyConfig,
     app = Flask("tandem-session")
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     draining = draining or threading.Event()
+    reserve = AnswerReserve()
+    """What this hop keeps back for passing a 200 on (its answers' writes, observed)."""
 
     @app.errorhandler(HTTPException)
     def _http_error(err: HTTPException) -> tuple[Response, int]:
@@ -106,18 +115,27 @@ def create_proxy_app(link: SessionLink, config: ProxyConfig,
             # Header values forwarded to the server must be plain ASCII (RFC 9110 field values).
             return _error(400, "BadRequest", "Content-Type must be printable ASCII, "
                           "for example application/json or application/x-npy")
-        deadline = _deadline_headers(link.slo_ms())
-        if isinstance(deadline, tuple):
-            return deadline
+        deadline = _deadline_headers(link.slo_ms(), reserve.reserve_ms())
+        if isinstance(deadline[0], Response):
+            return deadline  # type: ignore[return-value]
+        headers, due = deadline
         try:
-            answer = link.forward(body, content_type, deadline)
+            answer = link.forward(body, content_type, headers)
         except httpx.TimeoutException:
             return _error(504, "ServerTimeout", "the inference server did not answer in time")
         except httpx.TransportError as err:
             return _error(502, "ServerUnavailable", f"inference server: {type(err).__name__}")
+        checked = time.monotonic()
+        if answer.status_code == 200 and due is not None and LATE_HEADER not in headers \
+                and checked * 1000.0 + reserve.reserve_ms() > due:
+            answer.close()  # the server's answer came back too late to pass on as a 200
+            return jsonify({"error": "RequestDropped", "reason": "deadline_missed",
+                            "message": "request dropped: deadline_missed"}), 503
         response = Response(_stream(answer.chunks), status=answer.status_code,
                             headers=list(answer.headers), direct_passthrough=True)
         response.call_on_close(answer.close)
+        response.call_on_close(
+            lambda: reserve.observe((time.monotonic() - checked) * 1000.0))
         return response
 
     @app.post("/infer")
@@ -146,26 +164,35 @@ def create_proxy_app(link: SessionLink, config: ProxyConfig,
     return app
 
 
-def _deadline_headers(slo_ms: float | None) -> dict[str, str] | tuple[Response, int]:
-    """The deadline headers to forward: what is left of the client's budget (or the
-    SLO) after the time this request spent here; an error answer when none is left."""
+def _deadline_headers(slo_ms: float | None, reserve_ms: float
+                      ) -> tuple[dict[str, str], float | None] | tuple[Response, int]:
+    """The deadline headers to forward and when this hop's answer is due (monotonic ms):
+    what is left of the client's budget (or the SLO) after the time this request spent
+    here, less ``reserve_ms`` for passing the answer on; an error answer when none is left."""
     try:
         budget = client_budget_ms(request.headers)
         late = accepts_late(request.headers)
+        absolute = absolute_deadline_left_ms(request.headers, time.time() * 1000.0)
     except DeadlineHeaderError as exc:
         return _error(400, "BadRequest", str(exc))
     limits = [b for b in (budget, slo_ms) if b is not None]
-    headers = {"X-Tandem-Late": "accept"} if late else {}
-    if DEADLINE_HEADER in request.headers:  # absolute: counts this hop by itself
-        headers[DEADLINE_HEADER] = request.headers[DEADLINE_HEADER]
+    headers = {LATE_HEADER: "accept"} if late else {}
+    now = time.monotonic() * 1000.0
+    due = None
     if limits:
-        arrived = request.environ.get(ARRIVED, time.monotonic())
-        left = min(limits) - (time.monotonic() - arrived) * 1000.0
+        arrived = request.environ.get(ARRIVED)
+        due = (now if arrived is None else arrived * 1000.0) + min(limits)
+    if absolute is not None:  # the server counts it itself; keep this hop's share back
+        headers[DEADLINE_HEADER] = f"{float(request.headers[DEADLINE_HEADER]) - reserve_ms:.3f}"
+        due = now + absolute if due is None else min(due, now + absolute)
+    if due is not None:
+        left = due - now - reserve_ms
         if left <= 0:
             return jsonify({"error": "RequestDropped", "reason": "deadline_expired",
                             "message": "request dropped: deadline_expired"}), 503
-        headers[TIMEOUT_HEADER] = f"{left:.3f}"
-    return headers
+        if limits:
+            headers[TIMEOUT_HEADER] = f"{left:.3f}"
+    return headers, due
 
 
 def _stream(chunks: Iterator[bytes]) -> Iterator[bytes]:
