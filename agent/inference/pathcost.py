@@ -156,13 +156,17 @@ class RequestPathCost:
 
     def write_reserve_ms(self) -> float:
         """What the last deadline check keeps back: writing the answer (``AnswerReserve``)
-        and the client's wake-up to read it (one thread wake-up: half the observed
-        quantile of the executor-to-worker crossing, never below the start-up tail)."""
+        and the client's wake-up to read it (the start-up wake-up tail: the client is
+        another process, which does not wait for this one's interpreter lock, so this
+        process's own crossings, ``crossing_ms``, would overstate it)."""
+        return self.answer.reserve_ms() + self.startup.wake_ms
+
+    def crossing_ms(self) -> float:
+        """The observed quantile of the executor-to-worker crossing (0 before enough)."""
         with self._lock:
-            crossing = (_quantile(self._crossing, self._quantile) / 2.0
-                        if len(self._crossing) >= self._min_samples else 0.0)
-            wake = max(self.startup.wake_ms, crossing)
-        return self.answer.reserve_ms() + wake
+            if len(self._crossing) < self._min_samples:
+                return 0.0
+            return _quantile(self._crossing, self._quantile)
 
     def back_reserve_ms(self) -> float:
         """What a request's executor deadline keeps for its answer to come back: the

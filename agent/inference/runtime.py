@@ -386,6 +386,8 @@ class ServingRuntime:
                 "overrun_headroom_ms": pl.overrun_headroom_ms,
                 "request_path": {**pl.path.figures().to_json(),
                                  "startup": pl.path.startup.to_json(),
-                                 "observed_requests": pl.path.observed},
+                                 "observed_requests": pl.path.observed,
+                                 "crossing_ms": pl.path.crossing_ms(),
+                                 "write_reserve_ms": pl.path.write_reserve_ms()},
                 "sessions": [s.to_json(total_gpu, elapsed) for s in sessions],
             }
