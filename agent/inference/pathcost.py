@@ -156,10 +156,10 @@ class RequestPathCost:
 
     def write_reserve_ms(self) -> float:
         """What the last deadline check keeps back: writing the answer (``AnswerReserve``)
-        and the client's wake-up to read it (the start-up wake-up tail: the client is
-        another process, which does not wait for this one's interpreter lock, so this
-        process's own crossings, ``crossing_ms``, would overstate it)."""
-        return self.answer.reserve_ms() + self.startup.wake_ms
+        and the client's wake-up to read it: one thread wake-up on this host, the start-up
+        tail or, once requests were served, half the observed quantile of this process's
+        executor-to-worker crossing (two wake-ups), whichever is longer."""
+        return self.answer.reserve_ms() + max(self.startup.wake_ms, self.crossing_ms() / 2.0)
 
     def crossing_ms(self) -> float:
         """The observed quantile of the executor-to-worker crossing (0 before enough)."""

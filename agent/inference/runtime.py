@@ -220,8 +220,10 @@ class ServingRuntime:
                 deadline = now + target.spec.slo_ms
                 if deadline_ms is not None:
                     deadline = min(deadline, deadline_ms)
-                # The executor must finish in time for the answer to travel back.
-                deadline -= self.path_cost.back_reserve_ms()
+                # The executor must finish in time for the answer to travel back and,
+                # unless late answers are fine, pass the last check (``infer.py``).
+                deadline -= self.path_cost.back_reserve_ms() + (
+                    0.0 if late_ok else self.path_cost.write_reserve_ms())
                 if max(now, self.clock.now_ms()) + target.profile.latency_ms(1) > deadline:
                     target.stats.record_drop(DropReason.DEADLINE_EXPIRED)
                     on_done(Outcome(None, DropReason.DEADLINE_EXPIRED, self.clock.now_ms() - now))
