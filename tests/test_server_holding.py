@@ -220,3 +220,26 @@ def test_admission_measures_the_host_again() -> None:
     with pytest.raises(AdmissionRefused) as refused:
         rt.add_slo_session("c", "tiny", 50, 100)
     assert refused.value.to_json()["reason"].startswith("RequestPath")
+
+
+def test_a_waiter_is_answered_without_a_post_thread_hand_off() -> None:
+    """A future's result wakes its waiter from the executor's thread (one thread hand-off
+    fewer on a busy host); other callbacks still go to the post-processing threads."""
+    clock = MonotonicClock()
+    rt = ServingRuntime(SimExecutor(TINY, clock, "sim"), clock, RuntimeConfig("sim"),
+                        post_workers=1)
+    rt.add_slo_session("s", "tiny", 1000, 5)
+    rt.start()
+    try:
+        threads: list[str] = []
+        assert rt.submit_future("s", np.zeros((1, 2), np.float32)).result(5).reason is None
+        for inline in (True, False):
+            done = threading.Event()
+            rt.submit("s", np.zeros((1, 2), np.float32),
+                      lambda _o, done=done: (threads.append(threading.current_thread().name),
+                                             done.set()),
+                      inline=inline)
+            assert done.wait(5)
+    finally:
+        rt.stop()
+    assert threads[0] == "tandem-gpu" and threads[1].startswith("tandem-post")

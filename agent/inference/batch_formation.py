@@ -41,6 +41,9 @@ class Request:
     on_done: Callable[[Any], None] = field(repr=False)
     late_ok: bool = False
     """The client asked for the outputs even when they are ready after the deadline."""
+    inline: bool = False
+    """``on_done`` only wakes a waiter (a future's result): the executor's thread answers
+    it itself, saving the hand-off to a post-processing thread (one thread wake-up)."""
 
 
 def _fits(req: Request, now_ms: float, latency_ms: float) -> bool:

@@ -1,6 +1,7 @@
 """Handing work between threads: results to the requests' waiters, probe slices to the loop.
 
-Results go to a post-processing pool so the executor loop moves on at once;
+Results go to a post-processing pool so the executor loop moves on at once,
+except those whose callback only wakes a waiting thread (``Request.inline``);
 requests dropped under the runtime's lock are answered after it is released.
 A registration's device calls wait as probe slices until the loop runs them.
 """
@@ -42,6 +43,13 @@ class Delivery:
         """Hand results to the post-processing pool so the GPU loop moves on at once."""
         if not results:
             return
+        waiters = [(req, o) for req, o in results if req.inline]
+        if waiters:
+            for req, outcome in waiters:
+                req.on_done(outcome)
+            results = [(req, o) for req, o in results if not req.inline]
+            if not results:
+                return
         if self._post is not None:
             try:
                 self._post.submit(lambda: [req.on_done(o) for req, o in results])

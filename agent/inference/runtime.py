@@ -193,13 +193,16 @@ class ServingRuntime:
         arrival_ms: float | None = None,
         deadline_ms: float | None = None,
         late_ok: bool = False,
+        inline: bool = False,
     ) -> None:
         """Queue one request; ``on_done`` gets its Outcome (from the executor or a worker).
 
         ``arrival_ms``: when the request arrived (default now); an SLO request's
         deadline is its arrival plus the SLO, or ``deadline_ms`` if earlier; one that
         could not finish by then even alone is answered DEADLINE_EXPIRED at once.
-        ``late_ok``: outputs finished after the deadline are given, marked late."""
+        ``late_ok``: outputs finished after the deadline are given, marked late.
+        ``inline``: ``on_done`` is cheap and never blocks (it wakes a waiter), so the
+        executor's thread may call it."""
         with self._cv:
             now = self.clock.now_ms() if arrival_ms is None else arrival_ms
             target = self.sessions.find(name)
@@ -228,9 +231,9 @@ class ServingRuntime:
                     target.stats.record_drop(DropReason.DEADLINE_EXPIRED)
                     on_done(Outcome(None, DropReason.DEADLINE_EXPIRED, self.clock.now_ms() - now))
                     return
-                target.enqueue(Request(name, tensor, now, deadline, on_done, late_ok))
+                target.enqueue(Request(name, tensor, now, deadline, on_done, late_ok, inline))
             else:
-                target.queue.append(Request(name, tensor, now, None, on_done, late_ok))
+                target.queue.append(Request(name, tensor, now, None, on_done, late_ok, inline))
             self._cv.notify_all()
 
     def submit_future(self, name: str, tensor: np.ndarray, arrival_ms: float | None = None,
@@ -238,7 +241,8 @@ class ServingRuntime:
                       ) -> Future[Outcome]:
         """Queue one request and return a future of its Outcome (``submit``'s arguments)."""
         future: Future[Outcome] = Future()
-        self.submit(name, tensor, future.set_result, arrival_ms, deadline_ms, late_ok)
+        self.submit(name, tensor, future.set_result, arrival_ms, deadline_ms, late_ok,
+                    inline=True)
         return future
 
     def note_answer(self, name: str, reason: DropReason | None, counted: bool = True) -> None:
