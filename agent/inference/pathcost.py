@@ -145,8 +145,8 @@ class RequestPathCost:
             self.observed += 1
 
     def observe_crossing(self, ms: float) -> None:
-        """The time from the executor's result to the waiting worker running again (two
-        thread wake-ups), for every request the executor answered, dropped ones too."""
+        """The time from the executor's result to the waiting worker running again (one
+        thread wake-up), for every request the executor answered, dropped ones too."""
         with self._lock:
             self._crossing.append(ms)
 
@@ -157,9 +157,9 @@ class RequestPathCost:
     def write_reserve_ms(self) -> float:
         """What the last deadline check keeps back: writing the answer (``AnswerReserve``)
         and the client's wake-up to read it: one thread wake-up on this host, the start-up
-        tail or, once requests were served, half the observed quantile of this process's
-        executor-to-worker crossing (two wake-ups), whichever is longer."""
-        return self.answer.reserve_ms() + max(self.startup.wake_ms, self.crossing_ms() / 2.0)
+        tail or, once requests were served, the observed quantile of this process's
+        executor-to-worker hand-off (one wake-up), whichever is longer."""
+        return self.answer.reserve_ms() + max(self.startup.wake_ms, self.crossing_ms())
 
     def crossing_ms(self) -> float:
         """The observed quantile of the executor-to-worker crossing (0 before enough)."""
