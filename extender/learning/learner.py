@@ -44,6 +44,8 @@ from extender.config import LearningConfig
 from extender.core import Placement, UtilKnowledge
 from extender.core.cost import CostPolicy
 from extender.learning.curves import CurveGuards, CurveLearner, LearnedPolicy, SharedGpuPoints
+from extender.learning.interference import DOCUMENT_KEY as PAIRS_KEY
+from extender.learning.interference import PairLearner
 from extender.learning.store import DOCUMENT_VERSION, Estimate, ObservationStore
 from extender.state.reports import DecodedReport
 from predictor.curves import InterferenceCurve
@@ -113,6 +115,8 @@ class Learner:
             cfg.curve_refit_interval_seconds), wall_clock)
         self.prior = prior
         """The configured curve of a GPU type: where its first refit starts from."""
+        self.pairs = PairLearner(cfg.pair_max_entries, cfg.pair_explore_bonus)
+        """Who slows whom (:mod:`extender.learning.interference`)."""
         self._overlay = LearnedPolicy(self.curves)
         self.persistence = persistence
         self._may_persist = may_persist
@@ -133,6 +137,8 @@ class Learner:
             loaded = 0 if doc is None else self.store.load_document(doc)
             if doc is not None and doc.get("curves") is not None:  # older documents have none
                 loaded += self.curves.load_document(doc["curves"])
+            if doc is not None and doc.get(PAIRS_KEY) is not None:
+                loaded += self.pairs.load_document(doc[PAIRS_KEY])
         except Exception as exc:  # learning restarts from zero; placement must not stop
             get_logger().warning("learning: cannot reload persisted observations",
                                  extra={"error": repr(exc)})
@@ -163,24 +169,34 @@ class Learner:
         if moves:
             self.store.last_change = sum(moves) / len(moves)
         points.refit(self.prior)
+        if self.cfg.enabled and self.cfg.pairs:
+            self.pairs.observe(report, placement_of, self._trusted_alone)
         self.maybe_persist()
         return taken
 
+    def _trusted_alone(self, model: str, batch: int, gpu_type: str) -> float | None:
+        found = self.store.lookup(model, batch, gpu_type, "training")
+        return found[0] if found is not None and found[1] >= self.cfg.min_observations else None
+
     def policy(self, base: CostPolicy, cfg: LearningConfig) -> CostPolicy:
-        """``base`` with the learned curves in place of its priors (when ``learning.curves``)."""
-        return self._overlay(base, cfg.enabled and cfg.curves)
+        """``base`` with the learned curves in place of its priors (when ``learning.curves``)
+        and the learned pairwise interference (when ``learning.pairs``)."""
+        policy = self._overlay(base, cfg.enabled and cfg.curves)
+        return policy.with_pairs(self.pairs.model()) if cfg.enabled and cfg.pairs else policy
 
     def document(self) -> dict[str, Any]:
         """What is persisted: the estimates and the curves with their points."""
-        return {**self.store.to_document(), "curves": self.curves.to_document()}
+        return {**self.store.to_document(), "curves": self.curves.to_document(),
+                PAIRS_KEY: self.pairs.to_document()}
 
     def view(self) -> dict[str, Any]:
         """For ``/v1/state``: the estimates and the learned curves."""
-        return {**self.store.view(), "curves": self.curves.view()}
+        return {**self.store.view(), "curves": self.curves.view(), PAIRS_KEY: self.pairs.view()}
 
     def maybe_persist(self, force: bool = False) -> bool:
         """Write the ConfigMap if this replica leads, something changed and it is due."""
-        if self.persistence is None or not (self.store.dirty or self.curves.dirty) \
+        if self.persistence is None or not (self.store.dirty or self.curves.dirty
+                                            or self.pairs.dirty) \
                 or not self._may_persist():
             return False
         with self._save_lock:
@@ -197,7 +213,7 @@ class Learner:
                 return False
             self.persist_writes += 1
             self.persisted_at = self._wall()
-            self.store.dirty = self.curves.dirty = False
+            self.store.dirty = self.curves.dirty = self.pairs.dirty = False
             return True
 
     def stats(self) -> dict[str, Any]:
@@ -206,6 +222,7 @@ class Learner:
         return {"accepted": store.samples_total, "rejected": dict(store.rejected),
                 "estimates": store.trust_counts(self.cfg.min_observations),
                 "last_change_percent": store.last_change,
+                "pairs": self.pairs.stats(),
                 "persist_writes": self.persist_writes,
                 "persist_failures": self.persist_failures,
                 "persist_age_seconds": None if self.persisted_at is None

@@ -115,6 +115,17 @@ class LearnerCollector(Collector):
                                        "Failed writes of the learning ConfigMap")
         failures.add_metric([], float(s["persist_failures"]))
         yield from (accepted, rejected, estimates, change, writes, failures)
+        if "pairs" in s:  # pairwise interference (extender.learning.interference)
+            pairs = GaugeMetricFamily(
+                "tandem_learning_interference_pairs",
+                "Pairwise interference kept: directed pairs seen, pairs that cannot share",
+                labels=["kind"])
+            pairs.add_metric(["seen"], float(s["pairs"]["pairs"]))
+            pairs.add_metric(["cannot_share"], float(s["pairs"]["cannot_share"]))
+            samples = CounterMetricFamily("tandem_learning_interference_samples",
+                                          "Pair slowdown samples taken from shared GPUs")
+            samples.add_metric([], float(s["pairs"]["samples"]))
+            yield from (pairs, samples)
         if s["persist_age_seconds"] is not None:  # absent until something was persisted
             age = GaugeMetricFamily("tandem_learning_persist_age_seconds",
                                     "Seconds since the learning ConfigMap was last written "

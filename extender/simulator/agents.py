@@ -88,6 +88,14 @@ class SimAgents:
         for p in run.placements:
             self._placements[p.pod_uid] = replace(p, annotations=ann)
 
+    def refused(self, run: JobRun, partners: Sequence[tuple[int, str]]) -> None:
+        """``run`` failed to start beside models it cannot share with (the pod's OOM)."""
+        engine = self._engine
+        assert engine is not None, "attach() first"
+        table = engine.table
+        for row, other in partners:
+            self.learner.pairs.refuse(table.type_names[table.type_id[row]], run.job.model, other)
+
     def finished(self, run: JobRun) -> None:
         """Count the completion; forget its pods."""
         for p in run.placements:
