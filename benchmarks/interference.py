@@ -102,10 +102,11 @@ def best_curve(truth: np.ndarray) -> np.ndarray:
         return 1 + p[0] * np.minimum(x, 1) + p[1] * over + p[2] * over * over
 
     best = None
+    upper = np.concatenate([[10, 10, 10], np.full(n, 1.5)])
     for start in (0.3, 0.5, 0.7):
         p0 = np.concatenate([[0.5, 0.5, 0.1], np.full(n, start)])
         fit = least_squares(lambda p: np.log(slow(p, ii, jj)) - y, p0,
-                            bounds=(np.zeros(3 + n), np.concatenate([[10, 10, 10], np.full(n, 1.5)])))
+                            bounds=(np.zeros(3 + n), upper))
         if best is None or fit.cost < best.cost:
             best = fit
     assert best is not None
