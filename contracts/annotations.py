@@ -51,6 +51,10 @@ PREDICTION_SOURCE = PREFIX + "prediction-source"
 """Where the predicted numbers came from: ``<utilisation source>+mem:<memory source>``
 (``asserted``, ``observed:<n>``, ``observed-shared:<n>``, ``xgboost:<digest>...``,
 ``cold-start``), or ``asserted``."""
+INTERFERENCE_SOURCE = PREFIX + "interference-source"
+"""Where the interference figure the GPU was scored by came from: ``pair:<n>`` (the pair
+seen n times), ``profile`` (the models' learned sensitivity and aggressiveness), ``curve``
+(the GPU type's curve, beside learned pairs); absent where the curve alone decided."""
 _MAX_SOURCE = 253  # an annotation value for people; longer text is cut, never refused
 PLACEMENT_SIGNATURE = PREFIX + "placement-signature"
 """HMAC of the pod UID, node and the outputs above, keyed by the extender's signing key."""
@@ -272,6 +276,8 @@ class BindOutputs:
     duty_cycle_ms: float | None = None
     source: str | None = None
     """Where ``util_percent`` and ``mem_mib`` came from (``PREDICTION_SOURCE``)."""
+    interference_source: str | None = None
+    """Where the interference figure came from (``INTERFERENCE_SOURCE``)."""
 
 
 def encode_outputs(out: BindOutputs) -> dict[str, str]:
@@ -290,6 +296,8 @@ def encode_outputs(out: BindOutputs) -> dict[str, str]:
         ann[DUTY_CYCLE_MS] = f"{out.duty_cycle_ms:.3f}"
     if out.source:
         ann[PREDICTION_SOURCE] = out.source[:_MAX_SOURCE]
+    if out.interference_source:
+        ann[INTERFERENCE_SOURCE] = out.interference_source[:_MAX_SOURCE]
     return ann
 
 
@@ -322,6 +330,7 @@ def decode_outputs(ann: Mapping[str, object]) -> BindOutputs | None:
         batch=int(batch) if isinstance(batch, str) and _INT_TEXT.fullmatch(batch) else None,
         duty_cycle_ms=_float_or_none(ann.get(DUTY_CYCLE_MS)),
         source=_source_or_none(ann.get(PREDICTION_SOURCE)),
+        interference_source=_source_or_none(ann.get(INTERFERENCE_SOURCE)),
     )
 
 

@@ -280,11 +280,12 @@ class Extender:
                 raise _handoff_busy(args.node, waiting.pod)
         try:
             inputs = tandem_annotations(annotations_of(pod))
-            placement, plan, cost, uuids = self.state.assume_best(
+            placement, plan, cost, uuids, interference = self.state.assume_best(
                 args.node, demand, self._inference, ref.uid or ref.key, ref.key, inputs)
             annotations = output_annotations(placement, uuids, cost, plan,
                                              self._source_on(demand, args.node,
-                                                             tuple(placement.gpu_indices)))
+                                                             tuple(placement.gpu_indices)),
+                                             interference)
             try:
                 confirmed = self.source.bind(ref, args.node, annotations)
             except BindOutcomeUnknown as exc:

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from extender_builders import A100, node, placement
 
-from contracts.annotations import MODEL, PodInputs
+from contracts.annotations import INTERFERENCE_SOURCE, MODEL, PodInputs, decode_outputs
+from extender.cluster.source import output_annotations
 from extender.config import LearningConfig
 from extender.core import CostPolicy, DecisionContext, JobDemand, Purpose, evaluate, resolve_demand
 from extender.core.pairs import PairModel, TypePairs, judge_gpu
@@ -167,3 +168,20 @@ def test_no_model_on_a_resident_pod_keeps_the_curve() -> None:
     _, ev = _choose(table, "new", GAIN_ON.with_pairs(_pairs({("new", ""): 3.0})))
     assert ev.interference_sources == {}
     assert table.row_models[0] == (("", 40.0, 1),)
+
+
+def test_bind_reports_where_the_interference_figure_came_from() -> None:
+    from extender.state.ledger import ClusterState
+
+    model = _pairs({("new", "resnet"): 1.2, ("resnet", "new"): 1.3})
+    state = ClusterState(lambda: CostPolicy().with_pairs(model), lambda: 0.0)
+    state.set_nodes([node("n1", 1)])
+    state.confirm(placement("u0", util=40.0, mem=1000.0, annotations=((MODEL, "resnet"),)))
+    demand = resolve_demand(JobDemand(1, PodInputs(model="new", util_percent=40.0,
+                                                   mem_mib=1000.0)), state.gpu_types(), None)
+    *_, source = state.assume_best("n1", demand, None, "u1", "d/p")
+    assert source == "pair:3"
+    ann = output_annotations(placement("u1"), ["GPU-n1-0"], 0.5, None, "asserted", source)
+    assert ann[INTERFERENCE_SOURCE] == "pair:3"
+    decoded = decode_outputs(ann)
+    assert decoded is not None and decoded.interference_source == "pair:3"

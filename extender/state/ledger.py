@@ -262,8 +262,11 @@ class ClusterState:
 
     def assume_best(self, node: str, demand: ResolvedDemand, inference: InferenceContext | None,
                     pod_uid: str, pod: str, annotations: tuple[tuple[str, str], ...] = (),
-                    ) -> tuple[Placement, Any, float, list[str]]:
-        """Decide the GPUs on ``node`` against fresh state and assume them, atomically."""
+                    ) -> tuple[Placement, Any, float, list[str], str]:
+        """Decide the GPUs on ``node`` against fresh state and assume them, atomically.
+
+        Returns the placement, its plan, cost, GPU UUIDs and where its interference figure
+        came from ("" where the curve alone decided)."""
         self.expire()
         with self.lock:
             if pod_uid in self._placed or pod_uid in self._assumed:
@@ -283,7 +286,8 @@ class ClusterState:
             self._assumed[pod_uid] = (placement, None)
             self._applied_at[pod_uid] = self._clock()
             self._table.place(placement, self._applied_at[pod_uid])
-            return placement, ev.plans.get(rows[0]), float(ev.node_cost[0]), uuids
+            return placement, ev.plans.get(rows[0]), float(ev.node_cost[0]), uuids, \
+                ev.interference_sources.get(rows[0], "")
 
     def fits_without(self, node: str, victim_uids: Sequence[str], demand: ResolvedDemand,
                      inference: InferenceContext | None) -> bool:
