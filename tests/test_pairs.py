@@ -185,3 +185,24 @@ def test_bind_reports_where_the_interference_figure_came_from() -> None:
     assert ann[INTERFERENCE_SOURCE] == "pair:3"
     decoded = decode_outputs(ann)
     assert decoded is not None and decoded.interference_source == "pair:3"
+
+
+def test_status_shows_pair_sources_and_what_was_learned() -> None:
+    from extender.ops.status import summarize
+    from extender.ops.status_render import render
+
+    learner = PairLearner()
+    learner.add(A100, "lm", "resnet", 3.0)
+    state = {"nodes": {"n1": {"gpus": [{"index": 0, "product": A100, "memory_mib": 40960,
+                                        "reserved_mib": 1000, "pods": [
+                                            {"pod": "d/p", "workload": "training",
+                                             "util_percent": 40.0, "mem_mib": 1000.0,
+                                             "annotations": {INTERFERENCE_SOURCE: "pair:3"}}]}]}},
+             "learning": {"pairs": learner.view()}}
+    doc = summarize(state, "http://x", None)
+    assert doc["nodes"][0]["gpus"][0]["pods"][0]["interference"] == "pair:3"
+    assert doc["interference"] == [{"gpu_type": A100, "pairs": 1, "profiled_models": 2,
+                                    "cannot_share": 0}]
+    text = render(doc)
+    assert "interference pair:3" in text and "1 pairs, 2 models profiled" in text
+    assert "interference" not in summarize({"nodes": {}}, "http://x", None)

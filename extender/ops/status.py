@@ -28,7 +28,7 @@ from typing import Any
 
 import typer
 
-from contracts.annotations import GPU_UTIL, MODEL, PREDICTION_SOURCE
+from contracts.annotations import GPU_UTIL, INTERFERENCE_SOURCE, MODEL, PREDICTION_SOURCE
 
 SCHEDULING_GATE_REASON = "held by the queue's scheduling gate"
 
@@ -139,7 +139,8 @@ def summarize(state: Mapping[str, Any], origin: str,
             pods = [{"pod": p["pod"], "state": p.get("state", "placed"),
                      "workload": p.get("workload"), "util_percent": p.get("util_percent"),
                      "mem_mib": p.get("mem_mib"),
-                     "source": pod_source(p.get("annotations") or {})}
+                     "source": pod_source(p.get("annotations") or {}),
+                     **_interference(p.get("annotations") or {})}
                     for p in g.get("pods", [])]
             fresh = g.get("observed_util") is not None
             gpus.append({
@@ -157,9 +158,21 @@ def summarize(state: Mapping[str, Any], origin: str,
                 "pods": pods,
             })
         nodes.append({"name": name, "gpus": gpus})
-    return {"source": origin, "synced": bool(state.get("synced", True)),
-            "placed": state.get("placed"), "assumed": state.get("assumed"),
-            "nodes": nodes, "pending": pending}
+    doc = {"source": origin, "synced": bool(state.get("synced", True)),
+           "placed": state.get("placed"), "assumed": state.get("assumed"),
+           "nodes": nodes, "pending": pending}
+    learned = (state.get("learning") or {}).get("pairs") or []
+    if learned:  # pairwise interference (docs/interference.md); absent while nothing is learned
+        doc["interference"] = [{"gpu_type": t["gpu_type"], "pairs": len(t["pairs"]),
+                                "profiled_models": len(t["profiles"]),
+                                "cannot_share": len(t["cannot_share"])} for t in learned]
+    return doc
+
+
+def _interference(annotations: Mapping[str, str]) -> dict[str, str]:
+    """``{"interference": <tandem.io/interference-source>}`` where bind recorded one."""
+    recorded = annotations.get(INTERFERENCE_SOURCE)
+    return {"interference": recorded} if isinstance(recorded, str) and recorded else {}
 
 
 def collect(extender: str | None, cluster: str | None, scheduler_name: str = "tandem",
