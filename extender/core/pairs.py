@@ -117,7 +117,7 @@ def _slowdowns(model: PairModel, gpu_type: str, models: Sequence[str],
             if i != j:
                 value, source = model.figure(gpu_type, a, b, curve(i, j))
                 extra += value - 1.0
-                if worst is None or _RANK.get(source, 2) < _RANK.get(worst, 2):
+                if worst is None or _RANK.get(source, 3) < _RANK.get(worst, 3):
                     worst = source
         slows.append(1.0 + extra)
         sources.append(worst or CURVE)
