@@ -29,6 +29,7 @@ from agent.node.nvml import NvmlGpuSource
 from agent.node.reporter import Reporter, TokenSource
 from agent.node.runner import Agent, AgentConfig
 from agent.node.sim_gpus import SimGpuSource, SimGpuSpec
+from contracts.state import StateDocument, StateGpu, StateNode, StatePod, encode_state
 from tests.fakes.nvml import FakeGpu, FakeNvml
 
 PROC = _common.ROOT / "tests" / "data" / "agent" / "proc"
@@ -40,11 +41,10 @@ PODS_PER_GPU = 4
 def _state() -> dict:
     gpus = []
     for i in range(GPUS):
-        pods = [{"pod": f"ns/p{i}-{k}", "uid": f"uid-{i}-{k}", "state": "placed",
-                 "workload": "training", "util_percent": 15.0, "mem_mib": 4096.0}
-                for k in range(PODS_PER_GPU)]
-        gpus.append({"index": i, "uuid": f"GPU-{i}", "predicted_util": 60.0, "pods": pods})
-    return {"nodes": {NODE: {"gpus": gpus}}}
+        pods = tuple(StatePod("placed", "training", 15.0, 4096.0, f"ns/p{i}-{k}", f"uid-{i}-{k}")
+                     for k in range(PODS_PER_GPU))
+        gpus.append(StateGpu(i, f"GPU-{i}", "", 0.0, 0.0, 60.0, pods=pods))
+    return encode_state(StateDocument((StateNode(NODE, tuple(gpus)),)))
 
 
 def _transport() -> httpx.MockTransport:

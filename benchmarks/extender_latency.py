@@ -58,8 +58,8 @@ from extender.cluster.sim import SimSource
 from extender.config import ConfigHolder, ExtenderConfig, StateConfig, load_config
 from extender.core import GpuSpec, NodeSpec
 from extender.state.signing import PlacementSigner
-from extender.transport.routes import create_app
 from extender.transport.server import start_background
+from extender.wiring import create_app
 
 NODES, GPUS, CANDIDATES = 1000, 8, 500
 GPU_PRODUCT, GPU_MIB = "NVIDIA-A100-SXM4-40GB", 40960

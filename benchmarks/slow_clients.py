@@ -37,8 +37,8 @@ from slow_loris import SlowClients  # noqa: E402
 
 from extender.cluster.sim import SimSource  # noqa: E402
 from extender.config import ConfigHolder, build_config  # noqa: E402
-from extender.transport.routes import create_app  # noqa: E402
 from extender.transport.server import start_background  # noqa: E402
+from extender.wiring import create_app  # noqa: E402
 
 
 def summary(times: list[float], missed: int) -> dict[str, float | int]:

@@ -66,6 +66,8 @@ INFERENCE = "inference"
 WORKLOADS = (TRAINING, INFERENCE)
 
 _MAX_TEXT = 64  # longer numeric text is refused before conversion (no 5,000-digit ints)
+# ASCII digits only: str.isdigit and int() also take '²' and '١' (and int() refuses text of
+# over 4,300 digits with a ValueError); [0-9] in a pattern without re.ASCII is still ASCII.
 _INT_TEXT = re.compile(r"[+-]?[0-9]{1,18}")
 _NUMBER_TEXT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,3})?")
 
@@ -126,7 +128,13 @@ SLO_MS_RANGE = NumberRange(0.0, 3.6e6)
 RATE_RPS_RANGE = NumberRange(0.0, 1.0e7)
 WEIGHT_RANGE = IntRange(1, 1000)
 PRIORITY_RANGE = IntRange(-1_000_000, 1_000_000)
+GPU_COUNT_RANGE = IntRange(0, 1024)
+"""``tandem.io/gpu`` of one container (limits or requests)."""
+GPU_INDEX_RANGE = IntRange(0, 65535)
 DEFAULT_WEIGHT = 1
+DEFAULT_BATCH_SIZE = {TRAINING: 32, INFERENCE: 1}
+"""The batch size of a pod that does not give ``tandem.io/batch-size``: placement,
+prediction and learning all read it through :attr:`PodInputs.batch`."""
 
 
 def parse_number(raw: object, field_name: str, valid: NumberRange) -> float:
@@ -142,15 +150,30 @@ def parse_number(raw: object, field_name: str, valid: NumberRange) -> float:
 
 
 def parse_integer(raw: object, field_name: str, valid: IntRange) -> int:
-    """An annotation's text (ASCII digits, optional sign) or a JSON integer, in ``valid``."""
+    """An annotation's text (ASCII digits, optional sign) or a JSON integer, in ``valid``.
+
+    The one integer reader of every integer annotation and resource count: anything
+    else (``'²'``, ``'1_0'``, ``'0x10'``, 5,000 digits) is an AnnotationError saying
+    what is accepted, never a ValueError from ``int()``.
+    """
     value: int | None = None
     if isinstance(raw, int) and not isinstance(raw, bool):
         value = raw
     elif isinstance(raw, str) and len(raw) <= _MAX_TEXT and _INT_TEXT.fullmatch(raw.strip()):
         value = int(raw.strip())
     if value is None or not valid.low <= value <= valid.high:
-        raise AnnotationError(field_name, raw, f"must be {valid.text}")
+        shown = raw if not isinstance(raw, str) or len(raw) <= _MAX_TEXT \
+            else f"{raw[:_MAX_TEXT]}... ({len(raw)} characters)"
+        raise AnnotationError(field_name, shown, f"must be {valid.text} in ASCII digits")
     return value
+
+
+def integer_or_none(raw: object, valid: IntRange) -> int | None:
+    """:func:`parse_integer` for records that are dropped, not refused, when unreadable."""
+    try:
+        return parse_integer(raw, "", valid)
+    except AnnotationError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -171,6 +194,11 @@ class PodInputs:
     def best_effort(self) -> bool:
         """An inference pod without an SLO: it shares the duty cycle's slack in quanta."""
         return self.workload == INFERENCE and self.slo_ms is None
+
+    @property
+    def batch(self) -> int:
+        """The batch size the pod is placed and learned at: asserted, else the default."""
+        return self.batch_size or DEFAULT_BATCH_SIZE[self.workload]
 
     @property
     def share_weight(self) -> int:
@@ -236,6 +264,7 @@ def read_bound_inputs(ann: Mapping[str, object]) -> PodInputs:
     return PodInputs(
         workload=INFERENCE if ann.get(WORKLOAD) == INFERENCE else TRAINING,
         model=model if isinstance(model, str) and model.strip() else None,
+        batch_size=_lenient_integer(ann, BATCH_SIZE, BATCH_SIZE_RANGE),
         slo_ms=slo if rate is not None else None,
         rate_rps=rate if slo is not None else None,
         weight=_lenient_integer(ann, WEIGHT, WEIGHT_RANGE),
@@ -251,10 +280,7 @@ def _lenient_number(ann: Mapping[str, object], key: str, valid: NumberRange) -> 
 
 
 def _lenient_integer(ann: Mapping[str, object], key: str, valid: IntRange) -> int | None:
-    try:
-        return None if ann.get(key) is None else parse_integer(ann[key], key, valid)
-    except AnnotationError:
-        return None
+    return None if ann.get(key) is None else integer_or_none(ann[key], valid)
 
 
 def tandem_annotations(ann: Mapping[str, object]) -> tuple[tuple[str, str], ...]:
@@ -309,10 +335,13 @@ def decode_outputs(ann: Mapping[str, object]) -> BindOutputs | None:
     as 0.
     """
     raw_index = ann.get(GPU_INDEX)
-    if not isinstance(raw_index, str):
+    if not isinstance(raw_index, str) or len(raw_index) > 16 * _MAX_TEXT:
         return None
+    read = [integer_or_none(x, GPU_INDEX_RANGE) for x in raw_index.split(",") if x.strip()]
+    if None in read:
+        return None
+    indices = tuple(i for i in read if i is not None)
     try:
-        indices = tuple(int(x) for x in raw_index.split(",") if x.strip())
         util = float(ann.get(PREDICTED_UTIL, "0"))  # type: ignore[arg-type]
         mem = float(ann.get(PREDICTED_MEM_MIB, "0"))  # type: ignore[arg-type]
     except (TypeError, ValueError):
@@ -327,11 +356,14 @@ def decode_outputs(ann: Mapping[str, object]) -> BindOutputs | None:
         util_percent=max(util, 0.0), mem_mib=max(mem, 0.0),
         # Records for people only: an unreadable one is dropped, never the placement.
         cost=_float_or_none(ann.get(COST)),
-        batch=int(batch) if isinstance(batch, str) and _INT_TEXT.fullmatch(batch) else None,
+        batch=integer_or_none(batch, _BATCH_RECORD) if isinstance(batch, str) else None,
         duty_cycle_ms=_float_or_none(ann.get(DUTY_CYCLE_MS)),
         source=_source_or_none(ann.get(PREDICTION_SOURCE)),
         interference_source=_source_or_none(ann.get(INTERFERENCE_SOURCE)),
     )
+
+
+_BATCH_RECORD = IntRange(0, BATCH_SIZE_RANGE.high)
 
 
 def _source_or_none(raw: object) -> str | None:

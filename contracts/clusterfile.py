@@ -39,6 +39,8 @@ from typing import Any
 
 import yaml
 
+from contracts.gpus import GpuRef
+
 MAX_GPUS_PER_ENTRY = 64
 WORKLOADS = ("training", "inference")
 
@@ -63,11 +65,9 @@ class ClusterFileError(ValueError):
 
 
 @dataclass(frozen=True)
-class SimGpu:
-    """One simulated GPU: its index on the node, uuid, product name and whole MiB."""
+class SimGpu(GpuRef):
+    """One simulated GPU: its identity (index, uuid), product name and whole MiB."""
 
-    index: int
-    uuid: str
     product: str
     memory_mib: int
 

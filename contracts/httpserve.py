@@ -20,6 +20,11 @@ workers stop the server answering anything, health checks included.
   ``Authorization`` header gets HTTP 400 with the reason, before any application
   code runs; every error cheroot itself answers carries a JSON body
   (``error_body``) in the server's own error shape instead of plain text.
+- **413 before the body.** A request whose declared ``Content-Length`` is over
+  ``body_limit`` is answered 413 as soon as its head is here, without waiting for
+  (or reading) the body, and the connection is closed. Applications read bodies
+  with :func:`read_body`, the one size-limited reader (the same rule for requests
+  that reach them another way, e.g. a test client, and for chunked bodies).
 - **TLS handshakes off the accept loop.** cheroot's builtin adapter completes
   the handshake in the thread that accepts connections, so a client that
   connects and stays silent stalls every accept for the socket timeout. The
@@ -34,7 +39,7 @@ import re
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from cheroot.makefile import MakeFile
@@ -57,9 +62,58 @@ _SINGLE = (b"Content-Length", b"Host", b"Authorization")
 """Headers a request may carry once (Content-Length: several only when all agree)."""
 
 
-def json_error(message: str) -> bytes:
+_KINDS = {"413": "PayloadTooLarge", "408": "RequestTimeout", "414": "URITooLong"}
+"""The error kind of the answers the server gives itself (others: BadRequest)."""
+
+
+def json_error(message: str, kind: str = "BadRequest") -> bytes:
     """The default error body: the inference server's and the session proxy's shape."""
-    return json.dumps({"error": "BadRequest", "message": message}).encode()
+    return json.dumps({"error": kind, "message": message}).encode()
+
+
+class BodyTooLarge(ValueError):
+    """The request body is (or says it is) over the limit: HTTP 413."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        super().__init__(f"body larger than {limit} bytes")
+
+
+class BadContentLength(ValueError):
+    """The ``Content-Length`` header is not a plain non-negative integer: HTTP 400."""
+
+
+_READ_CHUNK = 1 << 16
+
+
+def read_body(environ: Mapping[str, Any], limit: int) -> bytes:
+    """The request body of a WSGI ``environ``, never more than ``limit`` bytes buffered.
+
+    A declared length over ``limit`` is refused before anything is read; without a
+    length only a server-terminated (chunked) stream is read, and refused once it
+    passes ``limit``. BodyTooLarge (413) or BadContentLength (400).
+    """
+    raw = environ.get("CONTENT_LENGTH")
+    if raw and not _DIGITS.fullmatch(str(raw).encode("latin-1", "replace")):
+        raise BadContentLength("Content-Length must be a non-negative integer "
+                               "(at most 18 digits)")
+    length = int(raw) if raw else None
+    if length is not None and length > limit:
+        raise BodyTooLarge(limit)
+    stream = environ["wsgi.input"]
+    if length is not None:
+        return bytes(stream.read(length)) if length else b""
+    if not environ.get("wsgi.input_terminated"):
+        return b""
+    parts, total = [], 0
+    while True:
+        chunk = stream.read(min(_READ_CHUNK, limit + 1 - total))
+        if not chunk:
+            return b"".join(parts)
+        total += len(chunk)
+        if total > limit:
+            raise BodyTooLarge(limit)
+        parts.append(chunk)
 
 
 class _SeenHeaders(dict):  # type: ignore[type-arg]
@@ -106,10 +160,24 @@ class StrictHeaderReader(HeaderReader):
 
 
 class JsonErrorRequest(HTTPRequest):
-    """An HTTPRequest whose own error answers (400, 408, 413, 501...) are JSON."""
+    """An HTTPRequest whose own error answers (400, 408, 413, 501...) are JSON, and which
+    answers 413 to a declared body over ``body_limit`` before the application runs."""
 
     header_reader = StrictHeaderReader()
-    error_body: Callable[[str], bytes] = staticmethod(json_error)
+    error_body: Callable[[str, str], bytes] = staticmethod(json_error)
+    body_limit = 0
+    """0: no limit here (the application's)."""
+
+    def read_request_headers(self) -> bool:
+        """cheroot's header reading, then the size check on the declared length."""
+        if not super().read_request_headers():
+            return False
+        declared = self.inheaders.get(b"Content-Length")
+        if self.body_limit and declared and int(declared) > self.body_limit:
+            self.simple_response("413 Payload Too Large",
+                                 f"body larger than {self.body_limit} bytes")
+            return False
+        return True
 
     def simple_response(self, status: Any, msg: Any = "") -> None:
         """cheroot's simple response, with the message as a JSON error body."""
@@ -118,7 +186,7 @@ class JsonErrorRequest(HTTPRequest):
             super().simple_response(status, msg)
             return
         text = msg.decode("latin-1") if isinstance(msg, bytes) else str(msg or status)
-        body = self.error_body(text)
+        body = self.error_body(text, _KINDS.get(code, "BadRequest"))
         head = [f"{self.server.protocol} {status}", "Content-Type: application/json",
                 f"Content-Length: {len(body)}"]
         if code in ("400", "413", "414"):
@@ -205,7 +273,9 @@ class GatheringConnection(HTTPConnection):
         if _EXPECT_CONTINUE.search(data, 0, end + 2):
             return True  # the client sends its body only after cheroot's 100 Continue
         match = _CONTENT_LENGTH.search(data, 0, end + 2)
-        wanted = min(int(match.group(1)), self.body_limit) if match else 0
+        wanted = int(match.group(1)) if match else 0
+        if wanted > self.body_limit:
+            return True  # answered 413 from the head alone: wait for no body
         return len(data) >= end + len(_HEAD_END) + wanted
 
 
@@ -221,11 +291,12 @@ class DeferredHandshakeAdapter(BuiltinSSLAdapter):
 
 def harden(server: Any, read_deadline_seconds: float = DEFAULT_READ_DEADLINE_SECONDS,
            body_limit: int = 4 << 20,
-           error_body: Callable[[str], bytes] = json_error) -> Any:
+           error_body: Callable[[str, str], bytes] = json_error) -> Any:
     """Make ``server`` (a cheroot ``wsgi.Server``) gather requests before using a worker,
-    refuse malformed headers with a 400, and answer its own errors with ``error_body``."""
+    refuse malformed headers with a 400 and declared bodies over ``body_limit`` with a 413,
+    and answer its own errors with ``error_body(message, kind)``."""
     request_class = type("TandemRequest", (JsonErrorRequest,), {
-        "error_body": staticmethod(error_body)})
+        "error_body": staticmethod(error_body), "body_limit": body_limit})
     server.ConnectionClass = type("TandemConnection", (GatheringConnection,), {
         "read_deadline_seconds": read_deadline_seconds, "body_limit": body_limit,
         "RequestHandlerClass": request_class})

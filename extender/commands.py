@@ -39,7 +39,6 @@ def serve(
     from extender.ops.metrics import Metrics
     from extender.queue import QueueError
     from extender.queue.metrics import QueueMetrics
-    from extender.transport.routes import create_app
     from extender.transport.server import make_server, reload_loop
     from extender.wiring import (
         PredictorSetupError,
@@ -48,6 +47,7 @@ def serve(
         build_predictor,
         build_queue_gate,
         build_source,
+        create_app,
         default_planner,
         predictor_demand_fn,
     )

@@ -20,6 +20,8 @@ from typing import Any
 import yaml
 
 from extender.core import CostPolicy, gpu_type_of
+from extender.core.cost import MAX_PODS_RANGE
+from extender.queue.fair import BETA_RANGE, K_RANGE, QueueConfig
 from predictor.curves import (
     CURVE_KEYS,
     CurveFileError,
@@ -163,18 +165,30 @@ class QueueSettings:
 
     enabled: bool = False
     """Run the gate controller inside ``tandem extender serve`` (while leader)."""
-    k: int = 3
-    """Number of k-means job classes (Horus-f: 3)."""
-    beta: int = 15
-    """Pods released per round, in flight included (Horus testbed: 15)."""
-    starvation_seconds: float = 3600.0
-    """A pod gated at least this long is released ahead of the weighted picks."""
+    fair: QueueConfig = QueueConfig()
+    """``k``, ``beta`` and ``starvation_seconds``: the queue's own knobs, with their one
+    definition of defaults and ranges (``extender.queue.fair.QueueConfig``)."""
     interval_seconds: float = 5.0
     """Time between release rounds."""
     gate_name: str = "tandem.io/queue"
     """The ``spec.schedulingGates`` name the controller removes."""
     namespaces: tuple[str, ...] = ()
     """Namespaces whose pods are queued; empty = all namespaces."""
+
+    @property
+    def k(self) -> int:
+        """Number of k-means job classes (Horus-f: 3)."""
+        return self.fair.k
+
+    @property
+    def beta(self) -> int:
+        """Pods released per round, in flight included (Horus testbed: 15)."""
+        return self.fair.beta
+
+    @property
+    def starvation_seconds(self) -> float:
+        """A pod gated at least this long is released ahead of the weighted picks."""
+        return self.fair.starvation_seconds
 
 
 @dataclass(frozen=True)
@@ -235,7 +249,8 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool
         "token_file": ((str, type(None)), None, ""),
         "token_env": (str, None, ""),
     },
-    "limits": {"max_pods_per_gpu": (int, lambda v: 1 <= v <= 1024, "must be in 1..1024"),
+    "limits": {"max_pods_per_gpu": (int, lambda v: MAX_PODS_RANGE[0] <= v <= MAX_PODS_RANGE[1],
+                                    f"must be in {MAX_PODS_RANGE[0]}..{MAX_PODS_RANGE[1]}"),
                "min_best_effort_slack_percent": ((int, float), lambda v: 0 <= v < 100,
                                                  "must be in [0, 100)"),
                "min_colocation_gain_percent": ((int, float, type(None)),
@@ -272,8 +287,10 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool
         "pair_max_entries": (int, lambda v: 1 <= v <= 100_000, "must be in 1..100000"),
     },
     "queue": {"enabled": (bool, None, ""),
-              "k": (int, lambda v: 1 <= v <= 64, "must be in 1..64"),
-              "beta": (int, lambda v: 1 <= v <= 10_000, "must be in 1..10000"),
+              "k": (int, lambda v: K_RANGE[0] <= v <= K_RANGE[1],
+                    f"must be in {K_RANGE[0]}..{K_RANGE[1]}"),
+              "beta": (int, lambda v: BETA_RANGE[0] <= v <= BETA_RANGE[1],
+                       f"must be in {BETA_RANGE[0]}..{BETA_RANGE[1]}"),
               "starvation_seconds": ((int, float), lambda v: 0 < v < float("inf"),
                                      "must be > 0 and finite"),
               "interval_seconds": ((int, float), lambda v: 0.1 <= v <= 3600,
@@ -287,6 +304,9 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool
                           "must be one of debug, info, warning, error")},
     "reload": {"interval_seconds": ((int, float), lambda v: v > 0, "must be > 0")},
 }
+_POLICY = CostPolicy()
+"""The decision defaults: one definition, in ``extender.core.cost`` (the YAML repeats them
+for readers; tests tie the two)."""
 _COST_KEYS = ("w_mem", "w_util", "default_curve", "curves", "curves_file")
 _CURVE_KEYS = CURVE_KEYS  # documented keys of one curve (docs/configuration.md)
 # Kubernetes' rules for a scheduling gate (a qualified name) and a namespace name.
@@ -415,11 +435,12 @@ def build_config(raw: Any, source_path: str | None = None) -> ExtenderConfig:
         raise ConfigError(problems)
     reports = ReportsConfig(**sections["reports"])
     policy = CostPolicy(
-        w_mem=float(cost.get("w_mem", 1.0)), w_util=float(cost.get("w_util", 1.0)),
+        w_mem=float(cost.get("w_mem", _POLICY.w_mem)),
+        w_util=float(cost.get("w_util", _POLICY.w_util)),
         curves=curves, default_curve=default_curve,
-        max_pods_per_gpu=sections["limits"].get("max_pods_per_gpu", 8),
-        min_best_effort_slack_percent=float(
-            sections["limits"].get("min_best_effort_slack_percent", 10.0)),
+        max_pods_per_gpu=sections["limits"].get("max_pods_per_gpu", _POLICY.max_pods_per_gpu),
+        min_best_effort_slack_percent=float(sections["limits"].get(
+            "min_best_effort_slack_percent", _POLICY.min_best_effort_slack_percent)),
         min_colocation_gain_percent=_optional_float(
             sections["limits"].get("min_colocation_gain_percent", DEFAULT_MIN_COLOCATION_GAIN)),
         max_colocated_util_percent=_optional_float(
@@ -454,12 +475,13 @@ def _learning(section: Mapping[str, Any]) -> LearningConfig:
 
 def _queue_settings(section: Mapping[str, Any]) -> QueueSettings:
     values = dict(section)
-    if "starvation_seconds" in values:
-        values["starvation_seconds"] = float(values["starvation_seconds"])
+    fair = {key: values.pop(key) for key in ("k", "beta", "starvation_seconds") if key in values}
+    if "starvation_seconds" in fair:
+        fair["starvation_seconds"] = float(fair["starvation_seconds"])
     if "interval_seconds" in values:
         values["interval_seconds"] = float(values["interval_seconds"])
     values["namespaces"] = tuple(values.get("namespaces") or ())
-    return QueueSettings(**values)
+    return QueueSettings(fair=QueueConfig(**fair), **values)
 
 
 def _optional_float(value: Any) -> float | None:

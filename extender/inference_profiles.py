@@ -5,7 +5,8 @@ extender, ``tandem plan`` and the agent read the same numbers:
 
 - ``profiles.files``: YAML in the plan-file form (DESIGN ``tandem plan``), a
   ``profiles:`` list of ``{model, gpu_type, linear: {alpha_ms, beta_ms} | table:
-  [[b, ms], ...], memory_mib}``, read by ``profile_from_entry``;
+  [[b, ms], ...], memory_mib}``, read by the one strict parser
+  (``contracts.profilefile``, built by ``predictor.profiles.load_profile_file``);
 - ``profiles.nexus``: Nexus profile files (or directories of ``*.txt``), read by
   ``parse_nexus``. A Nexus file names its GPU as the profiling host printed it
   (``TITAN X (Pascal)``), which is not the type the extender sees, so each entry
@@ -20,34 +21,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
-import yaml
-
+from contracts.profilefile import ProfileFileError
 from extender.config import NexusProfileSource
 from predictor.batching import BatchingProfile, ProfileError
-from predictor.profiles import load_nexus_dir, parse_nexus, profile_from_entry
+from predictor.profiles import (
+    load_nexus_dir,
+    load_profile_file,
+    parse_nexus,
+    profiles_from_document,
+)
 
+__all__ = ["ProfileFileError", "load_nexus_profiles", "load_profiles", "parse_profiles"]
 
-class ProfileFileError(ValueError):
-    """A profile file is unreadable or invalid."""
-
-
-def parse_profiles(raw: Any, where: str) -> dict[tuple[str, str], BatchingProfile]:
-    """Profiles from a decoded ``{profiles: [...]}`` document, keyed (model, gpu_type)."""
-    entries = raw.get("profiles") if isinstance(raw, dict) else None
-    if not isinstance(entries, list):
-        raise ProfileFileError(f"{where}: expected a 'profiles' list")
-    out: dict[tuple[str, str], BatchingProfile] = {}
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, dict):
-            raise ProfileFileError(f"{where}: profiles[{i}]: must be a mapping")
-        try:
-            prof = profile_from_entry(entry, f"{where}: profiles[{i}]")
-        except (TypeError, ValueError, ProfileError) as exc:
-            raise ProfileFileError(str(exc)) from None
-        out[(prof.model, prof.gpu_type)] = prof
-    return out
+parse_profiles = profiles_from_document
+"""Profiles from a decoded ``{profiles: [...]}`` document, keyed (model, gpu_type)."""
 
 
 def load_nexus_profiles(source: NexusProfileSource) -> dict[tuple[str, str], BatchingProfile]:
@@ -57,15 +45,15 @@ def load_nexus_profiles(source: NexusProfileSource) -> dict[tuple[str, str], Bat
         found = (load_nexus_dir(path) if path.is_dir()
                  else [parse_nexus(path.read_text(encoding="utf-8"), str(path))])
     except (OSError, ProfileError, ValueError) as exc:
-        raise ProfileFileError(f"{path}: {exc}") from None
+        raise ProfileFileError(str(path), [str(exc)]) from None
     if not found:
-        raise ProfileFileError(f"{path}: no Nexus profiles (*.txt) found")
+        raise ProfileFileError(str(path), ["no Nexus profiles (*.txt) found"])
     out: dict[tuple[str, str], BatchingProfile] = {}
     for nexus in found:
         try:
             prof = nexus.to_profile(source.gpu_type)
         except (ProfileError, ValueError) as exc:
-            raise ProfileFileError(f"{path}: {nexus.profile_id}: {exc}") from None
+            raise ProfileFileError(str(path), [f"{nexus.profile_id}: {exc}"]) from None
         out[(prof.model, prof.gpu_type)] = prof
     return out
 
@@ -77,9 +65,5 @@ def load_profiles(files: Iterable[str], nexus: Iterable[NexusProfileSource] = ()
     for source in nexus:
         out.update(load_nexus_profiles(source))
     for f in files:
-        try:
-            raw = yaml.safe_load(Path(f).read_text())
-        except (OSError, yaml.YAMLError) as exc:
-            raise ProfileFileError(f"{f}: {exc}") from None
-        out.update(parse_profiles(raw, f))
+        out.update(load_profile_file(f))
     return out

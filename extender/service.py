@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from contracts.state import StateDocument
 from extender.cluster.source import ClusterSource, output_annotations, tandem_annotations
 from extender.config import ConfigHolder
 from extender.core import (
@@ -27,6 +28,7 @@ from extender.core import (
     PodRef,
     ProfileIndex,
     Purpose,
+    Reason,
     ResolvedDemand,
     UtilKnowledge,
     Workload,
@@ -45,9 +47,11 @@ from extender.errors import (
     NotReady,
     PodRejected,
     SourceError,
+    Unauthorized,
 )
 from extender.learning.learner import Learner
 from extender.state.ledger import ClusterState
+from extender.state.reports import DecodedReport, check_token
 from extender.transport.wire import (
     BindingArgs,
     EncodedJson,
@@ -97,6 +101,10 @@ class DemandPredictor(Protocol):
         """Predicted utilisation and memory of one model at one batch size on one GPU type."""
         ...
 
+    def known_digest(self, model_ref: str) -> str | None:
+        """The digest of the file ``model_ref`` last resolved to (keys learned estimates)."""
+        ...
+
 
 def predict_fn(predictor: DemandPredictor) -> Callable[[str, int, str, str],
                                                        tuple[float | None, float, str]]:
@@ -127,13 +135,15 @@ class FilterOutcome:
 
 
 class Extender:
-    """The four scheduler verbs plus agent reports, over a ClusterState and a source."""
+    """The four scheduler verbs, agent reports and state reads, over a ClusterState and a
+    source."""
 
     def __init__(
         self, state: ClusterState, source: ClusterSource, config: ConfigHolder,
         clock: Callable[[], float] = time.monotonic, predictor: DemandPredictor | None = None,
         profiles: Mapping[tuple[str, str], Any] | None = None, planner: PlannerFn | None = None,
         may_bind: Callable[[], bool] = lambda: True, learner: Learner | None = None,
+        environ: Mapping[str, str] | None = None,
     ):
         self.state = state
         self.source = source
@@ -144,6 +154,8 @@ class Extender:
         self._inference = InferenceContext(planner, self._profiles) if planner else None
         self.may_bind = may_bind
         self.learner = learner
+        self._environ = environ
+        """Where ``reports.token_env`` is looked up (None: the process environment)."""
         self._cache: OrderedDict[str, OrderedDict[str, CacheEntry]] = OrderedDict()
         """Per pod UID, per :func:`demand_digest`: what filter resolved."""
         self._cache_lock = threading.Lock()
@@ -214,7 +226,8 @@ class Extender:
             ref, demand = self.demand(args.pod)
         except PodRejected as exc:
             result = filter_result(args, [], {}, {n: str(exc) for n in names})
-            return dict(result), FilterOutcome(0, {"BadPodRequest": len(names)})
+            bad = Reason.BAD_POD_REQUEST.event_reason
+            return dict(result), FilterOutcome(0, {bad: len(names)})
         ev = self.state.evaluate(names, demand, self._inference, Purpose.FILTER)
         failed, unresolvable, reasons = {}, {}, {}
         for name, rej in ev.rejections.items():
@@ -230,7 +243,8 @@ class Extender:
                     failed[name] = (f"tandem: {name} is handing a GPU to {waiting.pod} "
                                     "(device plugin); it takes the next pod once that one "
                                     "is admitted")
-                    reasons["HandoffPending"] = reasons.get("HandoffPending", 0) + 1
+                    pending = Reason.HANDOFF_PENDING.event_reason
+                    reasons[pending] = reasons.get(pending, 0) + 1
         return dict(filter_result(args, passed, failed, unresolvable)), \
             FilterOutcome(len(passed), reasons)
 
@@ -398,3 +412,27 @@ class Extender:
             return {}
         return {node: uids for node, uids in victims.items()
                 if self.state.fits_without(node, uids, demand, self._inference)}
+
+    # ---- agent reports and state reads -----------------------------------------------
+    def authorize_agent(self, authorization: str | None) -> None:
+        """Unauthorized unless ``authorization`` carries the agent token."""
+        check_token(authorization, self.config.current().reports, self._environ)
+
+    def report(self, report: DecodedReport) -> dict[str, int]:
+        """Keep a node's report (soft state) and learn from it; the answer to the agent."""
+        self.state.report(report.node, report.gpus, report.util_percent,
+                          report.memory_used_mib)
+        samples = self.learner.observe(report, self.state.placement_of) \
+            if self.learner is not None and self.config.current().learning.enabled else 0
+        return {"accepted": len(report.gpus), "samples": samples}
+
+    def read_state(self, authorization: str | None, node: str | None = None,
+                   ) -> StateDocument:
+        """``/v1/state``: in full (pod names, annotations, what was learned) for the agent
+        token, redacted for anyone else (docs/security.md); ``node``: that node only."""
+        try:
+            self.authorize_agent(authorization)
+        except Unauthorized:
+            return self.state.document(node=node).redacted_copy()
+        learning = self.learner.view() if self.learner is not None else None
+        return self.state.document(learning, node)

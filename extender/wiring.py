@@ -1,7 +1,9 @@
 """Wiring shared by ``tandem extender serve``, ``queue-gate`` and ``tandem demo``.
 
-Sources, the predictor (with the guard against simulated artifacts), the
-planner, and the weighted-fair queue gate's controller thread.
+The one place an extender process is assembled (:func:`create_app`: learner,
+state, verbs, signer, metrics, routes, then the source starts), sources, the
+predictor (with the guard against simulated artifacts), the planner, and the
+weighted-fair queue gate's controller thread.
 """
 
 from __future__ import annotations
@@ -9,20 +11,66 @@ from __future__ import annotations
 import importlib
 import json
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contracts.logs import get_logger
-from extender.config import PredictorConfig, QueueSettings
+from extender.cluster.source import ClusterSource
+from extender.config import ConfigHolder, PredictorConfig, QueueSettings
 from extender.core.decide import PlannerFn
+
+if TYPE_CHECKING:
+    from flask import Flask
+
+    from extender.ops.metrics import Metrics
+    from extender.service import DemandPredictor
+
+
+def create_app(
+    config: ConfigHolder, source: ClusterSource, clock: Callable[[], float] = time.monotonic, *,
+    predictor: DemandPredictor | None = None,
+    profiles: Mapping[tuple[str, str], Any] | None = None, planner: PlannerFn | None = None,
+    readiness: Iterable[Callable[[], bool]] = (), may_bind: Callable[[], bool] = lambda: True,
+    metrics: Metrics | None = None, environ: Mapping[str, str] | None = None,
+    start_source: bool = True,
+) -> Flask:
+    """One extender process over ``source``: learner, state, the verbs, the placement signer,
+    metrics and routes; starts the source unless told not to."""
+    from extender.learning.learner import build_learner
+    from extender.ops.metrics import Metrics
+    from extender.service import Extender
+    from extender.state.ledger import ClusterState
+    from extender.state.signing import load_signer
+    from extender.transport.routes import build_routes
+
+    current = config.current()
+    learner = build_learner(current.learning, source, may_bind,
+                            lambda gpu_type: config.policy().curve_for(gpu_type),
+                            predictor.known_digest if predictor is not None else None)
+    state = ClusterState(lambda: learner.policy(config.policy(), config.current().learning),
+                         clock, current.state.assume_ttl_seconds)
+    ext = Extender(state, source, config, clock, predictor, profiles, planner, may_bind, learner,
+                   environ)
+    metrics = metrics or Metrics()
+    metrics.watch_state(state.gpu_rows, lambda: state.synced)
+    metrics.watch_learning(learner.curves.view, learner.stats)
+    if source.signs_placements:
+        source.use_signer(load_signer(current.state, environ, current.reports),
+                          lambda problem: metrics.untrusted_placements.labels(problem).inc())
+    app = build_routes(ext, metrics, config, readiness)
+    if start_source:
+        source.start(state)
+    return app
 
 
 class SourceSpecError(ValueError):
     """``--cluster`` is neither ``kube`` nor ``sim:FILE``."""
 
 
-def build_source(spec: str) -> Any:
+def build_source(spec: str) -> ClusterSource:
     """The cluster source for ``--cluster kube|sim:FILE``."""
     if spec == "kube":
         from extender.cluster.kube import KubeSource
@@ -124,12 +172,10 @@ def gate_config(settings: QueueSettings, *, k: int | None = None, beta: int | No
 
     Raises ``extender.queue.QueueError`` when an override is out of range.
     """
-    from extender.queue.fair import QueueConfig
     from extender.queue.gate import GateConfig
 
-    queue = QueueConfig(k=settings.k if k is None else k,
-                        beta=settings.beta if beta is None else beta,
-                        starvation_seconds=settings.starvation_seconds)
+    queue = replace(settings.fair, k=settings.k if k is None else k,
+                    beta=settings.beta if beta is None else beta)
     return GateConfig(queue=queue, gate_name=settings.gate_name,
                       namespaces=settings.namespaces,
                       interval_seconds=(settings.interval_seconds if interval_seconds is None

@@ -48,8 +48,7 @@ def plan_command(
     """Plan GPUs for inference sessions: gpu_count, duty cycles, batches, occupancy."""
     import dataclasses
 
-    import yaml
-
+    from contracts.profilefile import ProfileFileError, load_yaml
     from planner.options import HarpagonOptions
     from planner.plan import plan
     from planner.planfile import parse_plan
@@ -60,9 +59,9 @@ def plan_command(
     except OSError as exc:
         _fail([f"{file}: cannot read ({exc.strerror or exc})"])
     try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        _fail([f"{file}: not valid YAML: {exc}"])
+        doc = load_yaml(text, str(file))  # the profile files' loader: a key twice is refused
+    except ProfileFileError as exc:
+        _fail([f"{file}: not valid YAML: {p}" for p in exc.problems])
     base = HarpagonOptions.harpagon() if harpagon else HarpagonOptions()
 
     def read_text(where: str) -> str:

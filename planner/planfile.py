@@ -9,17 +9,17 @@ path (``profiles[2].linear.alpha_ms: must be > 0``) and raised at once as
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from contracts import profilefile as pf
 from planner.options import SWITCHES, GpuType, HarpagonOptions
 from planner.query import QueryModule, QuerySpec
 from planner.types import PlanFileError, SessionSpec
-from predictor.batching import BatchingProfile, ProfileError
-from predictor.profiles import parse_nexus
+from predictor.batching import BatchingProfile
+from predictor.profiles import build_profiles
 
 ReadText = Callable[[str], str]
 """Reads a file a plan refers to (path as written); raises OSError if it cannot."""
@@ -39,41 +39,7 @@ class PlanSpec:
     options: HarpagonOptions
 
 
-def _number(value: Any, path: str, problems: list[str], *, positive: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        problems.append(f"{path}: expected a finite number, got {value!r}")
-        return math.nan
-    if positive and value <= 0:
-        problems.append(f"{path}: must be > 0, got {value!r}")
-    elif value < 0:
-        problems.append(f"{path}: must be >= 0, got {value!r}")
-    return float(value)
-
-
-def _name(value: Any, path: str, problems: list[str]) -> str:
-    if not isinstance(value, str) or not value:
-        problems.append(f"{path}: expected a non-empty string, got {value!r}")
-        return ""
-    return value
-
-
-def _mapping(value: Any, path: str, problems: list[str]) -> dict:
-    if not isinstance(value, dict):
-        problems.append(f"{path}: expected a mapping, got {type(value).__name__}")
-        return {}
-    return value
-
-
-def _list(value: Any, path: str, problems: list[str]) -> list:
-    if not isinstance(value, list):
-        problems.append(f"{path}: expected a list, got {type(value).__name__}")
-        return []
-    return value
-
-
-def _unknown(entry: dict, allowed: set[str], path: str, problems: list[str]) -> None:
-    for key in sorted(set(entry) - allowed, key=str):
-        problems.append(f"{path}.{key}: unknown key (allowed: {', '.join(sorted(allowed))})")
+_number, _name, _mapping, _list, _unknown = pf.number, pf.name, pf.mapping, pf.listing, pf.unknown
 
 
 def parse_plan(
@@ -117,102 +83,21 @@ def _gpu_types(raw: Any, problems: list[str]) -> tuple[GpuType, ...]:
     return tuple(out)
 
 
-def _nexus(
-    entry: dict, path: str, problems: list[str], read_text: ReadText | None
-) -> BatchingProfile | None:
-    """A ``nexus_profile: PATH`` entry through the predictor's one Nexus parser."""
-    where = entry.get("nexus_profile")
-    if not isinstance(where, str) or not where:
-        problems.append(f"{path}.nexus_profile: expected a file path, got {where!r}")
-        return None
-    if read_text is None:
-        problems.append(f"{path}.nexus_profile: no file reader given to resolve {where!r}")
-        return None
-    try:
-        text = read_text(where)
-    except OSError as exc:
-        problems.append(f"{path}.nexus_profile: cannot read {where} ({exc.strerror or exc})")
-        return None
-    try:
-        nexus = parse_nexus(text, where)
-        gpu = entry.get("gpu_type") if isinstance(entry.get("gpu_type"), str) else None
-        profile = nexus.to_profile(gpu)
-    except ProfileError as exc:
-        problems.append(f"{path}.nexus_profile: {exc}")
-        return None
-    model = entry.get("model", profile.model)
-    memory = entry.get("memory_mib", profile.memory_mib)
-    if isinstance(memory, bool) or not isinstance(memory, int | float):
-        memory = profile.memory_mib  # already reported by the caller
-    return dataclasses.replace(profile, model=str(model), memory_mib=float(memory))
-
-
 def _profiles(
     raw: Any, types: set[str], problems: list[str], read_text: ReadText | None = None
 ) -> tuple[dict[tuple[str, str], BatchingProfile], dict[tuple[str, str], tuple[int, ...]]]:
-    profiles: dict[tuple[str, str], BatchingProfile] = {}
+    """The ``profiles:`` section through the one strict profile parser; a plan also checks
+    each GPU type against ``gpu_types`` and keeps the ``batches`` restrictions."""
+    entries = pf.parse_entries(raw, problems)
+    built: dict[str, BatchingProfile] = {}
+    profiles = build_profiles(entries, problems, read_text, built)
     allowed: dict[tuple[str, str], tuple[int, ...]] = {}
-    keys = {"model", "gpu_type", "linear", "table", "memory_mib", "max_batch", "batches"}
-    for i, entry in enumerate(_list(raw, "profiles", problems)):
-        path = f"profiles[{i}]"
-        entry = _mapping(entry, path, problems)
-        if not entry:
-            continue
-        if "nexus_profile" in entry:
-            _unknown(entry, {"model", "gpu_type", "memory_mib", "nexus_profile"}, path, problems)
-            _number(entry.get("memory_mib", 1.0), f"{path}.memory_mib", problems, positive=False)
-            nexus = _nexus(entry, path, problems, read_text)
-            if nexus is not None:
-                if nexus.gpu_type not in types:
-                    problems.append(f"{path}.gpu_type: {nexus.gpu_type!r} is not in gpu_types")
-                elif (nexus.model, nexus.gpu_type) in profiles:
-                    problems.append(
-                        f"{path}: duplicate profile for ({nexus.model}, {nexus.gpu_type})"
-                    )
-                else:
-                    profiles[(nexus.model, nexus.gpu_type)] = nexus
-            continue
-        _unknown(entry, keys, path, problems)
-        model = _name(entry.get("model"), f"{path}.model", problems)
-        gpu = _name(entry.get("gpu_type"), f"{path}.gpu_type", problems)
+    for e in entries:
+        gpu = built[e.path].gpu_type if e.path in built else e.gpu_type
         if gpu and gpu not in types:
-            problems.append(f"{path}.gpu_type: {gpu!r} is not in gpu_types")
-        memory = _number(entry.get("memory_mib", 0), f"{path}.memory_mib", problems, positive=False)
-        if ("linear" in entry) == ("table" in entry):
-            problems.append(f"{path}: give exactly one of linear or table")
-            continue
-        if (model, gpu) in profiles:
-            problems.append(f"{path}: duplicate profile for ({model}, {gpu})")
-        before = len(problems)
-        try:
-            if "linear" in entry:
-                lin = _mapping(entry["linear"], f"{path}.linear", problems)
-                _unknown(lin, {"alpha_ms", "beta_ms"}, f"{path}.linear", problems)
-                alpha = _number(lin.get("alpha_ms"), f"{path}.linear.alpha_ms", problems)
-                beta = _number(
-                    lin.get("beta_ms"), f"{path}.linear.beta_ms", problems, positive=False
-                )
-                max_batch = entry.get("max_batch", 512)
-                if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
-                    problems.append(f"{path}.max_batch: expected an integer >= 1")
-                if len(problems) == before:
-                    profiles[(model, gpu)] = BatchingProfile.linear(
-                        model, gpu, alpha, beta, memory, max_batch
-                    )
-            else:
-                rows = _list(entry["table"], f"{path}.table", problems)
-                if len(problems) == before:
-                    profiles[(model, gpu)] = BatchingProfile.from_table(model, gpu, rows, memory)
-        except ProfileError as exc:
-            problems.append(f"{path}: {exc}")
-        except (TypeError, ValueError) as exc:
-            problems.append(f"{path}: {exc}")
-        if "batches" in entry:
-            batches = _list(entry["batches"], f"{path}.batches", problems)
-            if not batches or not all(isinstance(b, int) and b >= 1 for b in batches):
-                problems.append(f"{path}.batches: expected a non-empty list of integers >= 1")
-            else:
-                allowed[(model, gpu)] = tuple(sorted(set(batches)))
+            problems.append(f"{e.path}.gpu_type: {gpu!r} is not in gpu_types")
+        if e.batches is not None and e.model and gpu:
+            allowed[(e.model, gpu)] = e.batches
     return profiles, allowed
 
 

@@ -315,7 +315,7 @@ def _or_unknown(util: float | None) -> str:
 def export_observations_command(
     source: str = typer.Argument(
         ..., help="Learning document: the tandem-learning ConfigMap's observations.json, "
-        "a saved GET /v1/state answer, or - for stdin."),
+        "a saved GET /v1/state answer (read with the agent token), or - for stdin."),
     out: Path = typer.Option(DEFAULT_DATA, "--out", help="training_data/ root to write into."),
     min_samples: int = typer.Option(1, "--min-samples", min=1,
                                     help="Leave out estimates with fewer samples."),

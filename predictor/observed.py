@@ -23,51 +23,48 @@ memory, which ``isolated.csv`` requires, so they sit beside it rather than in it
 from __future__ import annotations
 
 import csv
-import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from contracts.learningdoc import LearningDocumentError, decode_entries
+from contracts.state import StateDocumentError, decode_state
 
 OBSERVED_FILE = "observed.csv"
 OBSERVED_COLUMNS: tuple[str, ...] = (
     "model", "workload", "batch_size", "gpu_product", "util_mean_percent",
     "util_stddev_percent", "n_samples", "updated_at", "model_digest",
 )
-DIGEST_PREFIX = "sha256:"
 _SAFE_DIR = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
-class ObservationDocumentError(ValueError):
-    """The learning document does not have the expected shape."""
+ObservationDocumentError = LearningDocumentError
+"""The learning document (or an ``observed.csv``) does not have the expected shape."""
 
 
 def observed_rows(doc: Any, min_samples: int = 1) -> list[dict[str, Any]]:
     """``observed.csv`` rows from a learning document (or a ``/v1/state`` document)."""
-    if isinstance(doc, Mapping) and isinstance(doc.get("learning"), Mapping):
-        doc = doc["learning"]  # GET /v1/state carries the document under "learning"
+    if isinstance(doc, Mapping) and "nodes" in doc:  # GET /v1/state: under "learning"
+        try:
+            doc = decode_state(doc).learning
+        except StateDocumentError as exc:
+            raise ObservationDocumentError(f"not a /v1/state document: {exc}") from None
+        if doc is None:
+            raise ObservationDocumentError(
+                "this /v1/state answer has no 'learning': it was read without the agent token")
     if not isinstance(doc, Mapping) or not isinstance(doc.get("alone"), list):
         raise ObservationDocumentError("expected a learning document with an 'alone' list")
     rows = []
-    for i, e in enumerate(doc["alone"]):
-        try:
-            key = str(e["model"])  # the learning key: a file digest or a reference
-            row = {"model": str(e.get("reference") or key), "workload": str(e["workload"]),
-                   "batch_size": int(e["batch_size"]), "gpu_product": str(e["gpu_type"]),
-                   "util_mean_percent": float(e["util_percent"]),
-                   "util_stddev_percent": float(e["stddev_percent"]),
-                   "n_samples": int(e["samples"]), "updated_at": float(e["updated_at"]),
-                   "model_digest": key.removeprefix(DIGEST_PREFIX)
-                   if key.startswith(DIGEST_PREFIX) else ""}
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ObservationDocumentError(f"alone[{i}]: {exc!r}") from None
-        if row["workload"] not in ("training", "inference") or row["batch_size"] < 1 \
-                or not 0 <= row["util_mean_percent"] <= 100 \
-                or not math.isfinite(row["util_stddev_percent"]) \
-                or not _SAFE_DIR.fullmatch(row["gpu_product"]):
-            raise ObservationDocumentError(f"alone[{i}]: out of range or unsafe GPU type")
-        if row["n_samples"] >= min_samples:
-            rows.append(row)
+    for i, e in enumerate(decode_entries(doc["alone"], "alone")):
+        if not _SAFE_DIR.fullmatch(e.gpu_type):  # it names a directory of training_data/
+            raise ObservationDocumentError(f"alone[{i}]: unsafe GPU type {e.gpu_type!r}")
+        if e.samples >= min_samples:
+            rows.append({"model": e.reference or e.model, "workload": e.workload,
+                         "batch_size": e.batch_size, "gpu_product": e.gpu_type,
+                         "util_mean_percent": e.util_percent,
+                         "util_stddev_percent": e.stddev_percent, "n_samples": e.samples,
+                         "updated_at": e.updated_at, "model_digest": e.digest})
     return sorted(rows, key=lambda r: (r["gpu_product"], r["model"], r["workload"],
                                        r["batch_size"]))
 

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from contracts.gpus import gpu_type_of
 from predictor.batching import BatchingProfile
 from predictor.dataset import read_table
 from predictor.profiles import NEXUS_MARGIN, Margin
@@ -24,11 +25,6 @@ from predictor.profiles import NEXUS_MARGIN, Margin
 
 class ConvertError(ValueError):
     """The rows cannot be converted as asked (ambiguous rename, no rows)."""
-
-
-def gpu_type_of(product: str) -> str:
-    """Canonical GPU type of a product string, as the extender names it (spaces as dashes)."""
-    return "-".join(product.strip().split())
 
 
 def profile_entries(

@@ -7,7 +7,8 @@ Sources:
   pre/post-processing sections. Nexus plans with ``(mean + std) * 1.15``; that is
   ``NEXUS_MARGIN``, a parameter here, recorded on every loaded profile.
 - Plan-file ``profiles:`` entries (DESIGN.md): ``{model, gpu_type, linear:
-  {alpha_ms, beta_ms} | table: [[b, ms], ...], memory_mib}``.
+  {alpha_ms, beta_ms} | table: [[b, ms], ...], memory_mib}``, checked by the one
+  strict parser ``contracts.profilefile`` and built here (``build_profiles``).
 - ``training_data/<gpu>/batching.csv`` rows (``predictor.dataset``).
 
 ``fit_linear`` fits ``l(b) = alpha*b + beta`` by least squares and reports R^2.
@@ -16,11 +17,17 @@ Sources:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from contracts.profilefile import (
+    ProfileEntry,
+    ProfileFileError,
+    parse_document,
+    read_profile_file,
+)
 from predictor.batching import BatchingProfile, ProfileError
 from predictor.errors import ProfileNotFound
 
@@ -168,24 +175,91 @@ def load_nexus_dir(directory: Path) -> list[NexusProfile]:
     ]
 
 
-def profile_from_entry(entry: Mapping[str, Any], path: str = "profiles[]") -> BatchingProfile:
-    """A plan-file ``profiles:`` entry (linear or table) as a BatchingProfile."""
+def build_profiles(entries: Iterable[ProfileEntry], problems: list[str],
+                   read_text: Callable[[str], str] | None = None,
+                   by_entry: dict[str, BatchingProfile] | None = None,
+                   ) -> dict[tuple[str, str], BatchingProfile]:
+    """The BatchingProfile of each checked entry (``contracts.profilefile``), keyed
+    ``(model, gpu_type)``; each problem (a table's rows, a Nexus file, a second profile
+    for one key) appended with the entry's path. ``read_text`` reads a ``nexus_profile``
+    path as written; without it such an entry is a problem. ``by_entry`` receives each
+    built profile under its entry's path."""
+    out: dict[tuple[str, str], BatchingProfile] = {}
+    for e in entries:
+        try:
+            if e.nexus_profile is not None:
+                profile = _from_nexus(e, problems, read_text)
+            elif e.linear is not None:
+                assert e.model is not None and e.gpu_type is not None
+                profile = BatchingProfile.linear(e.model, e.gpu_type, *e.linear,
+                                                 e.memory_mib or 0.0, e.max_batch)
+            else:
+                assert e.model is not None and e.gpu_type is not None
+                profile = BatchingProfile.from_table(e.model, e.gpu_type, list(e.table or ()),
+                                                     e.memory_mib or 0.0)
+        except (ProfileError, TypeError, ValueError) as exc:
+            problems.append(f"{e.path}: {exc}")
+            continue
+        if profile is None:
+            continue
+        if by_entry is not None:
+            by_entry[e.path] = profile
+        key = (profile.model, profile.gpu_type)
+        if key in out:
+            problems.append(f"{e.path}: duplicate profile for ({key[0]}, {key[1]})")
+        else:
+            out[key] = profile
+    return out
+
+
+def _from_nexus(e: ProfileEntry, problems: list[str],
+                read_text: Callable[[str], str] | None) -> BatchingProfile | None:
+    """A ``nexus_profile: PATH`` entry through the one Nexus parser."""
+    where = e.nexus_profile or ""
+    if read_text is None:
+        problems.append(f"{e.path}.nexus_profile: no file reader given to resolve {where!r}")
+        return None
     try:
-        model, gpu = str(entry["model"]), str(entry["gpu_type"])
-    except KeyError as exc:
-        raise ProfileError(f"{path}: missing key {exc.args[0]!r}") from exc
-    memory = float(entry.get("memory_mib", 0.0))
-    if ("linear" in entry) == ("table" in entry):
-        raise ProfileError(f"{path}: give exactly one of 'linear' or 'table'")
-    if "linear" in entry:
-        lin = entry["linear"]
-        if not isinstance(lin, Mapping) or not {"alpha_ms", "beta_ms"} <= set(lin):
-            raise ProfileError(f"{path}.linear: needs alpha_ms and beta_ms")
-        kwargs = {"max_batch": int(entry["max_batch"])} if "max_batch" in entry else {}
-        return BatchingProfile.linear(
-            model, gpu, float(lin["alpha_ms"]), float(lin["beta_ms"]), memory, **kwargs
-        )
-    return BatchingProfile.from_table(model, gpu, entry["table"], memory)
+        text = read_text(where)
+    except OSError as exc:
+        problems.append(f"{e.path}.nexus_profile: cannot read {where} ({exc.strerror or exc})")
+        return None
+    try:
+        profile = parse_nexus(text, where).to_profile(e.gpu_type)
+    except ProfileError as exc:
+        problems.append(f"{e.path}.nexus_profile: {exc}")
+        return None
+    memory = profile.memory_mib if e.memory_mib is None else e.memory_mib
+    return replace(profile, model=e.model or profile.model, memory_mib=float(memory))
+
+
+def profiles_from_document(doc: Any, where: str,
+                           read_text: Callable[[str], str] | None = None,
+                           ) -> dict[tuple[str, str], BatchingProfile]:
+    """Every profile of a decoded ``profiles:`` document, keyed ``(model, gpu_type)``;
+    ``ProfileFileError`` listing every problem."""
+    problems: list[str] = []
+    found = build_profiles(parse_document(doc, where), problems, read_text)
+    if problems:
+        raise ProfileFileError(where, problems)
+    return found
+
+
+def load_profile_file(path: Path | str) -> dict[tuple[str, str], BatchingProfile]:
+    """Every profile of a ``profiles:`` YAML file (:func:`profiles_from_document`);
+    ``nexus_profile`` paths are relative to the file's folder."""
+    entries = read_profile_file(path)
+    base = Path(path).parent
+
+    def read_text(where: str) -> str:
+        target = Path(where)
+        return (target if target.is_absolute() else base / target).read_text("utf-8")
+
+    problems: list[str] = []
+    found = build_profiles(entries, problems, read_text)
+    if problems:
+        raise ProfileFileError(str(path), problems)
+    return found
 
 
 def profiles_from_batching_rows(

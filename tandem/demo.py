@@ -22,6 +22,7 @@ from typing import Any
 import typer
 
 from contracts import annotations as keys
+from contracts.state import STATE_PATH, StateDocument, decode_state
 from tandem.demo_render import render
 
 HERE = Path(__file__).parent
@@ -103,9 +104,8 @@ def _run_demo(seed: int, store: Path) -> dict[str, Any]:
     from extender.cluster.sim import DEFAULT_CLUSTER, SimSource
     from extender.config import ConfigHolder, load_config
     from extender.inference_profiles import load_profiles
-    from extender.transport.routes import create_app
     from extender.transport.server import start_background
-    from extender.wiring import default_planner
+    from extender.wiring import create_app, default_planner
     from predictor.api import Predictor
 
     started = time.perf_counter()
@@ -135,7 +135,7 @@ def _run_demo(seed: int, store: Path) -> dict[str, Any]:
                 placements.append(schedule_one(http, pod, names, sim))
                 cycles_ms.append(1000.0 * (time.perf_counter() - cycle))
                 agents.post(http)
-            state = http.get("/v1/state").json()
+            state = decode_state(http.get(STATE_PATH, headers=agents.headers).json())
     finally:
         server.stop()
     summary = summarise(placements, state)
@@ -203,30 +203,30 @@ def _main_reason(reasons: dict[str, str]) -> str:
     return " | ".join(f"{len(nodes)} node(s): {text}" for text, nodes in ordered)
 
 
-def summarise(placements: list[dict[str, Any]], state: dict[str, Any]) -> dict[str, Any]:
+def summarise(placements: list[dict[str, Any]], state: StateDocument) -> dict[str, Any]:
     """GPUs used, per-GPU predicted and observed utilisation, rejected pods and why."""
     gpus = []
-    for node, info in sorted(state["nodes"].items()):
-        for g in info["gpus"]:
-            gpus.append({"node": node, "index": g["index"], "product": g["product"],
-                         "role": _role(g["pods"]),
-                         "predicted_util_percent": round(g["predicted_util"], 1),
-                         "observed_util_percent": None if g["observed_util"] is None
-                         else round(g["observed_util"], 1),
-                         "reserved_mib": round(g["reserved_mib"]),
-                         "memory_mib": g["memory_mib"],
-                         "pods": [p["pod"].split("/", 1)[1] for p in g["pods"]]})
+    for node in sorted(state.nodes, key=lambda n: n.name):
+        for g in node.gpus:
+            gpus.append({"node": node.name, "index": g.index, "product": g.product,
+                         "role": _role([p.workload for p in g.pods]),
+                         "predicted_util_percent": round(g.predicted_util, 1),
+                         "observed_util_percent": None if g.observed_util is None
+                         else round(g.observed_util, 1),
+                         "reserved_mib": round(g.reserved_mib),
+                         "memory_mib": g.memory_mib,
+                         "pods": [p.name for p in g.pods]})
     used = [g for g in gpus if g["pods"]]
     rejected = [{"pod": p["pod"], "reason": p["reason"]} for p in placements
                 if p["outcome"] != "placed"]
-    return {"nodes_total": len(state["nodes"]), "gpus_total": len(gpus), "gpus_used": len(used),
+    return {"nodes_total": len(state.nodes), "gpus_total": len(gpus), "gpus_used": len(used),
             "pods_placed": sum(p["outcome"] == "placed" for p in placements),
             "pods_rejected": len(rejected), "gpus": gpus, "rejected": rejected}
 
 
-def _role(pods: list[dict[str, Any]]) -> str:
+def _role(workloads: list[str]) -> str:
     """``serving`` (hosts inference sessions), ``training`` or ``idle``."""
-    kinds = {p["workload"] for p in pods}
+    kinds = set(workloads)
     return "serving" if "inference" in kinds else "training" if kinds else "idle"
 
 
@@ -256,13 +256,12 @@ class SimAgents:
             def provider() -> list[Any]:
                 jobs = []
                 for pod in sim.pods():
-                    ann = pod["metadata"].get("annotations", {})
-                    if pod.get("spec", {}).get("nodeName") != node or keys.GPU_INDEX not in ann:
+                    out = keys.decode_outputs(pod["metadata"].get("annotations", {}))
+                    if pod.get("spec", {}).get("nodeName") != node or out is None:
                         continue
-                    for idx in ann[keys.GPU_INDEX].split(","):
-                        jobs.append(SimJob(int(idx), pod["metadata"]["uid"],
-                                           float(ann[keys.PREDICTED_UTIL]),
-                                           int(float(ann[keys.PREDICTED_MEM_MIB]))))
+                    for idx in out.gpu_indices:
+                        jobs.append(SimJob(idx, pod["metadata"]["uid"], out.util_percent,
+                                           int(out.mem_mib)))
                 return jobs
             return provider
 
@@ -273,9 +272,14 @@ class SimAgents:
                                                   seed=seed)
         return cls(sources, build_report, token)
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """The agent token, as agents send it (reports, the full ``/v1/state``)."""
+        return {"Authorization": f"Bearer {self.token}"}
+
     def post(self, http: Any) -> None:
         """Post one report per node."""
         for node, source in self.sources.items():
             report = self.build_report(node, source.sample(1.0))
             http.post("/v1/agents/report", json=report,
-                      headers={"Authorization": f"Bearer {self.token}"})
+                      headers=self.headers)

@@ -29,10 +29,11 @@ from extender.core import (
 )
 from extender.inference_profiles import parse_profiles
 from extender.ops.metrics import Metrics
-from extender.transport.routes import create_app
-from extender.wiring import default_planner
+from extender.wiring import create_app, default_planner
 
 TOKEN = "s3cret-token"
+AGENT_AUTH = {"Authorization": f"Bearer {TOKEN}"}
+"""What agents send: the full ``/v1/state`` (pod names, annotations, learning)."""
 _uids = itertools.count()
 
 A100 = "NVIDIA-A100-SXM4-40GB"

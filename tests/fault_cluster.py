@@ -20,7 +20,7 @@ from kubernetes import client
 from extender.cluster.kube import KubeSource, PlainWatch
 from extender.cluster.source import DONE_PHASES
 from extender.config import ConfigHolder, build_config
-from extender.transport.routes import create_app
+from extender.wiring import create_app
 
 GPUS_PER_NODE = 2
 GPU_MIB = 40960

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import numpy as np
-from extender_builders import TOKEN, make_app
+from extender_builders import AGENT_AUTH, TOKEN, make_app
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from server_helpers import running_tiny_runtime
@@ -256,7 +256,7 @@ class Harness:
         self._runtime_gen.close()
 
     def _extender_state(self) -> Any:
-        return self.extender.test_client().get("/v1/state").get_json()
+        return self.extender.test_client().get("/v1/state", headers=AGENT_AUTH).get_json()
 
     def _sessions(self) -> Any:
         return sorted((s["name"], s.get("slo_ms"), s.get("weight"))

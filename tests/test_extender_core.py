@@ -85,7 +85,7 @@ def test_every_reason_has_code_event_and_mapping(reason):
     assert isinstance(is_unresolvable(reason), bool)
     resolvable = {Reason.INSUFFICIENT_GPU_MEMORY, Reason.COLOCATION_LIMIT,
                   Reason.COLOCATION_SLOWDOWN, Reason.WORKLOAD_CONFLICT, Reason.SLO_INFEASIBLE,
-                  Reason.NO_BEST_EFFORT_SLACK}
+                  Reason.NO_BEST_EFFORT_SLACK, Reason.HANDOFF_PENDING}
     assert is_unresolvable(reason) == (reason not in resolvable)
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from extender_builders import args, binding, make_app, node, pod, tiny_model
+from extender_builders import AGENT_AUTH, args, binding, make_app, node, pod, tiny_model
 
 from agent.node.extender_view import parse_node_view
 from agent.node.sessions import desired_sessions
@@ -54,7 +54,7 @@ def test_agent_reads_session_fields_from_the_extenders_state(
     bind_through(app.test_client(), session_pod, "n1")
     if restart:  # a new process rebuilds the ledger from the pods' annotations
         app, *_ = make_app(source=source)
-    document = app.test_client().get("/v1/state").get_json()
+    document = app.test_client().get("/v1/state", headers=AGENT_AUTH).get_json()
     (entry,) = [p for g in document["nodes"]["n1"]["gpus"] for p in g["pods"]]
     assert entry["annotations"]["tandem.io/model"] == "resnet50"
     inputs = session_pod["metadata"]["annotations"]
@@ -73,7 +73,8 @@ def test_state_shows_only_tandem_annotations() -> None:
     p["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"] = "{}"
     source.create_pod(p)
     bind_through(app.test_client(), p, "n1")
-    (entry,) = app.test_client().get("/v1/state").get_json()["nodes"]["n1"]["gpus"][0]["pods"]
+    document = app.test_client().get("/v1/state", headers=AGENT_AUTH).get_json()
+    (entry,) = document["nodes"]["n1"]["gpus"][0]["pods"]
     assert not any(k.startswith("kubectl") for k in entry["annotations"])
 
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 from bench_modules import fake_kube_api
-from extender_builders import PodBuilder, demand, placement
+from extender_builders import AGENT_AUTH, TOKEN, PodBuilder, demand, placement
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -15,7 +15,7 @@ from extender.cluster.kube import KubeSource, PlainWatch, node_spec
 from extender.config import ConfigHolder, build_config
 from extender.core import PodRef
 from extender.state.signing import PlacementSigner
-from extender.transport.routes import create_app
+from extender.wiring import create_app
 
 GFD = {"nvidia.com/gpu.count": "2", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
        "nvidia.com/gpu.memory": "40960"}
@@ -23,7 +23,7 @@ BOUND = {"tandem.io/gpu-index": "1", "tandem.io/predicted-gpu-util": "40.00",
          "tandem.io/predicted-gpu-mem-mib": "30000"}
 DEMAND = {"tandem.io/gpu-util": "20", "tandem.io/gpu-mem-mib": "5000"}
 KEY = "test-signing-key-0123456789"
-SIGNED_ENV = {"TANDEM_SIGNING_KEY": KEY}
+SIGNED_ENV = {"TANDEM_SIGNING_KEY": KEY, "TANDEM_AGENT_TOKEN": TOKEN}
 
 
 def signed(uid, node, annotations):
@@ -106,7 +106,7 @@ def test_node_inventory_from_gfd_labels(labels, gpus):
 
 def test_sync_rebuilds_placements_from_annotations(api, fake):
     app, _ = make(api)
-    state = app.test_client().get("/v1/state").get_json()
+    state = app.test_client().get("/v1/state", headers=AGENT_AUTH).get_json()
     gpus = state["nodes"]["gpu-1"]["gpus"]
     assert gpus[1]["reserved_mib"] == 30000 and gpus[0]["reserved_mib"] == 0
     assert state["nodes"]["cpu-1"]["gpus"] == [] and state["placed"] == 1

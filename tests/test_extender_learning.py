@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from bench_modules import running_api
-from extender_builders import TOKEN, args, binding, make_app, node, pod
+from extender_builders import AGENT_AUTH, TOKEN, args, binding, make_app, node, pod
 
 from contracts.annotations import BindOutputs, decode_outputs, encode_outputs
 from extender.config import LearningConfig
@@ -27,6 +27,9 @@ class MemoryOnlyPredictor:
     def predict(self, model_ref: str, batch_size: int, gpu_type: str | None, workload: str):
         return SimpleNamespace(gpu_util_percent=None, gpu_mem_mib=1000.0,
                                source="unknown+mem:no-overhead")
+
+    def known_digest(self, model_ref: str) -> str | None:
+        return None
 
 
 def report(gpu_procs: dict[int, list[dict[str, Any]]], util: float = 37.0) -> dict[str, Any]:
@@ -67,7 +70,7 @@ def test_reports_move_a_model_from_cold_start_to_observed() -> None:
     third = place(c, source, pod("c", uid="uid-c", model="m.onnx"))
     assert third["tandem.io/prediction-source"] == "observed:5+mem:no-overhead"
     assert third["tandem.io/predicted-gpu-util"] == "37.00"  # alone: the GPU's utilisation
-    learned = c.get("/v1/state").get_json()["learning"]
+    learned = c.get("/v1/state", headers=AGENT_AUTH).get_json()["learning"]
     assert [(e["model"], e["gpu_type"], e["samples"]) for e in learned["alone"]] == [
         ("m.onnx", A100, 5)]
 

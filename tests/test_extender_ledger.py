@@ -8,6 +8,7 @@ import pytest
 from extender_builders import (
     A100,
     A100_MIB,
+    AGENT_AUTH,
     H100,
     NodeBuilder,
     PodBuilder,
@@ -24,8 +25,9 @@ from extender_builders import (
 from extender.cluster.sim import SimSource, parse_cluster
 from extender.config import ConfigHolder, build_config
 from extender.core import CostPolicy, GpuSpec, Placement, SessionSpec, Workload
+from extender.errors import BindConflict
 from extender.state.ledger import ClusterState
-from extender.transport.routes import create_app
+from extender.wiring import create_app
 
 
 @pytest.mark.parametrize(("mem", "feasible"), [(8000, 5), (13000, 3), (41000, 0)],
@@ -54,7 +56,8 @@ def test_concurrent_binds_never_overcommit(mem, feasible):
     # 40960 MiB GPU: exactly floor(40960 / mem) binds fit (co-location limit 8 not reached)
     assert sum(e == "" for e in results) == feasible
     assert all("no longer fits" in e for e in results if e)
-    gpu = app.test_client().get("/v1/state").get_json()["nodes"]["n1"]["gpus"][0]
+    state = app.test_client().get("/v1/state", headers=AGENT_AUTH).get_json()
+    gpu = state["nodes"]["n1"]["gpus"][0]
     assert gpu["reserved_mib"] == feasible * mem <= 40960
 
 
@@ -67,11 +70,11 @@ def test_restart_rebuilds_from_annotations_without_loss_or_double_booking():
         source.create_pod(p)
         names = client.post("/filter", json=args(p, ["n1", "n2"])).get_json()["NodeNames"]
         assert client.post("/bind", json=binding(p, names[0])).get_json() == {"Error": ""}
-    before = client.get("/v1/state").get_json()
+    before = client.get("/v1/state", headers=AGENT_AUTH).get_json()
 
     # a new process: fresh app and state over the same "API server"
     app2, ext2, *_ = make_app(source=source)
-    after = app2.test_client().get("/v1/state").get_json()
+    after = app2.test_client().get("/v1/state", headers=AGENT_AUTH).get_json()
     for doc in (before, after):
         for info in doc["nodes"].values():
             for g in info["gpus"]:
@@ -216,3 +219,31 @@ def test_renumbered_gpus_keep_their_pods_by_uuid():
         assert placed.gpu_uuids == ("GPU-C",)
     gpus = {g["uuid"]: g for g in state.view()["nodes"]["n1"]["gpus"]}
     assert (len(gpus["GPU-B"]["pods"]), len(gpus["GPU-C"]["pods"])) == (8, 8)
+
+
+def test_sim_file_pods_follow_their_gpu_uuid_when_a_report_renumbers():
+    """#25: a cluster file's pods on GPU 1; a report says GPU 0 is gone and the old GPU 1 is
+    now index 0 (same UUID): the pods stay on that GPU and it takes no more than its limit."""
+    from contracts.clusterfile import sim_gpu_uuid
+
+    raw = {"nodes": [{"name": "n", "gpus": [{"product": "X", "memory_mib": 1000, "count": 2}]}],
+           "pods": [{"name": f"p{i}", "node": "n", "gpu_index": [1], "util_percent": 1,
+                     "mem_mib": 100} for i in range(8)]}
+    nodes, pods = parse_cluster(raw)
+    state = ClusterState(lambda: CostPolicy(), lambda: 0.0)
+    SimSource(nodes, pods).start(state)
+    survivor = sim_gpu_uuid("n", 1)
+    state.report("n", [GpuSpec(0, survivor, "X", 1000.0)], [0.0], [0.0])
+    (gpu,) = state.view()["nodes"]["n"]["gpus"]
+    assert gpu["uuid"] == survivor and len(gpu["pods"]) == 8 and gpu["reserved_mib"] == 800
+    p = training("p9", util=1, mem=100)
+    with pytest.raises(BindConflict):  # 8 pods is the default limit per GPU
+        state.assume_best("n", demand(p, state.gpu_types()), None, "u9", "default/p9")
+
+
+def test_sources_mark_the_state_synced_through_its_method_only():
+    state = ClusterState(lambda: CostPolicy(), lambda: 0.0)
+    with pytest.raises(AttributeError):
+        state.synced = True  # read-only: the sources call mark_synced()
+    SimSource([]).start(state)
+    assert state.synced

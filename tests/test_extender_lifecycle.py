@@ -20,8 +20,8 @@ from extender.cluster.sim import SimSource
 from extender.config import ConfigHolder, build_config
 from extender.ha.leader import AlwaysLeader, LeaseElector, LeaseFollower
 from extender.ha.lifecycle import Draining, GracefulShutdown, LeadershipSetupError, setup_leadership
-from extender.transport.routes import create_app
 from extender.transport.server import start_background
+from extender.wiring import create_app
 
 ENV = {"POD_NAMESPACE": "tandem-system", "POD_NAME": "tandem-scheduler-abc"}
 

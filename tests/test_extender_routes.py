@@ -7,6 +7,7 @@ import json
 
 import pytest
 from extender_builders import (
+    AGENT_AUTH,
     TOKEN,
     args,
     args_nodes,
@@ -30,7 +31,7 @@ def env():
 
 
 def state_of(client):
-    return client.get("/v1/state").get_json()
+    return client.get("/v1/state", headers=AGENT_AUTH).get_json()
 
 
 def test_filter_node_names_mode(env):
@@ -296,7 +297,7 @@ def test_metrics_exposes_verbs_decisions_and_gpus(env):
 
 def test_config_hot_reload_swaps_weights(tmp_path):
     from extender.config import ConfigHolder, load_config
-    from extender.transport.routes import create_app
+    from extender.wiring import create_app
 
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text("limits: {max_pods_per_gpu: 1}\n")
@@ -345,7 +346,7 @@ bodies = st.one_of(
 def test_property_any_body_gets_200_or_400_and_state_survives(verb, body):
     app, ext, source, _ = _shared_app()
     client = app.test_client()
-    before = client.get("/v1/state").get_json()
+    before = client.get("/v1/state", headers=AGENT_AUTH).get_json()
     r = client.post(f"/{verb}", data=json.dumps(body), content_type="application/json")
     assert r.status_code in (200, 400)
     doc = r.get_json()
@@ -355,7 +356,7 @@ def test_property_any_body_gets_200_or_400_and_state_survives(verb, body):
         assert isinstance(doc["NodeNames"], list)
     assert "internal error" not in json.dumps(doc)
     if verb != "bind" or doc.get("Error"):
-        assert client.get("/v1/state").get_json() == before
+        assert client.get("/v1/state", headers=AGENT_AUTH).get_json() == before
 
 
 _SHARED = {}

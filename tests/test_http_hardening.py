@@ -20,8 +20,8 @@ from agent.session.http import ProxyConfig, ProxyServer
 from agent.session.proxy import SessionLink
 from extender.cluster.sim import SimSource
 from extender.config import ConfigHolder, build_config
-from extender.transport.routes import create_app
 from extender.transport.server import start_background
+from extender.wiring import create_app
 
 BODY = b'{"Pod": {"metadata": {"name": "p"}}, "NodeNames": []}'
 MALFORMED = {

@@ -13,14 +13,13 @@ from typing import Any
 
 import pytest
 import yaml
-from extender_builders import tiny_model
+from extender_builders import AGENT_AUTH, tiny_model
 from manifests_helpers import MANIFESTS, example_objects
 
 from extender.cluster.sim import SimSource, parse_cluster
 from extender.config import ConfigHolder, load_config
 from extender.inference_profiles import parse_profiles
-from extender.transport.routes import create_app
-from extender.wiring import build_predictor, default_planner
+from extender.wiring import build_predictor, create_app, default_planner
 
 CLUSTER = yaml.safe_load("""
 nodes:
@@ -140,7 +139,7 @@ def test_example_round_trips_through_filter_prioritize_bind(
     for key in ("tandem.io/gpu-index", "tandem.io/gpu-uuid", "tandem.io/predicted-gpu-util",
                 "tandem.io/predicted-gpu-mem-mib", "tandem.io/cost"):
         assert annotations.get(key), key
-    state = client.get("/v1/state").get_json()
+    state = client.get("/v1/state", headers=AGENT_AUTH).get_json()
     gpus = {g["uuid"]: g["index"] for g in state["nodes"]["a100-node"]["gpus"]}
     (uuid,) = annotations["tandem.io/gpu-uuid"].split(",")  # the examples ask for one GPU
     assert gpus[uuid] == int(annotations["tandem.io/gpu-index"])

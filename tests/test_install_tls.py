@@ -19,8 +19,8 @@ from manifests_helpers import MANIFESTS, example_objects
 
 from extender.cluster.sim import SimSource, parse_cluster
 from extender.config import ConfigHolder, load_config
-from extender.transport.routes import create_app
 from extender.transport.server import start_background
+from extender.wiring import create_app
 
 pytestmark = pytest.mark.skipif(
     shutil.which("openssl") is None or shutil.which("sh") is None,

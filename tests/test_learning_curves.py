@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from bench_modules import running_api
-from extender_builders import TOKEN, args, binding, make_app, node, pod
+from extender_builders import AGENT_AUTH, TOKEN, args, binding, make_app, node, pod
 
 from extender.config import LearningConfig
 from extender.core.cost import CostPolicy
@@ -147,7 +147,7 @@ def test_a_learned_curve_reaches_the_extenders_cost() -> None:
     # The prior (1.5x at 100%) makes n1's A100 at 90% the better place; the learned
     # curve (2x at 80%) makes it the worse one.
     assert before == [10, 0] and after == [0, 10]
-    rows = c.get("/v1/state").get_json()["learning"]["curves"]
+    rows = c.get("/v1/state", headers=AGENT_AUTH).get_json()["learning"]["curves"]
     assert [(r["gpu_type"], r["points"], r["refits"]) for r in rows] == [(A100, 5, 1)]
     assert rows[0]["curve"]["slope"] == pytest.approx(1.25)  # cost 1.0 at 80%
     text = c.get("/metrics").get_data(as_text=True)
@@ -159,7 +159,7 @@ def test_a_learned_curve_reaches_the_extenders_cost() -> None:
 def test_learning_curves_off_keeps_the_configured_curve() -> None:
     c, ext, before, after = teach(curves=False)
     assert before == after == [10, 0]
-    assert c.get("/v1/state").get_json()["learning"]["curves"] == []
+    assert c.get("/v1/state", headers=AGENT_AUTH).get_json()["learning"]["curves"] == []
 
 
 def test_policy_overlay_is_cached_and_replaces_only_learned_types() -> None:

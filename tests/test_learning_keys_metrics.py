@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from extender_builders import TOKEN, args, binding, make_app, node, pod
+from extender_builders import AGENT_AUTH, TOKEN, args, binding, make_app, node, pod
 from predictor_fixtures import tiny_model
 
 from extender.config import LearningConfig
@@ -109,7 +109,7 @@ def test_the_extender_keys_by_digest_and_shows_the_learner_on_metrics() -> None:
     # the same file by URL: observed, not cold start
     second = _place(c, source, pod("b", uid="uid-b", model="https://h.example/m.onnx"))
     assert second["tandem.io/prediction-source"] == "observed:5+mem:no-overhead"
-    learned = c.get("/v1/state").get_json()["learning"]
+    learned = c.get("/v1/state", headers=AGENT_AUTH).get_json()["learning"]
     assert [e["model"] for e in learned["alone"]] == ["sha256:ee55"]
     text = c.get("/metrics").get_data(as_text=True)
     assert "tandem_learning_observations_accepted_total 5.0" in text

@@ -188,6 +188,7 @@ def test_bind_reports_where_the_interference_figure_came_from() -> None:
 
 
 def test_status_shows_pair_sources_and_what_was_learned() -> None:
+    from contracts.state import decode_state
     from extender.ops.status import summarize
     from extender.ops.status_render import render
 
@@ -199,10 +200,10 @@ def test_status_shows_pair_sources_and_what_was_learned() -> None:
                                              "util_percent": 40.0, "mem_mib": 1000.0,
                                              "annotations": {INTERFERENCE_SOURCE: "pair:3"}}]}]}},
              "learning": {"pairs": learner.view()}}
-    doc = summarize(state, "http://x", None)
+    doc = summarize(decode_state(state), "http://x", None)
     assert doc["nodes"][0]["gpus"][0]["pods"][0]["interference"] == "pair:3"
     assert doc["interference"] == [{"gpu_type": A100, "pairs": 1, "profiled_models": 2,
                                     "cannot_share": 0}]
     text = render(doc)
     assert "interference pair:3" in text and "1 pairs, 2 models profiled" in text
-    assert "interference" not in summarize({"nodes": {}}, "http://x", None)
+    assert "interference" not in summarize(decode_state({"nodes": {}}), "http://x", None)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from contracts.profilefile import ProfileFileError
 from predictor.batching import ProfileError
 from predictor.errors import ProfileNotFound
 from predictor.profiles import (
@@ -15,8 +16,8 @@ from predictor.profiles import (
     fit_linear,
     load_nexus_dir,
     parse_nexus,
-    profile_from_entry,
     profiles_from_batching_rows,
+    profiles_from_document,
 )
 
 
@@ -83,19 +84,19 @@ def test_broken_nexus_files_raise_profile_error(text: str) -> None:
 
 
 def test_plan_file_entries() -> None:
-    lin = profile_from_entry(
-        {"model": "A", "gpu_type": "t", "linear": {"alpha_ms": 3.125, "beta_ms": 37.5}}
-    )
+    def one(entry: dict) -> object:
+        (profile,) = profiles_from_document({"profiles": [entry]}, "t").values()
+        return profile
+
+    lin = one({"model": "A", "gpu_type": "t", "linear": {"alpha_ms": 3.125, "beta_ms": 37.5}})
     assert lin.latency_ms(4) == pytest.approx(50.0)
-    tab = profile_from_entry(
-        {"model": "B", "gpu_type": "t", "table": [[4, 50], [8, 90]], "memory_mib": 500}
-    )
+    tab = one({"model": "B", "gpu_type": "t", "table": [[4, 50], [8, 90]], "memory_mib": 500})
     assert tab.latency_ms(6) == pytest.approx(70.0)
     assert tab.memory_mib == 500
-    with pytest.raises(ProfileError):
-        profile_from_entry({"model": "C", "gpu_type": "t"})
-    with pytest.raises(ProfileError):
-        profile_from_entry({"model": "C", "gpu_type": "t", "linear": {"alpha_ms": 1}})
+    with pytest.raises(ProfileFileError):
+        one({"model": "C", "gpu_type": "t"})
+    with pytest.raises(ProfileFileError):
+        one({"model": "C", "gpu_type": "t", "linear": {"alpha_ms": 1}})
 
 
 def test_batching_rows_and_store_errors() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from extender.config import ConfigError, QueueSettings, apply_env, build_config, load_config
-from extender.queue import QueueError
+from extender.queue import QueueConfig, QueueError
 from extender.wiring import gate_config
 
 
@@ -25,7 +25,8 @@ def test_a_full_section_builds_frozen_values() -> None:
     cfg = build_config({"queue": {
         "enabled": True, "k": 2, "beta": 4, "starvation_seconds": 600,
         "interval_seconds": 2, "gate_name": "example.com/fair", "namespaces": ["ml", "team-b"]}})
-    assert cfg.queue == QueueSettings(True, 2, 4, 600.0, 2.0, "example.com/fair", ("ml", "team-b"))
+    assert cfg.queue == QueueSettings(True, QueueConfig(2, 4, 600.0), 2.0, "example.com/fair",
+                                      ("ml", "team-b"))
     assert isinstance(cfg.queue.starvation_seconds, float)
 
 
@@ -75,7 +76,7 @@ def test_environment_overrides(env: dict[str, str], expected: dict[str, Any]) ->
 
 
 def test_gate_config_carries_every_setting() -> None:
-    settings = QueueSettings(True, 2, 4, 600.0, 2.0, "example.com/fair", ("ml",))
+    settings = QueueSettings(True, QueueConfig(2, 4, 600.0), 2.0, "example.com/fair", ("ml",))
     gate = gate_config(settings)
     assert (gate.queue.k, gate.queue.beta, gate.queue.starvation_seconds) == (2, 4, 600.0)
     assert (gate.interval_seconds, gate.gate_name, gate.namespaces) == (
@@ -83,7 +84,8 @@ def test_gate_config_carries_every_setting() -> None:
 
 
 def test_command_line_overrides_win_over_the_file() -> None:
-    gate = gate_config(QueueSettings(k=3, beta=15), k=1, beta=2, interval_seconds=0.5)
+    gate = gate_config(QueueSettings(fair=QueueConfig(k=3, beta=15)), k=1, beta=2,
+                       interval_seconds=0.5)
     assert (gate.queue.k, gate.queue.beta, gate.interval_seconds) == (1, 2, 0.5)
 
 

@@ -12,8 +12,8 @@ from slow_loris import SlowClients
 
 from extender.cluster.sim import SimSource
 from extender.config import ConfigHolder, build_config
-from extender.transport.routes import create_app
 from extender.transport.server import start_background
+from extender.wiring import create_app
 
 
 def serve(threads=2, deadline=10.0):

@@ -19,9 +19,8 @@ from contracts.annotations import GPU_UTIL, MODEL, PREDICTION_SOURCE
 from extender.cluster.sim import SimSource
 from extender.config import ConfigHolder, build_config
 from extender.ops.status import pending_pods, pod_source
-from extender.transport.routes import create_app
 from extender.transport.server import start_background
-from extender.wiring import default_planner
+from extender.wiring import create_app, default_planner
 from tandem.cli import app
 
 runner = CliRunner()
@@ -63,7 +62,8 @@ def _place_and_report(source: SimSource, url: str) -> None:
 
 
 def test_text_fits_80_columns_and_shows_roles_pods_and_sources(extender_url: str) -> None:
-    result = runner.invoke(app, ["status", "--extender", extender_url])
+    result = runner.invoke(app, ["status", "--extender", extender_url],
+                           env={"TANDEM_AGENT_TOKEN": TOKEN})
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert max(len(line) for line in lines) <= 80, [ln for ln in lines if len(ln) > 80]
@@ -79,10 +79,12 @@ def test_text_fits_80_columns_and_shows_roles_pods_and_sources(extender_url: str
 
 
 def test_json_has_the_documented_keys(extender_url: str) -> None:
-    result = runner.invoke(app, ["status", "--extender", extender_url, "--json"])
+    result = runner.invoke(app, ["status", "--extender", extender_url, "--json"],
+                           env={"TANDEM_AGENT_TOKEN": TOKEN})
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
-    assert set(doc) == {"source", "synced", "placed", "assumed", "nodes", "pending"}
+    assert set(doc) == {"source", "synced", "placed", "assumed", "nodes", "pending", "redacted"}
+    assert doc["redacted"] is False
     assert doc["synced"] is True and doc["placed"] == 6 and doc["pending"] is None
     by_node = {n["name"]: n for n in doc["nodes"]}
     (busy,) = by_node["a100-node-with-a-long-name-1"]["gpus"]
@@ -95,6 +97,29 @@ def test_json_has_the_documented_keys(extender_url: str) -> None:
     assert serving["role"] == "serving" and serving["observed_util"] == 41.0
     assert serving["observed_source"] == "agent report"
     assert serving["predicted_source"] == ["profile"]  # tandem.io/prediction-source
+
+
+def test_without_the_agent_token_pod_names_are_hidden_and_figures_shown(
+        extender_url: str, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["status", "--extender", extender_url, "--json"],
+                           env={"TANDEM_AGENT_TOKEN": ""})
+    doc = json.loads(result.output)
+    pods = [p for n in doc["nodes"] for g in n["gpus"] for p in g["pods"]]
+    assert doc["redacted"] is True and len(pods) == 6
+    assert {p["pod"] for p in pods} == {"(hidden)"}
+    assert sum(p["mem_mib"] for p in pods) > 10000  # the figures are still there
+    text = runner.invoke(app, ["status", "--extender", extender_url],
+                         env={"TANDEM_AGENT_TOKEN": ""}).output
+    assert "train-job" not in text and "pass --token-file" in text
+    wrong = tmp_path / "token"
+    wrong.write_text("not-the-token\n")
+    result = runner.invoke(app, ["status", "--extender", extender_url, "--json",
+                                 "--token-file", str(wrong)])
+    assert json.loads(result.output)["redacted"] is True
+    wrong.write_text(TOKEN + "\n")  # a Secret mounted with a trailing newline still works
+    result = runner.invoke(app, ["status", "--extender", extender_url, "--json",
+                                 "--token-file", str(wrong)])
+    assert json.loads(result.output)["redacted"] is False
 
 
 def test_sim_file_rebuilds_the_state_from_its_bound_pods(tmp_path: Path) -> None:
@@ -175,3 +200,9 @@ def test_pod_source_is_the_recorded_prediction_source_else_derived() -> None:
     assert pod_source({GPU_UTIL: "30"}) == "asserted"
     assert pod_source({MODEL: "m.onnx"}) == "model m.onnx"
     assert pod_source({}) == "unknown"
+
+
+def test_a_token_file_that_cannot_be_read_is_one_line(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["status", "--extender", "http://127.0.0.1:9",
+                                 "--token-file", str(tmp_path / "missing")])
+    assert result.exit_code == 1 and "--token-file" in result.output

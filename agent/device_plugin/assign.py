@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from contracts.annotations import GPU_UUID, PREFIX
+from contracts.gpus import GpuRef, find_gpus
 
 SHARE_SEPARATOR = "::"
 POD_UID_NOTE = PREFIX + "pod-uid"
@@ -38,11 +39,9 @@ APP_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 
 @dataclass(frozen=True)
-class Gpu:
-    """One physical GPU as the plugin advertises it."""
+class Gpu(GpuRef):
+    """One physical GPU as the plugin advertises it (identity, device minor, health)."""
 
-    index: int
-    uuid: str
     minor: int | None = None
     healthy: bool = True
 
@@ -84,12 +83,14 @@ def candidates(placements: Iterable[tuple[str, str, str, int, str | None]],
     kubelet already gave ``tandem.io/gpu`` devices.
     """
     by_uid: dict[str, tuple[str, list[Gpu]]] = {}
-    by_index = {g.index: g for g in inventory.values()}
+    have = list(inventory.values())
     for namespace, name, uid, index, uuid in placements:
         key = f"{namespace}/{name}"
-        gpu = inventory.get(uuid) if uuid else by_index.get(index)
-        if key in holding or gpu is None:
+        # The plugin's inventory is NVML's: every GPU with its real UUID (complete).
+        found = find_gpus([GpuRef(index, uuid or "")], have, complete=True)
+        if key in holding or found is None:
             continue
+        gpu = have[found[0]]
         gpus = by_uid.setdefault(uid, (key, []))[1]
         if gpu not in gpus:
             gpus.append(gpu)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from flask import Flask, Response, jsonify, request
+from flask import Flask, Response, current_app, jsonify, request
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
@@ -22,6 +22,7 @@ from agent.inference.auth import AdminGuard
 from agent.inference.errors import (
     BadRequest,
     DropReason,
+    PayloadTooLarge,
     RequestDropped,
     ServerError,
     Unauthorized,
@@ -45,6 +46,7 @@ from contracts.annotations import (
     IntRange,
     NumberRange,
 )
+from contracts.httpserve import BadContentLength, BodyTooLarge, read_body
 from contracts.jsonbody import JsonBodyError, parse_json
 
 DEFAULT_MAX_BODY_BYTES = 64 * 2**20
@@ -126,7 +128,7 @@ def create_app(
         if as_json:
             array = decode_json_inputs(_json_body(), dtype)
         elif request.mimetype == NPY_TYPE:
-            array = decode_npy(request.get_data(cache=False))
+            array = decode_npy(_body())
         else:
             raise BadRequest(f"Content-Type must be {NPY_TYPE} or application/json")
         tensor = coerce_input(array, dtype, shape, single)
@@ -163,10 +165,21 @@ def create_app(
     return app
 
 
+def _body() -> bytes:
+    """The body, within the app's size limit (``contracts.httpserve.read_body``)."""
+    limit = current_app.config["MAX_CONTENT_LENGTH"]
+    try:
+        return read_body(request.environ, limit)
+    except BodyTooLarge as exc:
+        raise PayloadTooLarge(str(exc)) from None
+    except BadContentLength as exc:
+        raise BadRequest(str(exc)) from None
+
+
 def _json_body() -> Any:
     """The body as JSON within ``contracts.jsonbody``'s depth and number limits."""
     try:
-        return parse_json(request.get_data(cache=False))
+        return parse_json(_body())
     except JsonBodyError as exc:
         raise BadRequest(f"body: {exc.problem}") from None
 

@@ -15,15 +15,14 @@ Open, on purpose:
   (counters and plan, no tensors) and are what probes and Prometheus scrape.
 
 The token is read from a file (a mounted Secret, re-read on every check so a
-rotation takes effect without a restart) or from ``$TANDEM_ADMIN_TOKEN``. It is
-compared in constant time and appears in no log, error or repr. This module has
-no HTTP dependency, so the agent's clients (session sync, session process) read
-the token with the same ``AdminToken``.
+rotation takes effect without a restart) or from ``$TANDEM_ADMIN_TOKEN``, by
+``contracts.tokens`` (stripped, compared in constant time, in no log, error or
+repr). This module has no HTTP dependency, so the agent's clients (session sync,
+session process) read the token with the same ``AdminToken``.
 """
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 import logging
 import os
@@ -32,25 +31,23 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from agent.inference.errors import Unauthorized
+from contracts.tokens import BearerToken, TokenError, bearer_of, same_token
 
 log = logging.getLogger(__name__)
 
 ADMIN_TOKEN_ENV = "TANDEM_ADMIN_TOKEN"
-_BEARER = "Bearer "
 
 
-class AdminTokenError(ValueError):
-    """No usable token: the file is missing, unreadable or empty, or the variable is unset."""
+AdminTokenError = TokenError
+"""No usable token: the file is missing, unreadable or empty, or the variable is unset."""
 
 
-class AdminToken:
+class AdminToken(BearerToken):
     """The admin bearer token, from a file (re-read on each ``get``) or an environment variable."""
 
     def __init__(self, path: Path | None = None, env: str = ADMIN_TOKEN_ENV,
                  environ: Mapping[str, str] | None = None) -> None:
-        self._path = path
-        self._env = env
-        self._environ = os.environ if environ is None else environ
+        super().__init__(path, env, environ, label="admin token", flag="--admin-token-file")
         self.get()  # fail at start with a clear message, not at the first call
 
     @classmethod
@@ -61,30 +58,6 @@ class AdminToken:
         if path is None and not environ.get(env, "").strip():
             return None
         return cls(path, env, environ)
-
-    def get(self) -> str:
-        """The current token; ``AdminTokenError`` (without the token) if it cannot be read."""
-        if self._path is not None:
-            try:
-                token = self._path.read_text(encoding="utf-8").strip()
-            except (OSError, UnicodeDecodeError) as err:
-                why = err.strerror if isinstance(err, OSError) else "not UTF-8"
-                raise AdminTokenError(f"admin token file {self._path}: {why}") from None
-            if not token:
-                raise AdminTokenError(f"admin token file {self._path} is empty")
-            return token
-        token = self._environ.get(self._env, "").strip()
-        if not token:
-            raise AdminTokenError(f"no admin token: pass --admin-token-file or set {self._env}")
-        return token
-
-    def headers(self) -> dict[str, str]:
-        """The ``Authorization`` header an admin request carries."""
-        return {"Authorization": f"{_BEARER}{self.get()}"}
-
-    def __repr__(self) -> str:
-        where = f"file={self._path}" if self._path is not None else f"env={self._env}"
-        return f"AdminToken({where})"
 
 
 def is_loopback(host: str) -> bool:
@@ -120,9 +93,8 @@ class AdminGuard:
 
     def check(self, authorization: str | None) -> None:
         """Raise ``Unauthorized`` unless the header is ``Bearer <token>``."""
-        given = authorization[len(_BEARER):].strip() \
-            if authorization and authorization.startswith(_BEARER) else ""
+        given = bearer_of(authorization)
         if not given:
             raise Unauthorized("admin endpoint: missing bearer token")
-        if not hmac.compare_digest(given.encode(), self._expected().encode()):
+        if not same_token(given, self._expected()):
             raise Unauthorized("admin endpoint: wrong bearer token")

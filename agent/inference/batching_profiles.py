@@ -11,21 +11,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import yaml
-
+from contracts.profilefile import ProfileFileError
 from predictor.batching import BatchingProfile, ProfileError
 from predictor.profiles import (
     Margin,
     NexusProfile,
     fit_linear,
     load_nexus_dir,
+    load_profile_file,
     parse_nexus,
-    profile_from_entry,
 )
 
-
-class ProfileFileError(ValueError):
-    """A profile file cannot be read; the message names the file."""
+__all__ = ["ProfileFileError", "fit_linear_profile", "load_nexus", "load_profiles"]
 
 
 def load_nexus(path: Path) -> list[NexusProfile]:
@@ -36,32 +33,18 @@ def load_nexus(path: Path) -> list[NexusProfile]:
         else:
             found = [parse_nexus(path.read_text(encoding="utf-8"), str(path))]
     except (OSError, ProfileError) as exc:
-        raise ProfileFileError(str(exc)) from exc
+        raise ProfileFileError("", [str(exc)]) from exc
     if not found:
-        raise ProfileFileError(f"{path}: no Nexus profiles")
+        raise ProfileFileError(str(path), ["no Nexus profiles"])
     return found
 
 
 def load_profiles(path: Path, gpu_type: str, margin: Margin) -> dict[str, BatchingProfile]:
-    """Profiles keyed by model from a Nexus directory/file or a YAML ``profiles:`` list."""
+    """This GPU type's profiles keyed by model, from a Nexus directory/file (planned with
+    ``margin``) or a ``profiles:`` YAML file (checked whole, by the one strict parser)."""
     if path.is_dir() or path.suffix == ".txt":
         return {p.model: p.to_profile(gpu_type, margin) for p in load_nexus(path)}
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise ProfileFileError(f"{path}: {exc}") from exc
-    entries = doc.get("profiles") if isinstance(doc, dict) else None
-    if not isinstance(entries, list):
-        raise ProfileFileError(f"{path}: expected a mapping with a 'profiles' list")
-    found = {}
-    for i, entry in enumerate(entries):
-        if isinstance(entry, dict) and entry.get("gpu_type") == gpu_type:
-            try:
-                profile = profile_from_entry(entry, f"{path}:profiles[{i}]")
-            except (ProfileError, TypeError, ValueError) as exc:
-                raise ProfileFileError(str(exc)) from exc
-            found[profile.model] = profile
-    return found
+    return {model: p for (model, gpu), p in load_profile_file(path).items() if gpu == gpu_type}
 
 
 def fit_linear_profile(

@@ -1,25 +1,20 @@
-"""What the extender believes about this node (``GET /v1/state``), as values.
+"""What the extender believes about this node (``GET /v1/state?node=NAME``), as values.
 
 The agent reads it each interval for three things: the predicted utilisation per
 GPU (exported beside the observed one), pod names for metric labels, and the
 inference pods whose sessions it keeps in sync with each GPU's server. The
 simulated GPU source also turns these placements into load (``placed_jobs``).
 
-Shape read (as ``extender/state/ledger.py`` writes it)::
-
-    {"nodes": {NAME: {"gpus": [{"index", "uuid", "predicted_util", ...,
-        "pods": [{"pod": "NS/NAME", "uid", "workload", "util_percent", "mem_mib",
-                  "annotations": {"tandem.io/...": "..."}}]}]}}}
-
-``predicted_util`` and ``util_percent`` are percent. ``annotations`` (the pod's
-``tandem.io/*`` annotations) is optional; session sync needs it for the model and
-SLO. Malformed entries are skipped, never fatal.
+The document is the contract in :mod:`contracts.state` (its one decoder is used
+here). Only this node is asked for and decoded, so another node's entries (however
+large or malformed) never blind this node's agent and device plugin; the body is
+read up to a cap and an answer over it is refused without being parsed.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,9 +22,18 @@ import httpx
 
 from agent.errors import StateError
 from agent.node.sim_gpus import SimJob, true_load_factor
-from contracts.annotations import PREDICTED_MEM_MIB, PREDICTED_UTIL, WORKLOAD
+from contracts.annotations import WORKLOAD
+from contracts.jsonbody import parse_json
+from contracts.state import (
+    NODE_QUERY,
+    STATE_PATH,
+    StateDocumentError,
+    StatePod,
+    decode_state,
+)
 
-_MAX_STATE_BYTES = 16 << 20
+MAX_STATE_BYTES = 16 << 20
+"""Largest ``/v1/state`` answer read (one node's entry is far smaller)."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,15 @@ class PodPlacement:
     predicted_util_percent: float | None
     memory_mib: int | None
     annotations: tuple[tuple[str, str], ...] = ()
+    container: str | None = None
+    """The container the extender bound this GPU for (None: not said)."""
+    state: str = "placed"
+    """``placed``, ``assumed`` or ``untrusted`` (bound without the extender's decision)."""
+
+    @property
+    def trusted(self) -> bool:
+        """False for a pod bound without the extender's decision: it gets no session."""
+        return self.state != "untrusted"
 
     def annotation(self, key: str) -> str | None:
         """The value of annotation ``key``, or None."""
@@ -76,59 +89,31 @@ class NodeView:
 
 
 def parse_node_view(document: Any, node: str) -> NodeView:
-    """Extract ``node`` from a ``/v1/state`` document (a node it does not know has no GPUs)."""
-    if not isinstance(document, Mapping) or not isinstance(document.get("nodes"), Mapping):
-        raise StateError("state: expected an object with a 'nodes' object")
-    entry = document["nodes"].get(node)
-    raw_gpus = entry.get("gpus") if isinstance(entry, Mapping) else None
-    gpus = []
-    for raw in raw_gpus if isinstance(raw_gpus, list) else []:
-        index = raw.get("index") if isinstance(raw, Mapping) else None
-        if isinstance(index, bool) or not isinstance(index, int):
-            continue
-        raw_pods = raw.get("pods")
-        pods = tuple(p for p in (_parse_pod(r, index) for r in raw_pods) if p is not None) \
-            if isinstance(raw_pods, list) else ()
-        uuid = raw.get("uuid")
-        gpus.append(GpuView(index, uuid if isinstance(uuid, str) else None,
-                            _number(raw.get("predicted_util")), pods))
-    return NodeView(node, tuple(sorted(gpus, key=lambda g: g.index)))
-
-
-def _parse_pod(raw: Any, gpu_index: int) -> PodPlacement | None:
-    if not isinstance(raw, Mapping):
-        return None
-    uid = raw.get("uid")
-    if not isinstance(uid, str) or not uid:
-        return None
-    annotations = raw.get("annotations")
-    notes = {str(k): str(v) for k, v in annotations.items()} \
-        if isinstance(annotations, Mapping) else {}
-    workload = raw.get("workload")
-    if isinstance(workload, str) and WORKLOAD not in notes:
-        notes[WORKLOAD] = workload
-    util = _number(raw.get("util_percent", notes.get(PREDICTED_UTIL)))
-    memory = _number(raw.get("mem_mib", notes.get(PREDICTED_MEM_MIB)))
-    namespace, _, name = str(raw.get("pod", "")).rpartition("/")
-    return PodPlacement(
-        uid=uid,
-        name=name,
-        namespace=namespace,
-        gpu_index=gpu_index,
-        predicted_util_percent=util,
-        memory_mib=None if memory is None else int(memory),
-        annotations=tuple(sorted(notes.items())),
-    )
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
+    """``node`` from a ``/v1/state`` document (a node it does not know has no GPUs);
+    StateError when the document, or this node's entry, does not decode."""
     try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if number == number and abs(number) != float("inf") else None
+        decoded = decode_state(document, node)
+    except StateDocumentError as err:
+        raise StateError(f"state: {err}") from None
+    if decoded.unreadable:
+        raise StateError(f"state: node {node}: its entry does not decode")
+    if decoded.redacted:  # pods without names: syncing on it would drop every session
+        raise StateError("state: the extender did not accept the agent token (redacted)")
+    entry = decoded.node(node)
+    gpus = [] if entry is None else [
+        GpuView(g.index, g.uuid or None, g.predicted_util,
+                tuple(_placement(p, g.index) for p in g.pods if p.uid))
+        for g in entry.gpus]
+    return NodeView(node, tuple(gpus))
+
+
+def _placement(p: StatePod, gpu_index: int) -> PodPlacement:
+    notes = dict(p.annotations)
+    notes.setdefault(WORKLOAD, p.workload)
+    return PodPlacement(uid=str(p.uid), name=p.name, namespace=p.namespace,
+                        gpu_index=gpu_index, predicted_util_percent=p.util_percent,
+                        memory_mib=int(p.mem_mib), annotations=tuple(sorted(notes.items())),
+                        container=p.container, state=p.state)
 
 
 class StateClient:
@@ -143,17 +128,21 @@ class StateClient:
         """This node's view; raises ``StateError`` on transport, status or shape errors."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         try:
-            response = self._client.get("/v1/state", headers=headers)
+            with self._client.stream("GET", STATE_PATH, params={NODE_QUERY: node},
+                                     headers=headers) as response:
+                if response.status_code != 200:
+                    raise StateError(f"state: HTTP {response.status_code}")
+                body = bytearray()
+                for chunk in response.iter_bytes():
+                    body += chunk
+                    if len(body) > MAX_STATE_BYTES:
+                        raise StateError("state: body too large")
         except httpx.HTTPError as err:
             raise StateError(f"state: {type(err).__name__}") from None
-        if response.status_code != 200:
-            raise StateError(f"state: HTTP {response.status_code}")
-        if len(response.content) > _MAX_STATE_BYTES:
-            raise StateError("state: body too large")
         try:
-            document = response.json()
-        except ValueError:
-            raise StateError("state: body is not JSON") from None
+            document = parse_json(body)
+        except ValueError as err:  # JsonBodyError is one
+            raise StateError(f"state: body is not usable JSON ({err})") from None
         return parse_node_view(document, node)
 
     def close(self) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from agent.errors import ConfigError
+from contracts.gpus import GpuRef
 
 
 @dataclass(frozen=True)
@@ -29,11 +30,9 @@ class ProcessSample:
 
 
 @dataclass(frozen=True)
-class GpuInfo:
-    """Static identity of one GPU."""
+class GpuInfo(GpuRef):
+    """Static identity of one GPU: index and UUID (``contracts.gpus``), product, memory."""
 
-    index: int
-    uuid: str
     product: str
     memory_total_mib: int | None
     mig_mode: bool | None = False

@@ -22,6 +22,7 @@ from agent.node.runner import Agent, AgentConfig
 from agent.node.sessions import SessionSync
 from agent.node.sim_gpus import SimGpuSource, SimJob, load_sim_gpus
 from agent.node.supervisor import ServerSupervisor, SupervisorConfig
+from contracts.agentreport import decode_report
 from contracts.logs import setup_logging
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,10 @@ def build_agent(*, node: str, gpus: str, extender: str | None, interval_seconds:
     return agent, closers
 
 
+def _mib(value: float | None) -> str:
+    return "None" if value is None else f"{value:.0f}"
+
+
 def run_once(agent: Agent, json_output: bool) -> int:
     """One step; prints the report (JSON with ``--json``); exit code 1 if the source failed."""
     result = agent.step()
@@ -94,10 +99,10 @@ def run_once(agent: Agent, json_output: bool) -> int:
     if json_output:
         print(json.dumps(result.report))
     else:
-        for gpu in result.report["gpus"]:
-            print(f"gpu {gpu['index']} {gpu['product']} util={gpu['utilization_percent']}% "
-                  f"mem={gpu['memory_used_mib']}/{gpu['memory_total_mib']} MiB "
-                  f"processes={len(gpu['processes'])}")
+        for gpu in decode_report(result.report).gpus:
+            print(f"gpu {gpu.index} {gpu.product} util={gpu.utilization_percent}% "
+                  f"mem={_mib(gpu.memory_used_mib)}/{_mib(gpu.memory_total_mib)} MiB "
+                  f"processes={len(gpu.processes)}")
     if result.push_error:
         print(f"push failed: {result.push_error}")
     return 0

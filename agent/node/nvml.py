@@ -31,7 +31,7 @@ from typing import Any
 
 from agent.errors import DriverNotLoaded, GpuLost
 from agent.node.gpus import GpuInfo, GpuSample, NodeSample, ProcessSample
-from predictor.profiling.nvml import sample_value
+from predictor.profiling.nvml import read_samples
 
 log = logging.getLogger(__name__)
 
@@ -207,21 +207,17 @@ class NvmlGpuSource:
     def _mean_samples(self, device: _Device, kind: int, last_us: int, now_us: int,
                       interval_seconds: float) -> tuple[float | None, int]:
         """Mean of the samples newer than ``last_us`` and the new cursor."""
-        m = self._nvml
-        try:
-            value_type, samples = m.nvmlDeviceGetSamples(device.handle, kind, last_us)
-        except m.NVMLError as err:
-            if err.value == m.NVML_ERROR_NOT_FOUND:  # nothing new in the ring buffer yet
-                return None, last_us
+        try:  # the profiler's reader of the driver's ring buffer (one implementation)
+            samples = read_samples(self._nvml, device.handle, kind, last_us)
+        except self._nvml.NVMLError as err:
             self._classify(device.info.index, f"samples{kind}", err)
             return None, last_us
         # On the first read the buffer spans up to ~20 s: keep only this interval's part.
         floor_us = last_us if last_us else now_us - int(interval_seconds * 1e6)
-        fresh = [s for s in samples if s.timeStamp > floor_us]
-        if not fresh:
+        values = [v for at, v in samples if at > floor_us]
+        if not values:
             return None, last_us
-        values = [sample_value(value_type, s.sampleValue) for s in fresh]
-        return sum(values) / len(values), max(s.timeStamp for s in fresh)
+        return sum(values) / len(values), samples[-1][0]
 
     def _process_utilisation(self, device: _Device, now_us: int,
                              interval_seconds: float) -> dict[int, float]:

@@ -1,4 +1,4 @@
-"""The agent report (architecture.md contract) and its push to the extender.
+"""The agent report (``contracts.agentreport``) and its push to the extender.
 
 ``POST {extender}/v1/agents/report`` with ``Authorization: Bearer <token>``.
 Network errors, 5xx and 429 are retried with exponential backoff and jitter
@@ -11,10 +11,9 @@ environment variable; it never appears in logs, errors or reprs.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,82 +22,74 @@ import httpx
 
 from agent.errors import ConfigError, ExtenderUnavailable, ReportRejected
 from agent.node.gpus import GpuSample, NodeSample
+from contracts.agentreport import (
+    REPORT_PATH,
+    AgentReport,
+    ReportedGpu,
+    ReportedProcess,
+    encode_report,
+)
+from contracts.tokens import BearerToken, TokenError
 
 log = logging.getLogger(__name__)
 
-REPORT_PATH = "/v1/agents/report"
 TOKEN_ENV = "TANDEM_AGENT_TOKEN"
 
 
 def build_report(node: str, sample: NodeSample) -> dict[str, Any]:
-    """The report JSON object for one sampling round (keys exactly as the contract).
+    """The report JSON object for one sampling round (``contracts.agentreport``).
 
     A GPU whose identity was never read (lost since start: no memory total) is left
     out, since the extender needs its total to accept the report; a GPU lost later
     keeps its identity and is sent with null metrics.
     """
-    return {
-        "node": node,
-        "timestamp": round(sample.timestamp, 3),
-        "interval_seconds": sample.interval_seconds,
-        "gpus": [_gpu_entry(g) for g in sample.gpus if g.info.memory_total_mib is not None],
-    }
+    return encode_report(AgentReport(
+        node=node,
+        gpus=tuple(_gpu_entry(g) for g in sample.gpus if g.info.memory_total_mib is not None),
+        timestamp=round(sample.timestamp, 3),
+        interval_seconds=sample.interval_seconds,
+    ))
 
 
-def _gpu_entry(g: GpuSample) -> dict[str, Any]:
-    return {
-        "index": g.info.index,
-        "uuid": g.info.uuid,
-        "product": g.info.product,
-        "memory_total_mib": g.info.memory_total_mib,
-        "memory_used_mib": g.memory_used_mib,
-        "utilization_percent": _round(g.utilization_percent, 2),
-        "memory_utilization_percent": _round(g.memory_utilization_percent, 2),
-        "power_watts": _round(g.power_watts, 1),
-        "temperature_c": g.temperature_c,
-        "xid_errors": g.xid_errors,
-        "mig_mode": g.info.mig_mode,
-        "processes": [
-            {"pid": p.pid, "used_memory_mib": p.used_memory_mib,
-             "pod_uid": p.pod_uid, "container_id": p.container_id,
-             "utilization_percent": _round(p.utilization_percent, 2)}
-            for p in g.processes
-        ],
-    }
+def _gpu_entry(g: GpuSample) -> ReportedGpu:
+    return ReportedGpu(
+        index=g.info.index,
+        uuid=g.info.uuid,
+        product=g.info.product,
+        memory_total_mib=g.info.memory_total_mib or 0,
+        memory_used_mib=g.memory_used_mib,
+        utilization_percent=_round(g.utilization_percent, 2),
+        memory_utilization_percent=_round(g.memory_utilization_percent, 2),
+        power_watts=_round(g.power_watts, 1),
+        temperature_c=g.temperature_c,
+        xid_errors=g.xid_errors,
+        mig_mode=g.info.mig_mode,
+        processes=tuple(
+            ReportedProcess(pod_uid=p.pod_uid, used_memory_mib=p.used_memory_mib,
+                            util_percent=_round(p.utilization_percent, 2), pid=p.pid,
+                            container_id=p.container_id)
+            for p in g.processes),
+    )
 
 
 def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(float(value), digits)
 
 
-class TokenSource:
+class TokenSource(BearerToken):
     """The bearer token, from a file (re-read every call) or an environment variable."""
 
     def __init__(self, path: Path | None = None, env: str = TOKEN_ENV,
-                 environ: dict[str, str] | None = None) -> None:
-        self._path = path
-        self._env = env
-        self._environ = os.environ if environ is None else environ
+                 environ: Mapping[str, str] | None = None) -> None:
+        super().__init__(path, env, environ)
         self.get()  # fail at start, with a clear message, rather than at the first push
 
     def get(self) -> str:
         """The current token; ``ConfigError`` if none is configured or the file is empty."""
-        if self._path is not None:
-            try:
-                token = self._path.read_text().strip()
-            except OSError as err:
-                raise ConfigError(f"token file {self._path}: {err.strerror}") from None
-            if not token:
-                raise ConfigError(f"token file {self._path} is empty")
-            return token
-        token = self._environ.get(self._env, "").strip()
-        if not token:
-            raise ConfigError(f"no token: pass --token-file or set {self._env}")
-        return token
-
-    def __repr__(self) -> str:
-        where = f"file={self._path}" if self._path is not None else f"env={self._env}"
-        return f"TokenSource({where})"
+        try:
+            return super().get()
+        except TokenError as err:
+            raise ConfigError(str(err)) from None
 
 
 @dataclass(frozen=True)
@@ -150,7 +141,7 @@ class Reporter:
         start = self._monotonic()
         last_error = ""
         for attempt in range(1, self._backoff.max_attempts + 1):
-            headers = {"Authorization": f"Bearer {self._token.get()}"}
+            headers = self._token.headers()
             try:
                 response = self._client.post(REPORT_PATH, json=report, headers=headers)
             except httpx.HTTPError as err:

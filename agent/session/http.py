@@ -31,10 +31,10 @@ from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from agent.session.proxy import Checker, ProxyConfigError, SessionLink
+from contracts.httpserve import BadContentLength, BodyTooLarge, read_body
 
 log = logging.getLogger(__name__)
 
-_CHUNK_BYTES = 64 * 1024
 _LISTEN_BACKLOG = 128  # connections the kernel queues before accept (cheroot's default: 5)
 
 
@@ -86,10 +86,13 @@ def create_proxy_app(link: SessionLink, config: ProxyConfig,
         return jsonify({"error": kind, "message": err.description}), err.code or 500
 
     def forward() -> Response | tuple[Response, int]:
-        body = _read_bounded(config.max_body_bytes)
-        if body is None:
+        try:
+            body = read_body(request.environ, config.max_body_bytes)
+        except BodyTooLarge:
             return _error(413, "PayloadTooLarge",
                           f"body over the {config.max_body_bytes}-byte limit")
+        except BadContentLength as err:
+            return _error(400, "BadRequest", str(err))
         content_type = request.content_type or ""
         if not content_type.isascii() or not content_type.isprintable():
             # Header values forwarded to the server must be plain ASCII (RFC 9110 field values).
@@ -130,22 +133,6 @@ def create_proxy_app(link: SessionLink, config: ProxyConfig,
                         "registrations": state.registrations}), 200 if ready else 503
 
     return app
-
-
-def _read_bounded(limit: int) -> bytes | None:
-    """The request body, or None once it passes ``limit`` (never buffers more than that)."""
-    if request.content_length is not None and request.content_length > limit:
-        return None
-    parts, total = [], 0
-    stream = request.stream
-    while True:
-        chunk = stream.read(_CHUNK_BYTES)
-        if not chunk:
-            return b"".join(parts)
-        total += len(chunk)
-        if total > limit:
-            return None
-        parts.append(chunk)
 
 
 def _stream(chunks: Iterator[bytes]) -> Iterator[bytes]:

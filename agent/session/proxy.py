@@ -55,6 +55,7 @@ from agent.node.extender_view import PodPlacement
 from agent.node.sessions import session_spec
 from contracts.annotations import (
     GPU_INDEX,
+    GPU_INDEX_RANGE,
     INFERENCE,
     MODEL,
     PREFIX,
@@ -64,6 +65,7 @@ from contracts.annotations import (
     WEIGHT,
     WORKLOAD,
     AnnotationError,
+    integer_or_none,
 )
 
 log = logging.getLogger(__name__)
@@ -140,10 +142,11 @@ def parse_gpu_index(value: str | None) -> int:
     if not value:
         raise ProxyConfigError(f"no GPU index: the pod has no {GPU_INDEX} annotation "
                                "(was it scheduled with schedulerName: tandem?)")
-    parts = value.split(",")
-    if len(parts) != 1 or not parts[0].strip().isdigit():
-        raise ProxyConfigError(f"{GPU_INDEX} {value!r}: a session needs exactly one GPU")
-    return int(parts[0])
+    index = integer_or_none(value, GPU_INDEX_RANGE)
+    if index is None:
+        raise ProxyConfigError(f"{GPU_INDEX} {value[:64]!r}: a session needs exactly one GPU "
+                               f"(an integer in [0, {GPU_INDEX_RANGE.high}])")
+    return index
 
 
 def server_url(host: str, gpu_index: int, base_port: int = DEFAULT_SERVER_BASE_PORT) -> str:

@@ -117,6 +117,8 @@ class KubeSource:
         self._poster = LeanPoster(configuration, api_client.user_agent) \
             if configuration is not None and supports(configuration) else None
 
+    signs_placements = True
+
     def use_signer(self, signer: Any, on_untrusted: Callable[[str], None] | None = None,
                    ) -> None:
         """Sign placements at bind and verify them when rebuilding (``extender.state.signing``);
@@ -158,7 +160,7 @@ class KubeSource:
         for gone in state.retain_placed(bound, listed_at):
             self._distrusted.discard(gone.pod_uid)
             self._log.info("released on relist", extra={"pod": gone.pod})
-        state.synced = True
+        state.mark_synced()
         return node_rv, pod_rv
 
     def apply_node_event(self, state: Any, kind: str, node: Mapping[str, Any]) -> None:

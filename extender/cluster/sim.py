@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from contracts.annotations import GPU_INDEX, PREDICTED_MEM_MIB, PREDICTED_UTIL, WORKLOAD
+from contracts.annotations import GPU_UUID, WORKLOAD, BindOutputs, encode_outputs
 from contracts.clusterfile import (
     ClusterFile,
     SimPod,
@@ -50,15 +50,18 @@ def node_specs(cluster: ClusterFile) -> list[NodeSpec]:
             for n in cluster.nodes]
 
 
-def pod_object(pod: SimPod) -> dict[str, Any]:
-    """A bound pod object whose annotations record the file's placement."""
-    annotations = {
-        WORKLOAD: pod.workload,
-        GPU_INDEX: ",".join(str(i) for i in pod.gpu_index),
-        PREDICTED_UTIL: str(pod.util_percent),
-        PREDICTED_MEM_MIB: str(pod.mem_mib),
-        **dict(pod.annotations),
-    }
+def pod_object(pod: SimPod, cluster: ClusterFile | None = None) -> dict[str, Any]:
+    """A bound pod object whose annotations record the file's placement as bind would
+    (``contracts.annotations.encode_outputs``), with its GPUs' UUIDs when ``cluster``
+    names them, so the placement follows the GPU if an agent renumbers the indices."""
+    gpus = {(n.name, g.index): g.uuid for n in cluster.nodes for g in n.gpus} \
+        if cluster is not None else {}
+    uuids = tuple(gpus.get((pod.node, i), "") for i in pod.gpu_index)
+    outputs = BindOutputs(tuple(pod.gpu_index), uuids if all(uuids) else (),
+                          float(pod.util_percent), float(pod.mem_mib))
+    annotations = {WORKLOAD: pod.workload, **encode_outputs(outputs), **dict(pod.annotations)}
+    if not outputs.gpu_uuids:
+        annotations.pop(GPU_UUID, None)
     return {
         "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid,
                      "annotations": annotations},
@@ -70,13 +73,15 @@ def pod_object(pod: SimPod) -> dict[str, Any]:
 def parse_cluster(raw: Any) -> tuple[list[NodeSpec], list[dict[str, Any]]]:
     """Nodes and bound pod objects from a decoded sim file; raises ClusterFileError."""
     cluster = parse_cluster_file(raw)
-    return node_specs(cluster), [pod_object(p) for p in cluster.pods]
+    return node_specs(cluster), [pod_object(p, cluster) for p in cluster.pods]
 
 
 class SimSource:
     """A cluster held in memory: YAML nodes plus a pod registry standing in for the API."""
 
     kubelet_admits = False  # binds confirm at once: nobody admits, nothing to hand over
+    api = None  # no Kubernetes API: learning is not persisted, no pending pods to list
+    signs_placements = False  # the file and this registry are trusted as written
 
     def __init__(self, nodes: list[NodeSpec], pods: list[dict[str, Any]] | None = None):
         self.nodes = list(nodes)
@@ -95,7 +100,7 @@ class SimSource:
     @classmethod
     def from_cluster(cls, cluster: ClusterFile) -> SimSource:
         """A source holding a parsed cluster file's nodes and bound pods."""
-        return cls(node_specs(cluster), [pod_object(p) for p in cluster.pods])
+        return cls(node_specs(cluster), [pod_object(p, cluster) for p in cluster.pods])
 
     def create_pod(self, pod: Mapping[str, Any]) -> PodRef:
         """Register a pod (deep-copied), as a user's ``kubectl apply`` would."""
@@ -109,14 +114,22 @@ class SimSource:
         with self._lock:
             return [copy.deepcopy(p) for p in self._pods.values()]
 
-    def start(self, state: Any) -> None:
+    def sync(self, state: Any) -> None:
         """Load nodes and bound pods into ``state`` and mark it synced."""
         state.set_nodes(self.nodes)
         for pod in self.pods():
             placement = placement_from_pod(pod)
             if placement is not None:
                 state.confirm(placement)
-        state.synced = True
+        state.mark_synced()
+
+    def start(self, state: Any) -> None:
+        """The sim changes only through ``bind``: one sync is all there is to watch."""
+        self.sync(state)
+
+    def use_signer(self, signer: Any, on_untrusted: Any = None) -> None:
+        """Never called (``signs_placements`` is False): a simulation has no pod owners."""
+        raise NotImplementedError("the sim: source does not sign placements")
 
     def read_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """A copy of the registered pod, or None."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import contracts.annotations as ann_contract
 from contracts.annotations import (
@@ -33,6 +33,9 @@ from extender.core import (
     pod_ref,
 )
 
+if TYPE_CHECKING:
+    from extender.state.ledger import ClusterState
+
 DONE_PHASES = ("Succeeded", "Failed")
 FULL_UTIL_PERCENT = 100.0
 
@@ -48,14 +51,36 @@ class Verifier(Protocol):
         ...
 
 
+class Signer(Verifier, Protocol):
+    """Signs and verifies placements (``extender.state.signing.PlacementSigner``)."""
+
+    def sign(self, uid: str, node: str, ann: Mapping[str, str]) -> dict[str, str]:
+        """``ann`` plus its signature annotation (what bind writes)."""
+        ...
+
+
 class ClusterSource(Protocol):
-    """Where nodes and pods come from, and how a decision is written back."""
+    """Where nodes and pods come from, and how a decision is written back: everything the
+    extender's assembly, status and learning call on a source (``kube`` and ``sim:FILE``)."""
 
     kubelet_admits: bool
     """A kubelet admits the pods bound here (so the device-plugin hand-off applies)."""
+    signs_placements: bool
+    """Bind signs its outputs and rebuilds verify them (:meth:`use_signer` is called)."""
+    api: Any
+    """The Kubernetes ``CoreV1Api`` (learning persists in a ConfigMap, ``tandem status``
+    lists pending pods); None for a simulated cluster."""
 
-    def start(self, state: Any) -> None:
-        """Sync nodes and bound pods into ``state`` (sets ``state.synced``), then keep it fresh."""
+    def sync(self, state: ClusterState) -> Any:
+        """One full sync of nodes and bound pods into ``state``, then ``state.mark_synced()``."""
+
+    def start(self, state: ClusterState) -> None:
+        """Sync into ``state``, then keep it fresh (watches) until :meth:`stop`."""
+
+    def use_signer(self, signer: Signer | None,
+                   on_untrusted: Callable[[str], None] | None = None) -> None:
+        """The key bind signs with and rebuilds verify with; ``on_untrusted(problem)`` counts
+        bound pods whose placement does not verify."""
 
     def read_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The pod object, or None when it does not exist."""

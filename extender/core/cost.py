@@ -47,6 +47,10 @@ __all__ = [  # the curve type and its vectorised form live in predictor.curves
 ]
 
 
+MAX_PODS_RANGE = (1, 1024)
+"""Accepted ``limits.max_pods_per_gpu`` (and sweep values): the co-location limit."""
+
+
 @dataclass(frozen=True)
 class CostPolicy:
     """Weights, curves and hard limits that decisions depend on (from config)."""
@@ -59,7 +63,7 @@ class CostPolicy:
     """Curve per canonical GPU type (``NVIDIA-A100-SXM4-40GB``); others use ``default_curve``."""
     default_curve: InterferenceCurve = InterferenceCurve()
     max_pods_per_gpu: int = 8
-    """Co-location limit: most pods sharing one GPU (>= 1)."""
+    """Co-location limit: most pods sharing one GPU (in ``MAX_PODS_RANGE``)."""
     staleness_seconds: float = 10.0
     """An agent observation older than this is ignored."""
     min_best_effort_slack_percent: float = 10.0

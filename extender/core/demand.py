@@ -52,11 +52,15 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from contracts.annotations import GPU_RESOURCE, AnnotationError, PodInputs, parse_inputs
+from contracts.annotations import (
+    GPU_COUNT_RANGE,
+    GPU_RESOURCE,
+    AnnotationError,
+    PodInputs,
+    parse_inputs,
+    parse_integer,
+)
 from extender.core.snapshot import SessionSpec, Workload
-
-DEFAULT_BATCH = {Workload.INFERENCE: 1, Workload.TRAINING: 32}
-
 
 DemandError = AnnotationError  # the pod's request cannot be understood; ``field`` names it
 
@@ -142,7 +146,7 @@ class JobDemand:
     @property
     def batch_size(self) -> int:
         """The asserted batch size, else the workload's default."""
-        return self.inputs.batch_size or DEFAULT_BATCH[self.workload]
+        return self.inputs.batch
 
     @property
     def best_effort(self) -> bool:
@@ -234,17 +238,7 @@ def gpu_count_of(pod: Mapping[str, Any]) -> int:
 
 
 def _quantity(value: object, path: str) -> int:
-    if isinstance(value, bool):
-        raise DemandError(path, value, "must be a whole number of GPUs")
-    if isinstance(value, int):
-        n = value
-    elif isinstance(value, str) and value.strip().isdigit():
-        n = int(value.strip())
-    else:
-        raise DemandError(path, value, "must be a whole number of GPUs")
-    if n < 0 or n > 1024:
-        raise DemandError(path, value, "must be between 0 and 1024")
-    return n
+    return parse_integer(value, path, GPU_COUNT_RANGE)  # a whole number of GPUs
 
 
 def parse_demand(pod: Mapping[str, Any]) -> JobDemand:
@@ -253,7 +247,7 @@ def parse_demand(pod: Mapping[str, Any]) -> JobDemand:
     workload = Workload(inputs.workload)
     # The default batch size is stored, so a pod that asserts it reads the same as one
     # that leaves it out.
-    inputs = replace(inputs, batch_size=inputs.batch_size or DEFAULT_BATCH[workload])
+    inputs = replace(inputs, batch_size=inputs.batch)
     job = JobDemand(gpu_count_of(pod), inputs)
     if workload is Workload.INFERENCE and job.gpu_count != 1:
         raise DemandError(GPU_RESOURCE, job.gpu_count, "an inference session takes 1 GPU")

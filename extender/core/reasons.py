@@ -30,6 +30,9 @@ class Reason(enum.Enum):
     COLOCATION_SLOWDOWN = "co-location would slow the GPU's jobs more than it gains"
     SLO_INFEASIBLE = "duty cycle cannot absorb the session"
     NO_BEST_EFFORT_SLACK = "no slack left for best-effort sessions"
+    # Decided before (or after) the per-GPU rules, for the pod or the node as a whole.
+    BAD_POD_REQUEST = "the pod's request cannot be read"
+    HANDOFF_PENDING = "node is handing a GPU to another pod"
 
     @property
     def code(self) -> int:
@@ -50,6 +53,7 @@ _UNRESOLVABLE = frozenset(
         Reason.DEMAND_UNKNOWN,
         Reason.GPU_MEMORY_TOO_SMALL,
         Reason.SLO_UNREACHABLE,
+        Reason.BAD_POD_REQUEST,
     }
 )
 _CODES = {reason: i + 1 for i, reason in enumerate(Reason)}

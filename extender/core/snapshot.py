@@ -12,7 +12,11 @@ import enum
 from dataclasses import dataclass, field
 from typing import NewType
 
+from contracts.gpus import GpuRef, GpuSpec, gpu_type_of, refs_of
 from planner.types import SessionSpec
+
+__all__ = ["GpuObservation", "GpuRef", "GpuSpec", "GpuUuid", "NodeName", "NodeSpec", "Placement",
+           "PodUid", "SessionSpec", "Workload", "gpu_type_of"]
 
 NodeName = NewType("NodeName", str)
 """A Kubernetes node's name."""
@@ -27,26 +31,6 @@ class Workload(enum.Enum):
 
     TRAINING = "training"
     INFERENCE = "inference"
-
-
-def gpu_type_of(product: str) -> str:
-    """Canonical GPU type name of a product string (GFD and NVML spell it differently)."""
-    return "-".join(product.strip().split())
-
-
-@dataclass(frozen=True)
-class GpuSpec:
-    """One physical GPU: its index on the node, uuid, product name and memory."""
-
-    index: int
-    uuid: GpuUuid
-    product: str
-    memory_mib: float
-
-    @property
-    def gpu_type(self) -> str:
-        """The product as a canonical type name (spaces become dashes)."""
-        return gpu_type_of(self.product)
 
 
 @dataclass(frozen=True)
@@ -82,6 +66,11 @@ class Placement:
     def best_effort(self) -> bool:
         """An inference session without an SLO: it runs in the duty cycle's slack."""
         return self.workload is Workload.INFERENCE and self.session is None
+
+    @property
+    def gpus(self) -> tuple[GpuRef, ...]:
+        """The placement's GPUs as recorded (UUIDs only when there is one per index)."""
+        return refs_of(self.gpu_indices, self.gpu_uuids)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from functools import cached_property
 import numpy as np
 
 from contracts.annotations import MODEL
+from contracts.gpus import find_gpus
 from extender.core.snapshot import (
     GpuObservation,
     GpuSpec,
@@ -184,14 +185,16 @@ class GpuTable:
         means the GPU is gone: its index now names another physical GPU, so the placement
         has no rows rather than wrong ones.
         """
-        if p.gpu_uuids and len(p.gpu_uuids) == len(p.gpu_indices) \
-                and p.node in self.node_index:
-            by_uuid = {self.gpus[r].uuid: r for r in self.node_rows(p.node)}
-            if all(u in by_uuid for u in p.gpu_uuids):
-                return [by_uuid[u] for u in p.gpu_uuids]
-            gone = [u for u in p.gpu_uuids if u in self.vanished.get(p.node, ())]
-            if gone:
-                raise PlacementError(f"node {p.node!r} no longer has GPU {', '.join(gone)}")
+        if p.node not in self.node_index:
+            raise PlacementError(f"unknown node {p.node!r}")
+        rows = self.node_rows(p.node)
+        vanished = self.vanished.get(p.node, frozenset())
+        found = find_gpus(p.gpus, [self.gpus[r] for r in rows], vanished)
+        if found is not None:
+            return [rows[k] for k in found]
+        gone = [g.uuid for g in p.gpus if g.uuid in vanished]
+        if gone:
+            raise PlacementError(f"node {p.node!r} no longer has GPU {', '.join(gone)}")
         return [self.row_of(p.node, i) for i in p.gpu_indices]
 
     def place(self, p: Placement, at_seconds: float | None = None) -> None:

@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from contracts.learningdoc import DOCUMENT_VERSION
 from contracts.logs import get_logger
 from extender.config import LearningConfig
 from extender.core import Placement, UtilKnowledge
@@ -46,7 +47,7 @@ from extender.core.cost import CostPolicy
 from extender.learning.curves import CurveGuards, CurveLearner, LearnedPolicy, SharedGpuPoints
 from extender.learning.interference import DOCUMENT_KEY as PAIRS_KEY
 from extender.learning.interference import PairLearner
-from extender.learning.store import DOCUMENT_VERSION, Estimate, ObservationStore
+from extender.learning.store import Estimate, ObservationStore
 from extender.state.reports import DecodedReport
 from predictor.curves import InterferenceCurve
 
@@ -161,9 +162,10 @@ class Learner:
         moves: list[float] = []
         points = SharedGpuPoints(self.curves, lambda key: self.store.trusted_alone(
             key, self.cfg.min_observations))
-        for gpu, util, procs in zip(report.gpus, report.util_percent, report.processes,
-                                    strict=False):
-            taken += self.store.observe_gpu(report.node, gpu.index, gpu.product, util, procs,
+        for position, (gpu, util, procs) in enumerate(zip(
+                report.gpus, report.util_percent, report.processes, strict=False)):
+            taken += self.store.observe_gpu(report.node, report.gpus, position, gpu.product,
+                                            util, procs,
                                             placement_of, points if self.cfg.curves else None,
                                             moves)
         if moves:
@@ -255,9 +257,9 @@ def build_learner(cfg: LearningConfig, source: Any, may_persist: Callable[[], bo
     ``prior``: the configured curve of a GPU type (where curve refits start);
     ``digest_of``: the model file digest a reference resolved to (keys estimates).
     """
-    api = getattr(source, "api", None)
+    api = source.api
     persistence = None
-    if cfg.configmap and api is not None and hasattr(api, "read_namespaced_config_map"):
+    if cfg.configmap and api is not None:
         persistence = ConfigMapPersistence(api, cfg.namespace or own_namespace(), cfg.configmap)
     learner = Learner(cfg, persistence, may_persist,
                       prior=prior or (lambda _t: InterferenceCurve()), digest_of=digest_of)

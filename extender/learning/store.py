@@ -35,17 +35,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from contracts.annotations import BATCH_SIZE, MODEL
+from contracts.annotations import MODEL, read_bound_inputs
+from contracts.gpus import GpuRef, holds
+from contracts.learningdoc import (
+    Key,
+    LearnedEntry,
+    decode_document,
+    digest_key,
+    encode_document,
+    encode_entry,
+    is_digest_key,
+)
 from extender.core import Placement, Workload, gpu_type_of
 from extender.state.reports import ReportedProcess
-
-DOCUMENT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
-DEFAULT_BATCH = {"training": 32, "inference": 1}
-DIGEST_PREFIX = "sha256:"
-
-Key = tuple[str, int, str, str]
-"""(model digest ``sha256:<hex>`` or reference, batch size, workload, GPU type)."""
 
 REJECT_REASONS = ("not-placed-here", "not-training", "no-model", "shared-no-per-process",
                   "not-finite")
@@ -128,7 +130,7 @@ class ObservationStore:
         digest = self._digest_of(reference) if self._digest_of is not None else None
         if not digest:
             return reference
-        key = DIGEST_PREFIX + digest
+        key = digest_key(digest)
         with self._lock:
             if reference not in self._undigested:
                 return key
@@ -152,7 +154,7 @@ class ObservationStore:
         with self._lock:
             table = self._alone if alone else self._colocated
             est = table.setdefault(key, Estimate())
-            if not key[0].startswith(DIGEST_PREFIX):
+            if not is_digest_key(key[0]):
                 self._undigested.add(key[0])
             est.reference = reference or est.reference or key[0]
             moved = est.add(value, self.alpha, self._clock())
@@ -165,12 +167,13 @@ class ObservationStore:
         while len(table) > self.max_entries:  # drop the least recently observed
             del table[min(table, key=lambda k: table[k].updated_at)]
 
-    def observe_gpu(self, node: str, gpu_index: int, product: str, gpu_util: float,
-                    processes: Sequence[ReportedProcess],
+    def observe_gpu(self, node: str, gpus: Sequence[GpuRef], position: int, product: str,
+                    gpu_util: float, processes: Sequence[ReportedProcess],
                     placement_of: Callable[[str], Placement | None],
                     colocated: Callable[[list[tuple[Key, float]]], None] | None = None,
                     moves: list[float] | None = None) -> int:
-        """Samples from one GPU of one report; returns how many were taken.
+        """Samples from GPU ``gpus[position]`` of one report (``gpus``: the node's GPUs as
+        reported); returns how many were taken.
 
         ``colocated`` receives the shared GPU's ``(key, utilisation)`` per pod when
         every process on it is a placed pod's and has its own utilisation figure;
@@ -187,7 +190,7 @@ class ObservationStore:
         taken = 0
         shared: list[tuple[Key, float]] = []
         for uid, procs in sorted(by_pod.items()):
-            found = self._key_of(placement_of(uid), node, gpu_index, product)
+            found = self._key_of(placement_of(uid), node, gpus, position, product)
             if isinstance(found, str):
                 self._reject(found)
                 continue
@@ -215,10 +218,12 @@ class ObservationStore:
         with self._lock:
             self.rejected[reason] += 1
 
-    def _key_of(self, p: Placement | None, node: str, gpu_index: int,
+    def _key_of(self, p: Placement | None, node: str, gpus: Sequence[GpuRef], position: int,
                 product: str) -> tuple[Key, str] | str:
         """The learning key and reference of a placed training pod on this GPU, else why not."""
-        if p is None or p.node != node or gpu_index not in p.gpu_indices:
+        # UUID first, as the GPU table finds a placement's GPUs: after a renumbering the
+        # index a pod recorded names another GPU.
+        if p is None or p.node != node or not holds(p.gpus, gpus, position):
             return "not-placed-here"
         if p.workload is not Workload.TRAINING:
             return "not-training"  # sessions run inside the GPU's server: its processes
@@ -226,8 +231,7 @@ class ObservationStore:
         model = ann.get(MODEL)
         if not model:
             return "no-model"
-        batch_text = ann.get(BATCH_SIZE, "")
-        batch = int(batch_text) if batch_text.isdigit() else DEFAULT_BATCH[p.workload.value]
+        batch = read_bound_inputs(ann).batch  # the codec's reader: the batch it was placed at
         return (self.model_key(model), batch, p.workload.value, gpu_type_of(product)), model
 
     def trusted_alone(self, key: Key, min_samples: int) -> float | None:
@@ -264,14 +268,14 @@ class ObservationStore:
         """For ``/v1/state``: entry counts and the estimates, alone and co-located."""
         with self._lock:
             return {"samples_total": self.samples_total,
-                    "alone": [_entry(k, e) for k, e in sorted(self._alone.items())],
-                    "colocated": [_entry(k, e) for k, e in sorted(self._colocated.items())]}
+                    "alone": [encode_entry(e) for e in _entries(self._alone)],
+                    "colocated": [encode_entry(e) for e in _entries(self._colocated)]}
 
     # ---- persistence -----------------------------------------------------------------
     def to_document(self) -> dict[str, Any]:
         """The JSON document persisted in the ConfigMap (version 2)."""
-        doc = self.view()
-        return {"version": DOCUMENT_VERSION, "alone": doc["alone"], "colocated": doc["colocated"]}
+        with self._lock:
+            return encode_document(*(_entries(t) for t in (self._alone, self._colocated)))
 
     def load_document(self, doc: Any) -> int:
         """Replace the estimates by a persisted document (version 1 or 2); entries loaded.
@@ -279,42 +283,23 @@ class ObservationStore:
         A document of another version or shape is refused with ValueError (the
         caller logs it and starts empty: learning again beats trusting garbage).
         """
-        if not isinstance(doc, Mapping) or doc.get("version") not in READABLE_VERSIONS:
-            raise ValueError("learning document: version must be one of "
-                             f"{', '.join(map(str, READABLE_VERSIONS))}")
-        tables: dict[str, dict[Key, Estimate]] = {}
-        for name in ("alone", "colocated"):
-            rows = doc.get(name) or []
-            if not isinstance(rows, list):
-                raise ValueError(f"learning document: {name} must be a list")
-            tables[name] = dict(_parse_entry(r, f"{name}[{i}]") for i, r in enumerate(rows))
+        decoded = decode_document(doc)
+        tables = {name: dict(_estimate(e) for e in rows) for name, rows in decoded.items()}
         with self._lock:
             self._alone, self._colocated = tables["alone"], tables["colocated"]
             self._undigested = {k[0] for t in tables.values() for k in t
-                                if not k[0].startswith(DIGEST_PREFIX)}
+                                if not is_digest_key(k[0])}
             self._bound(self._alone)
             self._bound(self._colocated)
             self.dirty = False
             return len(self._alone) + len(self._colocated)
 
 
-def _entry(k: Key, e: Estimate) -> dict[str, Any]:
-    return {"model": k[0], "reference": e.reference or k[0], "batch_size": k[1],
-            "workload": k[2], "gpu_type": k[3],
-            "util_percent": round(e.mean, 3), "stddev_percent": round(e.stddev, 3),
-            "samples": e.count, "updated_at": round(e.updated_at, 3)}
+def _entries(table: Mapping[Key, Estimate]) -> list[LearnedEntry]:
+    return [LearnedEntry(*k, e.mean, e.stddev, e.count, e.updated_at, e.reference or k[0])
+            for k, e in sorted(table.items())]
 
 
-def _parse_entry(row: Any, path: str) -> tuple[Key, Estimate]:
-    try:
-        key = (str(row["model"]), int(row["batch_size"]), str(row["workload"]),
-               str(row["gpu_type"]))
-        mean, sd = float(row["util_percent"]), float(row["stddev_percent"])
-        count, at = int(row["samples"]), float(row["updated_at"])
-        reference = str(row.get("reference") or row["model"])  # version 1: the key itself
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ValueError(f"learning document: {path}: {exc!r}") from None
-    if key[2] not in DEFAULT_BATCH or not (0 <= mean <= 100 and 0 <= sd <= 100 and count >= 1
-                                            and key[1] >= 1 and math.isfinite(at)):
-        raise ValueError(f"learning document: {path}: out of range")
-    return key, Estimate(mean, sd * sd, count, at, reference)
+def _estimate(e: LearnedEntry) -> tuple[Key, Estimate]:
+    return e.key, Estimate(e.util_percent, e.stddev_percent ** 2, e.samples, e.updated_at,
+                           e.reference)

@@ -29,6 +29,13 @@ from typing import Any
 import typer
 
 from contracts.annotations import GPU_UTIL, INTERFERENCE_SOURCE, MODEL, PREDICTION_SOURCE
+from contracts.jsonbody import parse_json
+from contracts.state import STATE_PATH, StateDocument, decode_state
+from extender.cluster.source import ClusterSource
+
+MAX_STATE_BYTES = 256 << 20
+"""Largest ``/v1/state`` answer read (the whole cluster's)."""
+TOKEN_ENV = "TANDEM_AGENT_TOKEN"
 
 SCHEDULING_GATE_REASON = "held by the queue's scheduling gate"
 
@@ -37,13 +44,16 @@ class StatusError(RuntimeError):
     """The state could not be read; the message says what to check."""
 
 
-def fetch_state(url: str, ca_cert: Path | None = None, timeout_s: float = 10.0) -> dict[str, Any]:
-    """``GET URL/v1/state`` from a running extender."""
-    target = url.rstrip("/") + "/v1/state"
+def fetch_state(url: str, ca_cert: Path | None = None, timeout_s: float = 10.0,
+                token: str | None = None) -> StateDocument:
+    """``GET URL/v1/state`` from a running extender (with the agent token: pod names too)."""
+    target = url.rstrip("/") + STATE_PATH
     context = ssl.create_default_context(cafile=str(ca_cert)) if ca_cert else None
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        with urllib.request.urlopen(target, timeout=timeout_s, context=context) as resp:
-            doc = json.loads(resp.read())
+        request = urllib.request.Request(target, headers=headers)
+        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as resp:
+            body = resp.read(MAX_STATE_BYTES + 1)
     except urllib.error.HTTPError as exc:
         raise StatusError(f"{target} answered HTTP {exc.code}; is this the tandem extender?") \
             from None
@@ -52,25 +62,37 @@ def fetch_state(url: str, ca_cert: Path | None = None, timeout_s: float = 10.0) 
         raise StatusError(f"cannot reach {target} ({reason}); port-forward the extender first: "
                           "kubectl -n tandem-system port-forward svc/tandem-extender 8443")\
             from None
-    except ValueError:
-        raise StatusError(f"{target} did not answer JSON; is this the tandem extender?") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), dict):
-        raise StatusError(f"{target} did not answer a /v1/state document")
-    return doc
+    if len(body) > MAX_STATE_BYTES:
+        raise StatusError(f"{target} answered more than {MAX_STATE_BYTES} bytes")
+    try:
+        return decode_state(parse_json(body))
+    except ValueError:  # not JSON, or not a /v1/state document
+        raise StatusError(f"{target} did not answer a /v1/state document; is this the tandem "
+                          "extender?") from None
 
 
-def rebuilt_state(source: Any) -> dict[str, Any]:
+def read_token(token_file: Path | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The agent token for a full document: ``--token-file``, else ``TANDEM_AGENT_TOKEN``;
+    read by the extender's own reader (``extender.state.reports.expected_token``)."""
+    from extender.config import ReportsConfig
+    from extender.state.reports import expected_token
+
+    token = expected_token(ReportsConfig(token_file=str(token_file) if token_file else None,
+                                         token_env=TOKEN_ENV), environ)
+    if token is None and token_file is not None:
+        raise StatusError(f"--token-file {token_file}: cannot read it, or it is empty")
+    return token
+
+
+def rebuilt_state(source: ClusterSource) -> StateDocument:
     """The ``/v1/state`` document of a fresh ledger synced from ``source`` (kube or sim)."""
     from extender.config import build_config
     from extender.state.ledger import ClusterState
 
     policy = build_config({}).policy
     state = ClusterState(lambda: policy, time.time)
-    if hasattr(source, "sync"):
-        source.sync(state)  # the kube source: one list, no watches
-    else:
-        source.start(state)
-    return state.view()
+    source.sync(state)  # one list, no watches
+    return state.document()
 
 
 def pending_pods(api: Any, scheduler_name: str = "tandem",
@@ -129,27 +151,30 @@ def _role(pods: list[dict[str, Any]]) -> str:
     return "serving" if "inference" in kinds else "training" if "training" in kinds else "idle"
 
 
-def summarize(state: Mapping[str, Any], origin: str,
+HIDDEN = "(hidden)"
+"""A pod's name in a redacted document (read without the agent token)."""
+
+
+def summarize(state: StateDocument, origin: str,
               pending: list[dict[str, Any]] | None) -> dict[str, Any]:
     """The ``tandem status --json`` document from a ``/v1/state`` document."""
     nodes = []
-    for name in sorted(state["nodes"]):
+    for node in sorted(state.nodes, key=lambda n: n.name):
         gpus = []
-        for g in state["nodes"][name].get("gpus", []):
-            pods = [{"pod": p["pod"], "state": p.get("state", "placed"),
-                     "workload": p.get("workload"), "util_percent": p.get("util_percent"),
-                     "mem_mib": p.get("mem_mib"),
-                     "source": pod_source(p.get("annotations") or {}),
-                     **_interference(p.get("annotations") or {})}
-                    for p in g.get("pods", [])]
-            fresh = g.get("observed_util") is not None
+        for g in node.gpus:
+            pods = [{"pod": p.pod or HIDDEN, "state": p.state, "workload": p.workload,
+                     "util_percent": p.util_percent, "mem_mib": p.mem_mib,
+                     "source": pod_source(dict(p.annotations)) if p.pod else "unknown",
+                     **_interference(dict(p.annotations))}
+                    for p in g.pods]
+            fresh = g.observed_util is not None
             gpus.append({
-                "index": g["index"], "uuid": g.get("uuid"), "product": g.get("product"),
-                "role": _role(pods), "memory_mib": g.get("memory_mib"),
-                "reserved_mib": g.get("reserved_mib"),
-                "predicted_util": g.get("predicted_util"),
+                "index": g.index, "uuid": g.uuid, "product": g.product,
+                "role": _role(pods), "memory_mib": g.memory_mib,
+                "reserved_mib": g.reserved_mib,
+                "predicted_util": g.predicted_util,
                 "predicted_source": sorted({p["source"] for p in pods}),
-                "observed_util": g.get("observed_util"), "observed_mib": g.get("observed_mib"),
+                "observed_util": g.observed_util, "observed_mib": g.observed_mib,
                 # /v1/state shows only reports younger than the staleness limit; its
                 # timestamps are on the extender's monotonic clock, so no age is derived.
                 "observed_source": ("agent report" if fresh else
@@ -157,11 +182,11 @@ def summarize(state: Mapping[str, Any], origin: str,
                                     else "none: agents report to the extender (use --extender)"),
                 "pods": pods,
             })
-        nodes.append({"name": name, "gpus": gpus})
-    doc = {"source": origin, "synced": bool(state.get("synced", True)),
-           "placed": state.get("placed"), "assumed": state.get("assumed"),
-           "nodes": nodes, "pending": pending}
-    learned = (state.get("learning") or {}).get("pairs") or []
+        nodes.append({"name": node.name, "gpus": gpus})
+    doc = {"source": origin, "synced": state.synced, "placed": state.placed,
+           "assumed": state.assumed, "nodes": nodes, "pending": pending,
+           "redacted": state.redacted}
+    learned = (state.learning or {}).get("pairs") or []
     if learned:  # pairwise interference (docs/interference.md); absent while nothing is learned
         doc["interference"] = [{"gpu_type": t["gpu_type"], "pairs": len(t["pairs"]),
                                 "profiled_models": len(t["profiles"]),
@@ -176,7 +201,7 @@ def _interference(annotations: Mapping[str, str]) -> dict[str, str]:
 
 
 def collect(extender: str | None, cluster: str | None, scheduler_name: str = "tandem",
-            ca_cert: Path | None = None) -> dict[str, Any]:
+            ca_cert: Path | None = None, token: str | None = None) -> dict[str, Any]:
     """Read the state from the extender or the cluster, and pending pods from kube."""
     if extender is None and cluster is None:
         raise StatusError("say where to look: --extender URL (a port-forwarded extender) "
@@ -185,7 +210,7 @@ def collect(extender: str | None, cluster: str | None, scheduler_name: str = "ta
 
     source = build_source(cluster) if cluster is not None else None
     if extender is not None:
-        state, origin = fetch_state(extender, ca_cert), extender
+        state, origin = fetch_state(extender, ca_cert, token=token), extender
     else:
         state, origin = rebuilt_state(source), str(cluster)
     pending = pending_pods(source.api, scheduler_name) if cluster == "kube" else None
@@ -201,6 +226,9 @@ def status_command(
         "state from the API server) | sim:FILE"),
     ca_cert: Path | None = typer.Option(
         None, "--ca-cert", help="CA bundle that signed the extender's TLS certificate."),
+    token_file: Path | None = typer.Option(
+        None, "--token-file", help="The agent token (the tandem-agent-token Secret), for pod "
+        f"names with --extender; default: ${TOKEN_ENV}. Without it names are hidden."),
     scheduler_name: str = typer.Option(
         "tandem", "--scheduler-name", help="schedulerName of the pods tandem schedules."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -211,7 +239,8 @@ def status_command(
     from extender.wiring import SourceSpecError
 
     try:
-        doc = collect(extender, cluster, scheduler_name, ca_cert)
+        token = read_token(token_file) if extender is not None else None
+        doc = collect(extender, cluster, scheduler_name, ca_cert, token)
     except (StatusError, SourceSpecError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None

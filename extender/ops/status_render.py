@@ -63,6 +63,8 @@ def render(doc: dict[str, Any]) -> str:
         lines.append(f"interference learned on {t['gpu_type']}: {t['pairs']} pairs, "
                      f"{t['profiled_models']} models profiled, {t['cannot_share']} cannot share"
                      [:WIDTH])
+    if doc.get("redacted"):
+        lines.append("pod names hidden: pass --token-file with the agent token to see them")
     for node in doc["nodes"]:
         lines += ["", *_node(node)]
     pending = doc.get("pending")

@@ -39,9 +39,16 @@ class QueueError(ValueError):
         super().__init__(f"{field_name}: {problem}")
 
 
+K_RANGE = (1, 64)
+"""Job classes: at least one; more than 64 classes of pending jobs explain nothing."""
+BETA_RANGE = (1, 10_000)
+"""Pods released per round, in flight included."""
+
+
 @dataclass(frozen=True)
 class QueueConfig:
-    """Knobs of the weighted-fair queue (defaults from Horus §5.2 and §6.2)."""
+    """Knobs of the weighted-fair queue (defaults from Horus §5.2 and §6.2): the one
+    definition of their defaults and ranges (the ``queue:`` config section holds one)."""
 
     k: int = 3
     """Number of classes (>= 1). Horus-f uses 3 (three utilisation CDFs in Fig. 1a)."""
@@ -56,7 +63,8 @@ class QueueConfig:
 
     def __post_init__(self) -> None:
         checks = (
-            ("k", self.k >= 1), ("beta", self.beta >= 1),
+            ("k", K_RANGE[0] <= self.k <= K_RANGE[1]),
+            ("beta", BETA_RANGE[0] <= self.beta <= BETA_RANGE[1]),
             ("starvation_seconds", math.isfinite(self.starvation_seconds)
              and self.starvation_seconds > 0),
             ("refit_every_rounds", self.refit_every_rounds >= 1),

@@ -1,4 +1,10 @@
-"""Cluster state: GPU inventory, the placement ledger and agent observations.
+"""Cluster state: the GPU inventory, the placement ledger and the GPU table, under one lock.
+
+``ClusterState`` composes parts with one job each and is the only writer of their
+fields: :class:`extender.state.inventory.Inventory` (source nodes and agent
+reports), :class:`extender.state.placements.PlacementLedger` (placed and assumed
+pods), the columnar ``GpuTable`` the decisions read, the device-plugin
+``HandoffGate``, and :mod:`extender.state.view` (the ``/v1/state`` value).
 
 The ledger follows kube-scheduler's cache interface (``backend/cache/interface.go``)::
 
@@ -36,15 +42,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from contracts.state import StateDocument, encode_state
 from extender.core import (
     CostPolicy,
     DecisionContext,
     Evaluation,
-    GpuObservation,
     GpuSpec,
     GpuTable,
     InferenceContext,
@@ -58,117 +63,91 @@ from extender.core import (
 )
 from extender.errors import BindConflict
 from extender.state.handoff import HandoffGate
+from extender.state.inventory import Inventory, NodeReport
+from extender.state.placements import PlacementLedger
+from extender.state.view import gpu_rows, state_document
 
 Clock = Callable[[], float]
 
 
-@dataclass(frozen=True)
-class AgentReport:
-    """A validated agent report: the node's measured inventory and per-GPU load."""
-
-    node: str
-    gpus: tuple[GpuSpec, ...]
-    util_percent: tuple[float, ...]
-    memory_used_mib: tuple[float, ...]
-    received_at_seconds: float
-
-
 class ClusterState:
-    """Inventory + ledger + columnar table; thread-safe; the only writer of its table."""
+    """Inventory + ledger + columnar table; thread-safe; the only writer of its parts."""
 
     def __init__(self, policy: Callable[[], CostPolicy], clock: Clock,
                  assume_ttl_seconds: float = 30.0):
         self._policy = policy
         self._clock = clock
-        self._ttl = assume_ttl_seconds
         self.lock = threading.RLock()
-        self._source_nodes: dict[str, NodeSpec] = {}
-        self._reports: dict[str, AgentReport] = {}
-        self._reported_uuids: dict[str, set[str]] = {}
-        """Every GPU UUID an agent has reported per node: one missing now has vanished."""
-        self._placed: dict[str, Placement] = {}
-        self._assumed: dict[str, tuple[Placement, float | None]] = {}
-        self._applied_at: dict[str, float] = {}
-        """When each ledger entry was first applied: a rebuild re-stamps it, so placements
-        newer than an agent's sample still count on top of it (``extender.core.cost``)."""
+        self._inventory = Inventory()
+        self._ledger = PlacementLedger(assume_ttl_seconds)
         self._table = GpuTable.build([])
-        self.synced = False
+        self._synced = False
         self.handoffs = HandoffGate(clock)
         """Pods waiting for the device plugin's hand-off (``handoff.mode: device-plugin``)."""
+
+    @property
+    def synced(self) -> bool:
+        """True once the source's first full sync is in."""
+        return self._synced
+
+    def mark_synced(self) -> None:
+        """The source finished its first full sync (nodes and bound pods are in)."""
+        self._synced = True
 
     # ---- inventory -------------------------------------------------------------------
     def set_nodes(self, nodes: Iterable[NodeSpec]) -> None:
         """Replace the source's node list (initial sync or relist)."""
         with self.lock:
-            self._source_nodes = {n.name: n for n in nodes}
+            self._inventory.set_nodes(nodes)
             self._rebuild()
 
     def upsert_node(self, node: NodeSpec) -> None:
         """Add or update one node from the source."""
         with self.lock:
-            if self._source_nodes.get(node.name) != node:
-                self._source_nodes[node.name] = node
+            if self._inventory.upsert_node(node):
                 self._rebuild()
 
     def delete_node(self, name: str) -> None:
         """Forget a node the source no longer has."""
         with self.lock:
-            if self._source_nodes.pop(name, None) is not None:
+            if self._inventory.delete_node(name):
                 self._rebuild()
 
-    def _effective_nodes(self) -> list[NodeSpec]:
-        nodes = []
-        for name in sorted(self._source_nodes):
-            report = self._reports.get(name)
-            gpus = report.gpus if report is not None and report.gpus else None
-            nodes.append(NodeSpec(name, gpus) if gpus else self._source_nodes[name])
-        return nodes
-
     def _rebuild(self) -> None:
-        nodes = self._effective_nodes()
+        nodes = self._inventory.nodes()
         table = GpuTable.build(nodes)
-        table.vanished = {n.name: frozenset(self._reported_uuids[n.name]
-                                            - {g.uuid for g in n.gpus})
-                          for n in nodes if n.name in self._reported_uuids}
-        for report in self._reports.values():
+        table.vanished = self._inventory.vanished(nodes)
+        for report in self._inventory.reports():
             if report.node in table.node_index:
-                table.observe(report.node, _observations(report))
-        for p in self._all_placements():  # after the samples: each is stamped against them
+                table.observe(report.node, report.observations())
+        for p in self._ledger.all():  # after the samples: each is stamped against them
             try:
-                table.place(p, self._applied_at.get(p.pod_uid))
+                table.place(p, self._ledger.applied_at(p.pod_uid))
             except PlacementError:
                 continue  # pod on a node or GPU we have no inventory for: kept in the ledger
         self._table = table
-
-    def _all_placements(self) -> list[Placement]:
-        return [*self._placed.values(), *(p for p, _ in self._assumed.values())]
 
     # ---- ledger ----------------------------------------------------------------------
     def _table_apply(self, p: Placement, sign: int) -> None:
         with contextlib.suppress(PlacementError):
             if sign > 0:
-                self._table.place(p, self._applied_at.get(p.pod_uid))
+                self._table.place(p, self._ledger.applied_at(p.pod_uid))
             else:
                 self._table.remove(p)
 
     def _drop(self, uid: str) -> Placement | None:
-        p = self._placed.pop(uid, None)
-        if p is None:
-            entry = self._assumed.pop(uid, None)
-            p = entry[0] if entry else None
+        p = self._ledger.drop(uid)
         if p is not None:
             self._table_apply(p, -1)
-        self._applied_at.pop(uid, None)
         return p
 
     def confirm(self, p: Placement) -> None:
         """The source shows the pod bound with these annotations: it is placed."""
         with self.lock:
             # An assumed pod keeps its bind time: a sample taken since then may show it.
-            applied_at = self._applied_at.get(p.pod_uid, self._clock())
+            applied_at = self._ledger.applied_at(p.pod_uid)
             self._drop(p.pod_uid)
-            self._placed[p.pod_uid] = p
-            self._applied_at[p.pod_uid] = applied_at
+            self._ledger.place(p, self._clock() if applied_at is None else applied_at)
             self._table_apply(p, +1)
 
     def forget(self, uid: str) -> None:
@@ -187,45 +166,37 @@ class ClusterState:
         would show them bound, so they were deleted, finished, or never bound). Binds still
         in flight, or returned after the list was taken, stay. Returns what was forgotten."""
         with self.lock:
-            gone = [uid for uid in self._placed if uid not in uids]
-            if listed_at is not None:
-                gone += [uid for uid, (_, deadline) in self._assumed.items()
-                         if uid not in uids and deadline is not None
-                         and deadline - self._ttl < listed_at]
+            gone = self._ledger.missing_from(uids, listed_at)
             return [p for p in (self._drop(uid) for uid in gone) if p is not None]
 
     def forget_assumed(self, uid: str) -> None:
         """Drop an assumed placement (its bind was refused); a confirmed one stays, since the
         watch already showed the pod bound."""
         with self.lock:
-            if uid in self._assumed:
+            if self._ledger.is_assumed(uid):
                 self._drop(uid)
 
     def finish_binding(self, uid: str) -> None:
         """The bind call returned: start the assumed placement's expiry clock."""
         with self.lock:
-            entry = self._assumed.get(uid)
-            if entry is not None:
-                self._assumed[uid] = (entry[0], self._clock() + self._ttl)
+            self._ledger.start_deadline(uid, self._clock())
 
     def expire(self) -> list[Placement]:
         """Drop assumed placements whose deadline passed without confirmation."""
         now = self._clock()
         with self.lock:
-            gone = [uid for uid, (_, deadline) in self._assumed.items()
-                    if deadline is not None and deadline <= now]
+            gone = self._ledger.expired(now)
             return [p for p in (self._drop(uid) for uid in gone) if p is not None]
 
     def is_known(self, uid: str) -> bool:
         """True when the pod is placed or assumed."""
         with self.lock:
-            return uid in self._placed or uid in self._assumed
+            return self._ledger.is_known(uid)
 
     def placement_of(self, uid: str) -> Placement | None:
         """The pod's placement, placed or assumed."""
         with self.lock:
-            entry = self._assumed.get(uid)
-            return self._placed.get(uid) or (entry[0] if entry else None)
+            return self._ledger.get(uid)
 
     def named_gpus(self, node: str, indices: tuple[int, ...], uuids: tuple[str, ...],
                    ) -> tuple[tuple[int, ...], float | None]:
@@ -269,7 +240,7 @@ class ClusterState:
         came from ("" where the curve alone decided)."""
         self.expire()
         with self.lock:
-            if pod_uid in self._placed or pod_uid in self._assumed:
+            if self._ledger.is_known(pod_uid):
                 raise BindConflict(f"pod {pod} is already bound or being bound", None)
             ev = evaluate(self._table, [node], demand, self._context(inference))
             placement = choose(ev, 0, pod_uid, pod)
@@ -283,9 +254,9 @@ class ClusterState:
                                             util_percent=round(placement.util_percent, 2),
                                             mem_mib=float(round(placement.mem_mib)),
                                             annotations=annotations, gpu_uuids=tuple(uuids))
-            self._assumed[pod_uid] = (placement, None)
-            self._applied_at[pod_uid] = self._clock()
-            self._table.place(placement, self._applied_at[pod_uid])
+            now = self._clock()
+            self._ledger.assume(placement, now)
+            self._table.place(placement, now)
             return placement, ev.plans.get(rows[0]), float(ev.node_cost[0]), uuids, \
                 ev.interference_sources.get(rows[0], "")
 
@@ -307,55 +278,26 @@ class ClusterState:
                memory_used_mib: Sequence[float]) -> None:
         """Store an agent report; rebuild only when the measured inventory changed."""
         with self.lock:
-            previous = self._reports.get(node)
-            report = AgentReport(node, tuple(gpus), tuple(util_percent), tuple(memory_used_mib),
-                                 self._clock())
-            self._reports[node] = report
-            self._reported_uuids.setdefault(node, set()).update(g.uuid for g in gpus)
-            if previous is None or previous.gpus != report.gpus:
+            report = NodeReport(node, tuple(gpus), tuple(util_percent), tuple(memory_used_mib),
+                                self._clock())
+            if self._inventory.report(report):
                 self._rebuild()
             elif node in self._table.node_index:
-                self._table.observe(node, _observations(report))
+                self._table.observe(node, report.observations())
 
     # ---- views -----------------------------------------------------------------------
     def view(self) -> dict[str, Any]:
-        """The ``GET /v1/state`` document (DESIGN shape)."""
-        policy = self._policy()
-        now = self._clock()
+        """The encoded ``GET /v1/state`` document without ``learning`` (tests, operators)."""
+        return encode_state(self.document())
+
+    def document(self, learning: Mapping[str, Any] | None = None,
+                 node: str | None = None) -> StateDocument:
+        """The ``GET /v1/state`` document (``contracts.state``); with ``node``, that node only
+        (each agent asks for its own: O(its GPUs), not O(cluster))."""
+        policy, now = self._policy(), self._clock()
         with self.lock:
-            t = self._table
-            pods_by_row: dict[int, list[dict[str, Any]]] = {}
-            for state, placements in (("placed", self._placed.values()),
-                                      ("assumed", [p for p, _ in self._assumed.values()])):
-                for p in placements:
-                    try:
-                        rows = t.rows_of(p)
-                    except PlacementError:
-                        continue
-                    for row in rows:
-                        pods_by_row.setdefault(row, []).append(
-                            {"pod": p.pod, "uid": p.pod_uid, "state": state,
-                             "workload": p.workload.value, "util_percent": p.util_percent,
-                             "mem_mib": p.mem_mib, "annotations": dict(p.annotations)})
-            nodes: dict[str, Any] = {}
-            for name in t.node_names:
-                gpus = []
-                for row in t.node_rows(name):
-                    g = t.gpus[row]
-                    fresh = now - float(t.observed_at[row]) <= policy.staleness_seconds
-                    gpus.append({
-                        "index": g.index, "uuid": g.uuid, "product": g.product,
-                        "memory_mib": g.memory_mib,
-                        "reserved_mib": float(t.reserved_mib[row]),
-                        "predicted_util": float(t.reserved_util[row]),
-                        "observed_util": float(t.observed_util[row]) if fresh else None,
-                        "observed_mib": float(t.observed_mib[row]) if fresh else None,
-                        "observed_at": float(t.observed_at[row]) if fresh else None,
-                        "pods": sorted(pods_by_row.get(row, []), key=lambda d: d["pod"]),
-                    })
-                nodes[name] = {"gpus": gpus}
-            return {"nodes": nodes, "synced": self.synced,
-                    "placed": len(self._placed), "assumed": len(self._assumed)}
+            return state_document(self._table, self._ledger, policy.staleness_seconds, now,
+                                  self._synced, learning, node)
 
     def node_gpus(self, node: str) -> list[GpuSpec]:
         """The GPUs of one node (none for an unknown node): O(its GPUs), for the bind path."""
@@ -369,17 +311,4 @@ class ClusterState:
         """(node, gpu, predicted util, fresh observed util) per GPU, for metrics."""
         policy, now = self._policy(), self._clock()
         with self.lock:
-            t = self._table
-            out = []
-            for name in t.node_names:
-                for row in t.node_rows(name):
-                    fresh = now - float(t.observed_at[row]) <= policy.staleness_seconds
-                    out.append((name, t.gpus[row], float(t.reserved_util[row]),
-                                float(t.observed_util[row]) if fresh else None))
-            return out
-
-
-def _observations(report: AgentReport) -> list[GpuObservation]:
-    return [GpuObservation(g.index, u, m, report.received_at_seconds)
-            for g, u, m in zip(report.gpus, report.util_percent, report.memory_used_mib,
-                               strict=True)]
+            return gpu_rows(self._table, policy.staleness_seconds, now)

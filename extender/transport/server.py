@@ -45,7 +45,7 @@ def make_server(app: Any, cfg: ServerConfig, port: int | None = None) -> wsgi.Se
                          request_queue_size=LISTEN_BACKLOG)
     # Slow clients wait in the selector, not in a worker (contracts.httpserve).
     harden(server, cfg.request_read_timeout_seconds, cfg.max_body_bytes,
-           lambda message: json.dumps({"Error": message}).encode())
+           lambda message, kind="": json.dumps({"Error": message}).encode())
     if cfg.tls_cert_file and cfg.tls_key_file:
         server.ssl_adapter = tls_adapter(cfg.tls_cert_file, cfg.tls_key_file)
     return server

@@ -37,6 +37,26 @@ def sample_value(value_type: int, value: Any) -> float:
     return float(getattr(value, _VALUE_FIELDS.get(int(value_type), "uiVal")))
 
 
+def read_samples(nvml: ModuleType, handle: Any, kind: int, after_us: int,
+                 ) -> list[tuple[int, float]]:
+    """The driver's ``kind`` samples (``NVML_GPU_UTILIZATION_SAMPLES``...) newer than
+    ``after_us``, as ``(timestamp_us, value)`` oldest first: the one reader of NVML's
+    sample ring buffer, for the node agent and the profiler.
+
+    Empty when the driver has nothing newer (``NOT_FOUND``, normal between its
+    samples); any other NVMLError (``NOT_SUPPORTED``: use the utilisation rates) is
+    the caller's to handle.
+    """
+    try:
+        value_type, samples = nvml.nvmlDeviceGetSamples(handle, kind, after_us)
+    except nvml.NVMLError as exc:
+        if getattr(exc, "value", None) == nvml.NVML_ERROR_NOT_FOUND:
+            return []
+        raise
+    return sorted((int(s.timeStamp), sample_value(value_type, s.sampleValue))
+                  for s in samples if s.timeStamp > after_us)
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -124,10 +144,9 @@ class UtilizationSampler:
         """Mark 'now': only samples newer than this count (drops warm-up samples)."""
         self._window = (self.wallclock_us(), 2**63)
         try:
-            _, samples = self.nvml.nvmlDeviceGetSamples(
-                self.handle, self.nvml.NVML_GPU_UTILIZATION_SAMPLES, 0
-            )
-            self._last_ts = max((s.timeStamp for s in samples), default=0)
+            samples = read_samples(self.nvml, self.handle,
+                                   self.nvml.NVML_GPU_UTILIZATION_SAMPLES, 0)
+            self._last_ts = samples[-1][0] if samples else 0
         except self.nvml.NVMLError as exc:
             try:
                 self._handle_samples_error(exc)
@@ -154,20 +173,17 @@ class UtilizationSampler:
             )
             return
         try:
-            vtype, samples = self.nvml.nvmlDeviceGetSamples(
-                self.handle, self.nvml.NVML_GPU_UTILIZATION_SAMPLES, self._last_ts
-            )
+            samples = read_samples(self.nvml, self.handle,
+                                   self.nvml.NVML_GPU_UTILIZATION_SAMPLES, self._last_ts)
         except self.nvml.NVMLError as exc:
             if self._handle_samples_error(exc):
                 self._poll_util()
             return
         lo, hi = self._window
-        for s in sorted(samples, key=lambda s: s.timeStamp):
-            if s.timeStamp <= self._last_ts:
-                continue
-            self._last_ts = s.timeStamp
-            if lo <= s.timeStamp <= hi:
-                self.result.values_percent.append(sample_value(vtype, s.sampleValue))
+        for at, value in samples:
+            self._last_ts = at
+            if lo <= at <= hi:
+                self.result.values_percent.append(value)
 
     def _handle_samples_error(self, exc: Exception) -> bool:
         """True when the caller should retry with the fallback source."""

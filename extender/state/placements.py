@@ -1,0 +1,100 @@
+"""The placement ledger: placed and assumed pods, and when each was first applied.
+
+The state machine follows kube-scheduler's cache interface
+(``backend/cache/interface.go``); the diagram is in :mod:`extender.state.ledger`.
+This part only keeps the entries; the caller (``ClusterState``) holds the lock and
+applies each change to the GPU table. Not thread-safe on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from extender.core import Placement
+
+
+class PlacementLedger:
+    """Placed + assumed pods, their bind deadlines and first-applied times."""
+
+    def __init__(self, assume_ttl_seconds: float):
+        self.ttl = assume_ttl_seconds
+        self._placed: dict[str, Placement] = {}
+        self._assumed: dict[str, tuple[Placement, float | None]] = {}
+        self._applied_at: dict[str, float] = {}
+        """When each entry was first applied: a rebuild re-stamps it, so placements newer
+        than an agent's sample still count on top of it (``extender.core.cost``)."""
+
+    # ---- reads ---------------------------------------------------------------------
+    def placed(self) -> Iterable[Placement]:
+        """Confirmed placements."""
+        return self._placed.values()
+
+    def assumed(self) -> list[Placement]:
+        """Placements whose bind is in flight or awaiting confirmation."""
+        return [p for p, _ in self._assumed.values()]
+
+    def all(self) -> list[Placement]:
+        """Placed, then assumed."""
+        return [*self._placed.values(), *self.assumed()]
+
+    def counts(self) -> tuple[int, int]:
+        """(placed, assumed)."""
+        return len(self._placed), len(self._assumed)
+
+    def applied_at(self, uid: str) -> float | None:
+        """When the pod's entry was first applied (None: unknown pod)."""
+        return self._applied_at.get(uid)
+
+    def is_known(self, uid: str) -> bool:
+        """Placed or assumed."""
+        return uid in self._placed or uid in self._assumed
+
+    def is_assumed(self, uid: str) -> bool:
+        """Assumed (not yet confirmed)."""
+        return uid in self._assumed
+
+    def get(self, uid: str) -> Placement | None:
+        """The pod's placement, placed or assumed."""
+        entry = self._assumed.get(uid)
+        return self._placed.get(uid) or (entry[0] if entry else None)
+
+    def expired(self, now: float) -> list[str]:
+        """Assumed pods whose deadline passed without confirmation."""
+        return [uid for uid, (_, deadline) in self._assumed.items()
+                if deadline is not None and deadline <= now]
+
+    def missing_from(self, uids: set[str], listed_at: float | None) -> list[str]:
+        """Pods a relist showing ``uids`` bound at ``listed_at`` proves gone: placed ones,
+        and assumed ones whose bind call had returned before the list was taken."""
+        gone = [uid for uid in self._placed if uid not in uids]
+        if listed_at is not None:
+            gone += [uid for uid, (_, deadline) in self._assumed.items()
+                     if uid not in uids and deadline is not None
+                     and deadline - self.ttl < listed_at]
+        return gone
+
+    # ---- writes --------------------------------------------------------------------
+    def drop(self, uid: str) -> Placement | None:
+        """Forget the pod; returns what it held."""
+        p = self._placed.pop(uid, None)
+        if p is None:
+            entry = self._assumed.pop(uid, None)
+            p = entry[0] if entry else None
+        self._applied_at.pop(uid, None)
+        return p
+
+    def place(self, p: Placement, applied_at: float) -> None:
+        """Record a confirmed placement (the caller dropped any earlier entry)."""
+        self._placed[p.pod_uid] = p
+        self._applied_at[p.pod_uid] = applied_at
+
+    def assume(self, p: Placement, applied_at: float) -> None:
+        """Record a placement whose bind is in flight (no deadline yet)."""
+        self._assumed[p.pod_uid] = (p, None)
+        self._applied_at[p.pod_uid] = applied_at
+
+    def start_deadline(self, uid: str, now: float) -> None:
+        """The bind call returned: the assumed entry expires ``ttl`` after ``now``."""
+        entry = self._assumed.get(uid)
+        if entry is not None:
+            self._assumed[uid] = (entry[0], now + self.ttl)

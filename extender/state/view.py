@@ -1,0 +1,66 @@
+"""The ledger and GPU table rendered as the ``/v1/state`` contract value and metric rows.
+
+Pure functions over what ``ClusterState`` holds (it calls them under its lock).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from contracts.state import StateDocument, StateGpu, StateNode, StatePod, bounded_annotations
+from extender.core import GpuSpec, GpuTable, PlacementError
+from extender.state.placements import PlacementLedger
+
+
+def state_document(table: GpuTable, ledger: PlacementLedger, staleness_seconds: float,
+                   now: float, synced: bool, learning: Mapping[str, Any] | None = None,
+                   node: str | None = None) -> StateDocument:
+    """The ``GET /v1/state`` document; with ``node``, that node only (O(its GPUs))."""
+    t = table
+    pods_by_row: dict[int, list[StatePod]] = {}
+    for state, placements in (("placed", ledger.placed()), ("assumed", ledger.assumed())):
+        for p in placements:
+            if node is not None and p.node != node:
+                continue
+            try:
+                rows = t.rows_of(p)
+            except PlacementError:
+                continue
+            notes, omitted = bounded_annotations(p.annotations)
+            entry = StatePod(state, p.workload.value, p.util_percent, p.mem_mib,
+                             p.pod, p.pod_uid, notes, omitted)
+            for row in rows:
+                pods_by_row.setdefault(row, []).append(entry)
+    nodes = []
+    names = t.node_names if node is None else [n for n in (node,) if n in t.node_index]
+    for name in names:
+        gpus = []
+        for row in t.node_rows(name):
+            g = t.gpus[row]
+            fresh = now - float(t.observed_at[row]) <= staleness_seconds
+            gpus.append(StateGpu(
+                g.index, g.uuid, g.product, g.memory_mib,
+                reserved_mib=float(t.reserved_mib[row]),
+                predicted_util=float(t.reserved_util[row]),
+                observed_util=float(t.observed_util[row]) if fresh else None,
+                observed_mib=float(t.observed_mib[row]) if fresh else None,
+                observed_at=float(t.observed_at[row]) if fresh else None,
+                pods=tuple(sorted(pods_by_row.get(row, []), key=lambda d: d.pod or "")),
+            ))
+        nodes.append(StateNode(name, tuple(gpus)))
+    placed, assumed = ledger.counts()
+    return StateDocument(tuple(nodes), synced, placed, assumed, learning)
+
+
+def gpu_rows(table: GpuTable, staleness_seconds: float, now: float,
+             ) -> list[tuple[str, GpuSpec, float, float | None]]:
+    """(node, gpu, predicted util, fresh observed util) per GPU, for metrics."""
+    t = table
+    out = []
+    for name in t.node_names:
+        for row in t.node_rows(name):
+            fresh = now - float(t.observed_at[row]) <= staleness_seconds
+            out.append((name, t.gpus[row], float(t.reserved_util[row]),
+                        float(t.observed_util[row]) if fresh else None))
+    return out
