@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -207,3 +208,29 @@ def test_status_shows_pair_sources_and_what_was_learned() -> None:
     text = render(doc)
     assert "interference pair:3" in text and "1 pairs, 2 models profiled" in text
     assert "interference" not in summarize(decode_state({"nodes": {}}), "http://x", None)
+
+
+class _Memory:
+    """A persistence that keeps the document in memory (the ConfigMap's load/save)."""
+
+    def __init__(self) -> None:
+        self.doc: dict[str, Any] | None = None
+
+    def load(self) -> dict[str, Any] | None:
+        return self.doc
+
+    def save(self, doc: dict[str, Any]) -> None:
+        self.doc = json.loads(json.dumps(doc))  # what a ConfigMap round trip keeps
+
+
+def test_learned_pairs_survive_a_restart_through_the_learning_document() -> None:
+    cfg = LearningConfig(pairs=True, persist_interval_seconds=1.0)
+    store = _Memory()
+    first = Learner(cfg, store, clock=lambda: 0.0, wall_clock=lambda: 0.0)  # type: ignore[arg-type]
+    first.pairs.add(A100, "lm", "resnet", 3.0)
+    assert first.maybe_persist(force=True)
+    assert store.doc is not None and store.doc["pairs"]["pairs"][0][:4] == [A100, "lm", "resnet", 1]
+    second = Learner(cfg, store, clock=lambda: 0.0, wall_clock=lambda: 0.0)  # type: ignore[arg-type]
+    second.start()
+    model = second.policy(CostPolicy(), cfg).pairs
+    assert model is not None and model.figure(A100, "lm", "resnet", 1.0)[1] == "pair:1"
