@@ -14,7 +14,13 @@ from extender.core.snapshot import NodeName, Placement, PodUid
 from extender.simulator.cluster import uniform_cluster
 from extender.simulator.engine import Engine, JobRun, SchedulingContext
 from extender.simulator.jobs import SimJob
-from extender.simulator.pairwise import PairTable, gavel_model_name, import_gavel, job_slowdowns
+from extender.simulator.pairwise import (
+    GavelError,
+    PairTable,
+    gavel_model_name,
+    import_gavel,
+    job_slowdowns,
+)
 from extender.simulator.signal import SignalModel
 from extender.simulator.truth import Truth, TruthError, parse_truth, truth_document
 from tandem.cli import app
@@ -127,6 +133,11 @@ def test_gavel_import_turns_throughputs_into_slowdowns_and_cannot_share() -> Non
     assert table.listed("ResNet-50-bs64", "LM-bs5") == 1.25
     assert not table.can_share("CycleGAN", "LM-bs5")
     assert gavel_model_name("ResNet-50 (batch size 64)") == "ResNet-50-bs64"
+    broken = {"gpus": {"p100": {"A3C": {"alone": 1.0, "with": {"LM": "fast"}}}}}
+    with pytest.raises(GavelError, match="with.LM"):
+        import_gavel(broken, "p100")
+    with pytest.raises(GavelError, match="no 'gpus'"):
+        import_gavel([], "p100")
 
 
 @pytest.mark.skipif(not GAVEL.exists(), reason="shared Gavel data not present")

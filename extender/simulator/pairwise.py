@@ -192,7 +192,11 @@ def import_gavel(raw: Any, gpu: str) -> tuple[str, PairTable]:
         a = gavel_model_name(job)
         for other, both in pairs:
             b = gavel_model_name(other)
-            mine = float(both[0])
+            try:
+                mine = float(both[0])
+            except (TypeError, ValueError, IndexError, KeyError):
+                raise GavelError(f"gpus.{key}.{job}.with.{other}: must be [throughput, "
+                                 "throughput]") from None
             if mine <= 0.0:
                 cannot.add(frozenset((a, b)))
             elif alone > 0.0:
