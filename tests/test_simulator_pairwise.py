@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -175,3 +176,33 @@ def test_signal_models_show_utilisation_over_slowdown_or_its_root_with_warmup() 
     assert sub.shown(60.0, 1.0, 4.0, 50.0) == pytest.approx(15.0)  # half way up the ramp
     assert prop.shown(60.0, 0.5, None, 0.0) == pytest.approx(30.0)  # alone: its share only
     assert np.isfinite(sub.shown(60.0, 1.0, 0.5, 0.0))
+
+
+@pytest.mark.parametrize(("signal", "power"), [("proportional", 1.0), ("sub-proportional", 0.5)])
+def test_agents_show_the_signal_model_and_the_learner_learns_what_it_shows(
+        signal: str, power: float) -> None:
+    """The same learner, never told the setting, learns util / s or util / sqrt(s)."""
+    from extender.config import LearningConfig
+    from extender.learning.learner import Learner
+    from extender.simulator.agents import SimAgents, SimClock
+
+    truth = replace(parse_truth({**DOC, "noise": {"util_stddev_percent": 0}}),
+                    signal=SignalModel(signal))
+    clock = SimClock()
+    learner = Learner(LearningConfig(pairs=True), clock=clock, wall_clock=clock)
+    agents = SimAgents(truth, learner, clock)
+    jobs = [SimJob("lm-alone", 0.0, 400.0, util_percent=40.0, model="LM-bs5"),
+            SimJob("rn-alone", 500.0, 400.0, util_percent=60.0, model="ResNet-50-bs64"),
+            SimJob("lm", 1000.0, 1000.0, util_percent=40.0, model="LM-bs5"),
+            SimJob("rn", 1000.0, 1000.0, util_percent=60.0, model="ResNet-50-bs64")]
+    Engine(uniform_cluster(1, 1, P100, 16384), jobs, FirstGpu(), truth=truth,
+           agents=agents).run()
+    model = learner.pairs.model()
+    assert model is not None
+    lm, source = model.figure(P100, "LM-bs5", "ResNet-50-bs64", 1.0)
+    assert source.startswith("pair:")
+    # shrunk a little toward the profile, which two pairs put near the pair itself
+    resnet, _ = model.figure(P100, "ResNet-50-bs64", "LM-bs5", 1.0)
+    assert lm == pytest.approx(3.56 ** power, rel=0.05)
+    assert resnet == pytest.approx(1.25 ** power, rel=0.05)  # each job its own figure
+    assert learner.pairs.stats()["samples"] >= 2
