@@ -27,7 +27,7 @@ def run_command(
     extender: str | None = typer.Option(None, help="Extender base URL; omit to report nowhere."),
     gpus: str = typer.Option("nvml", help="GPU source: 'nvml' or 'sim:FILE' (explicit)."),
     interval_seconds: float = typer.Option(1.0, help="Sampling and report period."),
-    metrics_port: int = typer.Option(DEFAULT_METRICS_PORT, help="Prometheus port (0: any)."),
+    metrics_port: int = typer.Option(DEFAULT_METRICS_PORT, help="Prometheus port (0: off)."),
     metrics_addr: str = typer.Option("0.0.0.0", help="Prometheus listen address."),
     token_file: Path | None = typer.Option(None, help="Bearer token file (else "
                                            "$TANDEM_AGENT_TOKEN)."),
@@ -49,10 +49,20 @@ def run_command(
     seed: int = typer.Option(0, help="Noise seed of the sim backend."),
     once: bool = typer.Option(False, help="Take one sample, push it, print it, exit."),
     json_output: bool = typer.Option(False, "--json", help="With --once: print the report."),
+    mps: bool = typer.Option(False, "--mps", envvar="TANDEM_MPS",
+                             help="Run and keep running one MPS control daemon per GPU "
+                             "(nvidia-cuda-mps-control -d), for the device plugin's "
+                             "--mps-root."),
+    mps_root: Path = typer.Option(Path("/run/tandem/mps"), envvar="TANDEM_MPS_ROOT",
+                                  help="Pipe, log and shm directories of the MPS daemons "
+                                  "(a host path)."),
 ) -> None:
     """Run the node agent: NVML (or sim) metrics, reports, /metrics, session sync."""
+    import threading
+
     from agent.errors import ConfigError
     from agent.node.main import build_agent, run_forever, run_once
+    from agent.node.mps import MpsDaemonConfig, start_mps_daemons
     from agent.node.supervisor import SupervisorConfig
 
     node_name = node or os.environ.get("NODE_NAME", "")
@@ -70,7 +80,12 @@ def run_command(
     try:
         if once:
             raise typer.Exit(run_once(agent, json_output))
-        run_forever(agent, metrics_addr, metrics_port)
+        stop = threading.Event()
+        daemons = start_mps_daemons(MpsDaemonConfig(root=mps_root), agent.gpu_uuids,
+                                    stop) if mps else None
+        run_forever(agent, metrics_addr, metrics_port, stop)
+        if daemons is not None:
+            daemons.join(timeout=30)  # the daemons are told to quit
     finally:
         for close in closers:
             close()
@@ -174,11 +189,20 @@ def device_plugin_command(
                                       "would be advertised (health after one poll, shares, "
                                       "CDI name found) and exit; needs no kubelet or "
                                       "extender."),
+    mps_root: Path | None = typer.Option(
+        None, envvar="TANDEM_MPS_ROOT", help="Where the node runs MPS (the agent's "
+        "--mps-root): each container gets its GPU's MPS pipe and a memory limit equal to "
+        "its reservation."),
+    mps_thread_percentage: bool = typer.Option(
+        False, "--mps-thread-percentage", envvar="TANDEM_MPS_THREAD_PERCENTAGE",
+        help="With --mps-root: also cap each container's SMs at its predicted utilisation "
+        "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)."),
 ) -> None:
     """Serve tandem.io/gpu to the kubelet: each container gets the GPUs its pod was bound to."""
     import threading
 
     from agent.device_plugin.main import build_runner, device_listing, run_plugin
+    from agent.device_plugin.mps import MpsSettings
     from agent.device_plugin.server import PluginConfig
     from agent.errors import ConfigError
     from agent.node.extender_view import StateClient
@@ -209,7 +233,9 @@ def device_plugin_command(
         source, close_source = open_gpu_source(gpus, node_name)
         runner = build_runner(config, source,
                               lambda: state.fetch(node_name, token.get()),
-                              pod_resources_socket, cdi_dir, stop)
+                              pod_resources_socket, cdi_dir, stop,
+                              mps=MpsSettings(mps_root, mps_thread_percentage)
+                              if mps_root is not None else None)
     except ConfigError as err:
         if close_source is not None:
             close_source()

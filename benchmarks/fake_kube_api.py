@@ -3,7 +3,7 @@
 It speaks real HTTP/1.1 (keep-alive, chunked watch streams), so the official
 ``kubernetes`` client runs unchanged against it: list and watch of nodes and pods
 (``spec.nodeName`` field selectors), GET pod, PATCH pod metadata (a ``metadata.uid``
-that differs from the pod's is a 409, as on the real server), POST
+that differs from the pod's is a 409, as on the real server), ConfigMaps, POST
 ``pods/{name}/binding`` and POST events. The binding behaves like the API
 server's ``BindingREST``: the Binding's ``metadata.uid`` is a precondition (409 when
 the pod was recreated), its annotations are copied onto the pod in the same
@@ -255,9 +255,16 @@ class FakeKubeApi:
         return event
 
     def configmap(self, method: str, namespace: str, name: str | None, body: Any,
-                  ) -> tuple[int, dict[str, Any]]:
-        """GET, POST (create; 409 if it exists) and PUT (replace; 404 if absent) ConfigMaps."""
+                  selector: str = "") -> tuple[int, dict[str, Any]]:
+        """GET (one, or a list by ``a=b`` label), POST (create; 409 if it exists) and PUT
+        (replace; 404 if absent, 409 unless ``metadata.resourceVersion`` is the stored one)."""
         with self._cond:
+            if method == "GET" and not name:
+                label, _, value = selector.partition("=")
+                items = [copy.deepcopy(cm) for (ns, _), cm in sorted(self.configmaps.items())
+                         if ns == namespace and (not label or (
+                             (cm.get("metadata") or {}).get("labels") or {}).get(label) == value)]
+                return 200, {"kind": "ConfigMapList", "apiVersion": "v1", "items": items}
             if method == "POST" and isinstance(body, dict):
                 name = str((body.get("metadata") or {}).get("name", ""))
                 if (namespace, name) in self.configmaps:
@@ -271,6 +278,10 @@ class FakeKubeApi:
                 raise ApiError(400, "BadRequest", "configmap body must be an object")
             if method == "PUT" and key not in self.configmaps:
                 raise ApiError(404, "NotFound", f"configmaps {name} not found")
+            given = (body.get("metadata") or {}).get("resourceVersion")
+            if method == "PUT" and given not in (None, self.configmaps[key]["metadata"].get(
+                    "resourceVersion")):
+                raise ApiError(409, "Conflict", f'configmaps "{name}": the object was modified')
             stored = copy.deepcopy(body)
             self._rv += 1
             stored.setdefault("metadata", {}).update(namespace=namespace,
@@ -413,7 +424,8 @@ def _handler(api: FakeKubeApi) -> type[BaseHTTPRequestHandler]:
             elif event_match and method == "POST":
                 self._send(201, api.post_event(event_match[1], body))
             elif (cm := CONFIGMAP_PATH.match(path)) is not None:
-                self._send(*api.configmap(method, cm[1], cm[2], body))
+                self._send(*api.configmap(method, cm[1], cm[2], body,
+                                          query.get("labelSelector", "")))
             else:
                 raise ApiError(404, "NotFound", f"{method} {path} is not served here")
 

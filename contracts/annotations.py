@@ -56,10 +56,13 @@ INTERFERENCE_SOURCE = PREFIX + "interference-source"
 seen n times), ``profile`` (the models' learned sensitivity and aggressiveness), ``curve``
 (the GPU type's curve, beside learned pairs); absent where the curve alone decided."""
 _MAX_SOURCE = 253  # an annotation value for people; longer text is cut, never refused
+CONTAINER_GPUS = PREFIX + "container-gpus"
+"""Which container gets which bound GPU: ``c1=2;c2=3`` (GPU indices), for people; the
+device plugin reads the same from the extender's state, never from the pod."""
 PLACEMENT_SIGNATURE = PREFIX + "placement-signature"
 """HMAC of the pod UID, node and the outputs above, keyed by the extender's signing key."""
 SIGNED_OUTPUTS = (GPU_INDEX, GPU_UUID, PREDICTED_UTIL, PREDICTED_MEM_MIB, COST, BATCH,
-                  DUTY_CYCLE_MS)
+                  DUTY_CYCLE_MS, CONTAINER_GPUS)
 
 TRAINING = "training"
 INFERENCE = "inference"
@@ -302,6 +305,8 @@ class BindOutputs:
     duty_cycle_ms: float | None = None
     source: str | None = None
     """Where ``util_percent`` and ``mem_mib`` came from (``PREDICTION_SOURCE``)."""
+    containers: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    """Container name and the GPU indices it gets (``CONTAINER_GPUS``)."""
     interference_source: str | None = None
     """Where the interference figure came from (``INTERFERENCE_SOURCE``)."""
 
@@ -322,6 +327,9 @@ def encode_outputs(out: BindOutputs) -> dict[str, str]:
         ann[DUTY_CYCLE_MS] = f"{out.duty_cycle_ms:.3f}"
     if out.source:
         ann[PREDICTION_SOURCE] = out.source[:_MAX_SOURCE]
+    if out.containers:
+        ann[CONTAINER_GPUS] = ";".join(f"{name}={','.join(str(i) for i in indices)}"
+                                       for name, indices in out.containers)
     if out.interference_source:
         ann[INTERFERENCE_SOURCE] = out.interference_source[:_MAX_SOURCE]
     return ann
@@ -361,6 +369,21 @@ def decode_outputs(ann: Mapping[str, object]) -> BindOutputs | None:
         source=_source_or_none(ann.get(PREDICTION_SOURCE)),
         interference_source=_source_or_none(ann.get(INTERFERENCE_SOURCE)),
     )
+
+
+def decode_container_gpus(ann: Mapping[str, object]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """``CONTAINER_GPUS`` read back (empty when absent or unreadable: a record for people)."""
+    raw = ann.get(CONTAINER_GPUS)
+    if not isinstance(raw, str) or len(raw) > 4096:
+        return ()
+    out = []
+    for part in raw.split(";"):
+        name, _, indices = part.partition("=")
+        values = indices.split(",")
+        if not name or not all(v.isascii() and v.isdigit() and len(v) <= 4 for v in values):
+            return ()
+        out.append((name, tuple(int(v) for v in values)))
+    return tuple(out)
 
 
 _BATCH_RECORD = IntRange(0, BATCH_SIZE_RANGE.high)

@@ -47,6 +47,10 @@ from cheroot.server import HeaderReader, HTTPConnection, HTTPRequest
 from cheroot.ssl.builtin import BuiltinSSLAdapter
 
 DEFAULT_READ_DEADLINE_SECONDS = 10.0
+CLIENT_VERIFY = "SSL_CLIENT_VERIFY"
+"""WSGI environ key: ``SUCCESS`` when the TLS client presented a verified certificate."""
+CLIENT_CN = "SSL_CLIENT_S_DN_CN"
+"""WSGI environ key: the common name of that certificate's subject."""
 MAX_HEAD_BYTES = 64 * 1024
 """A request head longer than this is handed to cheroot at once (which refuses it)."""
 _HEAD_END = b"\r\n\r\n"
@@ -239,7 +243,23 @@ class GatheringConnection(HTTPConnection):
             return started is None or \
                 time.monotonic() - started < self.read_deadline_seconds
         self._first_byte_at = None
+        self._note_client_certificate()
         return bool(super().communicate())
+
+    def _note_client_certificate(self) -> None:
+        """Once the handshake is done: whether the client proved a certificate (mutual
+        TLS; the handshake verified it where the server asked for one), for WSGI."""
+        getpeercert = getattr(self.socket, "getpeercert", None)
+        if getpeercert is None or self.ssl_env is None or CLIENT_VERIFY in self.ssl_env:
+            return
+        try:
+            cert = getpeercert()
+        except ValueError:  # not connected or no handshake: no certificate
+            cert = None
+        self.ssl_env[CLIENT_VERIFY] = "SUCCESS" if cert else "NONE"
+        if cert:
+            subject = dict(pair for rdn in cert.get("subject", ()) for pair in rdn)
+            self.ssl_env[CLIENT_CN] = str(subject.get("commonName", ""))
 
     def _gather(self) -> bool:
         """Read what is available without blocking; True when the request is complete

@@ -10,7 +10,10 @@ from pathlib import Path
 
 import typer
 
+from extender.webhook.commands import webhook
+
 app = typer.Typer(no_args_is_help=True)
+app.command("webhook")(webhook)
 
 
 @app.command("serve")
@@ -24,11 +27,15 @@ def serve(
              "| elect (standalone replicas elect on --lease-name)"),
     lease_name: str | None = typer.Option(
         None, "--lease-name", help="Lease to follow or elect on (POD_NAMESPACE's)"),
+    insecure: bool = typer.Option(
+        False, "--insecure",
+        help="serve on a non-loopback server.host without TLS or an agent token"),
 ) -> None:
     """Run the kube-scheduler extender on cheroot until SIGTERM/SIGINT."""
     from contracts.clusterfile import ClusterFileError
     from contracts.logs import setup_logging
     from extender.config import ConfigError, ConfigHolder, load_config
+    from extender.exposure import exposure_problem
     from extender.ha.lifecycle import (
         Draining,
         GracefulShutdown,
@@ -39,6 +46,7 @@ def serve(
     from extender.ops.metrics import Metrics
     from extender.queue import QueueError
     from extender.queue.metrics import QueueMetrics
+    from extender.scheduler_auth import ask_for_client_certificates, scheduler_only
     from extender.transport.server import make_server, reload_loop
     from extender.wiring import (
         PredictorSetupError,
@@ -56,6 +64,12 @@ def serve(
     try:
         cfg = load_config(config)
         log = setup_logging(cfg.log_level)
+        exposed = exposure_problem(cfg, os.environ)
+        if exposed and not insecure:
+            raise ConfigError([exposed])
+        if exposed:
+            log.warning("serving without TLS or an agent token (--insecure)",
+                        extra={"path": cfg.server.host})
         if cfg.queue.enabled and cluster != "kube":
             raise SourceSpecError("queue.enabled needs --cluster kube (the gate patches real pods)")
         leader, loop = setup_leadership(leadership, lease_name)
@@ -74,7 +88,17 @@ def serve(
     app_ = create_app(holder, source, predictor=predictor,
                       profiles=profiles, planner=default_planner(), readiness=[draining],
                       may_bind=leader.is_leader, metrics=metrics)
+    mutual_tls = bool(cfg.server.tls_client_ca_file and cfg.server.tls_cert_file)
+    if mutual_tls:
+        app_ = scheduler_only(app_, cfg.server.scheduler_client_names)
     server = make_server(app_, cfg.server, port)
+    if mutual_tls:
+        try:
+            ask_for_client_certificates(server.ssl_adapter, cfg.server.tls_client_ca_file)
+        except ConfigError as exc:
+            source.stop()
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
     address = f"{cfg.server.host}:{port or cfg.server.port}"
     try:
         server.prepare()  # bind now, so a busy port fails before we claim to serve

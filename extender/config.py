@@ -50,7 +50,8 @@ class ConfigError(ValueError):
 class ServerConfig:
     """HTTP server settings."""
 
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"
+    """Listen address; loopback unless TLS and an agent token are configured (exposure.py)."""
     port: int = 8888
     """TCP port, 0..65535 (0 = pick a free one). Default 8888."""
     max_body_bytes: int = 4 * 1024 * 1024
@@ -59,6 +60,11 @@ class ServerConfig:
     """cheroot worker threads (>= 1)."""
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
+    tls_client_ca_file: str | None = None
+    """CA of the scheduler's client certificate: the scheduling verbs need one (mTLS);
+    without TLS (no ``tls_cert_file``) it has no effect."""
+    scheduler_client_names: tuple[str, ...] = ("tandem-scheduler",)
+    """Common names of the client certificates the scheduling verbs accept."""
     request_read_timeout_seconds: float = 10.0
     """A request (head and body) must arrive within this of its first byte, or the
     connection is dropped; until it has arrived it holds no worker thread."""
@@ -231,6 +237,9 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool
         "threads": (int, lambda v: 1 <= v <= 256, "must be in 1..256"),
         "tls_cert_file": ((str, type(None)), None, ""),
         "tls_key_file": ((str, type(None)), None, ""),
+        "tls_client_ca_file": ((str, type(None)), None, ""),
+        "scheduler_client_names": (list, lambda v: bool(v) and all(
+            isinstance(n, str) and n for n in v), "must be a non-empty list of names"),
         "request_read_timeout_seconds": ((int, float), lambda v: 0 < v <= 300,
                                          "must be in (0, 300]"),
     },
@@ -448,7 +457,7 @@ def build_config(raw: Any, source_path: str | None = None) -> ExtenderConfig:
         staleness_seconds=float(reports.staleness_seconds),
     )
     return ExtenderConfig(
-        server=ServerConfig(**sections["server"]), state=StateConfig(**sections["state"]),
+        server=_server(sections["server"]), state=StateConfig(**sections["state"]),
         reports=reports, policy=policy, handoff=HandoffConfig(
             mode=sections["handoff"].get("mode", "device-plugin"),
             timeout_seconds=float(sections["handoff"].get("timeout_seconds", 30.0))),
@@ -461,6 +470,13 @@ def build_config(raw: Any, source_path: str | None = None) -> ExtenderConfig:
         reload_interval_seconds=float(sections["reload"].get("interval_seconds", 5.0)),
         source_path=source_path, curves_file=curves_file,
     )
+
+
+def _server(section: Mapping[str, Any]) -> ServerConfig:
+    values = dict(section)
+    if "scheduler_client_names" in values:
+        values["scheduler_client_names"] = tuple(values["scheduler_client_names"])
+    return ServerConfig(**values)
 
 
 def _learning(section: Mapping[str, Any]) -> LearningConfig:

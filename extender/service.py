@@ -1,9 +1,10 @@
 """The extender's verbs: decode -> resolve demand -> core decision -> encode.
 
 One :class:`Extender` per process. It owns the demand cache (filter and
-prioritize see the full Pod; bind only gets its name and UID) and the bind flow:
-decide again on fresh state and assume under the state lock, write the
-annotations, create the binding, then confirm or start the expiry clock.
+prioritize see the full Pod; bind only gets its name and UID, and reads the pod
+from the cluster) and the bind flow: decide again on fresh state and assume under
+the state lock, write the annotations, create the binding, then confirm or start
+the expiry clock.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from extender.core import (
     UtilKnowledge,
     Workload,
     annotations_of,
+    container_gpu_counts,
     gpu_type_of,
     parse_demand,
     pod_ref,
@@ -64,24 +66,26 @@ DEMAND_CACHE_LIMIT = 20_000
 """Most pods whose demand is cached between filter and bind (oldest evicted first)."""
 FETCHING = "ModelBeingFetched"
 """Gap kind of a model still downloading (``predictor.fetch``): such demands are not cached."""
-CONTENTS_PER_POD = 4
-"""Most differing contents cached for one pod UID (a forger's flood evicts its own)."""
 
-CacheEntry = tuple[str, ResolvedDemand, Mapping[str, Any], float]
-"""(resourceVersion, resolved demand, the pod as filter saw it, expiry)."""
+CacheEntry = tuple[ResolvedDemand, float]
+"""(resolved demand, expiry), keyed by :func:`demand_digest`."""
 
 
 def demand_digest(pod: Mapping[str, Any]) -> str:
-    """A hash of what the demand is computed from: ``tandem.io/*`` annotations and the
-    containers' resources. Cache entries are keyed by it, so a body claiming a known pod
-    UID and resourceVersion with other contents never replaces the real pod's entry."""
+    """A hash of everything the demand is computed from: the pod's UID, namespace and name
+    (the session name), its ``tandem.io/*`` annotations and its containers' names and
+    resources. The cache is keyed by it alone, so a body claiming a known pod's UID (and
+    resourceVersion) with other contents never answers for the real pod."""
     meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
     ann = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
     spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
-    resources = [[c.get("resources") for c in spec.get(key) or [] if isinstance(c, Mapping)]
-                 if isinstance(spec.get(key), list) else spec.get(key)
-                 for key in ("containers", "initContainers")]
-    content = json.dumps([tandem_annotations(ann), resources], sort_keys=True, default=repr)
+    containers = [[[c.get("name"), c.get("resources")] for c in spec.get(key) or []
+                   if isinstance(c, Mapping)]
+                  if isinstance(spec.get(key), list) else spec.get(key)
+                  for key in ("containers", "initContainers")]
+    who = [meta.get(k) for k in ("uid", "namespace", "name")]
+    content = json.dumps([who, tandem_annotations(ann), containers], sort_keys=True,
+                         default=repr)
     return hashlib.blake2b(content.encode(), digest_size=16).hexdigest()
 
 
@@ -156,28 +160,25 @@ class Extender:
         self.learner = learner
         self._environ = environ
         """Where ``reports.token_env`` is looked up (None: the process environment)."""
-        self._cache: OrderedDict[str, OrderedDict[str, CacheEntry]] = OrderedDict()
-        """Per pod UID, per :func:`demand_digest`: what filter resolved."""
+        self._cache: OrderedDict[str, CacheEntry] = OrderedDict()
+        """Per :func:`demand_digest`: what filter (or bind) resolved."""
         self._cache_lock = threading.Lock()
         self._unknown: OrderedDict[str, None] = OrderedDict()
         """UIDs of pods whose last bind call got no answer (it may have been applied)."""
 
     # ---- demand --------------------------------------------------------------------
     def demand(self, pod: Mapping[str, Any]) -> tuple[PodRef, ResolvedDemand]:
-        """The pod's resolved demand (cached by UID, contents and resourceVersion);
-        PodRejected if bad."""
+        """The pod's resolved demand (cached by :func:`demand_digest`); PodRejected if bad."""
         try:
             ref = pod_ref(pod)
         except DemandError as exc:
             raise BadRequest(exc.field, exc.problem) from None
-        version = str((pod.get("metadata") or {}).get("resourceVersion", ""))
-        key = ref.uid or ref.key
         digest = demand_digest(pod)
         now = self.clock()
         with self._cache_lock:
-            hit = self._cache.get(key, {}).get(digest)
-            if hit is not None and hit[0] == version and hit[3] > now:
-                return ref, hit[1]
+            hit = self._cache.get(digest)
+            if hit is not None and hit[1] > now:
+                return ref, hit[0]
         try:
             job = parse_demand(pod)
         except DemandError as exc:
@@ -189,12 +190,8 @@ class Extender:
         if any(g.startswith(FETCHING) for g in resolved.gaps.values()):
             return ref, resolved  # not cached: the next filter sees the model once it is here
         with self._cache_lock:
-            entries = self._cache.setdefault(key, OrderedDict())
-            entries[digest] = (version, resolved, pod, now + ttl)
-            entries.move_to_end(digest)
-            while len(entries) > CONTENTS_PER_POD:
-                entries.popitem(last=False)
-            self._cache.move_to_end(key)
+            self._cache[digest] = (resolved, now + ttl)
+            self._cache.move_to_end(digest)
             while len(self._cache) > DEMAND_CACHE_LIMIT:
                 self._cache.popitem(last=False)
         return ref, resolved
@@ -295,13 +292,14 @@ class Extender:
         try:
             inputs = tandem_annotations(annotations_of(pod))
             placement, plan, cost, uuids, interference = self.state.assume_best(
-                args.node, demand, self._inference, ref.uid or ref.key, ref.key, inputs)
+                args.node, demand, self._inference, ref.uid or ref.key, ref.key, inputs,
+                container_gpu_counts(pod))
             annotations = output_annotations(placement, uuids, cost, plan,
                                              self._source_on(demand, args.node,
                                                              tuple(placement.gpu_indices)),
                                              interference)
             try:
-                confirmed = self.source.bind(ref, args.node, annotations)
+                confirmed = self.source.bind(ref, args.node, annotations, placement)
             except BindOutcomeUnknown as exc:
                 # The binding may be on the API server: keep the GPUs reserved (the expiry
                 # clock starts now) until the watch shows the pod, a retry asks the API, or
@@ -371,24 +369,10 @@ class Extender:
         return str(node)
 
     def _pod_for(self, args: BindingArgs) -> Mapping[str, Any]:
-        key = args.pod_uid or f"{args.pod_namespace}/{args.pod_name}"
-        now = self.clock()
-        with self._cache_lock:
-            live = [e for e in self._cache.get(key, {}).values() if e[3] > now]
-        if len(live) == 1:
-            cached = live[0][2]
-            meta = cached.get("metadata") or {}
-            if (meta.get("namespace", args.pod_namespace), meta.get("name")) != \
-                    (args.pod_namespace, args.pod_name):
-                # The UID filter saw belongs to another pod: never bind (or, on the
-                # simulated cluster, create) a pod under a name filter never saw.
-                raise BindConflict(f"pod UID {args.pod_uid} is {meta.get('namespace')}/"
-                                   f"{meta.get('name')}, not {args.pod_namespace}/"
-                                   f"{args.pod_name}", None)
-            return cached  # the usual case: no round trip
-        # Nothing cached, or filter saw differing contents for this UID (one of them may be
-        # forged): the API server's copy decides, and its own cache entry is used if present.
-        pod = self.source.read_pod(args.pod_namespace, args.pod_name)
+        """The pod as the cluster has it (the API server, or the simulated registry), never a
+        /filter body: anyone who reaches the extender can send one. The demand cache still
+        saves the prediction when the contents are those filter saw (same digest)."""
+        pod = self.source.current_pod(args.pod_namespace, args.pod_name)
         if pod is None:
             raise BindConflict(f"pod {args.pod_namespace}/{args.pod_name} not found", None)
         uid = (pod.get("metadata") or {}).get("uid")

@@ -99,7 +99,8 @@ class Predictor:
 
         ``background_fetch`` (servers): remote references are downloaded off the
         caller's thread with a short timeout and deadline (:mod:`predictor.fetch`),
-        from ``allowed_sources`` only (URL prefixes; None: any).
+        from ``allowed_sources`` only (URL prefixes; None: any), and without a store
+        root local paths are refused (``predictor.store.NO_STORE``).
         """
         artifacts = None
         if artifacts_dir is not None:
@@ -115,6 +116,7 @@ class Predictor:
                                        deadline_seconds=FETCH_DEADLINE_SECONDS,
                                        max_download_bytes=FETCH_MAX_BYTES,
                                        allowed_sources=allowed_sources,
+                                       local_files=False,
                                        cache_dir=Path(tempfile.gettempdir()) / "tandem-models"))
         return cls(artifacts, store, FeatureExtractor(limits), fetcher=BackgroundFetcher(store))
 

@@ -25,7 +25,9 @@ DEFAULT_ARTIFACTS = DEFAULT_DATA / "artifacts"
 _WORKLOADS = ("training", "inference")
 
 
-def _fail(message: str, as_json: bool, reason: str = "error", code: int = 1) -> None:
+def _fail(message: str, as_json: bool, reason: str = "error", code: int = 2) -> None:
+    """Exit with ``message``: 2 for a bad command line or input (the default), 1 when the
+    command ran and failed, 3 when no trained model exists (docs/troubleshooting.md)."""
     if as_json:
         typer.echo(json.dumps({"error": message, "reason": reason}))
     typer.echo(f"error: {message}", err=True)
@@ -50,8 +52,10 @@ def _guarded(as_json: bool, body: Callable[[], Any], looked_in: Path | None = No
     except NoTrainedModel as exc:
         where = f" (looked in {looked_in}; pass --artifacts DIR)" if looked_in else ""
         _fail(f"{exc}{where}", as_json, "no_trained_model", 3)
-    except (ModelUnavailable, ValueError, KeyError) as exc:
+    except ModelUnavailable as exc:  # ran, and the model could not be had
         _fail(str(exc), as_json, "error", 1)
+    except (ValueError, KeyError) as exc:  # the input is wrong
+        _fail(str(exc), as_json, "error", 2)
 
 
 # Options several commands share, declared once so their flags and help stay the same.
@@ -66,6 +70,16 @@ _ALLOW_SIMULATED = typer.Option(
     help="Accept directories whose provenance says simulated (sim: backend dry runs); "
     "everything produced is then marked simulated.",
 )
+
+
+def _note_missing_plots(what: str) -> None:
+    """Before the work: say on stderr that no PNG will be written, and how to get one
+    (the result's ``plot`` is then null; the fit itself does not need matplotlib)."""
+    from contracts.extras import missing_extra
+
+    problem = missing_extra("plots", what)
+    if problem:
+        typer.echo(f"note: no plot: {problem}", err=True)
 
 
 def _echo_guarded(as_json: bool, body: Callable[[], dict[str, Any]]) -> None:
@@ -154,6 +168,11 @@ def predict_command(
     if pred.gpu_util_percent is None and not as_json:
         typer.echo(f"note: no trained utilisation model in {artifacts} (run `tandem predictor "
                    "train`); the memory estimate needs none", err=True)
+    trained = predictor.artifacts.gpu_types if predictor.artifacts is not None else ()
+    if gpu_type is not None and trained and gpu_type not in trained:
+        typer.echo(f"note: --gpu-type {gpu_type} is not one the model was trained for "
+                   f"({', '.join(trained)}); the utilisation is the largest prediction over "
+                   "those (source ...,gpu=max)", err=True)
     typer.echo(
         json.dumps(out)
         if as_json
@@ -215,6 +234,8 @@ def evaluate_command(
     """RMSLE per held-out family for XGBoost and baselines; JSON + predicted-vs-measured PNG."""
     from predictor.training import build_table, cross_validate
 
+    _note_missing_plots("the predicted-vs-measured PNG")
+
     def body() -> dict[str, Any]:
         datasets = _load(data, allow_simulated)
         table = build_table(datasets)
@@ -255,6 +276,7 @@ def fit_curves_command(
 
     if out.suffix not in (".yaml", ".yml"):
         _fail(f"--out {out}: the curves file is YAML; name it *.yaml", as_json)
+    _note_missing_plots(f"{out.with_suffix('.png')}")
 
     def body() -> dict[str, Any]:
         datasets = _load(data, allow_simulated)

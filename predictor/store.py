@@ -4,8 +4,9 @@ Accepted forms:
 
 - a relative path in the model store: ``vision/resnet50.onnx`` -> ``<root>/vision/...``;
   anything that resolves outside the root (``..``, absolute paths, symlinks out)
-  is refused with ``PATH_OUTSIDE_STORE``. Without a root (the CLI), plain paths are
-  local files.
+  is refused with ``PATH_OUTSIDE_STORE``. Without a root, plain paths are local files
+  for the CLI (``local_files=True``); servers (``local_files=False``) refuse every one
+  with ``NO_STORE``, before the filesystem is looked at.
 - ``file:///abs/path.onnx``: with a root, the path must also be inside it.
 - ``https://host/model.onnx``: streamed with a size cap and a timeout into the
   cache directory under the sha256 of the URL; a URL is treated as immutable
@@ -37,6 +38,8 @@ from predictor.errors import ModelRejected, ModelUnavailable, RejectReason
 
 OUTSIDE_STORE = "resolves outside the model store"
 """The one refusal text for a reference outside the store, whatever lies there."""
+NO_STORE = "local model files are not accepted: no model store is configured"
+"""The one refusal text for every local reference when a server has no store."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,9 @@ class StoreConfig:
     """URL prefixes remote references must match; None: any (CLI use), (): none."""
     absolute_inside_root: bool = False
     """With a root, accept a plain absolute path that lies inside it (as ``file://`` is)."""
+    local_files: bool = True
+    """Without a root: True lets plain paths name any local file (CLI use); False refuses
+    them all with one text (servers: a pod owner must not learn which paths exist)."""
 
 
 def source_problem(prefix: Any) -> str | None:
@@ -66,8 +72,11 @@ def source_problem(prefix: Any) -> str | None:
     if not isinstance(prefix, str):
         return "must be a string"
     parsed = urlparse(prefix)
-    if parsed.scheme not in ("https", "http") or not parsed.hostname:
-        return "must be an https:// (or http://) URL with a host"
+    if parsed.scheme == "http":
+        return ("must be an https:// URL: plain http is refused "
+                "(a model could be swapped in transit)")
+    if parsed.scheme != "https" or not parsed.hostname:
+        return "must be an https:// URL with a host"
     if parsed.username or parsed.password or parsed.query or parsed.fragment:
         return "must not carry credentials, a query or a fragment"
     if not prefix.endswith("/"):
@@ -140,6 +149,10 @@ class ModelStore:
 
     def _local(self, path: Path, ref: str, absolute_ok: bool) -> Path:
         root = self.config.root
+        if root is None and not self.config.local_files:
+            # Before the filesystem is touched: the same answer for /etc/hostname and
+            # /etc/nonexistent.
+            raise ModelRejected(RejectReason.PATH_OUTSIDE_STORE, NO_STORE, model=ref)
         if root is None:
             target = path.expanduser().resolve()
         else:

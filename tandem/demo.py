@@ -13,6 +13,7 @@ the text rendering lives in :mod:`tandem.demo_render`.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import tempfile
 import time
@@ -169,10 +170,11 @@ def schedule_one(http: Any, pod: dict[str, Any], names: list[str], sim: Any) -> 
     filtered = http.post("/filter", json=args).json()
     passed = filtered.get("NodeNames") or []
     if filtered.get("Error") or not passed:
-        reasons = {**filtered.get("FailedNodes", {}), **filtered.get("FailedAndUnresolvableNodes",
-                                                                      {})}
+        failed = filtered.get("FailedNodes") or {}
+        unresolvable = filtered.get("FailedAndUnresolvableNodes") or {}
         return {**row, "outcome": "rejected", "node": None,
-                "reason": filtered.get("Error") or _main_reason(reasons), "node_reasons": reasons}
+                "reason": filtered.get("Error") or _main_reason(failed, unresolvable),
+                "node_reasons": {**failed, **unresolvable}}
     scores = {passed[0]: None}
     if len(passed) > 1:
         ranked = http.post("/prioritize", json={"Pod": pod, "NodeNames": passed}).json()
@@ -193,14 +195,22 @@ def schedule_one(http: Any, pod: dict[str, Any], names: list[str], sim: Any) -> 
             "source": out.get(keys.PREDICTION_SOURCE)}
 
 
-def _main_reason(reasons: dict[str, str]) -> str:
-    """Node reasons grouped by their text (numbers left out), most common first."""
-    groups: dict[str, list[str]] = {}
-    for node, text in sorted(reasons.items()):
-        short = text.removeprefix("tandem: ").split(" (need", 1)[0]
-        groups.setdefault(short, []).append(node)
-    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
-    return " | ".join(f"{len(nodes)} node(s): {text}" for text, nodes in ordered)
+def _main_reason(failed: dict[str, str], unresolvable: dict[str, str]) -> str:
+    """Node reasons grouped by their text (numbers left out). Reasons of nodes that could
+    take the pod later (resolvable) come first, since they say what holds it back; then
+    the most common, then the one that blocks the most GPUs."""
+    groups: dict[tuple[bool, str], list[str]] = {}
+    for kind, reasons in ((False, failed), (True, unresolvable)):
+        for node, text in sorted(reasons.items()):
+            short = text.removeprefix("tandem: ").split(" (need", 1)[0]
+            groups.setdefault((kind, short), []).append(node)
+
+    def blocked(text: str) -> int:
+        return sum(int(n) for n in re.findall(r" on (\d+)/\d+ GPUs", text))
+
+    ordered = sorted(groups.items(),
+                     key=lambda kv: (kv[0][0], -len(kv[1]), -blocked(kv[0][1]), kv[0][1]))
+    return " | ".join(f"{len(nodes)} node(s): {text}" for (_, text), nodes in ordered)
 
 
 def summarise(placements: list[dict[str, Any]], state: StateDocument) -> dict[str, Any]:

@@ -24,7 +24,9 @@ OVERLAYS = ("sidecar", "standalone")
 # The same two with the environment-variable GPU hand-off (components/env-handoff).
 ENV_HANDOFF_OVERLAYS = ("sidecar-env-handoff", "standalone-env-handoff")
 # Optional kustomizations applied after an overlay (they use its namespace and config).
-ADDONS = ("queue-gate",)
+ADDONS = ("queue-gate", "webhook")
+MPS_OVERLAYS = ("sidecar-mps",)
+"""overlays/sidecar with components/mps (the agent's MPS daemons, the plugin's limits)."""
 K8S_VERSION = "1.30.0"  # oldest minor we document support for; see docs/deploy.md
 
 # Objects the operator creates at install time (docs/deploy.md), never committed.
@@ -33,6 +35,7 @@ CREATED_AT_INSTALL = {
     ("Secret", "tandem-admin-token"),
     ("Secret", "tandem-extender-tls"),
     ("Secret", "tandem-signing-key"),
+    ("Secret", "tandem-scheduler-client"),
     ("ConfigMap", "tandem-extender-ca"),
 }
 # Cluster roles every Kubernetes cluster ships.

@@ -79,6 +79,14 @@ def test_training_pods_are_not_sessions() -> None:
     assert list(wanted[0]) == ["ns.a"]
 
 
+def test_untrusted_pods_get_no_session() -> None:
+    """#25: a pod bound without the extender's decision holds every GPU of its node; its
+    annotations must not register a session on them."""
+    bypass = {**pod("b"), "state": "untrusted"}
+    wanted, skipped = desired_sessions(view([bypass, pod("a")], [bypass]))
+    assert (list(wanted[0]), wanted[1], skipped) == (["ns.a"], {}, ())
+
+
 class FakeServers:
     """Per-GPU inference servers (port 8700 + i) answering the DESIGN session API."""
 

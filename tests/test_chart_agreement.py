@@ -26,7 +26,7 @@ from manifests_helpers import (
 # Made by the operator by hand with Kustomize (docs/deploy.md, step 3); the chart makes them.
 CHART_ONLY = {("Secret", "tandem-extender-tls"), ("Secret", "tandem-agent-token"),
               ("Secret", "tandem-admin-token"), ("Secret", "tandem-signing-key"),
-              ("ConfigMap", "tandem-extender-ca")}
+              ("ConfigMap", "tandem-extender-ca"), ("Secret", "tandem-scheduler-client")}
 # Kustomize applies the Namespace; with Helm it exists first (namespace.create renders it).
 KUSTOMIZE_ONLY = {("Namespace", NAMESPACE)}
 CASES = {
@@ -94,7 +94,7 @@ def _comparable(obj: dict[str, Any]) -> Any:
         return obj["rules"]
     if kind in ("ClusterRoleBinding", "RoleBinding"):
         return obj["roleRef"], obj["subjects"], obj["metadata"].get("namespace")
-    if kind in ("Service", "PodDisruptionBudget"):
+    if kind in ("Service", "PodDisruptionBudget", "NetworkPolicy"):
         return obj["spec"]
     if kind == "ServiceAccount":
         return obj.get("automountServiceAccountToken"), obj["metadata"]["namespace"]

@@ -43,8 +43,9 @@ G0, G1 = Gpu(0, "GPU-aaaa"), Gpu(1, "GPU-bbbb")
 INVENTORY = {G0.uuid: G0, G1.uuid: G1}
 
 
-def placement(ns: str, name: str, uid: str, *gpus: Gpu) -> list[tuple]:
-    return [(ns, name, uid, g.index, g.uuid) for g in gpus]
+def placement(ns: str, name: str, uid: str, *gpus: Gpu, container: str | None = None,
+              state: str = "placed") -> list[tuple]:
+    return [(ns, name, uid, g.index, g.uuid, container, state) for g in gpus]
 
 
 # --- pure decisions -------------------------------------------------------------
@@ -57,13 +58,13 @@ def test_share_ids_round_trip_to_their_gpu():
 
 def test_candidates_group_a_pods_gpus_and_skip_pods_holding_devices():
     rows = placement("ml", "train", "u1", G1, G0) + placement("ml", "old", "u2", G0)
-    got = candidates(rows, INVENTORY, holding={"ml/old"})
+    got = candidates(rows, INVENTORY, holding={"ml/old": {"main"}})
     assert got == [Candidate("ml/train", "u1", (G0, G1))]
 
 
 def test_candidates_ignore_gpus_this_node_does_not_have():
     rows = placement("ml", "x", "u1", Gpu(7, "GPU-gone"))
-    assert candidates(rows, INVENTORY, holding=set()) == []
+    assert candidates(rows, INVENTORY, holding={}) == []
 
 
 @pytest.mark.parametrize(("pods", "count", "want"), [

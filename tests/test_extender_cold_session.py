@@ -59,10 +59,11 @@ def test_shipped_example_is_placed_alone_on_an_idle_gpu_under_the_default_config
 
 
 def test_a_session_without_a_profile_never_shares_a_gpu() -> None:
-    app, _, _, _ = make_app([node("n1", count=1)])
+    app, _, source, _ = make_app([node("n1", count=1)])
     client = app.test_client()
     cold = inference("cold", model="unprofiled", slo=100, rate=10)
     cold["metadata"]["annotations"]["tandem.io/gpu-mem-mib"] = "1024"
+    source.create_pod(cold)
     assert client.post("/filter", json=args(cold, ["n1"])).get_json()["NodeNames"] == ["n1"]
     assert client.post("/bind", json=binding(cold, "n1")).get_json() == {"Error": ""}
     for other in (inference("warm", model="resnet50", slo=100, rate=10),

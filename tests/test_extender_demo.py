@@ -111,3 +111,12 @@ def test_demo_cli_json():
     assert set(doc) == {"placements", "summary", "agents", "elapsed_seconds"}
     assert doc["summary"]["seed"] == 3
     assert {"pod", "workload", "outcome", "node"} <= set(doc["placements"][0])
+
+
+def test_a_rejection_is_summarised_by_what_holds_it_back(result):
+    """train-4gpu fits only the two 4-GPU nodes; h100-node-1 refuses it for slowdown on two
+    GPUs, so the summary says that, not the more common "fewer GPUs" of smaller nodes."""
+    row = next(p for p in result["placements"] if p["pod"] == "train-4gpu")
+    assert short_reason(row["reason"]).startswith("co-location would slow")
+    assert "fewer GPUs than requested" in row["reason"]  # still listed, after
+    assert row["reason"].index("co-location") < row["reason"].index("fewer GPUs")

@@ -114,13 +114,19 @@ def test_sync_rebuilds_placements_from_annotations(api, fake):
     assert pod_lists[0].query["fieldSelector"] == "spec.nodeName!="
 
 
-def test_bind_is_one_round_trip_with_uid_precondition_and_annotations(api, fake):
+def test_bind_reads_the_pod_then_binds_with_uid_precondition_and_annotations(api, fake):
     app, source = make(api)
     fake.put_pod(k8s_pod("new", "uid-new", annotations=DEMAND))
     filter_first(app, fake)
     fake.requests.clear()
     assert bind(app) == {"Error": ""}
-    (request,) = fake.requests  # no GET, no PATCH: the binding carries everything
+    # the pod as the API server has it (never a /filter body), the decision into the node's
+    # placement record, then the binding: no PATCH
+    read, record, request = fake.requests
+    assert (read.method, read.path) == ("GET", "/api/v1/namespaces/ml/pods/new")
+    assert (record.method, record.path) == ("POST", "/api/v1/namespaces/tandem-system/configmaps")
+    assert record.body["metadata"]["name"] == "tandem-placements-gpu-1"
+    assert set(record.body["data"]) == {"uid-new"}
     assert (request.method, request.path) == ("POST", "/api/v1/namespaces/ml/pods/new/binding")
     assert request.body["metadata"]["uid"] == "uid-new"
     assert request.body["target"] == {"apiVersion": "v1", "kind": "Node", "name": "gpu-1"}
@@ -147,7 +153,7 @@ def test_bind_without_cached_demand_reads_the_pod_once(api, fake):
     fake.requests.clear()
     assert bind(app) == {"Error": ""}
     assert [(r.method, r.path.rsplit("/", 1)[1]) for r in fake.requests] == [
-        ("GET", "new"), ("POST", "binding")]
+        ("GET", "new"), ("POST", "configmaps"), ("POST", "binding")]
 
 
 def test_recreated_pod_is_not_bound_with_the_old_decision(api, fake):
@@ -157,12 +163,10 @@ def test_recreated_pod_is_not_bound_with_the_old_decision(api, fake):
     fake.delete_pod("ml", "new")
     fake.put_pod(k8s_pod("new", "uid-other", annotations=DEMAND))
     result = bind(app)  # the scheduler still holds the old pod's UID
-    assert "Precondition failed" in result["Error"]
+    assert "has UID uid-other, not uid-new (recreated?)" in result["Error"]
     assert "nodeName" not in fake.pod("ml", "new")["spec"]
     assert "tandem.io/gpu-index" not in fake.pod("ml", "new")["metadata"]["annotations"]
-    assert app.extensions["tandem"].state.view()["assumed"] == 0  # capacity freed
-    source.drain_events()
-    assert fake.events[-1]["reason"] == "TandemBindFailed"
+    assert app.extensions["tandem"].state.view()["assumed"] == 0  # nothing reserved
 
 
 def test_retried_bind_succeeds_without_a_second_booking(api, fake):
@@ -293,7 +297,8 @@ def test_bind_decides_again_on_fresh_state(api, fake):
     filter_first(app, fake)  # then, before bind, another pod fills GPU 0
     full = {**BOUND, "tandem.io/gpu-index": "0", "tandem.io/predicted-gpu-mem-mib": "40000"}
     source.apply_pod_event(app.extensions["tandem"].state, "ADDED",
-                           k8s_pod("other", "uid-other", "gpu-1", full))
+                           k8s_pod("other", "uid-other", "gpu-1",
+                                   signed("uid-other", "gpu-1", full)))
     assert bind(app) == {"Error": ""}
     assert fake.pod("ml", "new")["metadata"]["annotations"]["tandem.io/gpu-index"] == "1"
 
@@ -460,31 +465,33 @@ def rebuilt(api, fake):
     return app.extensions["tandem"].state.view()["nodes"]["gpu-1"]["gpus"]
 
 
-def test_edited_reservation_never_shrinks_the_rebuilt_ledger(api, fake):
-    """H3: `kubectl annotate --overwrite tandem.io/predicted-gpu-mem-mib=1` after bind."""
+def test_edited_signed_pod_without_a_record_holds_its_whole_node(api, fake):
+    """H3: `kubectl annotate --overwrite tandem.io/predicted-gpu-mem-mib=1` on a pod bound
+    before placement records (its signature then fails): it holds every GPU of its node."""
     pod = fake.pod("ml", "old")
     pod["metadata"]["annotations"]["tandem.io/predicted-gpu-mem-mib"] = "1"
     fake.put_pod(pod)
     app, source = make(api)
-    gpus = app.extensions["tandem"].state.view()["nodes"]["gpu-1"]["gpus"]
-    assert gpus[1]["reserved_mib"] == 40960 and gpus[1]["predicted_util"] == 100
+    view = app.extensions["tandem"].state.view()
+    gpus = view["nodes"]["gpu-1"]["gpus"]
+    assert [(g["reserved_mib"], g["predicted_util"]) for g in gpus] == [(40960, 100)] * 2
+    assert (view["placed"], view["untrusted"]) == (0, 1)
+    assert gpus[0]["pods"][0]["state"] == "untrusted"
     fake.put_pod(k8s_pod("big", "uid-big", annotations={
         "tandem.io/gpu-util": "10", "tandem.io/gpu-mem-mib": "35000"}))
     r = app.test_client().post("/filter", json={"Pod": fake.pod("ml", "big"),
                                                 "NodeNames": ["gpu-1"]}).get_json()
-    assert r["NodeNames"] == ["gpu-1"]  # GPU 0 is free ...
-    assert bind(app, "big", "uid-big") == {"Error": ""}
-    assert fake.pod("ml", "big")["metadata"]["annotations"]["tandem.io/gpu-index"] == "0"
-    source.drain_events()  # ... GPU 1 is not: the edit only blocked capacity
-    assert [e["reason"] for e in fake.events] == ["TandemPlacementUntrusted", "TandemBound"]
+    assert r["NodeNames"] == []  # the edit only blocked capacity
+    source.drain_events()
+    assert [e["reason"] for e in fake.events] == ["TandemPlacementUntrusted"]
     assert fake.events[0]["type"] == "Warning"
     metrics = app.extensions["tandem_metrics"].registry
     assert metrics.get_sample_value("tandem_extender_untrusted_placements_total",
-                                    {"problem": "unsigned"}) == 1
+                                    {"problem": "unrecorded"}) == 1
 
 
-def test_edited_gpu_index_holds_every_gpu_named_after_a_restart(api, fake):
-    """H4 at rebuild: gpu-index moved to 0 while gpu-uuid still names GPU 1."""
+def test_edited_gpu_index_never_moves_the_rebuilt_placement(api, fake):
+    """H4 at rebuild: whatever gpu-index and gpu-uuid say, the record decides."""
     app, _ = make(api)
     fake.put_pod(k8s_pod("new", "uid-new", annotations=DEMAND))
     filter_first(app, fake)
@@ -492,15 +499,14 @@ def test_edited_gpu_index_holds_every_gpu_named_after_a_restart(api, fake):
     fake.delete_pod("ml", "old")
     pod = fake.pod("ml", "new")
     assert pod["metadata"]["annotations"]["tandem.io/gpu-uuid"] == "0"
-    assert pod["metadata"]["annotations"]["tandem.io/placement-signature"].startswith("v1:")
-    assert [g["reserved_mib"] for g in rebuilt(api, fake)] == [5000, 0]  # signed: as written
+    assert [g["reserved_mib"] for g in rebuilt(api, fake)] == [5000, 0]
     pod["metadata"]["annotations"]["tandem.io/gpu-index"] = "1"
     fake.put_pod(pod)
-    assert [g["reserved_mib"] for g in rebuilt(api, fake)] == [40960, 40960]
+    assert [g["reserved_mib"] for g in rebuilt(api, fake)] == [5000, 0]
     pod["metadata"]["annotations"]["tandem.io/gpu-index"] = "7"  # no such GPU
     pod["metadata"]["annotations"]["tandem.io/gpu-uuid"] = "GPU-none"
     fake.put_pod(pod)
-    assert [g["reserved_mib"] for g in rebuilt(api, fake)] == [40960, 40960]
+    assert [g["reserved_mib"] for g in rebuilt(api, fake)] == [5000, 0]
 
 
 @pytest.mark.parametrize("edit", [{"tandem.io/gpu-index": "0"},
@@ -525,7 +531,7 @@ def test_watch_event_never_changes_a_bound_placement(api, fake, edit):
 def test_signature_of_another_pod_does_not_verify(api, fake):
     pod = fake.pod("ml", "old")
     fake.put_pod(k8s_pod("copy", "uid-copy", "gpu-1", pod["metadata"]["annotations"]))
-    assert [g["reserved_mib"] for g in rebuilt(api, fake)] == [0, 30000 + 40960]
+    assert [g["reserved_mib"] for g in rebuilt(api, fake)] == [40960, 30000 + 40960]
 
 
 def test_relist_after_410_releases_pods_deleted_in_the_gap(api, fake):
@@ -580,6 +586,6 @@ def test_forged_filter_cannot_shrink_the_demand_bind_uses(api, fake, forged_firs
     fake.requests.clear()
     assert bind(app) == {"Error": ""}
     assert [(r.method, r.path.rsplit("/", 1)[1]) for r in fake.requests] == [
-        ("GET", "new"), ("POST", "binding")]  # one read decides between the two
+        ("GET", "new"), ("POST", "configmaps"), ("POST", "binding")]  # the read decides
     annotations = fake.pod("ml", "new")["metadata"]["annotations"]
     assert annotations["tandem.io/predicted-gpu-mem-mib"] == "5000"

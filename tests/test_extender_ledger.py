@@ -165,7 +165,7 @@ def test_restart_rebuilds_each_placement_from_its_pod(pod, expected):
 
 def test_bind_source_failure_forgets_the_assumption():
     class Failing(SimSource):
-        def bind(self, pod, node_name, annotations):
+        def bind(self, pod, node_name, annotations, placement=None):
             raise RuntimeError("apiserver down")
 
     source = Failing([node("n1", 1)])

@@ -173,7 +173,7 @@ class SlowBindSource(SimSource):
         self.entered = threading.Event()
         self.release = threading.Event()
 
-    def bind(self, pod: Any, node_name: str, annotations: Any) -> bool:
+    def bind(self, pod: Any, node_name: str, annotations: Any, placement: Any = None) -> bool:
         self.entered.set()
         assert self.release.wait(10)
         return super().bind(pod, node_name, annotations)

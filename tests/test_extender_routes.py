@@ -133,13 +133,15 @@ def test_bind_refuses_recreated_pod_with_other_uid(env):
 
 
 def test_bind_with_a_known_uid_under_another_name_creates_and_binds_nothing(env):
-    """A bind naming another pod than the one filter saw with that UID is refused."""
+    """A bind naming another pod than the one filter saw with that UID is refused: bind
+    reads the pod from the cluster (here the simulated registry), which has no such pod."""
     client, ext, source, _ = env
     p = training("real", uid="uid-1")
+    source.create_pod(p)
     assert client.post("/filter", json=args(p, ["n1"])).get_json()["NodeNames"] == ["n1"]
     forged = training("forged", uid="uid-1")
     r = client.post("/bind", json=binding(forged, "n1")).get_json()
-    assert "/real, not " in r["Error"] and r["Error"].endswith("/forged"), r
+    assert r["Error"] == "pod default/forged not found", r
     assert source.read_pod("default", "forged") is None
     assert ext.state.placement_of("uid-1") is None
     assert client.post("/bind", json=binding(p, "n1")).get_json() == {"Error": ""}

@@ -195,4 +195,4 @@ def test_a_changed_curves_file_reloads_the_config(tmp_path: Path) -> None:
 def test_fit_curves_refuses_a_json_output_name(tmp_path: Path) -> None:
     result = runner.invoke(predictor_app, ["fit-curves", "--data", str(tmp_path), "--out",
                                            str(tmp_path / "curves.json"), "--json"])
-    assert result.exit_code == 1 and "YAML" in result.stderr
+    assert result.exit_code == 2 and "YAML" in result.stderr

@@ -18,6 +18,7 @@ from manifests_helpers import (
     ENV_HANDOFF_OVERLAYS,
     K8S_VERSION,
     MANIFESTS,
+    MPS_OVERLAYS,
     OVERLAYS,
     assert_pod_references_exist,
     example_objects,
@@ -31,11 +32,14 @@ from manifests_helpers import (
 
 from extender.config import apply_env
 
-ALL_OVERLAYS = OVERLAYS + ENV_HANDOFF_OVERLAYS
+ALL_OVERLAYS = OVERLAYS + ENV_HANDOFF_OVERLAYS + MPS_OVERLAYS
 # Files under manifests/ that are not Kubernetes API objects, each with why.
 NOT_API_OBJECTS = {
     "base/config/tandem.yaml": "tandem's own config, packed into a ConfigMap",
     "overlays/sidecar/kube-scheduler-config.yaml": "KubeSchedulerConfiguration, in a ConfigMap",
+    "addons/webhook/webhook.yaml": "the admission webhook's settings, in a ConfigMap",
+    "components/mps/agent-mps.yaml": "a kustomize patch (partial)",
+    "components/mps/device-plugin-mps.yaml": "a kustomize patch (partial)",
     "overlays/standalone/kube-scheduler-extender.yaml": "snippet for an existing scheduler",
     "components/env-handoff/no-device-plugin.yaml": "a kustomize patch ($patch: delete)",
     "components/env-handoff/extender-env-mode-sidecar.yaml": "a kustomize patch (partial)",

@@ -42,6 +42,7 @@ def test_config_accepts_prefixes_and_defaults_to_none():
 @pytest.mark.parametrize("entry,problem", [
     ("https://models.example", "end with '/'"),
     ("ftp://models.example/", "https://"),
+    ("http://models.example/", "plain http is refused"),
     ("https://user:pw@models.example/", "credentials"),
     ("https://models.example/a/../", "'..'"),
     (5, "must be a string"),

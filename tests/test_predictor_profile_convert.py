@@ -59,7 +59,7 @@ def test_one_name_for_several_profiles_is_refused(tmp_path: Path) -> None:
     csv = write_csv(tmp_path / "batching.csv", "batching", rows() + rows("bert"))
     result = CliRunner().invoke(app, ["predictor", "profiles", "convert", str(csv),
                                       "--model", "x"])
-    assert result.exit_code == 1 and "--model names one model" in result.output
+    assert result.exit_code == 2 and "--model names one model" in result.output
 
 
 def test_invalid_rows_are_named(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from predictor.errors import ModelRejected, ModelUnavailable, RejectReason
-from predictor.store import OUTSIDE_STORE, ModelStore, StoreConfig
+from predictor.store import NO_STORE, OUTSIDE_STORE, ModelStore, StoreConfig
 
 
 @pytest.fixture()
@@ -170,3 +170,32 @@ def test_https_errors_are_unavailable(tmp_path: Path) -> None:
     store = ModelStore(StoreConfig(cache_dir=tmp_path), transport=httpx.MockTransport(boom))
     with pytest.raises(ModelUnavailable, match="ConnectTimeout"):
         store.resolve("https://models.example/slow.onnx")
+
+
+@pytest.mark.parametrize("ref", ["/etc/hostname", "/etc/nonexistent", "file:///etc/hostname",
+                                 "file:///etc/nonexistent", "relative/model.onnx"])
+def test_servers_without_a_store_refuse_every_local_path_with_one_text(ref, monkeypatch):
+    """#25: with no ``predictor.model_store`` the extender answered /etc/hostname and
+    /etc/nonexistent differently, telling a pod owner which paths exist on its host."""
+    looked: list[str] = []
+    real = os.stat
+    monkeypatch.setattr(os, "stat", lambda path, *a, **kw: looked.append(os.fsdecode(path))
+                        or real(path, *a, **kw))
+    store = ModelStore(StoreConfig(root=None, local_files=False))
+    with pytest.raises(ModelRejected) as info:
+        store.resolve(ref)
+    assert (info.value.reason, info.value.detail) == (RejectReason.PATH_OUTSIDE_STORE, NO_STORE)
+    assert looked == []
+
+
+def test_the_extender_predictor_without_a_store_refuses_local_paths(tmp_path):
+    from predictor.api import Predictor
+
+    predictor = Predictor.from_dirs(None, None, background_fetch=True)
+    answers = set()
+    for ref in ("/etc/hostname", "/etc/nonexistent"):
+        with pytest.raises(ModelRejected) as info:
+            predictor.store.resolve(ref)
+        answers.add(str(info.value).split(": ", 1)[1])
+    assert answers == {f"path_outside_store: {NO_STORE}"}
+    assert Predictor.from_dirs(None, None).store.config.local_files  # the CLI keeps them

@@ -16,9 +16,12 @@ from extender_builders import PROFILES, TOKEN, args, binding, inference, node, t
 from typer.testing import CliRunner
 
 from contracts.annotations import GPU_UTIL, MODEL, PREDICTION_SOURCE
+from contracts.state import StateDocument
 from extender.cluster.sim import SimSource
 from extender.config import ConfigHolder, build_config
-from extender.ops.status import pending_pods, pod_source
+from extender.ops.coexist import doubly_advertised
+from extender.ops.status import pending_pods, pod_source, summarize
+from extender.ops.status_render import render
 from extender.transport.server import start_background
 from extender.wiring import create_app, default_planner
 from tandem.cli import app
@@ -83,9 +86,11 @@ def test_json_has_the_documented_keys(extender_url: str) -> None:
                            env={"TANDEM_AGENT_TOKEN": TOKEN})
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
-    assert set(doc) == {"source", "synced", "placed", "assumed", "nodes", "pending", "redacted"}
-    assert doc["redacted"] is False
+    assert set(doc) == {"source", "synced", "placed", "assumed", "untrusted", "nodes",
+                        "pending", "redacted", "both_plugins"}
+    assert doc["redacted"] is False and doc["untrusted"] == 0
     assert doc["synced"] is True and doc["placed"] == 6 and doc["pending"] is None
+    assert doc["both_plugins"] is None  # needs --cluster kube
     by_node = {n["name"]: n for n in doc["nodes"]}
     (busy,) = by_node["a100-node-with-a-long-name-1"]["gpus"]
     (idle,) = by_node["n3"]["gpus"]
@@ -138,15 +143,15 @@ def test_sim_file_rebuilds_the_state_from_its_bound_pods(tmp_path: Path) -> None
     assert gpus[1]["observed_source"].startswith("none: agents report to the extender")
 
 
-@pytest.mark.parametrize(("argv", "needle"), [
-    ([], "--extender URL"),
-    (["--extender", "http://127.0.0.1:9"], "port-forward"),
-    (["--cluster", "sim:/nonexistent.yaml"], "/nonexistent.yaml"),
-    (["--cluster", "nowhere"], "--cluster must be"),
+@pytest.mark.parametrize(("argv", "needle", "code"), [
+    ([], "--extender URL", 2),                       # the command line is wrong
+    (["--extender", "http://127.0.0.1:9"], "port-forward", 1),  # it could not read
+    (["--cluster", "sim:/nonexistent.yaml"], "/nonexistent.yaml", 2),
+    (["--cluster", "nowhere"], "--cluster must be", 2),
 ])
-def test_bad_sources_print_one_line(argv: list[str], needle: str) -> None:
+def test_bad_sources_print_one_line(argv: list[str], needle: str, code: int) -> None:
     result = runner.invoke(app, ["status", *argv])
-    assert result.exit_code == 1
+    assert result.exit_code == code
     assert len(result.output.strip().splitlines()) == 1 and needle in result.output
 
 
@@ -202,7 +207,63 @@ def test_pod_source_is_the_recorded_prediction_source_else_derived() -> None:
     assert pod_source({}) == "unknown"
 
 
+def _node(name: str, allocatable: dict[str, str] | None) -> Any:
+    return NS(metadata=NS(name=name), status=NS(allocatable=allocatable))
+
+
+class NodesApi:
+    def list_node(self) -> Any:
+        return NS(items=[
+            _node("mixed-2", {"cpu": "64", "nvidia.com/gpu": "8", "tandem.io/gpu": "64"}),
+            _node("mixed-1", {"nvidia.com/gpu": "4", "tandem.io/gpu": "32"}),
+            _node("tandem-only", {"nvidia.com/gpu": "0", "tandem.io/gpu": "64"}),
+            _node("nvidia-only", {"nvidia.com/gpu": "8"}),
+            _node("cpu", {"cpu": "16"}),
+            _node("new", None)])
+
+
+def test_nodes_where_both_device_plugins_advertise_gpus_are_named() -> None:
+    both = doubly_advertised(NodesApi())
+    assert both == [{"node": "mixed-1", "nvidia.com/gpu": 4, "tandem.io/gpu": 32},
+                    {"node": "mixed-2", "nvidia.com/gpu": 8, "tandem.io/gpu": 64}]
+    doc = summarize(StateDocument(), "kube", [], both)
+    text = render(doc)
+    assert "both device plugins on 2 node(s)" in text
+    assert "  mixed-1: nvidia.com/gpu 4, tandem.io/gpu 32" in text.splitlines()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "both device plugins" not in render(summarize(StateDocument(), "kube", [], []))
+
+
+def test_an_untrusted_certificate_says_to_pass_the_ca(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    from extender.cluster.sim import parse_cluster
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs openssl")
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run(["sh", str(root / "manifests/tls/generate-certs.sh"), str(tmp_path)],
+                   check=True, capture_output=True, timeout=60)
+    cfg = build_config({"server": {"host": "127.0.0.1",
+                                   "tls_cert_file": str(tmp_path / "tls.crt"),
+                                   "tls_key_file": str(tmp_path / "tls.key")}})
+    nodes, pods = parse_cluster({"nodes": [{"name": "g1", "gpus": [
+        {"product": "NVIDIA-H100-80GB-HBM3", "memory_mib": 81559, "count": 1}]}]})
+    running = start_background(create_app(ConfigHolder(cfg), SimSource(nodes, pods),
+                                          environ={}), cfg.server, port=0)
+    try:
+        result = runner.invoke(app, ["status", "--extender", running.url])
+        assert result.exit_code == 1
+        assert "--ca-cert" in result.output and "port-forward" not in result.output
+        trusted = runner.invoke(app, ["status", "--extender", running.url,
+                                      "--ca-cert", str(tmp_path / "ca.crt")])
+        assert trusted.exit_code == 0, trusted.output
+    finally:
+        running.stop()
+
+
 def test_a_token_file_that_cannot_be_read_is_one_line(tmp_path: Path) -> None:
     result = runner.invoke(app, ["status", "--extender", "http://127.0.0.1:9",
                                  "--token-file", str(tmp_path / "missing")])
-    assert result.exit_code == 1 and "--token-file" in result.output
+    assert result.exit_code == 2 and "--token-file" in result.output  # a file it names

@@ -7,10 +7,16 @@ ones the extender bound the pod to, read from the extender's own ledger
 
 Finding the pod (the race, and how it is closed):
 
-1. Candidates are the pods the extender placed on this node that hold no
-   ``tandem.io/gpu`` devices yet, according to the kubelet's pod resources API
-   (``List``) — pods already running are excluded by the kubelet's own record.
-2. Of those, the ones whose GPU count equals the number of devices requested.
+1. Candidates are the pods the extender placed on this node, each with its next
+   container that holds no ``tandem.io/gpu`` devices yet, according to the
+   kubelet's pod resources API (``List``, per container) and this plugin's own
+   grants. The extender's state says which container gets which GPU (bind decides
+   it: the containers, in order, take the pod's GPUs in index order); the kubelet
+   admits containers in order and calls ``Allocate`` once per container, so a
+   two-container pod's second ``Allocate`` is for its second container. Pods the
+   extender lists as ``untrusted`` (bound without its decision) are never candidates.
+2. Of those, the ones whose next container's GPU count equals the number of
+   devices requested.
 3. Exactly one GPU assignment among them: that is the answer (two pods with the
    same GPUs get the same answer, so it does not matter which one is admitted).
 4. Several different assignments: the plugin cannot know which pod the kubelet
@@ -34,6 +40,8 @@ from contracts.gpus import GpuRef, find_gpus
 SHARE_SEPARATOR = "::"
 POD_UID_NOTE = PREFIX + "pod-uid"
 """Runtime annotation on the container: the pod the GPU was handed to."""
+CONTAINER_NOTE = PREFIX + "container"
+"""Runtime annotation on the container: the container the extender bound the GPUs for."""
 APP_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 """XIDs caused by an application, not the GPU (NVIDIA's device plugin skips the same)."""
 
@@ -48,11 +56,19 @@ class Gpu(GpuRef):
 
 @dataclass(frozen=True)
 class Candidate:
-    """A pod the extender placed on this node (``key``: namespace/name), GPUs by index."""
+    """A pod the extender placed on this node (``key``: namespace/name) and the GPUs, by
+    index, of its container waiting for them (None: the extender named no container)."""
 
     key: str
     uid: str
     gpus: tuple[Gpu, ...]
+    container: str | None = None
+
+
+UNTRUSTED = "untrusted"
+"""The ``/v1/state`` state of a pod bound without a decision the extender recorded."""
+Row = tuple[str, str, str, int, "str | None", "str | None", str]
+"""(namespace, name, uid, GPU index, GPU uuid, container, state) per pod and GPU."""
 
 
 @dataclass(frozen=True)
@@ -73,36 +89,50 @@ def uuid_of(device_id: str) -> str:
     return device_id.split(SHARE_SEPARATOR, 1)[0]
 
 
-def candidates(placements: Iterable[tuple[str, str, str, int, str | None]],
-               inventory: Mapping[str, Gpu],
-               holding: set[str]) -> list[Candidate]:
-    """Pods placed here and holding no devices yet.
+def candidates(placements: Iterable[Row], inventory: Mapping[str, Gpu],
+               holding: Mapping[str, set[str]],
+               granted: Mapping[str, set[str]] | None = None) -> list[Candidate]:
+    """Each pod placed here with its next container that holds no devices yet.
 
-    ``placements``: (namespace, name, uid, gpu index, gpu uuid) per pod and GPU, as
-    the extender's state lists them; ``holding``: ``namespace/name`` of pods the
-    kubelet already gave ``tandem.io/gpu`` devices.
+    ``placements``: rows as the extender's state lists them (:data:`Row`); ``holding``:
+    ``namespace/name`` -> the containers the kubelet already gave ``tandem.io/gpu``
+    devices; ``granted``: pod UID -> the containers this plugin handed GPUs (the
+    kubelet's record may lag). A pod whose rows name no container is one candidate
+    until any of its containers holds devices.
     """
-    by_uid: dict[str, tuple[str, list[Gpu]]] = {}
+    pods: dict[str, tuple[str, dict[str | None, list[Gpu]]]] = {}
     have = list(inventory.values())
-    for namespace, name, uid, index, uuid in placements:
-        key = f"{namespace}/{name}"
+    for namespace, name, uid, index, uuid, container, state in placements:
         # The plugin's inventory is NVML's: every GPU with its real UUID (complete).
         found = find_gpus([GpuRef(index, uuid or "")], have, complete=True)
-        if key in holding or found is None:
+        if found is None or state == UNTRUSTED:
             continue
         gpu = have[found[0]]
-        gpus = by_uid.setdefault(uid, (key, []))[1]
+        gpus = pods.setdefault(uid, (f"{namespace}/{name}", {}))[1].setdefault(container, [])
         if gpu not in gpus:
             gpus.append(gpu)
-    return sorted((Candidate(key, uid, tuple(sorted(gpus, key=lambda g: g.index)))
-                   for uid, (key, gpus) in by_uid.items()), key=lambda c: c.key)
+    out = []
+    for uid, (key, containers) in pods.items():
+        held = holding.get(key)
+        if granted and uid in granted:
+            held = (held or set()) | granted[uid]
+        # Admission order: the containers took the pod's GPUs in index order.
+        for container, gpus in sorted(containers.items(),
+                                      key=lambda c: min(g.index for g in c[1])):
+            if held is not None and (container is None or container in held):
+                continue
+            out.append(Candidate(key, uid, tuple(sorted(gpus, key=lambda g: g.index)),
+                                 container))
+            break
+    return sorted(out, key=lambda c: c.key)
 
 
 def choose(pods: Sequence[Candidate], device_count: int, node: str) -> Candidate | Refusal:
     """The pod being admitted for ``device_count`` devices, or why it cannot be told."""
     matching = [p for p in pods if len(p.gpus) == device_count]
     if not matching:
-        waiting = ", ".join(f"{p.key} ({len(p.gpus)})" for p in pods) or "none"
+        waiting = ", ".join(f"{p.key}{'/' + p.container if p.container else ''} "
+                            f"({len(p.gpus)})" for p in pods) or "none"
         return Refusal("NoAssignment",
                        f"no pod the tandem extender placed on {node} is waiting for "
                        f"{device_count} GPU(s) (waiting: {waiting}); pods that request "
@@ -114,6 +144,13 @@ def choose(pods: Sequence[Candidate], device_count: int, node: str) -> Candidate
                        f"different GPUs ({', '.join(p.key for p in matching)}); refusing "
                        "rather than handing over a GPU the extender did not bind")
     return matching[0]
+
+
+def unadvertised(device_ids: Iterable[str], inventory: Mapping[str, Gpu],
+                 shares: int) -> list[str]:
+    """The device IDs this plugin never advertised (for GPUs it has, ``shares`` each)."""
+    known = {d for g in inventory.values() for d in share_ids(g, shares)}
+    return sorted(d for d in device_ids if d not in known)
 
 
 def unhealthy_reason(gpu: Gpu) -> str | None:
@@ -158,7 +195,8 @@ def grant(pod: Candidate, cdi_names: set[str], cdi_kind: str = "nvidia.com/gpu")
     the GPUs' device nodes plus ``NVIDIA_VISIBLE_DEVICES`` set by the plugin (the
     kubelet, not the pod owner, sets it, so a hardened runtime may accept it)."""
     uuids = [g.uuid for g in pod.gpus]
-    notes = ((POD_UID_NOTE, pod.uid), (GPU_UUID, ",".join(uuids)))
+    notes = ((POD_UID_NOTE, pod.uid), (GPU_UUID, ",".join(uuids)),
+             *(((CONTAINER_NOTE, pod.container),) if pod.container else ()))
     wanted = [f"{cdi_kind}={u}" for u in uuids]
     if wanted and all(name in cdi_names for name in wanted):
         # CUDA images set ENV NVIDIA_VISIBLE_DEVICES=all; a runtime in legacy mode would

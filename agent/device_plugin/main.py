@@ -12,6 +12,7 @@ from typing import Any
 from agent.device_plugin.assign import share_ids
 from agent.device_plugin.cdi import DEFAULT_DIRS, cdi_device_names
 from agent.device_plugin.health import HealthTracker
+from agent.device_plugin.mps import MpsHook, MpsSettings, Reservation
 from agent.device_plugin.server import (
     DevicePluginRunner,
     DevicePluginService,
@@ -27,8 +28,30 @@ log = logging.getLogger(__name__)
 
 
 def placements_of(view: NodeView) -> Placements:
-    """(namespace, name, uid, GPU index, GPU uuid) for every pod and GPU in the view."""
-    return [(p.namespace, p.name, p.uid, g.index, g.uuid) for g in view.gpus for p in g.pods]
+    """(namespace, name, uid, GPU index, GPU uuid, container, state) for every pod and GPU
+    in the view."""
+    return [(p.namespace, p.name, p.uid, g.index, g.uuid, p.container, p.state)
+            for g in view.gpus for p in g.pods]
+
+
+def reservations_of(view: NodeView) -> dict[str, Reservation]:
+    """What the extender reserved per pod UID (memory and predicted utilisation per GPU)."""
+    return {p.uid: Reservation(p.memory_mib, p.predicted_util_percent)
+            for g in view.gpus for p in g.pods}
+
+
+def mps_hook(settings: MpsSettings, fetch: Callable[[], NodeView]) -> MpsHook:
+    """The Allocate hook for a node that runs MPS; reservations read fresh at each call,
+    none when the extender cannot be reached (admission then fails with the reason)."""
+
+    def current() -> dict[str, Reservation]:
+        try:
+            return reservations_of(fetch())
+        except StateError as err:
+            log.warning("extender state unavailable", extra={"error": str(err)})
+            return {}
+
+    return MpsHook(settings, current)
 
 
 def fetching_placements(fetch: Callable[[], NodeView]) -> Callable[[], Placements]:
@@ -48,7 +71,7 @@ def fetching_placements(fetch: Callable[[], NodeView]) -> Callable[[], Placement
 
 def build_runner(config: PluginConfig, source: GpuSource, fetch: Callable[[], NodeView],
                  pod_resources_socket: Path, cdi_dirs: Sequence[Path],
-                 stop: threading.Event) -> DevicePluginRunner:
+                 stop: threading.Event, mps: MpsSettings | None = None) -> DevicePluginRunner:
     """The runner, wired to the extender's state, the kubelet's pod resources and CDI."""
     if config.shares_per_gpu < 1 or config.shares_per_gpu > 64:
         raise ConfigError(f"--shares {config.shares_per_gpu}: must be between 1 and 64")
@@ -59,7 +82,8 @@ def build_runner(config: PluginConfig, source: GpuSource, fetch: Callable[[], No
         config, HealthTracker(source, config.health_interval_seconds),
         fetching_placements(fetch),
         lambda: pod_resources_holding(pod_resources_socket, config.resource_name),
-        lambda: cdi_device_names(cdi_dirs or DEFAULT_DIRS), stop)
+        lambda: cdi_device_names(cdi_dirs or DEFAULT_DIRS), stop,
+        mps=mps_hook(mps, fetch) if mps is not None else None)
     return DevicePluginRunner(service, stop)
 
 

@@ -30,11 +30,12 @@ import grpc
 from agent.device_plugin import assign
 from agent.device_plugin import protocol as api
 from agent.device_plugin.health import HealthTracker
+from agent.device_plugin.mps import MpsHook
 from contracts.annotations import GPU_RESOURCE
 
 log = logging.getLogger(__name__)
 
-Placements = Iterable[tuple[str, str, str, int, str | None]]
+Placements = Iterable[assign.Row]
 
 
 @dataclass(frozen=True)
@@ -56,14 +57,18 @@ class DevicePluginService(api.DevicePluginServicer):
 
     def __init__(self, config: PluginConfig, health: HealthTracker,
                  placements: Callable[[], Placements],
-                 holding: Callable[[], set[str]],
+                 holding: Callable[[], dict[str, set[str]]],
                  cdi_names: Callable[[], set[str]],
                  stop: threading.Event,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 mps: MpsHook | None = None) -> None:
         self.config, self.health = config, health
+        self._mps = mps  # where the node runs MPS: pipe and memory limit per container
         self._placements, self._holding, self._cdi = placements, holding, cdi_names
         self._stop, self._sleep = stop, sleep
-        self._granted: set[str] = set()  # fallback when no pod resources API
+        self._granted: dict[str, set[str]] = {}
+        """Containers this plugin handed GPUs, per pod UID (beside the kubelet's record)."""
+        self._granted_lock = threading.Lock()
 
     def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
         """Preferred allocation is answered; PreStartContainer is not needed."""
@@ -102,9 +107,15 @@ class DevicePluginService(api.DevicePluginServicer):
         return response
 
     def Allocate(self, request: Any, context: Any) -> Any:
-        """Each container gets its pod's bound GPUs, or admission fails with the reason."""
+        """Each container gets the GPUs the extender bound for it, or admission fails."""
         response = api.AllocateResponse()
         for req in request.container_requests:
+            unknown = assign.unadvertised(req.devices_ids, self.health.gpus(),
+                                          self.config.shares_per_gpu)
+            if unknown:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"tandem UnknownDevice: {', '.join(unknown[:8])} "
+                              "not advertised by this plugin")
             count = len(req.devices_ids)
             pod = self._find(count)
             if isinstance(pod, assign.Refusal):
@@ -124,8 +135,15 @@ class DevicePluginService(api.DevicePluginServicer):
                 container.devices.add(container_path=path, host_path=path, permissions="rw")
             container.envs.update(dict(given.envs))
             container.annotations.update(dict(given.annotations))
-            self._granted.add(pod.key)
+            refused = self._mps and self._mps.apply(container, pod.uid,
+                                                    [g.uuid for g in pod.gpus])
+            if refused:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"tandem {refused[0]}: {refused[1]}")
+            with self._granted_lock:
+                self._granted.setdefault(pod.uid, set()).add(pod.container or "")
             log.info("allocated", extra={"pod": pod.key, "uid": pod.uid,
+                                         "container": pod.container,
                                          "gpus": [g.uuid for g in pod.gpus],
                                          "cdi": bool(given.cdi_devices),
                                          "share_ids": sorted(req.devices_ids)})
@@ -139,8 +157,14 @@ class DevicePluginService(api.DevicePluginServicer):
         try:
             holding = self._holding()
         except PodResourcesUnavailable:
-            holding = set(self._granted)
-        return assign.candidates(self._placements(), self.health.gpus(), holding)
+            holding = {}
+        rows = list(self._placements())
+        placed = {row[2] for row in rows}
+        with self._granted_lock:
+            for uid in [u for u in self._granted if u not in placed]:
+                del self._granted[uid]  # the pod is gone: keep this bounded
+            granted = {uid: set(c) for uid, c in self._granted.items()}
+        return assign.candidates(rows, self.health.gpus(), holding, granted)
 
     def _find(self, count: int) -> assign.Candidate | assign.Refusal:
         """Choose the pod; a pod bound a moment ago may not be in the state yet: retry."""
@@ -158,8 +182,8 @@ class PodResourcesUnavailable(Exception):
 
 
 def pod_resources_holding(socket: Path, resource: str,
-                          timeout_seconds: float = 2.0) -> set[str]:
-    """``namespace/name`` of pods whose containers hold ``resource`` devices (kubelet's List)."""
+                          timeout_seconds: float = 2.0) -> dict[str, set[str]]:
+    """``namespace/name`` -> the containers holding ``resource`` devices (kubelet's List)."""
     if not socket.exists():
         raise PodResourcesUnavailable(f"{socket} does not exist")
     with grpc.insecure_channel(f"unix://{socket}") as channel:
@@ -168,9 +192,13 @@ def pod_resources_holding(socket: Path, resource: str,
                 api.ListPodResourcesRequest(), timeout=timeout_seconds)
         except grpc.RpcError as err:
             raise PodResourcesUnavailable(f"List: {err.code()}") from None
-    return {f"{pod.namespace}/{pod.name}" for pod in listing.pod_resources
-            if any(d.resource_name == resource and d.device_ids
-                   for c in pod.containers for d in c.devices)}
+    holding: dict[str, set[str]] = {}
+    for pod in listing.pod_resources:
+        names = {c.name for c in pod.containers
+                 if any(d.resource_name == resource and d.device_ids for d in c.devices)}
+        if names:
+            holding[f"{pod.namespace}/{pod.name}"] = names
+    return holding
 
 
 class DevicePluginRunner:

@@ -23,7 +23,6 @@ session process) read the token with the same ``AdminToken``.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import threading
@@ -31,6 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from agent.inference.errors import Unauthorized
+from contracts.listen import is_loopback as is_loopback  # the agent's servers import it here
 from contracts.tokens import BearerToken, TokenError, bearer_of, same_token
 
 log = logging.getLogger(__name__)
@@ -58,16 +58,6 @@ class AdminToken(BearerToken):
         if path is None and not environ.get(env, "").strip():
             return None
         return cls(path, env, environ)
-
-
-def is_loopback(host: str) -> bool:
-    """Whether a server bound to ``host`` accepts connections from this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a name or a wildcard-like value: assume it is reachable
-        return False
 
 
 class AdminGuard:

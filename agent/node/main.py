@@ -110,15 +110,18 @@ def run_once(agent: Agent, json_output: bool) -> int:
 
 def run_forever(agent: Agent, metrics_addr: str, metrics_port: int,
                 stop: threading.Event | None = None) -> None:
-    """Serve /metrics and step every interval until SIGTERM/SIGINT (or ``stop``)."""
+    """Serve /metrics (``metrics_port`` 0: off, as for the queue gate) and step every
+    interval until SIGTERM/SIGINT (or ``stop``)."""
     setup_logging(logger_name="")  # the agent logs through the root logger
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
-    server, thread = start_http_server(metrics_port, metrics_addr, registry=agent.registry)
+    server = thread = None
+    if metrics_port:
+        server, thread = start_http_server(metrics_port, metrics_addr, registry=agent.registry)
     log.info("agent started", extra={"node": agent.config.node,
-                                     "metrics_port": server.server_port,
+                                     "metrics_port": server.server_port if server else None,
                                      "interval_seconds": agent.config.interval_seconds})
     servers = agent.servers
     watcher = None
@@ -134,7 +137,8 @@ def run_forever(agent: Agent, metrics_addr: str, metrics_port: int,
             watcher.join(timeout=5)
             codes = servers.stop_children()  # SIGTERM reached only us: pass it on
             log.info("inference servers stopped", extra={"exit_codes": codes})
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+        if server is not None and thread is not None:
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=5)
         log.info("agent stopped", extra={"node": agent.config.node})

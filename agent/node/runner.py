@@ -99,6 +99,13 @@ class Agent:
         """The per-GPU server supervisor, if this agent runs the servers."""
         return self._servers
 
+    def gpu_uuids(self) -> list[str]:
+        """The UUIDs of this node's GPUs (empty while the GPU source is down)."""
+        try:
+            return [g.uuid for g in self._source.inventory()]
+        except GpuSourceError:
+            return []
+
     def latest(self) -> Observation | None:
         """The newest observation (read by the Prometheus collector at scrape time)."""
         with self._lock:

@@ -98,8 +98,8 @@ def desired_sessions(
     wanted: dict[int, dict[str, SessionSpec]] = {g.index: {} for g in view.gpus}
     skipped: dict[str, str] = {}
     for pod in view.pods():
-        if pod.annotation(WORKLOAD) != INFERENCE:
-            continue
+        if pod.annotation(WORKLOAD) != INFERENCE or not pod.trusted:
+            continue  # an untrusted pod holds its node's GPUs but gets no session
         try:
             spec = session_spec(pod)
         except AnnotationError as err:

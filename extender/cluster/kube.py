@@ -5,12 +5,14 @@
   in MiB per GPU); agent reports override it in ``ClusterState`` because they are
   measured. GFD labels carry no UUIDs, so until a report arrives a GPU's uuid is
   its index, which ``NVIDIA_VISIBLE_DEVICES`` accepts as well.
-- Placements are rebuilt from bound pods' ``tandem.io/*`` annotations on start
-  (list), then kept fresh by watches; a watch that fails or expires (410) relists.
-- Bind is one round trip: it creates ``pods/binding`` carrying the pod UID as a
-  precondition (a recreated pod of the same name is never bound by mistake) and
-  the output annotations, which the API server copies onto the pod in the same
-  update as ``nodeName``, so a bound pod always has its decision. Events are
+- Placements are rebuilt on start (list) from the placement records bind wrote
+  (:mod:`extender.cluster.records`), one per bound pod the API server lists, then
+  kept fresh by watches; a watch that fails or expires (410) relists. A bound pod
+  that asks for ``tandem.io/gpu`` with no record holds every GPU of its node.
+- Bind writes the decision into the node's record, then creates ``pods/binding``
+  carrying the pod UID as a precondition (a recreated pod of the same name is
+  never bound by mistake) and the output annotations, which the API server copies
+  onto the pod in the same update as ``nodeName`` (a record for people). Events are
   posted by a background worker so the bind path never waits on them; identical
   events queued together go out as one with a count.
 - Lists, watches and pod reads go through the official client with
@@ -23,10 +25,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
 import json
-import queue
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -36,16 +35,26 @@ from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
 from contracts.logs import get_logger
+from extender.cluster.kube_events import EventQueue
 from extender.cluster.kube_http import LeanPoster, api_error, supports
-from extender.cluster.source import DONE_PHASES, Verifier, same_decision, trusted_placement
+from extender.cluster.records import PlacementRecords, RecordError, decode_entry, encode_entry
+from extender.cluster.source import (
+    DONE_PHASES,
+    PendingPods,
+    placement_from_pod,
+    requests_gpus,
+    same_decision,
+    untrusted_placement,
+)
 from extender.core import GpuSpec, NodeSpec, Placement, PodRef
 from extender.errors import BindOutcomeUnknown, SourceError
+from extender.learning.learner import own_namespace
 
+RECORDS_HOME = "tandem-system"
+"""The installs' namespace: where ``tandem status`` finds the placement records."""
 GFD_COUNT = "nvidia.com/gpu.count"
 GFD_PRODUCT = "nvidia.com/gpu.product"
 GFD_MEMORY = "nvidia.com/gpu.memory"
-COMPONENT = "tandem-extender"
-EVENT_QUEUE_LIMIT = 1000
 
 
 def _json(response: Any) -> Any:
@@ -97,14 +106,15 @@ class KubeSource:
 
     def __init__(self, api: client.CoreV1Api,
                  watch_factory: Callable[[], Any] = PlainWatch,
-                 watch_timeout_seconds: int = 300, background_events: bool = True):
+                 watch_timeout_seconds: int = 300, background_events: bool = True,
+                 records_namespace: str | None = None):
         self.api = api
+        self._state: Any = None
         self._watch_factory = watch_factory
         self._timeout = watch_timeout_seconds
         self._background_events = background_events
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._events: queue.Queue[dict[str, Any] | None] = queue.Queue(EVENT_QUEUE_LIMIT)
         self._log = get_logger()
         self._signer: Any = None
         self._on_untrusted: Callable[[str], None] | None = None
@@ -116,13 +126,21 @@ class KubeSource:
         configuration = getattr(api_client, "configuration", None)
         self._poster = LeanPoster(configuration, api_client.user_agent) \
             if configuration is not None and supports(configuration) else None
+        self._events = EventQueue(api, self._poster)
+        self.records = PlacementRecords(api, records_namespace or own_namespace(RECORDS_HOME),
+                                        self._poster)
+        """Where bind records its decisions: the extender's own namespace in a cluster (the
+        service account's), ``tandem-system`` outside one (``tandem status``)."""
+        self._pending = PendingPods()
+        """Pods waiting for a node, as the pod watch last delivered them (bind reads here)."""
 
     signs_placements = True
 
     def use_signer(self, signer: Any, on_untrusted: Callable[[str], None] | None = None,
                    ) -> None:
-        """Sign placements at bind and verify them when rebuilding (``extender.state.signing``);
-        ``on_untrusted(problem)`` counts pods whose placement did not verify."""
+        """Sign the annotations bind writes (``extender.state.signing``; a pod bound before
+        placement records existed is taken from them when they verify);
+        ``on_untrusted(problem)`` counts pods whose placement cannot be trusted."""
         self._signer = signer
         self._on_untrusted = on_untrusted
 
@@ -145,9 +163,11 @@ class KubeSource:
     # ---- sync and watch --------------------------------------------------------------
     def sync(self, state: Any) -> tuple[str, str]:
         """List nodes and bound pods into ``state``; returns (node, pod) resourceVersions."""
+        self._state = state
         nodes, node_rv = self._list(self.api.list_node)
         state.set_nodes([node_spec(n) for n in nodes])
         listed_at = state.now()
+        self.records.load_all()  # before the pods: one bound after it is read again
         pods, pod_rv = self._list(self.api.list_pod_for_all_namespaces,
                                   field_selector="spec.nodeName!=")
         bound: set[str] = set()
@@ -156,6 +176,10 @@ class KubeSource:
             uid = self._observe_bound(state, pod)
             if uid is not None:
                 bound.add(uid)
+        # Pods waiting for a node, so that bind finds them without a read (the watch keeps
+        # them fresh from here on).
+        self._pending.reset(self._list(self.api.list_pod_for_all_namespaces,
+                                       field_selector="spec.nodeName=")[0])
         # A relist is the truth: pods deleted or finished while no watch ran are released.
         for gone in state.retain_placed(bound, listed_at):
             self._distrusted.discard(gone.pod_uid)
@@ -177,9 +201,11 @@ class KubeSource:
         A pod with our annotations but no ``nodeName`` yet is mid-bind: its assumed
         placement is left alone (forgetting it would free capacity still promised).
         """
-        uid = str((pod.get("metadata") or {}).get("uid", ""))
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid", ""))
         phase = (pod.get("status") or {}).get("phase")
         state.handoffs.observe(pod, deleted=kind == "DELETED")
+        self._pending.observe(pod, kind == "DELETED")
         if kind == "DELETED" or phase in DONE_PHASES:
             state.forget(uid)
             self._distrusted.discard(uid)
@@ -189,25 +215,47 @@ class KubeSource:
     def _observe_bound(self, state: Any, pod: Mapping[str, Any]) -> str | None:
         """Confirm a bound pod's placement, trusting only what the extender decided.
 
-        A pod the ledger already holds keeps the decision held (a watch event or a
-        relist never changes a placement's GPUs or reservations); a pod it does not
-        hold is taken as its signed annotations say, or conservatively when they do
-        not verify (``extender.state.signing``). Returns the UID of the pod placed, if any.
+        A pod the ledger holds on that node keeps the decision held (a watch event or a
+        relist never changes a placement). Else the node's placement record says what
+        bind decided; a pod bound before records existed is taken from its annotations if
+        their signature verifies; else the record is read again (a pod another replica
+        bound a moment ago), and a pod asking for ``tandem.io/gpu`` with no record holds
+        every GPU of its node in full. Returns the UID of the pod placed, if any.
         """
-        verifier: Verifier | None = self._signer
-        placement, verified = trusted_placement(pod, verifier, state.named_gpus)
-        if placement is None:
+        meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
+        node = (pod.get("spec") or {}).get("nodeName")
+        uid = str(meta.get("uid") or "")
+        if not uid or not isinstance(node, str) or not node \
+                or (pod.get("status") or {}).get("phase") in DONE_PHASES:
             return None
-        held: Placement | None = state.placement_of(placement.pod_uid)
-        if held is not None and not (verified and same_decision(held, placement)):
-            self._distrust(pod, placement, "changed", "differs from the placement bound")
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        written = placement_from_pod(pod)
+        held: Placement | None = state.placement_of(uid)
+        if held is not None and held.node == node:
+            if written is not None and held.trusted and not same_decision(held, written):
+                self._distrust(pod, held, "changed", "differs from the placement bound")
             state.confirm(held)
-            return held.pod_uid
-        if not verified:
-            self._distrust(pod, placement, "unsigned",
-                           "has no valid tandem.io/placement-signature")
-        state.confirm(placement)
-        return placement.pod_uid
+            return uid
+        ann = written.annotations if written is not None else ()
+        recorded = decode_entry(uid, key, node, self.records.entry(node, uid, False), ann)
+        if recorded is None and written is not None and self._signer is not None \
+                and self._signer.verify(uid, node, meta.get("annotations") or {}):
+            recorded = written  # bound before placement records: its signature verifies
+        elif recorded is None:
+            recorded = decode_entry(uid, key, node, self.records.entry(node, uid, True), ann)
+        if recorded is not None and (written is None or not same_decision(written, recorded)):
+            self._distrust(pod, recorded, "changed", "differs from the placement bound")
+        if recorded is None:
+            if not requests_gpus(pod):
+                # No tandem GPU to be had (the device plugin hands out only tandem.io/gpu):
+                # output annotations alone must not let any pod block a node.
+                return None
+            recorded = untrusted_placement(uid, key, node, state.node_gpus(node), ann)
+            self._distrust(pod, recorded, "unrecorded",
+                           "has no placement record tandem wrote at bind (edited, forged, "
+                           "or bound without the tandem scheduler)")
+        state.confirm(recorded)
+        return uid
 
     def _distrust(self, pod: Mapping[str, Any], placement: Placement, kind: str,
                   problem: str) -> None:
@@ -219,8 +267,9 @@ class KubeSource:
         meta = pod.get("metadata") or {}
         ref = PodRef(str(meta.get("namespace", "")), str(meta.get("name", "")),
                      placement.pod_uid)
-        message = (f"the GPU placement recorded on this pod {problem}; tandem keeps the "
-                   "placement it decided, or holds every GPU named in full")
+        message = (f"the GPU placement of this pod {problem}; tandem keeps the placement it "
+                   "decided, or holds every GPU of the node in full until the pod is gone "
+                   "(the tandem device plugin refuses it)")
         self._log.warning("untrusted placement annotations",
                           extra={"pod": ref.key, "problem": problem})
         self.record_event(ref, "TandemPlacementUntrusted", message, True)
@@ -233,7 +282,7 @@ class KubeSource:
         self._spawn("pods", lambda rv: self._watch(state, self.api.list_pod_for_all_namespaces,
                                                     self.apply_pod_event, rv), pod_rv)
         if self._background_events:
-            worker = threading.Thread(target=self._event_worker, name="tandem-events",
+            worker = threading.Thread(target=self._events.run, name="tandem-events",
                                       daemon=True)
             worker.start()
             self._threads.append(worker)
@@ -283,25 +332,46 @@ class KubeSource:
         if self._poster is not None:
             self._poster.close()  # idle sockets only: a later write opens a new one
         if self._background_events:
-            with contextlib.suppress(queue.Full):
-                self._events.put_nowait(None)
+            self._events.close()
 
     # ---- writes ----------------------------------------------------------------------
     def read_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        """The pod as plain JSON, or None on 404."""
+        """The pod as plain JSON, or None on 404 (bind reads it: the lean client if it can)."""
         try:
+            if self._poster is not None:
+                return json.loads(self._poster.request(
+                    "GET", f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/"
+                           f"{quote(name, safe='')}"))
             return _json(self.api.read_namespaced_pod(name, namespace, _preload_content=False))
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
 
-    def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> bool:
-        """Create the binding with the UID precondition and the annotations (one round trip);
-        confirmation arrives through the pod watch, so this returns False."""
+    def current_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The pod as the API server has it: the pod watch's copy of a pending pod, else
+        read (a pod created before this process started, or not yet seen)."""
+        return self._pending.get(namespace, name) or self.read_pod(namespace, name)
+
+    def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str],
+             placement: Placement | None = None) -> bool:
+        """Record the placement in the node's record, then create the binding with the UID
+        precondition and the annotations; confirmation arrives through the pod watch, so
+        this returns False."""
         if not pod.uid:
             # without a UID the API server cannot tell a recreated pod from this one
             raise ValueError(f"bind of {pod.key} needs the pod UID")
+        if placement is None:
+            raise ValueError(f"bind of {pod.key} needs the placement to record")
+        state = self._state
+        try:  # before the Binding: a pod is never bound without its record
+            self.records.write(node, pod.uid, encode_entry(placement),
+                               lambda uid: uid == pod.uid or state is None
+                               or state.is_known(uid))
+        except RecordError as exc:
+            raise SourceError(str(exc)) from None
+        except Exception as exc:  # nothing was bound: the scheduler retries
+            raise SourceError(f"placement record of {node} not written ({exc!r})") from None
         if self._signer is not None:
             annotations = self._signer.sign(pod.uid, node, annotations)
         body = {"apiVersion": "v1", "kind": "Binding",
@@ -328,89 +398,8 @@ class KubeSource:
 
     def record_event(self, pod: PodRef, reason: str, message: str, warning: bool) -> None:
         """Queue an Event on the pod (dropped, with a log line, when the queue is full)."""
-        now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-        event = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
-            "involvedObject": {"kind": "Pod", "apiVersion": "v1", "name": pod.name,
-                               "namespace": pod.namespace, "uid": pod.uid},
-            "reason": reason, "message": message[:1024],
-            "type": "Warning" if warning else "Normal", "source": {"component": COMPONENT},
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-            "reportingComponent": COMPONENT}
-        try:
-            self._events.put_nowait(event)
-        except queue.Full:
-            self._log.warning("event queue full; event dropped", extra={"pod": pod.key})
+        self._events.record(pod, reason, message, warning)
 
     def drain_events(self) -> int:
-        """Post every queued event now, identical ones as one with a count; returns the posts.
-
-        The worker's body (tests call it directly).
-        """
-        batch = []
-        while True:
-            try:
-                event = self._events.get_nowait()
-            except queue.Empty:
-                break
-            if event is None:
-                break
-            batch.append(event)
-        return self._post_batch(batch)
-
-    def _post_batch(self, batch: list[dict[str, Any]]) -> int:
-        # Like client-go's event correlator: repeats of one event (a bind failing the same
-        # way again) become one Event whose count says how often, not one object each.
-        merged: dict[tuple[str, ...], dict[str, Any]] = {}
-        for event in batch:
-            key = _event_key(event)
-            first = merged.get(key)
-            if first is None:
-                merged[key] = event
-            else:
-                first["count"] += event["count"]
-                first["lastTimestamp"] = event["lastTimestamp"]
-        for event in merged.values():
-            self._post(event)
-        return len(merged)
-
-    def _post(self, event: dict[str, Any]) -> None:
-        namespace = event["metadata"]["namespace"]
-        try:
-            if self._poster is not None:
-                self._poster.post(f"/api/v1/namespaces/{quote(namespace, safe='')}/events",
-                                  json.dumps(event).encode())
-            else:
-                _drain(self.api.create_namespaced_event(namespace, event,
-                                                        _preload_content=False))
-        except ApiException as exc:
-            self._log.warning("event not posted", extra={"error": str(exc.status)})
-        except Exception as exc:  # network errors: the event is lost, the worker lives on
-            self._log.warning("event not posted", extra={"error": repr(exc)})
-
-    def _event_worker(self) -> None:
-        while True:
-            event = self._events.get()
-            if event is None or self._stop.is_set():
-                return
-            # Whatever queued up meanwhile goes in the same batch (merged when identical).
-            batch, stop = [event], False
-            while not stop:
-                try:
-                    more = self._events.get_nowait()
-                except queue.Empty:
-                    break
-                stop = more is None
-                if more is not None:
-                    batch.append(more)
-            self._post_batch(batch)
-            if stop:
-                return
-
-
-def _event_key(event: Mapping[str, Any]) -> tuple[str, ...]:
-    """What makes two events the same (client-go aggregates on these too)."""
-    obj = event["involvedObject"]
-    return (obj["namespace"], obj["name"], obj["uid"], event["type"], event["reason"],
-            event["message"])
+        """Post every queued event now (tests call it; the worker does the same)."""
+        return self._events.drain()

@@ -137,8 +137,14 @@ class SimSource:
             pod = self._pods.get((namespace, name))
             return copy.deepcopy(pod) if pod is not None else None
 
-    def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> bool:
-        """Record the binding in the registry; the sim confirms at once."""
+    def current_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The registered pod (the registry plays the API server), or None."""
+        return self.read_pod(namespace, name)
+
+    def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str],
+             placement: Any = None) -> bool:
+        """Record the binding in the registry; the sim confirms at once (the extender's
+        ledger holds ``placement`` itself: nothing rebuilds it from a pod owner's edits)."""
         with self._lock:
             obj = self._pods.setdefault(
                 (pod.namespace, pod.name),

@@ -1,16 +1,18 @@
 """The cluster source interface, and placements to and from pod annotations.
 
 Two sources implement :class:`ClusterSource`: ``kube`` (the Kubernetes API) and
-``sim:FILE`` (a YAML cluster). Both rebuild the ledger from pod annotations, so
-after a restart nothing is lost or double-booked: Kubernetes (or the sim file's
-pod registry) is the source of truth and the extender's memory is a cache. The
-annotation keys and their encoding are the shared contract in
-:mod:`contracts.annotations`; this module maps them to the extender's types.
+``sim:FILE`` (a YAML cluster). After a restart nothing is lost or double-booked:
+``kube`` rebuilds the ledger from the placement records bind wrote
+(:mod:`extender.cluster.records`) for the pods the API server has bound, ``sim``
+from its pod registry (the operator's file). The annotation keys and their
+encoding are the shared contract in :mod:`contracts.annotations`; this module
+maps them to the extender's types.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -18,6 +20,7 @@ import contracts.annotations as ann_contract
 from contracts.annotations import (
     GPU_MEM_MIB_RANGE,
     BindOutputs,
+    decode_container_gpus,
     decode_outputs,
     encode_outputs,
     read_bound_inputs,
@@ -25,6 +28,7 @@ from contracts.annotations import (
 )
 from extender.core import (
     DemandError,
+    GpuSpec,
     Placement,
     PodRef,
     SessionSpec,
@@ -38,9 +42,6 @@ if TYPE_CHECKING:
 
 DONE_PHASES = ("Succeeded", "Failed")
 FULL_UTIL_PERCENT = 100.0
-
-GpusNamed = Callable[[str, tuple[int, ...], tuple[str, ...]], tuple[tuple[int, ...], float | None]]
-"""(node, indices, uuids) -> (every GPU index named either way, largest memory among them)."""
 
 
 class Verifier(Protocol):
@@ -66,7 +67,8 @@ class ClusterSource(Protocol):
     kubelet_admits: bool
     """A kubelet admits the pods bound here (so the device-plugin hand-off applies)."""
     signs_placements: bool
-    """Bind signs its outputs and rebuilds verify them (:meth:`use_signer` is called)."""
+    """Bind signs its outputs (:meth:`use_signer` is called): a record for people, and what
+    a rebuild trusts for pods bound before placement records."""
     api: Any
     """The Kubernetes ``CoreV1Api`` (learning persists in a ConfigMap, ``tandem status``
     lists pending pods); None for a simulated cluster."""
@@ -80,13 +82,19 @@ class ClusterSource(Protocol):
     def use_signer(self, signer: Signer | None,
                    on_untrusted: Callable[[str], None] | None = None) -> None:
         """The key bind signs with and rebuilds verify with; ``on_untrusted(problem)`` counts
-        bound pods whose placement does not verify."""
+        bound pods whose placement cannot be trusted."""
 
     def read_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The pod object, or None when it does not exist."""
 
-    def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str]) -> bool:
-        """Write annotations, then bind with the pod UID; True when already confirmed."""
+    def current_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The pod as the cluster has it for bind (``kube``: the watch's copy of a pending
+        pod when it has one, else read), never a body a client sent; None if absent."""
+
+    def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str],
+             placement: Placement | None = None) -> bool:
+        """Record ``placement`` where pod owners cannot write (``kube``: the node's placement
+        record), then bind with the pod UID and the annotations; True when already confirmed."""
 
     def record_event(self, pod: PodRef, reason: str, message: str, warning: bool) -> None:
         """Emit a Kubernetes Event (or its stand-in) on the pod."""
@@ -122,33 +130,97 @@ def placement_from_pod(pod: Mapping[str, Any]) -> Placement | None:
             session = None  # no usable SLO: a best-effort session
     weight = inputs.share_weight if workload is Workload.INFERENCE and session is None else 1
     return Placement(ref.uid, ref.key, node, out.gpu_indices, out.util_percent, out.mem_mib,
-                     workload, session, tandem_annotations(ann), weight, out.gpu_uuids)
+                     workload, session, tandem_annotations(ann), weight, out.gpu_uuids,
+                     decode_container_gpus(ann))
 
 
-def trusted_placement(pod: Mapping[str, Any], verifier: Verifier | None,
-                      gpus_named: GpusNamed) -> tuple[Placement | None, bool]:
-    """(placement, verified): the recorded placement if its signature verifies, else the
-    conservative one (see :func:`conservative_placement`). No verifier: taken as written."""
-    p = placement_from_pod(pod)
-    if p is None or verifier is None:
-        return p, True
-    ann = annotations_of(pod)
-    if verifier.verify(p.pod_uid, p.node, ann):
-        return p, True
-    out = decode_outputs(ann)
-    uuids = out.gpu_uuids if out is not None else ()
-    return conservative_placement(p, uuids, gpus_named), False
+def requests_gpus(pod: Mapping[str, Any]) -> bool:
+    """True when a container of the pod names ``tandem.io/gpu`` in its resources (set at
+    creation and immutable: a pod owner cannot add or remove it from a bound pod)."""
+    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
+    for key in ("containers", "initContainers"):
+        containers = spec.get(key)
+        for c in containers if isinstance(containers, list) else ():
+            res = c.get("resources") if isinstance(c, Mapping) else None
+            for kind in ("limits", "requests"):
+                amounts = res.get(kind) if isinstance(res, Mapping) else None
+                if isinstance(amounts, Mapping) and ann_contract.GPU_RESOURCE in amounts:
+                    return True
+    return False
 
 
-def conservative_placement(p: Placement, uuids: tuple[str, ...],
-                           gpus_named: GpusNamed) -> Placement:
-    """What an unverifiable bound pod holds: every GPU its annotations name (by index or
-    UUID, so a moved ``gpu-index`` still covers the GPU its ``gpu-uuid`` names), each at
-    full utilisation and its whole memory. Never less than any decision bind could make."""
-    indices, memory = gpus_named(p.node, p.gpu_indices, uuids)
-    return dataclasses.replace(p, gpu_indices=indices, gpu_uuids=(),
-                               util_percent=FULL_UTIL_PERCENT,
-                               mem_mib=memory if memory is not None else GPU_MEM_MIB_RANGE.high)
+def untrusted_placement(uid: str, pod: str, node: str, gpus: list[GpuSpec],
+                        annotations: tuple[tuple[str, str], ...]) -> Placement:
+    """What a bound pod with no placement record holds: every GPU of its node, whatever
+    its annotations name (the GPU table gives it all the node's rows, also GPUs that
+    appear later), each at full utilisation and the largest GPU's whole memory: never
+    less than any decision bind could have made."""
+    memory = max((g.memory_mib for g in gpus), default=GPU_MEM_MIB_RANGE.high)
+    return Placement(uid, pod, node, tuple(g.index for g in gpus), FULL_UTIL_PERCENT,
+                     memory, Workload.TRAINING, None, annotations, 1,
+                     tuple(g.uuid for g in gpus), trusted=False)
+
+
+PENDING_LIMIT = 5_000
+"""Most pending pods :class:`PendingPods` keeps (the oldest go; bind then reads the pod)."""
+PENDING_TEXT_LIMIT = 16_384
+"""A pending pod whose ``tandem.io/*`` annotations are longer is not kept (bind reads it)."""
+
+
+def _slim(pod: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What bind reads of a pod (name, UID, ``tandem.io/*`` annotations, containers' names
+    and resources), or None when that is too large to keep: the cache stays bounded."""
+    meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
+    ann = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
+    ours = dict(tandem_annotations(ann))
+    if sum(len(k) + len(v) for k, v in ours.items()) > PENDING_TEXT_LIMIT:
+        return None
+    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
+    containers = {key: [{"name": c.get("name"), "resources": c.get("resources")}
+                        for c in spec.get(key) if isinstance(c, Mapping)]
+                  for key in ("containers", "initContainers") if isinstance(spec.get(key), list)}
+    return {"metadata": {k: meta.get(k) for k in ("name", "namespace", "uid", "resourceVersion")
+                         if k in meta} | {"annotations": ours},
+            "spec": containers}
+
+
+class PendingPods:
+    """Pods asking for ``tandem.io/gpu`` with no node yet, as the pod watch delivered them:
+    the API server's copy, so bind needs no round trip to read it."""
+
+    def __init__(self, limit: int = PENDING_LIMIT):
+        self._limit = limit
+        self._pods: OrderedDict[tuple[str, str], Mapping[str, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def observe(self, pod: Mapping[str, Any], deleted: bool) -> None:
+        """Keep a pending pod's latest version; drop it once bound, finished or deleted."""
+        meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        waiting = not deleted and not (pod.get("spec") or {}).get("nodeName") \
+            and (pod.get("status") or {}).get("phase") not in DONE_PHASES \
+            and requests_gpus(pod)
+        slim = _slim(pod) if waiting else None
+        with self._lock:
+            if slim is None:
+                self._pods.pop(key, None)
+                return
+            self._pods[key] = slim
+            self._pods.move_to_end(key)
+            while len(self._pods) > self._limit:
+                self._pods.popitem(last=False)
+
+    def reset(self, pods: list[Mapping[str, Any]]) -> None:
+        """Start again from a list (a relist: pods deleted or bound meanwhile go)."""
+        with self._lock:
+            self._pods.clear()
+        for pod in pods:
+            self.observe(pod, False)
+
+    def get(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The pending pod, or None when the watch has not delivered it (or it is bound)."""
+        with self._lock:
+            return self._pods.get((namespace, name))
 
 
 def same_decision(a: Placement, b: Placement) -> bool:
@@ -167,4 +239,4 @@ def output_annotations(p: Placement, uuids: list[str], cost: float, plan: Any,
         duty_cycle_ms = plan.duty_cycle_ms
     return encode_outputs(BindOutputs(tuple(p.gpu_indices), tuple(uuids), p.util_percent,
                                       p.mem_mib, cost, batch, duty_cycle_ms, source or None,
-                                      interference or None))
+                                      p.containers, interference_source=interference or None))

@@ -60,6 +60,7 @@ from extender.core.demand import (
     TypeDemand,
     UtilKnowledge,
     annotations_of,
+    container_gpu_counts,
     parse_demand,
     pod_ref,
     resolve_demand,
@@ -76,6 +77,7 @@ from extender.core.snapshot import (
     SessionSpec,
     Workload,
     gpu_type_of,
+    split_gpus,
 )
 from extender.core.table import GpuTable, PlacementError, Role
 
@@ -87,5 +89,6 @@ __all__ = [
     "Reason", "Rejection", "ResolvedDemand", "Role", "SessionSpec",
     "TypeDemand", "UtilKnowledge", "ObservedFn", "Workload", "annotations_of", "choose",
     "evaluate", "gpu_type_of",
-    "is_unresolvable", "parse_demand", "pod_ref", "resolve_demand",
+    "is_unresolvable", "parse_demand", "pod_ref", "resolve_demand", "split_gpus",
+    "container_gpu_counts",
 ]

@@ -206,32 +206,51 @@ def annotations_of(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     return ann
 
 
+def container_gpu_counts(pod: Mapping[str, Any]) -> tuple[tuple[str, int, bool], ...]:
+    """(container name, ``tandem.io/gpu`` count, init container?) of every container asking
+    for GPUs, in the kubelet's admission order (init containers first); DemandError if the
+    pod is malformed (``parse_demand`` has refused such a pod already)."""
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        raise DemandError("Pod.spec", spec, "must be an object")
+    out = []
+    for key in ("initContainers", "containers"):
+        counts = _per_container(spec, key)
+        names = [c.get("name") if isinstance(c, Mapping) else None
+                 for c in spec.get(key) or []]
+        out += [(str(name), n, key == "initContainers")
+                for name, n in zip(names, counts, strict=True) if n > 0]
+    return tuple(out)
+
+
+def _per_container(spec: Mapping[str, Any], key: str) -> list[int]:
+    """Each container's ``tandem.io/gpu`` count (limits or requests, the larger)."""
+    containers = spec.get(key) or []
+    if not isinstance(containers, list):
+        raise DemandError(f"Pod.spec.{key}", containers, "must be a list")
+    counts = []
+    for i, c in enumerate(containers):
+        res = c.get("resources") if isinstance(c, Mapping) else None
+        res = res if isinstance(res, Mapping) else {}
+        values = [
+            (res.get(kind) or {}).get(GPU_RESOURCE)
+            for kind in ("limits", "requests")
+            if isinstance(res.get(kind) or {}, Mapping)
+        ]
+        counts.append(
+            max((_quantity(v, f"Pod.spec.{key}[{i}].resources.{GPU_RESOURCE}") for v in values
+                 if v is not None), default=0)
+        )
+    return counts
+
+
 def gpu_count_of(pod: Mapping[str, Any]) -> int:
     """GPUs requested via ``tandem.io/gpu`` (sum over containers; init containers: max)."""
     spec = pod.get("spec")
     if not isinstance(spec, Mapping):
         raise DemandError("Pod.spec", spec, "must be an object")
-
-    def per_container(key: str) -> list[int]:
-        containers = spec.get(key) or []
-        if not isinstance(containers, list):
-            raise DemandError(f"Pod.spec.{key}", containers, "must be a list")
-        counts = []
-        for i, c in enumerate(containers):
-            res = c.get("resources") if isinstance(c, Mapping) else None
-            res = res if isinstance(res, Mapping) else {}
-            values = [
-                (res.get(kind) or {}).get(GPU_RESOURCE)
-                for kind in ("limits", "requests")
-                if isinstance(res.get(kind) or {}, Mapping)
-            ]
-            counts.append(
-                max((_quantity(v, f"Pod.spec.{key}[{i}].resources.{GPU_RESOURCE}") for v in values
-                     if v is not None), default=0)
-            )
-        return counts
-
-    total = max(sum(per_container("containers")), max(per_container("initContainers"), default=0))
+    total = max(sum(_per_container(spec, "containers")),
+                max(_per_container(spec, "initContainers"), default=0))
     if total <= 0:
         raise DemandError(f"resources[{GPU_RESOURCE}]", 0, "the pod requests no tandem.io/gpu")
     return total

@@ -61,6 +61,12 @@ class Placement:
     gpu_uuids: tuple[str, ...] = field(default=(), compare=False)
     """The GPUs' UUIDs when known, one per index: they find the GPUs again after an agent
     report renumbers a node's indices (a GPU vanished), so a pod stays on its GPU."""
+    containers: tuple[tuple[str, tuple[int, ...]], ...] = field(default=(), compare=False)
+    """Which container gets which of ``gpu_indices`` (:func:`split_gpus`), as bind decided:
+    the device plugin hands them out container by container."""
+    trusted: bool = field(default=True, compare=False)
+    """False for a bound pod with no placement record bind wrote: it holds every GPU of its
+    node in full, the device plugin refuses it, ``/v1/state`` lists it as ``untrusted``."""
 
     @property
     def best_effort(self) -> bool:
@@ -81,3 +87,22 @@ class GpuObservation:
     util_percent: float
     memory_used_mib: float
     observed_at_seconds: float
+
+
+
+def split_gpus(counts: tuple[tuple[str, int, bool], ...], indices: tuple[int, ...],
+               ) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """Which container gets which GPU. ``counts``: (name, ``tandem.io/gpu`` count, init
+    container?) in the kubelet's admission order, init containers first. The containers
+    take the bound GPUs in order, each its count; an init container takes the first ones
+    (the kubelet reuses an init container's devices for the containers after it)."""
+    out, at = [], 0
+    for name, count, init in counts:
+        if count <= 0:
+            continue
+        if init:
+            out.append((name, indices[:count]))
+        else:
+            out.append((name, indices[at:at + count]))
+            at += count
+    return tuple(out)

@@ -183,11 +183,13 @@ class GpuTable:
 
         A UUID in ``vanished`` (an agent reported it on this node once, and no longer does)
         means the GPU is gone: its index now names another physical GPU, so the placement
-        has no rows rather than wrong ones.
+        has no rows rather than wrong ones. An untrusted placement has every row of its node.
         """
         if p.node not in self.node_index:
             raise PlacementError(f"unknown node {p.node!r}")
         rows = self.node_rows(p.node)
+        if not p.trusted:  # bound without a recorded decision: every GPU the node has now
+            return list(rows)
         vanished = self.vanished.get(p.node, frozenset())
         found = find_gpus(p.gpus, [self.gpus[r] for r in rows], vanished)
         if found is not None:

@@ -32,6 +32,7 @@ from contracts.annotations import GPU_UTIL, INTERFERENCE_SOURCE, MODEL, PREDICTI
 from contracts.jsonbody import parse_json
 from contracts.state import STATE_PATH, StateDocument, decode_state
 from extender.cluster.source import ClusterSource
+from extender.ops.coexist import doubly_advertised
 
 MAX_STATE_BYTES = 256 << 20
 """Largest ``/v1/state`` answer read (the whole cluster's)."""
@@ -41,7 +42,12 @@ SCHEDULING_GATE_REASON = "held by the queue's scheduling gate"
 
 
 class StatusError(RuntimeError):
-    """The state could not be read; the message says what to check."""
+    """The state could not be read; the message says what to check. ``usage``: the
+    command line itself is wrong (exit 2), else reading failed (exit 1)."""
+
+    def __init__(self, message: str, usage: bool = False):
+        super().__init__(message)
+        self.usage = usage
 
 
 def fetch_state(url: str, ca_cert: Path | None = None, timeout_s: float = 10.0,
@@ -59,6 +65,10 @@ def fetch_state(url: str, ca_cert: Path | None = None, timeout_s: float = 10.0,
             from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
+        if isinstance(reason, ssl.SSLCertVerificationError):
+            raise StatusError(f"{target}: the extender's certificate is not trusted "
+                              f"({reason.verify_message}); pass the CA that signed it: "
+                              "--ca-cert ca.crt (ConfigMap tandem-extender-ca)") from None
         raise StatusError(f"cannot reach {target} ({reason}); port-forward the extender first: "
                           "kubectl -n tandem-system port-forward svc/tandem-extender 8443")\
             from None
@@ -80,7 +90,8 @@ def read_token(token_file: Path | None, environ: Mapping[str, str] | None = None
     token = expected_token(ReportsConfig(token_file=str(token_file) if token_file else None,
                                          token_env=TOKEN_ENV), environ)
     if token is None and token_file is not None:
-        raise StatusError(f"--token-file {token_file}: cannot read it, or it is empty")
+        raise StatusError(f"--token-file {token_file}: cannot read it, or it is empty",
+                          usage=True)
     return token
 
 
@@ -156,7 +167,8 @@ HIDDEN = "(hidden)"
 
 
 def summarize(state: StateDocument, origin: str,
-              pending: list[dict[str, Any]] | None) -> dict[str, Any]:
+              pending: list[dict[str, Any]] | None,
+              both_plugins: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The ``tandem status --json`` document from a ``/v1/state`` document."""
     nodes = []
     for node in sorted(state.nodes, key=lambda n: n.name):
@@ -184,8 +196,8 @@ def summarize(state: StateDocument, origin: str,
             })
         nodes.append({"name": node.name, "gpus": gpus})
     doc = {"source": origin, "synced": state.synced, "placed": state.placed,
-           "assumed": state.assumed, "nodes": nodes, "pending": pending,
-           "redacted": state.redacted}
+           "assumed": state.assumed, "untrusted": state.untrusted, "nodes": nodes,
+           "pending": pending, "redacted": state.redacted, "both_plugins": both_plugins}
     learned = (state.learning or {}).get("pairs") or []
     if learned:  # pairwise interference (docs/interference.md); absent while nothing is learned
         doc["interference"] = [{"gpu_type": t["gpu_type"], "pairs": len(t["pairs"]),
@@ -205,7 +217,7 @@ def collect(extender: str | None, cluster: str | None, scheduler_name: str = "ta
     """Read the state from the extender or the cluster, and pending pods from kube."""
     if extender is None and cluster is None:
         raise StatusError("say where to look: --extender URL (a port-forwarded extender) "
-                          "or --cluster kube|sim:FILE")
+                          "or --cluster kube|sim:FILE", usage=True)
     from extender.wiring import build_source
 
     source = build_source(cluster) if cluster is not None else None
@@ -214,7 +226,8 @@ def collect(extender: str | None, cluster: str | None, scheduler_name: str = "ta
     else:
         state, origin = rebuilt_state(source), str(cluster)
     pending = pending_pods(source.api, scheduler_name) if cluster == "kube" else None
-    return summarize(state, origin, pending)
+    both = doubly_advertised(source.api) if cluster == "kube" else None
+    return summarize(state, origin, pending, both)
 
 
 def status_command(
@@ -241,10 +254,13 @@ def status_command(
     try:
         token = read_token(token_file) if extender is not None else None
         doc = collect(extender, cluster, scheduler_name, ca_cert, token)
-    except (StatusError, SourceSpecError) as exc:
+    except StatusError as exc:  # given where to look, it could not read there
         typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(2 if exc.usage else 1) from None
+    except SourceSpecError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     except ClusterFileError as exc:
         typer.echo(f"error: {cluster}: {'; '.join(exc.problems)}", err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(2) from None
     typer.echo(json.dumps(doc, sort_keys=True) if json_out else render(doc))

@@ -79,4 +79,13 @@ def render(doc: dict[str, Any]) -> str:
             age = f" ({p['age_s']}s ago)" if p.get("age_s") is not None else ""
             lines += textwrap.wrap(f"{p['pod']}: {p['reason']}{age}", WIDTH, initial_indent="  ",
                                    subsequent_indent="    ", break_on_hyphens=False)
+    both = doc.get("both_plugins")
+    if both:
+        lines.append("")
+        lines += textwrap.wrap(
+            f"GPUs advertised by both device plugins on {len(both)} node(s): a pod asking "
+            "for nvidia.com/gpu can get a GPU tandem placed pods on (docs/adoption.md):",
+            WIDTH)
+        lines += [f"  {b['node']}: nvidia.com/gpu {b['nvidia.com/gpu']}, "
+                  f"tandem.io/gpu {b['tandem.io/gpu']}" for b in both]
     return "\n".join(lines)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from contracts.clusterfile import ClusterFileError
+from contracts.extras import missing_extra
 from extender.simulator.cluster import load_cluster
 from extender.simulator.engine import EngineConfig
 from extender.simulator.interference import InterferenceError
@@ -142,6 +143,8 @@ def run_command(*, trace: Path | None, workload: str | None, policies: Sequence[
     """Run the simulation(s); returns {"json": object, "text": str}.
 
     ``progress`` shows bars on stderr (only where it is a terminal)."""
+    if plots is not None and (problem := missing_extra("plots", "--plots")):
+        raise CommandError(problem)  # before the simulation, not after it
     job_list, nodes, label = _load_inputs(trace, workload, cluster, jobs, seed,
                                           _models_option(models, truth))
     options = _options(config)

@@ -58,7 +58,7 @@ def simulate_command(
                              grid=grid, sweep_out=sweep_out, progress=not json_out,
                              truth=truth, models=models, knowledge=knowledge)
     except CommandError as exc:
-        typer.echo(f"tandem simulate: {exc}", err=True)
+        typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     if json_out:
         typer.echo(json.dumps(output["json"], sort_keys=False))

@@ -60,6 +60,7 @@ from extender.core import (
     ResolvedDemand,
     choose,
     evaluate,
+    split_gpus,
 )
 from extender.errors import BindConflict
 from extender.state.handoff import HandoffGate
@@ -198,22 +199,6 @@ class ClusterState:
         with self.lock:
             return self._ledger.get(uid)
 
-    def named_gpus(self, node: str, indices: tuple[int, ...], uuids: tuple[str, ...],
-                   ) -> tuple[tuple[int, ...], float | None]:
-        """Indices of ``node``'s GPUs named by index or UUID (all of them when it names none
-        it has), and the largest one's memory; None when the node has no known GPU."""
-        with self.lock:
-            t = self._table
-            if node not in t.node_index:
-                return indices, None
-            rows = [r for r in t.node_rows(node)
-                    if t.gpus[r].index in indices or t.gpus[r].uuid in uuids] \
-                or list(t.node_rows(node))  # names no GPU it has: it may be on any of them
-            if not rows:
-                return indices, None
-            return (tuple(sorted(t.gpus[r].index for r in rows)),
-                    max(t.gpus[r].memory_mib for r in rows))
-
     # ---- decisions -------------------------------------------------------------------
     def gpu_types(self) -> list[str]:
         """GPU types present in the inventory."""
@@ -233,8 +218,10 @@ class ClusterState:
 
     def assume_best(self, node: str, demand: ResolvedDemand, inference: InferenceContext | None,
                     pod_uid: str, pod: str, annotations: tuple[tuple[str, str], ...] = (),
+                    containers: tuple[tuple[str, int, bool], ...] = (),
                     ) -> tuple[Placement, Any, float, list[str], str]:
-        """Decide the GPUs on ``node`` against fresh state and assume them, atomically.
+        """Decide the GPUs on ``node`` against fresh state and assume them, atomically;
+        ``containers`` (``extender.core.container_gpu_counts``) says who gets which.
 
         Returns the placement, its plan, cost, GPU UUIDs and where its interference figure
         came from ("" where the curve alone decided)."""
@@ -253,7 +240,9 @@ class ClusterState:
             placement = dataclasses.replace(placement,
                                             util_percent=round(placement.util_percent, 2),
                                             mem_mib=float(round(placement.mem_mib)),
-                                            annotations=annotations, gpu_uuids=tuple(uuids))
+                                            annotations=annotations, gpu_uuids=tuple(uuids),
+                                            containers=split_gpus(containers,
+                                                                  placement.gpu_indices))
             now = self._clock()
             self._ledger.assume(placement, now)
             self._table.place(placement, now)

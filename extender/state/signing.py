@@ -1,17 +1,17 @@
-"""Placement signatures: bind signs its decision, the ledger trusts only what verifies.
+"""Placement signatures: a check for people and for pods bound before placement records.
 
 A pod owner can edit any annotation of their pod, including the outputs bind
-wrote (``tandem.io/gpu-index``, ``tandem.io/predicted-gpu-mem-mib`` ...). So bind
-also writes ``tandem.io/placement-signature``: an HMAC-SHA256 over the pod UID,
-the node and every output annotation, keyed by a secret only the extender holds.
-The UID ties a signature to one pod: copying it onto another pod does not verify.
+wrote (``tandem.io/gpu-index``, ``tandem.io/predicted-gpu-mem-mib`` ...). What
+the ledger trusts after a restart or relist is the placement record bind wrote in
+the extender's namespace (``extender.cluster.records``). Bind also writes
+``tandem.io/placement-signature``: an HMAC-SHA256 over the pod UID, the node and
+every output annotation, keyed by a secret only the extender holds, so an edit
+can be told from bind's own words. The UID ties a signature to one pod: copying
+it onto another pod does not verify.
 
-When the ledger is rebuilt from bound pods (start, relist), a placement whose
-signature verifies is taken as written. One that does not (edited, unsigned, or
-signed with another key) is accounted for by :func:`conservative_placement`:
-full utilisation and the whole memory of every GPU its annotations name. It is
-never smaller than what bind could have decided, so an edit can only block
-capacity, never free it.
+A bound pod with no record whose signature verifies (bound by a version that
+kept no records) is taken as its annotations say; one with neither holds every
+GPU of its node in full (``extender.cluster.source.untrusted_placement``).
 """
 
 from __future__ import annotations

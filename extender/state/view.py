@@ -28,10 +28,12 @@ def state_document(table: GpuTable, ledger: PlacementLedger, staleness_seconds: 
             except PlacementError:
                 continue
             notes, omitted = bounded_annotations(p.annotations)
-            entry = StatePod(state, p.workload.value, p.util_percent, p.mem_mib,
-                             p.pod, p.pod_uid, notes, omitted)
-            for row in rows:
-                pods_by_row.setdefault(row, []).append(entry)
+            owner = {i: c for c, indices in p.containers for i in indices}
+            for row, index in zip(rows, p.gpu_indices, strict=False):
+                pods_by_row.setdefault(row, []).append(StatePod(
+                    state if p.trusted else "untrusted", p.workload.value, p.util_percent,
+                    p.mem_mib, p.pod, p.pod_uid, notes, omitted,
+                    container=owner.get(index) if p.trusted else None))
     nodes = []
     names = t.node_names if node is None else [n for n in (node,) if n in t.node_index]
     for name in names:
@@ -50,7 +52,9 @@ def state_document(table: GpuTable, ledger: PlacementLedger, staleness_seconds: 
             ))
         nodes.append(StateNode(name, tuple(gpus)))
     placed, assumed = ledger.counts()
-    return StateDocument(tuple(nodes), synced, placed, assumed, learning)
+    untrusted = sum(not p.trusted for p in ledger.placed())
+    return StateDocument(tuple(nodes), synced, placed - untrusted, assumed, learning,
+                         untrusted=untrusted)
 
 
 def gpu_rows(table: GpuTable, staleness_seconds: float, now: float,

@@ -129,3 +129,48 @@ imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
+
+{{/* Where a pod runs: priorityClassName, runtimeClassName, nodeSelector, affinity (the
+     component's own, else the default given) and tolerations (the defaults given, then
+     the component's). Called with (dict "v" <component values> "affinity" <default>
+     "tolerations" <default list>). */}}
+{{- define "tandem.placement" -}}
+{{- with .v.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .v.runtimeClassName }}
+runtimeClassName: {{ . }}
+{{- end }}
+{{- with .v.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- $affinity := .v.affinity | default .affinity }}
+{{- with $affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- $tolerations := concat (.tolerations | default list) (.v.tolerations | default list) }}
+{{- with $tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* GPU nodes: the GPU Operator's, GPU Feature Discovery's, or labelled by hand. */}}
+{{- define "tandem.gpuNodeAffinity" -}}
+nodeAffinity:
+  requiredDuringSchedulingIgnoredDuringExecution:
+    nodeSelectorTerms:
+      - matchExpressions:
+          - {key: nvidia.com/gpu.present, operator: In, values: ["true"]}
+      - matchExpressions:
+          - {key: nvidia.com/gpu.count, operator: Exists}
+      - matchExpressions:
+          - {key: tandem.io/gpu-node, operator: In, values: ["true"]}
+{{- end }}
+
+{{- define "tandem.gpuTolerations" -}}
+- {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}
+- {key: tandem.io/gpu, operator: Exists, effect: NoSchedule}
+{{- end }}

@@ -1,0 +1,1 @@
+"""Mutating admission webhook: pods adopt tandem without editing their manifests."""
