@@ -3,8 +3,10 @@
 It speaks real HTTP/1.1 (keep-alive, chunked watch streams), so the official
 ``kubernetes`` client runs unchanged against it: list and watch of nodes and pods
 (``spec.nodeName`` field selectors), GET pod, PATCH pod metadata (a ``metadata.uid``
-that differs from the pod's is a 409, as on the real server), ConfigMaps, POST
-``pods/{name}/binding`` and POST events. The binding behaves like the API
+that differs from the pod's is a 409, as on the real server), ConfigMaps (a PUT naming
+a stale ``resourceVersion`` is a 409 Conflict), TokenReviews (``tokens`` maps each
+valid token to its user), POST ``pods/{name}/binding`` and POST events. The binding
+behaves like the API
 server's ``BindingREST``: the Binding's ``metadata.uid`` is a precondition (409 when
 the pod was recreated), its annotations are copied onto the pod in the same
 update, and a pod that already has a node is a 409.
@@ -38,6 +40,7 @@ from urllib.parse import parse_qs, urlsplit
 POD_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)(/binding)?$")
 EVENTS_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/events$")
 CONFIGMAP_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps(?:/([^/]+))?$")
+TOKEN_REVIEW_PATH = "/apis/authentication.k8s.io/v1/tokenreviews"
 WATCH_POLL_SECONDS = 0.2
 """How often an idle watch checks whether the server is stopping."""
 
@@ -109,6 +112,9 @@ class FakeKubeApi:
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.events: list[dict[str, Any]] = []
         self.configmaps: dict[tuple[str, str], dict[str, Any]] = {}
+        self.tokens: dict[str, dict[str, Any]] = {}
+        """Bearer token -> the ``status.user`` a TokenReview answers for it (with the
+        ``audiences`` it is valid for under the key ``audiences``)."""
         self.requests: list[Recorded] = []
         self.record = record
         self.faults: list[Fault] = []
@@ -289,6 +295,19 @@ class FakeKubeApi:
             self.configmaps[key] = stored
             return (201 if method == "POST" else 200), copy.deepcopy(stored)
 
+    def token_review(self, body: Any) -> dict[str, Any]:
+        """A TokenReview's answer: authenticated with the user of a known token whose
+        audiences include the one asked for, else not authenticated."""
+        spec = (body or {}).get("spec") or {} if isinstance(body, dict) else {}
+        known = self.tokens.get(str(spec.get("token", "")))
+        wanted = spec.get("audiences") or []
+        ok = known is not None and all(a in known.get("audiences", []) for a in wanted)
+        status_: dict[str, Any] = {"authenticated": ok}
+        if ok and known is not None:
+            status_["user"] = {k: v for k, v in known.items() if k != "audiences"}
+            status_["audiences"] = wanted
+        return {**body, "status": status_}
+
     def list_objects(self, kind: str, selector: str) -> dict[str, Any]:
         """A NodeList or PodList at the current resourceVersion."""
         with self._cond:
@@ -426,6 +445,8 @@ def _handler(api: FakeKubeApi) -> type[BaseHTTPRequestHandler]:
             elif (cm := CONFIGMAP_PATH.match(path)) is not None:
                 self._send(*api.configmap(method, cm[1], cm[2], body,
                                           query.get("labelSelector", "")))
+            elif path == TOKEN_REVIEW_PATH and method == "POST":
+                self._send(201, api.token_review(body))
             else:
                 raise ApiError(404, "NotFound", f"{method} {path} is not served here")
 

@@ -8,6 +8,10 @@ On a GPU with a CUDA build of torch and CPU-only onnxruntime (the ONNX graphs ru
     .venv/bin/python benchmarks/serving.py --executor torch --device cuda
 Both real executors beside the simulated sections, in one run:
     .venv/bin/python benchmarks/serving.py --real-executors onnxruntime,torch
+The held-out load through the server's HTTP endpoint (``serving_http.py``: three
+sessions, clients in another process, as the machine is and beside a CPU hog, on
+ONNX Runtime and torch; writes benchmarks/results/serving_http_cpu.json):
+    .venv/bin/python benchmarks/serving.py --http-load
 
 Prints one JSON object and writes benchmarks/results/serving_<device>.json
 (serving_torch_<device>.json for a torch-only run).
@@ -42,6 +46,7 @@ import argparse
 import random
 import statistics
 import time
+from pathlib import Path
 
 import _common
 import numpy as np
@@ -357,8 +362,28 @@ def main() -> None:
     parser.add_argument(
         "--ort-s", type=float, default=10.0, help="seconds of Poisson load on the real executor"
     )
+    parser.add_argument("--http-load", action="store_true",
+                        help="only the HTTP scenario of serving_http.py")
+    parser.add_argument("--http-seconds", type=float, default=10.0,
+                        help="seconds of load per HTTP scenario")
+    parser.add_argument("--http-baseline", type=Path, default=None,
+                        help="another checkout whose server runs the HTTP load too")
+    parser.add_argument("--note", action="append", default=[],
+                        help="a line for the result's notes (how the machine was)")
     _common.add_out_option(parser, None)  # default: serving_cpu.json or serving_gpu.json
     args = parser.parse_args()
+    if args.http_load:
+        from benchmarks.serving_http import http_load
+
+        started = time.perf_counter()
+        out = {"benchmark": "serving_http",
+               **http_load(args.http_seconds, ["onnxruntime", "torch"], 60.0,
+                           args.http_baseline)}
+        out["notes"] = args.note
+        out["wall_seconds"] = time.perf_counter() - started
+        out.update(_common.context(("numpy", "onnxruntime", "torch", "cheroot")))
+        _common.write_result(out, args.out or _common.RESULTS / "serving_http_cpu.json")
+        return
     real = args.real_executors.split(",") if args.executor == "sim" else [args.executor]
     unknown = sorted(set(real) - {"onnxruntime", "torch"})
     if unknown:

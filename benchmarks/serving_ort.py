@@ -195,7 +195,7 @@ def slo_section(device: str, seconds: float, width: int, store: Path,
     by = {s["name"]: s for s in snap["sessions"]}
     with lock:
         client = {n: within[n] / sent[n] if sent[n] else None for n in slos}
-    curve = rt._curves.get("be")
+    curve = rt.sessions.curves.get("be")
     q = snap["quantum_ms"]
     return {
         "executor": executor_label(kind, device),

@@ -51,6 +51,15 @@ class ReportedProcess:
 
 
 @dataclass(frozen=True)
+class ReportedSession:
+    """A best-effort session of the GPU's inference server: its pod, and the GPU time the
+    server measured for it since the session started (a cumulative counter)."""
+
+    pod_uid: str
+    gpu_time_ms: float
+
+
+@dataclass(frozen=True)
 class ReportedGpu:
     """One GPU: identity, inventory and what was measured over the interval."""
 
@@ -67,6 +76,8 @@ class ReportedGpu:
     xid_errors: int | None = None
     mig_mode: bool | None = None
     processes: tuple[ReportedProcess, ...] = ()
+    sessions: tuple[ReportedSession, ...] = ()
+    """Best-effort sessions of the GPU's inference server (``sessions``; absent: none)."""
 
 
 @dataclass(frozen=True)
@@ -163,6 +174,9 @@ def _encode_gpu(g: ReportedGpu) -> dict[str, Any]:
     out.update({key: getattr(g, attr) for key, attr, _ in _GPU_OPTIONAL})
     out["processes"] = [{key: getattr(p, attr) for key, attr, _ in _PROCESS_OPTIONAL}
                         for p in g.processes]
+    if g.sessions:  # optional: older extenders ignore it
+        out["sessions"] = [{"pod_uid": s.pod_uid, "gpu_time_ms": s.gpu_time_ms}
+                           for s in g.sessions]
     return out
 
 
@@ -195,6 +209,7 @@ def _decode_gpu(raw: Any, path: str) -> ReportedGpu:
     total = _number(1, MAX_MIB)(raw.get("memory_total_mib"), f"{path}.memory_total_mib")
     return ReportedGpu(index, uuid, product, total,
                        processes=_decode_processes(raw.get("processes"), f"{path}.processes"),
+                       sessions=_decode_sessions(raw.get("sessions"), f"{path}.sessions"),
                        **_optional(raw, _GPU_OPTIONAL, path))
 
 
@@ -213,5 +228,22 @@ def _decode_processes(raw: Any, path: str) -> tuple[ReportedProcess, ...]:
     return tuple(out)
 
 
-__all__ = ["AgentReport", "ReportError", "ReportedGpu", "ReportedProcess", "decode_report",
-           "encode_report"]
+def _decode_sessions(raw: Any, path: str) -> tuple[ReportedSession, ...]:
+    """The optional ``sessions`` list of one GPU (absent or null = none reported)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or len(raw) > MAX_PROCESSES_PER_GPU:
+        raise ReportError(path, f"must be a list of at most {MAX_PROCESSES_PER_GPU} sessions")
+    out = []
+    for i, s in enumerate(raw):
+        if not isinstance(s, Mapping):
+            raise ReportError(f"{path}[{i}]", "must be an object")
+        out.append(ReportedSession(_text(1, MAX_UID_CHARS)(s.get("pod_uid"),
+                                                           f"{path}[{i}].pod_uid"),
+                                   _number(0, 1e15)(s.get("gpu_time_ms"),
+                                                    f"{path}[{i}].gpu_time_ms")))
+    return tuple(out)
+
+
+__all__ = ["AgentReport", "ReportError", "ReportedGpu", "ReportedProcess", "ReportedSession",
+           "decode_report", "encode_report"]

@@ -25,6 +25,11 @@ workers stop the server answering anything, health checks included.
   (or reading) the body, and the connection is closed. Applications read bodies
   with :func:`read_body`, the one size-limited reader (the same rule for requests
   that reach them another way, e.g. a test client, and for chunked bodies).
+- **When the request arrived, for the application.** Each request's WSGI
+  environ carries ``tandem.arrived`` (``time.monotonic()`` seconds): when its
+  connection was accepted, or for a later request on a kept-alive connection
+  when its first byte was read. A server with deadlines counts them from there,
+  so time spent waiting for a worker is not hidden from it.
 - **TLS handshakes off the accept loop.** cheroot's builtin adapter completes
   the handshake in the thread that accepts connections, so a client that
   connects and stays silent stalls every accept for the socket timeout. The
@@ -47,6 +52,8 @@ from cheroot.server import HeaderReader, HTTPConnection, HTTPRequest
 from cheroot.ssl.builtin import BuiltinSSLAdapter
 
 DEFAULT_READ_DEADLINE_SECONDS = 10.0
+ARRIVED = "tandem.arrived"
+"""WSGI environ key: when the request arrived, in ``time.monotonic()`` seconds."""
 CLIENT_VERIFY = "SSL_CLIENT_VERIFY"
 """WSGI environ key: ``SUCCESS`` when the TLS client presented a verified certificate."""
 CLIENT_CN = "SSL_CLIENT_S_DN_CN"
@@ -232,6 +239,9 @@ class GatheringConnection(HTTPConnection):
         self._buffered = _BufferedSocket(sock)
         self.rfile = makefile(self._buffered, "rb", self.rbufsize)
         self._first_byte_at: float | None = None
+        self.arrived_at: float | None = time.monotonic()
+        """When the request being gathered arrived: its accept, or a kept-alive
+        request's first byte."""
         self._eof = False
 
     def communicate(self) -> bool:
@@ -244,7 +254,10 @@ class GatheringConnection(HTTPConnection):
                 time.monotonic() - started < self.read_deadline_seconds
         self._first_byte_at = None
         self._note_client_certificate()
-        return bool(super().communicate())
+        try:
+            return bool(super().communicate())
+        finally:
+            self.arrived_at = None  # the next request on this connection stamps its own
 
     def _note_client_certificate(self) -> None:
         """Once the handshake is done: whether the client proved a certificate (mutual
@@ -281,6 +294,8 @@ class GatheringConnection(HTTPConnection):
                     return bool(data)  # a partial request: let cheroot answer 400
                 if self._first_byte_at is None:
                     self._first_byte_at = time.monotonic()
+                if self.arrived_at is None:
+                    self.arrived_at = self._first_byte_at
                 data += chunk
         finally:
             sock.settimeout(self.server.timeout)
@@ -320,7 +335,19 @@ def harden(server: Any, read_deadline_seconds: float = DEFAULT_READ_DEADLINE_SEC
     server.ConnectionClass = type("TandemConnection", (GatheringConnection,), {
         "read_deadline_seconds": read_deadline_seconds, "body_limit": body_limit,
         "RequestHandlerClass": request_class})
+    server.gateway = _stamped(server.gateway)
     return server
+
+
+def _stamped(gateway: Any) -> Any:
+    """``gateway`` whose environ carries the request's arrival time (``ARRIVED``)."""
+
+    def get_environ(self: Any) -> Any:
+        env = gateway.get_environ(self)
+        env[ARRIVED] = getattr(self.req.conn, "arrived_at", None) or time.monotonic()
+        return env
+
+    return type(f"Stamped{gateway.__name__}", (gateway,), {"get_environ": get_environ})
 
 
 def tls_adapter(cert_file: str, key_file: str) -> DeferredHandshakeAdapter:

@@ -9,7 +9,13 @@ them into ``observed.csv`` rows. One encoder and one decoder, here::
      "colocated": [ENTRY, ...]}   # its utilisation beside others (a floor of the alone one)
     ENTRY = {"model": "sha256:<hex>" | REFERENCE, "reference": REFERENCE,
              "batch_size": B, "workload": "training" | "inference", "gpu_type": T,
-             "util_percent": U, "stddev_percent": S, "samples": N, "updated_at": UNIX}
+             "util_percent": U, "stddev_percent": S, "samples": N, "updated_at": UNIX,
+             # optional (absent in older documents):
+             "gpus": G,                 # the pods' GPU count (absent: 1)
+             "seconds": SECONDS,        # observed time the samples cover (absent: samples)
+             "pods": P,                 # pods that contributed (absent: 1)
+             "namespaces": [NS, ...],   # their namespaces, at most 8 (absent: unknown)
+             "used_at": UNIX}           # last sample or lookup (absent: updated_at)
 
 ``model`` is the learning key: the model file's digest (``sha256:`` and the hex) when
 the extender resolved the file, else the reference itself. Version 1 had no
@@ -29,6 +35,8 @@ DOCUMENT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 DIGEST_PREFIX = "sha256:"
 TABLES = ("alone", "colocated")
+MAX_GPUS = 64
+MAX_NAMESPACES = 8
 
 Key = tuple[str, int, str, str]
 """(model digest ``sha256:<hex>`` or reference, batch size, workload, GPU type)."""
@@ -51,6 +59,11 @@ class LearnedEntry:
     samples: int
     updated_at: float
     reference: str = ""
+    gpus: int = 1
+    seconds: float | None = None
+    pods: int | None = None
+    namespaces: tuple[str, ...] = ()
+    used_at: float | None = None
 
     @property
     def key(self) -> Key:
@@ -79,7 +92,11 @@ def encode_entry(e: LearnedEntry) -> dict[str, Any]:
             "workload": e.workload, "gpu_type": e.gpu_type,
             "util_percent": round(e.util_percent, 3),
             "stddev_percent": round(e.stddev_percent, 3),
-            "samples": e.samples, "updated_at": round(e.updated_at, 3)}
+            "samples": e.samples, "updated_at": round(e.updated_at, 3), "gpus": e.gpus,
+            **({} if e.seconds is None else {"seconds": round(e.seconds, 3)}),
+            **({} if e.pods is None else {"pods": e.pods}),
+            **({"namespaces": list(e.namespaces)} if e.namespaces else {}),
+            **({} if e.used_at is None else {"used_at": round(e.used_at, 3)})}
 
 
 def decode_entry(row: Any, path: str) -> LearnedEntry:
@@ -91,14 +108,31 @@ def decode_entry(row: Any, path: str) -> LearnedEntry:
             util_percent=float(row["util_percent"]),
             stddev_percent=float(row["stddev_percent"]),
             samples=_int(row["samples"]), updated_at=float(row["updated_at"]),
-            reference=str(row.get("reference") or row["model"]))  # version 1: the key
+            reference=str(row.get("reference") or row["model"]),  # version 1: the key
+            gpus=_int(row.get("gpus", 1)),
+            seconds=None if row.get("seconds") is None else float(row["seconds"]),
+            pods=None if row.get("pods") is None else _int(row["pods"]),
+            namespaces=tuple(_namespaces(row.get("namespaces"))),
+            used_at=None if row.get("used_at") is None else float(row["used_at"]))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise LearningDocumentError(f"learning document: {path}: {exc!r}") from None
     if e.workload not in WORKLOADS or not (
             0 <= e.util_percent <= 100 and 0 <= e.stddev_percent <= 100 and e.samples >= 1
-            and e.batch_size >= 1 and math.isfinite(e.updated_at)):
+            and e.batch_size >= 1 and math.isfinite(e.updated_at)
+            and 1 <= e.gpus <= MAX_GPUS and (e.pods is None or e.pods >= 0)
+            and (e.seconds is None or 0 <= e.seconds < 1e12)
+            and (e.used_at is None or math.isfinite(e.used_at))):
         raise LearningDocumentError(f"learning document: {path}: out of range")
     return e
+
+
+def _namespaces(raw: Any) -> list[str]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or len(raw) > MAX_NAMESPACES \
+            or not all(isinstance(n, str) and 0 < len(n) <= 63 for n in raw):
+        raise ValueError(f"namespaces: at most {MAX_NAMESPACES} names, got {raw!r}")
+    return sorted(set(raw))
 
 
 def _int(value: Any) -> int:

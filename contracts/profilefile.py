@@ -31,6 +31,8 @@ from typing import Any
 
 import yaml
 
+from contracts.annotations import BATCH_SIZE_RANGE
+
 ENTRY_KEYS = frozenset({"model", "gpu_type", "linear", "table", "memory_mib", "max_batch",
                         "batches"})
 NEXUS_KEYS = frozenset({"model", "gpu_type", "memory_mib", "nexus_profile"})
@@ -160,8 +162,9 @@ def _entry(entry: dict, path: str, problems: list[str]) -> ProfileEntry | None:
     alpha = number(lin.get("alpha_ms"), f"{path}.linear.alpha_ms", problems)
     beta = number(lin.get("beta_ms"), f"{path}.linear.beta_ms", problems, positive=False)
     max_batch = entry.get("max_batch", DEFAULT_MAX_BATCH)
-    if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
-        problems.append(f"{path}.max_batch: expected an integer >= 1")
+    if not isinstance(max_batch, int) or isinstance(max_batch, bool) \
+            or not 1 <= max_batch <= BATCH_SIZE_RANGE.high:
+        problems.append(f"{path}.max_batch: expected an integer in 1..{BATCH_SIZE_RANGE.high}")
     return None if len(problems) > before else ProfileEntry(
         path, model, gpu, memory, linear=(alpha, beta), max_batch=max_batch, batches=batches)
 
@@ -170,9 +173,10 @@ def _batches(entry: dict, path: str, problems: list[str]) -> tuple[int, ...] | N
     if "batches" not in entry:
         return None
     batches = listing(entry["batches"], f"{path}.batches", problems)
-    if not batches or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1
-                              for b in batches):
-        problems.append(f"{path}.batches: expected a non-empty list of integers >= 1")
+    if not batches or not all(isinstance(b, int) and not isinstance(b, bool)
+                              and 1 <= b <= BATCH_SIZE_RANGE.high for b in batches):
+        problems.append(f"{path}.batches: expected a non-empty list of integers in "
+                        f"1..{BATCH_SIZE_RANGE.high}")
         return None
     return tuple(sorted(set(batches)))
 

@@ -106,6 +106,14 @@ class ReportsConfig:
     """File holding the agents' bearer token (preferred over ``token_env``)."""
     token_env: str = "TANDEM_AGENT_TOKEN"
     """Environment variable holding the token when no file is given."""
+    identity: str = "shared-token"
+    """``shared-token``: every agent sends the one token above (simulated cluster, demos);
+    ``service-account``: each sends its pod's projected ServiceAccount token, reviewed with
+    the API server and bound to its pod's node (``extender/state/node_identity.py``)."""
+    audience: str = "tandem"
+    """Audience the agents' projected tokens are issued for (``service-account``)."""
+    service_account: str = "tandem-system/tandem-agent"
+    """``namespace/name`` of the agents' ServiceAccount (``service-account``)."""
 
 
 @dataclass(frozen=True)
@@ -135,8 +143,16 @@ class LearningConfig:
     """Utilisation assumed for a model with no observation and no trained model, (0, 100]."""
     min_observations: int = 5
     """Samples before an observed estimate replaces the prediction, 1..10000."""
+    min_observed_seconds: float = 120.0
+    """Observed time (after warm-up) before an estimate replaces the prediction, [0, 86400]."""
+    min_pods: int = 1
+    """Pods whose samples an estimate needs before it replaces the prediction, 1..1000."""
+    warmup_seconds: float = 60.0
+    """Each pod's first seconds on a GPU give no sample (loading, compiling), [0, 86400]."""
+    spread_margin: float = 1.0
+    """Standard errors added to a trusted estimate (a safety margin), [0, 10]."""
     ewma_alpha: float = 0.1
-    """Weight of a new sample in the running estimate once past 1/alpha samples, (0, 1]."""
+    """Weight of one minute of samples once the estimate holds 1/alpha minutes, (0, 1]."""
     max_entries: int = 2000
     """Most (model, batch, workload, GPU type) estimates kept; least recent dropped, 1..100000."""
     configmap: str | None = "tandem-learning"
@@ -257,6 +273,12 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool
         "staleness_seconds": ((int, float), lambda v: v > 0, "must be > 0"),
         "token_file": ((str, type(None)), None, ""),
         "token_env": (str, None, ""),
+        "identity": (str, lambda v: v in ("shared-token", "service-account"),
+                     "must be shared-token or service-account"),
+        "audience": (str, lambda v: 0 < len(v) <= 253, "must be a non-empty string"),
+        "service_account": (str, lambda v: _DNS_LABEL.fullmatch(v.partition("/")[0]) is not None
+                            and _DNS_NAME.fullmatch(v.partition("/")[2]) is not None,
+                            "must be namespace/name"),
     },
     "limits": {"max_pods_per_gpu": (int, lambda v: MAX_PODS_RANGE[0] <= v <= MAX_PODS_RANGE[1],
                                     f"must be in {MAX_PODS_RANGE[0]}..{MAX_PODS_RANGE[1]}"),
@@ -278,6 +300,11 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool
         "cold_start_util_percent": ((int, float), lambda v: 0 < v <= 100, "must be in (0, 100]"),
         "min_observations": (int, lambda v: 1 <= v <= 10_000, "must be in 1..10000"),
         "ewma_alpha": ((int, float), lambda v: 0 < v <= 1, "must be in (0, 1]"),
+        "min_observed_seconds": ((int, float), lambda v: 0 <= v <= 86_400,
+                                 "must be in [0, 86400]"),
+        "min_pods": (int, lambda v: 1 <= v <= 1000, "must be in 1..1000"),
+        "warmup_seconds": ((int, float), lambda v: 0 <= v <= 86_400, "must be in [0, 86400]"),
+        "spread_margin": ((int, float), lambda v: 0 <= v <= 10, "must be in [0, 10]"),
         "max_entries": (int, lambda v: 1 <= v <= 100_000, "must be in 1..100000"),
         "configmap": ((str, type(None)), lambda v: v is None or _DNS_NAME.fullmatch(v) is not None,
                       "must be null or a DNS-1123 name"),
@@ -482,6 +509,7 @@ def _server(section: Mapping[str, Any]) -> ServerConfig:
 def _learning(section: Mapping[str, Any]) -> LearningConfig:
     values = dict(section)
     for key in ("cold_start_util_percent", "ewma_alpha", "persist_interval_seconds",
+                "min_observed_seconds", "warmup_seconds", "spread_margin",
                 "curve_max_step", "curve_outlier_mads", "curve_refit_interval_seconds",
                 "pair_explore_bonus"):
         if key in values:

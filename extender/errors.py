@@ -5,6 +5,7 @@
     ExtenderError
     ├── BadRequest        undecodable or ill-typed body          -> HTTP 400
     ├── Unauthorized      agent report without a valid token     -> HTTP 401
+    ├── Forbidden         agent report for a node not its own    -> HTTP 403
     ├── NotReady          state not synced yet                   -> 200 with Error
     ├── PodRejected       the pod's own request is unusable      -> 200 with Error /
     │                     (bad annotation, demand unknown)          unresolvable nodes
@@ -45,6 +46,12 @@ class Unauthorized(ExtenderError):
     """Missing or wrong bearer token."""
 
     http_status = 401
+
+
+class Forbidden(ExtenderError):
+    """A valid identity asking for something it may not (a report for another node)."""
+
+    http_status = 403
 
 
 class NotReady(ExtenderError):

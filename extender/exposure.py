@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from contracts.listen import is_loopback
+from contracts.tokens import token_or_none
 from extender.config import ExtenderConfig
 
 
@@ -21,7 +22,7 @@ def exposure_problem(cfg: ExtenderConfig, environ: Mapping[str, str]) -> str | N
     missing = []
     if not (cfg.server.tls_cert_file and cfg.server.tls_key_file):
         missing.append("TLS (server.tls_cert_file, server.tls_key_file)")
-    if not (cfg.reports.token_file or environ.get(cfg.reports.token_env)):
+    if not (cfg.reports.token_file or token_or_none(None, cfg.reports.token_env, environ)):
         missing.append(f"an agent token (reports.token_file or ${cfg.reports.token_env})")
     if not missing:
         return None

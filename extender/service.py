@@ -49,11 +49,11 @@ from extender.errors import (
     NotReady,
     PodRejected,
     SourceError,
-    Unauthorized,
 )
 from extender.learning.learner import Learner
 from extender.state.ledger import ClusterState
-from extender.state.reports import DecodedReport, check_token
+from extender.state.node_identity import agent_identity, check_node, may_read_full, speaks_for
+from extender.state.reports import DecodedReport
 from extender.transport.wire import (
     BindingArgs,
     EncodedJson,
@@ -160,6 +160,8 @@ class Extender:
         self.learner = learner
         self._environ = environ
         """Where ``reports.token_env`` is looked up (None: the process environment)."""
+        self._identity = agent_identity(source)
+        """Reviews agents' pod tokens (``reports.identity: service-account``)."""
         self._cache: OrderedDict[str, CacheEntry] = OrderedDict()
         """Per :func:`demand_digest`: what filter (or bind) resolved."""
         self._cache_lock = threading.Lock()
@@ -184,8 +186,9 @@ class Extender:
         except DemandError as exc:
             raise PodRejected(f"tandem: bad pod request: {exc}", exc.field) from None
         predict = self._predict if self.config.current().predictor.enabled else None
+        knowledge = self._knowledge(job.gpu_count, ref.namespace)
         resolved = resolve_demand(job, self.state.gpu_types(), predict, self._profiles,
-                                  session_name=ref.key, knowledge=self._knowledge())
+                                  session_name=ref.key, knowledge=knowledge)
         ttl = self.config.current().state.demand_cache_seconds
         if any(g.startswith(FETCHING) for g in resolved.gaps.values()):
             return ref, resolved  # not cached: the next filter sees the model once it is here
@@ -196,10 +199,10 @@ class Extender:
                 self._cache.popitem(last=False)
         return ref, resolved
 
-    def _knowledge(self) -> UtilKnowledge:
+    def _knowledge(self, gpus: int, namespace: str) -> UtilKnowledge:
         cfg = self.config.current().learning
         if self.learner is not None:
-            return self.learner.knowledge(cfg)
+            return self.learner.knowledge(cfg, gpus, namespace)
         return UtilKnowledge(None, cfg.min_observations, cfg.cold_start_util_percent)
 
     def _source_on(self, demand: ResolvedDemand, node: str, indices: tuple[int, ...]) -> str:
@@ -398,15 +401,21 @@ class Extender:
                 if self.state.fits_without(node, uids, demand, self._inference)}
 
     # ---- agent reports and state reads -----------------------------------------------
-    def authorize_agent(self, authorization: str | None) -> None:
-        """Unauthorized unless ``authorization`` carries the agent token."""
-        check_token(authorization, self.config.current().reports, self._environ)
+    def authorize_agent(self, authorization: str | None) -> str | None:
+        """The node an agent's report may be about: with ``reports.identity:
+        service-account`` the node its reviewed pod token is bound to, else None (the shared
+        agent token, any node). Unauthorized (or Forbidden) otherwise."""
+        return speaks_for(authorization, self.config.current().reports, self._environ,
+                          self._identity)
 
-    def report(self, report: DecodedReport) -> dict[str, int]:
-        """Keep a node's report (soft state) and learn from it; the answer to the agent."""
+    def report(self, report: DecodedReport, speaks_for: str | None = None) -> dict[str, int]:
+        """Keep a node's report (soft state) and learn from it; the answer to the agent.
+        ``speaks_for``: the node the agent's identity allows (Forbidden for another)."""
+        check_node(speaks_for, report.node)
         self.state.report(report.node, report.gpus, report.util_percent,
                           report.memory_used_mib)
-        samples = self.learner.observe(report, self.state.placement_of) \
+        samples = self.learner.observe(report, self.state.placement_of,
+                                       self.state.source_gpu_types(report.node)) \
             if self.learner is not None and self.config.current().learning.enabled else 0
         return {"accepted": len(report.gpus), "samples": samples}
 
@@ -414,9 +423,8 @@ class Extender:
                    ) -> StateDocument:
         """``/v1/state``: in full (pod names, annotations, what was learned) for the agent
         token, redacted for anyone else (docs/security.md); ``node``: that node only."""
-        try:
-            self.authorize_agent(authorization)
-        except Unauthorized:
+        if not may_read_full(authorization, node, self.config.current().reports,
+                             self._environ, self._identity):
             return self.state.document(node=node).redacted_copy()
         learning = self.learner.view() if self.learner is not None else None
         return self.state.document(learning, node)

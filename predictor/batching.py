@@ -18,6 +18,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from contracts.annotations import BATCH_SIZE_RANGE
 from predictor.shape import PiecewiseLinear, ShapeError
 
 DEFAULT_MAX_BATCH = 512
@@ -115,5 +116,7 @@ def _check_common(model: str, gpu_type: str, memory_mib: float, max_batch: int) 
         raise ProfileError("a profile needs a model name and a GPU type")
     if not (math.isfinite(memory_mib) and memory_mib >= 0):
         raise ProfileError(f"{model}@{gpu_type}: memory_mib must be >= 0, got {memory_mib}")
-    if not (isinstance(max_batch, int) and max_batch >= 1):
-        raise ProfileError(f"{model}@{gpu_type}: max_batch must be an integer >= 1")
+    if not (isinstance(max_batch, int) and 1 <= max_batch <= BATCH_SIZE_RANGE.high):
+        # The batch sizes a pod may ask for; the latency table is built batch by batch.
+        raise ProfileError(f"{model}@{gpu_type}: max_batch must be an integer in "
+                           f"1..{BATCH_SIZE_RANGE.high}, got {max_batch}")

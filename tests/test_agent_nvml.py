@@ -192,3 +192,17 @@ def test_per_process_utilisation_unsupported_is_null() -> None:
     first = source(nvml).sample(1.0).gpus[0]
     assert [p.utilization_percent for p in first.processes] == [None, None]
     assert first.utilization_percent == pytest.approx(30.0)  # the rest is still read
+
+
+def test_out_of_range_readings_are_dropped_and_counted_not_clamped() -> None:
+    nvml, now = fixture_nvml(), [NOW]
+    garbage = 2147483632  # what NVML hands back on some drivers for an exited process
+    nvml.gpus[0].process_util_samples = [(9_200_000, 101, 40), (9_300_000, 101, garbage),
+                                         (9_400_000, 104, garbage)]
+    src = source(nvml, now)
+    first = src.sample(1.0).gpus[0]
+    # pid 101's garbage sample is left out of its mean; pid 104 had nothing else: unknown
+    assert {p.pid: p.utilization_percent for p in first.processes} == {101: 40.0, 104: None}
+    nvml.gpus[1].util_rates = (garbage, 5)  # GPU 1 has no ring samples: rates are read
+    assert src.sample(1.0).gpus[1].utilization_percent is None  # not 100%
+    assert src.out_of_range == {"process_utilization": 2, "utilization": 1}

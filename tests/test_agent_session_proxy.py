@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +71,7 @@ class Upstream:
     runtime: ServingRuntime = field(init=False)
     app: Flask = field(init=False)
     posts: int = 0
+    infer_environs: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.runtime = make_runtime(self.max_queue)
@@ -78,6 +80,8 @@ class Upstream:
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
         if environ["REQUEST_METHOD"] == "POST" and environ["PATH_INFO"] == "/v1/sessions":
             self.posts += 1
+        if environ["PATH_INFO"].endswith("/infer"):
+            self.infer_environs.append(dict(environ))
         return self.app(environ, start_response)
 
     def restart(self) -> None:
@@ -229,6 +233,27 @@ def test_forwards_npy_and_json(upstream: Upstream, link: SessionLink, proxy: Any
     answer = proxy.post(path, json={"inputs": {"x": [[1.0, 2.0]]}})
     assert answer.status_code == 200 and answer.json["outputs"] == [[[1.0, 2.0]]]
     assert upstream.entry(SLO.name)["served"] == 2
+
+
+def test_forwards_what_is_left_of_the_deadline(upstream: Upstream, link: SessionLink,
+                                               proxy: Any) -> None:
+    link.ensure()
+    x = npy(np.ones((1, 2), np.float32))
+    answer = proxy.post("/infer", data=x, content_type=NPY,
+                        headers={"X-Tandem-Timeout-Ms": "50", "X-Tandem-Late": "accept"})
+    assert answer.status_code == 200
+    sent = upstream.infer_environs[-1]
+    assert 0 < float(sent["HTTP_X_TANDEM_TIMEOUT_MS"]) <= 50  # less the time spent here
+    assert sent["HTTP_X_TANDEM_LATE"] == "accept"
+    # Without a client budget, the session's SLO (2000 ms) is the budget forwarded.
+    proxy.post("/infer", data=x, content_type=NPY)
+    assert 1900 < float(upstream.infer_environs[-1]["HTTP_X_TANDEM_TIMEOUT_MS"]) <= 2000
+    # A request that waited past its deadline here is not forwarded at all.
+    forwarded = len(upstream.infer_environs)
+    late = proxy.post("/infer", data=x, content_type=NPY,
+                      environ_base={"tandem.arrived": time.monotonic() - 5.0})
+    assert late.status_code == 503 and late.json["reason"] == "deadline_expired"
+    assert len(upstream.infer_environs) == forwarded
 
 
 def test_drop_passes_through_with_its_reason() -> None:

@@ -154,3 +154,22 @@ def test_gpu_without_server_and_without_sessions_is_silent() -> None:
 def test_placement_annotation_lookup() -> None:
     placement = PodPlacement("u", "n", "ns", 0, None, None, (("a", "1"),))
     assert (placement.annotation("a"), placement.annotation("b")) == ("1", None)
+
+
+def test_best_effort_gpu_time_is_carried_in_the_report_by_pod() -> None:
+    from agent.node.reporter import session_entries
+    from contracts.agentreport import ReportedSession
+
+    def listing(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"sessions": [
+            {"name": "ns.batch", "kind": "best_effort", "gpu_time_ms": 1234.5},
+            {"name": "ns.slo", "kind": "slo", "gpu_time_ms": 99.0},
+            {"name": "ns.stranger", "kind": "best_effort", "gpu_time_ms": 7.0}]})
+    sync = SessionSync(lambda i: f"http://127.0.0.1:{8700 + i}",
+                       transport=httpx.MockTransport(listing))
+    current = view([pod("batch"), pod("slo", slo_ms="50", rate_rps="10")])
+    sync.sync(current)
+    assert sync.gpu_time_ms == {0: {"ns.batch": 1234.5, "ns.stranger": 7.0}}
+    # only sessions of pods the extender placed on that GPU, named by pod UID
+    assert session_entries(sync.gpu_time_ms, current.pods()) == {
+        0: (ReportedSession("uid-batch", 1234.5),)}

@@ -7,6 +7,8 @@ range in one place."""
 from __future__ import annotations
 
 import inspect
+import io
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -40,9 +42,12 @@ from extender.config import (
 from extender.core import CostPolicy, Reason, is_unresolvable
 from extender.core.cost import MAX_PODS_RANGE
 from extender.core.demand import DemandError, parse_demand
+from extender.exposure import exposure_problem
 from extender.learning.store import ObservationStore
 from extender.queue import QueueConfig, QueueError
 from extender.state.reports import expected_token
+from extender.webhook.mutate import WebhookSettings
+from extender.webhook.server import make_app as webhook_app
 from extender.wiring import gate_config
 from predictor.observed import ObservationDocumentError, observed_rows
 from predictor.profiling.nvml import read_samples
@@ -101,7 +106,8 @@ def test_learning_files_samples_under_the_batch_size_the_pod_was_placed_at(text:
     '+8' (placed at batch 8) was learned as batch 32."""
     placed_at = parse_demand(pod("a", 1, model="m.onnx", batch_size=text)).batch_size
     assert placed_at == 8
-    app, _, source, _ = make_app([node("n1", 1)], predictor=MemoryOnlyPredictor())
+    app, ext, source, _ = make_app([node("n1", 1)], QUICK, predictor=MemoryOnlyPredictor())
+    ext.learner.use_wall_clock(ticks())
     c = app.test_client()
     p = pod("a", 1, uid="uid-a", model="m.onnx", batch_size=text)
     source.create_pod(p)
@@ -113,8 +119,10 @@ def test_learning_files_samples_under_the_batch_size_the_pod_was_placed_at(text:
                   "memory_total_mib": 40960, "memory_used_mib": 1000,
                   "utilization_percent": 30.0,
                   "processes": [{"pid": 1, "pod_uid": "uid-a", "used_memory_mib": 900}]}]}
-    r = c.post("/v1/agents/report", json=report, headers={"Authorization": f"Bearer {TOKEN}"})
-    assert r.get_json()["samples"] == 1
+    taken = [c.post("/v1/agents/report", json=report,
+                    headers={"Authorization": f"Bearer {TOKEN}"}).get_json()["samples"]
+             for _ in range(2)]
+    assert taken == [0, 1]  # a pod's first report is its warm-up
     state = c.get("/v1/state", headers={"Authorization": f"Bearer {TOKEN}"}).get_json()
     (entry,) = state["learning"]["alone"]
     assert entry["batch_size"] == placed_at
@@ -132,7 +140,8 @@ def test_a_bound_pod_without_a_batch_size_reads_the_one_default() -> None:
 def test_learning_attributes_a_sample_by_the_gpu_uuid_not_a_renumbered_index() -> None:
     """Before: attribution compared indices only, so after NVML renumbered the node's GPUs
     the pod's samples were refused ("not-placed-here") while the table followed the UUID."""
-    app, _, source, _ = make_app([node("n1", 2)], predictor=MemoryOnlyPredictor())
+    app, ext, source, _ = make_app([node("n1", 2)], QUICK, predictor=MemoryOnlyPredictor())
+    ext.learner.use_wall_clock(ticks())
     c = app.test_client()
     p = pod("a", 1, uid="uid-a", model="m.onnx")
     source.create_pod(p)
@@ -151,8 +160,10 @@ def test_learning_attributes_a_sample_by_the_gpu_uuid_not_a_renumbered_index() -
     # The pod's GPU now answers to the other index, and its old index names the other GPU.
     doc = {"node": "n1", "timestamp": 1.0, "interval_seconds": 1.0,
            "gpus": [entry(1 - index, uuid, mine), entry(index, other, [])]}
-    r = c.post("/v1/agents/report", json=doc, headers={"Authorization": f"Bearer {TOKEN}"})
-    assert r.get_json()["samples"] == 1
+    taken = [c.post("/v1/agents/report", json=doc,
+                    headers={"Authorization": f"Bearer {TOKEN}"}).get_json()["samples"]
+             for _ in range(2)]
+    assert taken == [0, 1]  # a pod's first report is its warm-up
     # A process claimed on the GPU the pod's old index now names is not the pod's.
     doc["gpus"] = [entry(1 - index, uuid, []), entry(index, other, mine)]
     r = c.post("/v1/agents/report", json=doc, headers={"Authorization": f"Bearer {TOKEN}"})
@@ -203,6 +214,16 @@ def test_agent_and_server_tokens_are_read_and_checked_by_one_implementation(tmp_
 
 # ---- the learning document: one encoder, one decoder -------------------------------------
 
+QUICK = {"learning": {"warmup_seconds": 0, "min_observed_seconds": 0}}
+"""Learning from a pod's second report on (its first is always its warm-up)."""
+
+
+def ticks():
+    """A wall clock one second further on each call (reports a second apart)."""
+    now = iter(range(1000, 10**6))
+    return lambda: float(next(now))
+
+
 GOOD_ENTRY = {"model": "sha256:ab12", "reference": "models/m.onnx", "batch_size": 32,
               "workload": "training", "gpu_type": "NVIDIA-A100-SXM4-40GB",
               "util_percent": 41.5, "stddev_percent": 3.0, "samples": 12, "updated_at": 5.0}
@@ -226,7 +247,9 @@ def test_what_the_extender_writes_the_exporter_reads_with_the_same_figures() -> 
     store = ObservationStore()
     assert store.load_document({"version": 2, "alone": [GOOD_ENTRY], "colocated": []}) == 1
     doc = store.to_document()
-    assert doc == {"version": 2, "alone": [GOOD_ENTRY], "colocated": []}
+    (written,) = doc["alone"]  # the contract's fields as read, and the additive ones
+    assert {k: written[k] for k in GOOD_ENTRY} == GOOD_ENTRY and doc["colocated"] == []
+    assert (written["gpus"], written["seconds"], written["pods"]) == (1, 12.0, 1)
     (row,) = observed_rows(doc)
     assert (row["model"], row["model_digest"], row["util_mean_percent"], row["n_samples"]) == \
         ("models/m.onnx", "ab12", 41.5, 12)
@@ -284,3 +307,30 @@ def test_pod_and_handoff_rejections_are_reasons_of_the_closed_enum() -> None:
     c = app.test_client()
     c.post("/filter", json=args(pod("p", "²", gpu_util="1", gpu_mem_mib="1"), ["n1"]))
     assert 'reason="BadPodRequest"' in c.get("/metrics").get_data(as_text=True)
+
+
+# ---- readers that arrived later go through the same contracts ------------------------------
+
+@pytest.mark.parametrize("value", ["\n", "  "])
+def test_a_blank_token_variable_does_not_count_as_a_token_for_exposure(value: str) -> None:
+    """Before: exposure_problem read the variable raw, so a token of "\\n" let the extender
+    serve on an open address while every report was refused (the reader strips it)."""
+    cfg = build_config({"server": {"host": "0.0.0.0", "tls_cert_file": "/c.crt",
+                                   "tls_key_file": "/c.key"}})
+    problem = exposure_problem(cfg, {"TANDEM_AGENT_TOKEN": value})
+    assert problem is not None and "agent token" in problem
+
+
+def test_the_webhook_reads_its_body_with_the_one_reader() -> None:
+    app = webhook_app(WebhookSettings())
+    answers: list[str] = []
+
+    def call(environ: dict[str, Any]) -> dict[str, Any]:
+        base = {"PATH_INFO": "/mutate", "REQUEST_METHOD": "POST"}
+        body = b"".join(app({**base, **environ}, lambda status, headers: answers.append(status)))
+        return json.loads(body)
+
+    big = call({"CONTENT_LENGTH": str(4 << 20), "wsgi.input": io.BytesIO(b"")})
+    assert answers[-1].startswith("413") and big == {"error": "too large"}
+    call({"CONTENT_LENGTH": "١", "wsgi.input": io.BytesIO(b"{}")})  # ASCII digits only
+    assert answers[-1].startswith("400")

@@ -10,13 +10,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent.inference.batching_profiles import ProfileFileError as ServerProfileError
 from agent.inference.batching_profiles import load_profiles as server_profiles
 from contracts.profilefile import ProfileFileError
 from extender.inference_profiles import ProfileFileError as ExtenderProfileError
 from extender.inference_profiles import load_profiles as extender_profiles
-from predictor.profiles import NO_MARGIN, load_profile_file
+from predictor.profiles import NO_MARGIN, load_profile_file, profiles_from_document
 
 REPO = Path(__file__).resolve().parent.parent
 GPU = "NVIDIA-A100-SXM4-40GB"
@@ -96,3 +98,33 @@ def test_plan_files_use_the_same_loader_a_key_written_twice_is_refused(tmp_path:
                     "table: [[1, 3.0]]}\n")
     result = CliRunner().invoke(app, ["plan", str(plan)])
     assert result.exit_code != 0 and "written twice" in result.output
+
+
+values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 2**70) | st.floats(allow_nan=True)
+    | st.text(max_size=6) | st.sampled_from(["model", "gpu_type", "linear", "table"]),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(
+        st.sampled_from(["model", "gpu_type", "linear", "table", "memory_mib", "max_batch",
+                         "batches", "alpha_ms", "beta_ms", "nexus_profile", "x"]), kids,
+        max_size=5), max_leaves=16)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(values, max_size=4))
+def test_any_document_is_profiles_or_a_profile_file_error(entries: list) -> None:
+    try:
+        profiles_from_document({"profiles": entries}, "f")
+    except ProfileFileError as err:
+        assert err.problems and all(isinstance(p, str) and p for p in err.problems)
+
+
+@pytest.mark.parametrize("entry", [
+    {"model": "a", "gpu_type": GPU, "table": [[2**70, 1.0]]},
+    {"model": "a", "gpu_type": GPU, "linear": {"alpha_ms": 1.0, "beta_ms": 1.0},
+     "max_batch": 10**9}],
+    ids=["table-batch-2^70", "max-batch-1e9"])
+def test_a_profile_past_the_largest_batch_size_is_refused_at_once(entry: dict) -> None:
+    """Before: the latency table was built batch by batch up to the last row's batch, so
+    a batch of 2**70 (or max_batch 10**9) held the loader for good."""
+    with pytest.raises(ProfileFileError, match="1..65536"):
+        profiles_from_document({"profiles": [entry]}, "f")

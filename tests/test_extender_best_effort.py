@@ -8,6 +8,7 @@ import pytest
 from extender_builders import (
     A100,
     PROFILES,
+    TOKEN,
     args,
     binding,
     make_app,
@@ -352,8 +353,9 @@ def test_best_effort_uses_a_trustworthy_observed_utilisation(model, predict, sam
 
 def test_bound_best_effort_session_records_its_observed_source_over_http():
     app, ext, source, _ = make_app([node("n1", 1)])
-    for _ in range(6):
-        ext.learner.store.add(("resnet50", 1, "inference", A100), 30.0, alone=True)
+    for _ in range(6):  # six minutes of samples (learning.min_observed_seconds: 120)
+        ext.learner.store.add(("resnet50", 1, "inference", A100), 30.0, alone=True,
+                              seconds=60.0)
     p = best_effort("batch-job")
     source.create_pod(p)
     c = app.test_client()
@@ -361,3 +363,35 @@ def test_bound_best_effort_session_records_its_observed_source_over_http():
     assert c.post("/bind", json=binding(p, "n1")).get_json() == {"Error": ""}
     ann = source.read_pod("default", "batch-job")["metadata"]["annotations"]
     assert ann["tandem.io/prediction-source"] == "observed:6+mem:profile"
+
+
+def test_a_best_effort_session_is_learned_from_its_servers_gpu_time():
+    app, ext, source, _ = make_app([node("n1", 1)], {"learning": {
+        "warmup_seconds": 0, "min_observed_seconds": 0, "spread_margin": 0}})
+    now = [1000.0]
+    ext.learner.use_wall_clock(lambda: now[0])
+    c = app.test_client()
+    p = best_effort("batch-job", model="resnet50")
+    source.create_pod(p)
+    assert c.post("/filter", json=args(p, ["n1"])).get_json()["NodeNames"] == ["n1"]
+    assert c.post("/bind", json=binding(p, "n1")).get_json() == {"Error": ""}
+    uid = p["metadata"]["uid"]
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    taken = []
+    for i in range(7):  # the server counts 300 ms of GPU time per second for the session
+        now[0] += 1.0
+        doc = {"node": "n1", "timestamp": now[0], "interval_seconds": 1.0, "gpus": [
+            {"index": 0, "uuid": "GPU-n1-0", "product": A100, "memory_total_mib": 40960,
+             "memory_used_mib": 3000, "utilization_percent": 90.0, "processes": [],
+             "sessions": [{"pod_uid": uid, "gpu_time_ms": 300.0 * i}]}]}
+        r = c.post("/v1/agents/report", json=doc, headers=headers)
+        assert r.status_code == 200, r.get_data(as_text=True)
+        taken.append(r.get_json()["samples"])
+    assert taken == [0, 1, 1, 1, 1, 1, 1]  # the first report is the counter's baseline
+    q = best_effort("batch-job-2", model="resnet50")
+    source.create_pod(q)
+    assert c.post("/filter", json=args(q, ["n1"])).get_json()["NodeNames"] == ["n1"]
+    assert c.post("/bind", json=binding(q, "n1")).get_json() == {"Error": ""}
+    ann = source.read_pod("default", "batch-job-2")["metadata"]["annotations"]
+    assert ann["tandem.io/prediction-source"] == "observed:6+mem:profile"
+    assert float(ann["tandem.io/predicted-gpu-util"]) == pytest.approx(30.0)

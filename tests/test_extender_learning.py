@@ -14,11 +14,26 @@ from extender_builders import AGENT_AUTH, TOKEN, args, binding, make_app, node, 
 from contracts.annotations import BindOutputs, decode_outputs, encode_outputs
 from extender.config import LearningConfig
 from extender.errors import BadRequest
+from extender.learning.estimate import Trust
 from extender.learning.learner import ConfigMapPersistence, Estimate, Learner, ObservationStore
 from extender.state.reports import decode_report
 
 A100 = "NVIDIA-A100-SXM4-40GB"
 KEY = ("m.onnx", 32, "training", A100)
+LOOSE = Trust(min_samples=1, min_seconds=0, warmup_seconds=0, spread_margin=0)
+"""Trust from the first sample, no margin: the attribution and persistence rules alone."""
+QUICK = {"learning": {"min_observed_seconds": 0, "warmup_seconds": 0, "spread_margin": 0}}
+
+
+class Ticks:
+    """A wall clock one second further on each call (reports one second apart)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
 
 
 class MemoryOnlyPredictor:
@@ -54,13 +69,15 @@ def post(client_: Any, doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_reports_move_a_model_from_cold_start_to_observed() -> None:
-    app, _, source, _ = make_app([node("n1", 2)], predictor=MemoryOnlyPredictor())
+    app, ext, source, _ = make_app([node("n1", 2)], QUICK, predictor=MemoryOnlyPredictor())
+    ext.learner.store.clock = Ticks()
     c = app.test_client()
     first = place(c, source, pod("a", uid="uid-a", model="m.onnx"))
     assert first["tandem.io/prediction-source"] == "cold-start+mem:no-overhead"
     assert first["tandem.io/predicted-gpu-util"] == "100.00"
     gpu = int(first["tandem.io/gpu-index"])
     alone = {gpu: [{"pid": 1, "pod_uid": "uid-a", "used_memory_mib": 900}]}
+    assert post(c, report(alone))["samples"] == 0  # a pod's first report: its warm-up
     for _ in range(4):
         assert post(c, report(alone))["samples"] == 1
     # Four samples are below learning.min_observations (5): still cold start.
@@ -77,7 +94,9 @@ def test_reports_move_a_model_from_cold_start_to_observed() -> None:
 
 def test_attribution_alone_colocated_and_foreign_processes() -> None:
     app, ext, source, _ = make_app([node("n1", 1)], predictor=MemoryOnlyPredictor(),
-                                   raw_config={"limits": {"min_colocation_gain_percent": None}})
+                                   raw_config={"limits": {"min_colocation_gain_percent": None},
+                                               **QUICK})
+    ext.learner.store.clock = Ticks()
     c = app.test_client()
     place(c, source, pod("a", uid="uid-a", model="m.onnx"))
     place(c, source, pod("b", uid="uid-b", model="other.onnx", gpu_util="20",
@@ -85,6 +104,7 @@ def test_attribution_alone_colocated_and_foreign_processes() -> None:
     store = ext.learner.store
     # Two pods on one GPU without per-process figures: the total cannot be split.
     both = [{"pid": 1, "pod_uid": "uid-a"}, {"pid": 2, "pod_uid": "uid-b"}]
+    assert post(c, report({0: both}))["samples"] == 0  # (and each pod's first report)
     assert post(c, report({0: both}))["samples"] == 0
     # With per-process utilisation each pod gets its own (co-located) sample.
     per_proc = [{"pid": 1, "pod_uid": "uid-a", "utilization_percent": 30},
@@ -100,23 +120,25 @@ def test_attribution_alone_colocated_and_foreign_processes() -> None:
     # A pod this extender did not place there teaches nothing.
     assert post(c, report({0: [{"pid": 7, "pod_uid": "uid-unknown"}]}))["samples"] == 0
     assert post(c, report({0: [{"pid": 1, "pod_uid": "uid-a"}]}, util=61.0))["samples"] == 1
-    assert store.lookup("m.onnx", 32, A100, "training") == (61.0, 1)
+    # one sample: below learning.min_observations, so not trusted (samples answered as 0)
+    assert store.lookup("m.onnx", 32, A100, "training") == (61.0, 0)
+    assert store.rejected["warm-up"] == 2
 
 
 def test_estimate_converges_on_noisy_samples_and_follows_drift() -> None:
     rng = random.Random(3)
     est = Estimate()
-    for _ in range(200):
-        est.add(42.0 + rng.gauss(0, 6), alpha=0.1, now=0.0)
-    assert abs(est.mean - 42.0) < 3.0 and 3.0 < est.stddev < 9.0 and est.count == 200
-    for _ in range(60):  # the model changed (new version, other data): the estimate follows
-        est.add(70.0, alpha=0.1, now=0.0)
+    for _ in range(1200):  # 1 Hz for 20 minutes
+        est.add(42.0 + rng.gauss(0, 6), seconds=1.0, horizon=600.0, now=0.0)
+    assert abs(est.mean - 42.0) < 3.0 and 3.0 < est.stddev < 9.0 and est.count == 1200
+    for _ in range(3000):  # the model changed (new version, other data): the estimate follows
+        est.add(70.0, seconds=1.0, horizon=600.0, now=0.0)
     assert abs(est.mean - 70.0) < 1.0
 
 
 def test_store_is_bounded_least_recently_observed_first() -> None:
     clock = iter(range(100))
-    store = ObservationStore(alpha=0.5, max_entries=2, wall_clock=lambda: float(next(clock)))
+    store = ObservationStore(LOOSE, max_entries=2, wall_clock=lambda: float(next(clock)))
     for model in ("a", "b", "c"):
         store.add((model, 1, "training", A100), 50.0, alone=True)
     assert [e["model"] for e in store.view()["alone"]] == ["b", "c"]
@@ -152,7 +174,8 @@ def kube_api():
 
 def test_learned_estimates_survive_a_restart_through_the_api_server(kube_api) -> None:
     server, api = kube_api
-    cfg = LearningConfig(persist_interval_seconds=60.0)
+    cfg = LearningConfig(persist_interval_seconds=60.0, min_observations=1,
+                         min_observed_seconds=0, spread_margin=0)
     leader = [False]
     now = [0.0]
     first = Learner(cfg, ConfigMapPersistence(api, "tandem", "tandem-learning"),
@@ -196,7 +219,7 @@ def test_export_observations_writes_training_data_rows(tmp_path: Path) -> None:
     from predictor.commands import app as predictor_app
     from predictor.observed import OBSERVED_COLUMNS
 
-    store = ObservationStore()
+    store = ObservationStore(LOOSE)
     for value in (40.0, 44.0):
         store.add(KEY, value, alone=True)
     store.add(("rare.onnx", 1, "inference", A100), 10.0, alone=True)

@@ -9,14 +9,17 @@ from extender_builders import AGENT_AUTH, TOKEN, args, binding, make_app, node, 
 from predictor_fixtures import tiny_model
 
 from extender.config import LearningConfig
+from extender.learning.estimate import Trust
 from extender.learning.learner import DOCUMENT_VERSION, Learner, ObservationStore
 
 A100 = "NVIDIA-A100-SXM4-40GB"
+LOOSE = Trust(min_samples=1, min_seconds=0, warmup_seconds=0, spread_margin=0)
+"""Trust from the first sample, no margin: the keying rules alone."""
 
 
 def test_references_to_one_file_share_an_estimate_and_a_changed_file_starts_anew() -> None:
     digests = {"models/m.onnx": "aa11", "https://h.example/m.onnx": "aa11", "copy.onnx": "aa11"}
-    store = ObservationStore(digest_of=digests.get)
+    store = ObservationStore(LOOSE, digest_of=digests.get)
     key = (store.model_key("models/m.onnx"), 32, "training", A100)
     assert key[0] == "sha256:aa11"
     for value in (40.0, 44.0):
@@ -33,7 +36,7 @@ def test_references_to_one_file_share_an_estimate_and_a_changed_file_starts_anew
 
 def test_reference_keyed_estimates_migrate_once_the_digest_is_known() -> None:
     digests: dict[str, str] = {}
-    store = ObservationStore(digest_of=digests.get)
+    store = ObservationStore(LOOSE, digest_of=digests.get)
     ref_key = (store.model_key("m.onnx"), 32, "training", A100)
     assert ref_key[0] == "m.onnx"  # digest unknown yet: keyed by the reference
     for value in (30.0, 34.0):
@@ -52,7 +55,7 @@ def test_a_version_1_document_loads_and_is_written_back_as_version_2() -> None:
           "alone": [{"model": "m.onnx", "batch_size": 32, "workload": "training",
                      "gpu_type": A100, "util_percent": 50.0, "stddev_percent": 2.0,
                      "samples": 7, "updated_at": 10.0}]}
-    store = ObservationStore(digest_of={"m.onnx": "dd44"}.get)
+    store = ObservationStore(LOOSE, digest_of={"m.onnx": "dd44"}.get)
     assert store.load_document(v1) == 1
     assert store.lookup("m.onnx", 32, A100, "training") == (50.0, 7)
     doc = store.to_document()
@@ -60,7 +63,7 @@ def test_a_version_1_document_loads_and_is_written_back_as_version_2() -> None:
     (entry,) = doc["alone"]
     assert (entry["model"], entry["reference"], entry["samples"]) == \
         ("sha256:dd44", "m.onnx", 7)
-    again = ObservationStore()
+    again = ObservationStore(LOOSE)
     assert again.load_document(doc) == 1 and again.view() == store.view()
 
 
@@ -95,12 +98,16 @@ def _report(procs: list[dict], gpu: int) -> dict:
 
 def test_the_extender_keys_by_digest_and_shows_the_learner_on_metrics() -> None:
     predictor = DigestPredictor({"a/m.onnx": "ee55", "https://h.example/m.onnx": "ee55"})
-    app, ext, source, _ = make_app([node("n1", 2)], predictor=predictor)
+    app, ext, source, _ = make_app([node("n1", 2)], {"learning": {
+        "min_observed_seconds": 0, "warmup_seconds": 0, "spread_margin": 0}},
+        predictor=predictor)
+    ticks = iter(range(1000, 2000))
+    ext.learner.store.clock = lambda: float(next(ticks))
     c = app.test_client()
     first = _place(c, source, pod("a", uid="uid-a", model="a/m.onnx"))
     gpu = int(first["tandem.io/gpu-index"])
     headers = {"Authorization": f"Bearer {TOKEN}"}
-    for _ in range(5):
+    for _ in range(6):  # the first is the pod's warm-up
         r = c.post("/v1/agents/report", headers=headers,
                    json=_report([{"pid": 1, "pod_uid": "uid-a"}], gpu))
         assert r.status_code == 200
@@ -171,7 +178,7 @@ def test_the_real_predictor_records_each_references_file_digest(tmp_path: Path) 
 def test_export_writes_the_reference_and_the_file_digest() -> None:
     from predictor.observed import observed_rows
 
-    store = ObservationStore(digest_of={"m.onnx": "ff66"}.get)
+    store = ObservationStore(LOOSE, digest_of={"m.onnx": "ff66"}.get)
     store.add((store.model_key("m.onnx"), 32, "training", A100), 40.0, alone=True,
               reference="m.onnx")
     store.add(("plain.onnx", 32, "training", A100), 20.0, alone=True)
@@ -207,7 +214,7 @@ def test_a_shared_floor_raises_a_low_prediction_and_never_lowers_one() -> None:
 
 def test_colocated_samples_feed_the_shared_floor_of_the_learner() -> None:
     """The learner's knowledge answers the co-located estimate as the floor."""
-    store = ObservationStore()
+    store = ObservationStore(LOOSE)
     key = ("m.onnx", 32, "training", "T4")
     for value in (40.0, 42.0, 44.0):
         store.add(key, value, alone=False, reference="m.onnx")

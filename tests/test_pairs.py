@@ -114,14 +114,22 @@ def _report(utils: dict[str, float], node_name: str = "n1") -> DecodedReport:
 
 
 def test_the_learner_learns_each_direction_of_a_pair_from_utilisation() -> None:
-    learner = Learner(LearningConfig(min_observations=1, pairs=True), clock=lambda: 0.0,
-                      wall_clock=lambda: 0.0)
+    now = [0.0]
+    learner = Learner(LearningConfig(min_observations=1, min_observed_seconds=0.0,
+                                     warmup_seconds=0.0, pairs=True), clock=lambda: now[0],
+                      wall_clock=lambda: now[0])
     placed = {uid: placement(uid, util=60.0, annotations=((MODEL, m),))
               for uid, m in (("a", "lm"), ("b", "resnet"))}
+
+    def report(utils: dict[str, float], placement_of: Any) -> None:
+        now[0] += 10.0  # reports ten seconds apart (a pod's first one only starts its clock)
+        learner.observe(_report(utils), placement_of)
+
     for uid in ("a", "b"):  # each alone first: its alone estimate
-        learner.observe(_report({uid: 60.0}), {uid: placed[uid]}.get)
+        for _ in range(2):
+            report({uid: 60.0}, {uid: placed[uid]}.get)
     for _ in range(3):
-        learner.observe(_report({"a": 20.0, "b": 48.0}), placed.get)  # lm 3x, resnet 1.25x
+        report({"a": 20.0, "b": 48.0}, placed.get)  # lm 3x, resnet 1.25x
     model = learner.policy(CostPolicy(), LearningConfig(pairs=True)).pairs
     assert model is not None
     lm, source = model.figure(A100, "lm", "resnet", 1.5)

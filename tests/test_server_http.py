@@ -31,9 +31,10 @@ def npy(array: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def forged_npy(shape: tuple[int, ...]) -> bytes:
-    """An .npy header claiming ``shape`` float32s, with no data after it."""
-    header = f"{{'descr': '<f4', 'fortran_order': False, 'shape': {shape!r}, }}"
+def forged_npy(shape: tuple[int, ...], header: str | None = None) -> bytes:
+    """An .npy header claiming ``shape`` float32s (or the raw ``header``), no data after it."""
+    if header is None:
+        header = f"{{'descr': '<f4', 'fortran_order': False, 'shape': {shape!r}, }}"
     header += " " * (63 - (10 + len(header)) % 64) + "\n"
     return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode()
 
@@ -185,6 +186,18 @@ def test_refusal_is_409_with_reason_and_state_unchanged(client: FlaskClient) -> 
         ),
         pytest.param(
             "/v1/sessions/s/infer",
+            {"data": forged_npy((), "{'descr': __import__('os')"), "content_type": NPY},
+            400,
+            id="npy-header-does-not-parse",
+        ),
+        pytest.param(
+            "/v1/sessions/s/infer",
+            {"data": forged_npy((), "{'descr': " + "(" * 3000), "content_type": NPY},
+            400,
+            id="npy-header-nested-deeply",
+        ),
+        pytest.param(
+            "/v1/sessions/s/infer",
             {"json": {"inputs": {"x": [[10e38, 1.0]]}}},
             400,
             id="json-number-out-of-float32-range",
@@ -271,3 +284,12 @@ def test_cheroot_serves_the_app_on_loopback(sim_runtime: ServingRuntime) -> None
     finally:
         server.stop()
         thread.join(timeout=5)
+
+
+def test_unparseable_npy_header_says_why(client: FlaskClient) -> None:
+    client.post("/v1/sessions", json=SLO_SESSION)
+    answer = client.post("/v1/sessions/s/infer", content_type=NPY,
+                         data=forged_npy((), "{'descr': __import__('os')"))
+    assert answer.status_code == 400
+    assert "header does not parse" in answer.json["message"]
+

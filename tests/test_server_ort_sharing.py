@@ -101,7 +101,7 @@ def test_segment_longer_than_the_cycle_is_served_beside_an_idle_slo_session(
         done.acquire(timeout=0.1)
     assert served == [True] * 8
     # Bounded: at most one overrun per three duty cycles (plus the first).
-    assert 1 <= rt.overruns <= rt._cycles // 3 + 1
+    assert 1 <= rt.overruns <= rt.cycle.cycles // 3 + 1
 
 
 def test_slo_plan_keeps_headroom_for_a_segment_that_will_overrun(tmp_path) -> None:

@@ -140,10 +140,11 @@ def test_the_server_and_the_extender_refuse_the_same_job_for_the_same_reason(tmp
     assert rt.snapshot()["sessions"][0]["name"] == "s" and len(rt.snapshot()["sessions"]) == 1
 
     profiles = {("slo", "cpu"): SLO_PROFILE, ("long", "cpu"): LONG_PROFILE}
-    app, _, _, _ = make_app([node("n1", count=1, product="cpu", memory_mib=16000)],
-                            profiles=profiles)
+    app, _, source, _ = make_app([node("n1", count=1, product="cpu", memory_mib=16000)],
+                                 profiles=profiles)
     ext = app.test_client()
     session = inference("s", model="slo.onnx", slo=25, rate=100)
+    source.create_pod(session)  # bind reads the pod from the cluster, as from the API server
     assert ext.post("/filter", json=args(session, ["n1"])).get_json()["NodeNames"] == ["n1"]
     assert ext.post("/bind", json=binding(session, "n1")).get_json() == {"Error": ""}
     job = pod("b", model="long.onnx", workload="inference", gpu_mem_mib="100")

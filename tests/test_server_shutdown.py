@@ -141,7 +141,7 @@ def server(tmp_path: Path) -> Iterator[Process]:
     (tmp_path / "profiles.yaml").write_text(PROFILES)
     (tmp_path / "token").write_text(TOKEN)
     proc = spawn(["agent", "serve", "--executor=sim", f"--profiles={tmp_path}/profiles.yaml",
-                  "--gpu-type=sim", "--port=0", "--threads=4", "--post-workers=1",
+                  "--gpu-type=sim", "--port=0", "--threads=64", "--post-workers=1",
                   f"--admin-token-file={tmp_path}/token"], "serving", "stderr")
     yield proc
     if proc.popen.poll() is None:

@@ -191,3 +191,25 @@ def test_the_server_serves_slo_and_best_effort_sessions_on_torch(tmp_path: Path)
         assert {s["name"]: s["served"] for s in listed["sessions"]} == {"m": 1, "b": 1}
     finally:
         rt.stop()
+
+
+def test_runs_on_another_thread_keep_the_one_intra_op_thread(tmp_path: Path) -> None:
+    """The limit is per thread: the executor loop's thread ran batches (and profiles)
+    over every core, which on a busy host stalled a 0.05 ms MLP for tens of ms."""
+    import threading
+
+    save(chain_model(4), tmp_path / "m.onnx")
+    executor = TorchExecutor("cpu", limits=ModelLimits(store_root=tmp_path),
+                             prepare_in_process=True)
+    loaded = executor.load("m.onnx")
+    seen: list[int] = []
+
+    def loop_thread() -> None:
+        torch.set_num_threads(4)  # what a fresh thread may start with on a larger host
+        executor.run_batch(loaded, np.ones((4, 4), np.float32))
+        seen.append(torch.get_num_threads())
+
+    thread = threading.Thread(target=loop_thread)
+    thread.start()
+    thread.join()
+    assert seen == [1]

@@ -13,7 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from extender.config import load_config
-from extender.simulator.agents import MAX_REPORTS_PER_INTERVAL, REPORT_PERIOD_S
+from extender.simulator.agents import MAX_REPORTS_PER_INTERVAL, REPORT_PERIOD_S, report_times
 from extender.simulator.belief import SimWorld
 from extender.simulator.cluster import RTX_2080, builtin_cluster, uniform_cluster
 from extender.simulator.engine import JobRun
@@ -185,11 +185,16 @@ def test_agents_attribute_samples_alone_and_colocated() -> None:
     assert slowdown > 1.2
     assert colocated == pytest.approx({"a": 70 / slowdown, "b": 50 / slowdown}, abs=1e-3)
     assert alone == pytest.approx({"b": 50.0})  # then b runs alone
-    # as many reports per interval as an agent pushes in it (one a period, capped):
-    # a's 100 s of work take 100 x slowdown shared, then b's last 200 s run alone
-    def reports(seconds: float) -> int:
-        return min(MAX_REPORTS_PER_INTERVAL, math.ceil(seconds / REPORT_PERIOD_S))
-    assert world.agents.samples == 2 * reports(100.0 * slowdown) + reports(200.0)
+    # as many reports per interval as an agent pushes in it (one a period, capped), spread
+    # over it: a's 100 s of work take 100 x slowdown shared, then b's last 200 s run alone;
+    # each pod's reports in its first learning.warmup_seconds (60 s) give no sample
+    shared_end = 100.0 * slowdown
+    assert report_times(0.0, shared_end) == pytest.approx(
+        [shared_end / 3 * k for k in (1, 2, 3)])  # ceil(167.6 / 60) = 3 reports
+    first = shared_end / 3
+    counted = [t for t in report_times(0.0, shared_end) if t - first >= 60.0]
+    alone_reports = min(MAX_REPORTS_PER_INTERVAL, math.ceil(200.0 / REPORT_PERIOD_S))
+    assert world.agents.samples == 2 * len(counted) + alone_reports
 
 
 def test_online_knowledge_refits_the_curve_from_simulated_colocation() -> None:
@@ -214,3 +219,22 @@ def test_online_knowledge_refits_the_curve_from_simulated_colocation() -> None:
     assert SimWorld.build(truth, "prior", cfg, [RTX]).knowledge.policy(base) is base
     oracle = SimWorld.build(truth, "oracle", cfg, [RTX]).knowledge.policy(base)
     assert oracle.curve_for(RTX) == flat
+
+
+def test_phases_are_what_a_1_hz_agent_averages_over_a_window() -> None:
+    from extender.simulator.agents import phase_factor
+    from extender.simulator.truth import Phases, parse_truth, truth_document
+
+    p = Phases(warmup_seconds=60, warmup_util_factor=0.05, eval_every_seconds=600,
+               eval_seconds=30, eval_util_factor=0.2)
+    assert phase_factor(p, 0, 60) == pytest.approx(0.05)  # all warm-up
+    assert phase_factor(p, 0, 120) == pytest.approx((60 * 0.05 + 60) / 120)
+    assert phase_factor(p, 630, 660) == pytest.approx(0.2)  # the first evaluation phase
+    assert phase_factor(p, 60, 660) == pytest.approx((570 + 30 * 0.2) / 600)
+    assert phase_factor(Phases(), 0, 1000) == 1.0
+    truth = parse_truth({"phases": {"warmup_seconds": 60, "warmup_util_factor": 0.05}})
+    assert truth.phases == Phases(warmup_seconds=60, warmup_util_factor=0.05)
+    assert parse_truth(truth_document(truth)) == truth
+    with pytest.raises(TruthError) as err:
+        parse_truth({"phases": {"warmup_util_factor": 2, "bogus": 1}})
+    assert len(err.value.problems) == 2

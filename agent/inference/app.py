@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from flask import Flask, Response, current_app, jsonify, request
+from flask import Flask, Response, jsonify, request
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
@@ -21,21 +21,12 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from agent.inference.auth import AdminGuard
 from agent.inference.errors import (
     BadRequest,
-    DropReason,
-    PayloadTooLarge,
-    RequestDropped,
     ServerError,
     Unauthorized,
 )
+from agent.inference.infer import answer_infer, encode_outcome, json_body
 from agent.inference.metrics import RuntimeCollector
 from agent.inference.runtime import ServingRuntime
-from agent.inference.tensors import (
-    NPY_TYPE,
-    coerce_input,
-    decode_json_inputs,
-    decode_npy,
-    encode_npy,
-)
 from contracts.annotations import (
     DEFAULT_WEIGHT,
     PRIORITY_RANGE,
@@ -46,8 +37,6 @@ from contracts.annotations import (
     IntRange,
     NumberRange,
 )
-from contracts.httpserve import BadContentLength, BodyTooLarge, read_body
-from contracts.jsonbody import JsonBodyError, parse_json
 
 DEFAULT_MAX_BODY_BYTES = 64 * 2**20
 SLO_FIELDS = {"name", "model", "slo_ms", "rate_rps"}
@@ -72,22 +61,11 @@ def create_app(
     registry = registry or CollectorRegistry()
     registry.register(RuntimeCollector(runtime))
 
-    @app.errorhandler(ServerError)
-    def _server_error(err: ServerError) -> tuple[Response, int]:
-        response = jsonify(err.to_json())
-        if isinstance(err, Unauthorized):
-            response.headers["WWW-Authenticate"] = 'Bearer realm="tandem-admin"'
-        return response, err.status
+    _json_errors(app)
 
     def _authorize() -> None:
         if admin is not None:
             admin.check(request.headers.get("Authorization"))
-
-    @app.errorhandler(HTTPException)
-    def _http_error(err: HTTPException) -> tuple[Response, int]:
-        status = err.code or 500
-        kind = "PayloadTooLarge" if isinstance(err, RequestEntityTooLarge) else type(err).__name__
-        return jsonify({"error": kind, "message": err.description}), status
 
     @app.post("/v1/sessions")
     def add_session() -> tuple[Response, int]:
@@ -123,31 +101,7 @@ def create_app(
 
     @app.post("/v1/sessions/<name>/infer")
     def infer(name: str) -> Response:
-        dtype, shape, single = runtime.input_contract(name)
-        as_json = request.mimetype == "application/json"
-        if as_json:
-            array = decode_json_inputs(_json_body(), dtype)
-        elif request.mimetype == NPY_TYPE:
-            array = decode_npy(_body())
-        else:
-            raise BadRequest(f"Content-Type must be {NPY_TYPE} or application/json")
-        tensor = coerce_input(array, dtype, shape, single)
-        slo_ms = runtime.slo_ms(name)
-        timeout = best_effort_timeout_seconds if slo_ms is None else 4 * slo_ms / 1000.0 + 1.0
-        future = runtime.submit_future(name, tensor)
-        try:
-            outcome = future.result(timeout=timeout)
-        except TimeoutError:
-            raise RequestDropped(DropReason.TIMEOUT) from None
-        if outcome.reason is not None or not outcome.outputs:
-            raise RequestDropped(outcome.reason or DropReason.EXECUTION_FAILED)
-        if as_json:
-            return jsonify(
-                {"outputs": [o.tolist() for o in outcome.outputs], "latency_ms": outcome.latency_ms}
-            )
-        response = Response(encode_npy(outcome.outputs[0]), mimetype=NPY_TYPE)
-        response.headers["X-Tandem-Latency-Ms"] = f"{outcome.latency_ms:.3f}"
-        return response
+        return answer_infer(runtime, name, request, encode_outcome, best_effort_timeout_seconds)
 
     @app.get("/metrics")
     def metrics() -> Response:
@@ -165,27 +119,25 @@ def create_app(
     return app
 
 
-def _body() -> bytes:
-    """The body, within the app's size limit (``contracts.httpserve.read_body``)."""
-    limit = current_app.config["MAX_CONTENT_LENGTH"]
-    try:
-        return read_body(request.environ, limit)
-    except BodyTooLarge as exc:
-        raise PayloadTooLarge(str(exc)) from None
-    except BadContentLength as exc:
-        raise BadRequest(str(exc)) from None
+def _json_errors(app: Flask) -> None:
+    """Every error as JSON in one shape: the server's own, and werkzeug's."""
 
+    @app.errorhandler(ServerError)
+    def _server_error(err: ServerError) -> tuple[Response, int]:
+        response = jsonify(err.to_json())
+        if isinstance(err, Unauthorized):
+            response.headers["WWW-Authenticate"] = 'Bearer realm="tandem-admin"'
+        return response, err.status
 
-def _json_body() -> Any:
-    """The body as JSON within ``contracts.jsonbody``'s depth and number limits."""
-    try:
-        return parse_json(_body())
-    except JsonBodyError as exc:
-        raise BadRequest(f"body: {exc.problem}") from None
+    @app.errorhandler(HTTPException)
+    def _http_error(err: HTTPException) -> tuple[Response, int]:
+        status = err.code or 500
+        kind = "PayloadTooLarge" if isinstance(err, RequestEntityTooLarge) else type(err).__name__
+        return jsonify({"error": kind, "message": err.description}), status
 
 
 def _json_object() -> dict[str, Any]:
-    body = _json_body()
+    body = json_body()
     if not isinstance(body, dict):
         raise BadRequest("body must be a JSON object")
     return body

@@ -37,7 +37,10 @@ class Request:
     tensor: Any  # np.ndarray; typed loosely to keep this module numpy-free
     arrival_ms: float
     deadline_ms: float | None
+    """The executor's deadline: the client's less the time its answer needs to go back."""
     on_done: Callable[[Any], None] = field(repr=False)
+    late_ok: bool = False
+    """The client asked for the outputs even when they are ready after the deadline."""
 
 
 def _fits(req: Request, now_ms: float, latency_ms: float) -> bool:

@@ -38,7 +38,9 @@ def serve_command(
         "(ONNX shape inference, before loading or profiling)."
     ),
     post_workers: int = typer.Option(4, help="Post-processing threads beside the GPU thread."),
-    threads: int = typer.Option(16, help="HTTP worker threads."),
+    threads: int = typer.Option(
+        64, help="HTTP worker threads; each holds a request until it is answered, so "
+        "admission refuses sessions whose requests in flight would need more."),
     read_deadline_seconds: float = typer.Option(
         30.0, help="A request (inputs up to --max-body-mib) must arrive in full within this "
         "of its first byte (0.1..600)."),

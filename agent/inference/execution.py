@@ -1,16 +1,16 @@
-"""Running what the loop decided, and answering the requests it touched.
+"""Running what the loop decided, on the executor thread.
 
 A batch runs the whole model for one SLO session; a segment runs one piece of a
 best-effort job (charged its measured time); a probe runs one measurement of a
-registration. Results go to a post-processing pool so the loop moves on at once.
+registration. This part owns the device's busy-time counters; it gives back each
+finished request's Outcome for the hand-off to deliver, and changes a session
+only through its own methods.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -21,58 +21,54 @@ from agent.inference.clock import Clock
 from agent.inference.errors import DropReason
 from agent.inference.executors import Executor
 from agent.inference.quanta import QuantaScheduler
-from agent.inference.session_state import Action, BestEffortState, RuntimeConfig, SloState
+from agent.inference.session_state import Action, BestEffortState, SloState
 from agent.inference.stats import Outcome
+
+Results = list[tuple[Request, Outcome]]
 
 
 class Execution:
-    """The running half of the executor loop (mixed into ``ServingRuntime``)."""
+    """Runs batches, segments and probe slices on the executor."""
 
-    executor: Executor
-    clock: Clock
-    config: RuntimeConfig
-    quanta: QuantaScheduler
-    margin: LatencyMargin
-    busy_ms: float
-    probe_slices: int
-    probe_max_ms: float
-    _cv: threading.Condition
-    _post: ThreadPoolExecutor | None
-    _probes: deque[tuple[Callable[[], Any], float, Future[Any]]]
-    _drops: list[tuple[Request, DropReason]]
+    def __init__(self, executor: Executor, clock: Clock, margin: LatencyMargin | None):
+        self.executor = executor
+        self._clock = clock
+        self._margin = margin
+        """Observed batch times go here when the runtime learns its latency margin."""
+        self.busy_ms = 0.0
+        self.probe_slices = 0
+        self.probe_max_ms = 0.0
+        """The longest probe slice run (what registering a model can delay serving by)."""
 
-    def _run_probe(self, action: Action) -> None:
-        with self._cv:
-            fn, _expected, future = self._probes.popleft()
-        start = self.clock.now_ms()
+    def run_probe(self, fn: Callable[[], Any], future: Future[Any]) -> None:
+        start = self._clock.now_ms()
         try:
             future.set_result(fn())
         except BaseException as exc:  # hand any failure back to the registering thread
             future.set_exception(exc)
-        took = self.clock.now_ms() - start
+        took = self._clock.now_ms() - start
         self.busy_ms += took
         self.probe_slices += 1
         self.probe_max_ms = max(self.probe_max_ms, took)
 
-    def _run_batch(self, action: Action) -> None:
+    def run_batch(self, action: Action) -> Results:
         sess: SloState = action.session
         reqs = action.requests
-        start = self.clock.now_ms()
+        start = self._clock.now_ms()
         try:
             stacked = np.concatenate([r.tensor for r in reqs], axis=0)
             outputs = self.executor.run_batch(sess.loaded, stacked)
             error = None
         except Exception:  # one bad batch must not stop the GPU loop
             outputs, error = [], DropReason.EXECUTION_FAILED
-        finish = self.clock.now_ms()
+        finish = self._clock.now_ms()
         elapsed = finish - start
         self.busy_ms += elapsed
-        if self.config.learn_latency_margin and error is None:
-            self.margin.observe(elapsed, sess.profile.latency_ms(len(reqs)))
+        if self._margin is not None and error is None:
+            self._margin.observe(elapsed, sess.profile.latency_ms(len(reqs)))
+        sess.record_batch(reqs, elapsed)
         stats = sess.stats
-        stats.gpu_time_ms += elapsed
-        stats.batch_sizes[len(reqs)] += 1
-        results: list[tuple[Request, Outcome]] = []
+        results: Results = []
         for i, req in enumerate(reqs):
             latency = finish - req.arrival_ms
             if error is not None:
@@ -82,60 +78,34 @@ class Execution:
             stats.served += 1
             if req.deadline_ms is not None and finish > req.deadline_ms:
                 stats.late += 1
-                results.append((req, Outcome(None, DropReason.DEADLINE_MISSED, latency)))
+                results.append((req, Outcome(tuple(o[i : i + 1] for o in outputs), None,
+                                             latency, late=True) if req.late_ok else
+                                Outcome(None, DropReason.DEADLINE_MISSED, latency)))
             else:
                 stats.good += 1
                 results.append((req, Outcome(tuple(o[i : i + 1] for o in outputs), None, latency)))
-        self._deliver(results)
+        return results
 
-    def _run_segment(self, action: Action) -> None:
+    def run_segment(self, action: Action, quanta: QuantaScheduler) -> Results:
         be: BestEffortState = action.session
         flight = be.current
         assert flight is not None
-        start = self.clock.now_ms()
+        start = self._clock.now_ms()
+        feed: dict[str, Any] | None
         try:
-            flight.feed = self.executor.run_segment(
-                be.loaded, flight.index, flight.feed, action.profiled_ms
-            )
-            failed = False
+            feed = self.executor.run_segment(be.loaded, flight.index, flight.feed,
+                                             action.profiled_ms)
         except Exception:  # a failing job is dropped, the loop goes on
-            failed = True
-        measured = self.clock.now_ms() - start
+            feed = None
+        measured = self._clock.now_ms() - start
         self.busy_ms += measured
-        be.stats.gpu_time_ms += measured
-        if action.profiled_ms > 0 and not failed:
-            ratio = measured / action.profiled_ms
-            be.cost_scale = 0.8 * be.cost_scale + 0.2 * ratio
-        for record in self.quanta.charge(be.job.name, action.profiled_ms, measured):
+        for record in quanta.charge(be.job.name, action.profiled_ms, measured):
             be.stats.quanta += 1
             be.stats.quantum_lengths_ms.append(record.measured_ms)
-        flight.index += 1
-        if failed or flight.index >= len(flight.costs_ms):
-            be.current = None
-            req = flight.request
-            latency = self.clock.now_ms() - req.arrival_ms
-            if failed:
-                be.stats.record_drop(DropReason.EXECUTION_FAILED)
-                self._deliver([(req, Outcome(None, DropReason.EXECUTION_FAILED, latency))])
-            else:
-                be.stats.served += 1
-                be.stats.good += 1
-                be.stats.batch_sizes[int(req.tensor.shape[0]) if req.tensor.ndim else 1] += 1
-                self._deliver([(req, Outcome(tuple(flight.feed.values()), None, latency))])
-
-    def _deliver(self, results: list[tuple[Request, Outcome]]) -> None:
-        """Hand results to the post-processing pool so the GPU loop moves on at once."""
-        if self._post is not None:
-            try:
-                self._post.submit(lambda: [req.on_done(o) for req, o in results])
-                return
-            except RuntimeError:  # the pool is shut down (after ``stop``): answer inline
-                pass
-        for req, outcome in results:
-            req.on_done(outcome)
-
-    def _flush_drops(self) -> None:
-        with self._cv:
-            drops, self._drops = self._drops, []
-        now = self.clock.now_ms()
-        self._deliver([(r, Outcome(None, why, now - r.arrival_ms)) for r, why in drops])
+        done = be.segment_ran(feed, action.profiled_ms, measured)
+        if done is None:
+            return []
+        latency = self._clock.now_ms() - done.request.arrival_ms
+        if feed is None:
+            return [(done.request, Outcome(None, DropReason.EXECUTION_FAILED, latency))]
+        return [(done.request, Outcome(tuple(done.feed.values()), None, latency))]

@@ -1,8 +1,12 @@
 """The per-GPU serving runtime: one executor thread, Nexus duty cycles, Olympian quanta.
 
-This module holds sessions, registration, request intake, the loop's thread and
-its read side. What the loop runs next (the duty cycle, the overrun policy and
-probe slices) is ``cycle.py``; running it and answering requests, ``execution.py``.
+The runtime composes parts with one job each and holds the one lock they are
+called under: the sessions (``registry.py``), admission and removal
+(``registration.py``), the plan in force and replanning (``planning.py``), what
+the loop runs next (``cycle.py``: the duty cycle, the overrun policy, probe
+slices), running it (``execution.py``) and the hand-off of results and probe
+slices between threads (``handoff.py``). This module holds request intake, the
+loop's thread and the read side; no part writes another's fields.
 
 Only the executor thread touches the device. A registration has its model
 checked and cut in a worker process (``prepare.py``), builds its sessions on
@@ -21,48 +25,34 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
-from pathlib import Path
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 
-from agent.inference.admission import (
-    LatencyMargin,
-    best_effort_refusal_on,
-    plan_with_headroom,
-    scaled_profile,
-)
+from agent.inference.admission import LatencyMargin
 from agent.inference.batch_formation import Request
 from agent.inference.clock import Clock
-from agent.inference.cycle import DutyCycle
-from agent.inference.errors import (
-    AdmissionRefused,
-    BadRequest,
-    BestEffortRefused,
-    DropReason,
-    ServerStopping,
-    SessionConflict,
-    SessionNotFound,
-)
+from agent.inference.cycle import DutyCycle, LoopView
+from agent.inference.errors import DropReason, ServerStopping, SessionNotFound
 from agent.inference.execution import Execution
-from agent.inference.executors import Executor, LoadedModel
-from agent.inference.quanta import JobSpec, OverheadCurve, QuantaScheduler, choose_quantum_ms
-from agent.inference.session_state import (
-    BestEffortState,
-    RuntimeConfig,
-    SloState,
-    profile_json,
-)
+from agent.inference.executors import Executor
+from agent.inference.handoff import Delivery, ProbeQueue
+from agent.inference.pathcost import RequestPathCost, RequestPathLimits
+from agent.inference.planning import Planning
+from agent.inference.quanta import QuantaScheduler
+from agent.inference.registration import Parts, Registration
+from agent.inference.registry import SessionRegistry
+from agent.inference.session_state import BestEffortState, RuntimeConfig, SloState
 from agent.inference.stats import Outcome
-from planner import GpuPlan, Infeasible, SessionError, SessionSpec
+from planner import GpuPlan
 from predictor.batching import BatchingProfile
 
+__all__ = ["RuntimeConfig", "ServingRuntime"]
 
-class ServingRuntime(DutyCycle, Execution):
+
+class ServingRuntime:
     """Sessions, queues and the executor loop of one GPU."""
 
     def __init__(
@@ -73,49 +63,75 @@ class ServingRuntime(DutyCycle, Execution):
         profiles: Mapping[str, BatchingProfile] | None = None,
         post_workers: int = 0,
         timer: Callable[[], float] = time.perf_counter,
+        path_cost: RequestPathCost | None = None,
+        path_limits: RequestPathLimits | None = None,
     ):
-        self.executor = executor
+        """``path_cost``: the request path's own cost, which admission and the plan
+        count (none: requests are submitted in-process); ``path_limits``: what the
+        request path may hold (its cores and HTTP workers)."""
         self.clock = clock
         self.config = config
-        self._profiles = dict(profiles or {})
         self._timer = timer
         self._cv = threading.Condition()
-        self._admin = threading.Lock()
-        self._slo: dict[str, SloState] = {}
-        self._be: dict[str, BestEffortState] = {}
-        self._curves: dict[str, OverheadCurve] = {}
-        self.plan: GpuPlan | None = None
+        now = clock.now_ms()
+        self.sessions = SessionRegistry(dict(profiles or {}))
+        self.path_cost = path_cost or RequestPathCost()
+        self.planning = Planning(config, now, self.path_cost)
+        self.cycle = DutyCycle(config, now)
         self.quanta = QuantaScheduler(config.quantum_ms or config.min_quantum_ms)
-        self._cycle_start_ms = clock.now_ms()
-        self._cycle_pos = 0
-        self._probes: deque[tuple[Callable[[], Any], float, Future[Any]]] = deque()
-        self._last_probe_cycle = 0
-        self.probe_slices = 0
-        self.probe_max_ms = 0.0
-        """The longest probe slice run (what registering a model can delay serving by)."""
+        self.execution = Execution(
+            executor, clock, self.planning.margin if config.learn_latency_margin else None)
+        self._delivery = Delivery(post_workers)
+        self._probes = ProbeQueue()
+        self._registration = Registration(Parts(
+            config, clock, executor, self.sessions, self.planning, self.quanta, self._cv,
+            self._adopt, path_limits))
         if hasattr(executor, "device_gate"):
             executor.device_gate = self.run_in_slice
-        self._drops: list[tuple[Request, DropReason]] = []
-        self._last_replan_ms = clock.now_ms()
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self._post = ThreadPoolExecutor(post_workers, "tandem-post") if post_workers else None
-        self.started_ms = clock.now_ms()
+        self.started_ms = now
         self.scheduler_seconds = 0.0
-        self.busy_ms = 0.0
-        self.replans = 0
-        self.replans_refused = 0
-        self._cycles = 0
-        self.margin = LatencyMargin(
-            config.latency_quantile, config.latency_margin_window, config.min_latency_samples
-        )
-        self._last_margin_ms = clock.now_ms()
-        self.overrun_headroom_ms = 0.0
-        self._last_be_cycle = 0
-        """The cycle in which a best-effort segment last started."""
-        self.overruns = 0
-        self.overruns_refused = 0
-        """Decisions in which a segment waited because overrunning would exceed the headroom."""
+
+    # ---- what the parts hold, for callers that read it -------------------------------
+
+    @property
+    def executor(self) -> Executor:
+        return self.execution.executor
+
+    @property
+    def plan(self) -> GpuPlan | None:
+        return self.planning.plan
+
+    @property
+    def margin(self) -> LatencyMargin:
+        return self.planning.margin
+
+    @property
+    def overruns(self) -> int:
+        return self.cycle.overruns
+
+    @property
+    def overruns_refused(self) -> int:
+        return self.cycle.overruns_refused
+
+    @property
+    def replans(self) -> int:
+        return self.planning.replans
+
+    @property
+    def probe_slices(self) -> int:
+        return self.execution.probe_slices
+
+    @property
+    def probe_max_ms(self) -> float:
+        return self.execution.probe_max_ms
+
+    def _adopt(self, plan: GpuPlan | None) -> None:
+        """Make ``plan`` the one in force (under the lock): each part takes its share."""
+        self.planning.adopt(plan)
+        self.sessions.follow(plan)
+        self.cycle.restart()
 
     # ---- registration (HTTP threads) -------------------------------------------------
 
@@ -123,233 +139,49 @@ class ServingRuntime(DutyCycle, Execution):
         self, name: str, model: str, slo_ms: float, rate_rps: float
     ) -> dict[str, Any]:
         """Register an SLO session, or raise AdmissionRefused with state unchanged."""
-        with self._admin:
-            self._check_open()
-            self._check_free(name)
-            try:
-                spec = SessionSpec(name, model, float(slo_ms), float(rate_rps))
-            except SessionError as exc:
-                raise BadRequest(str(exc)) from exc
-            loaded, profile = self._load_and_profile(model)
-            with self._cv:
-                specs = [s.spec for s in self._slo.values()] + [spec]
-                plan = self._plan(
-                    specs,
-                    {**self._profile_map(), (model, self.config.gpu_type): self._planned(profile)},
-                )
-                if isinstance(plan, Infeasible):
-                    raise AdmissionRefused(
-                        f"session {name} refused: {plan.message()}",
-                        reason=plan.reason.value,
-                        required=plan.required,
-                        available=plan.available,
-                        session=plan.session,
-                    )
-                now = self.clock.now_ms()
-                self._slo[name] = SloState(
-                    spec, loaded, profile, 1, window_start_ms=now, rate_ewma_rps=spec.rate_rps
-                )
-                self._apply(plan)
-                self._cv.notify_all()
-                alloc = plan.allocation(name)
-                return {
-                    "name": name,
-                    "kind": "slo",
-                    "batch": alloc.batch if alloc else 1,
-                    "duty_cycle_ms": plan.duty_cycle_ms,
-                    "occupancy": plan.occupancy,
-                    "worst_case_latency_ms": alloc.latency_ms if alloc else None,
-                    "profile": profile_json(profile),
-                }
+        return self._registration.add_slo(name, model, slo_ms, rate_rps, self._check_open)
 
     def add_best_effort_session(
         self, name: str, model: str, weight: int = 1, priority: int = 0
     ) -> dict[str, Any]:
         """Register a best-effort job that shares the duty cycle's slack in quanta."""
-        with self._admin:
-            self._check_open()
-            self._check_free(name)
-            try:
-                job = JobSpec(name, weight, priority)
-            except ValueError as exc:
-                raise BadRequest(str(exc)) from exc
-
-            def prepare() -> tuple[LoadedModel, BatchingProfile, OverheadCurve]:
-                loaded, profile = self._load_and_profile(model)
-                fraction = self.config.segment_fraction_of_quantum
-                return loaded, profile, self.executor.overhead_curve(loaded, profile, fraction)
-
-            loaded, profile, curve = prepare()
-            curves = {**self._curves, name: curve}
-            quantum = self.config.quantum_ms or choose_quantum_ms(
-                curves.values(),
-                self.config.overhead_tolerance_percent,
-                self.config.min_quantum_ms,
-                self.config.max_quantum_ms,
-            )
-            target = quantum * self.config.segment_fraction_of_quantum
-            self.executor.prepare_segments(loaded, target)
-            with self._cv:
-                self._refuse_unrunnable(name, loaded, profile, target)
-                self._curves = curves
-                self.quanta.quantum_ms = quantum
-                self.quanta.register(job)
-                self._be[name] = BestEffortState(job, loaded, profile)
-                if self._slo:  # make room for this job's overruns where the plan can
-                    plan = self._plan([s.spec for s in self._slo.values()], self._profile_map())
-                    if isinstance(plan, GpuPlan):
-                        self._apply(plan)
-                self._cv.notify_all()
-            return {
-                "name": name,
-                "kind": "best_effort",
-                "weight": weight,
-                "priority": priority,
-                "quantum_ms": quantum,
-                "cuts": loaded.cuts,
-                "segments": len(loaded.segment_fractions or ()),
-                "segment_overhead": loaded.segment_overhead,
-                "duty_cycle_ms": self.plan.duty_cycle_ms if self.plan else None,
-                "profile": profile_json(profile),
-            }
-
-    def _refuse_unrunnable(self, name: str, loaded: LoadedModel, profile: BatchingProfile,
-                           target_ms: float) -> None:
-        """Raise BestEffortRefused when the job's longest piece could only run by
-        making an SLO session miss (``planner.overrun``, the extender's rule too)."""
-        if not self._slo:
-            return
-        piece = max(loaded.segment_costs_ms(profile.latency_ms(1), target_ms))
-        specs = [s.spec for s in self._slo.values()]
-        refusal = best_effort_refusal_on(specs, self._profile_map(), self.config.gpu_type,
-                                         self.config.memory_mib, piece)
-        if refusal is not None:
-            raise BestEffortRefused(
-                f"best-effort session {name} refused: its longest piece takes {piece:.4g} ms, "
-                f"more than the SLO sessions' slack, and overrunning a duty cycle by it would "
-                f"make an SLO session miss: {refusal.message()}",
-                reason=refusal.reason.value, required=refusal.required,
-                available=refusal.available,
-            )
+        return self._registration.add_best_effort(name, model, weight, priority,
+                                                  self._check_open)
 
     def remove_session(self, name: str) -> None:
         """Remove a session; its queued requests are answered with SESSION_REMOVED."""
-        with self._admin, self._cv:
-            if name in self._slo:
-                gone = self._slo.pop(name)
-                plan = self._plan([s.spec for s in self._slo.values()], self._profile_map())
-                self._apply(plan if isinstance(plan, GpuPlan) else None)
-                self._drops.extend((r, DropReason.SESSION_REMOVED) for r in gone.queue)
-            elif name in self._be:
-                be = self._be.pop(name)
-                self.quanta.deregister(name)
-                if self._slo and self.overrun_headroom_ms > 0:  # its headroom is free again
-                    plan = self._plan([s.spec for s in self._slo.values()], self._profile_map())
-                    if isinstance(plan, GpuPlan):
-                        self._apply(plan)
-                self._curves.pop(name, None)
-                pending = list(be.queue) + ([be.current.request] if be.current else [])
-                self._drops.extend((r, DropReason.SESSION_REMOVED) for r in pending)
-            else:
-                raise SessionNotFound(f"no session {name!r}")
-            self._cv.notify_all()
-        self._flush_drops()
+        self._delivery.drop_later(self._registration.remove(name))
+        self._delivery.flush(self.clock.now_ms())
 
     def _check_open(self) -> None:
         if self._stopping:
             raise ServerStopping("the server is shutting down; no session changes")
 
-    def _check_free(self, name: str) -> None:
-        if not isinstance(name, str) or not name or len(name) > 128 or "/" in name:
-            raise BadRequest("session name must be 1-128 characters without '/'")
-        if name in self._slo or name in self._be:
-            raise SessionConflict(f"session {name!r} already exists")
-
-    def _load_and_profile(self, model: str) -> tuple[LoadedModel, BatchingProfile]:
-        loaded = self.executor.load(model)
-        profile = (
-            self._profiles.get(model)
-            or self._profiles.get(Path(model).stem)
-            or self.executor.known_profile(loaded)
-            or self.executor.profile(loaded)
-        )
-        self._profiles.setdefault(model, profile)
-        return loaded, profile
-
-    def _profile_map(self) -> dict[tuple[str, str], BatchingProfile]:
-        return {
-            (s.spec.model, self.config.gpu_type): self._planned(s.profile)
-            for s in self._slo.values()
-        }
-
-    def _planned(self, profile: BatchingProfile) -> BatchingProfile:
-        """The profile as planning sees it: scaled by the learned latency margin."""
-        return scaled_profile(profile, self.margin.margin)
-
     def planning_profile(self, name: str) -> BatchingProfile:
         """The SLO session's profile as admission plans with it (margin applied)."""
         with self._cv:
-            if name not in self._slo:
+            if name not in self.sessions.slo:
                 raise SessionNotFound(f"no SLO session {name!r}")
-            return self._planned(self._slo[name].profile)
-
-    def _plan(
-        self, specs: list[SessionSpec], profiles: Mapping[tuple[str, str], BatchingProfile]
-    ) -> GpuPlan | Infeasible:
-        """The Nexus plan, with headroom for best-effort overruns where needed (admission.py)."""
-        plan, self.overrun_headroom_ms = plan_with_headroom(
-            specs, profiles, self.config.gpu_type, self.config.memory_mib,
-            self._longest_segment_ms(),
-        )  # fmt: skip
-        return plan
-
-    def _longest_segment_ms(self) -> float:
-        """The longest best-effort segment at batch 1 (profiled), 0 with no such job."""
-        longest = 0.0
-        target = self.quanta.quantum_ms * self.config.segment_fraction_of_quantum
-        for be in self._be.values():
-            whole = be.profile.latency_ms(1)
-            costs = be.loaded.segment_costs_ms(whole, target)
-            longest = max(longest, max(costs) * be.cost_scale)
-        return longest
-
-    def _apply(self, plan: GpuPlan | None) -> None:
-        self.plan = plan
-        if plan is not None:
-            for alloc in plan.allocations:
-                sess = self._slo.get(alloc.session.name)
-                if sess is not None:
-                    sess.batch = alloc.batch
-                    # A plan made with headroom carries shortened SLOs: keep the real one.
-                    sess.spec = replace(alloc.session, slo_ms=sess.spec.slo_ms)
-        self._cycle_pos = 0
+            return self.planning.planned(self.sessions.slo[name].profile)
 
     # ---- requests (HTTP threads) -------------------------------------------------------
 
     def input_contract(self, name: str) -> tuple[np.dtype, tuple[int | None, ...] | None, bool]:
         """(dtype, per-sample shape, is_slo) the session's requests must match."""
         with self._cv:
-            sess: SloState | BestEffortState | None = self._slo.get(name) or self._be.get(name)
-            if sess is None:
-                raise SessionNotFound(f"no session {name!r}")
-            return sess.loaded.input_dtype, sess.loaded.sample_shape, name in self._slo
+            sess = self.sessions.find(name)
+            return sess.loaded.input_dtype, sess.loaded.sample_shape, name in self.sessions.slo
 
     def profile(self, name: str) -> BatchingProfile:
         """The batching profile a session was planned with; raises SessionNotFound."""
         with self._cv:
-            sess: SloState | BestEffortState | None = self._slo.get(name) or self._be.get(name)
-            if sess is None:
-                raise SessionNotFound(f"no session {name!r}")
-            return sess.profile
+            return self.sessions.find(name).profile
 
     def slo_ms(self, name: str) -> float | None:
         """The session's SLO (None for best effort); raises SessionNotFound."""
         with self._cv:
-            if name in self._slo:
-                return self._slo[name].spec.slo_ms
-            if name in self._be:
-                return None
-            raise SessionNotFound(f"no session {name!r}")
+            sess = self.sessions.find(name)
+            return sess.spec.slo_ms if isinstance(sess, SloState) else None
 
     def submit(
         self,
@@ -357,16 +189,18 @@ class ServingRuntime(DutyCycle, Execution):
         tensor: np.ndarray,
         on_done: Callable[[Outcome], None],
         arrival_ms: float | None = None,
+        deadline_ms: float | None = None,
+        late_ok: bool = False,
     ) -> None:
-        """Queue one request; ``on_done`` gets its Outcome (from the executor or a worker)."""
+        """Queue one request; ``on_done`` gets its Outcome (from the executor or a worker).
+
+        ``arrival_ms``: when the request arrived (default now); an SLO request's
+        deadline is its arrival plus the SLO, or ``deadline_ms`` if earlier; one that
+        could not finish by then even alone is answered DEADLINE_EXPIRED at once.
+        ``late_ok``: outputs finished after the deadline are given, marked late."""
         with self._cv:
             now = self.clock.now_ms() if arrival_ms is None else arrival_ms
-            slo = self._slo.get(name)
-            be = self._be.get(name)
-            if slo is None and be is None:
-                raise SessionNotFound(f"no session {name!r}")
-            target = slo if slo is not None else be
-            assert target is not None
+            target = self.sessions.find(name)
             target.stats.arrived += 1
             if self._stopping:  # the loop is gone: answer now rather than at the HTTP timeout
                 target.stats.record_drop(DropReason.SHUTDOWN)
@@ -376,16 +210,27 @@ class ServingRuntime(DutyCycle, Execution):
                 target.stats.record_drop(DropReason.QUEUE_FULL)
                 on_done(Outcome(None, DropReason.QUEUE_FULL, 0.0))
                 return
-            deadline = now + slo.spec.slo_ms if slo is not None else None
-            target.queue.append(Request(name, tensor, now, deadline, on_done))
-            if slo is not None:
-                slo.window_count += 1
+            if isinstance(target, SloState):
+                deadline = now + target.spec.slo_ms
+                if deadline_ms is not None:
+                    deadline = min(deadline, deadline_ms)
+                # The executor must finish in time for the answer to travel back.
+                deadline -= self.path_cost.back_reserve_ms()
+                if max(now, self.clock.now_ms()) + target.profile.latency_ms(1) > deadline:
+                    target.stats.record_drop(DropReason.DEADLINE_EXPIRED)
+                    on_done(Outcome(None, DropReason.DEADLINE_EXPIRED, self.clock.now_ms() - now))
+                    return
+                target.enqueue(Request(name, tensor, now, deadline, on_done, late_ok))
+            else:
+                target.queue.append(Request(name, tensor, now, None, on_done, late_ok))
             self._cv.notify_all()
 
-    def submit_future(self, name: str, tensor: np.ndarray) -> Future[Outcome]:
-        """Queue one request and return a future of its Outcome."""
+    def submit_future(self, name: str, tensor: np.ndarray, arrival_ms: float | None = None,
+                      deadline_ms: float | None = None, late_ok: bool = False
+                      ) -> Future[Outcome]:
+        """Queue one request and return a future of its Outcome (``submit``'s arguments)."""
         future: Future[Outcome] = Future()
-        self.submit(name, tensor, future.set_result)
+        self.submit(name, tensor, future.set_result, arrival_ms, deadline_ms, late_ok)
         return future
 
     # ---- the executor thread -----------------------------------------------------------
@@ -396,81 +241,47 @@ class ServingRuntime(DutyCycle, Execution):
         thread = self._thread
         if thread is None or thread is threading.current_thread() or not thread.is_alive():
             return fn()
-        future: Future[Any] = Future()
         with self._cv:
             if self._stopping:  # ``stop`` fails queued probes once; none may follow it
                 raise ServerStopping("the server is shutting down; no session changes")
-            self._probes.append((fn, expected_ms, future))
+            future = self._probes.put(fn, expected_ms)
             self._cv.notify_all()
         return future.result()
+
+    def _view(self) -> LoopView:
+        return LoopView(self.sessions, self.planning.plan, self.planning.overrun_headroom_ms,
+                        self._probes.head_ms(), self.quanta)
 
     def step(self) -> bool:
         """Make one scheduling decision and run it; False when there was nothing to do."""
         start = self._timer()
         with self._cv:
             now = self.clock.now_ms()
-            self._update_rates(now)
-            action = self._decide(now)
+            plan = self.planning.on_tick(now, self.sessions.slo,
+                                         self._registration.longest_segment_ms())
+            if plan is not None:
+                self._adopt(plan)
+            decision = self.cycle.decide(now, self._view())
+            self._delivery.drop_later(decision.drops)
+            probe = self._probes.take() if decision.action and \
+                decision.action.kind == "probe" else None
         self.scheduler_seconds += self._timer() - start
-        self._flush_drops()
+        self._delivery.flush(self.clock.now_ms())
+        action = decision.action
         if action is None:
             return False
-        if action.kind == "batch":
-            self._run_batch(action)
-        elif action.kind == "probe":
-            self._run_probe(action)
+        if probe is not None:
+            self.execution.run_probe(*probe)
+        elif action.kind == "batch":
+            self._delivery.deliver(self.execution.run_batch(action))
         else:
-            self._run_segment(action)
+            self._delivery.deliver(self.execution.run_segment(action, self.quanta))
         return True
-
-    def _update_margin(self, now: float) -> bool:
-        """Refresh the latency margin once a rate window; True when planning must redo."""
-        cfg = self.config
-        if not cfg.learn_latency_margin or now - self._last_margin_ms < cfg.rate_window_ms:
-            return False
-        self._last_margin_ms = now
-        return self.margin.refresh()
-
-    def _update_rates(self, now: float) -> None:
-        cfg = self.config
-        if self._update_margin(now) and self._slo:
-            plan = self._plan([s.spec for s in self._slo.values()], self._profile_map())
-            if isinstance(plan, GpuPlan):
-                self.replans += 1
-                self._apply(plan)
-            else:  # what is admitted stays; later admissions see the margin
-                self.replans_refused += 1
-        drifted = False
-        for sess in self._slo.values():
-            span = now - sess.window_start_ms
-            if span < cfg.rate_window_ms:
-                continue
-            rate = sess.window_count * 1000.0 / span
-            sess.rate_ewma_rps = (
-                cfg.rate_ewma_alpha * rate + (1 - cfg.rate_ewma_alpha) * sess.rate_ewma_rps
-            )
-            sess.window_start_ms, sess.window_count = now, 0
-            change = abs(sess.rate_ewma_rps - sess.spec.rate_rps) / sess.spec.rate_rps
-            drifted |= change * 100.0 > cfg.replan_threshold_percent
-        if drifted and now - self._last_replan_ms >= cfg.min_replan_interval_ms:
-            self._last_replan_ms = now
-            specs = [
-                replace(s.spec, rate_rps=max(s.rate_ewma_rps, 0.1)) for s in self._slo.values()
-            ]
-            plan = self._plan(specs, self._profile_map())
-            if isinstance(plan, GpuPlan):
-                self.replans += 1
-                self._apply(plan)
-            else:
-                self.replans_refused += 1
 
     def next_wakeup_ms(self) -> float | None:
         """When the loop has timed work next (the end of a waiting slack phase), if ever."""
         with self._cv:
-            waiting = bool(self._probes) or any(b.runnable() for b in self._be.values())
-            if self.plan and self.plan.allocations and waiting:
-                return self._cycle_start_ms + self.plan.duty_cycle_ms
-            return None
+            return self.cycle.next_wakeup_ms(self._view())
 
     def run_forever(self) -> None:
         """The executor thread's loop; returns after ``stop``."""
@@ -499,28 +310,29 @@ class ServingRuntime(DutyCycle, Execution):
         is answered with SHUTDOWN (HTTP 503, reason ``shutdown``). Idempotent."""
         with self._cv:
             self._stopping = True
-            for sess in list(self._slo.values()) + list(self._be.values()):
+            drops: list[tuple[Request, DropReason]] = []
+            for sess in self.sessions.all():
                 for req in sess.queue:
                     sess.stats.record_drop(DropReason.SHUTDOWN)
-                    self._drops.append((req, DropReason.SHUTDOWN))
+                    drops.append((req, DropReason.SHUTDOWN))
                 sess.queue.clear()
+            self._delivery.drop_later(drops)
             self._cv.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=join_timeout_seconds)
         with self._cv:
             # The loop has stopped between two steps: a job paused between segments
             # will not resume, and registrations waiting for the loop get an answer.
-            for be in self._be.values():
-                if be.current is not None:
-                    self._drops.append((be.current.request, DropReason.SHUTDOWN))
+            for be in self.sessions.best_effort.values():
+                paused = be.abandon()
+                for _req in paused:
                     be.stats.record_drop(DropReason.SHUTDOWN)
-                    be.current = None
-            probes, self._probes = list(self._probes), deque()
-        for _fn, _expected, future in probes:
+                self._delivery.drop_later([(r, DropReason.SHUTDOWN) for r in paused])
+            probes = self._probes.take_all()
+        for future in probes:
             future.set_exception(ServerStopping("the server stopped before the model loaded"))
-        self._flush_drops()
-        if self._post is not None:
-            self._post.shutdown(wait=True)
+        self._delivery.flush(self.clock.now_ms())
+        self._delivery.shutdown()
 
     # ---- read side -------------------------------------------------------------------
 
@@ -528,28 +340,28 @@ class ServingRuntime(DutyCycle, Execution):
         """Sessions, counters and plan as JSON (GET /v1/sessions)."""
         with self._cv:
             elapsed = self.clock.now_ms() - self.started_ms
-            total_gpu = sum(s.stats.gpu_time_ms for s in self._slo.values()) + sum(
-                b.stats.gpu_time_ms for b in self._be.values()
-            )
-            sessions = [s.to_json(total_gpu, elapsed) for s in self._slo.values()]
-            sessions += [b.to_json(total_gpu, elapsed) for b in self._be.values()]
-            plan = self.plan
+            total_gpu = sum(s.stats.gpu_time_ms for s in self.sessions.all())
+            sessions: list[SloState | BestEffortState] = list(self.sessions.all())
+            plan, exe, cyc, pl = self.planning.plan, self.execution, self.cycle, self.planning
             return {
                 "gpu_type": self.config.gpu_type,
-                "executor": self.executor.kind,
+                "executor": exe.executor.kind,
                 "drop_policy": self.config.drop_policy.value,
                 "duty_cycle_ms": plan.duty_cycle_ms if plan else None,
                 "occupancy": plan.occupancy if plan else None,
                 "quantum_ms": self.quanta.quantum_ms,
-                "busy_ms": self.busy_ms,
+                "busy_ms": exe.busy_ms,
                 "scheduler_seconds": self.scheduler_seconds,
-                "replans": self.replans,
-                "overruns": self.overruns,
-                "overruns_refused": self.overruns_refused,
-                "probe_slices": self.probe_slices,
-                "probe_max_ms": self.probe_max_ms,
-                "latency_margin": self.margin.margin,
-                "replans_refused": self.replans_refused,
-                "overrun_headroom_ms": self.overrun_headroom_ms,
-                "sessions": sessions,
+                "replans": pl.replans,
+                "overruns": cyc.overruns,
+                "overruns_refused": cyc.overruns_refused,
+                "probe_slices": exe.probe_slices,
+                "probe_max_ms": exe.probe_max_ms,
+                "latency_margin": pl.margin.margin,
+                "replans_refused": pl.replans_refused,
+                "overrun_headroom_ms": pl.overrun_headroom_ms,
+                "request_path": {**pl.path.figures().to_json(),
+                                 "startup": pl.path.startup.to_json(),
+                                 "observed_requests": pl.path.observed},
+                "sessions": [s.to_json(total_gpu, elapsed) for s in sessions],
             }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -16,6 +17,7 @@ from agent.inference.batch_formation import DropPolicy
 from agent.inference.batching_profiles import load_profiles
 from agent.inference.clock import MonotonicClock
 from agent.inference.executors import Executor, ModelLimits, OrtExecutor, SimExecutor
+from agent.inference.pathcost import RequestPathCost, RequestPathLimits, calibrate, core_share
 from agent.inference.runtime import RuntimeConfig, ServingRuntime
 from predictor.profiles import NO_MARGIN, Margin
 
@@ -106,7 +108,21 @@ def build_runtime(options: ServeOptions) -> ServingRuntime:
         # A real executor's latency varies with the machine: admission learns the headroom.
         learn_latency_margin=options.executor != "sim",
     )
-    return ServingRuntime(executor, clock, config, profiles, post_workers=options.post_workers)
+    return ServingRuntime(executor, clock, config, profiles, post_workers=options.post_workers,
+                          path_cost=RequestPathCost(),
+                          path_limits=path_limits(options))
+
+
+def path_limits(options: ServeOptions) -> RequestPathLimits:
+    """What the request path may hold: the HTTP workers, and the host's cores less the
+    one a CPU executor runs on (its one intra-op thread), so neither starves the other.
+    The path is Python under one interpreter lock, so at most one core, times the
+    share of a core this process gets on the host as it is now (busy or quiet)."""
+    cores = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                  else os.cpu_count() or 1)
+    executor_cores = 1.0 if options.executor != "sim" and options.device == "cpu" else 0.0
+    usable = min(max(cores - executor_cores, 0.5), 1.0) * core_share()
+    return RequestPathLimits(workers=options.http_threads, cores=max(usable, 0.05))
 
 
 def admin_guard(options: ServeOptions, environ: Mapping[str, str] | None = None
@@ -141,6 +157,7 @@ def serve_forever(runtime: ServingRuntime, options: ServeOptions,
 
     app = create_app(runtime, max_body_bytes=options.max_body_bytes, admin=admin)
     server = http_server(app, options)
+    runtime.path_cost.recalibrate(calibrate(probe=framework_probe(app)))
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -161,6 +178,18 @@ def serve_forever(runtime: ServingRuntime, options: ServeOptions,
     http.join(timeout=_JOIN_SECONDS)
     _event("stopped", gpu=options.gpu_index, reason="http thread died" if crashed else "signal")
     return 1 if crashed else 0
+
+
+def framework_probe(app: Any) -> Any:
+    """One inference request through ``app`` for a session that does not exist (none
+    does before the server listens): routing, the request, the error answer."""
+    client = app.test_client()
+
+    def probe(body: bytes) -> None:
+        client.post("/v1/sessions/calibration-probe/infer", data=body,
+                    content_type="application/x-npy")
+
+    return probe
 
 
 def http_server(app: Any, options: ServeOptions) -> Any:

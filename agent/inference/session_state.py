@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from agent.inference.batch_formation import DropPolicy, Request
+from agent.inference.batch_formation import DropPolicy, Request, form_batch
+from agent.inference.errors import DropReason
 from agent.inference.executors import LoadedModel
 from agent.inference.quanta import JobSpec
 from agent.inference.stats import SessionStats
-from planner import SessionSpec
+from planner import SessionAllocation, SessionSpec
 from predictor.batching import BatchingProfile
 
 
@@ -81,6 +83,40 @@ class SloState:
     window_count: int = 0
     rate_ewma_rps: float = 0.0
 
+    def enqueue(self, request: Request) -> None:
+        self.queue.append(request)
+        self.window_count += 1
+
+    def follow(self, alloc: SessionAllocation) -> None:
+        """Take the plan's batch size; a plan made with headroom carries shortened
+        SLOs, so the real one stays."""
+        self.batch = alloc.batch
+        self.spec = replace(alloc.session, slo_ms=self.spec.slo_ms)
+
+    def take_batch(self, now: float, policy: DropPolicy) -> tuple[list[Request], DropReason,
+                                                                  list[Request]]:
+        """(batch, why dropped, dropped) off the queue under the drop policy."""
+        batch, dropped = form_batch(self.queue, now, self.batch, self.profile.latency_ms, policy)
+        why = DropReason.EARLY_DROP if policy is DropPolicy.EARLY else DropReason.DEADLINE_EXPIRED
+        for _ in dropped:
+            self.stats.record_drop(why)
+        return batch, why, dropped
+
+    def observe_rate(self, now: float, window_ms: float, alpha: float) -> float | None:
+        """Close the rate window if it is over; the EWMA's relative drift from the
+        planned rate then, else None."""
+        span = now - self.window_start_ms
+        if span < window_ms:
+            return None
+        rate = self.window_count * 1000.0 / span
+        self.rate_ewma_rps = alpha * rate + (1 - alpha) * self.rate_ewma_rps
+        self.window_start_ms, self.window_count = now, 0
+        return abs(self.rate_ewma_rps - self.spec.rate_rps) / self.spec.rate_rps
+
+    def record_batch(self, requests: list[Request], elapsed_ms: float) -> None:
+        self.stats.gpu_time_ms += elapsed_ms
+        self.stats.batch_sizes[len(requests)] += 1
+
     def to_json(self, total_gpu_ms: float, elapsed_ms: float) -> dict[str, Any]:
         """This session's entry in GET /v1/sessions."""
         return {
@@ -115,6 +151,49 @@ class BestEffortState:
     def runnable(self) -> bool:
         return self.current is not None or bool(self.queue)
 
+    def next_piece(self, target_ms: float) -> InFlight:
+        """The request in flight, starting the next queued one (cut into segments of
+        about ``target_ms``) when none is."""
+        if self.current is None:
+            req = self.queue.popleft()
+            items = max(int(req.tensor.shape[0]) if getattr(req.tensor, "ndim", 0) else 1, 1)
+            whole = self.profile.latency_ms(min(items, self.profile.max_batch))
+            whole *= math.ceil(items / self.profile.max_batch)
+            costs = self.loaded.segment_costs_ms(whole, target_ms)
+            self.current = InFlight(req, costs, 0, {self.loaded.input_name: req.tensor})
+        return self.current
+
+    def segment_ran(self, feed: dict[str, Any] | None, profiled_ms: float,
+                    measured_ms: float) -> InFlight | None:
+        """Count one segment (``feed`` None: it failed); the finished flight, if it was
+        the last piece or failed."""
+        flight = self.current
+        assert flight is not None
+        self.stats.gpu_time_ms += measured_ms
+        if profiled_ms > 0 and feed is not None:
+            self.cost_scale = 0.8 * self.cost_scale + 0.2 * measured_ms / profiled_ms
+        if feed is not None:
+            flight.feed = feed
+        flight.index += 1
+        if feed is not None and flight.index < len(flight.costs_ms):
+            return None
+        self.current = None
+        if feed is None:
+            self.stats.record_drop(DropReason.EXECUTION_FAILED)
+        else:
+            self.stats.served += 1
+            self.stats.good += 1
+            tensor = flight.request.tensor
+            self.stats.batch_sizes[int(tensor.shape[0]) if tensor.ndim else 1] += 1
+        return flight
+
+    def abandon(self) -> list[Request]:
+        """Everything queued or in flight, which no one will run now."""
+        pending = list(self.queue) + ([self.current.request] if self.current else [])
+        self.queue.clear()
+        self.current = None
+        return pending
+
     def to_json(self, total_gpu_ms: float, elapsed_ms: float) -> dict[str, Any]:
         """This session's entry in GET /v1/sessions."""
         return {
@@ -130,7 +209,7 @@ class BestEffortState:
 
 @dataclass
 class Action:
-    kind: str  # "batch" | "segment"
+    kind: str  # "batch" | "segment" | "probe"
     session: Any
     requests: list[Request] = field(default_factory=list)
     profiled_ms: float = 0.0

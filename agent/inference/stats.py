@@ -20,6 +20,8 @@ class Outcome:
     outputs: tuple[Any, ...] | None
     reason: DropReason | None
     latency_ms: float
+    late: bool = False
+    """Outputs finished after the deadline, given because the client accepts late answers."""
 
 
 @dataclass

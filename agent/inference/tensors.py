@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import threading
+import tokenize
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,12 +14,19 @@ from agent.inference.errors import BadRequest
 
 NPY_TYPE = "application/x-npy"
 
+_HEADER_LOCK = threading.Lock()
+"""numpy reads an .npy header with ``ast.literal_eval``; CPython 3.11 parses ASTs
+from several threads wrongly now and then ("SystemError: AST constructor recursion
+depth mismatch", a 500 to one request in a few thousand under load), so the HTTP
+workers parse headers one at a time."""
+
 
 def decode_npy(body: bytes) -> np.ndarray:
     """An array from an ``.npy`` body; never unpickles."""
-    _check_npy_size(body)
+    _check_npy_header(body)
     try:
-        array = np.load(io.BytesIO(body), allow_pickle=False)
+        with _HEADER_LOCK:
+            array = np.load(io.BytesIO(body), allow_pickle=False)
     except (ValueError, OSError, EOFError, MemoryError) as exc:
         raise BadRequest(f"body is not a valid .npy array: {exc}") from exc
     if not isinstance(array, np.ndarray):
@@ -25,8 +34,16 @@ def decode_npy(body: bytes) -> np.ndarray:
     return array
 
 
-def _check_npy_size(body: bytes) -> None:
-    """BadRequest when the header's shape claims other than the bytes that follow it.
+# What numpy's header reader raises on a header that is not a Python literal: it
+# tokenizes the text first (TokenError on an unclosed bracket), then literal_evals
+# it (SyntaxError, ValueError; RecursionError or MemoryError when nested deeply).
+_HEADER_ERRORS = (ValueError, OSError, EOFError, SyntaxError, TypeError,
+                  tokenize.TokenError, RecursionError, MemoryError)
+
+
+def _check_npy_header(body: bytes) -> None:
+    """BadRequest when the header does not parse, or its shape claims other than the
+    bytes that follow it.
 
     numpy allocates what the header claims before reading the data, so a 100-byte
     body claiming (2^40, 4) floats would ask for 16 TiB.
@@ -36,9 +53,11 @@ def _check_npy_size(body: bytes) -> None:
         version = np.lib.format.read_magic(stream)
         reader = np.lib.format.read_array_header_1_0 if version == (1, 0) \
             else np.lib.format.read_array_header_2_0
-        shape, _, dtype = reader(stream)
-    except (ValueError, OSError, EOFError, SyntaxError, TypeError):
-        return  # not a parseable header: np.load says why
+        with _HEADER_LOCK:
+            shape, _, dtype = reader(stream)
+    except _HEADER_ERRORS as exc:
+        raise BadRequest(f"body is not a valid .npy array: its header does not parse "
+                         f"({type(exc).__name__}: {exc})") from None
     if dtype.hasobject:
         return  # refused by np.load (allow_pickle=False)
     claimed = int(np.prod(shape, dtype=object)) * dtype.itemsize

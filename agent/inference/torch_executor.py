@@ -19,6 +19,7 @@ so the agent runs without torch unless this executor is chosen.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -96,11 +97,22 @@ class TorchExecutor(MeasuredExecutor):
         import torch
 
         self._torch = torch
-        if device == "cpu" and intra_op_threads:
-            torch.set_num_threads(intra_op_threads)  # as ORT's CPU executor: one core
+        self._cpu_threads = intra_op_threads if device == "cpu" and intra_op_threads else None
+        self._threads_set: set[int] = set()
+        self._pin_threads()  # as ORT's CPU executor: one core
         self._setup(device, gpu_index, gpu_type, limits, timer, prepare_in_process)
 
     # ---- running --------------------------------------------------------------------
+
+    def _pin_threads(self) -> None:
+        """Hold the calling thread's intra-op threads to ``intra_op_threads``. The limit
+        is per thread (OpenMP's), so the executor loop's thread needs its own call: there
+        a batch of 4 would otherwise fan out over every core and stall tens of ms on a
+        busy host, which profiles (run there as probe slices) then take for l(b)."""
+        if self._cpu_threads is None or threading.get_ident() in self._threads_set:
+            return
+        self._torch.set_num_threads(self._cpu_threads)
+        self._threads_set.add(threading.get_ident())
 
     def _sync(self) -> None:
         if self.torch_device.type == "cuda":
@@ -117,6 +129,7 @@ class TorchExecutor(MeasuredExecutor):
         """Nodes ``[start, stop)`` on ``feed``; host arrays at the end of the graph, device
         tensors (synchronized) between segments."""
         handle: _TorchHandle = loaded.handle
+        self._pin_threads()
         out = handle.graph.run({k: self._to_device(v) for k, v in feed.items()}, start, stop)
         if stop == len(handle.graph):
             return {k: v.cpu().numpy() for k, v in out.items()}  # the copy waits for the device

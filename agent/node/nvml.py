@@ -12,7 +12,10 @@ boundary. Error policy, per NVML return code:
 
 Utilisation is the mean of ``nvmlDeviceGetSamples`` since the newest sample seen
 last time (NVML keeps a ring buffer of ~1/6 s samples); only when the buffer has
-nothing new does it fall back to ``nvmlDeviceGetUtilizationRates``.
+nothing new does it fall back to ``nvmlDeviceGetUtilizationRates``. A utilisation
+reading outside 0..100 (NVML returns garbage such as 2147483632 on some drivers and
+for processes that just exited) is dropped, not clamped, and counted per field in
+``NvmlGpuSource.out_of_range``.
 
 MIG: a GPU in MIG mode is reported as one GPU with ``mig_mode: true``; NVML has
 no whole-GPU utilisation for it (null) and per-instance reporting is not
@@ -61,7 +64,9 @@ class NvmlGpuSource:
         self._nvml = nvml if nvml is not None else importlib.import_module("pynvml")
         self._clock = wall_clock
         self._devices: list[_Device] | None = None
-        self._warned: set[tuple[int, str, int]] = set()
+        self._warned: set[tuple[int, str, Any]] = set()
+        self.out_of_range: dict[str, int] = {}
+        """Utilisation readings outside 0..100 dropped, per NVML field."""
         m = self._nvml
         self._driver_codes = {
             m.NVML_ERROR_DRIVER_NOT_LOADED,
@@ -176,8 +181,11 @@ class NvmlGpuSource:
         if util is None or mem_util is None:
             rates = self._call(i, "utilization", m.nvmlDeviceGetUtilizationRates, h)
             if rates is not None:
-                util = float(rates.gpu) if util is None else util
-                mem_util = float(rates.memory) if mem_util is None else mem_util
+                if util is None:
+                    util = next(iter(self._in_range(i, "utilization", [float(rates.gpu)])), None)
+                if mem_util is None:
+                    mem_util = next(iter(self._in_range(i, "memory_utilization",
+                                                        [float(rates.memory)])), None)
         power_mw = self._call(i, "power", m.nvmlDeviceGetPowerUsage, h)
         temperature = self._call(i, "temperature", m.nvmlDeviceGetTemperature, h,
                                  m.NVML_TEMPERATURE_GPU)
@@ -217,7 +225,8 @@ class NvmlGpuSource:
         values = [v for at, v in samples if at > floor_us]
         if not values:
             return None, last_us
-        return sum(values) / len(values), samples[-1][0]
+        values = self._in_range(device.info.index, f"samples{kind}", values)
+        return (sum(values) / len(values) if values else None), samples[-1][0]
 
     def _process_utilisation(self, device: _Device, now_us: int,
                              interval_seconds: float) -> dict[int, float]:
@@ -242,10 +251,25 @@ class NvmlGpuSource:
         for sample in samples or []:
             if sample.timeStamp <= floor_us:
                 continue
-            by_pid.setdefault(int(sample.pid), []).append(float(sample.smUtil))
             newest = max(newest, int(sample.timeStamp))
+            for value in self._in_range(device.info.index, "process_utilization",
+                                        [float(sample.smUtil)]):
+                by_pid.setdefault(int(sample.pid), []).append(value)
         device.last_proc_util_us = newest
-        return {pid: min(100.0, sum(v) / len(v)) for pid, v in by_pid.items()}
+        return {pid: sum(v) / len(v) for pid, v in by_pid.items()}
+
+    def _in_range(self, index: int, field: str, values: list[float]) -> list[float]:
+        """The readings within 0..100; the others are counted (and logged once per field)."""
+        kept = [v for v in values if 0.0 <= v <= 100.0]
+        dropped = len(values) - len(kept)
+        if dropped:
+            self.out_of_range[field] = self.out_of_range.get(field, 0) + dropped
+            if (index, field, "range") not in self._warned:
+                self._warned.add((index, field, "range"))
+                log.warning("nvml reading out of range dropped",
+                            extra={"gpu": index, "field": field,
+                                   "value": next(v for v in values if not 0 <= v <= 100)})
+        return kept
 
     def _drain_xid(self, device: _Device) -> None:
         m = self._nvml

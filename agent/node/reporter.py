@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from contracts.agentreport import (
     AgentReport,
     ReportedGpu,
     ReportedProcess,
+    ReportedSession,
     encode_report,
 )
 from contracts.tokens import BearerToken, TokenError
@@ -36,8 +37,11 @@ log = logging.getLogger(__name__)
 TOKEN_ENV = "TANDEM_AGENT_TOKEN"
 
 
-def build_report(node: str, sample: NodeSample) -> dict[str, Any]:
-    """The report JSON object for one sampling round (``contracts.agentreport``).
+def build_report(node: str, sample: NodeSample,
+                 sessions: Mapping[int, tuple[ReportedSession, ...]] | None = None,
+                 ) -> dict[str, Any]:
+    """The report JSON object for one sampling round (``contracts.agentreport``);
+    ``sessions``: per GPU index, its server's best-effort sessions (:func:`session_entries`).
 
     A GPU whose identity was never read (lost since start: no memory total) is left
     out, since the extender needs its total to accept the report; a GPU lost later
@@ -45,13 +49,25 @@ def build_report(node: str, sample: NodeSample) -> dict[str, Any]:
     """
     return encode_report(AgentReport(
         node=node,
-        gpus=tuple(_gpu_entry(g) for g in sample.gpus if g.info.memory_total_mib is not None),
+        gpus=tuple(_gpu_entry(g, (sessions or {}).get(g.info.index, ()))
+                   for g in sample.gpus if g.info.memory_total_mib is not None),
         timestamp=round(sample.timestamp, 3),
         interval_seconds=sample.interval_seconds,
     ))
 
 
-def _gpu_entry(g: GpuSample) -> ReportedGpu:
+def session_entries(gpu_time_ms: Mapping[int, Mapping[str, float]],
+                    pods: Iterable[Any]) -> dict[int, tuple[ReportedSession, ...]]:
+    """Per GPU index, each best-effort session its server lists with the GPU time it used,
+    matched to its pod by session name (``<namespace>.<name>``): the extender learns the
+    session's utilisation from it."""
+    uid_of = {(p.gpu_index, f"{p.namespace}.{p.name}"): p.uid for p in pods}
+    return {index: tuple(ReportedSession(uid_of[(index, name)], round(ms, 3))
+                         for name, ms in sorted(times.items()) if (index, name) in uid_of)
+            for index, times in gpu_time_ms.items()}
+
+
+def _gpu_entry(g: GpuSample, sessions: tuple[ReportedSession, ...] = ()) -> ReportedGpu:
     return ReportedGpu(
         index=g.info.index,
         uuid=g.info.uuid,
@@ -69,6 +85,7 @@ def _gpu_entry(g: GpuSample) -> ReportedGpu:
                             util_percent=_round(p.utilization_percent, 2), pid=p.pid,
                             container_id=p.container_id)
             for p in g.processes),
+        sessions=sessions,
     )
 
 

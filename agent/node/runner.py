@@ -26,7 +26,7 @@ from agent.node.attribution import ProcAttributor
 from agent.node.exporter import AgentCollector, Observation
 from agent.node.extender_view import StateClient, ViewHolder
 from agent.node.gpus import GpuSource, NodeSample
-from agent.node.reporter import Reporter, TokenSource, build_report
+from agent.node.reporter import Reporter, TokenSource, build_report, session_entries
 from agent.node.sessions import SessionSync, SyncResult
 from agent.node.supervisor import ServerSupervisor
 
@@ -128,7 +128,8 @@ class Agent:
             self._latest = Observation(sample, view)
         if self._servers is not None:  # one inference server per GPU the source lists
             self._servers.ensure(g.info.index for g in sample.gpus)
-        report = build_report(self.config.node, sample)
+        report = build_report(self.config.node, sample, session_entries(
+            self._sessions.gpu_time_ms, view.pods()) if self._sessions and view else None)
         attempts, push_error = self._push(report)
         synced = self._sessions.sync(view) if self._sessions and view is not None else None
         return StepResult(report, attempts, push_error, None, state_error, synced)

@@ -109,6 +109,16 @@ def desired_sessions(
     return wanted, tuple(sorted(skipped.items()))
 
 
+def best_effort_gpu_time(document: Any) -> dict[str, float]:
+    """Best-effort session name -> ``gpu_time_ms`` in a ``GET /v1/sessions`` list answer."""
+    entries = document.get("sessions") if isinstance(document, Mapping) else document
+    if not isinstance(entries, list):
+        return {}
+    return {str(e["name"]): float(e["gpu_time_ms"]) for e in entries
+            if isinstance(e, Mapping) and e.get("kind") == "best_effort"
+            and isinstance(e.get("gpu_time_ms"), (int, float)) and "name" in e}
+
+
 def _session_names(document: Any) -> set[str]:
     """Names in a ``GET /v1/sessions`` answer: a list, or ``{"sessions": list|object}``."""
     entries = document.get("sessions") if isinstance(document, Mapping) else document
@@ -131,6 +141,9 @@ class SessionSync:
         self._client = httpx.Client(transport=transport, timeout=timeout_seconds)
         self._refused: set[tuple[str, int]] = set()
         self._skip_logged: dict[str, str] = {}
+        self.gpu_time_ms: dict[int, dict[str, float]] = {}
+        """Per GPU index, each best-effort session's GPU time as its server last listed it
+        (carried in the next report, so the extender learns the session's utilisation)."""
 
     def sync(self, view: NodeView) -> SyncResult:
         """One idempotent round over every GPU of the view."""
@@ -145,8 +158,11 @@ class SessionSync:
             try:
                 response = self._client.get(f"{base}/v1/sessions")
                 response.raise_for_status()
-                present = _session_names(response.json())
+                listing = response.json()
+                present = _session_names(listing)
+                self.gpu_time_ms[index] = best_effort_gpu_time(listing)
             except (httpx.HTTPError, ValueError) as err:
+                self.gpu_time_ms.pop(index, None)
                 if specs:  # a GPU with no server and no sessions to host is normal
                     log.warning("session server unreachable",
                                 extra={"gpu": index, "error": type(err).__name__})

@@ -23,6 +23,7 @@ import json
 import logging
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -31,7 +32,14 @@ from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from agent.session.proxy import Checker, ProxyConfigError, SessionLink
-from contracts.httpserve import BadContentLength, BodyTooLarge, read_body
+from contracts.deadline import (
+    DEADLINE_HEADER,
+    TIMEOUT_HEADER,
+    DeadlineHeaderError,
+    accepts_late,
+    client_budget_ms,
+)
+from contracts.httpserve import ARRIVED, BadContentLength, BodyTooLarge, read_body
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +106,11 @@ def create_proxy_app(link: SessionLink, config: ProxyConfig,
             # Header values forwarded to the server must be plain ASCII (RFC 9110 field values).
             return _error(400, "BadRequest", "Content-Type must be printable ASCII, "
                           "for example application/json or application/x-npy")
+        deadline = _deadline_headers(link.slo_ms())
+        if isinstance(deadline, tuple):
+            return deadline
         try:
-            answer = link.forward(body, content_type)
+            answer = link.forward(body, content_type, deadline)
         except httpx.TimeoutException:
             return _error(504, "ServerTimeout", "the inference server did not answer in time")
         except httpx.TransportError as err:
@@ -133,6 +144,28 @@ def create_proxy_app(link: SessionLink, config: ProxyConfig,
                         "registrations": state.registrations}), 200 if ready else 503
 
     return app
+
+
+def _deadline_headers(slo_ms: float | None) -> dict[str, str] | tuple[Response, int]:
+    """The deadline headers to forward: what is left of the client's budget (or the
+    SLO) after the time this request spent here; an error answer when none is left."""
+    try:
+        budget = client_budget_ms(request.headers)
+        late = accepts_late(request.headers)
+    except DeadlineHeaderError as exc:
+        return _error(400, "BadRequest", str(exc))
+    limits = [b for b in (budget, slo_ms) if b is not None]
+    headers = {"X-Tandem-Late": "accept"} if late else {}
+    if DEADLINE_HEADER in request.headers:  # absolute: counts this hop by itself
+        headers[DEADLINE_HEADER] = request.headers[DEADLINE_HEADER]
+    if limits:
+        arrived = request.environ.get(ARRIVED, time.monotonic())
+        left = min(limits) - (time.monotonic() - arrived) * 1000.0
+        if left <= 0:
+            return jsonify({"error": "RequestDropped", "reason": "deadline_expired",
+                            "message": "request dropped: deadline_expired"}), 503
+        headers[TIMEOUT_HEADER] = f"{left:.3f}"
+    return headers
 
 
 def _stream(chunks: Iterator[bytes]) -> Iterator[bytes]:

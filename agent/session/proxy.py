@@ -178,7 +178,7 @@ class Forwarded:
     close: Callable[[], None]
 
 
-_PASSED_HEADERS = ("content-type", "x-tandem-latency-ms")
+_PASSED_HEADERS = ("content-type", "x-tandem-latency-ms", "x-tandem-late")
 
 
 class SessionLink:
@@ -295,9 +295,17 @@ class SessionLink:
         log.info("session deregistered", extra={"session": self.session.name})
         return response.status_code < 300 or response.status_code == 404
 
-    def forward(self, body: bytes, content_type: str) -> Forwarded:
-        """POST an inference request; re-registers once if the server lost the session."""
-        response = self._send(body, content_type)
+    def slo_ms(self) -> float | None:
+        """The session's SLO (None for a best-effort job)."""
+        slo = dict(self.session.body).get("slo_ms")
+        return float(slo) if isinstance(slo, int | float) else None
+
+    def forward(self, body: bytes, content_type: str,
+                headers: dict[str, str] | None = None) -> Forwarded:
+        """POST an inference request (with the deadline ``headers``); re-registers once
+        if the server lost the session."""
+        sent = {"Content-Type": content_type, **(headers or {})}
+        response = self._send(body, sent)
         if response.status_code == 404 and _peek_kind(response) == "SessionNotFound":
             response.close()
             log.warning("server lost the session; registering again",
@@ -306,15 +314,15 @@ class SessionLink:
             self.ensure()
             # Nothing ran the first time (404), so one retry is safe; if registration
             # failed, the retry's 404 is the caller's answer.
-            response = self._send(body, content_type)
-        headers = tuple((k, v) for k, v in response.headers.items()
+            response = self._send(body, sent)
+        passed = tuple((k, v) for k, v in response.headers.items()
                         if k.lower() in _PASSED_HEADERS)
-        return Forwarded(response.status_code, headers, response.iter_bytes(), response.close)
+        return Forwarded(response.status_code, passed, response.iter_bytes(), response.close)
 
-    def _send(self, body: bytes, content_type: str) -> httpx.Response:
+    def _send(self, body: bytes, headers: dict[str, str]) -> httpx.Response:
         request = self._client.build_request(
             "POST", f"{self.server}{self._path}/infer", content=body,
-            headers={"Content-Type": content_type}, timeout=self._infer_timeout)
+            headers=headers, timeout=self._infer_timeout)
         try:
             response = self._client.send(request, stream=True)
         except httpx.ConnectError:  # a slow answer (timeout) says nothing about reachability

@@ -47,6 +47,14 @@ MIN_COLOCATED_UTIL = 1.0
 """A pod's co-located utilisation below this (percent) gives no point: it was not computing."""
 SLOWDOWN_RANGE = (0.5, 10.0)
 """Slowdowns are clipped into this range, so one near-idle sample cannot dominate a fit."""
+POINT_INTERVAL_SECONDS = 60.0
+"""At most one point per GPU per this many seconds (1 Hz reports are not independent)."""
+HOLDOUT_EVERY = 5
+"""Every fifth point is held out of a refit; the refit is adopted only if it beats the
+curve in force on them."""
+ANCHOR_MARGIN = 20.0
+"""Utilisation points past the highest observed one where the prior is pinned (_anchors)."""
+MAX_TRACKED_GPUS = 100_000
 MAD_SCALE = 1.4826  # a normal distribution's standard deviation is 1.4826 MADs
 MIN_MAD = 0.01  # slowdown units: exact points would otherwise make every other point an outlier
 
@@ -76,15 +84,17 @@ class LearnedCurve:
 
 
 def colocation_point(pods: list[tuple[float, float]]) -> tuple[float, float] | None:
-    """``(cumulative isolated util, slowdown)`` of one shared GPU from its pods' (alone, co).
+    """``(cumulative isolated util, slowdown)`` of one shared GPU from its pods' (alone, co):
+    the slowdown is the ratio of the sums (a mean of ratios lets the smallest pod's noise
+    dominate).
 
     None when fewer than two pods or a pod was not computing (``MIN_COLOCATED_UTIL``).
     """
     if len(pods) < 2 or any(co < MIN_COLOCATED_UTIL or alone <= 0 for alone, co in pods):
         return None
     lo, hi = SLOWDOWN_RANGE
-    slowdowns = [min(max(alone / co, lo), hi) for alone, co in pods]
-    return sum(alone for alone, _ in pods), sum(slowdowns) / len(slowdowns)
+    total = sum(alone for alone, _ in pods)
+    return total, min(max(total / sum(co for _, co in pods), lo), hi)  # ratio of sums
 
 
 class CurveLearner:
@@ -92,28 +102,41 @@ class CurveLearner:
 
     def __init__(self, guards: CurveGuards, wall_clock: Callable[[], float]):
         self.guards = guards
-        self._clock = wall_clock
+        self.clock = wall_clock
         self._points: dict[str, deque[tuple[float, float]]] = {}
         self._learned: dict[str, LearnedCurve] = {}
         self._last_try: dict[str, float] = {}
+        self._last_point: dict[Any, float] = {}
         self._lock = threading.Lock()
+        self.rejected_refits = 0
+        """Refits not adopted because they did not beat the curve in force on held-out points."""
         self.version = 0
         """Bumped on every change of a learned curve (policy caches key on it)."""
         self.dirty = False
 
-    def add_point(self, gpu_type: str, util_percent: float, slowdown: float) -> None:
-        """Record one co-located point of ``gpu_type``."""
+    def add_point(self, gpu_type: str, util_percent: float, slowdown: float,
+                  gpu: Any = None) -> bool:
+        """Record one co-located point of ``gpu_type``; ``gpu`` (any key of the GPU) gives at
+        most one point per :data:`POINT_INTERVAL_SECONDS`. True when recorded."""
         if not (math.isfinite(util_percent) and math.isfinite(slowdown)):
-            return
+            return False
+        now = self.clock()
         with self._lock:
+            if gpu is not None:
+                if now - self._last_point.get(gpu, -math.inf) < POINT_INTERVAL_SECONDS:
+                    return False
+                self._last_point[gpu] = now
+                if len(self._last_point) > MAX_TRACKED_GPUS:
+                    self._last_point.pop(next(iter(self._last_point)))
             points = self._points.setdefault(gpu_type, deque(maxlen=MAX_POINTS))
             points.append((round(util_percent, 3), round(slowdown, 4)))
             self.dirty = True
+        return True
 
     def maybe_refit(self, gpu_type: str, prior: InterferenceCurve) -> bool:
         """Refit ``gpu_type`` if the guards allow; True when its curve changed."""
         g = self.guards
-        now = self._clock()
+        now = self.clock()
         with self._lock:
             points = list(self._points.get(gpu_type, ()))
             if len(points) < g.min_points or \
@@ -122,8 +145,11 @@ class CurveLearner:
             self._last_try[gpu_type] = now
             before = self._learned.get(gpu_type)
         current = before.curve if before is not None else prior
+        train = [p for i, p in enumerate(points) if i % HOLDOUT_EVERY]
+        held = [p for i, p in enumerate(points) if not i % HOLDOUT_EVERY]
         try:
-            fitted = _robust_fit(points, current, g.outlier_mads, g.min_points)
+            fitted = _robust_fit(train, current, prior, g.outlier_mads,
+                                 g.min_points * (HOLDOUT_EVERY - 1) // HOLDOUT_EVERY)
         except CurveFitError:
             return False
         if fitted is None:
@@ -132,9 +158,13 @@ class CurveLearner:
         stepped = bounded_step(current, target, g.max_step)
         # rounded once here, so what /v1/state shows and the ConfigMap holds is what scores
         curve = InterferenceCurve(**{k: round(v, 6) for k, v in stepped.to_config().items()})
+        if _held_out_error(curve, held) >= _held_out_error(current, held):
+            with self._lock:
+                self.rejected_refits += 1
+            return False
         u, y = zip(*inliers, strict=True)
         learned = LearnedCurve(curve, round(curve_r2(curve, u, y), 4), len(inliers),
-                               len(points) - len(inliers), now,
+                               len(train) - len(inliers), now,
                                (before.refits if before is not None else 0) + 1)
         with self._lock:
             self._learned[gpu_type] = learned
@@ -162,8 +192,11 @@ class CurveLearner:
             return [{**_view_row(t, self._learned.get(t), len(self._points.get(t, ()))),
                      "data": [list(p) for p in self._points.get(t, ())]} for t in types]
 
-    def load_document(self, rows: Any) -> int:
-        """Replace points and curves by a persisted ``curves`` list; ValueError when malformed."""
+    def load_document(self, rows: Any, merge: bool = False) -> int:
+        """Replace points and curves by a persisted ``curves`` list; ValueError when malformed.
+
+        ``merge``: keep, per GPU type, the more recently refitted curve and the
+        longer point list of the two (another replica's document into this one's)."""
         if not isinstance(rows, list):
             raise ValueError("learning document: curves must be a list")
         points: dict[str, deque[tuple[float, float]]] = {}
@@ -174,6 +207,13 @@ class CurveLearner:
             if curve is not None:
                 learned[gpu_type] = curve
         with self._lock:
+            if merge:
+                for t, mine in self._points.items():
+                    if len(mine) > len(points.get(t, ())):
+                        points[t] = mine
+                for t, curve in self._learned.items():
+                    if t not in learned or curve.refitted_at > learned[t].refitted_at:
+                        learned[t] = curve
             self._points, self._learned = points, learned
             self._last_try = {t: c.refitted_at for t, c in learned.items()}
             self.version += 1
@@ -181,12 +221,14 @@ class CurveLearner:
         return len(rows)
 
 
-def _robust_fit(points: list[tuple[float, float]], prior: InterferenceCurve, k: float,
-                min_points: int) -> tuple[InterferenceCurve, list[tuple[float, float]]] | None:
-    """Fit, drop points beyond ``k`` scaled MADs of the residuals, fit the inliers again."""
+def _robust_fit(points: list[tuple[float, float]], current: InterferenceCurve,
+                prior: InterferenceCurve, k: float, min_points: int,
+                ) -> tuple[InterferenceCurve, list[tuple[float, float]]] | None:
+    """Fit, drop points beyond ``k`` scaled MADs of the residuals, fit the inliers again
+    with the prior pinned outside their range (:func:`_anchors`)."""
     u = np.array([p[0] for p in points])
     y = np.array([p[1] for p in points])
-    first = fit_partial(u, y, prior)
+    first = fit_partial(u, y, current)
     resid = y - np.array([first.slowdown(v) for v in u])
     centre = float(np.median(resid))
     mad = max(float(np.median(np.abs(resid - centre))), MIN_MAD)
@@ -194,7 +236,32 @@ def _robust_fit(points: list[tuple[float, float]], prior: InterferenceCurve, k: 
     if int(keep.sum()) < min_points:
         return None
     inliers = [p for p, kept in zip(points, keep, strict=True) if kept]
-    return fit_partial(u[keep], y[keep], prior), inliers
+    au, ay = _anchors(u[keep], prior)
+    return fit_partial(np.concatenate([u[keep], au]), np.concatenate([y[keep], ay]),
+                       current), inliers
+
+
+def _anchors(u: np.ndarray, prior: InterferenceCurve) -> tuple[np.ndarray, np.ndarray]:
+    """The prior's slowdown on a grid (every 10% up to 300%) outside the observed
+    utilisations (more than :data:`ANCHOR_MARGIN` points beyond them), in the regimes
+    (below or above 100%) the points cover, as many anchors as points: a fit then follows
+    the points where they are and stays at the prior away from them (a line fitted on
+    45-70% says little about 100%, a quadratic fitted on 100-120% nothing about 200%)."""
+    lo, hi = float(u.min()) - ANCHOR_MARGIN, float(u.max()) + ANCHOR_MARGIN
+    below, above = bool((u <= 100.0).any()), bool((u > 100.0).any())
+    grid = [x for x in range(0, 301, 10) if (x < lo or x > hi)
+            and (below if x <= 100 else above)]
+    if not grid:
+        return np.zeros(0), np.zeros(0)
+    au = np.repeat(np.array(grid, dtype=float), max(1, len(u) // len(grid)))
+    return au, np.array([prior.slowdown(float(x)) for x in au])
+
+
+def _held_out_error(curve: InterferenceCurve, held: list[tuple[float, float]]) -> float:
+    """Median absolute error of ``curve`` on the held-out points (robust to outliers)."""
+    if not held:
+        return 0.0
+    return float(np.median([abs(curve.slowdown(u) - s) for u, s in held]))
 
 
 def _view_row(gpu_type: str, learned: LearnedCurve | None, pending: int) -> dict[str, Any]:
@@ -238,17 +305,18 @@ class SharedGpuPoints:
         self._alone = trusted_alone
         self.touched: set[str] = set()
 
-    def __call__(self, pods: list[tuple[Any, float]]) -> None:
-        """One shared GPU: ``(key, co-located utilisation)`` per pod, keys ending in GPU type."""
+    def __call__(self, pods: list[tuple[Any, float]], gpu: Any = None) -> None:
+        """One shared GPU (``gpu``: its key): ``(key, co-located utilisation)`` per pod, keys
+        holding the GPU type at index 3."""
         alone = [self._alone(key) for key, _ in pods]
         if any(a is None for a in alone):
             return  # the GPU's cumulative isolated utilisation is not known yet
         found = colocation_point([(float(a or 0), co) for a, (_, co) in zip(alone, pods,
                                                                            strict=True)])
         if found is not None:
-            gpu_type = pods[0][0][-1]
-            self._curves.add_point(gpu_type, *found)
-            self.touched.add(gpu_type)
+            gpu_type = pods[0][0][3]
+            if self._curves.add_point(gpu_type, *found, gpu=gpu):
+                self.touched.add(gpu_type)
 
     def refit(self, prior: Callable[[str], InterferenceCurve]) -> None:
         """Try a refit of each GPU type that got a point (the guards decide)."""

@@ -6,12 +6,18 @@ report becomes one *sample* per (placed training pod, GPU):
 
 - the pod's per-process utilisation summed (capped at 100) when reported, else
 - the GPU's utilisation when the pod is alone on the GPU (its processes are the
-  only ones, none unattributed), else no sample (a shared GPU's total cannot be
-  split fairly without per-process figures).
+  only ones, none unattributed) and on each of its other GPUs (:func:`shared_pods`),
+  else no sample (a shared GPU's total cannot be split fairly without per-process
+  figures). A sample counts as *alone* only under that same condition.
+
+A best-effort inference session runs inside its GPU's inference server, so its
+processes teach nothing; the server counts the GPU time each session used and the
+agent carries that counter in the report (``sessions``), from which the session's
+utilisation is learned (:meth:`ObservationStore.observe_sessions`).
 
 The pod must be placed by this extender on that node and GPU (its ledger
 placement), so an agent cannot teach about pods it does not host. Samples are
-keyed by (model file digest, batch size, workload, GPU type), the reference
+keyed by (model file digest, batch size, workload, GPU type, GPU count), the reference
 standing in for the digest until the extender has resolved it, and kept as a
 bounded running estimate (:mod:`extender.learning.store`). Samples taken alone and
 co-located are kept apart: resolution uses the alone estimate (what the
@@ -23,8 +29,12 @@ interference-curve point
 (:mod:`extender.learning.curves`); the learned curves enter the cost through
 :meth:`Learner.policy`.
 
-The leader persists the estimates in a ConfigMap (one JSON document, at most
-``max_entries`` estimates) and every replica reloads it at start. ``tandem
+The leader persists the estimates in a ConfigMap (one JSON document under
+:data:`~extender.learning.persistence.MAX_BYTES`, the least recently used estimates
+evicted first; :mod:`extender.learning.persistence`). Every replica reloads it at
+start, and a replica that becomes leader reloads and merges it before it writes;
+each write is conditional on the ConfigMap's resourceVersion (a conflict merges and
+retries), so a failover never loses what the old leader persisted. ``tandem
 predictor export-observations`` turns that document into ``training_data/`` rows
 (:mod:`predictor.observed`). :meth:`Learner.stats` feeds the learner's
 Prometheus metrics (``tandem_learning_*``, docs/metrics.md).
@@ -32,71 +42,37 @@ Prometheus metrics (``tandem_learning_*``, docs/metrics.md).
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
-from contracts.learningdoc import DOCUMENT_VERSION
+from contracts.gpus import find_gpus
 from contracts.logs import get_logger
 from extender.config import LearningConfig
-from extender.core import Placement, UtilKnowledge
+from extender.core import Placement, UtilKnowledge, gpu_type_of
 from extender.core.cost import CostPolicy
 from extender.learning.curves import CurveGuards, CurveLearner, LearnedPolicy, SharedGpuPoints
+from extender.learning.document import DOCUMENT_VERSION
+from extender.learning.estimate import INDEPENDENT_SECONDS, Estimate, Trust
 from extender.learning.interference import DOCUMENT_KEY as PAIRS_KEY
 from extender.learning.interference import PairLearner
-from extender.learning.store import Estimate, ObservationStore
+from extender.learning.persistence import (
+    DOCUMENT_KEY,
+    MAX_BYTES,
+    ConfigMapPersistence,
+    WriteConflict,
+    encode,
+)
+from extender.learning.store import ObservationStore
 from extender.state.reports import DecodedReport
 from predictor.curves import InterferenceCurve
 
-DOCUMENT_KEY = "observations.json"
-__all__ = ["DOCUMENT_VERSION", "ConfigMapPersistence", "Estimate", "Learner", "ObservationStore",
-           "build_learner", "own_namespace"]
-
-
-class ConfigMapPersistence:
-    """The estimates in one ConfigMap (``data[observations.json]``), via a CoreV1Api."""
-
-    MAX_BYTES = 900_000  # a ConfigMap holds at most 1 MiB; keep headroom for metadata
-
-    def __init__(self, api: Any, namespace: str, name: str):
-        self.api, self.namespace, self.name = api, namespace, name
-
-    def load(self) -> Any | None:
-        """The persisted document, or None when the ConfigMap does not exist."""
-        from kubernetes.client.exceptions import ApiException
-        try:
-            response = self.api.read_namespaced_config_map(self.name, self.namespace,
-                                                           _preload_content=False)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        body = json.loads(response.data)
-        text = (body.get("data") or {}).get(DOCUMENT_KEY)
-        return None if text is None else json.loads(text)
-
-    def save(self, doc: Mapping[str, Any]) -> None:
-        """Write the document (replace, or create on 404); ValueError when too large."""
-        from kubernetes.client.exceptions import ApiException
-        text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
-        if len(text) > self.MAX_BYTES:
-            raise ValueError(f"learning document is {len(text)} bytes (limit {self.MAX_BYTES}); "
-                             "lower learning.max_entries")
-        body = {"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": self.name, "namespace": self.namespace,
-                             "labels": {"app.kubernetes.io/managed-by": "tandem"}},
-                "data": {DOCUMENT_KEY: text}}
-        try:
-            _drain(self.api.replace_namespaced_config_map(self.name, self.namespace, body,
-                                                          _preload_content=False))
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            _drain(self.api.create_namespaced_config_map(self.namespace, body,
-                                                         _preload_content=False))
+SAVE_ATTEMPTS = 3
+"""Conditional writes per save (each conflict re-reads and merges first)."""
+__all__ = ["DOCUMENT_KEY", "DOCUMENT_VERSION", "ConfigMapPersistence", "Estimate", "Learner",
+           "ObservationStore", "build_learner", "own_namespace"]
 
 
 class Learner:
@@ -109,16 +85,16 @@ class Learner:
                  wall_clock: Callable[[], float] = time.time,
                  digest_of: Callable[[str], str | None] | None = None):
         self.cfg = cfg
-        self.store = ObservationStore(cfg.ewma_alpha, cfg.max_entries, wall_clock, digest_of)
+        self.store = ObservationStore(trust_of(cfg), cfg.max_entries, wall_clock, digest_of)
         self._wall = wall_clock
         self.curves = CurveLearner(CurveGuards(
             cfg.curve_min_points, cfg.curve_max_step, cfg.curve_outlier_mads,
             cfg.curve_refit_interval_seconds), wall_clock)
         self.prior = prior
         """The configured curve of a GPU type: where its first refit starts from."""
+        self._overlay = LearnedPolicy(self.curves)
         self.pairs = PairLearner(cfg.pair_max_entries, cfg.pair_explore_bonus)
         """Who slows whom (:mod:`extender.learning.interference`)."""
-        self._overlay = LearnedPolicy(self.curves)
         self.persistence = persistence
         self._may_persist = may_persist
         self._clock = clock
@@ -126,48 +102,95 @@ class Learner:
         self._save_lock = threading.Lock()
         self.persist_writes = 0
         self.persist_failures = 0
+        self.persist_conflicts = 0
+        self._leading = False
+        self._synced = False
+        self._last_sync_try = -math.inf
+        """The persisted document was read (and merged) since this replica became leader."""
         self.persisted_at: float | None = None
         """Wall-clock seconds of the last successful write (or of the reloaded document)."""
 
     def start(self) -> None:
         """Reload what an earlier leader persisted; a bad document is logged and skipped."""
-        if self.persistence is None:
-            return
+        if self.persistence is not None:
+            self._reload(merge=False)
+
+    def _reload(self, merge: bool) -> bool:
+        """Read the ConfigMap and replace (``merge``: merge into) what this replica knows.
+
+        False when it could not be read; a document that does not parse counts as
+        read (it is overwritten by the next write: learning again beats garbage)."""
+        assert self.persistence is not None
         try:
             doc = self.persistence.load()
-            loaded = 0 if doc is None else self.store.load_document(doc)
-            if doc is not None and doc.get("curves") is not None:  # older documents have none
-                loaded += self.curves.load_document(doc["curves"])
-            if doc is not None and doc.get(PAIRS_KEY) is not None:
+        except Exception as exc:  # the API server is unreachable: try again later
+            get_logger().warning("learning: cannot read persisted observations",
+                                 extra={"error": repr(exc)})
+            return False
+        if doc is None:
+            return True
+        try:
+            loaded = self.store.merge_document(doc, replace=not merge)
+            if doc.get("curves") is not None:  # older documents have none
+                loaded += self.curves.load_document(doc["curves"], merge=merge)
+            if doc.get(PAIRS_KEY) is not None and not (merge and self.pairs.samples_total):
+                # merging keeps this replica's pairs once it learned some (the leader's own)
                 loaded += self.pairs.load_document(doc[PAIRS_KEY])
         except Exception as exc:  # learning restarts from zero; placement must not stop
             get_logger().warning("learning: cannot reload persisted observations",
                                  extra={"error": repr(exc)})
-            return
-        if doc is not None:
-            self.persisted_at = self._wall()
-        get_logger().info("learning: observations reloaded", extra={"entries": loaded})
+            return True
+        self.persisted_at = self._wall()
+        get_logger().info("learning: observations reloaded",
+                          extra={"entries": loaded, "merged": merge})
+        return True
 
-    def knowledge(self, cfg: LearningConfig) -> UtilKnowledge:
-        """What resolution uses: the alone estimates and the shared floors (when enabled),
-        and the cold-start rule."""
-        return UtilKnowledge(self.store.lookup if cfg.enabled else None, cfg.min_observations,
-                             cfg.cold_start_util_percent,
-                             self.store.lookup_shared if cfg.enabled else None)
+    def use_wall_clock(self, wall_clock: Callable[[], float]) -> None:
+        """Read time from ``wall_clock`` from now on (simulations and tests)."""
+        self._wall = self.store.clock = self.curves.clock = wall_clock
+
+    def knowledge(self, cfg: LearningConfig, gpus: int = 1,
+                  namespace: str | None = None) -> UtilKnowledge:
+        """What resolution uses for a pod of ``gpus`` GPUs in ``namespace``: the alone
+        estimates and the shared floors (when enabled), and the cold-start rule. An estimate
+        learned from one namespace's pods only serves that namespace until a second confirms
+        it (a tenant cannot set another's predictions by naming its model)."""
+        store = self.store
+
+        def alone(model: str, batch: int, gpu_type: str, workload: str,
+                  ) -> tuple[float, int] | None:
+            return store.lookup(model, batch, gpu_type, workload, gpus, namespace)
+
+        def floor(model: str, batch: int, gpu_type: str, workload: str,
+                  ) -> tuple[float, int] | None:
+            return store.lookup_shared(model, batch, gpu_type, workload, gpus, namespace)
+        return UtilKnowledge(alone if cfg.enabled else None, cfg.min_observations,
+                             cfg.cold_start_util_percent, floor if cfg.enabled else None)
 
     def observe(self, report: DecodedReport,
-                placement_of: Callable[[str], Placement | None]) -> int:
-        """Samples from one agent report, then a save when due; returns samples taken."""
+                placement_of: Callable[[str], Placement | None],
+                inventory: frozenset[str] | None = None) -> int:
+        """Samples from one agent report, then a save when due; returns samples taken.
+
+        ``inventory``: the GPU types the cluster source lists for the report's node; a GPU
+        reported as another type teaches nothing (an agent cannot invent GPU types)."""
         taken = 0
         moves: list[float] = []
-        points = SharedGpuPoints(self.curves, lambda key: self.store.trusted_alone(
-            key, self.cfg.min_observations))
+        points = SharedGpuPoints(self.curves, self.store.trusted_alone)
+        shared = shared_pods(report, placement_of)
         for position, (gpu, util, procs) in enumerate(zip(
                 report.gpus, report.util_percent, report.processes, strict=False)):
+            if inventory is not None and gpu_type_of(gpu.product) not in inventory:
+                self.store.reject("gpu-type-not-in-inventory", len(procs))
+                continue
             taken += self.store.observe_gpu(report.node, report.gpus, position, gpu.product,
-                                            util, procs,
-                                            placement_of, points if self.cfg.curves else None,
-                                            moves)
+                                            util, procs, placement_of,
+                                            points if self.cfg.curves else None, moves, shared)
+        for position, (gpu, sessions) in enumerate(zip(report.gpus, report.sessions,
+                                                       strict=False)):
+            if sessions and (inventory is None or gpu_type_of(gpu.product) in inventory):
+                taken += self.store.observe_sessions(report.node, report.gpus, position,
+                                                     gpu.product, sessions, placement_of)
         if moves:
             self.store.last_change = sum(moves) / len(moves)
         points.refit(self.prior)
@@ -177,8 +200,8 @@ class Learner:
         return taken
 
     def _trusted_alone(self, model: str, batch: int, gpu_type: str) -> float | None:
-        found = self.store.lookup(model, batch, gpu_type, "training")
-        return found[0] if found is not None and found[1] >= self.cfg.min_observations else None
+        return self.store.trusted_alone((self.store.model_key(model), batch, "training",
+                                         gpu_type))
 
     def policy(self, base: CostPolicy, cfg: LearningConfig) -> CostPolicy:
         """``base`` with the learned curves in place of its priors (when ``learning.curves``)
@@ -187,56 +210,113 @@ class Learner:
         return policy.with_pairs(self.pairs.model()) if cfg.enabled and cfg.pairs else policy
 
     def document(self) -> dict[str, Any]:
-        """What is persisted: the estimates and the curves with their points."""
-        return {**self.store.to_document(), "curves": self.curves.to_document(),
-                PAIRS_KEY: self.pairs.to_document()}
+        """What is persisted: the estimates and the curves with their points, within
+        ``persistence.MAX_BYTES`` (least recently used estimates evicted first)."""
+        curves = self.curves.to_document()
+        pairs = self.pairs.to_document()  # bounded by learning.pair_max_entries
+        if self.persistence is not None:
+            limit = getattr(self.persistence, "MAX_BYTES", MAX_BYTES)
+            fixed = len(encode({**self.store.to_document(empty=True), "curves": curves,
+                                PAIRS_KEY: pairs}))
+            self.store.fit_bytes(limit - fixed)
+        return {**self.store.to_document(), "curves": curves, PAIRS_KEY: pairs}
 
     def view(self) -> dict[str, Any]:
-        """For ``/v1/state``: the estimates and the learned curves."""
+        """For ``/v1/state``: the estimates, the learned curves and the learned pairs."""
         return {**self.store.view(), "curves": self.curves.view(), PAIRS_KEY: self.pairs.view()}
 
     def maybe_persist(self, force: bool = False) -> bool:
-        """Write the ConfigMap if this replica leads, something changed and it is due."""
-        if self.persistence is None or not (self.store.dirty or self.curves.dirty
-                                            or self.pairs.dirty) \
-                or not self._may_persist():
+        """Write the ConfigMap if this replica leads, something changed and it is due.
+
+        A replica that has just become leader first reads and merges the ConfigMap
+        (the old leader may have written after this replica last read it)."""
+        if self.persistence is None:
             return False
+        leading = self._may_persist()
         with self._save_lock:
+            if leading and not self._leading:
+                self._synced, self._last_sync_try = False, -math.inf
+            self._leading = leading
+            if not leading:
+                return False
             now = self._clock()
-            if not force and now - self._last_save < self.cfg.persist_interval_seconds:
+            if not self._synced:  # a failed read is retried once per persist interval
+                if now - self._last_sync_try < self.cfg.persist_interval_seconds:
+                    return False
+                self._last_sync_try = now
+                self._synced = self._reload(merge=True)
+                if not self._synced:
+                    return False
+            if not (self.store.dirty or self.curves.dirty or self.pairs.dirty) or \
+                    not force and now - self._last_save < self.cfg.persist_interval_seconds:
                 return False
             self._last_save = now
+            return self._save()
+
+    def _save(self) -> bool:
+        """Conditional writes, merging the stored document after each conflict."""
+        assert self.persistence is not None
+        for _ in range(SAVE_ATTEMPTS):
             try:
                 self.persistence.save(self.document())
-            except Exception as exc:  # the next report retries; reports must still be taken
-                self.persist_failures += 1
+            except WriteConflict:
+                self.persist_conflicts += 1
+                if not self._reload(merge=True):
+                    break
+                continue
+            except Exception as exc:  # the next due save retries; reports must still be taken
                 get_logger().warning("learning: cannot persist observations",
                                      extra={"error": repr(exc)})
-                return False
+                break
             self.persist_writes += 1
             self.persisted_at = self._wall()
+            self.store.mark_synced()
             self.store.dirty = self.curves.dirty = self.pairs.dirty = False
             return True
+        self.persist_failures += 1
+        return False
 
     def stats(self) -> dict[str, Any]:
         """What the learner's metrics show (``extender.ops.metrics.LearnerCollector``)."""
         store = self.store
         return {"accepted": store.samples_total, "rejected": dict(store.rejected),
-                "estimates": store.trust_counts(self.cfg.min_observations),
+                "estimates": store.trust_counts(),
                 "last_change_percent": store.last_change,
-                "pairs": self.pairs.stats(),
                 "persist_writes": self.persist_writes,
                 "persist_failures": self.persist_failures,
+                "persist_conflicts": self.persist_conflicts,
+                "evicted": store.evicted,
+                "pairs": self.pairs.stats(),
                 "persist_age_seconds": None if self.persisted_at is None
                 else max(0.0, self._wall() - self.persisted_at)}
 
 
-def _drain(response: Any) -> None:
-    """Read and release an unparsed response (its body is a ConfigMap nobody needs)."""
-    response.data  # noqa: B018 - reading the body returns the connection to the pool
-    release = getattr(response, "release_conn", None)
-    if release is not None:
-        release()
+def shared_pods(report: DecodedReport, placement_of: Callable[[str], Placement | None],
+                ) -> frozenset[str]:
+    """Pods of ``report`` not alone on all their GPUs: one of them has another pod or an
+    unattributed process, or is missing from the report (a data-parallel pod's GPU where it
+    is alone still waits at each gradient exchange for its shared one)."""
+    seen: dict[str, set[int]] = {}
+    shared: set[str] = set()
+    for position, procs in enumerate(report.processes):
+        uids = {p.pod_uid for p in procs}
+        for uid in uids - {None}:
+            seen.setdefault(uid, set()).add(position)  # type: ignore[arg-type]
+            if len(uids) > 1:
+                shared.add(uid)  # type: ignore[arg-type]
+    for uid, positions in seen.items():
+        p = placement_of(uid)
+        found = None if p is None else find_gpus(p.gpus, report.gpus)
+        if p is not None and (found is None or not set(found) <= positions):
+            shared.add(uid)
+    return frozenset(shared)
+
+
+def trust_of(cfg: LearningConfig) -> Trust:
+    """The store's trust rule from the configuration (``ewma_alpha``: weight of one minute
+    of samples once the estimate holds ``1/alpha`` minutes)."""
+    return Trust(cfg.min_observations, cfg.min_observed_seconds, cfg.min_pods,
+                 cfg.warmup_seconds, INDEPENDENT_SECONDS / cfg.ewma_alpha, cfg.spread_margin)
 
 
 def own_namespace(default: str = "default") -> str:

@@ -114,7 +114,17 @@ class LearnerCollector(Collector):
         failures = CounterMetricFamily("tandem_learning_persist_failures",
                                        "Failed writes of the learning ConfigMap")
         failures.add_metric([], float(s["persist_failures"]))
-        yield from (accepted, rejected, estimates, change, writes, failures)
+        conflicts = CounterMetricFamily(
+            "tandem_learning_persist_conflicts",
+            "Writes of the learning ConfigMap refused because another replica wrote first "
+            "(merged and retried)")
+        conflicts.add_metric([], float(s.get("persist_conflicts", 0)))
+        evicted = CounterMetricFamily(
+            "tandem_learning_evicted",
+            "Estimates evicted (least recently used first) to keep the learning document "
+            "within its size")
+        evicted.add_metric([], float(s.get("evicted", 0)))
+        yield from (accepted, rejected, estimates, change, writes, failures, conflicts, evicted)
         if "pairs" in s:  # pairwise interference (extender.learning.interference)
             pairs = GaugeMetricFamily(
                 "tandem_learning_interference_pairs",

@@ -6,8 +6,9 @@ processes, each attributed to its pod with the process's own utilisation
 when a job starts or stops on it, so the agents report a GPU when such an interval
 ends, with as many reports (each with its own noise) as a real agent would have
 pushed in it at one report per ``REPORT_PERIOD_S``, at most
-``MAX_REPORTS_PER_INTERVAL`` (enough for an estimate to become trusted, and a bound
-on the simulator's cost; a real agent reports every second). Each job's figure is
+``MAX_REPORTS_PER_INTERVAL`` (a bound on the simulator's cost), spread over the
+interval (:func:`report_times`): the learner weighs samples by the time they cover,
+so this gives the weights of a real agent's 1 Hz reports. Each job's figure is
 its true utilisation on that GPU, scaled down proportionally when the GPU's jobs
 together ask for more than 100%; on a shared GPU it is its true utilisation reduced
 by its own true slowdown through the truth's signal model
@@ -36,12 +37,16 @@ from contracts.annotations import BATCH_SIZE, MODEL
 from extender.core import Placement
 from extender.learning.learner import Learner
 from extender.simulator.engine import Engine, JobRun
-from extender.simulator.truth import Truth
+from extender.simulator.truth import Phases, Truth
 from extender.state.reports import DecodedReport, ReportedProcess
 
 REPORT_PERIOD_S = 60.0
-"""Simulated seconds per report (real agents report every second: this is conservative)."""
-MAX_REPORTS_PER_INTERVAL = 5
+"""Simulated seconds per report. Real agents report every second; the learner weighs
+samples by time and takes at most one curve point per GPU a minute, so one report a
+minute gives it the same estimates and the same curve points (with fewer samples)."""
+MAX_REPORTS_PER_INTERVAL = 60
+"""Most reports per interval of constant load (bounds the simulator's cost: past an hour
+the reports of an interval are spread further apart)."""
 SIM_BATCH_SIZE = 32
 """Batch size the simulated pods declare (the extender's training default)."""
 
@@ -73,6 +78,8 @@ class SimAgents:
         self._rng = np.random.default_rng(truth.seed)
         self._placements: dict[str, Placement] = {}
         self._engine: Engine | None = None
+        self._window = (0.0, 0.0)
+        """The simulated seconds the report being built covers (for the truth's phases)."""
 
     def attach(self, engine: Engine) -> None:
         """Watch ``engine``'s GPUs."""
@@ -109,18 +116,18 @@ class SimAgents:
         engine = self._engine
         assert engine is not None, "attach() first"
         by_node: dict[str, list[int]] = {}
-        reports_of: dict[str, int] = {}
+        since: dict[str, float] = {}
         for r in sorted(set(rows)):
             if engine.jobs_on[r] > 0 and now_s > self._since[r]:
                 node = self._node[r]
                 by_node.setdefault(node, []).append(r)
-                n = min(MAX_REPORTS_PER_INTERVAL,
-                        max(1, math.ceil((now_s - self._since[r]) / REPORT_PERIOD_S)))
-                reports_of[node] = min(reports_of.get(node, n), n)
+                since[node] = max(since.get(node, 0.0), float(self._since[r]))
             self._since[r] = now_s
-        self.clock.now_s = now_s
         for node, node_rows in by_node.items():
-            for _ in range(reports_of[node]):
+            times = report_times(since[node], now_s)
+            for before, at in zip([since[node], *times[:-1]], times, strict=True):
+                self.clock.now_s = at
+                self._window = (before, at)
                 report = DecodedReport(
                     node=node, gpus=tuple(engine.table.gpus[r] for r in node_rows),
                     util_percent=tuple(min(100.0, float(engine.util_true[r]))
@@ -129,6 +136,15 @@ class SimAgents:
                     processes=tuple(self._processes(engine, r) for r in node_rows))
                 self.reports += 1
                 self.samples += self.learner.observe(report, self._placements.get)
+        self.clock.now_s = now_s
+
+    def _phase(self, run: JobRun) -> float:
+        """The truth's phase factor over the report's window for ``run``."""
+        phases = self.truth.phases
+        if phases == Phases() or not math.isfinite(run.start_s):
+            return 1.0
+        t0, t1 = self._window
+        return phase_factor(phases, t0 - run.start_s, t1 - run.start_s)
 
     def _processes(self, engine: Engine, r: int) -> tuple[ReportedProcess, ...]:
         total = float(engine.util_true[r])
@@ -144,8 +160,46 @@ class SimAgents:
                 noise = self._rng.normal(0.0, self.truth.util_stddev_percent) \
                     if self.truth.util_stddev_percent > 0 else 0.0
                 shown = self.truth.signal.shown(
-                    run.util_rows[k], scale, engine.job_slowdown(run.idx, r) if shared else None,
-                    self.clock.now_s - run.start_s)
-                util = min(100.0, max(0.0, shown + noise))
+                    run.util_rows[k], scale, engine.job_slowdown(run.idx, r) if shared else None)
+                util = min(100.0, max(0.0, shown * self._phase(run) + noise))
                 out.append(ReportedProcess(p.pod_uid, run.mem_rows[k], util))
         return tuple(out)
+
+
+def phase_factor(phases: Phases, e0: float, e1: float) -> float:
+    """Mean factor on a job's steady utilisation over ``[e0, e1]`` seconds since it started:
+    ``warmup_util_factor`` in its first ``warmup_seconds``, ``eval_util_factor`` in the last
+    ``eval_seconds`` of every ``eval_every_seconds`` after that, 1 otherwise (what a 1 Hz
+    agent's samples over that window average to)."""
+    span = e1 - e0
+    if span <= 0:
+        return 1.0
+    warm = max(0.0, min(e1, phases.warmup_seconds) - max(e0, 0.0))
+    evals = 0.0
+    every, length = phases.eval_every_seconds, min(phases.eval_seconds,
+                                                   phases.eval_every_seconds)
+    if every > 0 and length > 0:
+        start = phases.warmup_seconds + every - length
+
+        def upto(x: float) -> float:  # evaluation seconds in [start, x]
+            if x <= start:
+                return 0.0
+            k = math.floor((x - start) / every)
+            return k * length + min(length, x - start - k * every)
+        evals = upto(e1) - upto(max(e0, phases.warmup_seconds))
+    return (warm * phases.warmup_util_factor + evals * phases.eval_util_factor
+            + (span - warm - evals)) / span
+
+
+def report_times(since_s: float, now_s: float) -> list[float]:
+    """When the agent's reports of an interval of constant load arrive (simulated seconds).
+
+    A real agent reports every second and the learner weighs each sample by the time
+    since its pod's previous report; the simulator sends at most
+    ``MAX_REPORTS_PER_INTERVAL`` reports, evenly spread so that each stands for its
+    share of the interval (one per ``REPORT_PERIOD_S`` when shorter): the same time
+    weights as 1 Hz reporting, with fewer, equally noisy samples.
+    """
+    n = min(MAX_REPORTS_PER_INTERVAL, max(1, math.ceil((now_s - since_s) / REPORT_PERIOD_S)))
+    step = (now_s - since_s) / n
+    return [since_s + step * (i + 1) for i in range(n)]

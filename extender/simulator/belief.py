@@ -73,7 +73,8 @@ class SimKnowledge:
             # run.pred_mem: the memory estimate, raised by an OOM (Horus §4.2.3)
             return job.pred_util, max(run.pred_mem, job.pred_mem), PRIOR_SOURCE
 
-        knowledge = self.learner.knowledge(self.cfg) if self.mode == "online" \
+        knowledge = self.learner.knowledge(self.cfg, job.gpus_per_task) \
+            if self.mode == "online" \
             else UtilKnowledge()
         return resolve_demand(
             JobDemand(job.gpus_per_task, PodInputs(model=job.model, batch_size=SIM_BATCH_SIZE)),

@@ -8,12 +8,11 @@ drops less. The truth file chooses (the extender's learners are never told)::
 
     signal:
       model: proportional      # util / slowdown (default) | sub-proportional: util / sqrt(slowdown)
-      warmup_s: 0              # after a start, utilisation ramps up linearly over this long
 
-The reported figure is ``util * ramp / slowdown ** p`` (``p`` 1 or 0.5,
-``ramp = min(1, age / warmup_s)``, 1 without warm-up) plus the truth's Gaussian
-noise (``noise.util_stddev_percent``), clipped to 0..100. With the defaults
-(proportional, no warm-up) the figures are those of earlier releases.
+The reported figure is ``util / slowdown ** p`` (``p`` 1 or 0.5) on a shared GPU,
+times the job's phase factor (warm-up, evaluation: the truth's ``phases:``), plus
+the truth's Gaussian noise (``noise.util_stddev_percent``), clipped to 0..100.
+With the default (proportional) the figures are those of earlier releases.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 SIGNAL_MODELS = {"proportional": 1.0, "sub-proportional": 0.5}
-SIGNAL_KEYS = ("model", "warmup_s")
+SIGNAL_KEYS = ("model",)
 
 
 @dataclass(frozen=True)
@@ -32,30 +31,25 @@ class SignalModel:
     """How true utilisation and slowdown become the utilisation an agent reports."""
 
     model: str = "proportional"
-    warmup_s: float = 0.0
 
     @property
     def exponent(self) -> float:
         """``p`` in ``util / slowdown ** p``."""
         return SIGNAL_MODELS[self.model]
 
-    def shown(self, util_percent: float, scale: float, shared_slowdown: float | None,
-              age_s: float) -> float:
-        """Noise-free utilisation NVML shows for a job (percent, not clipped).
+    def shown(self, util_percent: float, scale: float, shared_slowdown: float | None) -> float:
+        """Noise-free utilisation NVML shows for a job in its steady state (percent).
 
         ``scale``: the job's share when its GPU's jobs together ask for more than 100%
         (used alone); ``shared_slowdown``: its slowdown on a shared GPU (None: alone)."""
         if shared_slowdown is not None:
             s = max(shared_slowdown, 1.0)
             scale = 1.0 / s if self.exponent == 1.0 else 1.0 / math.sqrt(s)
-        value = util_percent * scale
-        if self.warmup_s > 0:
-            value *= min(1.0, max(0.0, age_s) / self.warmup_s)
-        return value
+        return util_percent * scale
 
 
 def parse_signal(raw: Any, path: str, problems: list[str]) -> SignalModel:
-    """Validate the ``signal:`` section (absent: proportional, no warm-up)."""
+    """Validate the ``signal:`` section (absent: proportional)."""
     if raw is None:
         return SignalModel()
     if not isinstance(raw, Mapping):
@@ -67,9 +61,4 @@ def parse_signal(raw: Any, path: str, problems: list[str]) -> SignalModel:
     if model not in SIGNAL_MODELS:
         problems.append(f"{path}.model: must be one of {', '.join(SIGNAL_MODELS)}, got {model!r}")
         model = "proportional"
-    warmup = raw.get("warmup_s", 0.0)
-    if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) \
-            or not math.isfinite(warmup) or not 0 <= warmup <= 86400:
-        problems.append(f"{path}.warmup_s: must be a number in [0, 86400], got {warmup!r}")
-        warmup = 0.0
-    return SignalModel(str(model), float(warmup))
+    return SignalModel(str(model))

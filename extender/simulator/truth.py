@@ -20,17 +20,25 @@ parts of it::
         util_factor: 1.3         # true = the trace's utilisation x factor (capped at 100)
     curves:                      # per GPU type, the predictor.curves config form
       NVIDIA-GeForce-RTX-2080: {slope: 0.3, over_slope: 0.6, over_quadratic: 0.9}
+    phases:                      # what the agents measure besides the steady state
+      warmup_seconds: 60         # each job's first seconds (loading, compiling) ...
+      warmup_util_factor: 0.05   # ... at this fraction of its utilisation
+      eval_every_seconds: 600    # an evaluation phase every so often ...
+      eval_seconds: 30           # ... this long ...
+      eval_util_factor: 0.2      # ... at this fraction of its utilisation
     interference:                # per GPU type, measured pairs (extender.simulator.pairwise)
       NVIDIA-Tesla-P100:
         slowdown: {LM-bs5: {ResNet-50-bs64: 3.56}, ResNet-50-bs64: {LM-bs5: 1.25}}
         cannot_share: [[LM-bs80, CycleGAN]]
-    signal: {model: proportional, warmup_s: 0}   # what agents show (extender.simulator.signal)
+    signal: {model: proportional}   # what agents show (extender.simulator.signal)
 
 A model's utilisation is given by ``util_percent`` or ``util_factor``, not both;
 a GPU type a per-type mapping leaves out keeps the trace's number. Jobs whose
 model the file does not name keep the trace's numbers; GPU types without a curve
 keep the paper's interference. A truth curve's slowdown is ``1 + cost`` where two
-or more jobs share a GPU, uncapped (the curve is the truth).
+or more jobs share a GPU, uncapped (the curve is the truth). Phases change only
+what the agents report (:func:`extender.simulator.agents.phase_factor`), not the
+jobs' progress or interference: a job's true utilisation is its steady one.
 """
 
 from __future__ import annotations
@@ -49,7 +57,9 @@ from extender.simulator.pairwise import PairTable, interference_document, parse_
 from extender.simulator.signal import SignalModel, parse_signal
 from predictor.curves import InterferenceCurve, coefficient_table, curve_costs, parse_curves
 
-TOP_KEYS = ("noise", "models", "curves", "interference", "signal")
+TOP_KEYS = ("noise", "models", "curves", "phases", "interference", "signal")
+PHASE_KEYS = ("warmup_seconds", "warmup_util_factor", "eval_every_seconds", "eval_seconds",
+              "eval_util_factor")
 MODEL_KEYS = ("util_percent", "util_factor", "mem_mib")
 NOISE_KEYS = ("util_stddev_percent", "seed")
 
@@ -73,6 +83,18 @@ class ModelTruth:
 
 
 @dataclass(frozen=True)
+class Phases:
+    """A job's measured signal besides its steady state: warm-up and evaluation phases."""
+
+    warmup_seconds: float = 0.0
+    warmup_util_factor: float = 1.0
+    eval_every_seconds: float = 0.0
+    """0: no evaluation phases."""
+    eval_seconds: float = 0.0
+    eval_util_factor: float = 1.0
+
+
+@dataclass(frozen=True)
 class Truth:
     """What the simulated GPUs really do (module docstring)."""
 
@@ -80,6 +102,7 @@ class Truth:
     curves: Mapping[str, InterferenceCurve] = field(default_factory=dict)
     util_stddev_percent: float = 2.0
     seed: int = 1
+    phases: Phases = Phases()
     interference: Mapping[str, PairTable] = field(default_factory=dict)
     """Measured pairs per GPU type (:mod:`extender.simulator.pairwise`)."""
     signal: SignalModel = SignalModel()
@@ -211,11 +234,24 @@ def parse_truth(raw: Any, path: str = "truth") -> Truth:
     else:
         models = {str(k): _model(v, f"{path}.models.{k}", problems) for k, v in models_raw.items()}
     curves = parse_curves(raw.get("curves"), f"{path}.curves", problems)
+    phases = _phases(raw.get("phases") or {}, f"{path}.phases", problems)
     pairs = parse_interference(raw.get("interference"), f"{path}.interference", problems)
     signal = parse_signal(raw.get("signal"), f"{path}.signal", problems)
     if problems:
         raise TruthError(problems)
-    return Truth(models, curves, sd, seed, pairs, signal)
+    return Truth(models, curves, sd, seed, phases, pairs, signal)
+
+
+def _phases(raw: Any, path: str, problems: list[str]) -> Phases:
+    if not isinstance(raw, Mapping):
+        problems.append(f"{path}: must be a mapping with keys from {', '.join(PHASE_KEYS)}")
+        return Phases()
+    problems += [f"{path}.{k}: unknown key (valid: {', '.join(PHASE_KEYS)})"
+                 for k in raw if k not in PHASE_KEYS]
+    values = {k: _number(raw[k], f"{path}.{k}", problems, 0.0,
+                         1.0 if k.endswith("factor") else 1e9)
+              for k in PHASE_KEYS if k in raw}
+    return Phases(**{k: float(v) for k, v in values.items() if v is not None})
 
 
 def load_truth(file: Path) -> Truth:
@@ -261,10 +297,12 @@ def truth_document(truth: Truth) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "noise": {"util_stddev_percent": truth.util_stddev_percent, "seed": truth.seed},
         "models": models, "curves": {t: c.to_config() for t, c in truth.curves.items()}}
+    if truth.phases != Phases():
+        doc["phases"] = dict(truth.phases.__dict__)
     if truth.interference:
         doc["interference"] = interference_document(truth.interference)
     if truth.signal != SignalModel():
-        doc["signal"] = {"model": truth.signal.model, "warmup_s": truth.signal.warmup_s}
+        doc["signal"] = {"model": truth.signal.model}
     return doc
 
 

@@ -199,6 +199,12 @@ class ClusterState:
         with self.lock:
             return self._ledger.get(uid)
 
+    def source_gpu_types(self, node: str) -> frozenset[str] | None:
+        """The GPU types the cluster source lists for ``node`` (GPU feature discovery's labels,
+        the cluster file), not what its agent reports; None when it lists none."""
+        with self.lock:
+            return self._inventory.source_gpu_types(node)
+
     # ---- decisions -------------------------------------------------------------------
     def gpu_types(self) -> list[str]:
         """GPU types present in the inventory."""

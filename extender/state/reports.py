@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from contracts.agentreport import AgentReport, ReportedProcess, ReportError
+from contracts.agentreport import AgentReport, ReportedProcess, ReportedSession, ReportError
 from contracts.agentreport import decode_report as contract_decode
 from contracts.tokens import bearer_of, same_token, token_or_none
 from extender.config import ReportsConfig
@@ -36,6 +36,8 @@ class DecodedReport:
     memory_used_mib: tuple[float, ...]
     processes: tuple[tuple[ReportedProcess, ...], ...] = ()
     """Per GPU (same order as ``gpus``), the processes the agent saw on it."""
+    sessions: tuple[tuple[ReportedSession, ...], ...] = ()
+    """Per GPU, the best-effort sessions its inference server runs (GPU time used)."""
 
     @classmethod
     def of(cls, report: AgentReport) -> DecodedReport:
@@ -45,7 +47,8 @@ class DecodedReport:
             tuple(GpuSpec(g.index, g.uuid, g.product, g.memory_total_mib) for g in report.gpus),
             tuple(_nan(g.utilization_percent) for g in report.gpus),
             tuple(_nan(g.memory_used_mib) for g in report.gpus),
-            tuple(g.processes for g in report.gpus))
+            tuple(g.processes for g in report.gpus),
+            tuple(g.sessions for g in report.gpus))
 
 
 def _nan(value: float | None) -> float:

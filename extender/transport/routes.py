@@ -135,17 +135,17 @@ class Verbs:
         pod, victims = decode_preemption_args(doc)
         return preemption_result(self.ext.preempt(pod, victims)), {"pod": _pod_key(pod)}
 
-    def do_report(self, doc: Any) -> tuple[Any, dict[str, Any]]:
-        report = decode_report(doc)
-        return self.ext.report(report), {"node": report.node}
-
     def agent_report(self) -> Response:
-        try:
-            self.ext.authorize_agent(request.headers.get("Authorization"))
+        try:  # the node this agent may speak for (None: the shared token, any node)
+            node = self.ext.authorize_agent(request.headers.get("Authorization"))
         except ExtenderError as exc:
             self.metrics.requests.labels("report", str(exc.http_status)).inc()
             return Response(dumps({"Error": str(exc)}), status=exc.http_status, mimetype=JSON)
-        return self.respond("report", self.do_report)
+
+        def do_report(doc: Any) -> tuple[Any, dict[str, Any]]:
+            report = decode_report(doc)
+            return self.ext.report(report, node), {"node": report.node}
+        return self.respond("report", do_report)
 
     def wsgi(self, flask_wsgi: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
         """POSTs of the four verbs skip Flask's request context: the scheduler's hot path.

@@ -12,7 +12,7 @@ from typing import Any
 
 from cheroot import wsgi
 
-from contracts.httpserve import harden, tls_adapter
+from contracts.httpserve import BodyTooLarge, harden, read_body, tls_adapter
 from contracts.jsonbody import JsonBodyError, parse_json
 from contracts.logs import get_logger
 from extender.webhook.mutate import ReviewError, WebhookSettings, review
@@ -34,11 +34,10 @@ def make_app(settings: WebhookSettings) -> Callable[..., Iterable[bytes]]:
         if method != "POST":
             return _answer(start_response, "405 Method Not Allowed", {"error": "POST only"})
         try:
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-            if length > MAX_BODY_BYTES:
-                return _answer(start_response, "413 Payload Too Large", {"error": "too large"})
-            body = parse_json(environ["wsgi.input"].read(length))
+            body = parse_json(read_body(environ, MAX_BODY_BYTES))
             answer = review(body, settings)
+        except BodyTooLarge:
+            return _answer(start_response, "413 Payload Too Large", {"error": "too large"})
         except (JsonBodyError, ReviewError, ValueError) as exc:
             return _answer(start_response, "400 Bad Request", {"error": str(exc)})
         response = answer["response"]
