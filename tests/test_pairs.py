@@ -242,3 +242,16 @@ def test_learned_pairs_survive_a_restart_through_the_learning_document() -> None
     second.start()
     model = second.policy(CostPolicy(), cfg).pairs
     assert model is not None and model.figure(A100, "lm", "resnet", 1.0)[1] == "pair:1"
+
+
+def test_pods_in_their_warm_up_give_no_pair_sample() -> None:
+    now = [0.0]
+    learner = PairLearner(warmup_seconds=60.0, clock=lambda: now[0])
+    placed = {uid: placement(uid, annotations=((MODEL, m),))
+              for uid, m in (("a", "lm"), ("b", "resnet"))}
+    taken = []
+    for t in (0.0, 30.0, 70.0):
+        now[0] = t
+        taken.append(learner.observe(_report({"a": 20.0, "b": 48.0}), placed.get,
+                                     lambda m, b, g: 60.0))
+    assert taken == [0, 0, 2]

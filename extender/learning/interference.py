@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -41,6 +42,7 @@ from extender.core.snapshot import Workload, gpu_type_of
 from extender.state.reports import DecodedReport
 
 MAX_LOG = math.log(20.0)
+MAX_TRACKED_PODS = 100_000
 RIDGE = 1.0
 DOCUMENT_KEY = "pairs"
 
@@ -52,8 +54,13 @@ class PairLearner:
     """Directed pair statistics, per-model profiles and refused pairs (module docstring)."""
 
     def __init__(self, max_entries: int = 4000, explore_bonus: float = 0.05,
-                 prior_weight: float = 0.5):
+                 prior_weight: float = 0.5, warmup_seconds: float = 0.0,
+                 clock: Callable[[], float] = time.time):
         self.max_entries = max_entries
+        self.warmup_seconds = warmup_seconds
+        self.clock = clock
+        self._first_seen: OrderedDict[tuple[str, str, int], float] = OrderedDict()
+        """(pod uid, node, GPU index) -> when it was first reported there (warm-up)."""
         self.explore_bonus = explore_bonus
         self.prior_weight = prior_weight
         self._stats: OrderedDict[PairKey, list[float]] = OrderedDict()
@@ -96,7 +103,8 @@ class PairLearner:
 
     def observe(self, report: DecodedReport, placement_of: Callable[[str], Placement | None],
                 alone: Callable[[str, int, str], float | None]) -> int:
-        """Samples from the GPUs of ``report`` shared by exactly two placed, modelled pods.
+        """Samples from the GPUs of ``report`` shared by exactly two placed, modelled pods,
+        both past their warm-up on the GPU (``learning.warmup_seconds``).
 
         ``alone(model, batch, gpu_type)``: the model's trusted alone utilisation, else None."""
         taken = 0
@@ -110,8 +118,9 @@ class PairLearner:
                 continue
             gpu_type = gpu_type_of(gpu.product)
             found = [_modelled(placement_of(uid), report.node, gpu.index) for uid in pods]
-            if any(f is None for f in found):
-                continue
+            warming = [self._warming(uid, report.node, gpu.index) for uid in pods]
+            if any(f is None for f in found) or any(warming):
+                continue  # a pod loading or compiling shows no steady utilisation yet
             (ma, ba), (mb, bb) = found  # type: ignore[misc]
             (ua, ub) = pods.values()
             base_a, base_b = alone(ma, ba, gpu_type), alone(mb, bb, gpu_type)
@@ -121,6 +130,17 @@ class PairLearner:
             self.add(gpu_type, mb, ma, base_b / ub)
             taken += 2
         return taken
+
+    def _warming(self, uid: str, node: str, index: int) -> bool:
+        """True during the pod's first ``warmup_seconds`` on this GPU (as the store rules)."""
+        now = self.clock()
+        key = (uid, node, index)
+        with self._lock:
+            first = self._first_seen.pop(key, now)
+            self._first_seen[key] = first
+            while len(self._first_seen) > MAX_TRACKED_PODS:
+                self._first_seen.popitem(last=False)
+        return now - first < self.warmup_seconds
 
     # ---- answers -------------------------------------------------------------------
     def model(self) -> PairModel | None:

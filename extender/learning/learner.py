@@ -93,7 +93,8 @@ class Learner:
         self.prior = prior
         """The configured curve of a GPU type: where its first refit starts from."""
         self._overlay = LearnedPolicy(self.curves)
-        self.pairs = PairLearner(cfg.pair_max_entries, cfg.pair_explore_bonus)
+        self.pairs = PairLearner(cfg.pair_max_entries, cfg.pair_explore_bonus,
+                                 warmup_seconds=cfg.warmup_seconds, clock=wall_clock)
         """Who slows whom (:mod:`extender.learning.interference`)."""
         self.persistence = persistence
         self._may_persist = may_persist
@@ -147,7 +148,7 @@ class Learner:
 
     def use_wall_clock(self, wall_clock: Callable[[], float]) -> None:
         """Read time from ``wall_clock`` from now on (simulations and tests)."""
-        self._wall = self.store.clock = self.curves.clock = wall_clock
+        self._wall = self.store.clock = self.curves.clock = self.pairs.clock = wall_clock
 
     def knowledge(self, cfg: LearningConfig, gpus: int = 1,
                   namespace: str | None = None) -> UtilKnowledge:
