@@ -138,7 +138,7 @@ def session_command(
     )
     from contracts.logs import setup_logging
 
-    setup_logging(logger_name="")
+    setup_logging()
     try:
         if name is None:
             pod, namespace = os.environ.get("POD_NAME", ""), os.environ.get("POD_NAMESPACE", "")
@@ -210,7 +210,7 @@ def device_plugin_command(
     from agent.node.reporter import TokenSource
     from contracts.logs import setup_logging
 
-    setup_logging(logger_name="")
+    setup_logging()
     node_name = node or os.environ.get("NODE_NAME", "")
     stop = threading.Event()
     close_source = None

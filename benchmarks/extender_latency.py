@@ -32,8 +32,16 @@ machine (header parsing through ``email``), where kube-scheduler's Go client
 spends a few microseconds. ``--client http.client`` measures with it instead.
 Each cycle still encodes its requests and decodes the answers.
 
+kube-scheduler's own pattern (``scheduler_pattern.py``) runs after the cycles on the
+``kube`` and ``trivial`` servers and on a floor server that does no work: one bind at
+a time, bursts of ``--concurrency`` binds while scheduling goes on, and the pipelined
+loop (binds handed to ``--concurrency`` binders). Its ratios (burst bind p50 against
+one bind's, pods/s against the trivial extender's and the floor's) come from servers
+measured in the same repeat.
+
     .venv/bin/python benchmarks/extender_latency.py [--cycles N] [--repeats N]
         [--modes sim,kube,trivial] [--client raw|http.client] [--in-process]
+        [--pattern-pods N] [--pattern-single N] [--concurrency N] [--threads N]
 """
 
 from __future__ import annotations
@@ -43,7 +51,6 @@ import http.client
 import json
 import os
 import random
-import socket
 import statistics
 import time
 import traceback
@@ -52,7 +59,8 @@ from collections.abc import Callable
 import _common
 from kubernetes import client
 
-from benchmarks import fake_kube_api, trivial_extender
+from benchmarks import fake_kube_api, scheduler_pattern, trivial_extender
+from benchmarks.scheduler_pattern import RawClient, pattern_summary
 from extender.cluster.kube import KubeSource
 from extender.cluster.sim import SimSource
 from extender.config import ConfigHolder, ExtenderConfig, StateConfig, load_config
@@ -66,8 +74,6 @@ GPU_PRODUCT, GPU_MIB = "NVIDIA-A100-SXM4-40GB", 40960
 MODES = ("sim", "kube", "trivial")
 GOALS = {"kube_bind_p50_ms": 2.0, "kube_cycles_per_second": 100.0, "p99_vs_trivial": 2.0}
 """Issue goals: kube bind p50 and cycle rate, and every verb's p99 at most 2x trivial's."""
-
-
 CONTAINER = {"name": "train", "image": "registry.example/train:1",
              "resources": {"limits": {"tandem.io/gpu": "1"}}}
 
@@ -123,33 +129,6 @@ def kube_client(port: int) -> client.CoreV1Api:
     return client.CoreV1Api(client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{port}")))
 
 
-class RawClient:
-    """Minimal keep-alive HTTP/1.1 POST client: fixed headers out, Content-Length body in."""
-
-    def __init__(self, port: int, timeout_seconds: float = 10.0):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_seconds)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.reader = self.sock.makefile("rb")
-
-    def post(self, path: str, data: bytes) -> tuple[int, bytes]:
-        """Send one request and read its answer (status, body)."""
-        head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
-                f"\r\nContent-Length: {len(data)}\r\n\r\n").encode()
-        self.sock.sendall(head + data)
-        status = int(self.reader.readline().split(b" ", 2)[1])
-        length = 0
-        while (line := self.reader.readline()) not in (b"\r\n", b""):
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value)
-        return status, self.reader.read(length)
-
-    def close(self) -> None:
-        """Close the connection."""
-        self.reader.close()
-        self.sock.close()
-
-
 def stdlib_client(port: int) -> tuple[Callable[[str, bytes], tuple[int, bytes]],
                                      Callable[[], None]]:
     """``http.client`` as (post, close)."""
@@ -162,11 +141,12 @@ def stdlib_client(port: int) -> tuple[Callable[[str, bytes], tuple[int, bytes]],
     return post, conn.close
 
 
-def workload(rng: random.Random, names: list[str], count: int) -> list[tuple[dict, list[str]]]:
+def workload(rng: random.Random, names: list[str], count: int, prefix: str = "new",
+             ) -> list[tuple[dict, list[str]]]:
     """``count`` training pods with their candidate names (draw order as per cycle)."""
     out = []
     for c in range(count):
-        pod = {"metadata": {"name": f"new-{c}", "namespace": "bench", "uid": f"new-{c}",
+        pod = {"metadata": {"name": f"{prefix}-{c}", "namespace": "bench", "uid": f"{prefix}-{c}",
                             "resourceVersion": "1", "annotations": {
                                 "tandem.io/gpu-util": str(rng.uniform(10, 50)),
                                 "tandem.io/gpu-mem-mib": str(rng.randrange(1000, 8000))}},
@@ -278,8 +258,10 @@ def run_cycles(port: int, jobs: list[tuple[dict, list[str]]], warmup: int, clien
 
 def run_mode(mode: str, cfg: ExtenderConfig, placed: list[dict],
              jobs: list[tuple[dict, list[str]]], opts: argparse.Namespace,
-             ) -> tuple[dict[str, list[float]], float, int, float]:
-    """One measured run of one extender: (latencies, cycles/s, binds, build seconds)."""
+             pattern_jobs: list[tuple[dict, list[str]]] = (),  # type: ignore[assignment]
+             ) -> tuple[dict[str, list[float]], float, int, float, dict | None]:
+    """One measured run of one extender: (latencies, cycles/s, binds, build seconds, and
+    kube-scheduler's pattern on the same server when ``pattern_jobs`` are given)."""
     stops = []
     if mode == "sim":
         source = sim_source(placed, jobs)
@@ -291,7 +273,7 @@ def run_mode(mode: str, cfg: ExtenderConfig, placed: list[dict],
         else:
             serving = serve_in_child(starter)
     else:
-        api = fake_api(placed, jobs)
+        api = fake_api(placed, [*jobs, *pattern_jobs])
         api_port, _, api_stop = serve_in_child(lambda: (api.start(), api.stop))
         stops.append(api_stop)
         if mode == "kube":
@@ -301,12 +283,27 @@ def run_mode(mode: str, cfg: ExtenderConfig, placed: list[dict],
                 trivial_extender.create_trivial_app(kube_client(api_port)), cfg.server.threads))
     port, build, stop = serving
     stops.insert(0, stop)
+    pattern = None
     try:
         lat, rate, bound = run_cycles(port, jobs, opts.warmup, opts.client)
+        if pattern_jobs:
+            pattern = scheduler_pattern.measure(lambda: RawClient(port), list(pattern_jobs),
+                                                opts.concurrency, opts.pattern_single)
     finally:
         for stop in stops:
             stop()
-    return lat, rate, bound, build
+    return lat, rate, bound, build, pattern
+
+
+def run_floor(cfg: ExtenderConfig, pattern_jobs: list[tuple[dict, list[str]]],
+              opts: argparse.Namespace) -> dict:
+    """kube-scheduler's pattern against the floor server (scheduler_pattern.serve_floor)."""
+    port, _, stop = serve_in_child(lambda: scheduler_pattern.serve_floor(cfg.server.threads))
+    try:
+        return scheduler_pattern.measure(lambda: RawClient(port), pattern_jobs,
+                                         opts.concurrency, opts.pattern_single)
+    finally:
+        stop()
 
 
 def summary(runs: list[tuple[dict[str, list[float]], float, int, float]]) -> dict:
@@ -355,6 +352,15 @@ def main() -> None:
                         help="HTTP client of the load generator (module doc)")
     parser.add_argument("--in-process", action="store_true",
                         help="serve sim from a thread of the benchmark process (module doc)")
+    parser.add_argument("--pattern-pods", type=int, default=416,
+                        help="pods per repeat for kube-scheduler's pattern on kube and trivial "
+                             "and the floor server (scheduler_pattern.py); 0: off")
+    parser.add_argument("--pattern-single", type=int, default=96,
+                        help="of those, pods scheduled and bound one at a time")
+    parser.add_argument("--concurrency", type=int, default=16,
+                        help="binds in flight at once in the pattern")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="server threads of every extender (default: server.threads)")
     _common.add_out_option(parser, "extender_latency")
     opts = parser.parse_args()
     modes = [m for m in opts.modes.split(",") if m]
@@ -365,25 +371,39 @@ def main() -> None:
     rng = random.Random(42)
     # The loopback API server has no kubelet to admit pods, so no device plugin hands GPUs
     # over: the env hand-off (the device-plugin gate would hold each node after a bind).
-    cfg = load_config(None, environ={"TANDEM__LOGGING__LEVEL": "warning",
-                                     "TANDEM__HANDOFF__MODE": "env"})
+    overrides = {"TANDEM__LOGGING__LEVEL": "warning", "TANDEM__HANDOFF__MODE": "env"}
+    if opts.threads is not None:
+        overrides["TANDEM__SERVER__THREADS"] = str(opts.threads)
+    cfg = load_config(None, environ=overrides)
     placed = placed_pods(rng)
     jobs = workload(rng, node_names(), opts.warmup + opts.cycles)
+    pattern_jobs = workload(rng, node_names(), opts.pattern_pods, "pat")
     runs: dict[str, list] = {mode: [] for mode in modes}
+    patterns: list[dict[str, dict]] = []
     for _ in range(opts.repeats):  # interleaved: load from elsewhere hits every mode alike
+        pattern: dict[str, dict] = {}
         for mode in modes:
-            runs[mode].append(run_mode(mode, cfg, placed, jobs, opts))
+            with_pattern = pattern_jobs if mode != "sim" else []
+            run = run_mode(mode, cfg, placed, jobs, opts, with_pattern)
+            runs[mode].append(run[:4])
+            if run[4] is not None:
+                pattern[mode] = run[4]
+        if pattern_jobs:
+            pattern["floor"] = run_floor(cfg, pattern_jobs, opts)
+            patterns.append(pattern)
     results = {mode: summary(r) for mode, r in runs.items()}
     doc = {
         "benchmark": "extender_latency",
         "cluster": {"nodes": NODES, "gpus_per_node": GPUS, "placed_pods": NODES * GPUS,
                     "candidates_per_call": CANDIDATES},
         "cycles": opts.cycles, "repeats": opts.repeats, "client": opts.client,
+        "server_threads": cfg.server.threads,
         "server": "own process per extender and for the fake API server"
                   + ("; sim in a thread of the benchmark process" if opts.in_process else ""),
         "modes": results,
         "goals": {**GOALS, "sim_p99_ms_per_verb": 3.0, "sim_cycles_per_second": 300},
         "checks": checks(results),
+        "scheduler_pattern": pattern_summary(patterns, opts) if patterns else None,
         "load_average_1_5_15_at_start": load_before,
         **_common.context(("numpy", "flask", "cheroot", "kubernetes", "urllib3")),
     }

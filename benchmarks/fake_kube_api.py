@@ -5,7 +5,8 @@ It speaks real HTTP/1.1 (keep-alive, chunked watch streams), so the official
 (``spec.nodeName`` field selectors), GET pod, PATCH pod metadata (a ``metadata.uid``
 that differs from the pod's is a 409, as on the real server), ConfigMaps (a PUT naming
 a stale ``resourceVersion`` is a 409 Conflict), TokenReviews (``tokens`` maps each
-valid token to its user), POST ``pods/{name}/binding`` and POST events. The binding
+valid token to its user), POST ``pods/{name}/binding``, POST events, and the pod
+status, PodDisruptionBudgets and Eviction API of ``fake_kube_policy.py``. The binding
 behaves like the API
 server's ``BindingREST``: the Binding's ``metadata.uid`` is a precondition (409 when
 the pod was recreated), its annotations are copied onto the pod in the same
@@ -37,7 +38,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-POD_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)(/binding)?$")
+try:  # benchmarks run as scripts (the repository root on sys.path, see _common.py)
+    from benchmarks.fake_kube_policy import ApiError, PolicyMixin, _selector_matches, status
+except ImportError:  # loaded by path: tests/bench_modules.py loads the sibling first
+    from fake_kube_policy import ApiError, PolicyMixin, _selector_matches, status
+
+POD_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)(/binding|/eviction|/status)?$")
+PDB_PATH = re.compile(r"^/apis/policy/v1(?:/namespaces/([^/]+))?/poddisruptionbudgets$")
 EVENTS_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/events$")
 CONFIGMAP_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps(?:/([^/]+))?$")
 TOKEN_REVIEW_PATH = "/apis/authentication.k8s.io/v1/tokenreviews"
@@ -68,40 +75,7 @@ class Fault:
     stall_seconds: float = 0.5
 
 
-class ApiError(Exception):
-    """An HTTP error answered as a ``Status`` object."""
-
-    def __init__(self, code: int, reason: str, message: str):
-        super().__init__(message)
-        self.code, self.reason, self.message = code, reason, message
-
-
-def status(code: int, reason: str = "", message: str = "") -> dict[str, Any]:
-    """A ``Status`` object (Success for 2xx)."""
-    ok = 200 <= code < 300
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {},
-            "status": "Success" if ok else "Failure", "reason": reason,
-            "message": message, "code": code}
-
-
-def _selector_matches(pod: Mapping[str, Any], selector: str) -> bool:
-    # Only the selectors extenders use: spec.nodeName=X and spec.nodeName!=X.
-    if not selector:
-        return True
-    node = (pod.get("spec") or {}).get("nodeName") or ""
-    for term in selector.split(","):
-        if term.startswith("spec.nodeName!="):
-            if node == term[len("spec.nodeName!="):]:
-                return False
-        elif term.startswith("spec.nodeName="):
-            if node != term[len("spec.nodeName="):]:
-                return False
-        else:
-            raise ApiError(400, "BadRequest", f"unsupported field selector {term!r}")
-    return True
-
-
-class FakeKubeApi:
+class FakeKubeApi(PolicyMixin):
     """Nodes, pods and their change history behind a threaded HTTP server."""
 
     def __init__(self, nodes: Iterable[Mapping[str, Any]] = (),
@@ -112,6 +86,7 @@ class FakeKubeApi:
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.events: list[dict[str, Any]] = []
         self.configmaps: dict[tuple[str, str], dict[str, Any]] = {}
+        self.pdbs: dict[tuple[str, str], dict[str, Any]] = {}
         self.tokens: dict[str, dict[str, Any]] = {}
         """Bearer token -> the ``status.user`` a TokenReview answers for it (with the
         ``audiences`` it is valid for under the key ``audiences``)."""
@@ -352,6 +327,11 @@ class FakeKubeApi:
         return int(server.server_address[1])
 
     @property
+    def connections_accepted(self) -> int:
+        """TCP connections clients have opened so far."""
+        return self._server.accepted if self._server is not None else 0
+
+    @property
     def url(self) -> str:
         """``http://127.0.0.1:PORT`` of the running server."""
         assert self._server is not None, "start() first"
@@ -368,7 +348,16 @@ class FakeKubeApi:
 
 
 class _QuietServer(ThreadingHTTPServer):
-    """Clients that hang up (a stopped extender's pooled connections) are not errors."""
+    """Clients that hang up (a stopped extender's pooled connections) are not errors;
+    ``accepted`` counts the connections clients opened."""
+
+    accepted = 0
+    request_queue_size = 128  # the listen backlog (socketserver's 5 drops bursts of connects)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Count the connection, then serve it on a thread of its own."""
+        self.accepted += 1
+        super().process_request(request, client_address)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """Ignore disconnects; report anything else as the base class does."""
@@ -438,8 +427,14 @@ def _handler(api: FakeKubeApi) -> type[BaseHTTPRequestHandler]:
                     self._send(200, api._stored_pod(pod_match[1], pod_match[2]))
             elif pod_match and method == "PATCH" and not pod_match[3]:
                 self._send(200, api.patch_pod(pod_match[1], pod_match[2], body))
-            elif pod_match and method == "POST" and pod_match[3]:
+            elif pod_match and method == "PATCH" and pod_match[3] == "/status":
+                self._send(200, api.patch_pod_status(pod_match[1], pod_match[2], body))
+            elif pod_match and method == "POST" and pod_match[3] == "/binding":
                 self._send(201, api.bind_pod(pod_match[1], pod_match[2], body))
+            elif pod_match and method == "POST" and pod_match[3] == "/eviction":
+                self._send(201, api.evict_pod(pod_match[1], pod_match[2], body))
+            elif (pdb := PDB_PATH.match(path)) is not None and method == "GET":
+                self._send(200, api.list_pdbs(pdb[1]))
             elif event_match and method == "POST":
                 self._send(201, api.post_event(event_match[1], body))
             elif (cm := CONFIGMAP_PATH.match(path)) is not None:

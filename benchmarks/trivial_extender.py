@@ -20,6 +20,9 @@ from cheroot import wsgi
 from flask import Flask, jsonify, request
 from kubernetes import client
 
+from contracts.httpserve import KEEP_ALIVE_CONNECTIONS
+from extender.transport.server import LISTEN_BACKLOG
+
 REASON = "not enough free GPU memory"
 
 
@@ -97,8 +100,10 @@ def create_trivial_app(api: client.CoreV1Api) -> Flask:
 
 def serve(app: Flask, threads: int = 8) -> tuple[int, Callable[[], None]]:
     """Serve ``app`` with cheroot on 127.0.0.1 in a daemon thread: (port, stop)."""
+    # tandem's listen backlog and keep-alive limit: the comparison is of the work per call
     server = wsgi.Server(("127.0.0.1", 0), app, numthreads=threads,
-                         server_name="trivial-extender")
+                         server_name="trivial-extender", request_queue_size=LISTEN_BACKLOG)
+    server.keep_alive_conn_limit = KEEP_ALIVE_CONNECTIONS
     server.prepare()
     thread = threading.Thread(target=server.serve, name="trivial-extender", daemon=True)
     thread.start()

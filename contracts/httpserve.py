@@ -52,6 +52,8 @@ from cheroot.server import HeaderReader, HTTPConnection, HTTPRequest
 from cheroot.ssl.builtin import BuiltinSSLAdapter
 
 DEFAULT_READ_DEADLINE_SECONDS = 10.0
+KEEP_ALIVE_CONNECTIONS = 512
+"""Open keep-alive connections kept (idle ones wait in the selector, without a worker)."""
 ARRIVED = "tandem.arrived"
 """WSGI environ key: when the request arrived, in ``time.monotonic()`` seconds."""
 CLIENT_VERIFY = "SSL_CLIENT_VERIFY"
@@ -329,7 +331,13 @@ def harden(server: Any, read_deadline_seconds: float = DEFAULT_READ_DEADLINE_SEC
            error_body: Callable[[str, str], bytes] = json_error) -> Any:
     """Make ``server`` (a cheroot ``wsgi.Server``) gather requests before using a worker,
     refuse malformed headers with a 400 and declared bodies over ``body_limit`` with a 413,
-    and answer its own errors with ``error_body(message, kind)``."""
+    and answer its own errors with ``error_body(message, kind)``.
+
+    It also keeps up to ``KEEP_ALIVE_CONNECTIONS`` keep-alive connections: cheroot's
+    default (10) answers ``Connection: close`` to every request once ten are open, so a
+    scheduler binding 16 pods at once reconnected (and redid TLS) on every call.
+    """
+    server.keep_alive_conn_limit = KEEP_ALIVE_CONNECTIONS
     request_class = type("TandemRequest", (JsonErrorRequest,), {
         "error_body": staticmethod(error_body), "body_limit": body_limit})
     server.ConnectionClass = type("TandemConnection", (GatheringConnection,), {

@@ -54,19 +54,38 @@ class StderrHandler(logging.StreamHandler):
         pass  # always the current sys.stderr
 
 
+OWN_LOGGERS = ("tandem", "extender", "agent", "contracts", "predictor", "planner")
+"""The loggers of tandem's code (``tandem.extender``, ``tandem.leader``, ``tandem.queue.gate``,
+the agent's ``agent.*`` module loggers...): they log at the configured level."""
+
+
 def setup_logging(level: str | int = "info", stream: TextIO | None = None,
-                  logger_name: str = LOGGER_NAME) -> logging.Logger:
-    """Send ``logger_name``'s records (``""``: the root's) out as JSON lines; idempotent."""
-    logger = logging.getLogger(logger_name)
-    logger.setLevel(level.upper() if isinstance(level, str) else level)
-    logger.handlers[:] = [h for h in logger.handlers if not getattr(h, "_tandem", False)]
+                  logger_name: str | None = None) -> logging.Logger:
+    """Send every record out as one JSON line, once for the whole process; idempotent.
+
+    The handler sits on the root logger, so every tandem logger (and any library's
+    warning) comes out in the same format with its ``extra`` fields. tandem's own
+    loggers (:data:`OWN_LOGGERS`) log at ``level``; libraries only warn unless
+    ``level`` is debug, which is where the HTTP clients' per-request lines (httpx,
+    urllib3) belong. Returns ``logger_name``'s logger (the extender's by default).
+    """
+    number = logging.getLevelName(level.upper()) if isinstance(level, str) else level
+    if not isinstance(number, int):
+        raise ValueError(f"unknown log level {level!r}")
+    root = logging.getLogger()
+    root.handlers[:] = [h for h in root.handlers if not getattr(h, "_tandem", False)]
     handler = logging.StreamHandler(stream) if stream is not None else StderrHandler()
     handler.setFormatter(JsonFormatter())
     handler._tandem = True  # type: ignore[attr-defined]
-    logger.addHandler(handler)
-    if logger_name:
-        logger.propagate = False
-    return logger
+    root.addHandler(handler)
+    root.setLevel(min(number, logging.WARNING) if number <= logging.DEBUG else logging.WARNING)
+    for name in OWN_LOGGERS:
+        own = logging.getLogger(name)
+        own.setLevel(number)
+        # A handler an earlier setup put on a tandem logger itself would print twice.
+        own.handlers[:] = [h for h in own.handlers if not getattr(h, "_tandem", False)]
+        own.propagate = True
+    return logging.getLogger(LOGGER_NAME if logger_name is None else logger_name)
 
 
 def get_logger() -> logging.Logger:

@@ -56,8 +56,9 @@ class ServerConfig:
     """TCP port, 0..65535 (0 = pick a free one). Default 8888."""
     max_body_bytes: int = 4 * 1024 * 1024
     """Larger request bodies get HTTP 413. Default 4 MiB (NodeLists of hundreds of nodes)."""
-    threads: int = 8
-    """cheroot worker threads (>= 1)."""
+    threads: int = 32
+    """cheroot worker threads (>= 1): kube-scheduler binds up to 16 pods at once, each
+    waiting on the API server, while filter and prioritize go on."""
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     tls_client_ca_file: str | None = None

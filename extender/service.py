@@ -51,6 +51,7 @@ from extender.errors import (
     SourceError,
 )
 from extender.learning.learner import Learner
+from extender.preemption.executor import build_preemptor
 from extender.state.ledger import ClusterState
 from extender.state.node_identity import agent_identity, check_node, may_read_full, speaks_for
 from extender.state.reports import DecodedReport
@@ -167,6 +168,9 @@ class Extender:
         self._cache_lock = threading.Lock()
         self._unknown: OrderedDict[str, None] = OrderedDict()
         """UIDs of pods whose last bind call got no answer (it may have been applied)."""
+        self.preemptor = build_preemptor(source, state, self.demand, self._inference, may_bind,
+                                         clock)
+        """Preemption for GPU shortages (``extender.preemption``); None without an API server."""
 
     # ---- demand --------------------------------------------------------------------
     def demand(self, pod: Mapping[str, Any]) -> tuple[PodRef, ResolvedDemand]:
@@ -245,7 +249,11 @@ class Extender:
                                     "is admitted")
                     pending = Reason.HANDOFF_PENDING.event_reason
                     reasons[pending] = reasons.get(pending, 0) + 1
-        return dict(filter_result(args, passed, failed, unresolvable)), \
+        if self.preemptor is not None:
+            passed = self.preemptor.filter_nodes(ref, demand, passed, failed)
+        # Every rejection is unresolvable to kube-scheduler: its preemption cannot see
+        # tandem.io/gpu (it would find "victims" for nothing), tandem preempts itself.
+        return dict(filter_result(args, passed, {}, {**failed, **unresolvable})), \
             FilterOutcome(len(passed), reasons)
 
     def prioritize(self, args: ExtenderArgs) -> EncodedJson:
@@ -284,6 +292,7 @@ class Extender:
         pod = self._pod_for(args)
         ref, demand = self.demand(pod)
         ref = PodRef(args.pod_namespace, args.pod_name, args.pod_uid or ref.uid)
+        self._refuse_if_held(args.node, ref.uid)
         gated = self._handoff_gated(handoff)
         if gated:
             # The scheduler binds concurrently: the check above may race another bind to
@@ -294,9 +303,8 @@ class Extender:
                 raise _handoff_busy(args.node, waiting.pod)
         try:
             inputs = tandem_annotations(annotations_of(pod))
-            placement, plan, cost, uuids, interference = self.state.assume_best(
-                args.node, demand, self._inference, ref.uid or ref.key, ref.key, inputs,
-                container_gpu_counts(pod))
+            placement, plan, cost, uuids, interference = self._assume(
+                args.node, demand, ref, inputs, container_gpu_counts(pod))
             annotations = output_annotations(placement, uuids, cost, plan,
                                              self._source_on(demand, args.node,
                                                              tuple(placement.gpu_indices)),
@@ -328,6 +336,8 @@ class Extender:
             if gated:
                 self.state.handoffs.release(ref.uid or ref.key)
             raise
+        if self.preemptor is not None:
+            self.preemptor.bound(ref.uid)
         if confirmed:
             self.state.confirm(dataclasses.replace(
                 placement, annotations=tuple(sorted({**dict(inputs), **annotations}.items()))))
@@ -340,6 +350,22 @@ class Extender:
             f"{what} placed on {args.node} GPU {annotations['tandem.io/gpu-index']} "
             f"(predicted util {placement.util_percent:.0f}%, {placement.mem_mib:.0f} MiB)", False)
         return {"Error": ""}
+
+    def _refuse_if_held(self, node: str, uid: str) -> None:
+        """BindConflict while ``node`` is being freed for another pod's preemption."""
+        holder = self.preemptor.holder(node, uid) if self.preemptor else None
+        if holder is not None:
+            raise BindConflict(f"{node} is being freed for higher-priority pod {holder.key} "
+                               "(preemption)", None)
+
+    def _assume(self, node: str, demand: ResolvedDemand, ref: PodRef,
+                inputs: tuple[tuple[str, str], ...], container_gpus: Any,
+                ) -> tuple[Any, Any, float, list[str], str]:
+        """The ledger's assume; a preemptor's reserved GPUs on ``node`` are its own."""
+        def assume() -> tuple[Any, Any, float, list[str], str]:
+            return self.state.assume_best(node, demand, self._inference, ref.uid or ref.key,
+                                          ref.key, inputs, container_gpus)
+        return self.preemptor.assume_for(ref.uid, node, assume) if self.preemptor else assume()
 
     def _mark_unknown(self, uid: str) -> None:
         with self._cache_lock:

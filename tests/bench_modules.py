@@ -26,6 +26,7 @@ def load(name: str) -> ModuleType:
     return module
 
 
+load("fake_kube_policy")  # fake_kube_api imports it by name
 fake_kube_api = load("fake_kube_api")
 
 

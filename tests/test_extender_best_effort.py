@@ -310,8 +310,8 @@ def test_filter_reports_no_slack_over_http():
     _bind(client, slo, ["n1"])
     body = client.post("/filter", json=args(best_effort(), ["n1"])).get_json()
     assert body["NodeNames"] == []
-    assert "no slack left for best-effort sessions" in body["FailedNodes"]["n1"]
-    assert "best effort needs more than 99%" in body["FailedNodes"]["n1"]
+    assert "no slack left for best-effort sessions" in body["FailedAndUnresolvableNodes"]["n1"]
+    assert "best effort needs more than 99%" in body["FailedAndUnresolvableNodes"]["n1"]
 
 
 def test_training_is_kept_off_a_best_effort_gpu_over_http():
@@ -321,7 +321,7 @@ def test_training_is_kept_off_a_best_effort_gpu_over_http():
     source.create_pod(b)
     _bind(client, b, ["n1"])
     body = client.post("/filter", json=args(training(), ["n1"])).get_json()
-    assert "GPU serves the other workload kind" in body["FailedNodes"]["n1"]
+    assert "GPU serves the other workload kind" in body["FailedAndUnresolvableNodes"]["n1"]
 
 
 # ---- observations --------------------------------------------------------------------------

@@ -386,7 +386,8 @@ def test_device_plugin_handoff_holds_the_node_until_the_kubelet_admits_the_pod(a
         # Another pod is kept off the node while the first waits for its GPU ...
         r = app.test_client().post("/filter", json={"Pod": fake.pod("ml", "second"),
                                                     "NodeNames": ["gpu-1"]}).get_json()
-        assert r["NodeNames"] == [] and "handing a GPU to ml/first" in r["FailedNodes"]["gpu-1"]
+        assert r["NodeNames"] == []
+        assert "handing a GPU to ml/first" in r["FailedAndUnresolvableNodes"]["gpu-1"]
         assert "handing a GPU to ml/first" in bind(app, "second", "uid-second")["Error"]
         # ... and the first pod's own retried bind is not blocked by itself.
         assert bind(app, "first", "uid-first") == {"Error": ""}

@@ -96,10 +96,9 @@ def test_setup_leadership_builds_each_mode(mode: str, kind: type, has_loop: bool
 
 @pytest.mark.parametrize(("mode", "lease", "environ", "problem"), [
     ("raft", "l", ENV, "must be one of"),
-    ("elect", "l", {"POD_NAME": "p"}, "POD_NAMESPACE"),
     ("follow-scheduler", "l", {"POD_NAMESPACE": "ns"}, "POD_NAME"),
     ("elect", None, ENV, "--lease-name"),
-], ids=["unknown-mode", "no-namespace", "no-pod-name", "no-lease-name"])
+], ids=["unknown-mode", "no-pod-name", "no-lease-name"])
 def test_setup_leadership_rejects_bad_flags(mode: str, lease: str | None,
                                             environ: dict[str, str], problem: str) -> None:
     clients, calls = clients_for(FakeCoordinationApi(), FakeCoreApi())
@@ -261,7 +260,7 @@ def test_serve_command_reports_leadership_errors_as_usage_errors(tmp_path: Path)
         "serve", "--cluster=sim:/nonexistent", "--leadership=elect"],
         env={"POD_NAMESPACE": "", "POD_NAME": ""})
     assert result.exit_code == 2
-    assert "needs POD_NAMESPACE and POD_NAME" in result.output
+    assert "needs POD_NAME" in result.output
 
 
 @pytest.mark.parametrize(("overlay", "mode", "lease"), [

@@ -189,7 +189,7 @@ def test_metrics_port_in_use_exits_2(fake_api: ApplyingCoreV1,
 @pytest.mark.parametrize(("args", "message"), [
     (["--beta", "0"], "beta"),
     (["--interval-seconds", "0"], "interval_seconds"),
-    (["--leadership", "elect"], "POD_NAMESPACE"),
+    (["--leadership", "elect"], "needs POD_NAME"),
     (["--leadership", "nobody"], "--leadership must be one of"),
 ], ids=["beta-zero", "interval-zero", "elect-without-pod-identity", "unknown-mode"])
 def test_bad_flags_exit_2_with_a_clear_error(fake_api: ApplyingCoreV1, args: list[str],

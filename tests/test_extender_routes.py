@@ -56,7 +56,9 @@ def test_filter_empty_answer_is_a_list(env):
     assert body["NodeNames"] == [] and "n1" in body["FailedAndUnresolvableNodes"]
 
 
-def test_filter_resolvable_rejection_goes_to_failed_nodes():
+def test_filter_resolvable_rejection_is_unresolvable_to_the_scheduler():
+    """kube-scheduler's preemption cannot see tandem.io/gpu, so no rejection may invite it
+    (tandem preempts itself, extender.preemption): FailedNodes stays empty."""
     app, ext, source, _ = make_app([node("n1", 1)])
     client = app.test_client()
     first = training("a", mem=30000)
@@ -64,7 +66,8 @@ def test_filter_resolvable_rejection_goes_to_failed_nodes():
     assert client.post("/filter", json=args(first, ["n1"])).get_json()["NodeNames"] == ["n1"]
     assert client.post("/bind", json=binding(first, "n1")).get_json() == {"Error": ""}
     body = client.post("/filter", json=args(training("b", mem=30000), ["n1"])).get_json()
-    assert body["NodeNames"] == [] and "insufficient free GPU memory" in body["FailedNodes"]["n1"]
+    assert body["NodeNames"] == [] and body["FailedNodes"] == {}
+    assert "insufficient free GPU memory" in body["FailedAndUnresolvableNodes"]["n1"]
 
 
 @pytest.mark.parametrize("mode", [args, args_nodes], ids=["node-names", "nodes"])

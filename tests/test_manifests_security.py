@@ -74,6 +74,9 @@ EXTENDER_RULES = {
     ("", "nodes"): {"get", "list", "watch"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
+    ("", "pods/eviction"): {"create"},
+    ("", "pods/status"): {"patch"},
+    ("policy", "poddisruptionbudgets"): {"list"},
 }
 
 

@@ -149,7 +149,7 @@ def test_the_server_and_the_extender_refuse_the_same_job_for_the_same_reason(tmp
     assert ext.post("/bind", json=binding(session, "n1")).get_json() == {"Error": ""}
     job = pod("b", model="long.onnx", workload="inference", gpu_mem_mib="100")
     rejected = ext.post("/filter", json=args(job, ["n1"])).get_json()
-    message = rejected["FailedNodes"]["n1"]
+    message = rejected["FailedAndUnresolvableNodes"]["n1"]
     assert "NoBestEffortSlack" in message or "no slack left" in message, message
     # One rule, one message: the numbers the extender names are the server's.
     detail = message.split("cpu: ", 1)[1]

@@ -112,7 +112,7 @@ def run_forever(agent: Agent, metrics_addr: str, metrics_port: int,
                 stop: threading.Event | None = None) -> None:
     """Serve /metrics (``metrics_port`` 0: off, as for the queue gate) and step every
     interval until SIGTERM/SIGINT (or ``stop``)."""
-    setup_logging(logger_name="")  # the agent logs through the root logger
+    setup_logging()  # every logger of the process, JSON (contracts.logs)
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):

@@ -37,6 +37,7 @@ from kubernetes.client.rest import ApiException
 from contracts.logs import get_logger
 from extender.cluster.kube_events import EventQueue
 from extender.cluster.kube_http import LeanPoster, api_error, supports
+from extender.cluster.namespace import own_namespace
 from extender.cluster.records import PlacementRecords, RecordError, decode_entry, encode_entry
 from extender.cluster.source import (
     DONE_PHASES,
@@ -46,12 +47,10 @@ from extender.cluster.source import (
     same_decision,
     untrusted_placement,
 )
+from extender.cluster.traffic import BindTraffic
 from extender.core import GpuSpec, NodeSpec, Placement, PodRef
 from extender.errors import BindOutcomeUnknown, SourceError
-from extender.learning.learner import own_namespace
 
-RECORDS_HOME = "tandem-system"
-"""The installs' namespace: where ``tandem status`` finds the placement records."""
 GFD_COUNT = "nvidia.com/gpu.count"
 GFD_PRODUCT = "nvidia.com/gpu.product"
 GFD_MEMORY = "nvidia.com/gpu.memory"
@@ -126,11 +125,13 @@ class KubeSource:
         configuration = getattr(api_client, "configuration", None)
         self._poster = LeanPoster(configuration, api_client.user_agent) \
             if configuration is not None and supports(configuration) else None
-        self._events = EventQueue(api, self._poster)
-        self.records = PlacementRecords(api, records_namespace or own_namespace(RECORDS_HOME),
+        self._traffic = BindTraffic()
+        """Bindings in flight: events wait for a pause in them (``extender.cluster.traffic``)."""
+        self._events = EventQueue(api, self._poster, self._traffic)
+        self.records = PlacementRecords(api, own_namespace(records_namespace),
                                         self._poster)
-        """Where bind records its decisions: the extender's own namespace in a cluster (the
-        service account's), ``tandem-system`` outside one (``tandem status``)."""
+        """Where bind records its decisions: the install's namespace, resolved as for
+        everything tandem stores (``extender.cluster.namespace``)."""
         self._pending = PendingPods()
         """Pods waiting for a node, as the pod watch last delivered them (bind reads here)."""
 
@@ -380,9 +381,10 @@ class KubeSource:
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         try:
             if self._poster is not None:
-                self._poster.post(f"/api/v1/namespaces/{quote(pod.namespace, safe='')}/pods/"
-                                  f"{quote(pod.name, safe='')}/binding",
-                                  json.dumps(body).encode())
+                with self._traffic.binding():
+                    self._poster.post(f"/api/v1/namespaces/{quote(pod.namespace, safe='')}/"
+                                      f"pods/{quote(pod.name, safe='')}/binding",
+                                      json.dumps(body).encode())
                 return False
             # _preload_content=False: the answer is a Status nobody reads (and the client
             # cannot deserialise it as a Binding, kubernetes-client/python#825).

@@ -19,17 +19,20 @@ from urllib.parse import quote
 from kubernetes.client.rest import ApiException
 
 from contracts.logs import get_logger
+from extender.cluster.traffic import BindTraffic
 from extender.core import PodRef
 
 COMPONENT = "tandem-extender"
 EVENT_QUEUE_LIMIT = 1000
+EVENT_DEFER_SECONDS = 1.0
+"""Longest an event batch waits for a pause in binding (``extender.cluster.traffic``)."""
 
 
 class EventQueue:
     """A bounded queue of Events and the worker that posts them."""
 
-    def __init__(self, api: Any, poster: Any = None):
-        self.api, self._poster = api, poster
+    def __init__(self, api: Any, poster: Any = None, traffic: BindTraffic | None = None):
+        self.api, self._poster, self._traffic = api, poster, traffic
         self._events: queue.Queue[dict[str, Any] | None] = queue.Queue(EVENT_QUEUE_LIMIT)
         self._log = get_logger()
 
@@ -106,6 +109,8 @@ class EventQueue:
             event = self._events.get()
             if event is None:
                 return
+            if self._traffic is not None:  # binds first (extender.cluster.traffic)
+                self._traffic.wait_idle(EVENT_DEFER_SECONDS)
             # Whatever queued up meanwhile goes in the same batch (merged when identical).
             batch, stop = [event], False
             while not stop:

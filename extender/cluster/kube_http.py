@@ -28,8 +28,10 @@ from urllib.parse import urlsplit
 
 from kubernetes.client.rest import ApiException
 
-IDLE_CONNECTIONS = 4
-"""Most idle keep-alive connections kept (binds run on several server threads)."""
+IDLE_CONNECTIONS = 64
+"""Most idle keep-alive connections kept. kube-scheduler binds concurrently (one goroutine
+per pod), so a burst has as many binds in flight as the server has threads: with fewer
+kept, each burst opened new connections (a TLS handshake each) on the bind path."""
 
 
 def supports(configuration: Any) -> bool:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from contracts.logs import get_logger
+from extender.cluster.namespace import own_namespace
 from extender.ha.leader import (
     LEADERSHIP_MODES,
     LeaderConfigError,
@@ -91,7 +92,8 @@ def setup_leadership(
     hostname: Callable[[], str] = socket.gethostname,
     clients: Callable[[], tuple[Any, Any]] | None = None,
 ) -> tuple[Leadership, LeadershipLoop | None]:
-    """Leadership for ``--leadership MODE`` using ``POD_NAMESPACE``/``POD_NAME``; loop not started.
+    """Leadership for ``--leadership MODE`` in the install's namespace
+    (``extender.cluster.namespace``) as pod ``POD_NAME``; loop not started.
 
     ``single`` needs nothing; the Lease modes need the downward-API variables the
     manifests set, a lease name, and the Kubernetes clients (built only then, so
@@ -105,16 +107,16 @@ def setup_leadership(
         leadership, loop = build_leadership(mode, namespace="", pod_name="", hostname="",
                                             lease_name="")
         return leadership, loop
-    missing = [name for name in ("POD_NAMESPACE", "POD_NAME") if not env.get(name)]
-    if missing:
+    if not env.get("POD_NAME"):
         raise LeadershipSetupError(
-            f"--leadership={mode} needs {' and '.join(missing)} (set from the downward API)")
+            f"--leadership={mode} needs POD_NAME (set from the downward API)")
     if not lease_name:
         raise LeadershipSetupError(f"--leadership={mode} needs --lease-name")
     coordination_api, core_api = (clients or kube_clients)()
     try:
         return build_leadership(
-            mode, namespace=env["POD_NAMESPACE"], pod_name=env["POD_NAME"], hostname=hostname(),
+            mode, namespace=own_namespace(environ=env), pod_name=env["POD_NAME"],
+            hostname=hostname(),
             lease_name=lease_name, coordination_api=coordination_api, core_api=core_api)
     except LeaderConfigError as exc:
         raise LeadershipSetupError(f"--leadership={mode}: {exc}") from None

@@ -50,6 +50,7 @@ from typing import Any
 
 from contracts.gpus import find_gpus
 from contracts.logs import get_logger
+from extender.cluster.namespace import own_namespace
 from extender.config import LearningConfig
 from extender.core import Placement, UtilKnowledge, gpu_type_of
 from extender.core.cost import CostPolicy
@@ -72,7 +73,7 @@ from predictor.curves import InterferenceCurve
 SAVE_ATTEMPTS = 3
 """Conditional writes per save (each conflict re-reads and merges first)."""
 __all__ = ["DOCUMENT_KEY", "DOCUMENT_VERSION", "ConfigMapPersistence", "Estimate", "Learner",
-           "ObservationStore", "build_learner", "own_namespace"]
+           "ObservationStore", "build_learner"]
 
 
 class Learner:
@@ -320,16 +321,6 @@ def trust_of(cfg: LearningConfig) -> Trust:
                  cfg.warmup_seconds, INDEPENDENT_SECONDS / cfg.ewma_alpha, cfg.spread_margin)
 
 
-def own_namespace(default: str = "default") -> str:
-    """The pod's namespace in a cluster (service-account file), else ``default``."""
-    try:
-        with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace",
-                  encoding="utf-8") as f:
-            return f.read().strip() or default
-    except OSError:
-        return default
-
-
 def build_learner(cfg: LearningConfig, source: Any, may_persist: Callable[[], bool],
                   prior: Callable[[str], InterferenceCurve] | None = None,
                   digest_of: Callable[[str], str | None] | None = None) -> Learner:
@@ -341,7 +332,7 @@ def build_learner(cfg: LearningConfig, source: Any, may_persist: Callable[[], bo
     api = source.api
     persistence = None
     if cfg.configmap and api is not None:
-        persistence = ConfigMapPersistence(api, cfg.namespace or own_namespace(), cfg.configmap)
+        persistence = ConfigMapPersistence(api, own_namespace(cfg.namespace), cfg.configmap)
     learner = Learner(cfg, persistence, may_persist,
                       prior=prior or (lambda _t: InterferenceCurve()), digest_of=digest_of)
     learner.start()

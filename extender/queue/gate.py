@@ -198,8 +198,8 @@ class GateController:
         except DemandError:
             gpus = max(1, _safe_gpu_count(pod))  # still queued; the extender reports the error
         except Exception as exc:  # noqa: BLE001 - a failing predictor must not stop the queue
-            log.warning(json.dumps({"pod": pod_key(pod), "event": "demand-failed",
-                                    "error": str(exc)}))
+            log.warning("demand-failed", extra={"pod": pod_key(pod), "event": "demand-failed",
+                                                 "error": str(exc)})
             gpus = max(1, _safe_gpu_count(pod))
         return QueueItem(key=pod_key(pod), enqueued_at_seconds=_created_at(pod, now),
                          tasks=tasks, util_percent=float(util), gpus_per_task=gpus,
@@ -241,12 +241,13 @@ class GateController:
                     release_patch(pod, index, now, name),
                     _content_type="application/json-patch+json")
                 released.append(item.key)
-                log.info(json.dumps({"pod": item.key, "event": "released",
-                                     "class": queue.class_of(item.key)}))
+                log.info("released", extra={"pod": item.key, "event": "released",
+                                            "class": queue.class_of(item.key)})
             except Exception as exc:  # noqa: BLE001 - 404/409/422: the pod changed; next round
                 conflicts.append(item.key)
-                log.info(json.dumps({"pod": item.key, "event": "release-conflict",
-                                     "status": getattr(exc, "status", None)}))
+                log.info("release-conflict", extra={
+                    "pod": item.key, "event": "release-conflict",
+                    "status": getattr(exc, "status", None)})
         classes = tuple((c.index, c.length, round(c.median_wait_seconds, 3), round(c.weight, 3))
                         for c in queue.last_classes)
         oldest = max((now - item.enqueued_at_seconds for item in queue.items()), default=0.0)
@@ -261,7 +262,8 @@ class GateController:
             if is_leader is None or is_leader():
                 report = self.reconcile()
                 if report.error:
-                    log.warning(json.dumps({"event": "round-failed", "error": report.error}))
+                    log.warning("round-failed", extra={"event": "round-failed",
+                                                       "error": report.error})
                 if on_round is not None:
                     on_round(report)
             stop.wait(self.config.interval_seconds)

@@ -96,9 +96,12 @@ class Verbs:
         body = dumps(result)
         duration = time.perf_counter() - start
         self.observe(name, status, duration)
-        if self.log.isEnabledFor(logging.INFO):  # skip building the record when filtered
-            self.log.info(name, extra={"verb": name, "duration_seconds": round(duration, 6),
-                                       "status": status, **extra})
+        # Agent reports (one per node a second) are request logs: debug unless refused.
+        level = logging.DEBUG if name == "report" and status == 200 else logging.INFO
+        if self.log.isEnabledFor(level):  # skip building the record when it is filtered
+            self.log.log(level, name, extra={"verb": name,
+                                             "duration_seconds": round(duration, 6),
+                                             "status": status, **extra})
         return status, body
 
     def respond(self, name: str, handler: Callable[[Any], Any]) -> Response:

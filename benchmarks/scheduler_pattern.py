@@ -1,0 +1,315 @@
+"""kube-scheduler's call pattern against an extender, for extender_latency.py.
+
+kube-scheduler runs one scheduling cycle at a time (filter, then prioritize) and
+binds asynchronously: each bind runs in a goroutine of its own while the next
+pods are filtered and scored, over a connection of its own when the others are
+busy. Three measurements per extender, all on one server instance:
+
+- ``single``: filter, prioritize, then bind, waiting for each (one connection);
+- ``burst``: the binds of ``concurrency`` pods released at once (one connection
+  each) while the scheduling loop goes on filtering and prioritizing the next
+  pods; every bind's latency is kept;
+- ``pipeline``: the scheduler's loop at full speed: filter and prioritize one pod
+  after another, each bind handed to a pool of ``concurrency`` binders; pods per
+  second counted until the last bind answered.
+
+``serve_floor`` is the floor: a cheroot server that parses each body and answers
+what an extender must (every node passes, score 0, bound) with no work, so its
+figures are what the three HTTP calls alone cost.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from cheroot import wsgi
+
+from contracts.httpserve import KEEP_ALIVE_CONNECTIONS
+from extender.transport.server import LISTEN_BACKLOG
+
+Job = tuple[dict, list[str]]
+PATTERN_GOALS = {"burst_bind_p50_vs_single": 2.0, "pipeline_vs_trivial": 0.6}
+"""Goals of kube-scheduler's pattern (scheduler_pattern.py): bind p50 with ``--concurrency``
+binds at once at most 2x one bind's, and pods/s at least 0.6x the trivial extender's."""
+
+
+class RawClient:
+    """Minimal keep-alive HTTP/1.1 POST client: fixed headers out, Content-Length body in."""
+
+    def __init__(self, port: int, timeout_seconds: float = 10.0):
+        self.port, self.timeout, self.reconnects = port, timeout_seconds, 0
+        self._connect()
+
+    def _connect(self) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", self.port), timeout=self.timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.reader = self.sock.makefile("rb")
+
+    def post(self, path: str, data: bytes) -> tuple[int, bytes]:
+        """Send one request and read its answer (status, body); reconnects after a
+        ``Connection: close`` answer, as Go's client does."""
+        head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
+                f"\r\nContent-Length: {len(data)}\r\n\r\n").encode()
+        self.sock.sendall(head + data)
+        status = int(self.reader.readline().split(b" ", 2)[1])
+        length, close = 0, False
+        while (line := self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"connection" and value.strip().lower() == b"close":
+                close = True
+        body = self.reader.read(length)
+        if close:
+            self.reconnects += 1
+            self.close()
+            self._connect()
+        return status, body
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.reader.close()
+        self.sock.close()
+
+
+
+
+class Client(Protocol):
+    """A keep-alive HTTP client of the extender (``extender_latency.RawClient``)."""
+
+    def post(self, path: str, data: bytes) -> tuple[int, bytes]: ...
+    def close(self) -> None: ...
+
+
+class Lazy:
+    """A client that connects on its first request: like Go's, a new connection always
+    carries a request at once (cheroot gives a fresh, silent connection a worker)."""
+
+    def __init__(self, connect: Callable[[], Client]):
+        self._connect, self._client = connect, None
+
+    def post(self, path: str, data: bytes) -> tuple[int, bytes]:
+        """Connect if needed, then send."""
+        if self._client is None:
+            self._client = self._connect()
+        return self._client.post(path, data)
+
+    def close(self) -> None:
+        """Close the connection, if one was opened."""
+        if self._client is not None:
+            self._client.close()
+
+
+def _call(client: Client, path: str, body: Any) -> tuple[float, Any]:
+    data = json.dumps(body).encode()
+    t0 = time.perf_counter()
+    status, payload = client.post(path, data)
+    elapsed = time.perf_counter() - t0
+    assert status == 200, (path, status, payload[:200])
+    return elapsed, json.loads(payload)
+
+
+def _schedule(client: Client, job: Job) -> tuple[float, float, str]:
+    """One scheduling cycle: (filter s, prioritize s, chosen node)."""
+    pod, candidates = job
+    t_f, filtered = _call(client, "/filter", {"Pod": pod, "NodeNames": candidates})
+    passed = filtered["NodeNames"]
+    t_p, ranked = _call(client, "/prioritize", {"Pod": pod, "NodeNames": passed})
+    return t_f, t_p, max(ranked, key=lambda h: h["Score"])["Host"] if ranked else passed[0]
+
+
+def _bind_body(pod: dict, node: str) -> dict:
+    meta = pod["metadata"]
+    return {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"],
+            "Node": node}
+
+
+def _bind(client: Client, pod: dict, node: str) -> tuple[float, bool]:
+    elapsed, result = _call(client, "/bind", _bind_body(pod, node))
+    return elapsed, result.get("Error") == ""
+
+
+def ms(values: list[float], q: float) -> float:
+    """Percentile q of seconds, in milliseconds (nearest rank)."""
+    ordered = sorted(values)
+    return round(1000 * ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))], 3)
+
+
+def single(connect: Callable[[], Client], jobs: list[Job]) -> dict[str, Any]:
+    """Each pod scheduled and bound before the next (the sequential cycle)."""
+    client = connect()
+    binds, ok, start = [], 0, time.perf_counter()
+    for job in jobs:
+        _, _, node = _schedule(client, job)
+        t_b, good = _bind(client, job[0], node)
+        binds.append(t_b)
+        ok += good
+    elapsed = time.perf_counter() - start
+    client.close()
+    return {"bind_ms": {"p50": ms(binds, 50), "p90": ms(binds, 90)},
+            "pods_per_second": round(len(jobs) / elapsed, 1), "binds_ok": ok}
+
+
+def burst(connect: Callable[[], Client], jobs: list[Job], concurrency: int) -> dict[str, Any]:
+    """Binds released ``concurrency`` at a time while scheduling continues."""
+    main = connect()
+    binders = [Lazy(connect) for _ in range(concurrency)]
+    binds: list[float] = []
+    ok = 0
+    lock = threading.Lock()
+    for start in range(0, len(jobs) - concurrency + 1, concurrency):
+        group = jobs[start:start + concurrency]
+        chosen = [_schedule(main, job)[2] for job in group]
+        gate = threading.Barrier(concurrency + 1)
+
+        def run(i: int, gate: threading.Barrier = gate, group: list[Job] = group,
+                chosen: list[str] = chosen) -> None:
+            nonlocal ok
+            gate.wait()
+            t_b, good = _bind(binders[i], group[i][0], chosen[i])
+            with lock:
+                binds.append(t_b)
+                ok += good
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(concurrency)]
+        for t in threads:
+            t.start()
+        gate.wait()
+        # The scheduling loop goes on meanwhile: the next group's filter and prioritize.
+        nxt = jobs[start + concurrency:start + 2 * concurrency]
+        for job in nxt[:concurrency // 2]:
+            _call(main, "/filter", {"Pod": job[0], "NodeNames": job[1]})
+        for t in threads:
+            t.join()
+    for c in [main, *binders]:
+        c.close()
+    return {"concurrency": concurrency, "binds": len(binds), "binds_ok": ok,
+            "bind_ms": {"p50": ms(binds, 50), "p90": ms(binds, 90), "p99": ms(binds, 99),
+                        "mean": round(1000 * statistics.fmean(binds), 3)}}
+
+
+def pipeline(connect: Callable[[], Client], jobs: list[Job], concurrency: int,
+             ) -> dict[str, Any]:
+    """The scheduler's loop: schedule serially, bind asynchronously (``concurrency`` binders)."""
+    main = connect()
+    work: queue.Queue[tuple[dict, str] | None] = queue.Queue(concurrency)
+    binds: list[float] = []
+    ok = 0
+    lock = threading.Lock()
+
+    def binder() -> None:
+        nonlocal ok
+        client = Lazy(connect)
+        while (item := work.get()) is not None:
+            t_b, good = _bind(client, *item)
+            with lock:
+                binds.append(t_b)
+                ok += good
+        client.close()
+    threads = [threading.Thread(target=binder) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    cycles = []
+    start = time.perf_counter()
+    for job in jobs:
+        t_f, t_p, node = _schedule(main, job)
+        cycles.append(t_f + t_p)
+        work.put((job[0], node))  # blocks when every binder is busy, as a bounded pool
+    for _ in threads:
+        work.put(None)
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    main.close()
+    return {"pods_per_second": round(len(jobs) / elapsed, 1), "binds_ok": ok,
+            "filter_plus_prioritize_ms_p50": ms(cycles, 50),
+            "bind_ms": {"p50": ms(binds, 50), "p90": ms(binds, 90)}}
+
+
+def measure(connect: Callable[[], Client], jobs: list[Job], concurrency: int,
+            single_n: int) -> dict[str, Any]:
+    """The three measurements on one server, each on pods of its own."""
+    rest = jobs[single_n:]
+    half = len(rest) // 2
+    return {"single": single(connect, jobs[:single_n]),
+            "burst": burst(connect, rest[:half], concurrency),
+            "pipeline": pipeline(connect, rest[half:], concurrency)}
+
+
+def floor_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+    """The least an extender answers: every node passes, score 0, bound."""
+    length = int(environ.get("CONTENT_LENGTH") or 0)
+    body = json.loads(environ["wsgi.input"].read(length) or b"{}")
+    path = environ.get("PATH_INFO", "")
+    if path == "/filter":
+        answer: Any = {"NodeNames": body.get("NodeNames") or [], "FailedNodes": {},
+                       "Error": ""}
+    elif path == "/prioritize":
+        answer = [{"Host": n, "Score": 0} for n in body.get("NodeNames") or []]
+    else:
+        answer = {"Error": ""}
+    data = json.dumps(answer).encode()
+    start_response("200 OK", [("Content-Type", "application/json"),
+                              ("Content-Length", str(len(data)))])
+    return [data]
+
+
+def serve_floor(threads: int) -> tuple[int, Callable[[], None]]:
+    """The floor server on cheroot (the extenders' server): (port, stop)."""
+    server = wsgi.Server(("127.0.0.1", 0), floor_app, numthreads=threads,
+                         server_name="floor", request_queue_size=LISTEN_BACKLOG)
+    server.keep_alive_conn_limit = KEEP_ALIVE_CONNECTIONS
+    server.prepare()
+    thread = threading.Thread(target=server.serve, name="floor", daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        server.stop()
+        thread.join(timeout=10)
+    return int(server.bind_addr[1]), stop
+
+
+def checks(results: dict[str, dict[str, Any]], goals: dict[str, float]) -> dict[str, Any]:
+    """The issue's ratios, from modes measured in the same run."""
+    out: dict[str, Any] = {}
+    # Every server's own burst/single ratio: what queueing 16 requests costs on this machine
+    # whatever the server does (the floor does nothing), beside tandem's.
+    for mode, r in results.items():
+        out[f"{mode}_burst_bind_p50_vs_single"] = round(
+            r["burst"]["bind_ms"]["p50"] / r["single"]["bind_ms"]["p50"], 2)
+    kube = results.get("kube")
+    if kube is not None:
+        ratio = kube["burst"]["bind_ms"]["p50"] / kube["single"]["bind_ms"]["p50"]
+        out["kube_burst_bind_ok"] = ratio <= goals["burst_bind_p50_vs_single"]
+        if "trivial" in results:
+            out["kube_burst_bind_p50_vs_trivial_burst"] = round(
+                kube["burst"]["bind_ms"]["p50"] / results["trivial"]["burst"]["bind_ms"]["p50"], 2)
+        for base in ("trivial", "floor"):
+            if base in results:
+                rate = kube["pipeline"]["pods_per_second"] / \
+                    results[base]["pipeline"]["pods_per_second"]
+                out[f"kube_pipeline_pods_per_second_vs_{base}"] = round(rate, 2)
+        if "trivial" in results:
+            out["kube_pipeline_ok"] = \
+                out["kube_pipeline_pods_per_second_vs_trivial"] >= goals["pipeline_vs_trivial"]
+    if "floor" in results:
+        out["floor_cycle_ms"] = round(1000 / results["floor"]["single"]["pods_per_second"], 3)
+    return out
+
+
+def pattern_summary(patterns: list[dict[str, dict]], opts: Any) -> dict:
+    """kube-scheduler's pattern per repeat, each repeat's ratios, and their medians."""
+    per_run = [checks(p, PATTERN_GOALS) for p in patterns]
+    ratios = [k for k, v in per_run[0].items() if isinstance(v, float)]
+    return {"pods": opts.pattern_pods, "single_pods": opts.pattern_single,
+            "concurrency": opts.concurrency, "goals": PATTERN_GOALS,
+            "runs": patterns, "checks_per_run": per_run,
+            "checks_median": {k: round(statistics.median(c[k] for c in per_run), 3)
+                              for k in ratios}}

@@ -1,0 +1,307 @@
+"""Carrying preemption out: evict the victims, nominate the node, keep the freed GPU.
+
+Filter asks (:meth:`Preemptor.request`) when no node passed and some node failed
+for a reason eviction can cure; a worker thread does the rest off the request
+path, on the leader only:
+
+1. read the pod from the API server (its priority and ``preemptionPolicy`` are
+   the API server's, never the filter body's); ``preemptionPolicy: Never`` and
+   pods already nominated stop here;
+2. choose the node and victims (``extender.core.preemption``) among the tandem
+   pods the ledger holds, with every PodDisruptionBudget's disruptions left;
+3. hold the node (other pods' filter and bind skip it), evict each victim through
+   the Eviction API, set the pod's ``status.nominatedNodeName``, post events;
+4. once the ledger no longer holds the victims, reserve the pod's GPUs under
+   ``nominated/<uid>`` (an assumed placement the ledger expires), which the pod's
+   own filter and bind look through and every other pod sees as taken.
+
+A nomination lasts ``NOMINATION_SECONDS``; a refused eviction (a budget that
+changed since the choice) ends it, and the pod's next failed filter tries again
+after ``RETRY_SECONDS``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from contracts.logs import get_logger
+from extender.core import InferenceContext, PodRef, ResolvedDemand
+from extender.core.preemption import Candidate, PreemptionPlan, choose_preemption
+from extender.preemption.kube_api import Budget, EvictionRefused, KubePreemptionApi
+
+NOMINATION_SECONDS = 120.0
+"""How long a node is held (then its GPU reserved) for a preemptor that does not bind."""
+RETRY_SECONDS = 5.0
+"""Least time between two preemption attempts for one pod."""
+TICK_SECONDS = 0.1
+"""How often the worker looks for victims gone (to reserve) and nominations expired."""
+RESERVED_PREFIX = "nominated/"
+T = TypeVar("T")
+
+
+@dataclass
+class Nomination:
+    """A preemptor's node: held while its victims leave, then its GPUs reserved."""
+
+    ref: PodRef
+    node: str
+    demand: ResolvedDemand
+    victims: tuple[str, ...]
+    expires_at: float
+    reserved: bool = False
+
+    @property
+    def reservation(self) -> str:
+        """The ledger key of the reserved GPUs."""
+        return RESERVED_PREFIX + self.ref.uid
+
+
+class Preemptor:
+    """Preemption for pods of one extender (kube source only)."""
+
+    def __init__(self, state: Any, source: Any, api: KubePreemptionApi,
+                 demand: Callable[[Mapping[str, Any]], tuple[PodRef, ResolvedDemand]],
+                 inference: InferenceContext | None, may_act: Callable[[], bool],
+                 clock: Callable[[], float] = time.monotonic):
+        self.state, self.source, self.api = state, source, api
+        self._demand, self._inference, self._may_act, self._clock = \
+            demand, inference, may_act, clock
+        self._lock = threading.Lock()
+        self._nominated: dict[str, Nomination] = {}
+        self._last_try: dict[str, float] = {}
+        self._queue: queue.Queue[tuple[PodRef, tuple[str, ...]] | None] = queue.Queue(1000)
+        self._log = get_logger()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # ---- the request path (filter, bind) -------------------------------------------
+    def request(self, ref: PodRef, nodes: Sequence[str]) -> None:
+        """Ask for preemption on ``nodes`` (filter's resolvable failures); never blocks."""
+        if not ref.uid or not nodes:
+            return
+        with self._lock:
+            if ref.uid in self._nominated or \
+                    self._clock() - self._last_try.get(ref.uid, -RETRY_SECONDS) < RETRY_SECONDS:
+                return
+            self._last_try[ref.uid] = self._clock()
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait((ref, tuple(nodes)))
+        if self._thread is None:  # started on first use: most extenders never preempt
+            self.start()
+
+    def stop(self) -> None:
+        """Stop the worker (nominations stay until they expire)."""
+        self._stop.set()
+
+    def holder(self, node: str, uid: str) -> PodRef | None:
+        """The other pod ``node`` is held for while its victims leave, if any."""
+        with self._lock:
+            for nom in self._nominated.values():
+                if nom.node == node and not nom.reserved and nom.ref.uid != uid:
+                    return nom.ref
+        return None
+
+    def filter_nodes(self, ref: PodRef, demand: ResolvedDemand, passed: list[str],
+                     failed: dict[str, str]) -> list[str]:
+        """Filter's answer with preemption applied; asks for preemption when nothing passed.
+
+        Nodes held for another pod's preemption fail; the node reserved for this pod
+        passes when it fits there with its own reservation set aside.
+        """
+        resolvable = list(failed)
+        with self._lock:  # one look at the nominations (usually none), not one per node
+            nom = self._nominated.get(ref.uid)
+            held = {n.node: n.ref for n in self._nominated.values()
+                    if not n.reserved and n.ref.uid != ref.uid}
+        if held:
+            for name in [n for n in passed if n in held]:
+                passed.remove(name)
+                failed[name] = (f"tandem: {name} is being freed for higher-priority pod "
+                                f"{held[name].key} (preemption)")
+        if nom is not None and nom.reserved and nom.node in failed and \
+                self.state.fits_without(nom.node, [nom.reservation], demand, self._inference):
+            del failed[nom.node]
+            passed.append(nom.node)
+        if not passed:
+            self.request(ref, resolvable)
+        return passed
+
+    def assume_for(self, uid: str, node: str, assume: Callable[[], T]) -> T:
+        """Run bind's ``assume`` with this pod's own reservation on ``node`` released first,
+        atomically (under the ledger's lock); the reservation comes back if it fails."""
+        with self._lock:
+            nom = self._nominated.get(uid)
+        if nom is None or not nom.reserved or nom.node != node:
+            return assume()
+        with self.state.lock:
+            held = self.state.placement_of(nom.reservation)
+            self.state.forget(nom.reservation)
+            try:
+                result = assume()
+            except Exception:
+                if held is not None:
+                    self.state.confirm(held)  # still the pod's until it binds or expires
+                raise
+            with self._lock:  # the pod's own assumed placement holds the GPU from here on
+                self._nominated.pop(uid, None)
+            return result
+
+    def bound(self, uid: str) -> None:
+        """The preemptor is bound (on its node or another): its nomination ends."""
+        self._end(uid)
+
+    # ---- the worker ------------------------------------------------------------------
+    def start(self) -> None:
+        """Run the worker until :meth:`stop`."""
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._run, name="tandem-preemption",
+                                            daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                item = self._queue.get(timeout=TICK_SECONDS)
+            except queue.Empty:
+                item = None
+            try:
+                if item is not None:
+                    self.attempt(*item)
+                self.tick()
+            except Exception:  # one bad attempt must not end preemption
+                self._log.exception("preemption failed")
+
+    def attempt(self, ref: PodRef, nodes: Sequence[str]) -> PreemptionPlan | None:
+        """Decide and carry out preemption for one pod; the plan carried out, if any."""
+        if not self._may_act():
+            return None
+        pod = self.source.read_pod(ref.namespace, ref.name)
+        meta, spec = (pod or {}).get("metadata") or {}, (pod or {}).get("spec") or {}
+        if pod is None or meta.get("uid") != ref.uid or spec.get("nodeName"):
+            return None
+        if spec.get("preemptionPolicy") == "Never":
+            self._log.debug("not preempting: preemptionPolicy Never", extra={"pod": ref.key})
+            return None
+        priority = spec.get("priority") if isinstance(spec.get("priority"), int) else 0
+        _, demand = self._demand(pod)
+        plan = self._choose(set(nodes), priority, demand)
+        if plan is None:
+            self._log.debug("no preemption frees a GPU", extra={"pod": ref.key})
+            return None
+        nom = Nomination(ref, plan.node, demand, tuple(v.uid for v in plan.victims),
+                         self._clock() + NOMINATION_SECONDS)
+        with self._lock:
+            if ref.uid in self._nominated:
+                return None
+            self._nominated[ref.uid] = nom  # hold the node before the first eviction
+        return plan if self._carry_out(nom, plan, priority) else None
+
+    def _choose(self, nodes: set[str], priority: int, demand: ResolvedDemand,
+                ) -> PreemptionPlan | None:
+        with self._lock:
+            taken = {n.node for n in self._nominated.values()}
+        candidates: dict[str, list[Candidate]] = {}
+        pods = [p for p in self.api.bound_pods()
+                if (p.get("spec") or {}).get("nodeName") in nodes - taken
+                and not (p.get("metadata") or {}).get("deletionTimestamp")]
+        if not pods:
+            return None
+        budgets = self.api.budgets()
+        for pod in pods:
+            meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+            placed = self.state.placement_of(str(meta.get("uid", "")))
+            if placed is None or placed.node != spec.get("nodeName"):
+                continue  # only pods whose GPUs tandem placed free a GPU tandem can give
+            prio = spec.get("priority") if isinstance(spec.get("priority"), int) else 0
+            candidates.setdefault(placed.node, []).append(Candidate(
+                placed.pod_uid, placed.pod, prio,
+                tuple(b.key for b in budgets if b.selects(pod))))
+        allowed = {b.key: b.disruptions_allowed for b in budgets}
+        return choose_preemption(
+            candidates, priority, allowed,
+            lambda node, uids: self.state.fits_without(node, uids, demand, self._inference))
+
+    def _carry_out(self, nom: Nomination, plan: PreemptionPlan, priority: int) -> bool:
+        ref, names = nom.ref, ", ".join(f"{v.pod} (priority {v.priority})"
+                                        for v in plan.victims)
+        for victim in plan.victims:
+            namespace, _, name = victim.pod.partition("/")
+            try:
+                self.api.evict(namespace, name, victim.uid)
+            except EvictionRefused as exc:
+                self._end(ref.uid)
+                self._log.warning("preemption stopped: eviction refused",
+                                  extra={"pod": ref.key, "victim": victim.pod,
+                                         "node": plan.node, "error": str(exc)})
+                self.source.record_event(ref, "TandemPreemptionBlocked",
+                                         f"eviction of {victim.pod} on {plan.node} refused "
+                                         f"({exc}); tandem retries later", True)
+                return False
+            self.source.record_event(
+                PodRef(namespace, name, victim.uid), "TandemPreempted",
+                f"evicted by tandem: its GPU on {plan.node} goes to higher-priority pod "
+                f"{ref.key} (priority {priority})", True)
+        try:
+            self.api.nominate(ref.namespace, ref.name, plan.node)
+        except Exception as exc:  # the GPU is still kept for it; the scheduler finds it anyway
+            self._log.warning("nominatedNodeName not set", extra={"pod": ref.key,
+                                                                  "error": repr(exc)})
+        self._log.info("preempting", extra={"pod": ref.key, "node": plan.node,
+                                            "victims": [v.pod for v in plan.victims]})
+        self.source.record_event(ref, "TandemPreempting",
+                                 f"evicting {len(plan.victims)} lower-priority pod(s) on "
+                                 f"{plan.node}: {names}; their GPU is kept for this pod", False)
+        return True
+
+    def _end(self, uid: str) -> None:
+        with self._lock:
+            nom = self._nominated.pop(uid, None)
+        if nom is not None and nom.reserved:
+            self.state.forget(nom.reservation)
+
+    def tick(self) -> None:
+        """Reserve the GPUs of nominations whose victims are gone; end expired ones."""
+        now = self._clock()
+        with self._lock:
+            noms = list(self._nominated.values())
+        for nom in noms:
+            if now >= nom.expires_at:
+                self._end(nom.ref.uid)
+            elif nom.reserved and self.state.placement_of(nom.reservation) is not None:
+                self.state.finish_binding(nom.reservation)  # the ledger's expiry, pushed on
+            elif all(self.state.placement_of(v) is None for v in nom.victims):
+                self._reserve(nom)
+
+    def _reserve(self, nom: Nomination) -> None:
+        # (Also after a relist dropped the reservation: it is taken again.)
+        try:
+            self.state.assume_best(nom.node, nom.demand, self._inference, nom.reservation,
+                                   nom.ref.key)
+        except Exception as exc:  # the GPU went elsewhere (a bind raced the last victim out)
+            self._end(nom.ref.uid)
+            self._log.warning("freed GPU not kept", extra={"pod": nom.ref.key,
+                                                           "node": nom.node, "error": str(exc)})
+            return
+        self.state.finish_binding(nom.reservation)
+        with self._lock:
+            nom.reserved = True
+
+
+def build_preemptor(source: Any, state: Any, demand: Any, inference: InferenceContext | None,
+                    may_act: Callable[[], bool], clock: Callable[[], float]) -> Preemptor | None:
+    """A preemptor for sources backed by an API server (the ``kube`` source); None otherwise."""
+    core = getattr(source, "api", None)
+    if core is None or not getattr(source, "kubelet_admits", False):
+        return None
+    return Preemptor(state, source, KubePreemptionApi(core), demand, inference, may_act, clock)
+
+
+__all__ = ["Budget", "Nomination", "Preemptor", "build_preemptor"]
