@@ -14,6 +14,10 @@ Entries of pods that are gone are dropped when the node's record is next written
 not have shown it a pod the old leader bound a moment ago), so a record holds at
 most the pods bound to its node plus those that ended since shortly before its
 last bind.
+
+kube-scheduler binds concurrently, and on a small cluster several binds of a burst
+land on one node: they share its record's writes (:meth:`PlacementRecords.write`),
+where a lock per node held across each write made them queue behind each other.
 """
 
 from __future__ import annotations
