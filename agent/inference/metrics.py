@@ -51,16 +51,6 @@ class RuntimeCollector(Collector):
             labels=[*labels, "stat"],
         )
         queue = GaugeMetricFamily("tandem_server_queue_length", "Queued requests.", labels=labels)
-        held = GaugeMetricFamily(
-            "tandem_server_held_rate_rps",
-            "The rate an SLO session is held at now (below admitted: scaled down while serving).",
-            labels=[*labels, "rate"],
-        )
-        scaled = GaugeMetricFamily(
-            "tandem_server_scaled_down",
-            "1 while an SLO session is scaled down because the host got busier.",
-            labels=labels,
-        )
         for s in snap["sessions"]:
             key = [s["name"], s["kind"]]
             requests.add_metric([*key, "good"], s["good"])
@@ -75,15 +65,11 @@ class RuntimeCollector(Collector):
             goodput.add_metric(key, s["goodput_rps"])
             attainment.add_metric(key, s["slo_attainment"])
             queue.add_metric(key, s["queue"])
-            if s.get("held"):
-                held.add_metric([*key, "held"], s["held"]["rate_rps"])
-                held.add_metric([*key, "admitted"], s["held"]["admitted_rps"])
-                scaled.add_metric(key, 1.0 if s["held"]["scaled_down"] else 0.0)
             if s["quantum_mean_ms"] is not None:
                 quantum.add_metric([*key, "mean"], s["quantum_mean_ms"] / 1000.0)
                 quantum.add_metric([*key, "std"], s["quantum_std_ms"] / 1000.0)
-        yield from (requests, drops, batches, gpu, share, goodput, attainment, quantum, queue,
-                    held, scaled)
+        yield from (requests, drops, batches, gpu, share, goodput, attainment, quantum, queue)
+        yield from _held(snap["sessions"])
         # Unlabelled families take their one value in the constructor.
         yield GaugeMetricFamily(
             "tandem_server_quantum_target_seconds", "Chosen quantum Q.", snap["quantum_ms"] / 1000.0
@@ -107,3 +93,24 @@ class RuntimeCollector(Collector):
             "CPU time spent in scheduling decisions.",
             snap["scheduler_seconds"],
         )
+
+
+def _held(sessions: list[dict]) -> Iterator[GaugeMetricFamily]:
+    """Each SLO session's held rate, and whether it is scaled down (``holding.py``)."""
+    held = GaugeMetricFamily(
+        "tandem_server_held_rate_rps",
+        "The rate an SLO session is held at now (below admitted: scaled down while serving).",
+        labels=["session", "kind", "rate"],
+    )
+    scaled = GaugeMetricFamily(
+        "tandem_server_scaled_down",
+        "1 while an SLO session is scaled down because the host got busier.",
+        labels=["session", "kind"],
+    )
+    for s in sessions:
+        if s.get("held"):
+            key = [s["name"], s["kind"]]
+            held.add_metric([*key, "held"], s["held"]["rate_rps"])
+            held.add_metric([*key, "admitted"], s["held"]["admitted_rps"])
+            scaled.add_metric(key, 1.0 if s["held"]["scaled_down"] else 0.0)
+    yield from (held, scaled)
