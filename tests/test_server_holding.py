@@ -243,3 +243,28 @@ def test_a_waiter_is_answered_without_a_post_thread_hand_off() -> None:
     finally:
         rt.stop()
     assert threads[0] == "tandem-gpu" and threads[1].startswith("tandem-post")
+
+
+def test_the_server_settles_its_heap_when_sessions_change() -> None:
+    """What is alive after a registration (models, modules) is moved out of the cyclic
+    collector's reach, so a full collection does not stop every thread while serving."""
+    import gc
+
+    clock = VirtualClock()
+    rt = ServingRuntime(SimExecutor(TINY, clock, "sim"), clock, RuntimeConfig("sim"))
+    client = create_app(rt, freeze_gc=True).test_client()
+    try:
+        gc.unfreeze()
+        answer = client.post("/v1/sessions", json={"name": "s", "model": "tiny",
+                                                   "slo_ms": 50, "rate_rps": 5})
+        assert answer.status_code == 201 and gc.get_freeze_count() > 0
+        gc.unfreeze()
+        assert client.delete("/v1/sessions/s").status_code == 200
+        assert gc.get_freeze_count() > 0
+        gc.unfreeze()
+        plain = create_app(rt).test_client()  # in-process use: the process is the caller's
+        plain.post("/v1/sessions", json={"name": "t", "model": "tiny", "slo_ms": 50,
+                                         "rate_rps": 5})
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()

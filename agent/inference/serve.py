@@ -159,11 +159,13 @@ def serve_forever(runtime: ServingRuntime, options: ServeOptions,
     queued and later requests get 503 ``shutdown``; then cheroot stops after its
     workers sent those answers. 1 if the HTTP thread died on its own.
     """
-    from agent.inference.app import create_app
+    from agent.inference.app import create_app, settle_heap
 
-    app = create_app(runtime, max_body_bytes=options.max_body_bytes, admin=admin)
+    app = create_app(runtime, max_body_bytes=options.max_body_bytes, admin=admin,
+                     freeze_gc=True)
     server = http_server(app, options)
     runtime.path_cost.recalibrate(calibrate(probe=framework_probe(app)))
+    settle_heap()
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
