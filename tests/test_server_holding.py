@@ -117,6 +117,9 @@ def test_a_request_dropped_before_the_queue_is_counted(served) -> None:
     row = _session(rt)
     assert row["arrived"] == 1 and row["drop_reasons"] == {"deadline_expired": 1}
     assert row["slo_attainment"] == 0.0
+    # Its deadline had passed before it arrived: not a miss the server could hold.
+    assert row["held"]["scaled_down"] is False
+    assert row["held"]["recent_misses"] == 0
 
 
 def test_answer_reserve_floor_and_bad_samples() -> None:

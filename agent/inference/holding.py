@@ -110,4 +110,5 @@ class Hold:
         """The session's entry in GET /v1/sessions under ``held``."""
         return {"rate_rps": self.rate_rps, "admitted_rps": self.admitted_rps,
                 "scaled_down": self.reason is not None, "reason": self.reason,
-                "scale_downs": self.scale_downs, "shed": self.shed}
+                "scale_downs": self.scale_downs, "shed": self.shed,
+                "recent_misses": sum(self._outcomes), "recent_requests": len(self._outcomes)}

@@ -68,7 +68,9 @@ def answer_infer(runtime: ServingRuntime, name: str, request: Request,
     deadline = arrival + min(limits) if limits else None
     if deadline is not None and began >= deadline:  # it waited for a worker past its deadline
         runtime.path_cost.observe_front(began - arrival)
-        runtime.note_answer(name, DropReason.DEADLINE_EXPIRED, counted=False)
+        # A deadline that passed before the request arrived says nothing of this server.
+        runtime.note_answer(name, DropReason.DEADLINE_EXPIRED, counted=False,
+                            held=deadline > arrival)
         raise RequestDropped(DropReason.DEADLINE_EXPIRED)
     as_json = request.mimetype == "application/json"
     tensor = coerce_input(_decode(request, dtype, as_json), dtype, shape, single)

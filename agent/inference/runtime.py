@@ -245,11 +245,13 @@ class ServingRuntime:
                     inline=True)
         return future
 
-    def note_answer(self, name: str, reason: DropReason | None, counted: bool = True) -> None:
+    def note_answer(self, name: str, reason: DropReason | None, counted: bool = True,
+                    held: bool = True) -> None:
         """How the HTTP path answered one SLO request (``reason`` None: on time), for the
         session's held rate (``holding.py``). ``counted`` False: the executor's counters
         do not know it yet: dropped before it was queued (arrived and dropped), or served
-        in time but too late to answer at the last check (late, not good)."""
+        in time but too late to answer at the last check (late, not good). ``held``
+        False: not the server's to hold (its deadline passed before it arrived)."""
         with self._cv:
             sess = self.sessions.slo.get(name)
             if sess is None:
@@ -260,7 +262,7 @@ class ServingRuntime:
             elif not counted and reason is DropReason.DEADLINE_MISSED:
                 sess.stats.good -= 1
                 sess.stats.late += 1
-            if sess.hold is not None and (reason is None or reason in MISSES):
+            if held and sess.hold is not None and (reason is None or reason in MISSES):
                 sess.hold.outcome(reason is not None)
 
     # ---- the executor thread -----------------------------------------------------------
