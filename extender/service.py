@@ -40,7 +40,7 @@ from extender.core import (
     pod_ref,
     resolve_demand,
 )
-from extender.core.decide import PlannerFn
+from extender.core.session_rules import PlannerFn
 from extender.errors import (
     BadRequest,
     BindConflict,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from contracts.logs import get_logger
 from extender.cluster.source import ClusterSource
 from extender.config import ConfigHolder, PredictorConfig, QueueSettings
-from extender.core.decide import PlannerFn
+from extender.core.session_rules import PlannerFn
 
 if TYPE_CHECKING:
     from flask import Flask
