@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from contracts.state import StateDocument
 from extender.cluster.source import ClusterSource, output_annotations, tandem_annotations
-from extender.config import ConfigHolder
+from extender.config.loader import ConfigHolder
 from extender.core import (
     DemandError,
     DemandUnavailable,

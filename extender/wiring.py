@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from contracts.logs import get_logger
 from extender.cluster.source import ClusterSource
-from extender.config import ConfigHolder, PredictorConfig, QueueSettings
+from extender.config.loader import ConfigHolder
+from extender.config.sections import PredictorConfig, QueueSettings
 from extender.core.session_rules import PlannerFn
 
 if TYPE_CHECKING:

@@ -18,7 +18,6 @@ MAX_FUNCTION_LINES = 80
 # list may only shrink: a module named here that is already within the limit fails
 # the test, so the entry is removed as soon as the split lands.
 OVER_LIMIT_ALLOWED = frozenset({
-    "extender/config.py",
     "extender/service.py",
 })
 

@@ -25,7 +25,7 @@ from contracts.httpserve import BadContentLength, read_body
 from contracts.httpserve import BodyTooLarge as TooLarge
 from contracts.logs import get_logger
 from contracts.state import NODE_QUERY, STATE_PATH, encode_state
-from extender.config import ConfigHolder
+from extender.config.loader import ConfigHolder
 from extender.errors import BadRequest, ExtenderError
 from extender.ops.metrics import Metrics
 from extender.service import Extender
