@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from flask import Flask
 
     from extender.ops.metrics import Metrics
-    from extender.service import DemandPredictor
+    from extender.service.demand_cache import DemandPredictor
 
 
 def create_app(
@@ -42,7 +42,7 @@ def create_app(
     metrics and routes; starts the source unless told not to."""
     from extender.learning.learner import build_learner
     from extender.ops.metrics import Metrics
-    from extender.service import Extender
+    from extender.service.verbs import Extender
     from extender.state.ledger import ClusterState
     from extender.state.signing import load_signer
     from extender.transport.routes import build_routes
