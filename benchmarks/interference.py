@@ -48,7 +48,7 @@ import numpy as np
 from scipy.optimize import least_squares
 from scipy.stats import t as student_t
 
-from extender.config import load_config
+from extender.config.loader import load_config
 from extender.core.pairs import PairModel, TypePairs
 from extender.learning.interference import PairLearner
 from extender.simulator.belief import SimKnowledge, SimWorld, oracle_pairs

@@ -65,7 +65,7 @@ import _common
 import numpy as np
 from scipy import stats
 
-from extender.config import load_config
+from extender.config.loader import load_config
 from extender.simulator.belief import MODES, SimKnowledge, SimWorld
 from extender.simulator.cluster import builtin_cluster
 from extender.simulator.engine import JobRun
