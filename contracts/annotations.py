@@ -49,8 +49,8 @@ BATCH = PREFIX + "batch"
 DUTY_CYCLE_MS = PREFIX + "duty-cycle-ms"
 PREDICTION_SOURCE = PREFIX + "prediction-source"
 """Where the predicted numbers came from: ``<utilisation source>+mem:<memory source>``
-(``asserted``, ``observed:<n>``, ``observed-shared:<n>``, ``xgboost:<digest>...``,
-``cold-start``), or ``asserted``."""
+(``asserted``, ``observed:<n>``, ``observed-shared:<n>``, ``prior-corrected:<n>``,
+``xgboost:<digest>...``, ``cold-start``), or ``asserted``."""
 _MAX_SOURCE = 253  # an annotation value for people; longer text is cut, never refused
 CONTAINER_GPUS = PREFIX + "container-gpus"
 """Which container gets which bound GPU: ``c1=2;c2=3`` (GPU indices), for people; the
