@@ -56,8 +56,11 @@ utilisation error after 200 completed jobs is at most 5 points (mean over the
 seeds, with its interval), on the production-like trace (the W-Small and
 W-Large traces have 100 jobs).
 
-Usage: ``.venv/bin/python benchmarks/learning.py [--seeds N] [--production-jobs N]``;
-prints one JSON object and writes it to ``benchmarks/results/learning.json``.
+Usage: ``.venv/bin/python benchmarks/learning.py [--seeds N] [--production-jobs N]
+[--truths T,..] [--workloads W,..] [--no-prior-correction] [--out FILE]``; prints one JSON
+object and writes it to ``benchmarks/results/learning.json`` (or ``--out``).
+``--no-prior-correction`` is the ablation: predictions of keys not observed yet are
+not corrected by the bias learned on the observed ones.
 """
 
 from __future__ import annotations
@@ -93,6 +96,7 @@ SYSTEMATIC_CURVE_FACTOR = 0.5
 OPTIMISTIC_UTIL_FACTOR = 2.0
 OPTIMISTIC_CURVE_FACTOR = 2.0
 TRUTHS = ("random", "systematic", "optimistic")
+WORKLOADS = ("w-small", "w-large", "production")
 PHASES = Phases(warmup_seconds=60.0, warmup_util_factor=0.05, eval_every_seconds=600.0,
                 eval_seconds=30.0, eval_util_factor=0.2)
 """What every truth's jobs show the agents besides their steady utilisation."""
@@ -161,13 +165,13 @@ def _curve_error(knowledge: SimKnowledge, truth: Truth, types: list[str]) -> flo
 
 
 def scenario(name: str, jobs: list[SimJob], cluster: str, seed: int,
-             truth_kind: str = "random") -> dict[str, Any]:
+             truth_kind: str = "random", prior_correction: bool = True) -> dict[str, Any]:
     """The three runs on one workload under one truth, with the online run's learning curve."""
     nodes = builtin_cluster(cluster)
     types = sorted({g.gpu_type for n in nodes for g in n.gpus})
     reps = _representatives(jobs)
     truth = make_truth(truth_kind, sorted({m for m, _ in reps}), types, seed)
-    learning = load_config(None, environ={}).learning
+    learning = replace(load_config(None, environ={}).learning, prior_correction=prior_correction)
     runs: dict[str, Any] = {}
     curve: list[dict[str, Any]] = []
     for mode in MODES:
@@ -285,16 +289,28 @@ def main() -> None:
                         help="jobs in the production-like trace (default 500 of its 2000, so "
                              "five seeds run in minutes; the 200-job checkpoint is reached)")
     parser.add_argument("--seeds", type=int, default=5, help="seeds 1..N (default 5)")
+    parser.add_argument("--truths", default=",".join(TRUTHS),
+                        help="comma-separated truths to run (default: all)")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS),
+                        help="comma-separated workloads to run (default: all)")
+    parser.add_argument("--no-prior-correction", action="store_true",
+                        help="learning.prior_correction off (the ablation: observed "
+                             "estimates alone)")
     _common.add_out_option(parser, "learning")
     args = parser.parse_args()
     started = time.perf_counter()
+    truths, workloads = args.truths.split(","), args.workloads.split(",")
+    if not set(truths) <= set(TRUTHS) or not set(workloads) <= set(WORKLOADS):
+        parser.error(f"truths are {', '.join(TRUTHS)}; workloads {', '.join(WORKLOADS)}")
     per_seed: list[dict[str, Any]] = []
     for seed in range(1, args.seeds + 1):
         for name, jobs, cluster in _workloads(seed, args.production_jobs):
-            per_seed += [scenario(name, jobs, cluster, seed, kind) for kind in TRUTHS]
+            if name in workloads:
+                per_seed += [scenario(name, jobs, cluster, seed, kind,
+                                      not args.no_prior_correction) for kind in truths]
     summaries = [summarise([r for r in per_seed
                             if (r["truth_kind"], r["workload"]) == (kind, name)])
-                 for kind in TRUTHS for name in ("w-small", "w-large", "production")]
+                 for kind in truths for name in workloads]
     report: dict[str, Any] = {
         "benchmark": "learning",
         "setup": {"truths": {
@@ -309,7 +325,8 @@ def main() -> None:
                                "(equivalent to 1 Hz for the learner)",
                   "seeds": args.seeds, "checkpoints": list(CHECKPOINTS),
                   "policy": "tandem (packaged config)",
-                  "learning": load_config(None, environ={}).learning.__dict__,
+                  "learning": replace(load_config(None, environ={}).learning,
+                                      prior_correction=not args.no_prior_correction).__dict__,
                   "prior_bias": {"min_models": bias.MIN_MODELS, "max_factor": bias.MAX_FACTOR,
                                  "ceiling_percent": bias.CEILING,
                                  "min_change_log": bias.MIN_CHANGE},

@@ -162,6 +162,8 @@ class LearningConfig:
     """Namespace of that ConfigMap; null = the extender's own (in-cluster), else ``default``."""
     persist_interval_seconds: float = 60.0
     """Least time between two writes of the ConfigMap, > 0."""
+    prior_correction: bool = True
+    """Correct predictions of keys not observed by the bias learned where they were."""
     curves: bool = True
     """Refit each GPU type's interference curve from co-located observations and use it."""
     curve_min_points: int = 30
@@ -305,6 +307,7 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool
                       "must be null or a namespace name"),
         "persist_interval_seconds": ((int, float), lambda v: 0 < v <= 86_400,
                                      "must be in (0, 86400]"),
+        "prior_correction": (bool, None, ""),
         "curves": (bool, None, ""),
         "curve_min_points": (int, lambda v: 2 <= v <= 100_000, "must be in 2..100000"),
         "curve_max_step": ((int, float), lambda v: 0 < v <= 10, "must be in (0, 10]"),

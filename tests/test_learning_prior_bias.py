@@ -4,6 +4,8 @@ correction when the ratios scatter, per namespace, never over an observed estima
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from contracts.annotations import PodInputs
@@ -127,3 +129,12 @@ def test_pooled_levels_separate_a_gpu_types_bias() -> None:
         pairs.append(((model, 32, "training", B, 1), 0.5 * pred * (1 + 0.01 * i), pred))
     levels = bias.pooled(pairs)
     assert levels.by_type[B] - levels.by_type.get(A, 0.0) == pytest.approx(-0.69, abs=0.1)
+
+
+def test_the_correction_can_be_turned_off() -> None:
+    world = World()
+    world.predicted_everywhere()
+    for model in ("m1", "m2", "m3", "m4"):
+        world.teach(model, A, 2 * PRIORS[model])
+    world.cfg = replace(world.cfg, prior_correction=False)
+    assert world.resolve("new", A) == (PRIORS["new"], "xgboost:abc+mem:estimate")

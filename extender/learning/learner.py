@@ -169,7 +169,7 @@ class Learner:
             return self.bias.corrected(key, predicted, namespace)
         return UtilKnowledge(alone if cfg.enabled else None, cfg.min_observations,
                              cfg.cold_start_util_percent, floor if cfg.enabled else None,
-                             corrected if cfg.enabled else None)
+                             corrected if cfg.enabled and cfg.prior_correction else None)
 
     def observe(self, report: DecodedReport,
                 placement_of: Callable[[str], Placement | None],
