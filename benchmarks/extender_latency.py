@@ -37,7 +37,9 @@ kube-scheduler's own pattern (``scheduler_pattern.py``) runs after the cycles on
 a time, bursts of ``--concurrency`` binds while scheduling goes on, and the pipelined
 loop (binds handed to ``--concurrency`` binders). Its ratios (burst bind p50 against
 one bind's, pods/s against the trivial extender's and the floor's) come from servers
-measured in the same repeat.
+measured in the same repeat; each server's burst/single ratio is also divided by the
+floor's, which is what queueing ``--concurrency`` requests on this machine's cores
+costs whatever the server does.
 
     .venv/bin/python benchmarks/extender_latency.py [--cycles N] [--repeats N]
         [--modes sim,kube,trivial] [--client raw|http.client] [--in-process]

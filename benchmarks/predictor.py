@@ -35,7 +35,8 @@ def _timing_artifacts(tmp: Path):
     """A model trained on synthetic rows, for timing only (see module docstring)."""
     import random
 
-    from predictor.dataset import ISOLATED_COLUMNS, write_csv
+    from predictor.dataset import write_csv
+    from predictor.dataset_schema import ISOLATED_COLUMNS
     from predictor.training import fit_all, load_artifacts, save_artifacts
 
     rnd = random.Random(0)

@@ -51,6 +51,10 @@ PREDICTION_SOURCE = PREFIX + "prediction-source"
 """Where the predicted numbers came from: ``<utilisation source>+mem:<memory source>``
 (``asserted``, ``observed:<n>``, ``observed-shared:<n>``, ``prior-corrected:<n>``,
 ``xgboost:<digest>...``, ``cold-start``), or ``asserted``."""
+INTERFERENCE_SOURCE = PREFIX + "interference-source"
+"""Where the interference figure the GPU was scored by came from: ``pair:<n>`` (the pair
+seen n times), ``profile`` (the models' learned sensitivity and aggressiveness), ``curve``
+(the GPU type's curve, beside learned pairs); absent where the curve alone decided."""
 _MAX_SOURCE = 253  # an annotation value for people; longer text is cut, never refused
 CONTAINER_GPUS = PREFIX + "container-gpus"
 """Which container gets which bound GPU: ``c1=2;c2=3`` (GPU indices), for people; the
@@ -303,6 +307,8 @@ class BindOutputs:
     """Where ``util_percent`` and ``mem_mib`` came from (``PREDICTION_SOURCE``)."""
     containers: tuple[tuple[str, tuple[int, ...]], ...] = ()
     """Container name and the GPU indices it gets (``CONTAINER_GPUS``)."""
+    interference_source: str | None = None
+    """Where the interference figure came from (``INTERFERENCE_SOURCE``)."""
 
 
 def encode_outputs(out: BindOutputs) -> dict[str, str]:
@@ -324,6 +330,8 @@ def encode_outputs(out: BindOutputs) -> dict[str, str]:
     if out.containers:
         ann[CONTAINER_GPUS] = ";".join(f"{name}={','.join(str(i) for i in indices)}"
                                        for name, indices in out.containers)
+    if out.interference_source:
+        ann[INTERFERENCE_SOURCE] = out.interference_source[:_MAX_SOURCE]
     return ann
 
 
@@ -359,6 +367,7 @@ def decode_outputs(ann: Mapping[str, object]) -> BindOutputs | None:
         batch=integer_or_none(batch, _BATCH_RECORD) if isinstance(batch, str) else None,
         duty_cycle_ms=_float_or_none(ann.get(DUTY_CYCLE_MS)),
         source=_source_or_none(ann.get(PREDICTION_SOURCE)),
+        interference_source=_source_or_none(ann.get(INTERFERENCE_SOURCE)),
     )
 
 

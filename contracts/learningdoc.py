@@ -159,7 +159,8 @@ def encode_document(alone: Sequence[LearnedEntry], colocated: Sequence[LearnedEn
 def decode_document(doc: Any) -> dict[str, list[LearnedEntry]]:
     """A persisted document (version 1 or 2) as ``{"alone": [...], "colocated": [...]}``;
     LearningDocumentError for another version or shape. Other top-level keys (the
-    learned curves) belong to their own readers."""
+    learned curves, the learned pairs: extender.learning.interference) belong to their own
+    readers."""
     if not isinstance(doc, Mapping) or doc.get("version") not in READABLE_VERSIONS:
         raise LearningDocumentError("learning document: version must be one of "
                                     f"{', '.join(map(str, READABLE_VERSIONS))}")

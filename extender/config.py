@@ -174,6 +174,14 @@ class LearningConfig:
     """Points whose residual exceeds this many scaled MADs are ignored, (0, 100]."""
     curve_refit_interval_seconds: float = 300.0
     """Least time between two refits of one GPU type's curve, [0, 86400]."""
+    pairs: bool = False
+    """Learn pairwise interference (who slows whom, extender/learning/interference.py) from
+    shared GPUs and decide with it on GPU types where something was learned (off: the
+    curve alone, as before; docs/interference.md)."""
+    pair_explore_bonus: float = 0.05
+    """Most predicted progress a placement may give up to try a pair never seen, [0, 1]."""
+    pair_max_entries: int = 4000
+    """Most (GPU type, model, model) pairs kept; least recently seen dropped, 1..100000."""
 
 
 @dataclass(frozen=True)
@@ -314,6 +322,9 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool
         "curve_outlier_mads": ((int, float), lambda v: 0 < v <= 100, "must be in (0, 100]"),
         "curve_refit_interval_seconds": ((int, float), lambda v: 0 <= v <= 86_400,
                                          "must be in [0, 86400]"),
+        "pairs": (bool, None, ""),
+        "pair_explore_bonus": ((int, float), lambda v: 0 <= v <= 1, "must be in [0, 1]"),
+        "pair_max_entries": (int, lambda v: 1 <= v <= 100_000, "must be in 1..100000"),
     },
     "queue": {"enabled": (bool, None, ""),
               "k": (int, lambda v: K_RANGE[0] <= v <= K_RANGE[1],
@@ -503,7 +514,8 @@ def _learning(section: Mapping[str, Any]) -> LearningConfig:
     values = dict(section)
     for key in ("cold_start_util_percent", "ewma_alpha", "persist_interval_seconds",
                 "min_observed_seconds", "warmup_seconds", "spread_margin",
-                "curve_max_step", "curve_outlier_mads", "curve_refit_interval_seconds"):
+                "curve_max_step", "curve_outlier_mads", "curve_refit_interval_seconds",
+                "pair_explore_bonus"):
         if key in values:
             values[key] = float(values[key])
     return LearningConfig(**values)

@@ -303,11 +303,12 @@ class Extender:
                 raise _handoff_busy(args.node, waiting.pod)
         try:
             inputs = tandem_annotations(annotations_of(pod))
-            placement, plan, cost, uuids = self._assume(args.node, demand, ref, inputs,
-                                                        container_gpu_counts(pod))
+            placement, plan, cost, uuids, interference = self._assume(
+                args.node, demand, ref, inputs, container_gpu_counts(pod))
             annotations = output_annotations(placement, uuids, cost, plan,
                                              self._source_on(demand, args.node,
-                                                             tuple(placement.gpu_indices)))
+                                                             tuple(placement.gpu_indices)),
+                                             interference)
             try:
                 confirmed = self.source.bind(ref, args.node, annotations, placement)
             except BindOutcomeUnknown as exc:
@@ -359,9 +360,9 @@ class Extender:
 
     def _assume(self, node: str, demand: ResolvedDemand, ref: PodRef,
                 inputs: tuple[tuple[str, str], ...], container_gpus: Any,
-                ) -> tuple[Any, Any, float, list[str]]:
+                ) -> tuple[Any, Any, float, list[str], str]:
         """The ledger's assume; a preemptor's reserved GPUs on ``node`` are its own."""
-        def assume() -> tuple[Any, Any, float, list[str]]:
+        def assume() -> tuple[Any, Any, float, list[str], str]:
             return self.state.assume_best(node, demand, self._inference, ref.uid or ref.key,
                                           ref.key, inputs, container_gpus)
         return self.preemptor.assume_for(ref.uid, node, assume) if self.preemptor else assume()

@@ -33,10 +33,11 @@ from pathlib import Path
 import numpy as np
 
 from predictor.errors import NoTrainedModel
-from predictor.features import FeatureExtractor, FeatureLimits, GraphFeatures
+from predictor.features import FeatureExtractor, GraphFeatures
 from predictor.fetch import BackgroundFetcher
 from predictor.memory import MemoryEstimate, estimate_memory
 from predictor.model import features_row
+from predictor.onnx_file import FeatureLimits
 from predictor.store import ModelStore, StoreConfig
 from predictor.training import TrainedArtifacts, load_artifacts
 

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from predictor.dataset import DATA_FILES, GpuDataset, any_simulated
+from predictor.dataset import GpuDataset, any_simulated
+from predictor.dataset_schema import DATA_FILES
 from predictor.errors import NoTrainedModel
 from predictor.memory import Overhead, fit_overhead, load_overheads, save_overheads
 from predictor.model import KINDS, UtilisationRegressor, feature_names, feature_row, rmsle

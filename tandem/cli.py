@@ -14,7 +14,7 @@ from agent.commands import app as agent_app
 from contracts.version import DISTRIBUTION, version
 from extender.commands import app as extender_app
 from extender.ops.status import status_command
-from extender.simulator.commands import simulate_command
+from extender.simulator.commands import import_interference_command, simulate_command
 from planner.commands import plan_command
 from predictor.commands import app as predictor_app
 from predictor.profiling.commands import profile_command
@@ -62,6 +62,7 @@ app.add_typer(predictor_app, name="predictor", help="Graph features, prediction,
 app.command("profile")(profile_command)
 app.command("plan")(plan_command)
 app.command("simulate")(simulate_command)
+app.command("import-interference")(import_interference_command)
 
 
 def main() -> None:

@@ -24,6 +24,7 @@ import typer
 
 from contracts import annotations as keys
 from contracts.state import STATE_PATH, StateDocument, decode_state
+from extender.core.reasons import is_unresolvable, reason_of_message
 from tandem.demo_render import render
 
 HERE = Path(__file__).parent
@@ -198,12 +199,15 @@ def schedule_one(http: Any, pod: dict[str, Any], names: list[str], sim: Any) -> 
 def _main_reason(failed: dict[str, str], unresolvable: dict[str, str]) -> str:
     """Node reasons grouped by their text (numbers left out). Reasons of nodes that could
     take the pod later (resolvable) come first, since they say what holds it back; then
-    the most common, then the one that blocks the most GPUs."""
+    the most common, then the one that blocks the most GPUs. The wire lists every node
+    as unresolvable (kube-scheduler's preemption cannot help), so resolvability comes
+    from the reason itself."""
     groups: dict[tuple[bool, str], list[str]] = {}
-    for kind, reasons in ((False, failed), (True, unresolvable)):
-        for node, text in sorted(reasons.items()):
-            short = text.removeprefix("tandem: ").split(" (need", 1)[0]
-            groups.setdefault((kind, short), []).append(node)
+    for node, text in sorted({**failed, **unresolvable}.items()):
+        reason = reason_of_message(text)
+        kind = reason is None or is_unresolvable(reason)
+        short = text.removeprefix("tandem: ").split(" (need", 1)[0]
+        groups.setdefault((kind, short), []).append(node)
 
     def blocked(text: str) -> int:
         return sum(int(n) for n in re.findall(r" on (\d+)/\d+ GPUs", text))

@@ -15,7 +15,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from predictor.dataset import ISOLATED_COLUMNS, write_csv
+from predictor.dataset import write_csv
+from predictor.dataset_schema import ISOLATED_COLUMNS
 
 GPU = "SYNTHETIC-GPU"
 FAMILIES = ("fam_a", "fam_b", "fam_c")

@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 from extender import commands
 from extender.cluster.sim import SimSource
 from extender.config import ConfigHolder, build_config
-from extender.ha.leader import AlwaysLeader, LeaseElector, LeaseFollower
+from extender.ha.election import LeaseElector, LeaseFollower
+from extender.ha.leader import AlwaysLeader
 from extender.ha.lifecycle import Draining, GracefulShutdown, LeadershipSetupError, setup_leadership
 from extender.transport.server import start_background
 from extender.wiring import create_app

@@ -1,4 +1,4 @@
-"""Lease-based leadership (extender/ha/leader.py) against an in-memory Lease API and fake clocks."""
+"""Lease-based leadership (extender/ha/) on an in-memory Lease API and fake clocks."""
 
 from __future__ import annotations
 
@@ -9,21 +9,20 @@ from types import SimpleNamespace
 
 import pytest
 
+from extender.ha.election import (
+    LeaderConfigError,
+    LeaderElectionConfig,
+    LeaseElector,
+    LeaseFollower,
+)
 from extender.ha.leader import (
     LEADER_LABEL,
     AlwaysLeader,
-    KubeLeaseApi,
-    LeaderConfigError,
-    LeaderElectionConfig,
     LeadershipLoop,
-    LeaseApiError,
-    LeaseConflict,
-    LeaseElector,
-    LeaseFollower,
-    LeaseRecord,
     PodLabeler,
     build_leadership,
 )
+from extender.ha.lease import KubeLeaseApi, LeaseApiError, LeaseConflict, LeaseRecord
 
 NS, NAME = "tandem-system", "tandem-extender"
 

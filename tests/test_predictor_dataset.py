@@ -8,17 +8,19 @@ from pathlib import Path
 import pytest
 
 from predictor.dataset import (
-    BATCHING_COLUMNS,
-    COLOCATED_COLUMNS,
-    ISOLATED_COLUMNS,
     DatasetError,
     MissingProvenance,
     load_gpu_dir,
     load_training_data,
+    write_csv,
+)
+from predictor.dataset_schema import (
+    BATCHING_COLUMNS,
+    COLOCATED_COLUMNS,
+    ISOLATED_COLUMNS,
     validate_header,
     validate_provenance,
     validate_rows,
-    write_csv,
 )
 
 

@@ -10,7 +10,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from predictor.errors import ModelRejected, RejectReason
-from predictor.features import FeatureExtractor, FeatureLimits, extract_features
+from predictor.features import FeatureExtractor, extract_features
+from predictor.onnx_file import FeatureLimits
 
 F = TensorProto.FLOAT
 
@@ -355,12 +356,12 @@ def test_features_json_has_the_contract_keys(tmp_path: Path) -> None:
 
 
 def test_path_based_shape_inference_gives_the_same_features(tmp_path: Path, monkeypatch) -> None:
-    import predictor.features as features_module
+    import predictor.shape_inference as shape_inference
 
     nodes, ins, outs, inits, per_sample = CASES["conv-dense"]
     path = _save(tmp_path, nodes, ins, outs, inits)
     in_memory = extract_features(path, 2)
-    monkeypatch.setattr(features_module, "_PROTO_SOFT_LIMIT", 0)  # as for a > 1.5 GB proto
+    monkeypatch.setattr(shape_inference, "_PROTO_SOFT_LIMIT", 0)  # as for a > 1.5 GB proto
     on_disk = extract_features(path, 2)
     assert on_disk == in_memory
     assert on_disk.flops == 2 * per_sample

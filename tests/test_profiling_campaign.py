@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from predictor.dataset import load_gpu_dir, validate_rows
+from predictor.dataset import load_gpu_dir
+from predictor.dataset_schema import validate_rows
 from predictor.profiling.campaign import Campaign
 from predictor.profiling.errors import DataDirError
 from predictor.profiling.runner import (

@@ -4,7 +4,7 @@ A session's model reference comes from a client, so it is hostile until checked.
 The predictor owns the checks every reader shares, and the server uses them:
 resolving the reference (``predictor.store``: store root, ``file://``, nothing
 outside the store, no downloads), the size and decode limits and the
-external-data policy (``predictor.features``). Their ``ModelRejected`` becomes
+external-data policy (``predictor.onnx_file``). Their ``ModelRejected`` becomes
 the server's 422 in one place (``errors.predictor_rejections``).
 
 What stays here is what only the server needs:
@@ -32,13 +32,13 @@ from onnx import helper
 
 from agent.inference.errors import ModelRejected, predictor_rejections
 from predictor.errors import ModelRejected as PredictorRejected
-from predictor.features import (
+from predictor.onnx_file import (
     FeatureLimits,
     check_external_data,
     external_tensors,
-    largest_tensor,
     load_model,
 )
+from predictor.shape_inference import largest_tensor
 from predictor.store import ModelStore, StoreConfig
 
 if TYPE_CHECKING:

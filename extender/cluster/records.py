@@ -14,6 +14,10 @@ Entries of pods that are gone are dropped when the node's record is next written
 not have shown it a pod the old leader bound a moment ago), so a record holds at
 most the pods bound to its node plus those that ended since shortly before its
 last bind.
+
+kube-scheduler binds concurrently, and on a small cluster several binds of a burst
+land on one node: they share its record's writes (:meth:`PlacementRecords.write`),
+where a lock per node held across each write made them queue behind each other.
 """
 
 from __future__ import annotations
@@ -124,6 +128,25 @@ def _plain(response: Any) -> Any:
         response.release_conn()
 
 
+class _Batch:
+    """Entries written together by one PUT; ``done`` once it succeeded or failed (``error``)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, str] = {}
+        self.keeps: list[Callable[[str], bool]] = []
+        self.done = False
+        self.error: BaseException | None = None
+
+
+class _NodeQueue:
+    """One node's writes: whether a PUT is in flight, and the batch gathering meanwhile."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.writing = False
+        self.gathering: _Batch | None = None
+
+
 class PlacementRecords:
     """The per-node records in one namespace, cached (only the leader writes them).
 
@@ -135,7 +158,8 @@ class PlacementRecords:
         self._lock = threading.Lock()
         self._nodes: dict[str, tuple[str | None, dict[str, str]]] = {}
         """node -> (resourceVersion, None when the ConfigMap does not exist; its data)."""
-        self._node_locks: dict[str, threading.Lock] = {}
+        self._queues: dict[str, _NodeQueue] = {}
+        """node -> its writes (group commit, :meth:`write`)."""
         self._listed = False
         """After :meth:`load_all`, a node it did not find has no record yet (no read)."""
 
@@ -159,14 +183,9 @@ class PlacementRecords:
             found = self._nodes.get(node, (None, {}))[1].get(uid)
         if found is not None or not refresh:
             return found
-        with self._node_lock(node):
-            self._fetch(node)
+        self._fetch(node)  # a write racing it at worst leaves a stale version: a 409, a retry
         with self._lock:
             return self._nodes.get(node, (None, {}))[1].get(uid)
-
-    def _node_lock(self, node: str) -> threading.Lock:
-        with self._lock:
-            return self._node_locks.setdefault(node, threading.Lock())
 
     def _path(self, name: str = "") -> str:
         return f"/api/v1/namespaces/{quote(self.namespace, safe='')}/configmaps" + \
@@ -190,33 +209,70 @@ class PlacementRecords:
 
     def write(self, node: str, uid: str, entry: str, keep: Callable[[str], bool]) -> None:
         """Add ``uid``'s entry to ``node``'s record (dropping entries ``keep`` refuses), with
-        the record's resourceVersion as precondition; RecordError when it cannot."""
+        the record's resourceVersion as precondition; RecordError when it cannot.
+
+        Group commit: while one write of a node's record is in flight, the entries of
+        binds arriving for that node gather into one batch, written by the next PUT, so a
+        burst of binds on one node waits for at most two PUTs instead of queueing for one
+        each. A bind returns only once a PUT holding its entry succeeded, and every bind of
+        a batch whose PUT failed is refused."""
         if len(entry) > MAX_ENTRY_BYTES:
             raise RecordError(f"placement record entry of {len(entry)} bytes "
                               f"(limit {MAX_ENTRY_BYTES})")
-        with self._node_lock(node):
-            for _ in range(WRITE_ATTEMPTS):
+        queue = self._queue(node)
+        with queue.cond:
+            batch = queue.gathering
+            if batch is None:
+                batch = queue.gathering = _Batch()
+            batch.entries[uid] = entry
+            batch.keeps.append(keep)
+            while queue.writing and not batch.done:
+                queue.cond.wait()
+            if not batch.done:  # no write in flight: this bind writes the batch
+                queue.writing, queue.gathering = True, None
+        if not batch.done:
+            try:
+                self._commit(node, batch)
+            except BaseException as exc:
+                batch.error = exc
+                raise
+            finally:
+                with queue.cond:
+                    queue.writing, batch.done = False, True
+                    queue.cond.notify_all()
+        if batch.error is not None:  # another bind wrote this batch, and failed
+            raise RecordError(str(batch.error) if isinstance(batch.error, RecordError)
+                              else f"placement record of {node} not written "
+                                   f"({batch.error!r})")
+
+    def _queue(self, node: str) -> _NodeQueue:
+        with self._lock:
+            return self._queues.setdefault(node, _NodeQueue())
+
+    def _commit(self, node: str, batch: _Batch) -> None:
+        """One batch in one PUT; on 409 (another writer) or 404 (deleted) read and merge again."""
+        for _ in range(WRITE_ATTEMPTS):
+            with self._lock:
+                cached = self._nodes.get(node) or ((None, {}) if self._listed else None)
+            version, data = cached if cached is not None else self._fetch(node)
+            young = time.time() - KEEP_SECONDS
+            data = {u: t for u, t in data.items() if u not in batch.entries and (
+                any(k(u) for k in batch.keeps) or _written_at(t) > young)}
+            data.update(batch.entries)
+            if sum(len(u) + len(t) for u, t in data.items()) > MAX_RECORD_BYTES:
+                raise RecordError(f"the placement record of {node} is full")
+            try:
+                self._put(node, version, data)
+                return
+            except ApiException as exc:
+                if exc.status not in (404, 409):
+                    raise RecordError(f"placement record of {node}: HTTP {exc.status} "
+                                      f"{exc.reason}") from None
+                self._fetch(node)  # another writer, or deleted: read it and retry
+            except Exception:
                 with self._lock:
-                    cached = self._nodes.get(node) or ((None, {}) if self._listed else None)
-                version, data = cached if cached is not None else self._fetch(node)
-                young = time.time() - KEEP_SECONDS
-                data = {u: t for u, t in data.items()
-                        if u != uid and (keep(u) or _written_at(t) > young)}
-                data[uid] = entry
-                if sum(len(u) + len(t) for u, t in data.items()) > MAX_RECORD_BYTES:
-                    raise RecordError(f"the placement record of {node} is full")
-                try:
-                    self._put(node, version, data)
-                    return
-                except ApiException as exc:
-                    if exc.status not in (404, 409):
-                        raise RecordError(f"placement record of {node}: HTTP {exc.status} "
-                                          f"{exc.reason}") from None
-                    self._fetch(node)  # another writer, or deleted: read it and retry
-                except Exception:
-                    with self._lock:
-                        self._nodes.pop(node, None)  # it may have been applied: read it next
-                    raise
+                    self._nodes.pop(node, None)  # it may have been applied: read it next
+                raise
         raise RecordError(f"placement record of {node}: conflicting writers")
 
     def _put(self, node: str, version: str | None, data: Mapping[str, str]) -> None:

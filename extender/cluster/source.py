@@ -230,7 +230,7 @@ def same_decision(a: Placement, b: Placement) -> bool:
 
 
 def output_annotations(p: Placement, uuids: list[str], cost: float, plan: Any,
-                       source: str = "") -> dict[str, str]:
+                       source: str = "", interference: str = "") -> dict[str, str]:
     """The annotations bind writes (DESIGN outputs plus batch and duty cycle for sessions)."""
     batch = duty_cycle_ms = None
     if plan is not None and p.session is not None:
@@ -239,4 +239,4 @@ def output_annotations(p: Placement, uuids: list[str], cost: float, plan: Any,
         duty_cycle_ms = plan.duty_cycle_ms
     return encode_outputs(BindOutputs(tuple(p.gpu_indices), tuple(uuids), p.util_percent,
                                       p.mem_mib, cost, batch, duty_cycle_ms, source or None,
-                                      p.containers))
+                                      p.containers, interference_source=interference or None))

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from extender.core.pairs import PairModel
 from predictor.curves import InterferenceCurve, coefficient_table, curve_costs
 
 __all__ = [  # the curve type and its vectorised form live in predictor.curves
@@ -76,6 +77,8 @@ class CostPolicy:
     max_colocated_util_percent: float | None = None
     """Cap on a shared GPU's cumulative predicted utilisation (percent, > 0): a GPU that
     already runs training jobs takes another only up to this total. None = no cap."""
+    pairs: PairModel | None = None
+    """Learned pairwise interference (:mod:`extender.core.pairs`); None = the curve only."""
 
     def curve_for(self, gpu_type: str) -> InterferenceCurve:
         """The curve configured for ``gpu_type``, else the default."""
@@ -90,6 +93,10 @@ class CostPolicy:
         if not learned:
             return self
         return replace(self, curves={**self.curves, **learned})
+
+    def with_pairs(self, pairs: PairModel | None) -> CostPolicy:
+        """This policy deciding with the learned pairwise interference ``pairs``."""
+        return self if pairs is None or not pairs.types else replace(self, pairs=pairs)
 
 
 def curve_coefficients(policy: CostPolicy, type_names: list[str]) -> np.ndarray:

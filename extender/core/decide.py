@@ -49,6 +49,7 @@ import numpy as np
 
 from extender.core.cost import CostPolicy, horus_cost, scores_from_costs
 from extender.core.demand import SESSION_COLD_START, ResolvedDemand
+from extender.core.pair_cost import pair_cost, pair_rule, pair_terms
 from extender.core.reasons import REASON_BY_CODE, Reason, Rejection, is_unresolvable
 from extender.core.rules import GpuLoad, colocation_rule_on, first_reasons, gpu_checks
 from extender.core.snapshot import NodeName, Placement, PodUid, SessionSpec, Workload
@@ -134,6 +135,9 @@ class Evaluation:
     plans: Mapping[int, GpuPlan] = field(default_factory=dict)
     demand: ResolvedDemand | None = None
     shares: Mapping[int, float] = field(default_factory=dict)
+    interference_sources: Mapping[int, str] = field(default_factory=dict)
+    """Table row -> where its pairwise interference figure came from (``pair:<n>``,
+    ``profile``, ``curve``); rows judged by the curve alone are absent."""
     """Best-effort only: per feasible row, the share of the GPU (0..1) the session would get."""
 
     @property
@@ -202,6 +206,10 @@ def evaluate(table: GpuTable, names: Sequence[str], demand: ResolvedDemand,
         not inferring and colocation_rule_on(policy)))
     code = first_reasons(gpu_checks(load, policy, inferring, job_util, job_mem, unknown),
                          rows.size)
+    pairs = None if inferring or load.coeffs is None else pair_terms(
+        table, rows, demand.job.inputs.model, policy, job_util, load.coeffs)
+    if pairs is not None:  # the learned pair figures judge these rows (extender.core.pairs)
+        code = pair_rule(code, pairs, policy)
 
     gaps = {t: f"demand unknown: {why}" for t, why in demand.gaps.items()}
     if inferring:
@@ -215,6 +223,8 @@ def evaluate(table: GpuTable, names: Sequence[str], demand: ResolvedDemand,
             assert load.util_now is not None and load.coeffs is not None
             cost = horus_cost(policy, load.used_mib, job_mem, load.capacity_mib, load.util_now,
                               job_util, load.coeffs)
+            if pairs is not None:
+                cost = pair_cost(cost, pairs, policy, load, job_mem)
         else:
             cost = np.zeros(rows.size)
     cost = np.where(code == 0, cost, np.inf)
@@ -228,7 +238,7 @@ def evaluate(table: GpuTable, names: Sequence[str], demand: ResolvedDemand,
     rejections = {} if purpose is Purpose.PLACE else _rejections(
         table, names, ids, rows, owner, code, load.free_mib, demand, node_cost, notes)
     return Evaluation(tuple(names), node_cost, rejections, rows[sel], owner[sel], table, plans,
-                      demand, shares)
+                      demand, shares, pairs.sources if pairs is not None else {})
 
 
 def _candidate_rows(table: GpuTable, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

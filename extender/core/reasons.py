@@ -1,9 +1,10 @@
 """Why a node cannot take a pod: a closed set of reasons, rendered at the edge.
 
-Each reason is either *resolvable* (the node may fit later or after preemption:
-the node goes to ``FailedNodes``) or *unresolvable* (no retry on this node can
-help: ``FailedAndUnresolvableNodes``, which also tells kube-scheduler to skip
-preemption there). :func:`is_unresolvable` is the one place that decides it.
+Each reason is either *resolvable* (the node may fit later, or after tandem's own
+preemption) or *unresolvable* (no retry on this node can help).
+:func:`is_unresolvable` is the one place that decides it. On the wire every rejection
+goes to ``FailedAndUnresolvableNodes``: kube-scheduler's preemption cannot see
+``tandem.io/gpu``, so tandem preempts itself (``extender.core.preemption``).
 Pod Event reasons come from the same enum (``event_reason``) so they stay stable.
 Messages are deterministic: reasons sorted by enum order, with GPU counts.
 """
@@ -64,6 +65,12 @@ REASON_BY_CODE: tuple[Reason | None, ...] = (None, *Reason)
 def is_unresolvable(reason: Reason) -> bool:
     """True when no retry or preemption can make this node fit the pod."""
     return reason in _UNRESOLVABLE
+
+
+def reason_of_message(message: str) -> Reason | None:
+    """The main reason of a :meth:`Rejection.message` (its first part), or None."""
+    text = message.removeprefix("tandem: ")
+    return next((r for r in Reason if text.startswith(r.value)), None)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from functools import cached_property
 
 import numpy as np
 
+from contracts.annotations import MODEL
 from contracts.gpus import find_gpus
 from extender.core.snapshot import (
     GpuObservation,
@@ -85,6 +86,9 @@ class GpuTable:
     """Sum of the share weights of the best-effort sessions per row."""
     vanished: dict[str, frozenset[str]] = field(default_factory=dict)
     """Per node, GPU UUIDs an agent once reported there that its inventory no longer has."""
+    row_models: dict[int, tuple[tuple[str, float, int], ...]] = field(default_factory=dict)
+    """Per row, its training pods as (``tandem.io/model`` or "", utilisation, GPU count):
+    what pairwise interference (:mod:`extender.core.pairs`) reads."""
 
     @classmethod
     def build(
@@ -141,7 +145,7 @@ class GpuTable:
             since_util=self.since_util.copy(), observed_gen=self.observed_gen.copy(),
             newer={uid: list(entries) for uid, entries in self.newer.items()},
             sessions=dict(self.sessions), best_effort_weight=self.best_effort_weight.copy(),
-            vanished=dict(self.vanished),
+            vanished=dict(self.vanished), row_models=dict(self.row_models),
         )
 
     @property
@@ -247,7 +251,22 @@ class GpuTable:
             else:
                 self.training_count[row] += sign
                 self.training_width[row] += sign * len(rows)
+                self._track_model(row, p, len(rows), sign)
         return rows
+
+    def _track_model(self, row: int, p: Placement, width: int, sign: int) -> None:
+        entry = (_model_of(p), p.util_percent, width)
+        current = self.row_models.get(row, ())
+        if sign > 0:
+            self.row_models[row] = (*current, entry)
+            return
+        if entry in current:
+            k = current.index(entry)
+            current = current[:k] + current[k + 1:]
+        if current:
+            self.row_models[row] = current
+        else:
+            self.row_models.pop(row, None)
 
     def observe(self, node: str, observations: Iterable[GpuObservation]) -> None:
         """Record an agent's measurements for GPUs of ``node`` (unknown indices ignored)."""
@@ -287,3 +306,10 @@ class GpuTable:
         offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
         return starts[owner] + offsets, owner
 
+
+
+def _model_of(p: Placement) -> str:
+    for key, value in p.annotations:
+        if key == MODEL:
+            return value
+    return ""

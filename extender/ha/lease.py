@@ -3,7 +3,7 @@
 :class:`LeaseRecord` holds the spec fields election uses; :class:`LeaseApi` is the
 three calls election makes (a fake implements it in tests) and
 :class:`KubeLeaseApi` makes them through the ``kubernetes`` client. The election
-logic itself is :mod:`extender.ha.leader`.
+logic itself is :mod:`extender.ha.election`.
 """
 
 from __future__ import annotations

@@ -28,13 +28,8 @@ from typing import Any, Protocol
 
 from contracts.logs import get_logger
 from extender.cluster.namespace import own_namespace
-from extender.ha.leader import (
-    LEADERSHIP_MODES,
-    LeaderConfigError,
-    Leadership,
-    LeadershipLoop,
-    build_leadership,
-)
+from extender.ha.election import LeaderConfigError
+from extender.ha.leader import LEADERSHIP_MODES, Leadership, LeadershipLoop, build_leadership
 
 SHUTDOWN_TIMEOUT_SECONDS = 20.0
 """How long in-flight requests may run after SIGTERM (below the 30 s grace period)."""

@@ -58,6 +58,8 @@ from extender.learning.bias import PriorBias
 from extender.learning.curves import CurveGuards, CurveLearner, LearnedPolicy, SharedGpuPoints
 from extender.learning.document import DOCUMENT_VERSION
 from extender.learning.estimate import INDEPENDENT_SECONDS, Estimate, Trust
+from extender.learning.interference import DOCUMENT_KEY as PAIRS_KEY
+from extender.learning.interference import PairLearner
 from extender.learning.persistence import (
     DOCUMENT_KEY,
     MAX_BYTES,
@@ -96,6 +98,9 @@ class Learner:
         self.prior = prior
         """The configured curve of a GPU type: where its first refit starts from."""
         self._overlay = LearnedPolicy(self.curves)
+        self.pairs = PairLearner(cfg.pair_max_entries, cfg.pair_explore_bonus,
+                                 warmup_seconds=cfg.warmup_seconds, clock=wall_clock)
+        """Who slows whom (:mod:`extender.learning.interference`)."""
         self.persistence = persistence
         self._may_persist = may_persist
         self._clock = clock
@@ -134,6 +139,9 @@ class Learner:
             loaded = self.store.merge_document(doc, replace=not merge)
             if doc.get("curves") is not None:  # older documents have none
                 loaded += self.curves.load_document(doc["curves"], merge=merge)
+            if doc.get(PAIRS_KEY) is not None and not (merge and self.pairs.samples_total):
+                # merging keeps this replica's pairs once it learned some (the leader's own)
+                loaded += self.pairs.load_document(doc[PAIRS_KEY])
         except Exception as exc:  # learning restarts from zero; placement must not stop
             get_logger().warning("learning: cannot reload persisted observations",
                                  extra={"error": repr(exc)})
@@ -145,15 +153,15 @@ class Learner:
 
     def use_wall_clock(self, wall_clock: Callable[[], float]) -> None:
         """Read time from ``wall_clock`` from now on (simulations and tests)."""
-        self._wall = self.store.clock = self.curves.clock = wall_clock
+        self._wall = self.store.clock = self.curves.clock = self.pairs.clock = wall_clock
 
     def knowledge(self, cfg: LearningConfig, gpus: int = 1,
                   namespace: str | None = None) -> UtilKnowledge:
         """What resolution uses for a pod of ``gpus`` GPUs in ``namespace``: the alone
         estimates, the shared floors and the prior's learned bias (when enabled), and the
-        cold-start rule. An estimate
-        learned from one namespace's pods only serves that namespace until a second confirms
-        it (a tenant cannot set another's predictions by naming its model)."""
+        cold-start rule. An estimate learned from one namespace's pods only serves that
+        namespace until a second confirms it (a tenant cannot set another's predictions by
+        naming its model)."""
         store = self.store
 
         def alone(model: str, batch: int, gpu_type: str, workload: str,
@@ -198,26 +206,36 @@ class Learner:
         if moves:
             self.store.last_change = sum(moves) / len(moves)
         points.refit(self.prior)
+        if self.cfg.enabled and self.cfg.pairs:
+            self.pairs.observe(report, placement_of, self._trusted_alone)
         self.maybe_persist()
         return taken
 
+    def _trusted_alone(self, model: str, batch: int, gpu_type: str) -> float | None:
+        return self.store.trusted_alone((self.store.model_key(model), batch, "training",
+                                         gpu_type))
+
     def policy(self, base: CostPolicy, cfg: LearningConfig) -> CostPolicy:
-        """``base`` with the learned curves in place of its priors (when ``learning.curves``)."""
-        return self._overlay(base, cfg.enabled and cfg.curves)
+        """``base`` with the learned curves in place of its priors (when ``learning.curves``)
+        and the learned pairwise interference (when ``learning.pairs``)."""
+        policy = self._overlay(base, cfg.enabled and cfg.curves)
+        return policy.with_pairs(self.pairs.model()) if cfg.enabled and cfg.pairs else policy
 
     def document(self) -> dict[str, Any]:
         """What is persisted: the estimates and the curves with their points, within
         ``persistence.MAX_BYTES`` (least recently used estimates evicted first)."""
         curves = self.curves.to_document()
+        pairs = self.pairs.to_document()  # bounded by learning.pair_max_entries
         if self.persistence is not None:
             limit = getattr(self.persistence, "MAX_BYTES", MAX_BYTES)
-            fixed = len(encode({**self.store.to_document(empty=True), "curves": curves}))
+            fixed = len(encode({**self.store.to_document(empty=True), "curves": curves,
+                                PAIRS_KEY: pairs}))
             self.store.fit_bytes(limit - fixed)
-        return {**self.store.to_document(), "curves": curves}
+        return {**self.store.to_document(), "curves": curves, PAIRS_KEY: pairs}
 
     def view(self) -> dict[str, Any]:
-        """For ``/v1/state``: the estimates and the learned curves."""
-        return {**self.store.view(), "curves": self.curves.view()}
+        """For ``/v1/state``: the estimates, the learned curves and the learned pairs."""
+        return {**self.store.view(), "curves": self.curves.view(), PAIRS_KEY: self.pairs.view()}
 
     def maybe_persist(self, force: bool = False) -> bool:
         """Write the ConfigMap if this replica leads, something changed and it is due.
@@ -241,7 +259,7 @@ class Learner:
                 self._synced = self._reload(merge=True)
                 if not self._synced:
                     return False
-            if not (self.store.dirty or self.curves.dirty) or \
+            if not (self.store.dirty or self.curves.dirty or self.pairs.dirty) or \
                     not force and now - self._last_save < self.cfg.persist_interval_seconds:
                 return False
             self._last_save = now
@@ -265,7 +283,7 @@ class Learner:
             self.persist_writes += 1
             self.persisted_at = self._wall()
             self.store.mark_synced()
-            self.store.dirty = self.curves.dirty = False
+            self.store.dirty = self.curves.dirty = self.pairs.dirty = False
             return True
         self.persist_failures += 1
         return False
@@ -280,6 +298,7 @@ class Learner:
                 "persist_failures": self.persist_failures,
                 "persist_conflicts": self.persist_conflicts,
                 "evicted": store.evicted,
+                "pairs": self.pairs.stats(),
                 "persist_age_seconds": None if self.persisted_at is None
                 else max(0.0, self._wall() - self.persisted_at)}
 

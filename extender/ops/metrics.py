@@ -125,6 +125,17 @@ class LearnerCollector(Collector):
             "within its size")
         evicted.add_metric([], float(s.get("evicted", 0)))
         yield from (accepted, rejected, estimates, change, writes, failures, conflicts, evicted)
+        if "pairs" in s:  # pairwise interference (extender.learning.interference)
+            pairs = GaugeMetricFamily(
+                "tandem_learning_interference_pairs",
+                "Pairwise interference kept: directed pairs seen, pairs that cannot share",
+                labels=["kind"])
+            pairs.add_metric(["seen"], float(s["pairs"]["pairs"]))
+            pairs.add_metric(["cannot_share"], float(s["pairs"]["cannot_share"]))
+            samples = CounterMetricFamily("tandem_learning_interference_samples",
+                                          "Pair slowdown samples taken from shared GPUs")
+            samples.add_metric([], float(s["pairs"]["samples"]))
+            yield from (pairs, samples)
         if s["persist_age_seconds"] is not None:  # absent until something was persisted
             age = GaugeMetricFamily("tandem_learning_persist_age_seconds",
                                     "Seconds since the learning ConfigMap was last written "

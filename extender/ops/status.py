@@ -28,7 +28,7 @@ from typing import Any
 
 import typer
 
-from contracts.annotations import GPU_UTIL, MODEL, PREDICTION_SOURCE
+from contracts.annotations import GPU_UTIL, INTERFERENCE_SOURCE, MODEL, PREDICTION_SOURCE
 from contracts.jsonbody import parse_json
 from contracts.state import STATE_PATH, StateDocument, decode_state
 from extender.cluster.source import ClusterSource
@@ -176,7 +176,8 @@ def summarize(state: StateDocument, origin: str,
         for g in node.gpus:
             pods = [{"pod": p.pod or HIDDEN, "state": p.state, "workload": p.workload,
                      "util_percent": p.util_percent, "mem_mib": p.mem_mib,
-                     "source": pod_source(dict(p.annotations)) if p.pod else "unknown"}
+                     "source": pod_source(dict(p.annotations)) if p.pod else "unknown",
+                     **_interference(dict(p.annotations))}
                     for p in g.pods]
             fresh = g.observed_util is not None
             gpus.append({
@@ -194,9 +195,21 @@ def summarize(state: StateDocument, origin: str,
                 "pods": pods,
             })
         nodes.append({"name": node.name, "gpus": gpus})
-    return {"source": origin, "synced": state.synced, "placed": state.placed,
-            "assumed": state.assumed, "untrusted": state.untrusted, "nodes": nodes,
-            "pending": pending, "redacted": state.redacted, "both_plugins": both_plugins}
+    doc = {"source": origin, "synced": state.synced, "placed": state.placed,
+           "assumed": state.assumed, "untrusted": state.untrusted, "nodes": nodes,
+           "pending": pending, "redacted": state.redacted, "both_plugins": both_plugins}
+    learned = (state.learning or {}).get("pairs") or []
+    if learned:  # pairwise interference (docs/interference.md); absent while nothing is learned
+        doc["interference"] = [{"gpu_type": t["gpu_type"], "pairs": len(t["pairs"]),
+                                "profiled_models": len(t["profiles"]),
+                                "cannot_share": len(t["cannot_share"])} for t in learned]
+    return doc
+
+
+def _interference(annotations: Mapping[str, str]) -> dict[str, str]:
+    """``{"interference": <tandem.io/interference-source>}`` where bind recorded one."""
+    recorded = annotations.get(INTERFERENCE_SOURCE)
+    return {"interference": recorded} if isinstance(recorded, str) and recorded else {}
 
 
 def collect(extender: str | None, cluster: str | None, scheduler_name: str = "tandem",

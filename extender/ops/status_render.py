@@ -33,8 +33,9 @@ def _fold(prefix: str, items: list[str], indent: int = 5) -> list[str]:
 
 def _pod(p: dict[str, Any]) -> str:
     flag = "" if p["state"] == "placed" else f" {p['state']}"
+    pair = f"; interference {p['interference']}" if p.get("interference") else ""
     return (f"{p['pod']} {_pct(p['util_percent'])} {p['mem_mib']:.0f} MiB "
-            f"[{p['source']}]{flag}")
+            f"[{p['source']}{pair}]{flag}")
 
 
 def _node(node: dict[str, Any]) -> list[str]:
@@ -58,6 +59,10 @@ def render(doc: dict[str, Any]) -> str:
             f"{doc.get('assumed') or 0} binding")
     lines = textwrap.wrap(head, WIDTH, subsequent_indent="  ")
     lines.append("predicted: pods' figures [from tandem.io/prediction-source]; observed: agents")
+    for t in doc.get("interference") or []:
+        lines.append(f"interference learned on {t['gpu_type']}: {t['pairs']} pairs, "
+                     f"{t['profiled_models']} models profiled, {t['cannot_share']} cannot share"
+                     [:WIDTH])
     if doc.get("redacted"):
         lines.append("pod names hidden: pass --token-file with the agent token to see them")
     for node in doc["nodes"]:

@@ -10,9 +10,10 @@ pushed in it at one report per ``REPORT_PERIOD_S``, at most
 interval (:func:`report_times`): the learner weighs samples by the time they cover,
 so this gives the weights of a real agent's 1 Hz reports. Each job's figure is
 its true utilisation on that GPU, scaled down proportionally when the GPU's jobs
-together ask for more than 100%; on a shared GPU it is its true utilisation divided
-by the GPU's true slowdown (a training job's utilisation tracks its progress rate,
-the signal the extender's curve learning reads, :mod:`extender.learning.curves`).
+together ask for more than 100%; on a shared GPU it is its true utilisation reduced
+by its own true slowdown through the truth's signal model
+(:mod:`extender.simulator.signal`: proportional or sub-proportional, with a
+warm-up ramp; the extender's learners are never told which).
 Then seeded Gaussian measurement noise (``Truth.util_stddev_percent``), clipped to
 0..100.
 
@@ -94,6 +95,14 @@ class SimAgents:
         for p in run.placements:
             self._placements[p.pod_uid] = replace(p, annotations=ann)
 
+    def refused(self, run: JobRun, partners: Sequence[tuple[int, str]]) -> None:
+        """``run`` failed to start beside models it cannot share with (the pod's OOM)."""
+        engine = self._engine
+        assert engine is not None, "attach() first"
+        table = engine.table
+        for row, other in partners:
+            self.learner.pairs.refuse(table.type_names[table.type_id[row]], run.job.model, other)
+
     def finished(self, run: JobRun) -> None:
         """Count the completion; forget its pods."""
         for p in run.placements:
@@ -140,8 +149,7 @@ class SimAgents:
     def _processes(self, engine: Engine, r: int) -> tuple[ReportedProcess, ...]:
         total = float(engine.util_true[r])
         scale = min(1.0, 100.0 / total) if total > 0 else 1.0
-        if engine.jobs_on[r] >= 2:  # shared: progress, hence utilisation, drops by the slowdown
-            scale = 1.0 / max(float(engine.slowdown[r]), 1.0)
+        shared = engine.jobs_on[r] >= 2  # shared: utilisation drops with the slowdown (signal)
         node, index = self._node[r], engine.table.gpus[r].index
         out = []
         for run in engine.runs_on(r):
@@ -151,7 +159,9 @@ class SimAgents:
                     continue
                 noise = self._rng.normal(0.0, self.truth.util_stddev_percent) \
                     if self.truth.util_stddev_percent > 0 else 0.0
-                util = min(100.0, max(0.0, run.util_rows[k] * scale * self._phase(run) + noise))
+                shown = self.truth.signal.shown(
+                    run.util_rows[k], scale, engine.job_slowdown(run.idx, r) if shared else None)
+                util = min(100.0, max(0.0, shown * self._phase(run) + noise))
                 out.append(ReportedProcess(p.pod_uid, run.mem_rows[k], util))
         return tuple(out)
 

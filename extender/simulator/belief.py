@@ -13,19 +13,21 @@ The prediction is the job's prior (its ``predicted_*`` numbers). Three modes:
   ``learning.curves``), exactly as :meth:`Learner.policy` does in the extender;
 - ``prior``: the prior only, never updated (no learning);
 - ``oracle``: the truth itself, per GPU type (an upper bound for learning),
-  the truth's interference curves included.
+  the truth's interference curves and measured pairs included.
 
 Jobs without a model keep asserting their numbers, as without a truth.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from contracts.annotations import PodInputs
 from extender.config import LearningConfig
 from extender.core import CostPolicy, JobDemand, ResolvedDemand, UtilKnowledge, resolve_demand
+from extender.core.pairs import PairModel, TypePairs
 from extender.learning.learner import Learner
 from extender.simulator.agents import SIM_BATCH_SIZE, SimAgents, SimClock
 from extender.simulator.engine import JobRun
@@ -33,6 +35,16 @@ from extender.simulator.truth import Truth
 
 MODES = ("online", "prior", "oracle")
 PRIOR_SOURCE = "xgboost:sim-prior+mem:estimate"
+
+
+def oracle_pairs(truth: Truth) -> PairModel | None:
+    """The truth's measured pairs as decisions would hold them had they seen each pair often."""
+    if not truth.interference:
+        return None
+    return PairModel({t: TypePairs({(a, b): (math.log(max(v, 1.0)), 1000)
+                                    for a, row in table.slowdown.items() for b, v in row.items()},
+                                   cannot=table.cannot_share)
+                      for t, table in truth.interference.items()})
 
 
 class BeliefError(ValueError):
@@ -77,8 +89,8 @@ class SimKnowledge:
         if self.mode == "online":
             self.learner.prior = base.curve_for
             return self.learner.policy(base, self.cfg)
-        if self.mode == "oracle" and self.truth.curves:
-            return base.with_curves(self.truth.curves)
+        if self.mode == "oracle":
+            return base.with_curves(self.truth.curves).with_pairs(oracle_pairs(self.truth))
         return base
 
     def refresh(self, run: JobRun) -> ResolvedDemand | None:

@@ -27,6 +27,7 @@ from extender.simulator.workloads import (
     generate,
     production,
     with_models,
+    with_named_models,
 )
 
 HEADLINE = ("makespan_s", "avg_gpu_util", "avg_jct_s", "avg_run_s", "avg_wait_s")
@@ -36,8 +37,35 @@ class CommandError(ValueError):
     """Bad command-line input, rendered as one line on stderr (exit code 2)."""
 
 
+def _models_option(models: int | str, truth: Path | None) -> int | list[str]:
+    """``--models``: a number of groups, or the truth file's model names (``truth``)."""
+    if isinstance(models, int):
+        count = models
+    elif str(models).strip() == "truth":
+        if truth is None:
+            raise CommandError("--models truth needs --truth FILE")
+        from extender.simulator.truth import TruthError, load_truth, truth_models
+
+        try:
+            names = truth_models(load_truth(truth))
+        except TruthError as exc:
+            raise CommandError(f"--truth: {exc}") from None
+        if not names:
+            raise CommandError(f"--models truth: {truth} names no models")
+        return names
+    else:
+        try:
+            count = int(str(models))
+        except ValueError:
+            raise CommandError(f"--models must be a number >= 0 or 'truth', got {models!r}") \
+                from None
+    if count < 0:
+        raise CommandError("--models must be >= 0")
+    return count
+
+
 def _load_inputs(trace: Path | None, workload: str | None, cluster: str | None, jobs: int,
-                 seed: int, models: int = 0) -> tuple[list[Any], list[Any], str]:
+                 seed: int, models: int | list[str] = 0) -> tuple[list[Any], list[Any], str]:
     if (trace is None) == (workload is None):
         raise CommandError("give exactly one of --trace FILE or --workload NAME")
     try:
@@ -55,8 +83,12 @@ def _load_inputs(trace: Path | None, workload: str | None, cluster: str | None, 
             if trace is not None:
                 raise CommandError("--models groups a generated workload; a trace names its "
                                    "jobs' models itself")
-            job_list = with_models(job_list, models)
-            label += f", {models} models"
+            if isinstance(models, list):
+                job_list = with_named_models(job_list, models, seed)
+                label += f", {len(models)} models of the truth"
+            else:
+                job_list = with_models(job_list, models)
+                label += f", {models} models"
         nodes = load_cluster(cluster or DEFAULT_CLUSTER.get(str(workload), "large"))
     except (TraceError, WorkloadError, ClusterFileError) as exc:
         raise CommandError(str(exc)) from None
@@ -106,16 +138,15 @@ def run_command(*, trace: Path | None, workload: str | None, policies: Sequence[
                 cluster: str | None, config: Path | None, interference: str, jobs: int,
                 seed: int, plots: Path | None, timeline: Path | None, sweep: bool,
                 grid: str | None, sweep_out: Path, progress: bool = False,
-                truth: Path | None = None, models: int = 0,
+                truth: Path | None = None, models: int | str = 0,
                 knowledge: str = "online") -> dict[str, Any]:
     """Run the simulation(s); returns {"json": object, "text": str}.
 
     ``progress`` shows bars on stderr (only where it is a terminal)."""
-    if models < 0:
-        raise CommandError("--models must be >= 0")
     if plots is not None and (problem := missing_extra("plots", "--plots")):
         raise CommandError(problem)  # before the simulation, not after it
-    job_list, nodes, label = _load_inputs(trace, workload, cluster, jobs, seed, models)
+    job_list, nodes, label = _load_inputs(trace, workload, cluster, jobs, seed,
+                                          _models_option(models, truth))
     options = _options(config)
     worlds = _world_factory(truth, knowledge, config, nodes, sweep)
     engine_config = EngineConfig(interference=interference,
@@ -133,7 +164,8 @@ def run_command(*, trace: Path | None, workload: str | None, policies: Sequence[
             world = worlds() if worlds else None
             results[n] = _simulate(job_list, nodes, n, options, engine_config, show, world)
             if world is not None:
-                learned[n] = {"reports": world.agents.reports, "samples": world.agents.samples}
+                learned[n] = {"reports": world.agents.reports, "samples": world.agents.samples,
+                              "pair_samples": world.agents.learner.pairs.samples_total}
     except (PolicyError, InterferenceError, SweepError) as exc:
         raise CommandError(str(exc)) from None
     extra: dict[str, Any] = {}

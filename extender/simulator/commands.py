@@ -40,9 +40,10 @@ def simulate_command(
     truth: Annotated[Path | None, typer.Option(
         help="Ground truth YAML (true utilisation, memory, curves; docs/tuning.md): agents "
              "report it and the tandem policy learns it online.")] = None,
-    models: Annotated[int, typer.Option(
+    models: Annotated[str, typer.Option(
         help="Group a generated workload's jobs into N models (model-00 ...), so a --truth "
-             "can name them; 0: none.")] = 0,
+             "can name them; 'truth': draw each job's model from the --truth file's models "
+             "(seeded by --seed); 0: none.")] = "0",
     knowledge: Annotated[str, typer.Option(
         help="With --truth, what tandem knows of modelled jobs: online | prior | oracle.")]
     = "online",
@@ -63,3 +64,31 @@ def simulate_command(
         typer.echo(json.dumps(output["json"], sort_keys=False))
     else:
         typer.echo(output["text"])
+
+
+def import_interference_command(
+    gavel: Annotated[Path, typer.Option(
+        help="Gavel measurements JSON (gpus.<gpu>.<job>.alone / .with.<other>).")],
+    gpu: Annotated[str, typer.Option(help="Which GPU of the file: p100 | k80 | ...")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Truth YAML to write.")],
+) -> None:
+    """Turn measured pairwise interference into a simulator truth file (interference: ...)."""
+    import yaml
+
+    from extender.simulator.pairwise import GavelError, import_gavel
+    from extender.simulator.truth import Truth, truth_document
+
+    try:
+        raw = json.loads(gavel.read_text())
+        gpu_type, table = import_gavel(raw, gpu)
+    except OSError as exc:
+        typer.echo(f"tandem import-interference: cannot read {gavel}: {exc.strerror}", err=True)
+        raise typer.Exit(2) from None
+    except (ValueError, GavelError) as exc:
+        typer.echo(f"tandem import-interference: {gavel}: {exc}", err=True)
+        raise typer.Exit(2) from None
+    doc = truth_document(Truth(interference={gpu_type: table}))
+    out.write_text(yaml.safe_dump(doc, sort_keys=True))
+    pairs = sum(len(row) for row in table.slowdown.values())
+    typer.echo(f"wrote {out}: {gpu_type}, {len(table.models())} models, {pairs} measured "
+               f"pairs, {len(table.cannot_share)} that cannot share")

@@ -23,7 +23,10 @@ its memory corrected), so no GPU ever holds more true memory than it has.
 
 The world's truth is the trace (each job's ``util_percent`` and ``mem_mib``) and
 the paper's interference, unless a :class:`extender.simulator.truth.Truth` says
-otherwise per model, GPU type and curve. Simulated agents (``agents``), when
+otherwise per model, GPU type and curve. Where the truth measures pairs for a GPU
+type (:mod:`extender.simulator.pairwise`), each job on a shared GPU of that type
+has its own slowdown (asymmetric), and a start beside a model it cannot share
+with fails like an out-of-memory start. Simulated agents (``agents``), when
 given, are told before every change of a GPU's jobs, so they can report the
 interval that ends, and after every completion.
 """
@@ -42,6 +45,7 @@ from extender.core.snapshot import NodeSpec, Placement
 from extender.core.table import GpuTable
 from extender.simulator.interference import SlowdownModel
 from extender.simulator.jobs import SimJob
+from extender.simulator.pairwise import job_slowdowns as pairwise_slowdowns
 
 if TYPE_CHECKING:
     from extender.simulator.truth import Truth
@@ -194,6 +198,10 @@ class Engine:
         self.util_timeline: list[tuple[float, float]] = []
         self.gpu_timeline: list[tuple[float, int, float, float, int]] = []
         self.max_mem_excess_mib = 0.0
+        self.pairs = truth.interference if truth is not None else {}
+        self._job_slow: dict[tuple[int, int], float] = {}
+        """(job, row) -> that job's slowdown on the row, where the row's type has pairs."""
+        self.cannot_share_events = 0
         self._ctx = SchedulingContext(self)
         for run in self.runs:
             self._push(run.job.arrival_s, ARRIVE, run.idx, 0)
@@ -259,12 +267,16 @@ class Engine:
         idx = np.fromiter(rows, dtype=np.int64, count=len(rows))
         added = np.bincount(idx, minlength=len(self.mem_true))[idx] * np.array(mems)
         if np.any(self.mem_true[idx] + added > self.table.capacity_mib[idx] + 1e-6):
-            self.oom_events += 1
-            run.ooms += 1
             run.pred_mem = max(run.pred_mem, max(mems))  # Horus §4.2.3 resubmission
-            self.last_start_s[idx] = t
-            self._push(t + self.config.oom_retry_delay_s, RETRY, run.idx, 0)
-            return False
+            return self._refuse(run, idx)
+        if self.pairs:
+            partners = self._cannot_share(run, rows)
+            if partners:
+                self.cannot_share_events += 1
+                refused = getattr(self.agents, "refused", None)
+                if refused is not None:  # the pod's failure is visible to the extender
+                    refused(run, partners)
+                return self._refuse(run, idx)
         if self.agents is not None:
             self.agents.before_change(rows, t)
         for p in placements:
@@ -286,6 +298,49 @@ class Engine:
             self.agents.started(run)
         return True
 
+    def _refuse(self, run: JobRun, idx: np.ndarray) -> bool:
+        """The start fails as out of memory; the job re-enters the queue after the delay."""
+        self.oom_events += 1
+        run.ooms += 1
+        self.last_start_s[idx] = self._t
+        self._push(self._t + self.config.oom_retry_delay_s, RETRY, run.idx, 0)
+        return False
+
+    def _cannot_share(self, run: JobRun, rows: Sequence[int]) -> list[tuple[int, str]]:
+        """(row, model) of each job on ``rows`` whose model ``run``'s cannot share with."""
+        out = []
+        for r in sorted(set(rows)):
+            table = self.pairs.get(self.table.type_names[self.table.type_id[r]])
+            if table is None:
+                continue
+            out += [(r, other.job.model) for other in self.runs_on(r)
+                    if not table.can_share(run.job.model, other.job.model)]
+        return out
+
+    def job_slowdown(self, job: int, row: int) -> float:
+        """How many times slower job ``job`` runs on GPU ``row`` now (1.0 alone)."""
+        return self._job_slow.get((job, row), float(self.slowdown[row]))
+
+    def _pair_row(self, r: int) -> None:
+        """Per-job slowdowns on ``r`` from the truth's measured pairs (pairwise rules)."""
+        type_id = int(self.table.type_id[r])
+        table = self.pairs.get(self.table.type_names[type_id])
+        if table is None:
+            return
+        jobs = self._on_gpu[r]
+        runs = [self.runs[j] for j in jobs]
+        utils = [run.util_rows[run.rows.index(r)] for run in runs]
+        types = np.array([type_id])
+
+        def curve(i: int, j: int) -> float:
+            return float(self.model.slowdown(np.array([utils[i] + utils[j]]), np.array([2]),
+                                             types)[0])
+
+        slows = pairwise_slowdowns(table, [run.job.model for run in runs], curve)
+        for j, value in zip(jobs, slows, strict=True):
+            self._job_slow[(j, r)] = value
+        self.slowdown[r] = max(slows) if len(slows) >= 2 else 1.0
+
     def _truth_on(self, job: SimJob, rows: Sequence[int]) -> tuple[list[float], list[float]]:
         """True (utilisation, memory) of ``job`` on each of ``rows``."""
         if self.truth is None:
@@ -305,6 +360,7 @@ class Engine:
             self.mem_true[r] = max(0.0, self.mem_true[r] - m)
             self.jobs_on[r] -= 1
             self._on_gpu[r].remove(run.idx)
+            self._job_slow.pop((run.idx, r), None)
             if self.jobs_on[r] == 0:  # no float residue on an idle GPU
                 self.util_true[r] = self.mem_true[r] = 0.0
         rows, run.rows, run.placements = run.rows, (), []
@@ -343,6 +399,9 @@ class Engine:
         self._contrib[idx] = new
         self.slowdown[idx] = self.model.slowdown(self.util_true[idx], self.jobs_on[idx],
                                                  self.table.type_id[idx])
+        if self.pairs:
+            for r in rows:
+                self._pair_row(int(r))
         t = self._t
         g = len(self.table.gpus)
         if not self.util_timeline or self.util_timeline[-1][0] != t:
@@ -359,7 +418,8 @@ class Engine:
         for j in sorted(affected):
             run = self.runs[j]
             self._settle(run)
-            run.rate = 1.0 / float(self.slowdown[list(run.rows)].max())
+            run.rate = 1.0 / (max(self.job_slowdown(j, r) for r in run.rows) if self.pairs
+                              else float(self.slowdown[list(run.rows)].max()))
             run.version += 1
             self._push(t + run.remaining_s / run.rate, FINISH, j, run.version)
 

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from contracts.annotations import PodInputs
+from contracts.annotations import MODEL, PodInputs
 from extender.core import (
     CostPolicy,
     DecisionContext,
@@ -91,6 +91,11 @@ class FreeView:
 
     def __init__(self, table: GpuTable, node_of: np.ndarray, policy: CostPolicy, now_s: float):
         self.table, self.node_of, self.policy, self.now_s = table, node_of, policy, now_s
+        # Learned pairs re-judge the co-location rule per model in the core: the pre-filter
+        # then leaves the rule out, so it never drops a node the core would accept.
+        if policy.pairs is not None:
+            policy = replace(policy, min_colocation_gain_percent=None)
+            self.policy = policy
         self.rule = colocation_rule_on(policy)
         self._bound_policy = replace(policy, min_colocation_gain_percent=None,
                                      max_colocated_util_percent=None) if self.rule else policy
@@ -177,6 +182,8 @@ def place_with_core(view: FreeView, run: JobRun, settings: HorusSettings,
         placement = choose(ev, position, f"{run.job.id}-{t}", f"sim/{run.job.id}-{t}")
         if placement is None:
             return None
+        if resolved is not None and run.job.model:  # what the ledger would read off the pod
+            placement = replace(placement, annotations=((MODEL, run.job.model),))
         placements.append(placement)
         if t + 1 < run.job.tasks:
             if work is table:

@@ -26,6 +26,11 @@ parts of it::
       eval_every_seconds: 600    # an evaluation phase every so often ...
       eval_seconds: 30           # ... this long ...
       eval_util_factor: 0.2      # ... at this fraction of its utilisation
+    interference:                # per GPU type, measured pairs (extender.simulator.pairwise)
+      NVIDIA-Tesla-P100:
+        slowdown: {LM-bs5: {ResNet-50-bs64: 3.56}, ResNet-50-bs64: {LM-bs5: 1.25}}
+        cannot_share: [[LM-bs80, CycleGAN]]
+    signal: {model: proportional}   # what agents show (extender.simulator.signal)
 
 A model's utilisation is given by ``util_percent`` or ``util_factor``, not both;
 a GPU type a per-type mapping leaves out keeps the trace's number. Jobs whose
@@ -48,9 +53,11 @@ import numpy as np
 
 from extender.simulator.interference import SlowdownModel
 from extender.simulator.jobs import SimJob
+from extender.simulator.pairwise import PairTable, interference_document, parse_interference
+from extender.simulator.signal import SignalModel, parse_signal
 from predictor.curves import InterferenceCurve, coefficient_table, curve_costs, parse_curves
 
-TOP_KEYS = ("noise", "models", "curves", "phases")
+TOP_KEYS = ("noise", "models", "curves", "phases", "interference", "signal")
 PHASE_KEYS = ("warmup_seconds", "warmup_util_factor", "eval_every_seconds", "eval_seconds",
               "eval_util_factor")
 MODEL_KEYS = ("util_percent", "util_factor", "mem_mib")
@@ -96,6 +103,10 @@ class Truth:
     util_stddev_percent: float = 2.0
     seed: int = 1
     phases: Phases = Phases()
+    interference: Mapping[str, PairTable] = field(default_factory=dict)
+    """Measured pairs per GPU type (:mod:`extender.simulator.pairwise`)."""
+    signal: SignalModel = SignalModel()
+    """What the agents show of a job's utilisation (:mod:`extender.simulator.signal`)."""
 
     def util_of(self, job: SimJob, gpu_type: str) -> float:
         """True utilisation of one GPU of ``job`` on ``gpu_type`` (percent)."""
@@ -224,9 +235,11 @@ def parse_truth(raw: Any, path: str = "truth") -> Truth:
         models = {str(k): _model(v, f"{path}.models.{k}", problems) for k, v in models_raw.items()}
     curves = parse_curves(raw.get("curves"), f"{path}.curves", problems)
     phases = _phases(raw.get("phases") or {}, f"{path}.phases", problems)
+    pairs = parse_interference(raw.get("interference"), f"{path}.interference", problems)
+    signal = parse_signal(raw.get("signal"), f"{path}.signal", problems)
     if problems:
         raise TruthError(problems)
-    return Truth(models, curves, sd, seed, phases)
+    return Truth(models, curves, sd, seed, phases, pairs, signal)
 
 
 def _phases(raw: Any, path: str, problems: list[str]) -> Phases:
@@ -281,8 +294,21 @@ def truth_document(truth: Truth) -> dict[str, Any]:
         if m.mem_mib:
             entry["mem_mib"] = per_type(m.mem_mib)
         models[name] = entry
-    doc = {"noise": {"util_stddev_percent": truth.util_stddev_percent, "seed": truth.seed},
-           "models": models, "curves": {t: c.to_config() for t, c in truth.curves.items()}}
+    doc: dict[str, Any] = {
+        "noise": {"util_stddev_percent": truth.util_stddev_percent, "seed": truth.seed},
+        "models": models, "curves": {t: c.to_config() for t, c in truth.curves.items()}}
     if truth.phases != Phases():
         doc["phases"] = dict(truth.phases.__dict__)
+    if truth.interference:
+        doc["interference"] = interference_document(truth.interference)
+    if truth.signal != SignalModel():
+        doc["signal"] = {"model": truth.signal.model}
     return doc
+
+
+def truth_models(truth: Truth) -> list[str]:
+    """Every model the truth names (``models:`` and ``interference:``), sorted."""
+    names = set(truth.models)
+    for table in truth.interference.values():
+        names.update(table.models())
+    return sorted(names)

@@ -176,3 +176,26 @@ def with_models(jobs: list[SimJob], models: int) -> list[SimJob]:
             out[i] = replace(jobs[i], util_percent=util, mem_mib=mem, predicted_util_percent=util,
                              predicted_mem_mib=mem, model=f"model-{k:02d}")
     return out
+
+
+def with_named_models(jobs: list[SimJob], names: list[str], seed: int) -> list[SimJob]:
+    """Each job trains one of ``names``, drawn uniformly with ``seed`` (``--models truth``).
+
+    Every job of a model then takes the model's numbers, as :func:`with_models` does:
+    utilisation the mean of its jobs', memory their largest, predictions equal to
+    these. Arrival times, durations and GPU counts are kept."""
+    if not names:
+        raise WorkloadError("the truth names no models to draw from")
+    rng = np.random.default_rng(seed)
+    drawn = rng.integers(0, len(names), size=len(jobs))
+    out = list(jobs)
+    for k, name in enumerate(names):
+        group = np.flatnonzero(drawn == k).tolist()
+        if not group:
+            continue
+        util = round(float(np.mean([jobs[i].util_percent for i in group])), 2)
+        mem = max(jobs[i].mem_mib for i in group)
+        for i in group:
+            out[i] = replace(jobs[i], util_percent=util, mem_mib=mem, predicted_util_percent=util,
+                             predicted_mem_mib=mem, model=name)
+    return out

@@ -225,9 +225,12 @@ class ClusterState:
     def assume_best(self, node: str, demand: ResolvedDemand, inference: InferenceContext | None,
                     pod_uid: str, pod: str, annotations: tuple[tuple[str, str], ...] = (),
                     containers: tuple[tuple[str, int, bool], ...] = (),
-                    ) -> tuple[Placement, Any, float, list[str]]:
+                    ) -> tuple[Placement, Any, float, list[str], str]:
         """Decide the GPUs on ``node`` against fresh state and assume them, atomically;
-        ``containers`` (``extender.core.container_gpu_counts``) says who gets which."""
+        ``containers`` (``extender.core.container_gpu_counts``) says who gets which.
+
+        Returns the placement, its plan, cost, GPU UUIDs and where its interference figure
+        came from ("" where the curve alone decided)."""
         self.expire()
         with self.lock:
             if self._ledger.is_known(pod_uid):
@@ -249,7 +252,8 @@ class ClusterState:
             now = self._clock()
             self._ledger.assume(placement, now)
             self._table.place(placement, now)
-            return placement, ev.plans.get(rows[0]), float(ev.node_cost[0]), uuids
+            return placement, ev.plans.get(rows[0]), float(ev.node_cost[0]), uuids, \
+                ev.interference_sources.get(rows[0], "")
 
     def fits_without(self, node: str, victim_uids: Sequence[str], demand: ResolvedDemand,
                      inference: InferenceContext | None) -> bool:

@@ -5,5 +5,5 @@ Modules: :mod:`.backend` (protocol and values), :mod:`.cuda` with :mod:`.nvml`,
 tests), :mod:`.spec` and :mod:`.plan` (what to run), :mod:`.campaign` (running it
 within a budget), :mod:`.store` (append-only CSVs and repair), :mod:`.runner`
 (wiring and provenance), :mod:`.commands` (the CLI). The schema of the files is
-:mod:`predictor.dataset`'s.
+:mod:`predictor.dataset_schema`'s.
 """

@@ -1,6 +1,6 @@
 """The ``training_data/<gpu-product>/`` writer: append-only CSVs, resume state, provenance.
 
-Every finished run is validated against :mod:`predictor.dataset` (the one source
+Every finished run is validated against :mod:`predictor.dataset_schema` (the one source
 of the schema), appended as whole lines in one write, flushed and fsynced, so an
 interrupted campaign loses at most the run in flight. Opening a directory repairs
 what a crash can leave behind, so that resuming duplicates nothing:
@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from predictor.dataset import (
+from predictor.dataset_schema import (
     BATCHING_COLUMNS,
     COLOCATED_COLUMNS,
     FILES,

@@ -1,0 +1,248 @@
+"""Pairwise interference: does learning who slows whom place jobs better than the curve?
+
+Data: Gavel's measured throughputs of 26 single-GPU training jobs alone and in
+every pair sharing one P100 or one K80 (``shared/data/interference/``, MIT).
+
+(a) **Offline pairing.** The 26 jobs are paired onto 13 GPUs by a maximum-weight
+matching on ``1/s_ab + 1/s_ba`` computed from each method's predicted slowdowns;
+a pairing is worth its *measured* combined normalised throughput per GPU (1.0 =
+one job alone). Methods: the measured matrix (the best possible); the
+best-fitting Horus-style curve (each job's utilisation and the curve's three
+coefficients fitted by least squares on log slowdown over every measured pair:
+better than any curve learner could get); the extender's pair learner
+(:class:`extender.learning.interference.PairLearner`, the code decisions use)
+after it has seen each job in ``k`` random pairings (``k`` random perfect
+matchings, both directions of each pair, measured figures), over ``--seeds``
+seeds. Pairs that do not fit in memory are known to every method (the memory
+estimate knows them), so no method picks one.
+
+(b) **Simulator.** The imported truths (``tandem import-interference``) on a
+12-GPU cluster of each type (3 nodes x 4), the w-large workload with each job's
+model drawn from the truth's 26 (``--models truth``), the tandem policy under
+both signal models (what agents show: utilisation / slowdown, or / sqrt(slowdown);
+the learners are never told): online pair-aware (``learning.pairs: true``),
+online curve-only (today's learner), fixed priors, and the oracle (the truth's
+utilisation and measured pairs). Mean and 95% interval (t) over seeds of the
+average JCT and the makespan. Memory and SLO sessions are unchanged (the
+training workload has none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import _common
+import networkx as nx
+import numpy as np
+from scipy.optimize import least_squares
+from scipy.stats import t as student_t
+
+from extender.config import load_config
+from extender.learning.interference import PairLearner
+from extender.simulator.belief import SimWorld
+from extender.simulator.cluster import uniform_cluster
+from extender.simulator.pairwise import GAVEL_GPUS, gavel_model_name, import_gavel
+from extender.simulator.policies import PolicyOptions, tandem_cost
+from extender.simulator.runner import simulate
+from extender.simulator.signal import SignalModel
+from extender.simulator.truth import Truth
+from extender.simulator.workloads import generate, with_named_models
+
+_DATA = Path("shared") / "data" / "interference" / "gavel-p100-k80.json"
+DATA = next((base / _DATA for base in (_common.ROOT, *_common.ROOT.parents)
+             if (base / _DATA).exists()), _common.ROOT / _DATA)
+"""The Gavel file: the first ``shared/data/interference/`` at or above the repository."""
+GPUS = ("p100", "k80")
+KS = (1, 2, 3)
+GOAL_OF_MATRIX = 0.97
+GOAL_VS_ORACLE = 0.05
+MEMORY_MIB = {"p100": 16280, "k80": 11441}
+
+
+def matrix(raw: dict[str, Any], gpu: str) -> tuple[list[str], np.ndarray]:
+    """Job names and ``S[a, b]`` (a's slowdown beside b; inf: cannot share)."""
+    _, table = import_gavel(raw, gpu)
+    jobs = sorted(gavel_model_name(j) for j in raw["gpus"][gpu])
+    s = np.full((len(jobs), len(jobs)), np.inf)
+    for i, a in enumerate(jobs):
+        for j, b in enumerate(jobs):
+            v = table.listed(a, b)
+            if v is not None and table.can_share(a, b):
+                s[i, j] = v
+    return jobs, s
+
+
+def pairing_value(predicted: np.ndarray, truth: np.ndarray) -> float:
+    """Measured throughput per GPU of the max-weight pairing by ``predicted`` slowdowns."""
+    n = len(truth)
+    g = nx.Graph()
+    for i in range(n):
+        for j in range(i + 1, n):
+            if np.isfinite(truth[i, j]) and np.isfinite(truth[j, i]):
+                g.add_edge(i, j, weight=1 / predicted[i, j] + 1 / predicted[j, i])
+    chosen = nx.max_weight_matching(g, maxcardinality=True)
+    return sum(1 / truth[i, j] + 1 / truth[j, i] for i, j in chosen) / (n // 2)
+
+
+def best_curve(truth: np.ndarray) -> np.ndarray:
+    """The best-fitting curve's symmetric predictions (module docstring)."""
+    n = len(truth)
+    ii, jj = np.nonzero(np.isfinite(truth) & ~np.eye(n, dtype=bool))
+    y = np.log(truth[ii, jj])
+
+    def slow(p: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        x = p[3 + a] + p[3 + b]
+        over = np.maximum(x - 1, 0)
+        return 1 + p[0] * np.minimum(x, 1) + p[1] * over + p[2] * over * over
+
+    best = None
+    upper = np.concatenate([[10, 10, 10], np.full(n, 1.5)])
+    for start in (0.3, 0.5, 0.7):
+        p0 = np.concatenate([[0.5, 0.5, 0.1], np.full(n, start)])
+        fit = least_squares(lambda p: np.log(slow(p, ii, jj)) - y, p0,
+                            bounds=(np.zeros(3 + n), upper))
+        if best is None or fit.cost < best.cost:
+            best = fit
+    assert best is not None
+    a, b = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    return slow(best.x, a, b)
+
+
+def learner_predictions(jobs: list[str], truth: np.ndarray, k: int,
+                        rng: np.random.Generator) -> np.ndarray:
+    """The pair learner's figures after each job was seen in ``k`` random pairings."""
+    learner = PairLearner(max_entries=100_000, explore_bonus=0.0)
+    n = len(jobs)
+    for _ in range(k):
+        order = rng.permutation(n)
+        for x in range(0, n - 1, 2):
+            i, j = int(order[x]), int(order[x + 1])
+            if not np.isfinite(truth[i, j]):
+                learner.refuse("gpu", jobs[i], jobs[j])
+                continue
+            learner.add("gpu", jobs[i], jobs[j], float(truth[i, j]))
+            learner.add("gpu", jobs[j], jobs[i], float(truth[j, i]))
+    model = learner.model()
+    assert model is not None
+    fallback = float(np.exp(np.median(np.log(truth[np.isfinite(truth)]))))
+    return np.array([[model.figure("gpu", a, b, fallback)[0] for b in jobs] for a in jobs])
+
+
+def interval(values: list[float]) -> dict[str, float]:
+    """Mean and half-width of the 95% t interval."""
+    v = np.asarray(values, dtype=float)
+    half = float(student_t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v))) \
+        if len(v) > 1 else 0.0
+    return {"mean": round(float(v.mean()), 4), "ci95": round(half, 4), "n": len(v)}
+
+
+def offline(raw: dict[str, Any], seeds: int) -> dict[str, Any]:
+    """Part (a) for every GPU of the file."""
+    out: dict[str, Any] = {}
+    for gpu in GPUS:
+        jobs, truth = matrix(raw, gpu)
+        best = pairing_value(truth, truth)
+        curve = pairing_value(best_curve(truth), truth)
+        learned = {}
+        for k in KS:
+            values = [pairing_value(learner_predictions(jobs, truth, k,
+                                                        np.random.default_rng(seed)), truth)
+                      for seed in range(seeds)]
+            learned[f"k={k}"] = {**interval(values),
+                                 "of_matrix": round(float(np.mean(values)) / best, 4)}
+        rng = np.random.default_rng(0)
+        random = [pairing_value(rng.random(truth.shape) + 1, truth) for _ in range(seeds)]
+        out[gpu] = {"jobs": len(jobs), "matrix": round(best, 4),
+                    "best_curve": round(curve, 4), "best_curve_of_matrix": round(curve / best, 4),
+                    "random": interval(random), "learner": learned,
+                    "goal_97pct_by_k3": bool(learned["k=3"]["of_matrix"] >= GOAL_OF_MATRIX),
+                    "goal_above_curve_by_k3": bool(learned["k=3"]["mean"] > curve)}
+    return out
+
+
+MODES = ("pair-aware", "curve-only", "prior", "oracle")
+
+
+def _world(truth: Truth, mode: str, types: list[str]) -> SimWorld:
+    base = load_config(None, environ={}).learning
+    if mode in ("pair-aware", "curve-only"):
+        return SimWorld.build(truth, "online", replace(base, pairs=mode == "pair-aware"), types)
+    return SimWorld.build(truth, mode, base, types)
+
+
+def simulated(raw: dict[str, Any], seeds: int, workload: str) -> dict[str, Any]:
+    """Part (b): every GPU, signal model and mode over ``seeds`` seeds."""
+    out: dict[str, Any] = {}
+    for gpu in GPUS:
+        gpu_type, table = import_gavel(raw, gpu)
+        nodes = uniform_cluster(3, 4, gpu_type, MEMORY_MIB[gpu], prefix=f"{gpu}-node")
+        names = table.models()
+        for signal in ("proportional", "sub-proportional"):
+            runs: dict[str, dict[str, list[float]]] = {m: {"avg_jct_s": [], "makespan_s": []}
+                                                       for m in MODES}
+            for seed in range(1, seeds + 1):
+                truth = Truth(interference={gpu_type: table}, signal=SignalModel(signal),
+                              seed=seed)
+                jobs = with_named_models(generate(workload, seed), names, seed)
+                for mode in MODES:
+                    result = simulate(jobs, nodes, "tandem", PolicyOptions(cost=tandem_cost()),
+                                      world=_world(truth, mode, [gpu_type])).summary()
+                    for key in ("avg_jct_s", "makespan_s"):
+                        runs[mode][key].append(float(result[key]))
+            summary = {m: {k: interval(v) for k, v in r.items()} for m, r in runs.items()}
+            out[f"{gpu}/{signal}"] = {"modes": summary, "goals": _goals(runs)}
+    return out
+
+
+def _goals(runs: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
+    """Pair-aware within 5% of the oracle, ahead of curve-only by more than the interval."""
+    goals: dict[str, Any] = {}
+    for key in ("avg_jct_s", "makespan_s"):
+        pair, curve, oracle = (np.mean(runs[m][key]) for m in ("pair-aware", "curve-only",
+                                                                "oracle"))
+        diff = np.array(runs["curve-only"][key]) - np.array(runs["pair-aware"][key])
+        ahead = interval(list(diff))
+        goals[key] = {"pair_vs_oracle": round(float(pair / oracle - 1), 4),
+                      "within_5pct_of_oracle": bool(pair <= oracle * (1 + GOAL_VS_ORACLE)),
+                      "curve_minus_pair_paired": ahead,
+                      "ahead_of_curve_beyond_interval": bool(ahead["mean"] > ahead["ci95"]),
+                      "curve_vs_oracle": round(float(curve / oracle - 1), 4)}
+    return goals
+
+
+def main() -> None:
+    """Run (a) and (b), print and save the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DATA, help="Gavel measurements JSON")
+    parser.add_argument("--offline-seeds", type=int, default=20)
+    parser.add_argument("--sim-seeds", type=int, default=5)
+    parser.add_argument("--workload", default="w-large", help="generated workload for (b)")
+    _common.add_out_option(parser, "interference")
+    args = parser.parse_args()
+    raw = json.loads(args.data.read_text())
+    started = time.perf_counter()
+    report: dict[str, Any] = {
+        "benchmark": "interference",
+        "data": "Gavel pairwise throughputs (shared/data/interference/gavel-p100-k80.json)",
+        "setup": {"gpu_types": {g: GAVEL_GPUS[g] for g in GPUS}, "ks": list(KS),
+                  "offline_seeds": args.offline_seeds, "sim_seeds": args.sim_seeds,
+                  "workload": f"{args.workload} with --models truth", "cluster": "3 x 4 GPUs",
+                  "policy": "tandem (packaged config)", "modes": list(MODES),
+                  "memory_and_slo_sessions": "unchanged (the training workload has none)"},
+        "offline_pairing": offline(raw, args.offline_seeds),
+    }
+    report["offline_wall_s"] = round(time.perf_counter() - started, 1)
+    report["simulator"] = simulated(raw, args.sim_seeds, args.workload)
+    report["total_wall_s"] = round(time.perf_counter() - started, 1)
+    report.update(_common.context(("numpy", "scipy", "networkx")))
+    _common.write_result(report, args.out)
+
+
+if __name__ == "__main__":
+    main()

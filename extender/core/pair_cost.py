@@ -1,0 +1,103 @@
+"""Pairwise interference on candidate GPUs: the utilisation term and the throughput rule.
+
+:func:`pair_terms` judges the rows where the pair figures apply (the policy has a
+:class:`extender.core.pairs.PairModel` that knows the row's GPU type, the pod names
+its model, and every training pod on the row names one); the other rows keep
+Horus's terms (``nan`` in the returned arrays), so with nothing learned the
+decision is the curve's exactly. See :mod:`extender.core.pairs` for the rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from extender.core.cost import CostPolicy, curve_costs
+from extender.core.pairs import PairModel, judge_gpu
+from extender.core.reasons import Reason
+from extender.core.rules import GpuLoad
+from extender.core.table import GpuTable
+
+
+@dataclass(frozen=True)
+class PairTerms:
+    """Per candidate row: the pair-based utilisation term and rule verdicts (nan: Horus)."""
+
+    c_util: np.ndarray
+    gain: np.ndarray
+    refused: np.ndarray
+    """Rows whose residents include a model the pod was seen not to fit beside."""
+    sources: dict[int, str]
+    """Table row -> where the pod's interference figure came from (rows judged by pairs)."""
+
+
+def _curve_pair(row_coeffs: np.ndarray, utils: list[float]) -> Callable[[int, int], float]:
+    """The curve's slowdown of jobs ``i`` and ``j`` (of ``utils``) sharing a GPU alone."""
+    def pair(i: int, j: int) -> float:
+        return 1.0 + float(curve_costs(np.array([utils[i] + utils[j]]), row_coeffs[None, :])[0])
+    return pair
+
+
+def pair_terms(table: GpuTable, rows: np.ndarray, model_name: str | None, policy: CostPolicy,
+               job_util: np.ndarray, coeffs: np.ndarray) -> PairTerms | None:
+    """The pair terms of a training pod of ``model_name`` on ``rows`` (None: none apply).
+
+    ``job_util`` and ``coeffs`` have one entry (row) per candidate row or one for all."""
+    model: PairModel | None = policy.pairs
+    if model is None or not model_name or not model.types:
+        return None
+    size = rows.size
+    c_util = np.full(size, np.nan)
+    gain = np.full(size, np.nan)
+    refused = np.zeros(size, dtype=bool)
+    sources: dict[int, str] = {}
+    names, type_id = table.type_names, table.type_id
+    for i, r in enumerate(rows.tolist()):
+        gpu_type = names[type_id[r]]
+        if not model.knows(gpu_type):
+            continue
+        here = table.row_models.get(r, ())
+        if any(not m for m, _, _ in here):
+            continue  # a pod without a model: the curve judges this GPU
+        u_job = float(job_util[i if job_util.size > 1 else 0])
+        row_coeffs = coeffs[i if coeffs.shape[0] > 1 else 0]
+        alone = float(curve_costs(np.array([u_job]), row_coeffs[None, :])[0])
+        if not here:
+            c_util[i] = alone
+            continue
+        utils = [u for _, u, _ in here] + [u_job]
+        verdict = judge_gpu(model, gpu_type, model_name, [m for m, _, _ in here],
+                            [w for _, _, w in here], _curve_pair(row_coeffs, utils))
+        c_util[i] = alone + verdict.loss
+        gain[i] = verdict.gain
+        refused[i] = not verdict.fits
+        sources[r] = verdict.source
+    if np.isnan(c_util).all():
+        return None
+    return PairTerms(c_util, gain, refused, sources)
+
+
+def pair_rule(code: np.ndarray, terms: PairTerms, policy: CostPolicy) -> np.ndarray:
+    """``code`` with the co-location rule re-judged by the pair figures where they apply.
+
+    A refused pair is ``COLOCATION_SLOWDOWN``; the throughput rule uses the pair gain
+    in place of the curve's (only when no utilisation cap shares that reason)."""
+    slow = Reason.COLOCATION_SLOWDOWN.code
+    judged = ~np.isnan(terms.gain)
+    out = code.copy()
+    if policy.min_colocation_gain_percent is not None and policy.max_colocated_util_percent is None:
+        out = np.where(judged & (out == slow), 0, out)
+        worse = judged & (terms.gain <= policy.min_colocation_gain_percent / 100.0)
+        out = np.where((out == 0) & worse, slow, out)
+    return np.where((out == 0) & terms.refused, slow, out)
+
+
+def pair_cost(cost: np.ndarray, terms: PairTerms, policy: CostPolicy, load: GpuLoad,
+              job_mem: np.ndarray) -> np.ndarray:
+    """Horus's Eq. 7 with the pair utilisation term where it applies (memory term unchanged)."""
+    judged = ~np.isnan(terms.c_util)
+    c_mem = (load.used_mib + job_mem) / np.maximum(load.capacity_mib, 1.0)
+    return np.where(judged, policy.w_mem * c_mem + policy.w_util * np.nan_to_num(terms.c_util),
+                    cost)

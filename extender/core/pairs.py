@@ -1,0 +1,144 @@
+"""Pairwise interference in decisions: who slows whom, as learned (pure, no I/O).
+
+The curve of summed utilisation gives two co-located jobs the same slowdown;
+measured co-location is asymmetric (a language model may run 3.5x slower beside
+a ResNet that runs only 1.25x slower beside it). :class:`PairModel` holds what
+the extender learned per GPU type (:mod:`extender.learning.interference`) and
+answers, for a job of model ``a`` beside one of model ``b``, how many times
+slower ``a`` runs and where that figure comes from:
+
+- ``pair:<n>``: the pair was seen ``n`` times; the mean of its log slowdowns,
+  shrunk toward the profile (or the curve) with the weight of ``prior_weight``
+  samples;
+- ``profile``: both models were seen with others: ``exp(mu + sens[a] + aggr[b])``,
+  ``a``'s sensitivity and ``b``'s aggressiveness;
+- ``curve``: neither: the GPU type's curve, ``1 + f(u_a + u_b)``.
+
+Models are named by their ``tandem.io/model`` reference. A job's slowdown on a
+GPU with several others is ``1 + sum over them of (s[a][b] - 1)`` (the
+simulator's truth uses the same rule).
+
+**Cost.** For a training pod on a GPU of a type the model knows, where the pod
+and every training pod already there name a model, the utilisation term of
+Horus's Eq. 7 becomes ``f(u_job) + loss``: ``f(u_job)`` is what the GPU would
+cost the job alone (so an idle GPU still wins over a shared one, as with the
+curve), and ``loss`` is the progress the GPU gives up, ``(1 - 1/s_new) + sum
+over the jobs there of (1/s_before - 1/s_after)``. The memory term is unchanged.
+The co-location throughput rule reads the same figures (rate after / rate
+before). Elsewhere decisions are Horus's, so a cluster with nothing learned
+decides exactly as before.
+
+**Exploration.** A pair never seen is judged by its profile or the curve; when
+its figure comes from there, its loss is lowered by ``explore_bonus`` (at most
+that, never below zero), so an untried pair wins over a known one only when
+their predicted losses are within ``explore_bonus``: a choice made for
+exploration costs at most ``explore_bonus`` of predicted progress more than the
+greedy one (``tests/test_pairs.py`` checks the bound). Pairs known not to fit
+together (``cannot_share``) are refused.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+CURVE = "curve"
+PROFILE = "profile"
+
+
+@dataclass(frozen=True)
+class TypePairs:
+    """One GPU type's learned interference."""
+
+    pairs: Mapping[tuple[str, str], tuple[float, int]] = field(default_factory=dict)
+    """(a, b) -> (mean log slowdown of a beside b, samples)."""
+    mu: float = 0.0
+    sens: Mapping[str, float] = field(default_factory=dict)
+    aggr: Mapping[str, float] = field(default_factory=dict)
+    cannot: frozenset[frozenset[str]] = frozenset()
+
+
+@dataclass(frozen=True)
+class PairModel:
+    """What decisions know of pairwise interference (module docstring)."""
+
+    types: Mapping[str, TypePairs] = field(default_factory=dict)
+    prior_weight: float = 0.5
+    explore_bonus: float = 0.0
+
+    def knows(self, gpu_type: str) -> bool:
+        """True when decisions on ``gpu_type`` use pair figures."""
+        return gpu_type in self.types
+
+    def figure(self, gpu_type: str, a: str, b: str, curve: float) -> tuple[float, str]:
+        """``(slowdown of a beside b, source)``; ``curve`` is the curve's figure for the pair."""
+        t = self.types.get(gpu_type)
+        if t is None:
+            return max(curve, 1.0), CURVE
+        prior, source = math.log(max(curve, 1.0)), CURVE
+        if a in t.sens and b in t.aggr:
+            prior, source = t.mu + t.sens[a] + t.aggr[b], PROFILE
+        seen = t.pairs.get((a, b))
+        if seen is not None and seen[1] > 0:
+            mean, n = seen
+            value = (n * mean + self.prior_weight * prior) / (n + self.prior_weight)
+            return max(1.0, math.exp(value)), f"pair:{n}"
+        return max(1.0, math.exp(prior)), source
+
+    def can_share(self, gpu_type: str, a: str, b: str) -> bool:
+        """False when ``a`` and ``b`` were seen not to fit together on ``gpu_type``."""
+        t = self.types.get(gpu_type)
+        return t is None or frozenset((a, b)) not in t.cannot
+
+
+@dataclass(frozen=True)
+class GpuVerdict:
+    """One shared GPU judged for a newcomer by the pair figures."""
+
+    loss: float
+    """Progress the GPU gives up (see module docstring), exploration bonus applied."""
+    gain: float
+    """Relative change of the GPU's progress rate (``after / before - 1``)."""
+    fits: bool
+    source: str
+    """Where the newcomer's figure came from (the weakest source among its pairs)."""
+
+
+_RANK = {CURVE: 0, PROFILE: 1}
+
+
+def _slowdowns(model: PairModel, gpu_type: str, models: Sequence[str],
+               curve: Callable[[int, int], float]) -> tuple[list[float], list[str]]:
+    slows, sources = [], []
+    for i, a in enumerate(models):
+        extra, worst = 0.0, None
+        for j, b in enumerate(models):
+            if i != j:
+                value, source = model.figure(gpu_type, a, b, curve(i, j))
+                extra += value - 1.0
+                if worst is None or _RANK.get(source, 3) < _RANK.get(worst, 3):
+                    worst = source
+        slows.append(1.0 + extra)
+        sources.append(worst or CURVE)
+    return slows, sources
+
+
+def judge_gpu(model: PairModel, gpu_type: str, newcomer: str, here: Sequence[str],
+              widths: Sequence[int], curve: Callable[[int, int], float]) -> GpuVerdict:
+    """The newcomer (index ``len(here)`` for ``curve``) beside the jobs ``here``.
+
+    ``widths``: each job's GPU count (a job spanning ``w`` GPUs stalls all of them,
+    as in the curve's rule); ``curve(i, j)``: the curve's figure for the pair."""
+    fits = all(model.can_share(gpu_type, newcomer, m) for m in here)
+    before, _ = _slowdowns(model, gpu_type, here, curve)
+    after, sources = _slowdowns(model, gpu_type, [*here, newcomer], curve)
+    rate_before = sum(w / s for w, s in zip(widths, before, strict=True))
+    rate_after = sum(w / s for w, s in zip(widths, after, strict=False)) + 1.0 / after[-1]
+    loss = (1.0 - 1.0 / after[-1]) + sum(
+        w * (1.0 / b - 1.0 / a) for w, b, a in zip(widths, before, after, strict=False))
+    source = sources[-1]
+    if source in (CURVE, PROFILE):  # untried: bounded optimism (module docstring)
+        loss = max(0.0, loss - model.explore_bonus)
+    gain = rate_after / rate_before - 1.0 if rate_before > 0 else math.inf
+    return GpuVerdict(loss, gain, fits, source)

@@ -1,0 +1,278 @@
+"""Learning who slows whom: pairwise interference from shared GPUs (docs/interference.md).
+
+A sample comes from a GPU that an agent report shows shared by exactly two
+training pods this extender placed, each naming its model and each with its
+own utilisation figure, and no unattributed process. For each pod, with
+``alone`` its model's trusted alone estimate on that GPU type
+(:mod:`extender.learning.store`) and ``shared`` its figure now, the sample is
+``log(alone / shared)`` for the directed pair (its model, the other's model):
+how many times slower it appears to run beside the other. The learner is not
+told how utilisation follows slowdown (proportionally for compute-bound jobs,
+less for memory-bound ones); it learns the figure that utilisation shows, which
+ranks pairs the same way. Samples are clipped to [0, log 20].
+
+Per GPU type it keeps, bounded by ``learning.pair_max_entries`` (least recently
+seen dropped):
+
+- per directed pair, the count, mean and spread of the log samples (its
+  uncertainty is the standard error, shown in ``/v1/state``);
+- per model, sensitivity and aggressiveness: ``log s[a][b] ~ mu + sens[a] + aggr[b]``,
+  a ridge fit (weight 1 toward 0) over the pairs seen, refitted when asked after a change;
+- pairs seen not to fit together (a start that failed out of memory beside the other).
+
+:meth:`PairLearner.model` gives decisions a :class:`extender.core.pairs.PairModel`;
+the GPU type's curve stays the prior and the fallback.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from contracts.annotations import BATCH_SIZE, MODEL
+from extender.core import Placement
+from extender.core.pairs import PairModel, TypePairs
+from extender.core.snapshot import Workload, gpu_type_of
+from extender.state.reports import DecodedReport
+
+MAX_LOG = math.log(20.0)
+MAX_TRACKED_PODS = 100_000
+RIDGE = 1.0
+DOCUMENT_KEY = "pairs"
+
+PairKey = tuple[str, str, str]
+"""(GPU type, model a, model b): a beside b."""
+
+
+class PairLearner:
+    """Directed pair statistics, per-model profiles and refused pairs (module docstring)."""
+
+    def __init__(self, max_entries: int = 4000, explore_bonus: float = 0.05,
+                 prior_weight: float = 0.5, warmup_seconds: float = 0.0,
+                 clock: Callable[[], float] = time.time):
+        self.max_entries = max_entries
+        self.warmup_seconds = warmup_seconds
+        self.clock = clock
+        self._first_seen: OrderedDict[tuple[str, str, int], float] = OrderedDict()
+        """(pod uid, node, GPU index) -> when it was first reported there (warm-up)."""
+        self.explore_bonus = explore_bonus
+        self.prior_weight = prior_weight
+        self._stats: OrderedDict[PairKey, list[float]] = OrderedDict()
+        """key -> [count, mean, m2] of the log samples (Welford)."""
+        self._cannot: set[tuple[str, frozenset[str]]] = set()
+        self._lock = threading.Lock()
+        self.version = 0
+        self.samples_total = 0
+        self.dirty = False
+        self._cache: tuple[int, PairModel] | None = None
+
+    # ---- learning ------------------------------------------------------------------
+    def add(self, gpu_type: str, a: str, b: str, slowdown: float) -> None:
+        """One sample: ``a`` appeared ``slowdown`` times slower beside ``b``."""
+        if not math.isfinite(slowdown) or slowdown <= 0:
+            return
+        x = min(MAX_LOG, max(0.0, math.log(slowdown)))
+        key = (gpu_type, a, b)
+        with self._lock:
+            st = self._stats.pop(key, None) or [0.0, 0.0, 0.0]
+            st[0] += 1
+            delta = x - st[1]
+            st[1] += delta / st[0]
+            st[2] += delta * (x - st[1])
+            self._stats[key] = st
+            while len(self._stats) > self.max_entries:
+                self._stats.popitem(last=False)
+            self.version += 1
+            self.samples_total += 1
+            self.dirty = True
+
+    def refuse(self, gpu_type: str, a: str, b: str) -> None:
+        """``a`` failed to start beside ``b`` (out of memory): never pair them on this type."""
+        with self._lock:
+            entry = (gpu_type, frozenset((a, b)))
+            if entry not in self._cannot:
+                self._cannot.add(entry)
+                self.version += 1
+                self.dirty = True
+
+    def observe(self, report: DecodedReport, placement_of: Callable[[str], Placement | None],
+                alone: Callable[[str, int, str], float | None]) -> int:
+        """Samples from the GPUs of ``report`` shared by exactly two placed, modelled pods,
+        both past their warm-up on the GPU (``learning.warmup_seconds``).
+
+        ``alone(model, batch, gpu_type)``: the model's trusted alone utilisation, else None."""
+        taken = 0
+        for gpu, procs in zip(report.gpus, report.processes, strict=False):
+            pods: dict[str, float] = {}
+            if any(not p.pod_uid or p.util_percent is None for p in procs):
+                continue  # unattributed processes or no per-process figure: not a clean pair
+            for p in procs:
+                pods[str(p.pod_uid)] = pods.get(str(p.pod_uid), 0.0) + float(p.util_percent or 0)
+            if len(pods) != 2:
+                continue
+            gpu_type = gpu_type_of(gpu.product)
+            found = [_modelled(placement_of(uid), report.node, gpu.index) for uid in pods]
+            warming = [self._warming(uid, report.node, gpu.index) for uid in pods]
+            if any(f is None for f in found) or any(warming):
+                continue  # a pod loading or compiling shows no steady utilisation yet
+            (ma, ba), (mb, bb) = found  # type: ignore[misc]
+            (ua, ub) = pods.values()
+            base_a, base_b = alone(ma, ba, gpu_type), alone(mb, bb, gpu_type)
+            if base_a is None or base_b is None or ua <= 0 or ub <= 0:
+                continue
+            self.add(gpu_type, ma, mb, base_a / ua)
+            self.add(gpu_type, mb, ma, base_b / ub)
+            taken += 2
+        return taken
+
+    def _warming(self, uid: str, node: str, index: int) -> bool:
+        """True during the pod's first ``warmup_seconds`` on this GPU (as the store rules)."""
+        now = self.clock()
+        key = (uid, node, index)
+        with self._lock:
+            first = self._first_seen.pop(key, now)
+            self._first_seen[key] = first
+            while len(self._first_seen) > MAX_TRACKED_PODS:
+                self._first_seen.popitem(last=False)
+        return now - first < self.warmup_seconds
+
+    # ---- answers -------------------------------------------------------------------
+    def model(self) -> PairModel | None:
+        """What decisions use (None while nothing is learned); cached per version."""
+        with self._lock:
+            if not self._stats and not self._cannot:
+                return None
+            cached = self._cache
+            if cached is not None and cached[0] == self.version:
+                return cached[1]
+            stats = dict(self._stats)
+            cannot = set(self._cannot)
+            version = self.version
+        types: dict[str, dict[tuple[str, str], tuple[float, int]]] = {}
+        for (t, a, b), (n, mean, _m2) in stats.items():
+            types.setdefault(t, {})[(a, b)] = (mean, int(n))
+        for t, _pair in cannot:
+            types.setdefault(t, {})
+        built = PairModel({t: _fit(pairs, frozenset(p for tt, p in cannot if tt == t))
+                           for t, pairs in types.items()},
+                          self.prior_weight, self.explore_bonus)
+        with self._lock:
+            self._cache = (version, built)
+        return built
+
+    def view(self) -> list[dict[str, Any]]:
+        """For ``/v1/state`` and ``tandem status``: per GPU type, pairs and profiles."""
+        model = self.model()
+        if model is None:
+            return []
+        with self._lock:
+            stats = dict(self._stats)
+        out = []
+        for t, tp in sorted(model.types.items()):
+            pairs = [{"model": a, "beside": b, "slowdown": round(math.exp(m), 3),
+                      "samples": int(n), "log_stderr": round(_stderr(n, m2), 3)}
+                     for (tt, a, b), (n, m, m2) in sorted(stats.items()) if tt == t]
+            out.append({"gpu_type": t, "pairs": pairs,
+                        "profiles": {m: {"sensitivity": round(tp.sens.get(m, 0.0), 3),
+                                         "aggressiveness": round(tp.aggr.get(m, 0.0), 3)}
+                                     for m in sorted(set(tp.sens) | set(tp.aggr))},
+                        "cannot_share": sorted(sorted(p) for p in tp.cannot)})
+        return out
+
+    def stats(self) -> dict[str, int]:
+        """Counts for metrics: samples taken, pairs kept, refused pairs."""
+        with self._lock:
+            return {"samples": self.samples_total, "pairs": len(self._stats),
+                    "cannot_share": len(self._cannot)}
+
+    # ---- persistence ---------------------------------------------------------------
+    def to_document(self) -> dict[str, Any]:
+        """The persisted form (inside the learning document under ``pairs``)."""
+        with self._lock:
+            return {"pairs": [[t, a, b, int(n), round(m, 6), round(m2, 6)]
+                              for (t, a, b), (n, m, m2) in self._stats.items()],
+                    "cannot_share": sorted([t, *sorted(p)] for t, p in self._cannot)}
+
+    def load_document(self, doc: Any) -> int:
+        """Replace what is learned by ``doc`` (as :meth:`to_document` wrote it); ValueError."""
+        if not isinstance(doc, Mapping):
+            raise ValueError("learning document: pairs must be a mapping")
+        stats: OrderedDict[PairKey, list[float]] = OrderedDict()
+        cannot = set()
+        try:
+            for row in doc.get("pairs", []):
+                t, a, b, n, m, m2 = row
+                if not (isinstance(n, int) and n >= 1 and 0 <= float(m) <= MAX_LOG
+                        and float(m2) >= 0):
+                    raise ValueError(f"bad pair row {row!r}")
+                stats[(str(t), str(a), str(b))] = [float(n), float(m), float(m2)]
+            for row in doc.get("cannot_share", []):
+                t, *pair = row
+                cannot.add((str(t), frozenset(str(p) for p in pair)))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"learning document: pairs: {exc}") from None
+        while len(stats) > self.max_entries:
+            stats.popitem(last=False)
+        with self._lock:
+            self._stats, self._cannot = stats, cannot
+            self.version += 1
+        return len(stats)
+
+    def reset(self) -> None:
+        """Forget everything learned about pairs."""
+        with self._lock:
+            self._stats.clear()
+            self._cannot.clear()
+            self.version += 1
+            self.dirty = True
+
+
+def _stderr(n: float, m2: float) -> float:
+    """Standard error of a pair's mean log slowdown (0.1 per sample's spread until 2 seen)."""
+    sd = math.sqrt(m2 / (n - 1)) if n >= 2 else 0.1
+    return sd / math.sqrt(n)
+
+
+def _modelled(p: Placement | None, node: str, index: int) -> tuple[str, int] | None:
+    if p is None or p.node != node or index not in p.gpu_indices \
+            or p.workload is not Workload.TRAINING:
+        return None
+    ann = dict(p.annotations)
+    model = ann.get(MODEL)
+    if not model:
+        return None
+    batch = ann.get(BATCH_SIZE, "")
+    return model, int(batch) if batch.isdigit() else 32
+
+
+def _fit(pairs: Mapping[tuple[str, str], tuple[float, int]],
+         cannot: frozenset[frozenset[str]]) -> TypePairs:
+    """Ridge fit of ``log s[a][b] = mu + sens[a] + aggr[b]`` over the pairs seen."""
+    if not pairs:
+        return TypePairs({}, 0.0, {}, {}, cannot)
+    victims = sorted({a for a, _ in pairs})
+    aggressors = sorted({b for _, b in pairs})
+    vi = {m: i for i, m in enumerate(victims)}
+    ai = {m: len(victims) + i for i, m in enumerate(aggressors)}
+    k = 1 + len(victims) + len(aggressors)
+    x = np.zeros((len(pairs), k))
+    y = np.zeros(len(pairs))
+    w = np.zeros(len(pairs))
+    for r, ((a, b), (mean, n)) in enumerate(pairs.items()):
+        x[r, 0] = 1.0
+        x[r, 1 + vi[a]] = 1.0
+        x[r, 1 + ai[b]] = 1.0
+        y[r], w[r] = mean, min(float(n), 5.0)
+    penalty = RIDGE * np.eye(k)
+    penalty[0, 0] = 0.0
+    xtw = x.T * w
+    beta = np.linalg.solve(xtw @ x + penalty + 1e-9 * np.eye(k), xtw @ y)
+    return TypePairs(dict(pairs), float(beta[0]),
+                     {m: float(beta[1 + vi[m]]) for m in victims},
+                     {m: float(beta[1 + ai[m]]) for m in aggressors}, cannot)

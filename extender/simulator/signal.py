@@ -1,0 +1,64 @@
+"""What a simulated agent's NVML would show for a job: the signal model (``signal:``).
+
+A real agent sees each process's SM utilisation, never its slowdown. How the
+one follows the other depends on the job: a compute-bound job issues kernels
+at its progress rate, so its utilisation drops in proportion to its slowdown; a
+memory-bound job keeps its SMs occupied while it waits, so its utilisation
+drops less. The truth file chooses (the extender's learners are never told)::
+
+    signal:
+      model: proportional      # util / slowdown (default) | sub-proportional: util / sqrt(slowdown)
+
+The reported figure is ``util / slowdown ** p`` (``p`` 1 or 0.5) on a shared GPU,
+times the job's phase factor (warm-up, evaluation: the truth's ``phases:``), plus
+the truth's Gaussian noise (``noise.util_stddev_percent``), clipped to 0..100.
+With the default (proportional) the figures are those of earlier releases.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+SIGNAL_MODELS = {"proportional": 1.0, "sub-proportional": 0.5}
+SIGNAL_KEYS = ("model",)
+
+
+@dataclass(frozen=True)
+class SignalModel:
+    """How true utilisation and slowdown become the utilisation an agent reports."""
+
+    model: str = "proportional"
+
+    @property
+    def exponent(self) -> float:
+        """``p`` in ``util / slowdown ** p``."""
+        return SIGNAL_MODELS[self.model]
+
+    def shown(self, util_percent: float, scale: float, shared_slowdown: float | None) -> float:
+        """Noise-free utilisation NVML shows for a job in its steady state (percent).
+
+        ``scale``: the job's share when its GPU's jobs together ask for more than 100%
+        (used alone); ``shared_slowdown``: its slowdown on a shared GPU (None: alone)."""
+        if shared_slowdown is not None:
+            s = max(shared_slowdown, 1.0)
+            scale = 1.0 / s if self.exponent == 1.0 else 1.0 / math.sqrt(s)
+        return util_percent * scale
+
+
+def parse_signal(raw: Any, path: str, problems: list[str]) -> SignalModel:
+    """Validate the ``signal:`` section (absent: proportional)."""
+    if raw is None:
+        return SignalModel()
+    if not isinstance(raw, Mapping):
+        problems.append(f"{path}: must be a mapping with keys from {', '.join(SIGNAL_KEYS)}")
+        return SignalModel()
+    problems += [f"{path}.{k}: unknown key (valid: {', '.join(SIGNAL_KEYS)})"
+                 for k in raw if k not in SIGNAL_KEYS]
+    model = raw.get("model", "proportional")
+    if model not in SIGNAL_MODELS:
+        problems.append(f"{path}.model: must be one of {', '.join(SIGNAL_MODELS)}, got {model!r}")
+        model = "proportional"
+    return SignalModel(str(model))
