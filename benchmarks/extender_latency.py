@@ -65,7 +65,8 @@ from benchmarks import fake_kube_api, scheduler_pattern, trivial_extender
 from benchmarks.scheduler_pattern import RawClient, pattern_summary
 from extender.cluster.kube import KubeSource
 from extender.cluster.sim import SimSource
-from extender.config import ConfigHolder, ExtenderConfig, StateConfig, load_config
+from extender.config.loader import ConfigHolder, load_config
+from extender.config.sections import ExtenderConfig, StateConfig
 from extender.core import GpuSpec, NodeSpec
 from extender.state.signing import PlacementSigner
 from extender.transport.server import start_background

@@ -43,7 +43,7 @@ import numpy as np
 from scipy.optimize import least_squares
 from scipy.stats import t as student_t
 
-from extender.config import load_config
+from extender.config.loader import load_config
 from extender.learning.interference import PairLearner
 from extender.simulator.belief import SimWorld
 from extender.simulator.cluster import uniform_cluster

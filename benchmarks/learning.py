@@ -75,7 +75,7 @@ import _common
 import numpy as np
 from scipy import stats
 
-from extender.config import load_config
+from extender.config.loader import load_config
 from extender.learning import bias
 from extender.simulator.belief import MODES, SimKnowledge, SimWorld
 from extender.simulator.cluster import builtin_cluster

@@ -36,7 +36,8 @@ from extender_builders import node, training  # noqa: E402
 from slow_loris import SlowClients  # noqa: E402
 
 from extender.cluster.sim import SimSource  # noqa: E402
-from extender.config import ConfigHolder, build_config  # noqa: E402
+from extender.config.loader import ConfigHolder  # noqa: E402
+from extender.config.schema import build_config  # noqa: E402
 from extender.transport.server import start_background  # noqa: E402
 from extender.wiring import create_app  # noqa: E402
 

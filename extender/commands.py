@@ -34,7 +34,8 @@ def serve(
     """Run the kube-scheduler extender on cheroot until SIGTERM/SIGINT."""
     from contracts.clusterfile import ClusterFileError
     from contracts.logs import setup_logging
-    from extender.config import ConfigError, ConfigHolder, load_config
+    from extender.config.loader import ConfigHolder, load_config
+    from extender.config.schema import ConfigError
     from extender.exposure import exposure_problem
     from extender.ha.lifecycle import (
         Draining,
@@ -159,7 +160,8 @@ def queue_gate(
     from dataclasses import asdict
 
     from contracts.logs import setup_logging
-    from extender.config import ConfigError, load_config
+    from extender.config.loader import load_config
+    from extender.config.schema import ConfigError
     from extender.ha.lifecycle import LeadershipSetupError, setup_leadership
     from extender.queue import QueueError
     from extender.queue.metrics import QueueMetrics

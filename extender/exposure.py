@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from contracts.listen import is_loopback
 from contracts.tokens import token_or_none
-from extender.config import ExtenderConfig
+from extender.config.sections import ExtenderConfig
 
 
 def exposure_problem(cfg: ExtenderConfig, environ: Mapping[str, str]) -> str | None:

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from contracts.profilefile import ProfileFileError
-from extender.config import NexusProfileSource
+from extender.config.sections import NexusProfileSource
 from predictor.batching import BatchingProfile, ProfileError
 from predictor.profiles import (
     load_nexus_dir,

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from contracts.httpserve import CLIENT_CN, CLIENT_VERIFY
-from extender.config import ConfigError
+from extender.config.schema import ConfigError
 
 SCHEDULING_PATHS = frozenset({"/filter", "/prioritize", "/bind", "/preempt"})
 

@@ -19,14 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 from contracts.logs import get_logger
 from extender.cluster.source import ClusterSource
-from extender.config import ConfigHolder, PredictorConfig, QueueSettings
-from extender.core.decide import PlannerFn
+from extender.config.loader import ConfigHolder
+from extender.config.sections import PredictorConfig, QueueSettings
+from extender.core.session_rules import PlannerFn
 
 if TYPE_CHECKING:
     from flask import Flask
 
     from extender.ops.metrics import Metrics
-    from extender.service import DemandPredictor
+    from extender.service.demand_cache import DemandPredictor
 
 
 def create_app(
@@ -41,7 +42,7 @@ def create_app(
     metrics and routes; starts the source unless told not to."""
     from extender.learning.learner import build_learner
     from extender.ops.metrics import Metrics
-    from extender.service import Extender
+    from extender.service.verbs import Extender
     from extender.state.ledger import ClusterState
     from extender.state.signing import load_signer
     from extender.transport.routes import build_routes

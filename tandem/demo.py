@@ -104,7 +104,7 @@ def _run_demo(seed: int, store: Path) -> dict[str, Any]:
 
     from contracts.clusterfile import load_cluster_file
     from extender.cluster.sim import DEFAULT_CLUSTER, SimSource
-    from extender.config import ConfigHolder, load_config
+    from extender.config.loader import ConfigHolder, load_config
     from extender.inference_profiles import load_profiles
     from extender.transport.server import start_background
     from extender.wiring import create_app, default_planner

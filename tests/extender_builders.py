@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from extender.cluster.sim import SimSource
-from extender.config import ConfigHolder, build_config
+from extender.config.loader import ConfigHolder
+from extender.config.schema import build_config
 from extender.core import (
     GpuSpec,
     NodeSpec,

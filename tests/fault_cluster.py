@@ -19,7 +19,8 @@ from kubernetes import client
 
 from extender.cluster.kube import KubeSource, PlainWatch
 from extender.cluster.source import DONE_PHASES
-from extender.config import ConfigHolder, build_config
+from extender.config.loader import ConfigHolder
+from extender.config.schema import build_config
 from extender.wiring import create_app
 
 GPUS_PER_NODE = 2

@@ -10,7 +10,7 @@ import pytest
 from bench_modules import running_api
 from extender_builders import TOKEN, args, binding, make_app, node, pod
 
-from extender.config import LearningConfig
+from extender.config.sections import LearningConfig
 from extender.core import Placement
 from extender.learning.learner import Learner
 from extender.state.node_identity import NODE_NAME, POD_NAME, POD_UID

@@ -14,7 +14,7 @@ from kubernetes import client
 
 from extender.cluster.kube import KubeSource
 from extender.cluster.traffic import BindTraffic
-from extender.config import ServerConfig
+from extender.config.sections import ServerConfig
 from extender.core import PodRef
 from extender.transport.server import start_background
 

@@ -32,13 +32,9 @@ from contracts.annotations import (
 from contracts.gpus import GpuRef, find_gpus, gpu_type_of
 from contracts.learningdoc import decode_document
 from contracts.tokens import bearer_of, read_token, same_token
-from extender.config import (
-    DEFAULT_CONFIG,
-    ConfigError,
-    QueueSettings,
-    ReportsConfig,
-    build_config,
-)
+from extender.config.loader import DEFAULT_CONFIG
+from extender.config.schema import ConfigError, build_config
+from extender.config.sections import QueueSettings, ReportsConfig
 from extender.core import CostPolicy, Reason, is_unresolvable
 from extender.core.cost import MAX_PODS_RANGE
 from extender.core.demand import DemandError, parse_demand

@@ -13,22 +13,24 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from extender import config as extender_config
 from extender.cluster.sim import DEFAULT_CLUSTER
+from extender.config.loader import DEFAULT_CONFIG, load_config
+from extender.config.schema import COST_KEYS, SCHEMA, build_config
+from extender.config.sections import ExtenderConfig
 from extender.exposure import exposure_problem
 from tandem.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs/configuration.md").read_text()
-PACKAGED = yaml.safe_load(extender_config.DEFAULT_CONFIG.read_text())
+PACKAGED = yaml.safe_load(DEFAULT_CONFIG.read_text())
 # `| `section.key` | `default` ... |`: the first backticked value of the default column
 DOC_DEFAULTS = dict(re.findall(r"^\| `([a-z_]+\.[a-z_]+)` \| `([^`]*)`", DOC, re.M))
 
 
 def code_keys() -> list[str]:
-    keys = [f"{section}.{key}" for section, fields in extender_config._SCHEMA.items()
+    keys = [f"{section}.{key}" for section, fields in SCHEMA.items()
             for key in fields]
-    return keys + [f"cost.{k}" for k in extender_config._COST_KEYS]
+    return keys + [f"cost.{k}" for k in COST_KEYS]
 
 
 @pytest.mark.parametrize("key", code_keys())
@@ -51,8 +53,8 @@ def test_every_documented_key_has_a_default_the_test_reads() -> None:
 def test_packaged_values_are_the_codes_defaults() -> None:
     """Loading nothing and loading the packaged file give the same configuration, except
     the packaged per-GPU-type curves (the code's default has none)."""
-    packaged = extender_config.load_config(None, environ={})
-    bare = extender_config.build_config({})
+    packaged = load_config(None, environ={})
+    bare = build_config({})
     assert packaged.policy.curves and not bare.policy.curves
     assert dataclasses.replace(packaged.policy, curves={}) == bare.policy
     for part in ("server", "state", "reports", "handoff", "predictor", "learning", "queue",
@@ -61,18 +63,18 @@ def test_packaged_values_are_the_codes_defaults() -> None:
 
 
 def test_packaged_config_listens_on_loopback() -> None:
-    cfg = extender_config.load_config(None, environ={})
+    cfg = load_config(None, environ={})
     assert cfg.server.host == "127.0.0.1"
     assert exposure_problem(cfg, {}) is None
 
 
-def config(host: str, tls: bool, token_file: bool) -> extender_config.ExtenderConfig:
+def config(host: str, tls: bool, token_file: bool) -> ExtenderConfig:
     raw: dict = {"server": {"host": host}}
     if tls:
         raw["server"] |= {"tls_cert_file": "/c.crt", "tls_key_file": "/c.key"}
     if token_file:
         raw["reports"] = {"token_file": "/t"}
-    return extender_config.build_config(raw)
+    return build_config(raw)
 
 
 @pytest.mark.parametrize(("host", "tls", "token", "environ", "missing"), [

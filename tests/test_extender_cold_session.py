@@ -9,7 +9,7 @@ import yaml
 from extender_builders import args, binding, inference, make_app, node, pod
 
 from extender.cluster.sim import SimSource
-from extender.config import load_config
+from extender.config.loader import load_config
 from extender.inference_profiles import load_profiles
 
 ROOT = Path(__file__).resolve().parents[1]

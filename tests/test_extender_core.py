@@ -31,7 +31,7 @@ from extender.core import (
     resolve_demand,
 )
 from extender.core.cost import curve_costs, effective_load, scores_from_costs
-from extender.core.decide import InferenceContext
+from extender.core.session_rules import InferenceContext
 from planner import plan_gpu
 
 

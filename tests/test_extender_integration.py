@@ -11,7 +11,8 @@ from extender_builders import AGENT_AUTH, args, binding, make_app, node, pod, ti
 from agent.node.extender_view import parse_node_view
 from agent.node.sessions import desired_sessions
 from extender.cluster.sim import SimSource
-from extender.config import ConfigError, NexusProfileSource, PredictorConfig, build_config
+from extender.config.schema import ConfigError, build_config
+from extender.config.sections import NexusProfileSource, PredictorConfig
 from extender.inference_profiles import ProfileFileError, load_nexus_profiles, load_profiles
 from extender.wiring import PredictorSetupError, build_predictor
 from predictor.profiles import parse_nexus

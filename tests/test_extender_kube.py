@@ -12,7 +12,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from extender.cluster.kube import KubeSource, PlainWatch, node_spec
-from extender.config import ConfigHolder, build_config
+from extender.config.loader import ConfigHolder
+from extender.config.schema import build_config
 from extender.core import PodRef
 from extender.state.signing import PlacementSigner
 from extender.wiring import create_app

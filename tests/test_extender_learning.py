@@ -12,7 +12,7 @@ from bench_modules import running_api
 from extender_builders import AGENT_AUTH, TOKEN, args, binding, make_app, node, pod
 
 from contracts.annotations import BindOutputs, decode_outputs, encode_outputs
-from extender.config import LearningConfig
+from extender.config.sections import LearningConfig
 from extender.errors import BadRequest
 from extender.learning.estimate import Trust
 from extender.learning.learner import ConfigMapPersistence, Estimate, Learner, ObservationStore

@@ -23,7 +23,8 @@ from extender_builders import (
 )
 
 from extender.cluster.sim import SimSource, parse_cluster
-from extender.config import ConfigHolder, build_config
+from extender.config.loader import ConfigHolder
+from extender.config.schema import build_config
 from extender.core import CostPolicy, GpuSpec, Placement, SessionSpec, Workload
 from extender.errors import BindConflict
 from extender.state.ledger import ClusterState

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from extender import commands
 from extender.cluster.sim import SimSource
-from extender.config import ConfigHolder, build_config
+from extender.config.loader import ConfigHolder
+from extender.config.schema import build_config
 from extender.ha.election import LeaseElector, LeaseFollower
 from extender.ha.leader import AlwaysLeader
 from extender.ha.lifecycle import Draining, GracefulShutdown, LeadershipSetupError, setup_leadership

@@ -301,7 +301,7 @@ def test_metrics_exposes_verbs_decisions_and_gpus(env):
 
 
 def test_config_hot_reload_swaps_weights(tmp_path):
-    from extender.config import ConfigHolder, load_config
+    from extender.config.loader import ConfigHolder, load_config
     from extender.wiring import create_app
 
     cfg_file = tmp_path / "c.yaml"

@@ -15,7 +15,7 @@ from predictor_fixtures import FAST, GPU, write_dataset
 from typer.testing import CliRunner
 
 from extender import commands
-from extender.config import PredictorConfig
+from extender.config.sections import PredictorConfig
 from extender.wiring import CARD_FILE, PredictorSetupError, build_predictor, check_not_simulated
 from predictor.dataset import load_training_data
 from predictor.training import CARD_FILE as PREDICTOR_CARD_FILE

@@ -32,6 +32,6 @@ def test_agent_reports_are_handled_by_the_extender_not_the_routes() -> None:
     _, ext, *_ = make_app([node("n1", 1)])
     report = AgentReport("n1", (ReportedGpu(0, "GPU-x", "NVIDIA A100-SXM4-40GB", 40960.0,
                                             memory_used_mib=1000.0, utilization_percent=55.0),))
-    assert ext.report(DecodedReport.of(report)) == {"accepted": 1, "samples": 0}
+    assert ext.agents.report(DecodedReport.of(report)) == {"accepted": 1, "samples": 0}
     (gpu,) = ext.state.view()["nodes"]["n1"]["gpus"]
     assert gpu["uuid"] == "GPU-x" and gpu["observed_util"] == 55.0

@@ -16,7 +16,8 @@ from agent.session.http import ProxyConfig, ProxyServer
 from agent.session.proxy import SessionLink
 from contracts.httpserve import BadContentLength, BodyTooLarge, read_body
 from extender.cluster.sim import SimSource
-from extender.config import ConfigHolder, build_config
+from extender.config.loader import ConfigHolder
+from extender.config.schema import build_config
 from extender.transport.routes import create_app
 from extender.transport.server import start_background
 

@@ -19,7 +19,8 @@ from agent.inference.serve import ServeOptions, http_server
 from agent.session.http import ProxyConfig, ProxyServer
 from agent.session.proxy import SessionLink
 from extender.cluster.sim import SimSource
-from extender.config import ConfigHolder, build_config
+from extender.config.loader import ConfigHolder
+from extender.config.schema import build_config
 from extender.transport.server import start_background
 from extender.wiring import create_app
 

@@ -1,4 +1,4 @@
-"""tandem's cluster config is valid for extender/config.py, every key the code knows is
+"""tandem's cluster config is valid for extender/config/, every key the code knows is
 documented, and every file the config names is mounted from the right Secret."""
 
 from __future__ import annotations
@@ -20,22 +20,24 @@ from manifests_helpers import (
     resolve,
 )
 
-from extender import config as extender_config
+from extender.config.loader import load_config
+from extender.config.schema import COST_KEYS, SCHEMA
+from predictor.curves import CURVE_KEYS
 
 CLUSTER_CONFIG = MANIFESTS / "base/config/tandem.yaml"
 DOC = (MANIFESTS.parent / "docs/configuration.md").read_text()
 
 
 def code_keys() -> list[str]:
-    """Every dotted key extender/config.py accepts."""
-    keys = [f"{section}.{key}" for section, fields in extender_config._SCHEMA.items()
+    """Every dotted key extender/config/ accepts."""
+    keys = [f"{section}.{key}" for section, fields in SCHEMA.items()
             for key in fields]
-    keys += [f"cost.{k}" for k in extender_config._COST_KEYS]
+    keys += [f"cost.{k}" for k in COST_KEYS]
     return keys
 
 
 def test_cluster_config_loads_and_validates() -> None:
-    cfg = extender_config.load_config(CLUSTER_CONFIG, environ={})
+    cfg = load_config(CLUSTER_CONFIG, environ={})
     assert cfg.server.tls_cert_file and cfg.server.tls_key_file
     assert cfg.reports.token_file
     assert cfg.server.port == 8443
@@ -47,8 +49,8 @@ def test_cluster_config_uses_only_known_keys_and_keeps_default_policy() -> None:
     for section, values in raw.items():
         for key in values:
             assert f"{section}.{key}" in known, f"{section}.{key}"
-    default = extender_config.load_config(None, environ={})
-    cluster = extender_config.load_config(CLUSTER_CONFIG, environ={})
+    default = load_config(None, environ={})
+    cluster = load_config(CLUSTER_CONFIG, environ={})
     # The cluster file changes transport and secrets, not decisions (tuning is deliberate).
     assert (cluster.policy.w_mem, cluster.policy.w_util) == (
         default.policy.w_mem, default.policy.w_util)
@@ -62,7 +64,7 @@ def test_every_config_key_is_documented(key: str) -> None:
     assert f"`{key}`" in DOC, f"docs/configuration.md does not document {key}"
 
 
-@pytest.mark.parametrize("curve_key", extender_config._CURVE_KEYS)
+@pytest.mark.parametrize("curve_key", CURVE_KEYS)
 def test_every_curve_key_is_documented(curve_key: str) -> None:
     assert re.search(rf"^\| `{curve_key}` \|", DOC, re.M)
 
@@ -107,7 +109,7 @@ def test_the_extender_reads_models_from_the_agents_model_store(overlay: str) -> 
     for addon in ADDONS:
         objects += resolve(MANIFESTS / "addons" / addon)
     raw = yaml.safe_load(CLUSTER_CONFIG.read_text())
-    assert extender_config.load_config(CLUSTER_CONFIG, environ={}).predictor.model_store == \
+    assert load_config(CLUSTER_CONFIG, environ={}).predictor.model_store == \
         raw["predictor"]["model_store"] == "/srv/tandem"
     # The placeholder a user patches (a ReadOnlyMany claim or NFS), the same for all.
     assert assert_one_read_only_model_store(objects, raw) == {"emptyDir": {"sizeLimit": "1Mi"}}

@@ -17,7 +17,7 @@ from extender_builders import AGENT_AUTH, tiny_model
 from manifests_helpers import MANIFESTS, example_objects
 
 from extender.cluster.sim import SimSource, parse_cluster
-from extender.config import ConfigHolder, load_config
+from extender.config.loader import ConfigHolder, load_config
 from extender.inference_profiles import parse_profiles
 from extender.wiring import build_predictor, create_app, default_planner
 

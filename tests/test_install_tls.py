@@ -18,7 +18,7 @@ import yaml
 from manifests_helpers import MANIFESTS, example_objects
 
 from extender.cluster.sim import SimSource, parse_cluster
-from extender.config import ConfigHolder, load_config
+from extender.config.loader import ConfigHolder, load_config
 from extender.transport.server import start_background
 from extender.wiring import create_app
 

@@ -18,7 +18,8 @@ import yaml
 from predictor_fixtures import GPU, write_dataset
 from typer.testing import CliRunner
 
-from extender.config import ConfigError, ConfigHolder, build_config, load_config
+from extender.config.loader import ConfigHolder, load_config
+from extender.config.schema import ConfigError, build_config
 from extender.core import CostPolicy, gpu_type_of
 from extender.core.cost import curve_coefficients, horus_cost
 from extender.simulator.interference import PAPER_COEFFICIENTS, SlowdownModel

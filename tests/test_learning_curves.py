@@ -8,7 +8,7 @@ import pytest
 from bench_modules import running_api
 from extender_builders import AGENT_AUTH, TOKEN, args, binding, make_app, node, pod
 
-from extender.config import LearningConfig
+from extender.config.sections import LearningConfig
 from extender.core.cost import CostPolicy
 from extender.learning.curves import CurveGuards, CurveLearner, colocation_point
 from extender.learning.learner import ConfigMapPersistence, Learner

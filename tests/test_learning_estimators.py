@@ -8,7 +8,7 @@ import pytest
 
 from contracts.annotations import BATCH_SIZE, MODEL
 from contracts.gpus import GpuRef
-from extender.config import LearningConfig
+from extender.config.sections import LearningConfig
 from extender.core import Placement
 from extender.learning.curves import CurveGuards, CurveLearner
 from extender.learning.learner import Learner

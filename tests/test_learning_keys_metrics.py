@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from extender_builders import AGENT_AUTH, TOKEN, args, binding, make_app, node, pod
 from predictor_fixtures import tiny_model
 
-from extender.config import LearningConfig
+from extender.config.sections import LearningConfig
 from extender.learning.estimate import Trust
 from extender.learning.learner import DOCUMENT_VERSION, Learner, ObservationStore
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from bench_modules import running_api
 
-from extender.config import LearningConfig
+from extender.config.sections import LearningConfig
 from extender.learning.learner import ConfigMapPersistence, Learner
 from extender.learning.persistence import DOCUMENT_KEY, MAX_BYTES
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from contracts.annotations import PodInputs
-from extender.config import LearningConfig
+from extender.config.sections import LearningConfig
 from extender.core import JobDemand, resolve_demand
 from extender.learning import bias
 from extender.learning.learner import Learner

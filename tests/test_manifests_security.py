@@ -228,7 +228,7 @@ def test_pod_owners_reach_only_the_model_store_through_the_extender(overlay: str
     extender mounts read-only; the extender writes nowhere but /tmp."""
     import yaml
 
-    from extender.config import build_config
+    from extender.config.schema import build_config
 
     objects = ALL[overlay]
     config = yaml.safe_load(find(objects, "ConfigMap", "tandem-config")["data"]["tandem.yaml"])

@@ -30,7 +30,7 @@ from manifests_helpers import (
     resolve,
 )
 
-from extender.config import apply_env
+from extender.config.loader import apply_env
 
 ALL_OVERLAYS = OVERLAYS + ENV_HANDOFF_OVERLAYS + MPS_OVERLAYS
 # Files under manifests/ that are not Kubernetes API objects, each with why.

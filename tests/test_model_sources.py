@@ -8,7 +8,8 @@ import httpx
 import pytest
 from extender_builders import PodBuilder, args, make_app, node
 
-from extender.config import ConfigError, PredictorConfig, build_config
+from extender.config.schema import ConfigError, build_config
+from extender.config.sections import PredictorConfig
 from extender.wiring import build_predictor
 from predictor.api import Predictor
 from predictor.errors import ModelRejected

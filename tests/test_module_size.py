@@ -6,22 +6,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("extender", "agent", "contracts", "planner", "predictor", "tandem")
 REQUEST_PATH_PACKAGES = ("extender", "agent")
 MAX_MODULE_LINES = 450
 MAX_FUNCTION_LINES = 80
-
-# Modules still over MAX_MODULE_LINES because they are being split (issue 24). The
-# list may only shrink: a module named here that is already within the limit fails
-# the test, so the entry is removed as soon as the split lands.
-OVER_LIMIT_ALLOWED = frozenset({
-    "extender/config.py",
-    "extender/service.py",
-    "extender/core/decide.py",
-})
 
 
 def _modules(packages: tuple[str, ...]) -> list[Path]:
@@ -64,21 +53,7 @@ def test_no_module_is_over_the_line_limit() -> None:
         for p in _modules(PACKAGES)
         if (n := line_count(p.read_text(encoding="utf-8"))) > MAX_MODULE_LINES
     }
-    unexpected = {path: n for path, n in over.items() if path not in OVER_LIMIT_ALLOWED}
-    assert not unexpected, (
-        f"modules over {MAX_MODULE_LINES} lines (split them by responsibility): {unexpected}"
-    )
-
-
-@pytest.mark.parametrize("path", sorted(OVER_LIMIT_ALLOWED))
-def test_allowlisted_modules_are_still_over_the_limit(path: str) -> None:
-    """An allowlisted module that was split must leave the list (it may only shrink)."""
-    file = ROOT / path
-    assert file.is_file(), f"{path} no longer exists: remove it from OVER_LIMIT_ALLOWED"
-    n = line_count(file.read_text(encoding="utf-8"))
-    assert n > MAX_MODULE_LINES, (
-        f"{path} has {n} lines, within the limit: remove it from OVER_LIMIT_ALLOWED"
-    )
+    assert not over, f"modules over {MAX_MODULE_LINES} lines (split them by responsibility): {over}"
 
 
 def test_no_request_path_function_is_over_the_line_limit() -> None:

@@ -8,7 +8,7 @@ from kubernetes import client
 
 from extender.cluster.kube import KubeSource
 from extender.cluster.namespace import INSTALL_NAMESPACE, own_namespace
-from extender.config import build_config
+from extender.config.schema import build_config
 from extender.ha.lifecycle import setup_leadership
 from extender.learning.learner import build_learner
 

@@ -12,7 +12,7 @@ from extender_builders import A100, node, placement
 
 from contracts.annotations import INTERFERENCE_SOURCE, MODEL, PodInputs, decode_outputs
 from extender.cluster.source import output_annotations
-from extender.config import LearningConfig
+from extender.config.sections import LearningConfig
 from extender.core import CostPolicy, DecisionContext, JobDemand, Purpose, evaluate, resolve_demand
 from extender.core.pairs import PairModel, TypePairs, judge_gpu
 from extender.core.reasons import Reason

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from extender.config import load_config
+from extender.config.loader import load_config
 from extender.core import ProfileIndex
 from extender.inference_profiles import load_profiles
 from predictor.dataset import write_csv

@@ -10,7 +10,8 @@ from bench_modules import fake_kube_api
 from kubernetes import client
 
 from extender.cluster.kube import KubeSource, PlainWatch
-from extender.config import ConfigHolder, build_config
+from extender.config.loader import ConfigHolder
+from extender.config.schema import build_config
 from extender.core.preemption import Candidate, choose_preemption, victims_on_node
 from extender.preemption.kube_api import selector_matches
 from extender.state.signing import PlacementSigner

@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
-from extender.config import ConfigError, QueueSettings, apply_env, build_config, load_config
+from extender.config.loader import apply_env, load_config
+from extender.config.schema import ConfigError, build_config
+from extender.config.sections import QueueSettings
 from extender.queue import QueueConfig, QueueError
 from extender.wiring import gate_config
 

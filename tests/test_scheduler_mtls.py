@@ -19,7 +19,8 @@ import yaml
 from manifests_helpers import MANIFESTS
 
 from extender.cluster.sim import SimSource, parse_cluster
-from extender.config import ConfigError, ConfigHolder, load_config
+from extender.config.loader import ConfigHolder, load_config
+from extender.config.schema import ConfigError
 from extender.scheduler_auth import ask_for_client_certificates, scheduler_only
 from extender.transport.server import start_background
 from extender.wiring import create_app

@@ -7,7 +7,8 @@ import logging
 import pytest
 
 from contracts.logs import LOGGER_NAME
-from extender.config import ConfigError, StateConfig
+from extender.config.schema import ConfigError
+from extender.config.sections import StateConfig
 from extender.state.signing import PlacementSigner, load_signer
 
 OUT = {"tandem.io/gpu-index": "1", "tandem.io/predicted-gpu-mem-mib": "30000"}
@@ -53,7 +54,7 @@ def test_bad_or_missing_key(tmp_path):
 
 
 def test_key_derived_from_the_agent_token_when_none_is_configured():
-    from extender.config import ReportsConfig
+    from extender.config.sections import ReportsConfig
 
     env = {"TANDEM_AGENT_TOKEN": "agent-token"}
     one = load_signer(StateConfig(), env, ReportsConfig())

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from extender.config import build_config
+from extender.config.schema import build_config
 from extender.simulator.jobs import dump_trace
 from extender.simulator.workloads import generate
 from tandem.cli import app

@@ -180,7 +180,7 @@ def test_signal_models_show_utilisation_over_slowdown_or_its_root() -> None:
 def test_agents_show_the_signal_model_and_the_learner_learns_what_it_shows(
         signal: str, power: float) -> None:
     """The same learner, never told the setting, learns util / s or util / sqrt(s)."""
-    from extender.config import LearningConfig
+    from extender.config.sections import LearningConfig
     from extender.learning.learner import Learner
     from extender.simulator.agents import SimAgents, SimClock
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from extender.config import load_config
+from extender.config.loader import load_config
 from extender.simulator.agents import MAX_REPORTS_PER_INTERVAL, REPORT_PERIOD_S, report_times
 from extender.simulator.belief import SimWorld
 from extender.simulator.cluster import RTX_2080, builtin_cluster, uniform_cluster

@@ -11,7 +11,8 @@ from extender_builders import node
 from slow_loris import SlowClients
 
 from extender.cluster.sim import SimSource
-from extender.config import ConfigHolder, build_config
+from extender.config.loader import ConfigHolder
+from extender.config.schema import build_config
 from extender.transport.server import start_background
 from extender.wiring import create_app
 

@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 from contracts.annotations import GPU_UTIL, MODEL, PREDICTION_SOURCE
 from contracts.state import StateDocument
 from extender.cluster.sim import SimSource
-from extender.config import ConfigHolder, build_config
+from extender.config.loader import ConfigHolder
+from extender.config.schema import build_config
 from extender.ops.coexist import doubly_advertised
 from extender.ops.status import pending_pods, pod_source, summarize
 from extender.ops.status_render import render

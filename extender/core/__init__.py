@@ -21,16 +21,18 @@ Public API (import from the submodules or from here):
 - rules (``extender.core.rules``): the per-GPU hard constraints, ``GpuLoad.read``,
   ``gpu_checks``, ``first_reasons``, ``colocation_rule_on(policy)``; read by
   ``evaluate`` and by the simulator's pre-filter alike.
-- decisions (``extender.core.decide``): ``evaluate(table, node_names, demand,
-  DecisionContext(policy, now_seconds, inference), purpose=Purpose.SCORE) ->
-  Evaluation`` (``.feasible_names()``, ``.rejections``, ``.scores()``,
-  ``.node_cost``), ``choose(evaluation, position, pod_uid, pod) -> Placement |
-  None``, ``InferenceContext(planner, profiles)`` with ``planner`` a ``PlannerFn``
-  (``planner.plan_gpu``: ``GpuPlan | Infeasible``).
+- decisions: evaluation (``extender.core.decide``): ``evaluate(table, node_names,
+  demand, DecisionContext(policy, now_seconds, inference), purpose=Purpose.SCORE) ->
+  Evaluation``; choice (``extender.core.choice``): ``Evaluation``
+  (``.feasible_names()``, ``.rejections``, ``.scores()``, ``.node_cost``),
+  ``choose(evaluation, position, pod_uid, pod) -> Placement | None``; session rules
+  (``extender.core.session_rules``): ``InferenceContext(planner, profiles)`` with
+  ``planner`` a ``PlannerFn`` (``planner.plan_gpu``: ``GpuPlan | Infeasible``).
 
 Inference pods without ``tandem.io/slo-ms``/``rate-rps`` are best-effort sessions
 (``JobDemand.best_effort``, ``Placement.best_effort``): they go only to serving or
-empty GPUs with enough duty-cycle slack and spread by weight (``extender.core.decide``).
+empty GPUs with enough duty-cycle slack and spread by weight
+(``extender.core.session_rules``).
 
 The rule combining reservations with observed NVML load is documented in
 ``extender.core.cost``: per GPU, ``max(sum of reservations, fresh observation +
@@ -39,16 +41,9 @@ reservations placed after it)``. The co-location throughput rule
 documented in ``extender.core.rules``.
 """
 
+from extender.core.choice import Evaluation, choose
 from extender.core.cost import CostPolicy, InterferenceCurve
-from extender.core.decide import (
-    DecisionContext,
-    Evaluation,
-    InferenceContext,
-    PlannerFn,
-    Purpose,
-    choose,
-    evaluate,
-)
+from extender.core.decide import DecisionContext, Purpose, evaluate
 from extender.core.demand import (
     DemandError,
     DemandUnavailable,
@@ -66,6 +61,7 @@ from extender.core.demand import (
     resolve_demand,
 )
 from extender.core.reasons import Reason, Rejection, is_unresolvable
+from extender.core.session_rules import InferenceContext, PlannerFn
 from extender.core.snapshot import (
     GpuObservation,
     GpuSpec,

@@ -14,7 +14,7 @@ load rule of :mod:`extender.core.cost`, ``max(reserved, fresh observed +
 reserved since)``); co-location limit; for training jobs with
 ``min_colocation_gain_percent`` set, the co-location throughput rule below. The
 SLO rules of inference sessions need the planner and live in
-:mod:`extender.core.decide`.
+:mod:`extender.core.session_rules`.
 
 **Co-location throughput rule** (tandem's default; off in the Horus policy).
 Horus only *ranks* GPUs by interference cost, so once every GPU is busy it keeps

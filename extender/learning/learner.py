@@ -51,7 +51,7 @@ from typing import Any
 from contracts.gpus import find_gpus
 from contracts.logs import get_logger
 from extender.cluster.namespace import own_namespace
-from extender.config import LearningConfig
+from extender.config.sections import LearningConfig
 from extender.core import Placement, UtilKnowledge, gpu_type_of
 from extender.core.cost import CostPolicy
 from extender.learning.bias import PriorBias

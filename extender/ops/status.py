@@ -84,7 +84,7 @@ def fetch_state(url: str, ca_cert: Path | None = None, timeout_s: float = 10.0,
 def read_token(token_file: Path | None, environ: Mapping[str, str] | None = None) -> str | None:
     """The agent token for a full document: ``--token-file``, else ``TANDEM_AGENT_TOKEN``;
     read by the extender's own reader (``extender.state.reports.expected_token``)."""
-    from extender.config import ReportsConfig
+    from extender.config.sections import ReportsConfig
     from extender.state.reports import expected_token
 
     token = expected_token(ReportsConfig(token_file=str(token_file) if token_file else None,
@@ -97,7 +97,7 @@ def read_token(token_file: Path | None, environ: Mapping[str, str] | None = None
 
 def rebuilt_state(source: ClusterSource) -> StateDocument:
     """The ``/v1/state`` document of a fresh ledger synced from ``source`` (kube or sim)."""
-    from extender.config import build_config
+    from extender.config.schema import build_config
     from extender.state.ledger import ClusterState
 
     policy = build_config({}).policy

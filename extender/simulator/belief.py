@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from contracts.annotations import PodInputs
-from extender.config import LearningConfig
+from extender.config.sections import LearningConfig
 from extender.core import CostPolicy, JobDemand, ResolvedDemand, UtilKnowledge, resolve_demand
 from extender.core.pairs import PairModel, TypePairs
 from extender.learning.learner import Learner

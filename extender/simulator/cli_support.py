@@ -98,7 +98,8 @@ def _load_inputs(trace: Path | None, workload: str | None, cluster: str | None, 
 def _options(config: Path | None) -> PolicyOptions:
     if config is None:
         return PolicyOptions()
-    from extender.config import ConfigError, load_config
+    from extender.config.loader import load_config
+    from extender.config.schema import ConfigError
     from extender.simulator.policies import tandem_queue
 
     try:
@@ -204,7 +205,7 @@ def _world_factory(truth: Path | None, knowledge: str, config: Path | None,
         return None
     if sweep:
         raise CommandError("--sweep does not take --truth")
-    from extender.config import load_config
+    from extender.config.loader import load_config
     from extender.simulator.belief import MODES, SimWorld
     from extender.simulator.truth import TruthError, load_truth
 

@@ -53,7 +53,7 @@ class PolicyOptions:
 
 
 def _extender_default_cost() -> CostPolicy:
-    from extender.config import load_config
+    from extender.config.loader import load_config
 
     return load_config(None, environ={}).policy
 

@@ -6,7 +6,7 @@ position in the grid (stable). The best one is written as a snippet of the
 extender's YAML configuration (``cost.w_mem``, ``cost.w_util``,
 ``limits.max_pods_per_gpu``, ``limits.min_colocation_gain_percent``,
 ``limits.max_colocated_util_percent``; ``off`` in a grid stands for ``null``,
-the rule switched off), checked by :func:`extender.config.build_config`
+the rule switched off), checked by :func:`extender.config.schema.build_config`
 before it is returned. Queue settings (``k``, ``beta``, ``starvation_seconds``)
 go to the ``queue:`` section; ``enabled`` is left out so that pasting a snippet
 never switches the gate on.
@@ -131,7 +131,7 @@ def best_snippet(row: SweepRow, base_cost: CostPolicy, base_queue: QueueConfig,
     """The best setting as extender config YAML (validated by the extender's own loader)."""
     import yaml
 
-    from extender.config import build_config
+    from extender.config.schema import build_config
 
     options = _options(base_cost, base_queue, row.setting)
     assert options.cost is not None and options.queue is not None

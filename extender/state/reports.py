@@ -20,7 +20,7 @@ from typing import Any
 from contracts.agentreport import AgentReport, ReportedProcess, ReportedSession, ReportError
 from contracts.agentreport import decode_report as contract_decode
 from contracts.tokens import bearer_of, same_token, token_or_none
-from extender.config import ReportsConfig
+from extender.config.sections import ReportsConfig
 from extender.core import GpuSpec
 from extender.errors import BadRequest, Unauthorized
 

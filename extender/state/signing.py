@@ -26,7 +26,8 @@ from pathlib import Path
 
 from contracts.annotations import PLACEMENT_SIGNATURE, SIGNED_OUTPUTS
 from contracts.logs import get_logger
-from extender.config import ConfigError, ReportsConfig, StateConfig
+from extender.config.schema import ConfigError
+from extender.config.sections import ReportsConfig, StateConfig
 from extender.state.reports import expected_token
 
 MIN_KEY_BYTES = 16

@@ -25,10 +25,10 @@ from contracts.httpserve import BadContentLength, read_body
 from contracts.httpserve import BodyTooLarge as TooLarge
 from contracts.logs import get_logger
 from contracts.state import NODE_QUERY, STATE_PATH, encode_state
-from extender.config import ConfigHolder
+from extender.config.loader import ConfigHolder
 from extender.errors import BadRequest, ExtenderError
 from extender.ops.metrics import Metrics
-from extender.service import Extender
+from extender.service.verbs import Extender
 from extender.state.reports import decode_report
 from extender.transport.wire import (
     decode_binding_args,
@@ -140,14 +140,14 @@ class Verbs:
 
     def agent_report(self) -> Response:
         try:  # the node this agent may speak for (None: the shared token, any node)
-            node = self.ext.authorize_agent(request.headers.get("Authorization"))
+            node = self.ext.agents.authorize(request.headers.get("Authorization"))
         except ExtenderError as exc:
             self.metrics.requests.labels("report", str(exc.http_status)).inc()
             return Response(dumps({"Error": str(exc)}), status=exc.http_status, mimetype=JSON)
 
         def do_report(doc: Any) -> tuple[Any, dict[str, Any]]:
             report = decode_report(doc)
-            return self.ext.report(report, node), {"node": report.node}
+            return self.ext.agents.report(report, node), {"node": report.node}
         return self.respond("report", do_report)
 
     def wsgi(self, flask_wsgi: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
@@ -186,7 +186,8 @@ def build_routes(ext: Extender, metrics: Metrics, config: ConfigHolder,
 
     @app.get(STATE_PATH)
     def get_state() -> Response:
-        doc = ext.read_state(request.headers.get("Authorization"), request.args.get(NODE_QUERY))
+        doc = ext.agents.read_state(request.headers.get("Authorization"),
+                                    request.args.get(NODE_QUERY))
         return Response(dumps(encode_state(doc)), mimetype=JSON)
 
     @app.get("/livez")

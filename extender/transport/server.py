@@ -12,7 +12,8 @@ from cheroot import wsgi
 
 from contracts.httpserve import harden, tls_adapter
 from contracts.logs import get_logger
-from extender.config import ConfigHolder, ServerConfig
+from extender.config.loader import ConfigHolder
+from extender.config.sections import ServerConfig
 
 LISTEN_BACKLOG = 128
 """Pending connections the kernel queues before accept (cheroot's default is 5)."""

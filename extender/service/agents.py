@@ -1,0 +1,56 @@
+"""What the extender does for its node agents: who may speak for which node, their
+reports (soft state and learning), and ``/v1/state`` reads."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from contracts.state import StateDocument
+from extender.cluster.source import ClusterSource
+from extender.config.loader import ConfigHolder
+from extender.learning.learner import Learner
+from extender.state.ledger import ClusterState
+from extender.state.node_identity import agent_identity, check_node, may_read_full, speaks_for
+from extender.state.reports import DecodedReport
+
+
+class AgentService:
+    """Agent reports and state reads, over the ClusterState the verbs decide on."""
+
+    def __init__(self, state: ClusterState, source: ClusterSource, config: ConfigHolder,
+                 learner: Learner | None, environ: Mapping[str, str] | None = None):
+        self.state = state
+        self.config = config
+        self.learner = learner
+        self._environ = environ
+        """Where ``reports.token_env`` is looked up (None: the process environment)."""
+        self._identity = agent_identity(source)
+        """Reviews agents' pod tokens (``reports.identity: service-account``)."""
+
+    def authorize(self, authorization: str | None) -> str | None:
+        """The node an agent's report may be about: with ``reports.identity:
+        service-account`` the node its reviewed pod token is bound to, else None (the shared
+        agent token, any node). Unauthorized (or Forbidden) otherwise."""
+        return speaks_for(authorization, self.config.current().reports, self._environ,
+                          self._identity)
+
+    def report(self, report: DecodedReport, speaks_for: str | None = None) -> dict[str, int]:
+        """Keep a node's report (soft state) and learn from it; the answer to the agent.
+        ``speaks_for``: the node the agent's identity allows (Forbidden for another)."""
+        check_node(speaks_for, report.node)
+        self.state.report(report.node, report.gpus, report.util_percent,
+                          report.memory_used_mib)
+        samples = self.learner.observe(report, self.state.placement_of,
+                                       self.state.source_gpu_types(report.node)) \
+            if self.learner is not None and self.config.current().learning.enabled else 0
+        return {"accepted": len(report.gpus), "samples": samples}
+
+    def read_state(self, authorization: str | None, node: str | None = None,
+                   ) -> StateDocument:
+        """``/v1/state``: in full (pod names, annotations, what was learned) for the agent
+        token, redacted for anyone else (docs/security.md); ``node``: that node only."""
+        if not may_read_full(authorization, node, self.config.current().reports,
+                             self._environ, self._identity):
+            return self.state.document(node=node).redacted_copy()
+        learning = self.learner.view() if self.learner is not None else None
+        return self.state.document(learning, node)
