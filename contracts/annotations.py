@@ -49,8 +49,8 @@ BATCH = PREFIX + "batch"
 DUTY_CYCLE_MS = PREFIX + "duty-cycle-ms"
 PREDICTION_SOURCE = PREFIX + "prediction-source"
 """Where the predicted numbers came from: ``<utilisation source>+mem:<memory source>``
-(``asserted``, ``observed:<n>``, ``observed-shared:<n>``, ``xgboost:<digest>...``,
-``cold-start``), or ``asserted``."""
+(``asserted``, ``observed:<n>``, ``observed-shared:<n>``, ``prior-corrected:<n>``,
+``xgboost:<digest>...``, ``cold-start``), or ``asserted``."""
 INTERFERENCE_SOURCE = PREFIX + "interference-source"
 """Where the interference figure the GPU was scored by came from: ``pair:<n>`` (the pair
 seen n times), ``profile`` (the models' learned sensitivity and aggressiveness), ``curve``

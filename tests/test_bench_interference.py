@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from bench_modules import load
 
+from extender.core import CostPolicy
+
 load("_common")  # the benchmark's own first import, found beside it when run as a script
 bench = load("interference")
 
@@ -26,3 +28,22 @@ def test_matrix_pairing_matches_the_published_figure_and_the_learner_beats_chanc
     rng = np.random.default_rng(0)
     chance = [bench.pairing_value(rng.random(truth.shape) + 1, truth) for _ in range(3)]
     assert np.mean(learned) > np.mean(chance) + 0.02
+
+
+def test_seen_pairs_carry_the_learner_and_the_pair_oracle_knows_every_pair() -> None:
+    raw = json.loads(bench.DATA.read_text())
+    jobs, truth = bench.matrix(raw, "p100")
+    # The per-model profile fitted to every measured pair pairs worse than the learner that
+    # has seen each job in three pairings: the pairs seen, not the profile, carry it.
+    profile = bench.pairing_value(bench.profile_on_every_pair(jobs, truth), truth)
+    learned = [bench.pairing_value(bench.learner_predictions(jobs, truth, 3,
+                                                             np.random.default_rng(s)), truth)
+               for s in range(3)]
+    assert profile < np.mean(learned) - 0.02
+    gpu_type, table = bench.import_gavel(raw, "p100")
+    truth_file = bench.Truth(interference={gpu_type: table})
+    online = bench._world(truth_file, "curve-only", [gpu_type]).knowledge.policy(CostPolicy())
+    known = bench._world(truth_file, "pair-oracle", [gpu_type]).knowledge.policy(CostPolicy())
+    assert online.pairs is None and known.pairs is not None
+    lm, source = known.pairs.figure(gpu_type, "LM-bs5", "ResNet-50-bs64", 1.0)
+    assert lm == pytest.approx(3.56, abs=0.01) and source.startswith("pair:")

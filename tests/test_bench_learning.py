@@ -41,3 +41,14 @@ def test_intervals_over_seeds_are_student_t():
     assert found["low"] == pytest.approx(1.0368, abs=1e-4)
     assert found["high"] == pytest.approx(4.9632, abs=1e-4)
     assert learning.interval([None, 2.0])["low"] is None  # one value: no interval
+
+
+def test_the_unpaired_interval_is_welchs_and_wider_than_the_paired_one():
+    prior = [100.0, 200.0, 300.0, 400.0, 500.0]
+    online = [p - 10.0 for p in prior]
+    found = learning.unpaired(online, prior)
+    # diff of means -10; se sqrt(2 * 25000 / 5) = 100; Welch dof 8, t = 2.3060
+    assert found["mean"] == pytest.approx(-10 / 300, abs=1e-4)
+    assert found["high"] == pytest.approx((-10 + 230.60) / 300, abs=1e-3)
+    paired = learning.interval([o / p - 1 for o, p in zip(online, prior, strict=True)])
+    assert paired["high"] < 0 < found["high"]  # the same seed's runs move together

@@ -5,6 +5,8 @@ record_burst.py, concurrent binds sharing nodes."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from bench_modules import load
 
 pattern = load("scheduler_pattern")
@@ -35,10 +37,12 @@ def test_without_the_floor_no_normalised_ratio_is_claimed():
     assert out["kube_burst_bind_ok"] is False
 
 
-def test_record_burst_binds_every_pod_and_counts_record_writes():
+def test_record_burst_binds_every_pod_and_counts_record_writes(monkeypatch):
     """benchmarks/record_burst.py on the loopback API server: every bind lands, with its
     entry in its node's record, and a fully spread burst takes one write per bind."""
     load("_common")  # the benchmark's own first import, found beside it when run as a script
+    # ... and the repository root, which _common puts first when it runs as a script
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
     fake_kube_api = load("fake_kube_api")
     record_burst = load("record_burst")
     api = fake_kube_api.FakeKubeApi([{"metadata": {"name": f"node-{i}"}} for i in range(4)],

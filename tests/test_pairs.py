@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 from extender_builders import A100, node, placement
 
-from contracts.annotations import INTERFERENCE_SOURCE, MODEL, PodInputs, decode_outputs
+from contracts.annotations import (
+    GPU_UTIL,
+    INTERFERENCE_SOURCE,
+    MODEL,
+    PREDICTION_SOURCE,
+    PodInputs,
+    decode_outputs,
+)
 from extender.cluster.source import output_annotations
 from extender.config.sections import LearningConfig
 from extender.core import CostPolicy, DecisionContext, JobDemand, Purpose, evaluate, resolve_demand
@@ -255,3 +262,27 @@ def test_pods_in_their_warm_up_give_no_pair_sample() -> None:
         taken.append(learner.observe(_report({"a": 20.0, "b": 48.0}), placed.get,
                                      lambda m, b, g: 60.0))
     assert taken == [0, 0, 2]
+
+
+@pytest.mark.parametrize("extra, learned", [
+    ((), True),  # the predictor's figure stands in for the alone estimate not yet trusted
+    (((GPU_UTIL, "60"),), False),  # an owner's assertion never does
+    (((PREDICTION_SOURCE, "cold-start+mem:xgboost:abc"),), False),  # nor the placeholder
+])
+def test_pairs_are_learned_before_the_alone_estimates_are_trusted(
+        extra: tuple[tuple[str, str], ...], learned: bool) -> None:
+    learner = PairLearner()
+    placed = {"a": placement("a", util=60.0, annotations=((MODEL, "lm"), *extra)),
+              "b": placement("b", util=60.0, annotations=((MODEL, "resnet"),))}
+    taken = learner.observe(_report({"a": 20.0, "b": 48.0}), placed.get, lambda m, b, g: None)
+    model = learner.model()
+    if not learned:
+        assert taken == 0 and model is None
+        return
+    assert taken == 2 and model is not None
+    assert model.figure(A100, "lm", "resnet", 1.0) == (pytest.approx(3.0, rel=0.25), "pair:1")
+    # a trusted alone estimate, once there, is the baseline instead of the prediction
+    learner.observe(_report({"a": 20.0, "b": 48.0}), placed.get,
+                    lambda m, b, g: 30.0 if m == "lm" else None)
+    assert learner.view()[0]["pairs"][0]["samples"] == 2
+    assert learner.view()[0]["pairs"][0]["slowdown"] < 2.5

@@ -114,6 +114,7 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool]
                       "must be null or a namespace name"),
         "persist_interval_seconds": ((int, float), lambda v: 0 < v <= 86_400,
                                      "must be in (0, 86400]"),
+        "prior_correction": (bool, None, ""),
         "curves": (bool, None, ""),
         "curve_min_points": (int, lambda v: 2 <= v <= 100_000, "must be in 2..100000"),
         "curve_max_step": ((int, float), lambda v: 0 < v <= 10, "must be in (0, 10]"),

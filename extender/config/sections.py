@@ -132,6 +132,8 @@ class LearningConfig:
     """Namespace of that ConfigMap; null = the extender's own (in-cluster), else ``default``."""
     persist_interval_seconds: float = 60.0
     """Least time between two writes of the ConfigMap, > 0."""
+    prior_correction: bool = True
+    """Correct predictions of keys not observed by the bias learned where they were."""
     curves: bool = True
     """Refit each GPU type's interference curve from co-located observations and use it."""
     curve_min_points: int = 30

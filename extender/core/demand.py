@@ -18,9 +18,11 @@ Utilisation of a training pod, per GPU type, is taken in this order (its source
 in brackets, as ``tandem.io/prediction-source`` records it): the asserted
 ``tandem.io/gpu-util`` (``asserted``); what the agents observed of this model at
 this batch size on this GPU type, once there are at least ``min_observations``
-samples (``observed:<n>``); the trained XGBoost model (``xgboost:<digest>``),
-raised to what the pod was observed to use while sharing a GPU when that is
-more (``observed-shared:<n>``: a job that shares cannot use more of the GPU
+samples (``observed:<n>``); the trained XGBoost model (``xgboost:<digest>``), times
+the bias learned where it was observed (``prior-corrected:<n>``, the model's other
+GPU types or several other models: :mod:`extender.learning.bias`), raised to
+what the pod was observed to use while sharing a GPU when that is more
+(``observed-shared:<n>``: a job that shares cannot use more of the GPU
 than it would alone, so the shared figure is a floor; it corrects a prediction
 that is too low even where the pod never runs alone);
 else the **cold-start rule**: the pod counts as using the whole GPU
@@ -92,6 +94,13 @@ class ObservedFn(Protocol):
                  ) -> tuple[float, int] | None: ...
 
 
+class CorrectedFn(Protocol):
+    """``(model, batch, gpu_type, workload, predicted) -> (util, estimates used)`` or None."""
+
+    def __call__(self, model_ref: str, batch_size: int, gpu_type: str, workload: str,
+                 predicted: float) -> tuple[float, int] | None: ...
+
+
 @dataclass(frozen=True)
 class UtilKnowledge:
     """What resolution knows beyond the predictor: observations and the cold-start rule."""
@@ -103,10 +112,14 @@ class UtilKnowledge:
     """Utilisation assumed for a model nobody has measured or predicted (0..100]."""
     shared_floor: ObservedFn | None = None
     """Per-process utilisation observed while sharing a GPU: a floor of the alone one."""
+    prior_corrected: CorrectedFn | None = None
+    """The prediction corrected by the bias learned where it was observed (or None)."""
 
 
 COLD_START = "cold-start"
 OBSERVED_SHARED = "observed-shared"
+PRIOR_CORRECTED = "prior-corrected"
+"""A prediction times the bias learned on observed keys (``extender.learning.bias``)."""
 """A prediction raised to the utilisation observed while sharing (a floor of the alone one)."""
 SESSION_COLD_START = "cold-start+profile:server"
 """An SLO session with no batching profile for the GPU type (placed alone, measured there)."""
@@ -332,12 +345,17 @@ def _one_type(
     else:
         seen = knowledge.observed(ask.model, job.batch_size, gpu_type, job.workload.value) \
             if knowledge.observed is not None else None
+        fixed = knowledge.prior_corrected(ask.model, job.batch_size, gpu_type,  # records it
+                                          job.workload.value, util) \
+            if knowledge.prior_corrected is not None and util is not None else None
         if seen is not None and seen[1] >= knowledge.min_observations:
             util, util_source = seen[0], f"observed:{seen[1]}"
         elif util is None:
             util, util_source = knowledge.cold_start_util_percent, COLD_START
         else:
             util_source = ""  # the predictor's own, already in ``source``
+            if fixed is not None:
+                util, util_source = fixed[0], f"{PRIOR_CORRECTED}:{fixed[1]}"
             floor = knowledge.shared_floor(ask.model, job.batch_size, gpu_type,
                                            job.workload.value) \
                 if knowledge.shared_floor is not None else None

@@ -6,7 +6,13 @@ own utilisation figure, and no unattributed process. For each pod, with
 ``alone`` its model's trusted alone estimate on that GPU type
 (:mod:`extender.learning.store`) and ``shared`` its figure now, the sample is
 ``log(alone / shared)`` for the directed pair (its model, the other's model):
-how many times slower it appears to run beside the other. The learner is not
+how many times slower it appears to run beside the other. Until the model's
+alone estimate is trusted, ``alone`` is the per-GPU utilisation bind placed the
+pod with when that was the predictor's figure (never an owner's assertion nor the
+cold-start placeholder): on a busy cluster most models are rarely seen alone
+long enough to be trusted, and waiting for that left most pairs unlearned. A
+model's prediction error shifts all its pairs by the same factor, which leaves
+the order of its partners unchanged. The learner is not
 told how utilisation follows slowdown (proportionally for compute-bound jobs,
 less for memory-bound ones); it learns the figure that utilisation shows, which
 ranks pairs the same way. Samples are clipped to [0, log 20].
@@ -35,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from contracts.annotations import BATCH_SIZE, MODEL
+from contracts.annotations import BATCH_SIZE, GPU_UTIL, MODEL, PREDICTION_SOURCE
 from extender.core import Placement
 from extender.core.pairs import PairModel, TypePairs
 from extender.core.snapshot import Workload, gpu_type_of
@@ -106,7 +112,8 @@ class PairLearner:
         """Samples from the GPUs of ``report`` shared by exactly two placed, modelled pods,
         both past their warm-up on the GPU (``learning.warmup_seconds``).
 
-        ``alone(model, batch, gpu_type)``: the model's trusted alone utilisation, else None."""
+        ``alone(model, batch, gpu_type)``: the model's trusted alone utilisation, else None
+        (then the utilisation the pod was placed with stands in, module docstring)."""
         taken = 0
         for gpu, procs in zip(report.gpus, report.processes, strict=False):
             pods: dict[str, float] = {}
@@ -121,10 +128,10 @@ class PairLearner:
             warming = [self._warming(uid, report.node, gpu.index) for uid in pods]
             if any(f is None for f in found) or any(warming):
                 continue  # a pod loading or compiling shows no steady utilisation yet
-            (ma, ba), (mb, bb) = found  # type: ignore[misc]
+            (ma, ba, pa), (mb, bb, pb) = found  # type: ignore[misc]
             (ua, ub) = pods.values()
-            base_a, base_b = alone(ma, ba, gpu_type), alone(mb, bb, gpu_type)
-            if base_a is None or base_b is None or ua <= 0 or ub <= 0:
+            base_a, base_b = alone(ma, ba, gpu_type) or pa, alone(mb, bb, gpu_type) or pb
+            if base_a <= 0 or base_b <= 0 or ua <= 0 or ub <= 0:
                 continue
             self.add(gpu_type, ma, mb, base_a / ua)
             self.add(gpu_type, mb, ma, base_b / ub)
@@ -239,7 +246,8 @@ def _stderr(n: float, m2: float) -> float:
     return sd / math.sqrt(n)
 
 
-def _modelled(p: Placement | None, node: str, index: int) -> tuple[str, int] | None:
+def _modelled(p: Placement | None, node: str, index: int) -> tuple[str, int, float] | None:
+    """(model, batch size, per-GPU utilisation placed with) of a modelled training pod."""
     if p is None or p.node != node or index not in p.gpu_indices \
             or p.workload is not Workload.TRAINING:
         return None
@@ -248,7 +256,12 @@ def _modelled(p: Placement | None, node: str, index: int) -> tuple[str, int] | N
     if not model:
         return None
     batch = ann.get(BATCH_SIZE, "")
-    return model, int(batch) if batch.isdigit() else 32
+    # Only a prediction stands in for the alone figure: not what the pod owner asserted
+    # (an owner could skew its partners' figures), nor the cold-start placeholder.
+    source = ann.get(PREDICTION_SOURCE, "")
+    placed = 0.0 if GPU_UTIL in ann or source.startswith(("asserted", "cold-start")) \
+        else float(p.util_percent)
+    return model, int(batch) if batch.isdigit() else 32, placed
 
 
 def _fit(pairs: Mapping[tuple[str, str], tuple[float, int]],

@@ -54,6 +54,7 @@ from extender.cluster.namespace import own_namespace
 from extender.config.sections import LearningConfig
 from extender.core import Placement, UtilKnowledge, gpu_type_of
 from extender.core.cost import CostPolicy
+from extender.learning.bias import PriorBias
 from extender.learning.curves import CurveGuards, CurveLearner, LearnedPolicy, SharedGpuPoints
 from extender.learning.document import DOCUMENT_VERSION
 from extender.learning.estimate import INDEPENDENT_SECONDS, Estimate, Trust
@@ -91,6 +92,9 @@ class Learner:
         self.curves = CurveLearner(CurveGuards(
             cfg.curve_min_points, cfg.curve_max_step, cfg.curve_outlier_mads,
             cfg.curve_refit_interval_seconds), wall_clock)
+        self.bias = PriorBias(self.store.trusted_items, lambda: self.store.samples_total,
+                              lambda: self.store.clock(), cfg.max_entries)
+        """The prior's bias where it was observed, for keys not observed yet."""
         self.prior = prior
         """The configured curve of a GPU type: where its first refit starts from."""
         self._overlay = LearnedPolicy(self.curves)
@@ -154,9 +158,10 @@ class Learner:
     def knowledge(self, cfg: LearningConfig, gpus: int = 1,
                   namespace: str | None = None) -> UtilKnowledge:
         """What resolution uses for a pod of ``gpus`` GPUs in ``namespace``: the alone
-        estimates and the shared floors (when enabled), and the cold-start rule. An estimate
-        learned from one namespace's pods only serves that namespace until a second confirms
-        it (a tenant cannot set another's predictions by naming its model)."""
+        estimates, the shared floors and the prior's learned bias (when enabled), and the
+        cold-start rule. An estimate learned from one namespace's pods only serves that
+        namespace until a second confirms it (a tenant cannot set another's predictions by
+        naming its model)."""
         store = self.store
 
         def alone(model: str, batch: int, gpu_type: str, workload: str,
@@ -166,8 +171,13 @@ class Learner:
         def floor(model: str, batch: int, gpu_type: str, workload: str,
                   ) -> tuple[float, int] | None:
             return store.lookup_shared(model, batch, gpu_type, workload, gpus, namespace)
+        def corrected(model: str, batch: int, gpu_type: str, workload: str,
+                      predicted: float) -> tuple[float, int] | None:
+            key = (store.model_key(model), batch, workload, gpu_type, gpus)
+            return self.bias.corrected(key, predicted, namespace)
         return UtilKnowledge(alone if cfg.enabled else None, cfg.min_observations,
-                             cfg.cold_start_util_percent, floor if cfg.enabled else None)
+                             cfg.cold_start_util_percent, floor if cfg.enabled else None,
+                             corrected if cfg.enabled and cfg.prior_correction else None)
 
     def observe(self, report: DecodedReport,
                 placement_of: Callable[[str], Placement | None],

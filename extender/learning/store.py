@@ -315,6 +315,11 @@ class ObservationStore:
             est = self._alone.get(full_key(key))
             return est.mean if est is not None and self.trust.trusted(est) else None
 
+    def trusted_items(self) -> list[tuple[Key, Estimate]]:
+        """The trusted alone estimates by key (what the prior's bias is learned from)."""
+        with self._lock:
+            return [(k, e) for k, e in self._alone.items() if self.trust.trusted(e)]
+
     # ---- answers ---------------------------------------------------------------------
     def lookup(self, model_ref: str, batch_size: int, gpu_type: str, workload: str,
                gpus: int = 1, namespace: str | None = None) -> tuple[float, int] | None:
