@@ -18,8 +18,8 @@ from contracts.httpserve import BadContentLength, BodyTooLarge, read_body
 from extender.cluster.sim import SimSource
 from extender.config.loader import ConfigHolder
 from extender.config.schema import build_config
-from extender.transport.routes import create_app
 from extender.transport.server import start_background
+from extender.wiring import create_app
 
 DEADLINE = 10.0
 """Each server's read deadline: the old code held such a request this long."""

@@ -15,7 +15,7 @@ from extender.config.schema import build_config
 from extender.core.preemption import Candidate, choose_preemption, victims_on_node
 from extender.preemption.kube_api import selector_matches
 from extender.state.signing import PlacementSigner
-from extender.transport.routes import create_app
+from extender.wiring import create_app
 
 # ---- the pure choice: a node of capacity 10, the preemptor needs `need` free --------------
 

@@ -235,11 +235,4 @@ def _pod_key(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace', 'default')}/{meta.get('name', '?')}"
 
 
-def create_app(*args: Any, **kwargs: Any) -> Flask:
-    """:func:`extender.wiring.create_app` (kept here for callers that import it from here)."""
-    from extender.wiring import create_app as assemble
-
-    return assemble(*args, **kwargs)
-
-
-__all__ = ["BadRequest", "BodyTooLarge", "build_routes", "create_app"]
+__all__ = ["BadRequest", "BodyTooLarge", "build_routes"]
