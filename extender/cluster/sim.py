@@ -129,7 +129,7 @@ class SimSource:
 
     def use_signer(self, signer: Any, on_untrusted: Any = None) -> None:
         """Never called (``signs_placements`` is False): a simulation has no pod owners."""
-        raise NotImplementedError("the sim: source does not sign placements")
+        raise RuntimeError("the sim: source signs no placements (a simulation has no pod owners)")
 
     def read_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """A copy of the registered pod, or None."""
