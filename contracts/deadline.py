@@ -30,15 +30,20 @@ class DeadlineHeaderError(ValueError):
     """A deadline header is malformed; the message says what is allowed."""
 
 
+def _number(raw: str) -> float:
+    """A header's number, NaN when it is not one (every range check then refuses it)."""
+    try:
+        return float(raw)
+    except ValueError:
+        return math.nan
+
+
 def client_budget_ms(headers: Mapping[str, str]) -> float | None:
     """The ``X-Tandem-Timeout-Ms`` value in ms, None when absent."""
     raw = headers.get(TIMEOUT_HEADER)
     if raw is None:
         return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
+    value = _number(raw)
     if not 0 < value <= MAX_TIMEOUT_MS:
         raise DeadlineHeaderError(
             f"{TIMEOUT_HEADER} must be a number of ms in (0, {MAX_TIMEOUT_MS:.0f}]")
@@ -50,10 +55,7 @@ def absolute_deadline_left_ms(headers: Mapping[str, str], now_unix_ms: float) ->
     raw = headers.get(DEADLINE_HEADER)
     if raw is None:
         return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
+    value = _number(raw)
     left = value - now_unix_ms
     if not math.isfinite(value) or left > MAX_TIMEOUT_MS:
         raise DeadlineHeaderError(f"{DEADLINE_HEADER} must be a time in ms since the Unix "
