@@ -28,7 +28,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    # click's plain help: flags without a value placeholder (no "--json <bool>"), text
+    # click's plain help: flags without a value hint (no "--json <bool>"), text
     # wrapped at the terminal's width instead of option names and help cut short.
     rich_markup_mode=None,
 )

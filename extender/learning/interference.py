@@ -9,7 +9,7 @@ own utilisation figure, and no unattributed process. For each pod, with
 how many times slower it appears to run beside the other. Until the model's
 alone estimate is trusted, ``alone`` is the per-GPU utilisation bind placed the
 pod with when that was the predictor's figure (never an owner's assertion nor the
-cold-start placeholder): on a busy cluster most models are rarely seen alone
+cold-start whole-GPU figure): on a busy cluster most models are rarely seen alone
 long enough to be trusted, and waiting for that left most pairs unlearned. A
 model's prediction error shifts all its pairs by the same factor, which leaves
 the order of its partners unchanged. The learner is not
@@ -257,7 +257,7 @@ def _modelled(p: Placement | None, node: str, index: int) -> tuple[str, int, flo
         return None
     batch = ann.get(BATCH_SIZE, "")
     # Only a prediction stands in for the alone figure: not what the pod owner asserted
-    # (an owner could skew its partners' figures), nor the cold-start placeholder.
+    # (an owner could skew its partners' figures), nor the cold-start whole-GPU figure.
     source = ann.get(PREDICTION_SOURCE, "")
     placed = 0.0 if GPU_UTIL in ann or source.startswith(("asserted", "cold-start")) \
         else float(p.util_percent)
