@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import onnx
+from cheroot import wsgi
 from onnx import TensorProto, helper, numpy_helper
 
 from agent.inference.clock import MonotonicClock
@@ -102,3 +105,24 @@ def ort_runtimes(store: Path, **limits) -> Iterator:
     finally:
         for rt in started:
             rt.stop()
+
+
+@contextlib.contextmanager
+def served_over_http(rt: ServingRuntime, threads: int) -> Iterator[str]:
+    """``rt`` started behind a real hardened cheroot server with ``threads`` workers;
+    yields its URL, and stops both afterwards."""
+    from agent.inference.app import create_app
+    from contracts.httpserve import harden
+
+    rt.start()
+    server = harden(wsgi.Server(("127.0.0.1", 0), create_app(rt), numthreads=threads),
+                    10.0, 1 << 20)
+    server.prepare()
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.bind_addr[1]}"
+    finally:
+        rt.stop()
+        server.stop()
+        thread.join(timeout=5)

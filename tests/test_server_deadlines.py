@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import numpy as np
 import pytest
-from cheroot import wsgi
+from server_helpers import served_over_http
 
 from agent.inference.app import create_app
 from agent.inference.clock import MonotonicClock, VirtualClock
@@ -27,7 +27,6 @@ from agent.inference.pathcost import (
 )
 from agent.inference.runtime import RuntimeConfig, ServingRuntime
 from agent.inference.stats import Outcome
-from contracts.httpserve import harden
 from predictor.batching import BatchingProfile
 
 X = np.zeros((1, 2), np.float32)
@@ -51,15 +50,8 @@ def served() -> Iterator[tuple[str, ServingRuntime]]:
     rt.add_slo_session("fast", "tiny", 100, 5)
     rt.add_slo_session("roomy", "tiny", 10_000, 5)
     rt.add_best_effort_session("hog", "slow")
-    rt.start()
-    server = harden(wsgi.Server(("127.0.0.1", 0), create_app(rt), numthreads=1), 10.0, 1 << 20)
-    server.prepare()
-    thread = threading.Thread(target=server.serve, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.bind_addr[1]}", rt
-    rt.stop()
-    server.stop()
-    thread.join(timeout=5)
+    with served_over_http(rt, threads=1) as url:
+        yield url, rt
 
 
 def test_time_waiting_for_a_worker_counts_against_the_deadline(served) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import numpy as np
 import pytest
-from cheroot import wsgi
+from server_helpers import served_over_http
 
 from agent.inference.app import create_app
 from agent.inference.clock import MonotonicClock, VirtualClock
@@ -23,7 +23,6 @@ from agent.inference.runtime import RuntimeConfig, ServingRuntime
 from agent.inference.stats import Outcome
 from agent.inference.tensors import encode_npy
 from contracts.deadline import AnswerReserve
-from contracts.httpserve import harden
 from predictor.batching import BatchingProfile
 
 X = encode_npy(np.zeros((1, 2), np.float32))
@@ -37,15 +36,8 @@ def served() -> Iterator[tuple[str, ServingRuntime]]:
     rt = ServingRuntime(SimExecutor(TINY, clock, "sim"), clock, RuntimeConfig("sim"),
                         post_workers=1)
     rt.add_slo_session("fast", "tiny", 100, 5)
-    rt.start()
-    server = harden(wsgi.Server(("127.0.0.1", 0), create_app(rt), numthreads=2), 10.0, 1 << 20)
-    server.prepare()
-    thread = threading.Thread(target=server.serve, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.bind_addr[1]}", rt
-    rt.stop()
-    server.stop()
-    thread.join(timeout=5)
+    with served_over_http(rt, threads=2) as url:
+        yield url, rt
 
 
 def _session(rt: ServingRuntime, name: str = "fast") -> dict:
