@@ -10,17 +10,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from contracts.interferencefile import PairTable
 from extender.core.snapshot import NodeName, Placement, PodUid
 from extender.simulator.cluster import uniform_cluster
 from extender.simulator.engine import Engine, JobRun, SchedulingContext
 from extender.simulator.jobs import SimJob
-from extender.simulator.pairwise import (
-    GavelError,
-    PairTable,
-    gavel_model_name,
-    import_gavel,
-    job_slowdowns,
-)
+from extender.simulator.pairwise import GavelError, gavel_model_name, import_gavel, job_slowdowns
 from extender.simulator.signal import SignalModel
 from extender.simulator.truth import Truth, TruthError, parse_truth, truth_document
 from tandem.cli import app

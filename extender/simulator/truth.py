@@ -51,9 +51,9 @@ from typing import Any
 
 import numpy as np
 
+from contracts.interferencefile import PairTable, interference_document, parse_interference
 from extender.simulator.interference import SlowdownModel
 from extender.simulator.jobs import SimJob
-from extender.simulator.pairwise import PairTable, interference_document, parse_interference
 from extender.simulator.signal import SignalModel, parse_signal
 from predictor.curves import InterferenceCurve, coefficient_table, curve_costs, parse_curves
 
