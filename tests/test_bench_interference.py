@@ -22,9 +22,9 @@ def test_matrix_pairing_matches_the_published_figure_and_the_learner_beats_chanc
     jobs, truth = bench.matrix(raw, "p100")
     assert len(jobs) == 26
     assert bench.pairing_value(truth, truth) == pytest.approx(1.299, abs=0.001)
-    learned = [bench.pairing_value(bench.learner_predictions(jobs, truth, 3,
-                                                             np.random.default_rng(s)), truth)
-               for s in range(3)]
+    learned = [bench.pairing_value(bench.learner_predictions(
+        jobs, truth, bench.seen_pairings(26, 3, np.random.default_rng(s))), truth)
+        for s in range(3)]
     rng = np.random.default_rng(0)
     chance = [bench.pairing_value(rng.random(truth.shape) + 1, truth) for _ in range(3)]
     assert np.mean(learned) > np.mean(chance) + 0.02
@@ -36,14 +36,23 @@ def test_seen_pairs_carry_the_learner_and_the_pair_oracle_knows_every_pair() -> 
     # The per-model profile fitted to every measured pair pairs worse than the learner that
     # has seen each job in three pairings: the pairs seen, not the profile, carry it.
     profile = bench.pairing_value(bench.profile_on_every_pair(jobs, truth), truth)
-    learned = [bench.pairing_value(bench.learner_predictions(jobs, truth, 3,
-                                                             np.random.default_rng(s)), truth)
-               for s in range(3)]
+    learned = [bench.pairing_value(bench.learner_predictions(
+        jobs, truth, bench.seen_pairings(26, 3, np.random.default_rng(s))), truth)
+        for s in range(3)]
     assert profile < np.mean(learned) - 0.02
     gpu_type, table = bench.import_gavel(raw, "p100")
+    k80_type, k80 = bench.import_gavel(raw, "k80")
     truth_file = bench.Truth(interference={gpu_type: table})
-    online = bench._world(truth_file, "curve-only", [gpu_type]).knowledge.policy(CostPolicy())
-    known = bench._world(truth_file, "pair-oracle", [gpu_type]).knowledge.policy(CostPolicy())
+    worlds = {mode: bench._world(truth_file, mode, [gpu_type], {k80_type: k80})
+              for mode in ("curve-only", "pair-oracle", "pair-aware+matrix")}
+    online = worlds["curve-only"].knowledge.policy(CostPolicy())
+    known = worlds["pair-oracle"].knowledge.policy(CostPolicy())
     assert online.pairs is None and known.pairs is not None
+    # the other GPU's matrix decides on this one before any pair is seen
+    prior = worlds["pair-aware+matrix"].knowledge.policy(CostPolicy()).pairs
+    assert prior is not None
+    k80_figure = k80.listed("LM-bs5", "ResNet-50-bs64")
+    assert prior.figure(gpu_type, "LM-bs5", "ResNet-50-bs64", 1.0) == (
+        pytest.approx(k80_figure), "matrix")
     lm, source = known.pairs.figure(gpu_type, "LM-bs5", "ResNet-50-bs64", 1.0)
     assert lm == pytest.approx(3.56, abs=0.01) and source.startswith("pair:")

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from contracts.interferencefile import InterferenceFileError, load_interference_file
 from extender.config.sections import (
     DEFAULT_MIN_COLOCATION_GAIN,
     ExtenderConfig,
@@ -124,6 +125,8 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool]
         "pairs": (bool, None, ""),
         "pair_explore_bonus": ((int, float), lambda v: 0 <= v <= 1, "must be in [0, 1]"),
         "pair_max_entries": (int, lambda v: 1 <= v <= 100_000, "must be in 1..100000"),
+        "pair_prior": ((str, type(None)), lambda v: v is None or bool(v.strip()),
+                       "must be a path string or null"),
     },
     "queue": {"enabled": (bool, None, ""),
               "k": (int, lambda v: K_RANGE[0] <= v <= K_RANGE[1],
@@ -171,6 +174,13 @@ def _type_name(types: Any) -> str:
     return " or ".join("null" if n == "NoneType" else n for n in names)
 
 
+def _relative_to_config(file: str, source_path: str | None) -> str:
+    """``file`` relative to the config file, so a config and the files it names can move
+    together (the working directory when the config has no file)."""
+    base = Path(source_path).parent if source_path else Path.cwd()
+    return str(base / Path(file).expanduser())
+
+
 def _cost_curves(cost: Mapping[str, Any], source_path: str | None, allow_simulated: Any,
                  problems: list[str]) -> tuple[dict[str, InterferenceCurve], str | None]:
     """``cost.curves_file`` entries overlaid by ``cost.curves``, keyed by canonical GPU type."""
@@ -180,9 +190,7 @@ def _cost_curves(cost: Mapping[str, Any], source_path: str | None, allow_simulat
     if file is not None and (not isinstance(file, str) or not file.strip()):
         problems.append("cost.curves_file: must be a path string or null")
     elif file is not None:
-        # relative to the config file, so a config and its curves can move together
-        base = Path(source_path).parent if source_path else Path.cwd()
-        resolved = str(base / Path(file).expanduser())
+        resolved = _relative_to_config(file, source_path)
         try:
             loaded = load_curves(Path(resolved))
         except CurveFileError as exc:
@@ -269,6 +277,7 @@ def build_config(raw: Any, source_path: str | None = None) -> ExtenderConfig:
     tls = sections["server"]
     if bool(tls.get("tls_cert_file")) != bool(tls.get("tls_key_file")):
         problems.append("server.tls_cert_file/tls_key_file: give both or neither")
+    pair_prior = _pair_prior(sections["learning"], source_path, problems)
     if problems:
         raise ConfigError(problems)
     reports = ReportsConfig(**sections["reports"])
@@ -293,7 +302,7 @@ def build_config(raw: Any, source_path: str | None = None) -> ExtenderConfig:
         profile_files=tuple(files) if isinstance(files, list)
         else (), nexus_profiles=nexus, predictor=PredictorConfig(**{
             **sections["predictor"], "allowed_model_sources": tuple(sources)}),
-        learning=_learning(sections["learning"]),
+        learning=_learning(sections["learning"], pair_prior),
         queue=_queue_settings(sections["queue"]),
         log_level=sections["logging"].get("level", "info"),
         reload_interval_seconds=float(sections["reload"].get("interval_seconds", 5.0)),
@@ -308,8 +317,24 @@ def _server(section: Mapping[str, Any]) -> ServerConfig:
     return ServerConfig(**values)
 
 
-def _learning(section: Mapping[str, Any]) -> LearningConfig:
-    values = dict(section)
+def _pair_prior(section: Mapping[str, Any], source_path: str | None,
+                problems: list[str]) -> dict[str, Any]:
+    """``learning.pair_prior`` resolved and read: the fields it sets, problems appended."""
+    prior = section.get("pair_prior")
+    if not isinstance(prior, str) or not prior.strip():
+        return {}
+    resolved = _relative_to_config(prior, source_path)
+    try:
+        tables = load_interference_file(resolved)
+    except InterferenceFileError as exc:
+        problems.extend(f"learning.pair_prior: {p}" for p in exc.problems)
+        return {}
+    return {"pair_prior": resolved,
+            "pair_prior_tables": {gpu_type_of(t): v for t, v in tables.items()}}
+
+
+def _learning(section: Mapping[str, Any], prior: Mapping[str, Any]) -> LearningConfig:
+    values = {**section, **prior}
     for key in ("cold_start_util_percent", "ewma_alpha", "persist_interval_seconds",
                 "min_observed_seconds", "warmup_seconds", "spread_margin",
                 "curve_max_step", "curve_outlier_mads", "curve_refit_interval_seconds",

@@ -7,8 +7,10 @@ and decision defaults are ``extender.core.cost.CostPolicy``'s.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from contracts.interferencefile import PairTable
 from extender.core import CostPolicy
 from extender.queue.fair import QueueConfig
 
@@ -152,6 +154,12 @@ class LearningConfig:
     """Most predicted progress a placement may give up to try a pair never seen, [0, 1]."""
     pair_max_entries: int = 4000
     """Most (GPU type, model, model) pairs kept; least recently seen dropped, 1..100000."""
+    pair_prior: str | None = None
+    """A measured interference file (``interference:``, as ``tandem import-interference``
+    writes) whose pairs decisions assume until the cluster shows them; relative to the
+    config file; null = none (docs/interference.md)."""
+    pair_prior_tables: Mapping[str, PairTable] = field(default_factory=dict)
+    """That file's tables keyed by canonical GPU type (read when the config is loaded)."""
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,14 @@ slower ``a`` runs and where that figure comes from:
 - ``pair:<n>``: the pair was seen ``n`` times; the mean of its log slowdowns,
   shrunk toward the profile (or the curve) with the weight of ``prior_weight``
   samples;
+- ``matrix``: a measured matrix given as the prior (``learning.pair_prior``) lists
+  the pair: its log slowdown ``x`` calibrated to this GPU type as ``alpha + beta x``,
+  the line fitted to the pairs seen here (the matrix may come from another GPU type,
+  and what agents show of a slowdown need not equal it); a GPU type the matrix does
+  not list takes the mean over the types it does (:data:`ANY_TYPE`);
 - ``profile``: both models were seen with others: ``exp(mu + sens[a] + aggr[b])``,
   ``a``'s sensitivity and ``b``'s aggressiveness;
-- ``curve``: neither: the GPU type's curve, ``1 + f(u_a + u_b)``.
+- ``curve``: none of these: the GPU type's curve, ``1 + f(u_a + u_b)``.
 
 Models are named by their ``tandem.io/model`` reference. A job's slowdown on a
 GPU with several others is ``1 + sum over them of (s[a][b] - 1)`` (the
@@ -28,8 +33,8 @@ The co-location throughput rule reads the same figures (rate after / rate
 before). Elsewhere decisions are Horus's, so a cluster with nothing learned
 decides exactly as before.
 
-**Exploration.** A pair never seen is judged by its profile or the curve; when
-its figure comes from there, its loss is lowered by ``explore_bonus`` (at most
+**Exploration.** A pair never seen is judged by the matrix, its profile or the
+curve; when its figure comes from there, its loss is lowered by ``explore_bonus`` (at most
 that, never below zero), so an untried pair wins over a known one only when
 their predicted losses are within ``explore_bonus``: a choice made for
 exploration costs at most ``explore_bonus`` of predicted progress more than the
@@ -45,6 +50,11 @@ from dataclasses import dataclass, field
 
 CURVE = "curve"
 PROFILE = "profile"
+MATRIX = "matrix"
+UNTRIED = (CURVE, PROFILE, MATRIX)
+"""Sources of a figure for a pair never seen on this GPU type."""
+ANY_TYPE = "*"
+"""The :class:`TypePairs` of GPU types nothing was learned on nor the matrix lists."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,10 @@ class TypePairs:
     sens: Mapping[str, float] = field(default_factory=dict)
     aggr: Mapping[str, float] = field(default_factory=dict)
     cannot: frozenset[frozenset[str]] = frozenset()
+    prior: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    """(a, b) -> log slowdown of a beside b in the measured matrix (``learning.pair_prior``)."""
+    calibration: tuple[float, float] = (0.0, 1.0)
+    """``(alpha, beta)``: the matrix's log slowdown ``x`` reads ``alpha + beta x`` here."""
 
 
 @dataclass(frozen=True)
@@ -69,15 +83,22 @@ class PairModel:
 
     def knows(self, gpu_type: str) -> bool:
         """True when decisions on ``gpu_type`` use pair figures."""
-        return gpu_type in self.types
+        return self._type(gpu_type) is not None
+
+    def _type(self, gpu_type: str) -> TypePairs | None:
+        return self.types.get(gpu_type) or self.types.get(ANY_TYPE)
 
     def figure(self, gpu_type: str, a: str, b: str, curve: float) -> tuple[float, str]:
         """``(slowdown of a beside b, source)``; ``curve`` is the curve's figure for the pair."""
-        t = self.types.get(gpu_type)
+        t = self._type(gpu_type)
         if t is None:
             return max(curve, 1.0), CURVE
         prior, source = math.log(max(curve, 1.0)), CURVE
-        if a in t.sens and b in t.aggr:
+        measured = t.prior.get((a, b))
+        if measured is not None:
+            alpha, beta = t.calibration
+            prior, source = alpha + beta * measured, MATRIX
+        elif a in t.sens and b in t.aggr:
             prior, source = t.mu + t.sens[a] + t.aggr[b], PROFILE
         seen = t.pairs.get((a, b))
         if seen is not None and seen[1] > 0:
@@ -88,7 +109,7 @@ class PairModel:
 
     def can_share(self, gpu_type: str, a: str, b: str) -> bool:
         """False when ``a`` and ``b`` were seen not to fit together on ``gpu_type``."""
-        t = self.types.get(gpu_type)
+        t = self._type(gpu_type)
         return t is None or frozenset((a, b)) not in t.cannot
 
 
@@ -105,7 +126,7 @@ class GpuVerdict:
     """Where the newcomer's figure came from (the weakest source among its pairs)."""
 
 
-_RANK = {CURVE: 0, PROFILE: 1}
+_RANK = {CURVE: 0, PROFILE: 1, MATRIX: 2}
 
 
 def _slowdowns(model: PairModel, gpu_type: str, models: Sequence[str],
@@ -138,7 +159,7 @@ def judge_gpu(model: PairModel, gpu_type: str, newcomer: str, here: Sequence[str
     loss = (1.0 - 1.0 / after[-1]) + sum(
         w * (1.0 / b - 1.0 / a) for w, b, a in zip(widths, before, after, strict=False))
     source = sources[-1]
-    if source in (CURVE, PROFILE):  # untried: bounded optimism (module docstring)
+    if source in UNTRIED:  # untried: bounded optimism (module docstring)
         loss = max(0.0, loss - model.explore_bonus)
     gain = rate_after / rate_before - 1.0 if rate_before > 0 else math.inf
     return GpuVerdict(loss, gain, fits, source)

@@ -26,8 +26,17 @@ seen dropped):
   a ridge fit (weight 1 toward 0) over the pairs seen, refitted when asked after a change;
 - pairs seen not to fit together (a start that failed out of memory beside the other).
 
+A measured matrix (``learning.pair_prior``, :mod:`contracts.interferencefile`) is the
+prior of the pairs it lists: a GPU type it lists takes its own table (its
+``cannot_share`` pairs refused), any other the mean log slowdown over the types that
+list the pair. Per GPU type the line ``log s_here = alpha + beta * log s_matrix`` is
+fitted to the pairs seen here (ridge toward alpha 0, beta 1 with the weight of
+``CALIBRATION_RIDGE`` pairs), so a matrix measured on another GPU type, or read
+through a signal that shows slowdown less than fully, ranks pairs before they are
+tried and is corrected as they are.
+
 :meth:`PairLearner.model` gives decisions a :class:`extender.core.pairs.PairModel`;
-the GPU type's curve stays the prior and the fallback.
+the GPU type's curve stays the last fallback.
 """
 
 from __future__ import annotations
@@ -37,19 +46,22 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from contracts.annotations import BATCH_SIZE, GPU_UTIL, MODEL, PREDICTION_SOURCE
+from contracts.interferencefile import PairTable
 from extender.core import Placement
-from extender.core.pairs import PairModel, TypePairs
+from extender.core.pairs import ANY_TYPE, PairModel, TypePairs
 from extender.core.snapshot import Workload, gpu_type_of
 from extender.state.reports import DecodedReport
 
 MAX_LOG = math.log(20.0)
 MAX_TRACKED_PODS = 100_000
 RIDGE = 1.0
+CALIBRATION_RIDGE = 2.0
 DOCUMENT_KEY = "pairs"
 
 PairKey = tuple[str, str, str]
@@ -61,8 +73,11 @@ class PairLearner:
 
     def __init__(self, max_entries: int = 4000, explore_bonus: float = 0.05,
                  prior_weight: float = 0.5, warmup_seconds: float = 0.0,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time,
+                 prior: Mapping[str, PairTable] | None = None):
         self.max_entries = max_entries
+        self._prior = _prior_logs(prior or {})
+        """GPU type (or ANY_TYPE: the mean over types) -> ((a, b) -> log slowdown, cannot)."""
         self.warmup_seconds = warmup_seconds
         self.clock = clock
         self._first_seen: OrderedDict[tuple[str, str, int], float] = OrderedDict()
@@ -153,7 +168,7 @@ class PairLearner:
     def model(self) -> PairModel | None:
         """What decisions use (None while nothing is learned); cached per version."""
         with self._lock:
-            if not self._stats and not self._cannot:
+            if not self._stats and not self._cannot and not self._prior:
                 return None
             cached = self._cache
             if cached is not None and cached[0] == self.version:
@@ -166,12 +181,24 @@ class PairLearner:
             types.setdefault(t, {})[(a, b)] = (mean, int(n))
         for t, _pair in cannot:
             types.setdefault(t, {})
-        built = PairModel({t: _fit(pairs, frozenset(p for tt, p in cannot if tt == t))
+        for t in self._prior:
+            types.setdefault(t, {})
+        built = PairModel({t: self._with_prior(t, _fit(pairs, frozenset(
+                               p for tt, p in cannot if tt == t)))
                            for t, pairs in types.items()},
                           self.prior_weight, self.explore_bonus)
         with self._lock:
             self._cache = (version, built)
         return built
+
+    def _with_prior(self, gpu_type: str, fitted: TypePairs) -> TypePairs:
+        """``fitted`` with the matrix's pairs for ``gpu_type`` and their calibration."""
+        entry = self._prior.get(gpu_type) or self._prior.get(ANY_TYPE)
+        if entry is None:
+            return fitted
+        logs, cannot = entry
+        return replace(fitted, prior=logs, cannot=fitted.cannot | cannot,
+                       calibration=_calibrate(fitted.pairs, logs))
 
     def view(self) -> list[dict[str, Any]]:
         """For ``/v1/state`` and ``tandem status``: per GPU type, pairs and profiles."""
@@ -182,10 +209,15 @@ class PairLearner:
             stats = dict(self._stats)
         out = []
         for t, tp in sorted(model.types.items()):
+            if t == ANY_TYPE:
+                continue  # the matrix's pooled pairs: counted in stats, listed per type here
             pairs = [{"model": a, "beside": b, "slowdown": round(math.exp(m), 3),
                       "samples": int(n), "log_stderr": round(_stderr(n, m2), 3)}
                      for (tt, a, b), (n, m, m2) in sorted(stats.items()) if tt == t]
+            alpha, beta = tp.calibration
             out.append({"gpu_type": t, "pairs": pairs,
+                        "prior": {"pairs": len(tp.prior), "offset": round(alpha, 4),
+                                  "scale": round(beta, 4)},
                         "profiles": {m: {"sensitivity": round(tp.sens.get(m, 0.0), 3),
                                          "aggressiveness": round(tp.aggr.get(m, 0.0), 3)}
                                      for m in sorted(set(tp.sens) | set(tp.aggr))},
@@ -196,7 +228,9 @@ class PairLearner:
         """Counts for metrics: samples taken, pairs kept, refused pairs."""
         with self._lock:
             return {"samples": self.samples_total, "pairs": len(self._stats),
-                    "cannot_share": len(self._cannot)}
+                    "cannot_share": len(self._cannot),
+                    "prior_pairs": sum(len(logs) for t, (logs, _) in self._prior.items()
+                                       if t != ANY_TYPE)}
 
     # ---- persistence ---------------------------------------------------------------
     def to_document(self) -> dict[str, Any]:
@@ -289,3 +323,35 @@ def _fit(pairs: Mapping[tuple[str, str], tuple[float, int]],
     return TypePairs(dict(pairs), float(beta[0]),
                      {m: float(beta[1 + vi[m]]) for m in victims},
                      {m: float(beta[1 + ai[m]]) for m in aggressors}, cannot)
+
+
+def _prior_logs(tables: Mapping[str, PairTable]
+                ) -> dict[str, tuple[dict[tuple[str, str], float], frozenset[frozenset[str]]]]:
+    """Per listed GPU type its log slowdowns and cannot-share pairs; ``ANY_TYPE``: the mean
+    log slowdown of each pair over the types that list it (memory facts do not carry over)."""
+    out: dict[str, tuple[dict[tuple[str, str], float], frozenset[frozenset[str]]]] = {}
+    pooled: dict[tuple[str, str], list[float]] = {}
+    for gpu_type, table in tables.items():
+        logs = {}
+        for a, row in table.slowdown.items():
+            for b in row:
+                value = min(MAX_LOG, math.log(table.listed(a, b) or 1.0))
+                logs[(a, b)] = value
+                pooled.setdefault((a, b), []).append(value)
+        out[gpu_type] = (logs, frozenset(table.cannot_share))
+    if pooled:
+        out[ANY_TYPE] = ({k: sum(v) / len(v) for k, v in pooled.items()}, frozenset())
+    return out
+
+
+def _calibrate(seen: Mapping[tuple[str, str], tuple[float, int]],
+               logs: Mapping[tuple[str, str], float]) -> tuple[float, float]:
+    """Ridge line ``seen = alpha + beta * matrix`` over the pairs both know (module docstring)."""
+    rows = [(logs[k], mean) for k, (mean, n) in seen.items() if k in logs and n > 0]
+    if not rows:
+        return 0.0, 1.0
+    x = np.array([[1.0, m] for m, _ in rows])
+    y = np.array([v for _, v in rows])
+    penalty = CALIBRATION_RIDGE * np.eye(2)
+    alpha, beta = np.linalg.solve(x.T @ x + penalty, x.T @ y + penalty @ np.array([0.0, 1.0]))
+    return float(alpha), max(0.0, float(beta))

@@ -99,7 +99,8 @@ class Learner:
         """The configured curve of a GPU type: where its first refit starts from."""
         self._overlay = LearnedPolicy(self.curves)
         self.pairs = PairLearner(cfg.pair_max_entries, cfg.pair_explore_bonus,
-                                 warmup_seconds=cfg.warmup_seconds, clock=wall_clock)
+                                 warmup_seconds=cfg.warmup_seconds, clock=wall_clock,
+                                 prior=cfg.pair_prior_tables)
         """Who slows whom (:mod:`extender.learning.interference`)."""
         self.persistence = persistence
         self._may_persist = may_persist

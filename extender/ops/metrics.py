@@ -128,10 +128,12 @@ class LearnerCollector(Collector):
         if "pairs" in s:  # pairwise interference (extender.learning.interference)
             pairs = GaugeMetricFamily(
                 "tandem_learning_interference_pairs",
-                "Pairwise interference kept: directed pairs seen, pairs that cannot share",
+                "Pairwise interference kept: directed pairs seen, pairs that cannot share, "
+                "pairs the measured matrix (learning.pair_prior) lists",
                 labels=["kind"])
             pairs.add_metric(["seen"], float(s["pairs"]["pairs"]))
             pairs.add_metric(["cannot_share"], float(s["pairs"]["cannot_share"]))
+            pairs.add_metric(["prior"], float(s["pairs"].get("prior_pairs", 0)))
             samples = CounterMetricFamily("tandem_learning_interference_samples",
                                           "Pair slowdown samples taken from shared GPUs")
             samples.add_metric([], float(s["pairs"]["samples"]))

@@ -202,7 +202,9 @@ def summarize(state: StateDocument, origin: str,
     if learned:  # pairwise interference (docs/interference.md); absent while nothing is learned
         doc["interference"] = [{"gpu_type": t["gpu_type"], "pairs": len(t["pairs"]),
                                 "profiled_models": len(t["profiles"]),
-                                "cannot_share": len(t["cannot_share"])} for t in learned]
+                                "cannot_share": len(t["cannot_share"]),
+                                "prior_pairs": (t.get("prior") or {}).get("pairs", 0)}
+                               for t in learned]
     return doc
 
 

@@ -60,9 +60,10 @@ def render(doc: dict[str, Any]) -> str:
     lines = textwrap.wrap(head, WIDTH, subsequent_indent="  ")
     lines.append("predicted: pods' figures [from tandem.io/prediction-source]; observed: agents")
     for t in doc.get("interference") or []:
+        prior = f", {t['prior_pairs']} from the matrix" if t.get("prior_pairs") else ""
         lines.append(f"interference learned on {t['gpu_type']}: {t['pairs']} pairs, "
                      f"{t['profiled_models']} models profiled, {t['cannot_share']} cannot share"
-                     [:WIDTH])
+                     f"{prior}"[:WIDTH])
     if doc.get("redacted"):
         lines.append("pod names hidden: pass --token-file with the agent token to see them")
     for node in doc["nodes"]:
