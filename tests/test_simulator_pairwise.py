@@ -199,3 +199,20 @@ def test_agents_show_the_signal_model_and_the_learner_learns_what_it_shows(
     assert lm == pytest.approx(3.56 ** power, rel=0.05)
     assert resnet == pytest.approx(1.25 ** power, rel=0.05)  # each job its own figure
     assert learner.pairs.stats()["samples"] >= 2
+
+
+def test_simulate_takes_a_matrix_prior_from_the_config_and_refuses_a_bad_one(
+        tmp_path: Path) -> None:
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(DOC))
+    (tmp_path / "prior.yaml").write_text(yaml.safe_dump(DOC))  # a truth file serves as a prior
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"learning": {"pairs": True, "pair_prior": "prior.yaml"}}))
+    args = ["simulate", "--workload", "w-small", "--policy", "tandem", "--json", "--truth",
+            str(tmp_path / "t.yaml"), "--models", "truth", "--cluster", "testbed",
+            "--config", str(config)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["finished"] > 0
+    (tmp_path / "prior.yaml").write_text("interference: {P100: {slowdown: {a: {b: 0}}}}\n")
+    bad = CliRunner().invoke(app, args)
+    assert bad.exit_code == 2 and "learning.pair_prior" in bad.output, bad.output
