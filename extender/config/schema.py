@@ -263,11 +263,7 @@ def build_config(raw: Any, source_path: str | None = None) -> ExtenderConfig:
     curves, curves_file = _cost_curves(cost, source_path,
                                        sections["predictor"].get("allow_simulated"), problems)
     default_curve = parse_curve(cost.get("default_curve", {}), "cost.default_curve", problems)
-    files = sections["profiles"].get("files", [])
-    if isinstance(files, list):
-        for i, f in enumerate(files):
-            if not isinstance(f, str):
-                problems.append(f"profiles.files[{i}]: must be a path string")
+    files = _profile_files(sections["profiles"], problems)
     nexus = _nexus_sources(sections["profiles"].get("nexus", []), problems)
     sources = sections["predictor"].get("allowed_model_sources", [])
     for i, prefix in enumerate(sources if isinstance(sources, list) else []):
@@ -299,8 +295,7 @@ def build_config(raw: Any, source_path: str | None = None) -> ExtenderConfig:
         reports=reports, policy=policy, handoff=HandoffConfig(
             mode=sections["handoff"].get("mode", "device-plugin"),
             timeout_seconds=float(sections["handoff"].get("timeout_seconds", 30.0))),
-        profile_files=tuple(files) if isinstance(files, list)
-        else (), nexus_profiles=nexus, predictor=PredictorConfig(**{
+        profile_files=files, nexus_profiles=nexus, predictor=PredictorConfig(**{
             **sections["predictor"], "allowed_model_sources": tuple(sources)}),
         learning=_learning(sections["learning"], pair_prior),
         queue=_queue_settings(sections["queue"]),
@@ -308,6 +303,16 @@ def build_config(raw: Any, source_path: str | None = None) -> ExtenderConfig:
         reload_interval_seconds=float(sections["reload"].get("interval_seconds", 5.0)),
         source_path=source_path, curves_file=curves_file,
     )
+
+
+def _profile_files(section: Mapping[str, Any], problems: list[str]) -> tuple[str, ...]:
+    """``profiles.files``: path strings, each other entry a problem."""
+    files = section.get("files", [])
+    if not isinstance(files, list):
+        return ()
+    problems.extend(f"profiles.files[{i}]: must be a path string"
+                    for i, f in enumerate(files) if not isinstance(f, str))
+    return tuple(files)
 
 
 def _server(section: Mapping[str, Any]) -> ServerConfig:
