@@ -13,7 +13,9 @@ better than any curve learner could get); the extender's pair learner
 (:class:`extender.learning.interference.PairLearner`, the code decisions use)
 after it has seen each job in ``k`` random pairings (``k`` random perfect
 matchings, both directions of each pair, measured figures), over ``--seeds``
-seeds. Pairs that do not fit in memory are known to every method (the memory
+seeds, alone and with the *other* GPU's measured matrix as its prior
+(``learning.pair_prior``: the K80's matrix for the P100 and the reverse; never
+the matrix under test). Pairs that do not fit in memory are known to every method (the memory
 estimate knows them), so no method picks one. A diagnostic row, ``profile_on_every_pair``,
 pairs by the learner's per-model profile (sensitivity and aggressiveness) fitted
 to every measured pair, without the pairs themselves: what the learner's
@@ -23,7 +25,9 @@ generalisation to unseen pairs is worth at best (it uses the truth; not a method
 12-GPU cluster of each type (3 nodes x 4), the w-large workload with each job's
 model drawn from the truth's 26 (``--models truth``), the tandem policy under
 both signal models (what agents show: utilisation / slowdown, or / sqrt(slowdown);
-the learners are never told): online pair-aware (``learning.pairs: true``),
+the learners are never told): online pair-aware (``learning.pairs: true``) with
+the other GPU's matrix as ``learning.pair_prior`` (``pair-aware+matrix``) and
+without (``pair-aware``),
 online curve-only (today's learner), fixed priors, and the oracle (the truth's
 utilisation and measured pairs); and ``pair-oracle``, curve-only's online learner
 given every measured pair (what knowing the pairs alone is worth, a diagnostic).
@@ -45,9 +49,11 @@ from typing import Any
 import _common
 import networkx as nx
 import numpy as np
+import xgboost as xgb
 from scipy.optimize import least_squares
 from scipy.stats import t as student_t
 
+from contracts.interferencefile import PairTable
 from extender.config.loader import load_config
 from extender.core.pairs import PairModel, TypePairs
 from extender.learning.interference import PairLearner
@@ -65,7 +71,13 @@ DATA = next((base / _DATA for base in (_common.ROOT, *_common.ROOT.parents)
              if (base / _DATA).exists()), _common.ROOT / _DATA)
 """The Gavel file: the first ``shared/data/interference/`` at or above the repository."""
 GPUS = ("p100", "k80")
+OTHER = {"p100": "k80", "k80": "p100"}
+"""The GPU whose measured matrix is the learner's prior (never the one under test)."""
 KS = (1, 2, 3)
+OFFLINE_METHODS = ("learner", "learner_with_other_gpu_matrix", "seen_pairs_only",
+                   "features_on_other_gpu_and_seen")
+"""The learner alone and with the other GPU's matrix as its prior (what the extender
+does), and two diagnostics: the pairs seen and nothing else, and a feature model."""
 GOAL_OF_MATRIX = 0.97
 GOAL_VS_ORACLE = 0.05
 MEMORY_MIB = {"p100": 16280, "k80": 11441}
@@ -120,24 +132,69 @@ def best_curve(truth: np.ndarray) -> np.ndarray:
     return slow(best.x, a, b)
 
 
-def learner_predictions(jobs: list[str], truth: np.ndarray, k: int,
-                        rng: np.random.Generator) -> np.ndarray:
-    """The pair learner's figures after each job was seen in ``k`` random pairings."""
-    learner = PairLearner(max_entries=100_000, explore_bonus=0.0)
-    n = len(jobs)
+def seen_pairings(n: int, k: int, rng: np.random.Generator) -> list[tuple[int, int]]:
+    """The pairs of ``k`` random perfect matchings of ``n`` jobs (each job seen ``k`` times)."""
+    seen = []
     for _ in range(k):
         order = rng.permutation(n)
-        for x in range(0, n - 1, 2):
-            i, j = int(order[x]), int(order[x + 1])
-            if not np.isfinite(truth[i, j]):
-                learner.refuse("gpu", jobs[i], jobs[j])
-                continue
-            learner.add("gpu", jobs[i], jobs[j], float(truth[i, j]))
-            learner.add("gpu", jobs[j], jobs[i], float(truth[j, i]))
+        seen += [(int(order[x]), int(order[x + 1])) for x in range(0, n - 1, 2)]
+    return seen
+
+
+def learner_predictions(jobs: list[str], truth: np.ndarray, seen: list[tuple[int, int]],
+                        prior: dict[str, PairTable] | None = None) -> np.ndarray:
+    """The pair learner's figures after the pairings ``seen`` (both directions measured)."""
+    learner = PairLearner(max_entries=100_000, explore_bonus=0.0, prior=prior)
+    for i, j in seen:
+        if not np.isfinite(truth[i, j]):
+            learner.refuse("gpu", jobs[i], jobs[j])
+            continue
+        learner.add("gpu", jobs[i], jobs[j], float(truth[i, j]))
+        learner.add("gpu", jobs[j], jobs[i], float(truth[j, i]))
     model = learner.model()
     assert model is not None
     fallback = float(np.exp(np.median(np.log(truth[np.isfinite(truth)]))))
     return np.array([[model.figure("gpu", a, b, fallback)[0] for b in jobs] for a in jobs])
+
+
+def seen_only(truth: np.ndarray, seen: list[tuple[int, int]]) -> np.ndarray:
+    """Diagnostic: the measured figures of the pairs seen, every other pair ruled out."""
+    out = np.full(truth.shape, 1e6)
+    for i, j in seen:
+        out[i, j], out[j, i] = truth[i, j], truth[j, i]
+    return out
+
+
+def _job_features(job: str, families: list[str]) -> list[float]:
+    family, _, batch = job.partition("-bs")
+    return [float(family == f) for f in families] + [math.log2(float(batch or 1))]
+
+
+def features_predictions(jobs: list[str], truth: np.ndarray, other: np.ndarray,
+                         seen: list[tuple[int, int]]) -> np.ndarray:
+    """Diagnostic: XGBoost on each job's family and log batch size (from Gavel's names),
+    trained on the other GPU's measured pairs and the pairs seen here (weight 5)."""
+    families = sorted({j.partition("-bs")[0] for j in jobs})
+    feats = [_job_features(j, families) for j in jobs]
+    rows, ys, weights = [], [], []
+    n = len(jobs)
+    for i in range(n):
+        for j in range(n):
+            if i != j and np.isfinite(other[i, j]):
+                rows.append(feats[i] + feats[j] + [0.0])
+                ys.append(math.log(other[i, j]))
+                weights.append(1.0)
+    for i, j in seen:
+        for a, b in ((i, j), (j, i)):
+            if np.isfinite(truth[a, b]):
+                rows.append(feats[a] + feats[b] + [1.0])
+                ys.append(math.log(truth[a, b]))
+                weights.append(5.0)
+    model = xgb.XGBRegressor(n_estimators=300, max_depth=4, learning_rate=0.05,
+                             subsample=0.9, random_state=0, n_jobs=1)
+    model.fit(np.array(rows), np.array(ys), sample_weight=np.array(weights))
+    grid = np.array([feats[i] + feats[j] + [1.0] for i in range(n) for j in range(n)])
+    return np.exp(model.predict(grid)).reshape(n, n)
 
 
 def profile_on_every_pair(jobs: list[str], truth: np.ndarray) -> np.ndarray:
@@ -169,27 +226,48 @@ def offline(raw: dict[str, Any], seeds: int) -> dict[str, Any]:
         jobs, truth = matrix(raw, gpu)
         best = pairing_value(truth, truth)
         curve = pairing_value(best_curve(truth), truth)
-        learned = {}
+        other_type, other = import_gavel(raw, OTHER[gpu])
+        _, other_truth = matrix(raw, OTHER[gpu])
+        values: dict[str, dict[int, list[float]]] = {name: {k: [] for k in KS}
+                                                     for name in OFFLINE_METHODS}
         for k in KS:
-            values = [pairing_value(learner_predictions(jobs, truth, k,
-                                                        np.random.default_rng(seed)), truth)
-                      for seed in range(seeds)]
-            learned[f"k={k}"] = {**interval(values),
-                                 "of_matrix": round(float(np.mean(values)) / best, 4)}
+            for seed in range(seeds):
+                seen = seen_pairings(len(jobs), k, np.random.default_rng(seed))
+                predicted = {
+                    "learner": learner_predictions(jobs, truth, seen),
+                    "learner_with_other_gpu_matrix": learner_predictions(
+                        jobs, truth, seen, {other_type: other}),
+                    "seen_pairs_only": seen_only(truth, seen),
+                    "features_on_other_gpu_and_seen": features_predictions(
+                        jobs, truth, other_truth, seen)}
+                for name, figures in predicted.items():
+                    values[name][k].append(pairing_value(figures, truth))
+        methods = {name: {f"k={k}": {**interval(v),
+                                     "of_matrix": round(float(np.mean(v)) / best, 4)}
+                          for k, v in per_k.items()} for name, per_k in values.items()}
+        learned, with_matrix = methods["learner"], methods["learner_with_other_gpu_matrix"]
+        matrix_only = pairing_value(learner_predictions(jobs, truth, [], {other_type: other}),
+                                    truth)
         rng = np.random.default_rng(0)
         random = [pairing_value(rng.random(truth.shape) + 1, truth) for _ in range(seeds)]
         profile = pairing_value(profile_on_every_pair(jobs, truth), truth)
         out[gpu] = {"jobs": len(jobs), "matrix": round(best, 4),
                     "best_curve": round(curve, 4), "best_curve_of_matrix": round(curve / best, 4),
-                    "random": interval(random), "learner": learned,
+                    "random": interval(random), **methods,
+                    "other_gpu_matrix_alone_of_matrix": round(matrix_only / best, 4),
                     "profile_on_every_pair": round(profile, 4),
                     "profile_on_every_pair_of_matrix": round(profile / best, 4),
-                    "goal_97pct_by_k3": bool(learned["k=3"]["of_matrix"] >= GOAL_OF_MATRIX),
-                    "goal_above_curve_by_k3": bool(learned["k=3"]["mean"] > curve)}
+                    "goal_97pct_by_k3": {name: bool(v["k=3"]["of_matrix"] >= GOAL_OF_MATRIX)
+                                         for name, v in (("learner", learned),
+                                                         ("with_matrix", with_matrix))},
+                    "goal_above_curve_by_k3": {name: bool(v["k=3"]["mean"] > curve)
+                                               for name, v in (("learner", learned),
+                                                               ("with_matrix", with_matrix))}}
     return out
 
 
-MODES = ("pair-aware", "curve-only", "prior", "oracle", "pair-oracle")
+MODES = ("pair-aware+matrix", "pair-aware", "curve-only", "prior", "oracle", "pair-oracle")
+PAIR_AWARE = ("pair-aware+matrix", "pair-aware")
 
 
 class _PairOracle(SimKnowledge):
@@ -199,8 +277,12 @@ class _PairOracle(SimKnowledge):
         return super().policy(base).with_pairs(oracle_pairs(self.truth))
 
 
-def _world(truth: Truth, mode: str, types: list[str]) -> SimWorld:
+def _world(truth: Truth, mode: str, types: list[str],
+           matrix: dict[str, PairTable]) -> SimWorld:
     base = load_config(None, environ={}).learning
+    if mode == "pair-aware+matrix":
+        return SimWorld.build(truth, "online", replace(base, pairs=True,
+                                                       pair_prior_tables=matrix), types)
     if mode == "pair-oracle":
         world = SimWorld.build(truth, "online", replace(base, pairs=False), types)
         world.knowledge = _PairOracle("online", truth, world.knowledge.learner,
@@ -218,36 +300,37 @@ def simulated(raw: dict[str, Any], seeds: int, workload: str) -> dict[str, Any]:
         gpu_type, table = import_gavel(raw, gpu)
         nodes = uniform_cluster(3, 4, gpu_type, MEMORY_MIB[gpu], prefix=f"{gpu}-node")
         names = table.models()
+        other_type, other = import_gavel(raw, OTHER[gpu])
         for signal in ("proportional", "sub-proportional"):
             runs: dict[str, dict[str, list[float]]] = {m: {"avg_jct_s": [], "makespan_s": []}
                                                        for m in MODES}
-            learned: list[float] = []
+            learned: dict[str, list[float]] = {m: [] for m in PAIR_AWARE}
             for seed in range(1, seeds + 1):
                 truth = Truth(interference={gpu_type: table}, signal=SignalModel(signal),
                               seed=seed)
                 jobs = with_named_models(generate(workload, seed), names, seed)
                 for mode in MODES:
-                    world = _world(truth, mode, [gpu_type])
+                    world = _world(truth, mode, [gpu_type], {other_type: other})
                     result = simulate(jobs, nodes, "tandem", PolicyOptions(cost=tandem_cost()),
                                       world=world).summary()
                     for key in ("avg_jct_s", "makespan_s"):
                         runs[mode][key].append(float(result[key]))
-                    if mode == "pair-aware":
-                        learned.append(world.knowledge.learner.pairs.stats()["pairs"])
+                    if mode in PAIR_AWARE:
+                        learned[mode].append(world.knowledge.learner.pairs.stats()["pairs"])
             summary = {m: {k: interval(v) for k, v in r.items()} for m, r in runs.items()}
-            out[f"{gpu}/{signal}"] = {"modes": summary, "goals": _goals(runs),
-                                      "pair_aware_pairs_seen": interval(learned),
+            out[f"{gpu}/{signal}"] = {"modes": summary,
+                                      "goals": {m: _goals(runs, m) for m in PAIR_AWARE},
+                                      "pairs_seen": {m: interval(v) for m, v in learned.items()},
                                       "directed_pairs": len(names) ** 2}
     return out
 
 
-def _goals(runs: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
-    """Pair-aware within 5% of the oracle, ahead of curve-only by more than the interval."""
+def _goals(runs: dict[str, dict[str, list[float]]], mode: str) -> dict[str, Any]:
+    """``mode`` within 5% of the oracle, ahead of curve-only by more than the interval."""
     goals: dict[str, Any] = {}
     for key in ("avg_jct_s", "makespan_s"):
-        pair, curve, oracle = (np.mean(runs[m][key]) for m in ("pair-aware", "curve-only",
-                                                                "oracle"))
-        diff = np.array(runs["curve-only"][key]) - np.array(runs["pair-aware"][key])
+        pair, curve, oracle = (np.mean(runs[m][key]) for m in (mode, "curve-only", "oracle"))
+        diff = np.array(runs["curve-only"][key]) - np.array(runs[mode][key])
         ahead = interval(list(diff))
         known = interval(list(np.array(runs["curve-only"][key])
                               - np.array(runs["pair-oracle"][key])))
@@ -265,7 +348,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DATA, help="Gavel measurements JSON")
     parser.add_argument("--offline-seeds", type=int, default=20)
-    parser.add_argument("--sim-seeds", type=int, default=8)
+    parser.add_argument("--sim-seeds", type=int, default=20)
     parser.add_argument("--workload", default="w-large", help="generated workload for (b)")
     _common.add_out_option(parser, "interference")
     args = parser.parse_args()
@@ -284,7 +367,7 @@ def main() -> None:
     report["offline_wall_s"] = round(time.perf_counter() - started, 1)
     report["simulator"] = simulated(raw, args.sim_seeds, args.workload)
     report["total_wall_s"] = round(time.perf_counter() - started, 1)
-    report.update(_common.context(("numpy", "scipy", "networkx")))
+    report.update(_common.context(("numpy", "scipy", "networkx", "xgboost")))
     _common.write_result(report, args.out)
 
 
