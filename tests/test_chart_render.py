@@ -29,6 +29,8 @@ from manifests_helpers import (
 )
 from typer.testing import CliRunner
 
+from extender.config.loader import load_config
+
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 CRD_GROUPS = ("monitoring.coreos.com/",)  # Prometheus Operator kinds: not in the core schemas
 
@@ -305,3 +307,27 @@ def test_the_signing_key_secret_is_generated_and_mounted_read_only(rendered: dic
                                                0o440)], (option, mounts)
         state = _config(rendered[option], "tandem-config", "tandem.yaml")["state"]
         assert state["signing_key_file"] == "/etc/tandem/signing-key/key"
+
+
+def test_a_measured_matrix_reaches_the_extender_beside_its_config(tmp_path: Path) -> None:
+    matrix = tmp_path / "k80.yaml"
+    matrix.write_text("interference:\n  NVIDIA-Tesla-K80:\n    slowdown:\n"
+                      "      LM-bs5: {ResNet-50-bs64: 3.56}\n")
+    objects = render(f"file:pairPrior={matrix}", "config.learning.pairs=true",
+                     "config.learning.pair_prior=pair-prior.yaml")
+    cm = next(o for o in objects
+              if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "tandem-config")
+    config = yaml.safe_load(cm["data"]["tandem.yaml"])
+    assert config["learning"] == {"pairs": True, "pair_prior": "pair-prior.yaml"}
+    # the extender reads the pair as the file says, relative to the mounted tandem.yaml
+    (tmp_path / "tandem.yaml").write_text(cm["data"]["tandem.yaml"])
+    (tmp_path / "pair-prior.yaml").write_text(cm["data"]["pair-prior.yaml"])
+    learning = load_config(str(tmp_path / "tandem.yaml"), environ={}).learning
+    assert learning.pair_prior_tables["NVIDIA-Tesla-K80"].listed("LM-bs5",
+                                                                 "ResNet-50-bs64") == 3.56
+    assert "pair-prior.yaml" not in _config(render(), "tandem-config", "tandem.yaml").get(
+        "learning", {}).values()
+    for sets in ([f"file:pairPrior={matrix}"], ["config.learning.pair_prior=pair-prior.yaml"]):
+        result = helm_template(*sets, check=False)
+        assert result.returncode != 0 and "pairPrior and config.learning.pair_prior" in \
+            result.stderr

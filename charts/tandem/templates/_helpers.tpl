@@ -84,6 +84,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if lt (int .Values.replicas) 1 -}}
 {{- fail "replicas must be at least 1" -}}
 {{- end -}}
+{{- if ne (ne (toString .Values.pairPrior) "") (eq (toString (dig "learning" "pair_prior" "" .Values.config)) "pair-prior.yaml") -}}
+{{- fail "pairPrior and config.learning.pair_prior: pair-prior.yaml go together: set both or neither" -}}
+{{- end -}}
 {{- end }}
 
 {{- define "tandem.podSecurityContext" -}}
