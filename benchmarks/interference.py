@@ -367,7 +367,7 @@ def main() -> None:
     report["offline_wall_s"] = round(time.perf_counter() - started, 1)
     report["simulator"] = simulated(raw, args.sim_seeds, args.workload)
     report["total_wall_s"] = round(time.perf_counter() - started, 1)
-    report.update(_common.context(("numpy", "scipy", "networkx", "xgboost")))
+    report.update(_common.context(("numpy", "scipy", "networkx", "xgboost-cpu")))
     _common.write_result(report, args.out)
 
 
