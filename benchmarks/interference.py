@@ -26,10 +26,11 @@ generalisation to unseen pairs is worth at best (it uses the truth; not a method
 model drawn from the truth's 26 (``--models truth``), the tandem policy under
 both signal models (what agents show: utilisation / slowdown, or / sqrt(slowdown);
 the learners are never told): online pair-aware (``learning.pairs: true``) with
-the other GPU's matrix as ``learning.pair_prior`` (``pair-aware+matrix``) and
-without (``pair-aware``),
-online curve-only (today's learner), fixed priors, and the oracle (the truth's
-utilisation and measured pairs); and ``pair-oracle``, curve-only's online learner
+the other GPU's matrix as ``learning.pair_prior`` (``pair-aware+matrix``), with
+that matrix's model names shuffled (``pair-aware+wrong-matrix``: what a matrix
+that tells nothing costs), and without (``pair-aware``); online curve-only
+(today's learner), fixed priors, and the oracle (the truth's utilisation and
+measured pairs); and ``pair-oracle``, curve-only's online learner
 given every measured pair (what knowing the pairs alone is worth, a diagnostic).
 Mean and 95% interval (t) over seeds of the average JCT and the makespan, and
 the directed pairs the pair-aware learner had seen by the end. Memory and SLO
@@ -266,8 +267,11 @@ def offline(raw: dict[str, Any], seeds: int) -> dict[str, Any]:
     return out
 
 
-MODES = ("pair-aware+matrix", "pair-aware", "curve-only", "prior", "oracle", "pair-oracle")
-PAIR_AWARE = ("pair-aware+matrix", "pair-aware")
+MODES = ("pair-aware+matrix", "pair-aware+wrong-matrix", "pair-aware", "curve-only", "prior",
+         "oracle", "pair-oracle")
+PAIR_AWARE = ("pair-aware+matrix", "pair-aware+wrong-matrix", "pair-aware")
+WRONG_SEED = 7
+"""Seeds the permutation of model names that makes the wrong matrix."""
 
 
 class _PairOracle(SimKnowledge):
@@ -277,12 +281,26 @@ class _PairOracle(SimKnowledge):
         return super().policy(base).with_pairs(oracle_pairs(self.truth))
 
 
+def shuffled_names(tables: dict[str, PairTable], seed: int) -> dict[str, PairTable]:
+    """``tables`` with model names permuted: figures as measured, for the wrong pairs."""
+    out = {}
+    for gpu_type, table in tables.items():
+        names = table.models()
+        new = dict(zip(names, np.random.default_rng(seed).permutation(names).tolist(),
+                       strict=True))
+        out[gpu_type] = PairTable(
+            {new[a]: {new[b]: v for b, v in row.items()} for a, row in table.slowdown.items()},
+            frozenset(frozenset(new[m] for m in pair) for pair in table.cannot_share))
+    return out
+
+
 def _world(truth: Truth, mode: str, types: list[str],
            matrix: dict[str, PairTable]) -> SimWorld:
     base = load_config(None, environ={}).learning
-    if mode == "pair-aware+matrix":
+    if mode in ("pair-aware+matrix", "pair-aware+wrong-matrix"):
+        prior = matrix if mode == "pair-aware+matrix" else shuffled_names(matrix, WRONG_SEED)
         return SimWorld.build(truth, "online", replace(base, pairs=True,
-                                                       pair_prior_tables=matrix), types)
+                                                       pair_prior_tables=prior), types)
     if mode == "pair-oracle":
         world = SimWorld.build(truth, "online", replace(base, pairs=False), types)
         world.knowledge = _PairOracle("online", truth, world.knowledge.learner,

@@ -56,3 +56,16 @@ def test_seen_pairs_carry_the_learner_and_the_pair_oracle_knows_every_pair() -> 
         pytest.approx(k80_figure), "matrix")
     lm, source = known.pairs.figure(gpu_type, "LM-bs5", "ResNet-50-bs64", 1.0)
     assert lm == pytest.approx(3.56, abs=0.01) and source.startswith("pair:")
+
+
+def test_the_wrong_matrix_keeps_every_figure_under_other_names() -> None:
+    raw = json.loads(bench.DATA.read_text())
+    k80_type, k80 = bench.import_gavel(raw, "k80")
+    wrong = bench.shuffled_names({k80_type: k80}, bench.WRONG_SEED)[k80_type]
+    assert wrong.models() == k80.models()
+    figures = sorted(v for row in k80.slowdown.values() for v in row.values())
+    assert sorted(v for row in wrong.slowdown.values() for v in row.values()) == figures
+    assert len(wrong.cannot_share) == len(k80.cannot_share)
+    moved = sum(wrong.listed(a, b) != k80.listed(a, b)
+                for a, row in k80.slowdown.items() for b in row)
+    assert moved > 0.9 * len(figures)
