@@ -69,3 +69,17 @@ def test_the_wrong_matrix_keeps_every_figure_under_other_names() -> None:
     moved = sum(wrong.listed(a, b) != k80.listed(a, b)
                 for a, row in k80.slowdown.items() for b in row)
     assert moved > 0.9 * len(figures)
+
+
+def test_the_other_gpus_matrix_pairs_better_than_the_pairs_seen_alone() -> None:
+    """After one pairing per job, the K80's matrix as the prior pairs the P100's jobs better."""
+    raw = json.loads(bench.DATA.read_text())
+    jobs, truth = bench.matrix(raw, "p100")
+    k80_type, k80 = bench.import_gavel(raw, "k80")
+    plain, prior = [], []
+    for s in range(3):
+        seen = bench.seen_pairings(26, 1, np.random.default_rng(s))
+        plain.append(bench.pairing_value(bench.learner_predictions(jobs, truth, seen), truth))
+        prior.append(bench.pairing_value(bench.learner_predictions(
+            jobs, truth, seen, {k80_type: k80}), truth))
+    assert np.mean(prior) > np.mean(plain) + 0.02
