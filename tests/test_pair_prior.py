@@ -145,3 +145,17 @@ def test_placement_follows_the_matrix_from_the_first_pod() -> None:
     assert ev.interference_sources == {0: "matrix", 1: "matrix"}
     off = learner.policy(CostPolicy(), LearningConfig(pairs=False, pair_prior_tables=_tables()))
     assert off.pairs is None  # the prior is read only where pair learning is on
+
+
+def test_the_matrix_survives_reset_and_a_reloaded_document_and_is_never_persisted() -> None:
+    learner = PairLearner(prior=_tables())
+    learner.add(A100, "new", "resnet", 2.0)
+    doc = learner.to_document()
+    assert doc["pairs"] == [[A100, "new", "resnet", 1, round(math.log(2.0), 6), 0.0]]
+    learner.reset()
+    model = learner.model()
+    assert model is not None and model.figure(A100, "new", "resnet", 1.0)[1] == "matrix"
+    learner.load_document(doc)
+    model = learner.model()
+    assert model is not None and model.figure(A100, "new", "resnet", 1.0)[1] == "pair:1"
+    assert model.figure(A100, "new", "bert", 1.0)[1] == "matrix"
