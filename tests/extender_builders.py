@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from extender.cluster.sim import SimSource
@@ -297,3 +298,14 @@ def binding(p: dict[str, Any], node_name: str) -> dict[str, Any]:
     m = p["metadata"]
     return {"PodName": m["name"], "PodNamespace": m["namespace"], "PodUID": m["uid"],
             "Node": node_name}
+
+
+class MemoryOnlyPredictor:
+    """The facade without a trained model: memory from the graph, utilisation unknown."""
+
+    def predict(self, model_ref: str, batch_size: int, gpu_type: str | None, workload: str):
+        return SimpleNamespace(gpu_util_percent=None, gpu_mem_mib=1000.0,
+                               source="unknown+mem:no-overhead")
+
+    def known_digest(self, model_ref: str) -> str | None:
+        return None

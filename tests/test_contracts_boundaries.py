@@ -9,12 +9,11 @@ from __future__ import annotations
 import inspect
 import io
 import json
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import yaml
-from extender_builders import TOKEN, args, binding, make_app, node, pod
+from extender_builders import TOKEN, MemoryOnlyPredictor, args, binding, make_app, node, pod
 from nvml_fakes import NOT_FOUND, FakeNvml
 
 from agent.inference.auth import AdminGuard, AdminToken
@@ -86,14 +85,6 @@ def test_the_session_process_refuses_an_unreadable_gpu_index(value: str) -> None
     with pytest.raises(ProxyConfigError):  # before: ValueError from int()
         parse_gpu_index(value)
 
-
-class MemoryOnlyPredictor:
-    def predict(self, model_ref: str, batch_size: int, gpu_type: str | None, workload: str):
-        return SimpleNamespace(gpu_util_percent=None, gpu_mem_mib=1000.0,
-                               source="unknown+mem:no-overhead")
-
-    def known_digest(self, model_ref: str) -> str | None:
-        return None
 
 
 @pytest.mark.parametrize("text", ["+8", " 8", "08", "8"])

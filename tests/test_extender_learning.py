@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from bench_modules import running_api
-from extender_builders import AGENT_AUTH, TOKEN, args, binding, make_app, node, pod
+from extender_builders import (
+    AGENT_AUTH,
+    TOKEN,
+    MemoryOnlyPredictor,
+    args,
+    binding,
+    make_app,
+    node,
+    pod,
+)
 
 from contracts.annotations import BindOutputs, decode_outputs, encode_outputs
 from extender.config.sections import LearningConfig
@@ -35,16 +43,6 @@ class Ticks:
         self.now += 1.0
         return self.now
 
-
-class MemoryOnlyPredictor:
-    """The facade without a trained model: memory from the graph, utilisation unknown."""
-
-    def predict(self, model_ref: str, batch_size: int, gpu_type: str | None, workload: str):
-        return SimpleNamespace(gpu_util_percent=None, gpu_mem_mib=1000.0,
-                               source="unknown+mem:no-overhead")
-
-    def known_digest(self, model_ref: str) -> str | None:
-        return None
 
 
 def report(gpu_procs: dict[int, list[dict[str, Any]]], util: float = 37.0) -> dict[str, Any]:
