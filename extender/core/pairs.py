@@ -14,7 +14,7 @@ slower ``a`` runs and where that figure comes from:
   the pair: its log slowdown ``x`` calibrated to this GPU type as ``alpha + beta x``,
   the line fitted to the pairs seen here (the matrix may come from another GPU type,
   and what agents show of a slowdown need not equal it); a GPU type the matrix does
-  not list takes the mean over the types it does (:data:`ANY_TYPE`);
+  not list takes the mean over the types it does (:attr:`PairModel.default`);
 - ``profile``: both models were seen with others: ``exp(mu + sens[a] + aggr[b])``,
   ``a``'s sensitivity and ``b``'s aggressiveness;
 - ``curve``: none of these: the GPU type's curve, ``1 + f(u_a + u_b)``.
@@ -53,8 +53,6 @@ PROFILE = "profile"
 MATRIX = "matrix"
 UNTRIED = (CURVE, PROFILE, MATRIX)
 """Sources of a figure for a pair never seen on this GPU type."""
-ANY_TYPE = "*"
-"""The :class:`TypePairs` of GPU types nothing was learned on nor the matrix lists."""
 
 
 @dataclass(frozen=True)
@@ -80,13 +78,16 @@ class PairModel:
     types: Mapping[str, TypePairs] = field(default_factory=dict)
     prior_weight: float = 0.5
     explore_bonus: float = 0.0
+    default: TypePairs | None = None
+    """What a GPU type not in ``types`` takes: the matrix's pairs pooled over the types it
+    lists (None: such a type is the curve's)."""
 
     def knows(self, gpu_type: str) -> bool:
         """True when decisions on ``gpu_type`` use pair figures."""
         return self._type(gpu_type) is not None
 
     def _type(self, gpu_type: str) -> TypePairs | None:
-        return self.types.get(gpu_type) or self.types.get(ANY_TYPE)
+        return self.types.get(gpu_type) or self.default
 
     def figure(self, gpu_type: str, a: str, b: str, curve: float) -> tuple[float, str]:
         """``(slowdown of a beside b, source)``; ``curve`` is the curve's figure for the pair."""

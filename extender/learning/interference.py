@@ -54,7 +54,7 @@ import numpy as np
 from contracts.annotations import BATCH_SIZE, GPU_UTIL, MODEL, PREDICTION_SOURCE
 from contracts.interferencefile import PairTable
 from extender.core import Placement
-from extender.core.pairs import ANY_TYPE, PairModel, TypePairs
+from extender.core.pairs import PairModel, TypePairs
 from extender.core.snapshot import Workload, gpu_type_of
 from extender.state.reports import DecodedReport
 
@@ -77,7 +77,9 @@ class PairLearner:
                  prior: Mapping[str, PairTable] | None = None):
         self.max_entries = max_entries
         self._prior = _prior_logs(prior or {})
-        """GPU type (or ANY_TYPE: the mean over types) -> ((a, b) -> log slowdown, cannot)."""
+        """Listed GPU type -> ((a, b) -> log slowdown, cannot-share pairs)."""
+        self._pooled = _pooled_logs(self._prior)
+        """(a, b) -> mean log slowdown over the listed types: for every other type."""
         self.warmup_seconds = warmup_seconds
         self.clock = clock
         self._first_seen: OrderedDict[tuple[str, str, int], float] = OrderedDict()
@@ -186,17 +188,17 @@ class PairLearner:
         built = PairModel({t: self._with_prior(t, _fit(pairs, frozenset(
                                p for tt, p in cannot if tt == t)))
                            for t, pairs in types.items()},
-                          self.prior_weight, self.explore_bonus)
+                          self.prior_weight, self.explore_bonus,
+                          TypePairs(prior=self._pooled) if self._pooled else None)
         with self._lock:
             self._cache = (version, built)
         return built
 
     def _with_prior(self, gpu_type: str, fitted: TypePairs) -> TypePairs:
         """``fitted`` with the matrix's pairs for ``gpu_type`` and their calibration."""
-        entry = self._prior.get(gpu_type) or self._prior.get(ANY_TYPE)
-        if entry is None:
+        logs, cannot = self._prior.get(gpu_type) or (self._pooled, frozenset())
+        if not logs and not cannot:
             return fitted
-        logs, cannot = entry
         return replace(fitted, prior=logs, cannot=fitted.cannot | cannot,
                        calibration=_calibrate(fitted.pairs, logs))
 
@@ -209,8 +211,6 @@ class PairLearner:
             stats = dict(self._stats)
         out = []
         for t, tp in sorted(model.types.items()):
-            if t == ANY_TYPE:
-                continue  # the matrix's pooled pairs: counted in stats, listed per type here
             pairs = [{"model": a, "beside": b, "slowdown": round(math.exp(m), 3),
                       "samples": int(n), "log_stderr": round(_stderr(n, m2), 3)}
                      for (tt, a, b), (n, m, m2) in sorted(stats.items()) if tt == t]
@@ -229,8 +229,7 @@ class PairLearner:
         with self._lock:
             return {"samples": self.samples_total, "pairs": len(self._stats),
                     "cannot_share": len(self._cannot),
-                    "prior_pairs": sum(len(logs) for t, (logs, _) in self._prior.items()
-                                       if t != ANY_TYPE)}
+                    "prior_pairs": sum(len(logs) for logs, _ in self._prior.values())}
 
     # ---- persistence ---------------------------------------------------------------
     def to_document(self) -> dict[str, Any]:
@@ -327,21 +326,22 @@ def _fit(pairs: Mapping[tuple[str, str], tuple[float, int]],
 
 def _prior_logs(tables: Mapping[str, PairTable]
                 ) -> dict[str, tuple[dict[tuple[str, str], float], frozenset[frozenset[str]]]]:
-    """Per listed GPU type its log slowdowns and cannot-share pairs; ``ANY_TYPE``: the mean
-    log slowdown of each pair over the types that list it (memory facts do not carry over)."""
-    out: dict[str, tuple[dict[tuple[str, str], float], frozenset[frozenset[str]]]] = {}
-    pooled: dict[tuple[str, str], list[float]] = {}
-    for gpu_type, table in tables.items():
-        logs = {}
-        for a, row in table.slowdown.items():
-            for b in row:
-                value = min(MAX_LOG, math.log(table.listed(a, b) or 1.0))
-                logs[(a, b)] = value
-                pooled.setdefault((a, b), []).append(value)
-        out[gpu_type] = (logs, frozenset(table.cannot_share))
-    if pooled:
-        out[ANY_TYPE] = ({k: sum(v) / len(v) for k, v in pooled.items()}, frozenset())
-    return out
+    """Per listed GPU type its log slowdowns and cannot-share pairs."""
+    return {gpu_type: ({(a, b): min(MAX_LOG, math.log(table.listed(a, b) or 1.0))
+                        for a, row in table.slowdown.items() for b in row},
+                       frozenset(table.cannot_share))
+            for gpu_type, table in tables.items()}
+
+
+def _pooled_logs(prior: Mapping[str, tuple[dict[tuple[str, str], float], Any]]
+                 ) -> dict[tuple[str, str], float]:
+    """The mean log slowdown of each pair over the types that list it (memory facts, the
+    cannot-share pairs, do not carry over to another GPU type)."""
+    values: dict[tuple[str, str], list[float]] = {}
+    for logs, _ in prior.values():
+        for pair, value in logs.items():
+            values.setdefault(pair, []).append(value)
+    return {pair: sum(v) / len(v) for pair, v in values.items()}
 
 
 def _calibrate(seen: Mapping[tuple[str, str], tuple[float, int]],
