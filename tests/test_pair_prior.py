@@ -10,7 +10,12 @@ import yaml
 from extender_builders import A100, node, placement
 
 from contracts.annotations import MODEL, PodInputs
-from contracts.interferencefile import InterferenceFileError, PairTable, load_interference_file
+from contracts.interferencefile import (
+    InterferenceFileError,
+    PairTable,
+    load_interference_file,
+    parse_interference,
+)
 from extender.config.loader import load_config
 from extender.config.schema import ConfigError
 from extender.config.sections import LearningConfig
@@ -34,9 +39,10 @@ def _write(tmp_path: Path, doc: object, name: str = "matrix.yaml") -> Path:
 
 
 def _tables() -> dict[str, PairTable]:
-    return {A100: PairTable({"new": {"resnet": 3.0, "bert": 1.2}, "resnet": {"new": 2.0},
-                             "bert": {"new": 1.1}},
-                            frozenset({frozenset(("new", "vgg"))}))}
+    problems: list[str] = []
+    tables = parse_interference(MATRIX["interference"], "interference", problems)
+    assert not problems
+    return tables
 
 
 def test_the_file_reads_the_interference_section_and_names_every_problem(tmp_path: Path) -> None:
