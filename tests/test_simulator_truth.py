@@ -72,6 +72,10 @@ def test_truth_file_errors_reach_the_command_line(tmp_path: Path) -> None:
     broken.write_text("models: [\n")
     with pytest.raises(TruthError, match="not valid YAML"):
         load_truth(broken)
+    twice = tmp_path / "twice.yaml"  # a key written twice would silently keep the last
+    twice.write_text("models:\n  m: {util_percent: 40}\n  m: {util_percent: 90}\n")
+    with pytest.raises(TruthError, match="not valid YAML.*m"):
+        load_truth(twice)
     result = runner.invoke(app, ["simulate", "--workload", "w-small", "--knowledge", "oracle"])
     assert result.exit_code == 2 and "--knowledge needs --truth" in result.output
 

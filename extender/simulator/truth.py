@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from contracts.interferencefile import PairTable, interference_document, parse_interference
+from contracts.profilefile import ProfileFileError, load_yaml
 from extender.simulator.interference import SlowdownModel
 from extender.simulator.jobs import SimJob
 from extender.simulator.signal import SignalModel, parse_signal
@@ -255,17 +256,16 @@ def _phases(raw: Any, path: str, problems: list[str]) -> Phases:
 
 
 def load_truth(file: Path) -> Truth:
-    """Read and validate a truth YAML file."""
-    import yaml
-
+    """Read and validate a truth YAML file (a key written twice in one mapping is refused,
+    as in every file tandem reads)."""
     try:
         text = file.read_text()
     except OSError as exc:
         raise TruthError([f"{file}: cannot read: {exc.strerror}"]) from None
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise TruthError([f"{file}: not valid YAML: {exc}"]) from None
+        raw = load_yaml(text, str(file))
+    except ProfileFileError as exc:
+        raise TruthError([f"{file}: not valid YAML: {'; '.join(exc.problems)}"]) from None
     return parse_truth(raw, str(file))
 
 
