@@ -53,7 +53,8 @@ PREDICTION_SOURCE = PREFIX + "prediction-source"
 ``xgboost:<digest>...``, ``cold-start``), or ``asserted``."""
 INTERFERENCE_SOURCE = PREFIX + "interference-source"
 """Where the interference figure the GPU was scored by came from: ``pair:<n>`` (the pair
-seen n times), ``matrix`` (the measured matrix of ``learning.pair_prior``, calibrated to
+seen n times), ``group:<n>`` (solved from n samples of GPUs the two shared with others),
+``matrix`` (the measured matrix of ``learning.pair_prior``, calibrated to
 the GPU type), ``profile`` (the models' learned sensitivity and aggressiveness), ``curve``
 (the GPU type's curve, beside learned pairs); absent where the curve alone decided."""
 _MAX_SOURCE = 253  # an annotation value for people; longer text is cut, never refused

@@ -152,7 +152,9 @@ def test_pair_learning_is_bounded_persists_and_resets() -> None:
     for k in range(5):
         learner.add(A100, f"m{k}", "x", 1.5)
     learner.refuse(A100, "m0", "x")
-    assert learner.stats() == {"samples": 5, "pairs": 3, "cannot_share": 1, "prior_pairs": 0}
+    assert learner.stats() == {"samples": 5, "group_samples": 0, "pairs": 3, "groups": 0,
+                               "inferred_pairs": 0,
+                               "cannot_share": 1, "prior_pairs": 0}
     again = PairLearner(max_entries=3)
     again.load_document(learner.to_document())
     model = again.model()
@@ -219,7 +221,8 @@ def test_status_shows_pair_sources_and_what_was_learned() -> None:
     doc = summarize(decode_state(state), "http://x", None)
     assert doc["nodes"][0]["gpus"][0]["pods"][0]["interference"] == "pair:3"
     assert doc["interference"] == [{"gpu_type": A100, "pairs": 1, "profiled_models": 2,
-                                    "cannot_share": 0, "prior_pairs": 0}]
+                                    "cannot_share": 0, "prior_pairs": 0,
+                                    "inferred_pairs": 0}]
     text = render(doc)
     assert "interference pair:3" in text and "1 pairs, 2 models profiled" in text
     assert "interference" not in summarize(decode_state({"nodes": {}}), "http://x", None)

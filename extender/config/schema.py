@@ -125,6 +125,7 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool]
         "pairs": (bool, None, ""),
         "pair_explore_bonus": ((int, float), lambda v: 0 <= v <= 1, "must be in [0, 1]"),
         "pair_max_entries": (int, lambda v: 1 <= v <= 100_000, "must be in 1..100000"),
+        "pair_groups": (bool, None, ""),
         "pair_prior": ((str, type(None)), lambda v: v is None or bool(v.strip()),
                        "must be a path string or null"),
     },

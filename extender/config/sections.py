@@ -153,7 +153,11 @@ class LearningConfig:
     pair_explore_bonus: float = 0.05
     """Most predicted progress a placement may give up to try a pair never seen, [0, 1]."""
     pair_max_entries: int = 4000
-    """Most (GPU type, model, model) pairs kept; least recently seen dropped, 1..100000."""
+    """Most (GPU type, model, model) pairs kept; least recently seen dropped, 1..100000 (as
+    many group samples besides)."""
+    pair_groups: bool = True
+    """Learn pairs also from GPUs shared by three or more modelled pods (group samples, the
+    rule for three or more jobs solved for the pairs in them); off: only GPUs shared by two."""
     pair_prior: str | None = None
     """A measured interference file (``interference:``, as ``tandem import-interference``
     writes) whose pairs decisions assume until the cluster shows them; relative to the

@@ -39,7 +39,8 @@ class Evaluation:
     """Best-effort only: per feasible row, the share of the GPU (0..1) the session would get."""
     interference_sources: Mapping[int, str] = field(default_factory=dict)
     """Table row -> where its pairwise interference figure came from (``pair:<n>``,
-    ``matrix``, ``profile``, ``curve``); rows judged by the curve alone are absent."""
+    ``group:<n>``, ``matrix``, ``profile``, ``curve``); rows judged by the curve alone are
+    absent."""
 
     @property
     def feasible(self) -> np.ndarray:

@@ -15,6 +15,10 @@ slower ``a`` runs and where that figure comes from:
   the line fitted to the pairs seen here (the matrix may come from another GPU type,
   and what agents show of a slowdown need not equal it); a GPU type the matrix does
   not list takes the mean over the types it does (:attr:`PairModel.default`);
+- ``group:<n>``: the pair was never seen alone together, the matrix does not list
+  it, but it was part of ``n`` samples from GPUs shared by three or more jobs: its
+  extra slowdown solved from them by the rule below
+  (:mod:`extender.learning.interference`);
 - ``profile``: both models were seen with others: ``exp(mu + sens[a] + aggr[b])``,
   ``a``'s sensitivity and ``b``'s aggressiveness;
 - ``curve``: none of these: the GPU type's curve, ``1 + f(u_a + u_b)``.
@@ -51,6 +55,8 @@ from dataclasses import dataclass, field
 CURVE = "curve"
 PROFILE = "profile"
 MATRIX = "matrix"
+GROUP = "group"
+PAIR = "pair"
 UNTRIED = (CURVE, PROFILE, MATRIX)
 """Sources of a figure for a pair never seen on this GPU type."""
 
@@ -69,6 +75,9 @@ class TypePairs:
     """(a, b) -> log slowdown of a beside b in the measured matrix (``learning.pair_prior``)."""
     calibration: tuple[float, float] = (0.0, 1.0)
     """``(alpha, beta)``: the matrix's log slowdown ``x`` reads ``alpha + beta x`` here."""
+    inferred: Mapping[tuple[str, str], tuple[float, int]] = field(default_factory=dict)
+    """(a, b) -> (log slowdown solved from GPUs shared by three or more, samples it was in),
+    for pairs not seen alone together."""
 
 
 @dataclass(frozen=True)
@@ -101,11 +110,14 @@ class PairModel:
             prior, source = alpha + beta * measured, MATRIX
         elif a in t.sens and b in t.aggr:
             prior, source = t.mu + t.sens[a] + t.aggr[b], PROFILE
+        inferred = t.inferred.get((a, b))
+        if inferred is not None:  # solved toward the figure above (never seen as a pair)
+            prior, source = inferred[0], f"{GROUP}:{inferred[1]}"
         seen = t.pairs.get((a, b))
         if seen is not None and seen[1] > 0:
             mean, n = seen
             value = (n * mean + self.prior_weight * prior) / (n + self.prior_weight)
-            return max(1.0, math.exp(value)), f"pair:{n}"
+            return max(1.0, math.exp(value)), f"{PAIR}:{n}"
         return max(1.0, math.exp(prior)), source
 
     def can_share(self, gpu_type: str, a: str, b: str) -> bool:
@@ -127,7 +139,12 @@ class GpuVerdict:
     """Where the newcomer's figure came from (the weakest source among its pairs)."""
 
 
-_RANK = {CURVE: 0, PROFILE: 1, MATRIX: 2}
+_RANK = {CURVE: 0, PROFILE: 1, MATRIX: 2, GROUP: 3, PAIR: 4}
+
+
+def _rank(source: str) -> int:
+    """How direct a source is (``pair:<n>`` most): the weakest names a GPU's figure."""
+    return _RANK.get(source.partition(":")[0], len(_RANK))
 
 
 def _slowdowns(model: PairModel, gpu_type: str, models: Sequence[str],
@@ -139,7 +156,7 @@ def _slowdowns(model: PairModel, gpu_type: str, models: Sequence[str],
             if i != j:
                 value, source = model.figure(gpu_type, a, b, curve(i, j))
                 extra += value - 1.0
-                if worst is None or _RANK.get(source, 3) < _RANK.get(worst, 3):
+                if worst is None or _rank(source) < _rank(worst):
                     worst = source
         slows.append(1.0 + extra)
         sources.append(worst or CURVE)

@@ -17,6 +17,19 @@ told how utilisation follows slowdown (proportionally for compute-bound jobs,
 less for memory-bound ones); it learns the figure that utilisation shows, which
 ranks pairs the same way. Samples are clipped to [0, log 20].
 
+A GPU shared by three or more such pods gives, for each pod, a *group* sample: its
+extra slowdown ``alone / shared - 1`` beside that set of others, which by the rule
+for three or more jobs (:mod:`extender.core.pairs`) is the sum of its pairs'
+extras. On a busy cluster these are most reports. Every ``GROUP_REFIT_SECONDS``
+(when samples came in) the extras of the pairs they hold are solved together with
+the pairs seen: bounded least squares (extras in [0, 19]), each pair pulled toward
+the figure it had without them, firmly (``GROUP_RIDGE_MATRIX``) where that is a
+measured matrix's and lightly (``GROUP_RIDGE``) where it is a profile or the median
+of the pairs seen. A pair neither seen alone together nor listed by the matrix then
+reads ``group:<n>``: a measurement of the pair itself, seen here or in the matrix,
+beats one inferred from a crowd (with the matrix, the simulator showed no gain from
+replacing its figures).
+
 Per GPU type it keeps, bounded by ``learning.pair_max_entries`` (least recently
 seen dropped):
 
@@ -24,6 +37,8 @@ seen dropped):
   uncertainty is the standard error, shown in ``/v1/state``);
 - per model, sensitivity and aggressiveness: ``log s[a][b] ~ mu + sens[a] + aggr[b]``,
   a ridge fit (weight 1 toward 0) over the pairs seen, refitted when asked after a change;
+- per model and set of others it shared a GPU with, the count and mean of its extra
+  slowdown (group samples);
 - pairs seen not to fit together (a start that failed out of memory beside the other).
 
 A measured matrix (``learning.pair_prior``, :mod:`contracts.interferencefile`) is the
@@ -41,20 +56,23 @@ the GPU type's curve stays the last fallback.
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
+from scipy.optimize import lsq_linear
+from scipy.sparse import csr_matrix
 
 from contracts.annotations import BATCH_SIZE, GPU_UTIL, MODEL, PREDICTION_SOURCE
 from contracts.interferencefile import PairTable
 from extender.core import Placement
-from extender.core.pairs import PairModel, TypePairs
+from extender.core.pairs import MATRIX, PairModel, TypePairs
 from extender.core.snapshot import Workload, gpu_type_of
 from extender.state.reports import DecodedReport
 
@@ -62,10 +80,21 @@ MAX_LOG = math.log(20.0)
 MAX_TRACKED_PODS = 100_000
 RIDGE = 1.0
 CALIBRATION_RIDGE = 2.0
+MAX_EXTRA = 19.0
+"""The largest extra slowdown a group sample or a solved pair takes (a slowdown of 20)."""
+GROUP_RIDGE_MATRIX = 20.0
+GROUP_RIDGE = 0.5
+"""Weights, in samples, that hold a solved pair to its figure without the group samples."""
+GROUP_REFIT_SECONDS = 60.0
+DEFAULT_EXTRA = 0.5
+"""A pair's extra before anything is seen on its GPU type (the median of the seen pairs
+after)."""
 DOCUMENT_KEY = "pairs"
 
 PairKey = tuple[str, str, str]
 """(GPU type, model a, model b): a beside b."""
+GroupKey = tuple[str, str, tuple[str, ...]]
+"""(GPU type, model a, the others' models sorted): a beside all of them."""
 
 
 class PairLearner:
@@ -74,8 +103,12 @@ class PairLearner:
     def __init__(self, max_entries: int = 4000, explore_bonus: float = 0.05,
                  prior_weight: float = 0.5, warmup_seconds: float = 0.0,
                  clock: Callable[[], float] = time.time,
-                 prior: Mapping[str, PairTable] | None = None):
+                 prior: Mapping[str, PairTable] | None = None,
+                 groups: bool = True, group_refit_seconds: float = GROUP_REFIT_SECONDS):
         self.max_entries = max_entries
+        self.groups = groups
+        """Take group samples (``learning.pair_groups``)."""
+        self.group_refit_seconds = group_refit_seconds
         self._prior = _prior_logs(prior or {})
         """Listed GPU type -> ((a, b) -> log slowdown, cannot-share pairs)."""
         self._pooled = _pooled_logs(self._prior)
@@ -88,10 +121,19 @@ class PairLearner:
         self.prior_weight = prior_weight
         self._stats: OrderedDict[PairKey, list[float]] = OrderedDict()
         """key -> [count, mean, m2] of the log samples (Welford)."""
+        self._groups: OrderedDict[GroupKey, list[float]] = OrderedDict()
+        """key -> [count, mean] of the extra slowdown (group samples)."""
+        self._group_version = 0
+        """Bumped by every change to the group samples."""
+        self._solved: tuple[float, int, dict[str, dict[tuple[str, str], tuple[float, int]]]] \
+            | None = None
+        """(when, group version, GPU type -> pairs solved from the group samples): solved
+        again when the groups changed and ``group_refit_seconds`` passed."""
         self._cannot: set[tuple[str, frozenset[str]]] = set()
         self._lock = threading.Lock()
         self.version = 0
         self.samples_total = 0
+        self.group_samples_total = 0
         self.dirty = False
         self._cache: tuple[int, PairModel] | None = None
 
@@ -115,6 +157,25 @@ class PairLearner:
             self.samples_total += 1
             self.dirty = True
 
+    def add_group(self, gpu_type: str, a: str, others: Sequence[str], slowdown: float) -> None:
+        """One group sample: ``a`` appeared ``slowdown`` times slower beside all ``others``."""
+        if not math.isfinite(slowdown) or slowdown <= 0 or len(others) < 2:
+            return
+        x = min(MAX_EXTRA, max(0.0, slowdown - 1.0))
+        key = (gpu_type, a, tuple(sorted(others)))
+        with self._lock:
+            st = self._groups.pop(key, None) or [0.0, 0.0]
+            st[0] += 1
+            st[1] += (x - st[1]) / st[0]
+            self._groups[key] = st
+            while len(self._groups) > self.max_entries:
+                self._groups.popitem(last=False)
+            self._group_version += 1
+            self.version += 1
+            self.samples_total += 1
+            self.group_samples_total += 1
+            self.dirty = True
+
     def refuse(self, gpu_type: str, a: str, b: str) -> None:
         """``a`` failed to start beside ``b`` (out of memory): never pair them on this type."""
         with self._lock:
@@ -126,8 +187,9 @@ class PairLearner:
 
     def observe(self, report: DecodedReport, placement_of: Callable[[str], Placement | None],
                 alone: Callable[[str, int, str], float | None]) -> int:
-        """Samples from the GPUs of ``report`` shared by exactly two placed, modelled pods,
-        both past their warm-up on the GPU (``learning.warmup_seconds``).
+        """Samples from the GPUs of ``report`` shared by two or more placed, modelled pods,
+        all past their warm-up on the GPU (``learning.warmup_seconds``): pair samples
+        where two share it, group samples where more do.
 
         ``alone(model, batch, gpu_type)``: the model's trusted alone utilisation, else None
         (then the utilisation the pod was placed with stands in, module docstring)."""
@@ -135,24 +197,31 @@ class PairLearner:
         for gpu, procs in zip(report.gpus, report.processes, strict=False):
             pods: dict[str, float] = {}
             if any(not p.pod_uid or p.util_percent is None for p in procs):
-                continue  # unattributed processes or no per-process figure: not a clean pair
+                continue  # unattributed processes or no per-process figure: not a clean sample
             for p in procs:
                 pods[str(p.pod_uid)] = pods.get(str(p.pod_uid), 0.0) + float(p.util_percent or 0)
-            if len(pods) != 2:
+            if len(pods) < 2 or (len(pods) > 2 and not self.groups):
                 continue
             gpu_type = gpu_type_of(gpu.product)
             found = [_modelled(placement_of(uid), report.node, gpu.index) for uid in pods]
             warming = [self._warming(uid, report.node, gpu.index) for uid in pods]
             if any(f is None for f in found) or any(warming):
                 continue  # a pod loading or compiling shows no steady utilisation yet
-            (ma, ba, pa), (mb, bb, pb) = found  # type: ignore[misc]
-            (ua, ub) = pods.values()
-            base_a, base_b = alone(ma, ba, gpu_type) or pa, alone(mb, bb, gpu_type) or pb
-            if base_a <= 0 or base_b <= 0 or ua <= 0 or ub <= 0:
+            models, slowdowns = [], []
+            for modelled, shared in zip(found, pods.values(), strict=True):
+                model, batch, placed = modelled  # type: ignore[misc]
+                base = alone(model, batch, gpu_type) or placed
+                models.append(model)
+                slowdowns.append(base / shared if base > 0 and shared > 0 else 0.0)
+            if not all(slowdowns):
                 continue
-            self.add(gpu_type, ma, mb, base_a / ua)
-            self.add(gpu_type, mb, ma, base_b / ub)
-            taken += 2
+            for i, (model, slowdown) in enumerate(zip(models, slowdowns, strict=True)):
+                others = models[:i] + models[i + 1:]
+                if len(others) == 1:
+                    self.add(gpu_type, model, others[0], slowdown)
+                else:
+                    self.add_group(gpu_type, model, others, slowdown)
+            taken += len(models)
         return taken
 
     def _warming(self, uid: str, node: str, index: int) -> bool:
@@ -170,12 +239,18 @@ class PairLearner:
     def model(self) -> PairModel | None:
         """What decisions use (None while nothing is learned); cached per version."""
         with self._lock:
-            if not self._stats and not self._cannot and not self._prior:
+            if not self._stats and not self._groups and not self._cannot and not self._prior:
                 return None
+            now = self.clock()
+            solved = self._solved
+            due = self._group_version != (solved[1] if solved else 0) and (
+                solved is None or now - solved[0] >= self.group_refit_seconds)
             cached = self._cache
-            if cached is not None and cached[0] == self.version:
+            if cached is not None and cached[0] == self.version and not due:
                 return cached[1]
             stats = dict(self._stats)
+            groups = dict(self._groups)
+            group_version = self._group_version
             cannot = set(self._cannot)
             version = self.version
         types: dict[str, dict[tuple[str, str], tuple[float, int]]] = {}
@@ -185,9 +260,18 @@ class PairLearner:
             types.setdefault(t, {})
         for t in self._prior:
             types.setdefault(t, {})
-        built = PairModel({t: self._with_prior(t, _fit(pairs, frozenset(
-                               p for tt, p in cannot if tt == t)))
-                           for t, pairs in types.items()},
+        for t, _a, _others in groups:
+            types.setdefault(t, {})
+        fitted = {t: self._with_prior(t, _fit(pairs, frozenset(p for tt, p in cannot if tt == t)))
+                  for t, pairs in types.items()}
+        if due:  # the costly part, at most once per group_refit_seconds
+            inferred = _solve_types(fitted, groups)
+            with self._lock:
+                self._solved = (now, group_version, inferred)
+        else:
+            inferred = solved[2] if solved else {}
+        built = PairModel({t: replace(tp, inferred=inferred.get(t, {}))
+                           for t, tp in fitted.items()},
                           self.prior_weight, self.explore_bonus,
                           TypePairs(prior=self._pooled) if self._pooled else None)
         with self._lock:
@@ -209,13 +293,17 @@ class PairLearner:
             return []
         with self._lock:
             stats = dict(self._stats)
+            groups = list(self._groups)
         out = []
         for t, tp in sorted(model.types.items()):
             pairs = [{"model": a, "beside": b, "slowdown": round(math.exp(m), 3),
                       "samples": int(n), "log_stderr": round(_stderr(n, m2), 3)}
                      for (tt, a, b), (n, m, m2) in sorted(stats.items()) if tt == t]
+            inferred = [{"model": a, "beside": b, "slowdown": round(math.exp(m), 3),
+                         "group_samples": n} for (a, b), (m, n) in sorted(tp.inferred.items())]
             alpha, beta = tp.calibration
-            out.append({"gpu_type": t, "pairs": pairs,
+            out.append({"gpu_type": t, "pairs": pairs, "inferred": inferred,
+                        "groups": sum(1 for tt, _a, _o in groups if tt == t),
                         "prior": {"pairs": len(tp.prior), "offset": round(alpha, 4),
                                   "scale": round(beta, 4)},
                         "profiles": {m: {"sensitivity": round(tp.sens.get(m, 0.0), 3),
@@ -227,23 +315,39 @@ class PairLearner:
     def stats(self) -> dict[str, int]:
         """Counts for metrics: samples taken, pairs kept, refused pairs."""
         with self._lock:
-            return {"samples": self.samples_total, "pairs": len(self._stats),
+            return {"samples": self.samples_total, "group_samples": self.group_samples_total,
+                    "pairs": len(self._stats), "groups": len(self._groups),
+                    "inferred_pairs": sum(len(p) for p in (self._solved or (0, 0, {}))[2].values()),
                     "cannot_share": len(self._cannot),
                     "prior_pairs": sum(len(logs) for logs, _ in self._prior.values())}
 
     # ---- persistence ---------------------------------------------------------------
-    def to_document(self) -> dict[str, Any]:
-        """The persisted form (inside the learning document under ``pairs``)."""
+    def to_document(self, max_bytes: int | None = None) -> dict[str, Any]:
+        """The persisted form (inside the learning document under ``pairs``); within
+        ``max_bytes`` of JSON, the least recently seen group samples, then pairs, left out."""
         with self._lock:
-            return {"pairs": [[t, a, b, int(n), round(m, 6), round(m2, 6)]
-                              for (t, a, b), (n, m, m2) in self._stats.items()],
-                    "cannot_share": sorted([t, *sorted(p)] for t, p in self._cannot)}
+            pairs = [[t, a, b, int(n), round(m, 6), round(m2, 6)]
+                     for (t, a, b), (n, m, m2) in self._stats.items()]
+            groups = [[t, a, list(others), int(n), round(m, 6)]
+                      for (t, a, others), (n, m) in self._groups.items()]
+            cannot = sorted([t, *sorted(p)] for t, p in self._cannot)
+        if max_bytes is not None:
+            size = len(json.dumps(cannot, separators=(",", ":"))) + 40
+            size += sum(len(json.dumps(r, separators=(",", ":"))) + 1 for r in pairs + groups)
+            for rows in (groups, pairs):  # oldest first in both
+                dropped = 0
+                while size > max_bytes and dropped < len(rows):
+                    size -= len(json.dumps(rows[dropped], separators=(",", ":"))) + 1
+                    dropped += 1
+                del rows[:dropped]
+        return {"pairs": pairs, "groups": groups, "cannot_share": cannot}
 
     def load_document(self, doc: Any) -> int:
         """Replace what is learned by ``doc`` (as :meth:`to_document` wrote it); ValueError."""
         if not isinstance(doc, Mapping):
             raise ValueError("learning document: pairs must be a mapping")
         stats: OrderedDict[PairKey, list[float]] = OrderedDict()
+        groups: OrderedDict[GroupKey, list[float]] = OrderedDict()
         cannot = set()
         try:
             for row in doc.get("pairs", []):
@@ -252,23 +356,36 @@ class PairLearner:
                         and float(m2) >= 0):
                     raise ValueError(f"bad pair row {row!r}")
                 stats[(str(t), str(a), str(b))] = [float(n), float(m), float(m2)]
+            for row in doc.get("groups", []):  # absent from documents older than groups
+                t, a, others, n, m = row
+                if not (isinstance(n, int) and n >= 1 and 0 <= float(m) <= MAX_EXTRA
+                        and isinstance(others, list) and len(others) >= 2):
+                    raise ValueError(f"bad group row {row!r}")
+                groups[(str(t), str(a), tuple(sorted(str(o) for o in others)))] = \
+                    [float(n), float(m)]
             for row in doc.get("cannot_share", []):
                 t, *pair = row
                 cannot.add((str(t), frozenset(str(p) for p in pair)))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"learning document: pairs: {exc}") from None
-        while len(stats) > self.max_entries:
-            stats.popitem(last=False)
+        for kept in (stats, groups):
+            while len(kept) > self.max_entries:
+                kept.popitem(last=False)
         with self._lock:
-            self._stats, self._cannot = stats, cannot
+            self._stats, self._groups, self._cannot = stats, groups, cannot
+            self._solved = None
+            self._group_version += 1
             self.version += 1
-        return len(stats)
+        return len(stats) + len(groups)
 
     def reset(self) -> None:
         """Forget everything learned about pairs."""
         with self._lock:
             self._stats.clear()
+            self._groups.clear()
             self._cannot.clear()
+            self._solved = None
+            self._group_version += 1
             self.version += 1
             self.dirty = True
 
@@ -322,6 +439,63 @@ def _fit(pairs: Mapping[tuple[str, str], tuple[float, int]],
     return TypePairs(dict(pairs), float(beta[0]),
                      {m: float(beta[1 + vi[m]]) for m in victims},
                      {m: float(beta[1 + ai[m]]) for m in aggressors}, cannot)
+
+
+def _solve_types(fitted: Mapping[str, TypePairs], groups: Mapping[GroupKey, list[float]]
+                 ) -> dict[str, dict[tuple[str, str], tuple[float, int]]]:
+    """Per GPU type, the pairs solved from its group samples (:func:`_solve_groups`)."""
+    per_type: dict[str, dict[tuple[str, tuple[str, ...]], tuple[float, int]]] = {}
+    for (t, a, others), (n, mean) in groups.items():
+        per_type.setdefault(t, {})[(a, others)] = (mean, int(n))
+    return {t: _solve_groups(fitted[t], g) for t, g in per_type.items()}
+
+
+def _solve_groups(tp: TypePairs,
+                  groups: Mapping[tuple[str, tuple[str, ...]], tuple[float, int]]
+                  ) -> dict[tuple[str, str], tuple[float, int]]:
+    """The pairs in ``groups`` neither seen alone together nor listed by the matrix ->
+    (log slowdown, samples they were in): each group sample's extra is the sum of its
+    pairs' extras, solved by bounded ridge least squares with the pairs seen and the
+    matrix's pairs as anchors (weights as :func:`_fit`, module docstring)."""
+    index: dict[tuple[str, str], int] = {}
+    counts: dict[tuple[str, str], int] = {}
+    rows: list[int] = []
+    cols: list[int] = []
+    weights: list[float] = []
+    target: list[float] = []
+    for (a, others), (extra, n) in groups.items():
+        w = math.sqrt(min(float(n), 5.0))
+        for b in others:  # a model there twice counts twice (its pair's extra, twice)
+            rows.append(len(target))
+            cols.append(index.setdefault((a, b), len(index)))
+            weights.append(w)
+            counts[(a, b)] = counts.get((a, b), 0) + n
+        target.append(w * extra)
+    for pair, (mean, n) in tp.pairs.items():
+        if pair in index:  # a pair seen alone with its partner anchors the groups it is in
+            w = math.sqrt(min(float(n), 5.0))
+            rows.append(len(target))
+            cols.append(index[pair])
+            weights.append(w)
+            target.append(w * math.expm1(mean))
+    seen_logs = [mean for mean, _ in tp.pairs.values()]
+    fallback = math.exp(float(np.median(seen_logs))) if seen_logs else 1.0 + DEFAULT_EXTRA
+    without = PairModel({"": tp})
+    measured = set()
+    for (a, b), col in index.items():  # the pull toward the figure before the groups
+        value, source = without.figure("", a, b, fallback)
+        if source == MATRIX:
+            measured.add((a, b))
+        w = math.sqrt(GROUP_RIDGE_MATRIX if source == MATRIX else GROUP_RIDGE)
+        rows.append(len(target))
+        cols.append(col)
+        weights.append(w)
+        target.append(w * min(MAX_EXTRA, value - 1.0))
+    matrix = csr_matrix((weights, (rows, cols)), shape=(len(target), len(index)))
+    solution = lsq_linear(matrix, np.array(target), bounds=(0.0, MAX_EXTRA),
+                          method="trf", lsq_solver="lsmr").x
+    return {pair: (min(MAX_LOG, math.log1p(float(solution[col]))), counts[pair])
+            for pair, col in index.items() if pair not in tp.pairs and pair not in measured}
 
 
 def _prior_logs(tables: Mapping[str, PairTable]

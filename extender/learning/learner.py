@@ -100,7 +100,7 @@ class Learner:
         self._overlay = LearnedPolicy(self.curves)
         self.pairs = PairLearner(cfg.pair_max_entries, cfg.pair_explore_bonus,
                                  warmup_seconds=cfg.warmup_seconds, clock=wall_clock,
-                                 prior=cfg.pair_prior_tables)
+                                 prior=cfg.pair_prior_tables, groups=cfg.pair_groups)
         """Who slows whom (:mod:`extender.learning.interference`)."""
         self.persistence = persistence
         self._may_persist = may_persist
@@ -226,9 +226,11 @@ class Learner:
         """What is persisted: the estimates and the curves with their points, within
         ``persistence.MAX_BYTES`` (least recently used estimates evicted first)."""
         curves = self.curves.to_document()
-        pairs = self.pairs.to_document()  # bounded by learning.pair_max_entries
+        limit = getattr(self.persistence, "MAX_BYTES", MAX_BYTES)
+        # bounded by learning.pair_max_entries, and to half the document: long model
+        # references in many group samples must not crowd out every estimate
+        pairs = self.pairs.to_document(max_bytes=limit // 2)
         if self.persistence is not None:
-            limit = getattr(self.persistence, "MAX_BYTES", MAX_BYTES)
             fixed = len(encode({**self.store.to_document(empty=True), "curves": curves,
                                 PAIRS_KEY: pairs}))
             self.store.fit_bytes(limit - fixed)

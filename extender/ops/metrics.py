@@ -129,13 +129,17 @@ class LearnerCollector(Collector):
             pairs = GaugeMetricFamily(
                 "tandem_learning_interference_pairs",
                 "Pairwise interference kept: directed pairs seen, pairs that cannot share, "
-                "pairs the measured matrix (learning.pair_prior) lists",
+                "pairs the measured matrix (learning.pair_prior) lists, group samples kept "
+                "(a model beside a set of others), pairs solved from them",
                 labels=["kind"])
             pairs.add_metric(["seen"], float(s["pairs"]["pairs"]))
             pairs.add_metric(["cannot_share"], float(s["pairs"]["cannot_share"]))
             pairs.add_metric(["prior"], float(s["pairs"].get("prior_pairs", 0)))
+            pairs.add_metric(["groups"], float(s["pairs"].get("groups", 0)))
+            pairs.add_metric(["inferred"], float(s["pairs"].get("inferred_pairs", 0)))
             samples = CounterMetricFamily("tandem_learning_interference_samples",
-                                          "Pair slowdown samples taken from shared GPUs")
+                                          "Pair and group slowdown samples taken from shared "
+                                          "GPUs")
             samples.add_metric([], float(s["pairs"]["samples"]))
             yield from (pairs, samples)
         if s["persist_age_seconds"] is not None:  # absent until something was persisted

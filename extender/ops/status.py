@@ -203,7 +203,8 @@ def summarize(state: StateDocument, origin: str,
         doc["interference"] = [{"gpu_type": t["gpu_type"], "pairs": len(t["pairs"]),
                                 "profiled_models": len(t["profiles"]),
                                 "cannot_share": len(t["cannot_share"]),
-                                "prior_pairs": (t.get("prior") or {}).get("pairs", 0)}
+                                "prior_pairs": (t.get("prior") or {}).get("pairs", 0),
+                                "inferred_pairs": len(t.get("inferred") or [])}
                                for t in learned]
     return doc
 

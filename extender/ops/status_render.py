@@ -61,7 +61,8 @@ def render(doc: dict[str, Any]) -> str:
     lines.append("predicted: pods' figures [from tandem.io/prediction-source]; observed: agents")
     for t in doc.get("interference") or []:
         prior = f", {t['prior_pairs']} from the matrix" if t.get("prior_pairs") else ""
-        lines.append(f"interference learned on {t['gpu_type']}: {t['pairs']} pairs, "
+        inferred = f" (+{t['inferred_pairs']} from groups)" if t.get("inferred_pairs") else ""
+        lines.append(f"interference learned on {t['gpu_type']}: {t['pairs']} pairs{inferred}, "
                      f"{t['profiled_models']} models profiled, {t['cannot_share']} cannot share"
                      f"{prior}"[:WIDTH])
     if doc.get("redacted"):
