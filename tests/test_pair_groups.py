@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 from extender_builders import A100, placement
+from scipy.optimize import lsq_linear
+from scipy.sparse import csr_matrix
 
 from contracts.annotations import MODEL
 from contracts.interferencefile import PairTable
@@ -16,7 +18,7 @@ from extender.config.loader import load_config
 from extender.config.sections import LearningConfig
 from extender.core.pairs import judge_gpu
 from extender.core.snapshot import GpuSpec
-from extender.learning.interference import MAX_EXTRA, PairLearner
+from extender.learning.interference import MAX_EXTRA, PairLearner, _least_squares
 from extender.learning.learner import Learner
 from extender.ops.metrics import LearnerCollector
 from extender.state.reports import DecodedReport, ReportedProcess
@@ -220,3 +222,16 @@ def test_the_persisted_pairs_fit_their_share_of_the_learning_document() -> None:
     assert doc["pairs"] and doc["groups"]  # the oldest groups went first, the pair stayed
     assert doc["groups"][-1][1] == f"{long}-2999"
     assert len(doc["groups"]) < 3000 == len(learner.to_document()["groups"])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_bounded_solve_is_the_exact_bounded_least_squares(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    m = 60
+    sparse = (rng.random((150, m)) < 0.05) * rng.uniform(0.5, 2.0, (150, m))
+    full = np.vstack([sparse, math.sqrt(0.5) * np.eye(m)])  # with its ridge rows
+    y = np.concatenate([rng.normal(1.0, 3.0, 150), np.zeros(m)])  # many fall outside [0, 1]
+    exact = lsq_linear(full, y, bounds=(0.0, 1.0), method="bvls").x
+    ours = _least_squares(csr_matrix(full), y, upper=1.0)
+    assert (ours == 0.0).sum() > 5 and (ours == 1.0).sum() > 0  # both bounds are in play
+    assert ours == pytest.approx(exact, abs=1e-6)

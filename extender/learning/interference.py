@@ -22,7 +22,7 @@ extra slowdown ``alone / shared - 1`` beside that set of others, which by the ru
 for three or more jobs (:mod:`extender.core.pairs`) is the sum of its pairs'
 extras. On a busy cluster these are most reports. Every ``GROUP_REFIT_SECONDS``
 (when samples came in) the extras of the pairs they hold are solved together with
-the pairs seen: bounded least squares (extras in [0, 19]), each pair pulled toward
+the pairs seen: least squares kept to extras in [0, 19], each pair pulled toward
 the figure it had without them, firmly (``GROUP_RIDGE_MATRIX``) where that is a
 measured matrix's and lightly (``GROUP_RIDGE``) where it is a profile or the median
 of the pairs seen. A pair neither seen alone together nor listed by the matrix then
@@ -66,8 +66,8 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from scipy.optimize import lsq_linear
-from scipy.sparse import csr_matrix
+from scipy.sparse import csr_matrix, identity
+from scipy.sparse.linalg import spsolve
 
 from contracts.annotations import BATCH_SIZE, GPU_UTIL, MODEL, PREDICTION_SOURCE
 from contracts.interferencefile import PairTable
@@ -86,6 +86,7 @@ GROUP_RIDGE_MATRIX = 20.0
 GROUP_RIDGE = 0.5
 """Weights, in samples, that hold a solved pair to its figure without the group samples."""
 GROUP_REFIT_SECONDS = 60.0
+ACTIVE_SET_ROUNDS = 20
 DEFAULT_EXTRA = 0.5
 """A pair's extra before anything is seen on its GPU type (the median of the seen pairs
 after)."""
@@ -424,21 +425,54 @@ def _fit(pairs: Mapping[tuple[str, str], tuple[float, int]],
     vi = {m: i for i, m in enumerate(victims)}
     ai = {m: len(victims) + i for i, m in enumerate(aggressors)}
     k = 1 + len(victims) + len(aggressors)
-    x = np.zeros((len(pairs), k))
-    y = np.zeros(len(pairs))
-    w = np.zeros(len(pairs))
+    rows: list[int] = []
+    cols: list[int] = []
+    values: list[float] = []
+    target: list[float] = []
     for r, ((a, b), (mean, n)) in enumerate(pairs.items()):
-        x[r, 0] = 1.0
-        x[r, 1 + vi[a]] = 1.0
-        x[r, 1 + ai[b]] = 1.0
-        y[r], w[r] = mean, min(float(n), 5.0)
-    penalty = RIDGE * np.eye(k)
-    penalty[0, 0] = 0.0
-    xtw = x.T * w
-    beta = np.linalg.solve(xtw @ x + penalty + 1e-9 * np.eye(k), xtw @ y)
+        w = math.sqrt(min(float(n), 5.0))
+        rows += [r, r, r]
+        cols += [0, 1 + vi[a], 1 + ai[b]]
+        values += [w, w, w]
+        target.append(w * mean)
+    for col in range(1, k):  # the ridge: each profile pulled toward 0, mu free
+        rows.append(len(target))
+        cols.append(col)
+        values.append(math.sqrt(RIDGE))
+        target.append(0.0)
+    beta = _least_squares(csr_matrix((values, (rows, cols)), shape=(len(target), k)),
+                          np.array(target))
     return TypePairs(dict(pairs), float(beta[0]),
                      {m: float(beta[1 + vi[m]]) for m in victims},
                      {m: float(beta[1 + ai[m]]) for m in aggressors}, cannot)
+
+
+def _least_squares(a: csr_matrix, y: np.ndarray, upper: float | None = None) -> np.ndarray:
+    """``argmin |a x - y|`` by the sparse normal equations (``a`` holds its ridge rows, so
+    they are positive definite; milliseconds for thousands of pairs). With ``upper``, ``x``
+    is kept in [0, upper]: values outside are held at their bound and the rest solved
+    again, a held value the optimum would move inward is freed (an active set, at most
+    ``ACTIVE_SET_ROUNDS`` rounds; then clipped)."""
+    x = np.zeros(a.shape[1])
+    free = np.ones(a.shape[1], dtype=bool)
+    for _ in range(ACTIVE_SET_ROUNDS):
+        part = a[:, free]
+        rhs = y - a[:, ~free] @ x[~free]
+        normal = (part.T @ part + 1e-9 * identity(part.shape[1])).tocsc()
+        x[free] = np.atleast_1d(spsolve(normal, part.T @ rhs))
+        if upper is None:
+            return x
+        out = free & ((x < 0.0) | (x > upper))
+        if out.any():  # outside: held at the bound
+            x[out] = np.clip(x[out], 0.0, upper)
+            free &= ~out
+            continue
+        slope = a.T @ (a @ x - y)  # held values the optimum would move inward: free again
+        back = ~free & (((x <= 0.0) & (slope < -1e-9)) | ((x >= upper) & (slope > 1e-9)))
+        if not back.any():
+            break
+        free |= back
+    return np.clip(x, 0.0, upper) if upper is not None else x
 
 
 def _solve_types(fitted: Mapping[str, TypePairs], groups: Mapping[GroupKey, list[float]]
@@ -492,8 +526,7 @@ def _solve_groups(tp: TypePairs,
         weights.append(w)
         target.append(w * min(MAX_EXTRA, value - 1.0))
     matrix = csr_matrix((weights, (rows, cols)), shape=(len(target), len(index)))
-    solution = lsq_linear(matrix, np.array(target), bounds=(0.0, MAX_EXTRA),
-                          method="trf", lsq_solver="lsmr").x
+    solution = _least_squares(matrix, np.array(target), upper=MAX_EXTRA)
     return {pair: (min(MAX_LOG, math.log1p(float(solution[col]))), counts[pair])
             for pair, col in index.items() if pair not in tp.pairs and pair not in measured}
 
