@@ -28,12 +28,15 @@ both signal models (what agents show: utilisation / slowdown, or / sqrt(slowdown
 the learners are never told): online pair-aware (``learning.pairs: true``) with
 the other GPU's matrix as ``learning.pair_prior`` (``pair-aware+matrix``), with
 that matrix's model names shuffled (``pair-aware+wrong-matrix``: what a matrix
-that tells nothing costs), and without (``pair-aware``); online curve-only
+that tells nothing costs), and without (``pair-aware``); ``:two-only`` beside a
+mode learns only from GPUs shared by two (``learning.pair_groups: false``: what
+the group samples of GPUs shared by three or more add); online curve-only
 (today's learner), fixed priors, and the oracle (the truth's utilisation and
 measured pairs); and ``pair-oracle``, curve-only's online learner
 given every measured pair (what knowing the pairs alone is worth, a diagnostic).
 Mean and 95% interval (t) over seeds of the average JCT and the makespan, and
-the directed pairs the pair-aware learner had seen by the end. Memory and SLO
+what each pair-aware learner had by the end: directed pairs seen, pairs solved
+from group samples, pair and group samples taken. Memory and SLO
 sessions are unchanged (the training workload has none).
 """
 
@@ -42,8 +45,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -267,9 +273,12 @@ def offline(raw: dict[str, Any], seeds: int) -> dict[str, Any]:
     return out
 
 
-MODES = ("pair-aware+matrix", "pair-aware+wrong-matrix", "pair-aware", "curve-only", "prior",
-         "oracle", "pair-oracle")
-PAIR_AWARE = ("pair-aware+matrix", "pair-aware+wrong-matrix", "pair-aware")
+MODES = ("pair-aware+matrix", "pair-aware+matrix:two-only", "pair-aware+wrong-matrix",
+         "pair-aware", "pair-aware:two-only", "curve-only", "prior", "oracle", "pair-oracle")
+PAIR_AWARE = ("pair-aware+matrix", "pair-aware+matrix:two-only", "pair-aware+wrong-matrix",
+              "pair-aware", "pair-aware:two-only")
+TWO_ONLY = ":two-only"
+"""A pair-aware mode that learns only from GPUs shared by two (``learning.pair_groups`` off)."""
 WRONG_SEED = 7
 """Seeds the permutation of model names that makes the wrong matrix."""
 
@@ -297,6 +306,8 @@ def shuffled_names(tables: dict[str, PairTable], seed: int) -> dict[str, PairTab
 def _world(truth: Truth, mode: str, types: list[str],
            matrix: dict[str, PairTable]) -> SimWorld:
     base = load_config(None, environ={}).learning
+    if mode.endswith(TWO_ONLY):
+        mode, base = mode.removesuffix(TWO_ONLY), replace(base, pair_groups=False)
     if mode in ("pair-aware+matrix", "pair-aware+wrong-matrix"):
         prior = matrix if mode == "pair-aware+matrix" else shuffled_names(matrix, WRONG_SEED)
         return SimWorld.build(truth, "online", replace(base, pairs=True,
@@ -311,35 +322,68 @@ def _world(truth: Truth, mode: str, types: list[str],
     return SimWorld.build(truth, mode, base, types)
 
 
-def simulated(raw: dict[str, Any], seeds: int, workload: str) -> dict[str, Any]:
-    """Part (b): every GPU, signal model and mode over ``seeds`` seeds."""
+SIGNALS = ("proportional", "sub-proportional")
+LEARNED = ("pairs_seen", "pairs_inferred", "pair_samples", "group_samples")
+
+
+def _seed_runs(raw: dict[str, Any], workload: str, task: tuple[str, str, int]
+               ) -> dict[str, dict[str, float]]:
+    """One seed of one GPU and signal model: every mode's average JCT, makespan and, for
+    the pair-aware modes, what the learner had by the end (:data:`LEARNED`)."""
+    gpu, signal, seed = task
+    gpu_type, table = import_gavel(raw, gpu)
+    nodes = uniform_cluster(3, 4, gpu_type, MEMORY_MIB[gpu], prefix=f"{gpu}-node")
+    other_type, other = import_gavel(raw, OTHER[gpu])
+    truth = Truth(interference={gpu_type: table}, signal=SignalModel(signal), seed=seed)
+    jobs = with_named_models(generate(workload, seed), table.models(), seed)
+    out: dict[str, dict[str, float]] = {}
+    for mode in MODES:
+        world = _world(truth, mode, [gpu_type], {other_type: other})
+        result = simulate(jobs, nodes, "tandem", PolicyOptions(cost=tandem_cost()),
+                          world=world).summary()
+        out[mode] = {key: float(result[key]) for key in ("avg_jct_s", "makespan_s")}
+        if mode in PAIR_AWARE:
+            pairs = world.knowledge.learner.pairs
+            pairs.model()  # the last solve of the group samples
+            s = pairs.stats()
+            out[mode].update(pairs_seen=s["pairs"], pairs_inferred=s["inferred_pairs"],
+                             pair_samples=s["samples"] - s["group_samples"],
+                             group_samples=s["group_samples"])
+    return out
+
+
+def simulated(raw: dict[str, Any], seeds: int, workload: str, processes: int = 1
+              ) -> dict[str, Any]:
+    """Part (b): every GPU, signal model and mode over ``seeds`` seeds (seeds run in
+    ``processes`` processes; each seed's runs are the same however many)."""
+    tasks = [(gpu, signal, seed) for gpu in GPUS for signal in SIGNALS
+             for seed in range(1, seeds + 1)]
+    run = partial(_seed_runs, raw, workload)
+    if processes > 1:
+        with ProcessPoolExecutor(processes) as pool:
+            results = list(pool.map(run, tasks))
+    else:
+        results = [run(task) for task in tasks]
     out: dict[str, Any] = {}
     for gpu in GPUS:
-        gpu_type, table = import_gavel(raw, gpu)
-        nodes = uniform_cluster(3, 4, gpu_type, MEMORY_MIB[gpu], prefix=f"{gpu}-node")
-        names = table.models()
-        other_type, other = import_gavel(raw, OTHER[gpu])
-        for signal in ("proportional", "sub-proportional"):
-            runs: dict[str, dict[str, list[float]]] = {m: {"avg_jct_s": [], "makespan_s": []}
-                                                       for m in MODES}
-            learned: dict[str, list[float]] = {m: [] for m in PAIR_AWARE}
-            for seed in range(1, seeds + 1):
-                truth = Truth(interference={gpu_type: table}, signal=SignalModel(signal),
-                              seed=seed)
-                jobs = with_named_models(generate(workload, seed), names, seed)
-                for mode in MODES:
-                    world = _world(truth, mode, [gpu_type], {other_type: other})
-                    result = simulate(jobs, nodes, "tandem", PolicyOptions(cost=tandem_cost()),
-                                      world=world).summary()
-                    for key in ("avg_jct_s", "makespan_s"):
-                        runs[mode][key].append(float(result[key]))
-                    if mode in PAIR_AWARE:
-                        learned[mode].append(world.knowledge.learner.pairs.stats()["pairs"])
+        names = import_gavel(raw, gpu)[1].models()
+        for signal in SIGNALS:
+            per_seed = [r for (g, s, _), r in zip(tasks, results, strict=True)
+                        if (g, s) == (gpu, signal)]
+            runs = {m: {k: [r[m][k] for r in per_seed] for k in ("avg_jct_s", "makespan_s")}
+                    for m in MODES}
             summary = {m: {k: interval(v) for k, v in r.items()} for m, r in runs.items()}
-            out[f"{gpu}/{signal}"] = {"modes": summary,
-                                      "goals": {m: _goals(runs, m) for m in PAIR_AWARE},
-                                      "pairs_seen": {m: interval(v) for m, v in learned.items()},
-                                      "directed_pairs": len(names) ** 2}
+            out[f"{gpu}/{signal}"] = {
+                "modes": summary,
+                "goals": {m: _goals(runs, m) for m in PAIR_AWARE},
+                "learned": {m: {k: interval([r[m][k] for r in per_seed]) for k in LEARNED}
+                            for m in PAIR_AWARE},
+                # what group samples are worth: the two-only twin minus the mode, per seed
+                "groups_paired": {m: {k: interval(list(np.array(runs[m + TWO_ONLY][k])
+                                                       - np.array(runs[m][k])))
+                                      for k in ("avg_jct_s", "makespan_s")}
+                                  for m in PAIR_AWARE if m + TWO_ONLY in MODES},
+                "directed_pairs": len(names) ** 2}
     return out
 
 
@@ -366,8 +410,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DATA, help="Gavel measurements JSON")
     parser.add_argument("--offline-seeds", type=int, default=20)
-    parser.add_argument("--sim-seeds", type=int, default=20)
+    parser.add_argument("--sim-seeds", type=int, default=40)
     parser.add_argument("--workload", default="w-large", help="generated workload for (b)")
+    parser.add_argument("--processes", type=int, default=os.cpu_count() or 1,
+                        help="processes for (b)'s seeds (default: one per CPU)")
     _common.add_out_option(parser, "interference")
     args = parser.parse_args()
     raw = json.loads(args.data.read_text())
@@ -377,13 +423,14 @@ def main() -> None:
         "data": "Gavel pairwise throughputs (shared/data/interference/gavel-p100-k80.json)",
         "setup": {"gpu_types": {g: GAVEL_GPUS[g] for g in GPUS}, "ks": list(KS),
                   "offline_seeds": args.offline_seeds, "sim_seeds": args.sim_seeds,
+                  "processes": args.processes,
                   "workload": f"{args.workload} with --models truth", "cluster": "3 x 4 GPUs",
                   "policy": "tandem (packaged config)", "modes": list(MODES),
                   "memory_and_slo_sessions": "unchanged (the training workload has none)"},
         "offline_pairing": offline(raw, args.offline_seeds),
     }
     report["offline_wall_s"] = round(time.perf_counter() - started, 1)
-    report["simulator"] = simulated(raw, args.sim_seeds, args.workload)
+    report["simulator"] = simulated(raw, args.sim_seeds, args.workload, args.processes)
     report["total_wall_s"] = round(time.perf_counter() - started, 1)
     report.update(_common.context(("numpy", "scipy", "networkx", "xgboost-cpu")))
     _common.write_result(report, args.out)

@@ -83,3 +83,16 @@ def test_the_other_gpus_matrix_pairs_better_than_the_pairs_seen_alone() -> None:
         prior.append(bench.pairing_value(bench.learner_predictions(
             jobs, truth, seen, {k80_type: k80}), truth))
     assert np.mean(prior) > np.mean(plain) + 0.02
+
+
+def test_two_only_modes_learn_only_from_gpus_shared_by_two() -> None:
+    raw = json.loads(bench.DATA.read_text())
+    gpu_type, table = bench.import_gavel(raw, "p100")
+    k80_type, k80 = bench.import_gavel(raw, "k80")
+    truth_file = bench.Truth(interference={gpu_type: table})
+    for mode, groups in (("pair-aware", True), ("pair-aware:two-only", False),
+                         ("pair-aware+matrix:two-only", False)):
+        world = bench._world(truth_file, mode, [gpu_type], {k80_type: k80})
+        learner = world.knowledge.learner
+        assert learner.pairs.groups is groups and learner.cfg.pairs
+        assert bool(learner.cfg.pair_prior_tables) is ("matrix" in mode)
