@@ -22,7 +22,7 @@ import _common
 import numpy as np
 from scipy.optimize import lsq_linear
 
-import extender.learning.interference as pairs_module
+import extender.learning.pair_fit as pairs_module
 from extender.learning.interference import PairLearner
 
 SIZES = ((30, 4000, 4000), (200, 4000, 4000), (1000, 4000, 4000))
@@ -63,7 +63,7 @@ def _general(a: Any, y: np.ndarray, upper: float | None = None) -> np.ndarray:
                       tol=1e-10).x
 
 
-_ORIGINAL = pairs_module._least_squares
+_ORIGINAL = pairs_module.least_squares
 
 
 def main() -> None:
@@ -77,12 +77,12 @@ def main() -> None:
         fit = [_time(learner, solve=False) for _ in range(args.repeats)]
         both = [_time(learner, solve=True) for _ in range(args.repeats)]
         ours = learner.model().types["NVIDIA-A100"].inferred  # type: ignore[union-attr]
-        pairs_module._least_squares = _general
+        pairs_module.least_squares = _general
         try:
             general = _time(learner, solve=True)
             theirs = learner.model().types["NVIDIA-A100"].inferred  # type: ignore[union-attr]
         finally:
-            pairs_module._least_squares = _ORIGINAL
+            pairs_module.least_squares = _ORIGINAL
         gap = max(abs(ours[k][0] - theirs[k][0]) for k in ours)
         rows.append({"models": models, "pairs": len(learner._stats),
                      "group_samples_kept": len(learner._groups), "pairs_solved": len(ours),

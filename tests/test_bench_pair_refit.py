@@ -13,11 +13,11 @@ def test_a_small_learner_is_timed_and_the_general_solver_gives_the_same_pairs() 
     assert len(learner._groups) == 150 and learner._stats
     assert bench._time(learner, solve=True) >= 0.0
     ours = learner.model().types["NVIDIA-A100"].inferred
-    bench.pairs_module._least_squares = bench._general
+    bench.pairs_module.least_squares = bench._general
     try:
         bench._time(learner, solve=True)
         theirs = learner.model().types["NVIDIA-A100"].inferred
     finally:
-        bench.pairs_module._least_squares = bench._ORIGINAL
+        bench.pairs_module.least_squares = bench._ORIGINAL
     assert ours.keys() == theirs.keys() and ours
     assert max(abs(ours[k][0] - theirs[k][0]) for k in ours) < 1e-3

@@ -18,8 +18,9 @@ from extender.config.loader import load_config
 from extender.config.sections import LearningConfig
 from extender.core.pairs import judge_gpu
 from extender.core.snapshot import GpuSpec
-from extender.learning.interference import MAX_EXTRA, PairLearner, _least_squares
+from extender.learning.interference import PairLearner
 from extender.learning.learner import Learner
+from extender.learning.pair_fit import MAX_EXTRA, least_squares
 from extender.ops.metrics import LearnerCollector
 from extender.state.reports import DecodedReport, ReportedProcess
 
@@ -232,6 +233,6 @@ def test_the_bounded_solve_is_the_exact_bounded_least_squares(seed: int) -> None
     full = np.vstack([sparse, math.sqrt(0.5) * np.eye(m)])  # with its ridge rows
     y = np.concatenate([rng.normal(1.0, 3.0, 150), np.zeros(m)])  # many fall outside [0, 1]
     exact = lsq_linear(full, y, bounds=(0.0, 1.0), method="bvls").x
-    ours = _least_squares(csr_matrix(full), y, upper=1.0)
+    ours = least_squares(csr_matrix(full), y, upper=1.0)
     assert (ours == 0.0).sum() > 5 and (ours == 1.0).sum() > 0  # both bounds are in play
     assert ours == pytest.approx(exact, abs=1e-6)

@@ -23,8 +23,8 @@ for three or more jobs (:mod:`extender.core.pairs`) is the sum of its pairs'
 extras. On a busy cluster these are most reports. Every ``GROUP_REFIT_SECONDS``
 (when samples came in) the extras of the pairs they hold are solved together with
 the pairs seen: least squares kept to extras in [0, 19], each pair pulled toward
-the figure it had without them, firmly (``GROUP_RIDGE_MATRIX``) where that is a
-measured matrix's and lightly (``GROUP_RIDGE``) where it is a profile or the median
+the figure it had without them, firmly (``pair_fit.GROUP_RIDGE_MATRIX``) where that is
+a measured matrix's and lightly (``pair_fit.GROUP_RIDGE``) where it is a profile or the median
 of the pairs seen. A pair neither seen alone together nor listed by the matrix then
 reads ``group:<n>``: a measurement of the pair itself, seen here or in the matrix,
 beats one inferred from a crowd (with the matrix, the simulator showed no gain from
@@ -46,7 +46,7 @@ prior of the pairs it lists: a GPU type it lists takes its own table (its
 ``cannot_share`` pairs refused), any other the mean log slowdown over the types that
 list the pair. Per GPU type the line ``log s_here = alpha + beta * log s_matrix`` is
 fitted to the pairs seen here (ridge toward alpha 0, beta 1 with the weight of
-``CALIBRATION_RIDGE`` pairs), so a matrix measured on another GPU type, or read
+``pair_fit.CALIBRATION_RIDGE`` pairs), so a matrix measured on another GPU type, or read
 through a signal that shows slowdown less than fully, ranks pairs before they are
 tried and is corrected as they are.
 
@@ -65,37 +65,29 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
-from scipy.sparse import csr_matrix, identity
-from scipy.sparse.linalg import spsolve
-
 from contracts.annotations import BATCH_SIZE, GPU_UTIL, MODEL, PREDICTION_SOURCE
 from contracts.interferencefile import PairTable
 from extender.core import Placement
-from extender.core.pairs import MATRIX, PairModel, TypePairs
+from extender.core.pairs import PairModel, TypePairs
 from extender.core.snapshot import Workload, gpu_type_of
+from extender.learning.pair_fit import (
+    MAX_EXTRA,
+    MAX_LOG,
+    calibrate,
+    fit_profiles,
+    solve_group_types,
+)
 from extender.state.reports import DecodedReport
 
-MAX_LOG = math.log(20.0)
 MAX_TRACKED_PODS = 100_000
-RIDGE = 1.0
-CALIBRATION_RIDGE = 2.0
-MAX_EXTRA = 19.0
-"""The largest extra slowdown a group sample or a solved pair takes (a slowdown of 20)."""
-GROUP_RIDGE_MATRIX = 20.0
-GROUP_RIDGE = 0.5
-"""Weights, in samples, that hold a solved pair to its figure without the group samples."""
 GROUP_REFIT_SECONDS = 60.0
-ACTIVE_SET_ROUNDS = 20
-DEFAULT_EXTRA = 0.5
-"""A pair's extra before anything is seen on its GPU type (the median of the seen pairs
-after)."""
 DOCUMENT_KEY = "pairs"
 
 PairKey = tuple[str, str, str]
 """(GPU type, model a, model b): a beside b."""
 GroupKey = tuple[str, str, tuple[str, ...]]
-"""(GPU type, model a, the others' models sorted): a beside all of them."""
+"""(GPU type, model a, the others' models sorted): a beside all of them (as
+:data:`extender.learning.pair_fit.GroupKey`)."""
 
 
 class PairLearner:
@@ -263,10 +255,10 @@ class PairLearner:
             types.setdefault(t, {})
         for t, _a, _others in groups:
             types.setdefault(t, {})
-        fitted = {t: self._with_prior(t, _fit(pairs, frozenset(p for tt, p in cannot if tt == t)))
-                  for t, pairs in types.items()}
+        fitted = {t: self._with_prior(t, fit_profiles(pairs, frozenset(
+                      p for tt, p in cannot if tt == t))) for t, pairs in types.items()}
         if due:  # the costly part, at most once per group_refit_seconds
-            inferred = _solve_types(fitted, groups)
+            inferred = solve_group_types(fitted, groups)
             with self._lock:
                 self._solved = (now, group_version, inferred)
         else:
@@ -285,7 +277,7 @@ class PairLearner:
         if not logs and not cannot:
             return fitted
         return replace(fitted, prior=logs, cannot=fitted.cannot | cannot,
-                       calibration=_calibrate(fitted.pairs, logs))
+                       calibration=calibrate(fitted.pairs, logs))
 
     def view(self) -> list[dict[str, Any]]:
         """For ``/v1/state`` and ``tandem status``: per GPU type, pairs and profiles."""
@@ -415,122 +407,6 @@ def _modelled(p: Placement | None, node: str, index: int) -> tuple[str, int, flo
     return model, int(batch) if batch.isdigit() else 32, placed
 
 
-def _fit(pairs: Mapping[tuple[str, str], tuple[float, int]],
-         cannot: frozenset[frozenset[str]]) -> TypePairs:
-    """Ridge fit of ``log s[a][b] = mu + sens[a] + aggr[b]`` over the pairs seen."""
-    if not pairs:
-        return TypePairs({}, 0.0, {}, {}, cannot)
-    victims = sorted({a for a, _ in pairs})
-    aggressors = sorted({b for _, b in pairs})
-    vi = {m: i for i, m in enumerate(victims)}
-    ai = {m: len(victims) + i for i, m in enumerate(aggressors)}
-    k = 1 + len(victims) + len(aggressors)
-    rows: list[int] = []
-    cols: list[int] = []
-    values: list[float] = []
-    target: list[float] = []
-    for r, ((a, b), (mean, n)) in enumerate(pairs.items()):
-        w = math.sqrt(min(float(n), 5.0))
-        rows += [r, r, r]
-        cols += [0, 1 + vi[a], 1 + ai[b]]
-        values += [w, w, w]
-        target.append(w * mean)
-    for col in range(1, k):  # the ridge: each profile pulled toward 0, mu free
-        rows.append(len(target))
-        cols.append(col)
-        values.append(math.sqrt(RIDGE))
-        target.append(0.0)
-    beta = _least_squares(csr_matrix((values, (rows, cols)), shape=(len(target), k)),
-                          np.array(target))
-    return TypePairs(dict(pairs), float(beta[0]),
-                     {m: float(beta[1 + vi[m]]) for m in victims},
-                     {m: float(beta[1 + ai[m]]) for m in aggressors}, cannot)
-
-
-def _least_squares(a: csr_matrix, y: np.ndarray, upper: float | None = None) -> np.ndarray:
-    """``argmin |a x - y|`` by the sparse normal equations (``a`` holds its ridge rows, so
-    they are positive definite; milliseconds for thousands of pairs). With ``upper``, ``x``
-    is kept in [0, upper]: values outside are held at their bound and the rest solved
-    again, a held value the optimum would move inward is freed (an active set, at most
-    ``ACTIVE_SET_ROUNDS`` rounds; then clipped)."""
-    x = np.zeros(a.shape[1])
-    free = np.ones(a.shape[1], dtype=bool)
-    for _ in range(ACTIVE_SET_ROUNDS):
-        part = a[:, free]
-        rhs = y - a[:, ~free] @ x[~free]
-        normal = (part.T @ part + 1e-9 * identity(part.shape[1])).tocsc()
-        x[free] = np.atleast_1d(spsolve(normal, part.T @ rhs))
-        if upper is None:
-            return x
-        out = free & ((x < 0.0) | (x > upper))
-        if out.any():  # outside: held at the bound
-            x[out] = np.clip(x[out], 0.0, upper)
-            free &= ~out
-            continue
-        slope = a.T @ (a @ x - y)  # held values the optimum would move inward: free again
-        back = ~free & (((x <= 0.0) & (slope < -1e-9)) | ((x >= upper) & (slope > 1e-9)))
-        if not back.any():
-            break
-        free |= back
-    return np.clip(x, 0.0, upper) if upper is not None else x
-
-
-def _solve_types(fitted: Mapping[str, TypePairs], groups: Mapping[GroupKey, list[float]]
-                 ) -> dict[str, dict[tuple[str, str], tuple[float, int]]]:
-    """Per GPU type, the pairs solved from its group samples (:func:`_solve_groups`)."""
-    per_type: dict[str, dict[tuple[str, tuple[str, ...]], tuple[float, int]]] = {}
-    for (t, a, others), (n, mean) in groups.items():
-        per_type.setdefault(t, {})[(a, others)] = (mean, int(n))
-    return {t: _solve_groups(fitted[t], g) for t, g in per_type.items()}
-
-
-def _solve_groups(tp: TypePairs,
-                  groups: Mapping[tuple[str, tuple[str, ...]], tuple[float, int]]
-                  ) -> dict[tuple[str, str], tuple[float, int]]:
-    """The pairs in ``groups`` neither seen alone together nor listed by the matrix ->
-    (log slowdown, samples they were in): each group sample's extra is the sum of its
-    pairs' extras, solved by bounded ridge least squares with the pairs seen and the
-    matrix's pairs as anchors (weights as :func:`_fit`, module docstring)."""
-    index: dict[tuple[str, str], int] = {}
-    counts: dict[tuple[str, str], int] = {}
-    rows: list[int] = []
-    cols: list[int] = []
-    weights: list[float] = []
-    target: list[float] = []
-    for (a, others), (extra, n) in groups.items():
-        w = math.sqrt(min(float(n), 5.0))
-        for b in others:  # a model there twice counts twice (its pair's extra, twice)
-            rows.append(len(target))
-            cols.append(index.setdefault((a, b), len(index)))
-            weights.append(w)
-            counts[(a, b)] = counts.get((a, b), 0) + n
-        target.append(w * extra)
-    for pair, (mean, n) in tp.pairs.items():
-        if pair in index:  # a pair seen alone with its partner anchors the groups it is in
-            w = math.sqrt(min(float(n), 5.0))
-            rows.append(len(target))
-            cols.append(index[pair])
-            weights.append(w)
-            target.append(w * math.expm1(mean))
-    seen_logs = [mean for mean, _ in tp.pairs.values()]
-    fallback = math.exp(float(np.median(seen_logs))) if seen_logs else 1.0 + DEFAULT_EXTRA
-    without = PairModel({"": tp})
-    measured = set()
-    for (a, b), col in index.items():  # the pull toward the figure before the groups
-        value, source = without.figure("", a, b, fallback)
-        if source == MATRIX:
-            measured.add((a, b))
-        w = math.sqrt(GROUP_RIDGE_MATRIX if source == MATRIX else GROUP_RIDGE)
-        rows.append(len(target))
-        cols.append(col)
-        weights.append(w)
-        target.append(w * min(MAX_EXTRA, value - 1.0))
-    matrix = csr_matrix((weights, (rows, cols)), shape=(len(target), len(index)))
-    solution = _least_squares(matrix, np.array(target), upper=MAX_EXTRA)
-    return {pair: (min(MAX_LOG, math.log1p(float(solution[col]))), counts[pair])
-            for pair, col in index.items() if pair not in tp.pairs and pair not in measured}
-
-
 def _prior_logs(tables: Mapping[str, PairTable]
                 ) -> dict[str, tuple[dict[tuple[str, str], float], frozenset[frozenset[str]]]]:
     """Per listed GPU type its log slowdowns and cannot-share pairs."""
@@ -549,16 +425,3 @@ def _pooled_logs(prior: Mapping[str, tuple[dict[tuple[str, str], float], Any]]
         for pair, value in logs.items():
             values.setdefault(pair, []).append(value)
     return {pair: sum(v) / len(v) for pair, v in values.items()}
-
-
-def _calibrate(seen: Mapping[tuple[str, str], tuple[float, int]],
-               logs: Mapping[tuple[str, str], float]) -> tuple[float, float]:
-    """Ridge line ``seen = alpha + beta * matrix`` over the pairs both know (module docstring)."""
-    rows = [(logs[k], mean) for k, (mean, n) in seen.items() if k in logs and n > 0]
-    if not rows:
-        return 0.0, 1.0
-    x = np.array([[1.0, m] for m, _ in rows])
-    y = np.array([v for _, v in rows])
-    penalty = CALIBRATION_RIDGE * np.eye(2)
-    alpha, beta = np.linalg.solve(x.T @ x + penalty, x.T @ y + penalty @ np.array([0.0, 1.0]))
-    return float(alpha), max(0.0, float(beta))
