@@ -20,7 +20,7 @@ ranks pairs the same way. Samples are clipped to [0, log 20].
 A GPU shared by three or more such pods gives, for each pod, a *group* sample: its
 extra slowdown ``alone / shared - 1`` beside that set of others, which by the rule
 for three or more jobs (:mod:`extender.core.pairs`) is the sum of its pairs'
-extras. On a busy cluster these are most reports. Every ``GROUP_REFIT_SECONDS``
+extras. On a busy cluster these are often most reports. Every ``GROUP_REFIT_SECONDS``
 (when samples came in) the extras of the pairs they hold are solved together with
 the pairs seen: least squares kept to extras in [0, 19], each pair pulled toward
 the figure it had without them, firmly (``pair_fit.GROUP_RIDGE_MATRIX``) where that is
@@ -73,6 +73,7 @@ from extender.core.snapshot import Workload, gpu_type_of
 from extender.learning.pair_fit import (
     MAX_EXTRA,
     MAX_LOG,
+    GroupKey,
     calibrate,
     fit_profiles,
     solve_group_types,
@@ -85,9 +86,6 @@ DOCUMENT_KEY = "pairs"
 
 PairKey = tuple[str, str, str]
 """(GPU type, model a, model b): a beside b."""
-GroupKey = tuple[str, str, tuple[str, ...]]
-"""(GPU type, model a, the others' models sorted): a beside all of them (as
-:data:`extender.learning.pair_fit.GroupKey`)."""
 
 
 class PairLearner:
