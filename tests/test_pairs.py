@@ -246,12 +246,14 @@ def test_learned_pairs_survive_a_restart_through_the_learning_document() -> None
     store = _Memory()
     first = Learner(cfg, store, clock=lambda: 0.0, wall_clock=lambda: 0.0)  # type: ignore[arg-type]
     first.pairs.add(A100, "lm", "resnet", 3.0)
+    first.pairs.add_group(A100, "lm", ["bert", "resnet"], 4.0)  # a GPU shared by three
     assert first.maybe_persist(force=True)
     assert store.doc is not None and store.doc["pairs"]["pairs"][0][:4] == [A100, "lm", "resnet", 1]
     second = Learner(cfg, store, clock=lambda: 0.0, wall_clock=lambda: 0.0)  # type: ignore[arg-type]
     second.start()
     model = second.policy(CostPolicy(), cfg).pairs
     assert model is not None and model.figure(A100, "lm", "resnet", 1.0)[1] == "pair:1"
+    assert model.figure(A100, "lm", "bert", 1.0)[1] == "group:1"  # the group sample came back
 
 
 def test_pods_in_their_warm_up_give_no_pair_sample() -> None:
