@@ -212,7 +212,9 @@ def test_simulate_takes_a_matrix_prior_from_the_config_and_refuses_a_bad_one(
             "--config", str(config)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["finished"] > 0
+    body = json.loads(result.output)
+    learned = body["truth"]["learning"]["tandem"]
+    assert body["finished"] > 0 and {"pair_samples", "group_samples"} <= learned.keys()
     (tmp_path / "prior.yaml").write_text("interference: {P100: {slowdown: {a: {b: 0}}}}\n")
     bad = CliRunner().invoke(app, args)
     assert bad.exit_code == 2 and "learning.pair_prior" in bad.output, bad.output

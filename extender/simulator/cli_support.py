@@ -165,8 +165,10 @@ def run_command(*, trace: Path | None, workload: str | None, policies: Sequence[
             world = worlds() if worlds else None
             results[n] = _simulate(job_list, nodes, n, options, engine_config, show, world)
             if world is not None:
+                pairs = world.agents.learner.pairs
                 learned[n] = {"reports": world.agents.reports, "samples": world.agents.samples,
-                              "pair_samples": world.agents.learner.pairs.samples_total}
+                              "pair_samples": pairs.samples_total - pairs.group_samples_total,
+                              "group_samples": pairs.group_samples_total}
     except (PolicyError, InterferenceError, SweepError) as exc:
         raise CommandError(str(exc)) from None
     extra: dict[str, Any] = {}
