@@ -23,6 +23,8 @@ MAX_LOG = math.log(20.0)
 """The largest log slowdown a sample or a figure takes (a slowdown of 20)."""
 MAX_EXTRA = 19.0
 """The largest extra slowdown a group sample or a solved pair takes (a slowdown of 20)."""
+MAX_SAMPLE_WEIGHT = 5.0
+"""The most samples a pair or group sample counts for in a fit."""
 RIDGE = 1.0
 """Weight, in samples, pulling each profile toward 0."""
 CALIBRATION_RIDGE = 2.0
@@ -40,8 +42,14 @@ GroupKey = tuple[str, str, tuple[str, ...]]
 """(GPU type, model a, the others' models sorted): a beside all of them."""
 
 
+def _weight(samples: float) -> float:
+    """A row's weight in the least squares: the square root of its samples, at most
+    ``MAX_SAMPLE_WEIGHT`` of them (a long-seen pair does not drown the rest)."""
+    return math.sqrt(min(float(samples), MAX_SAMPLE_WEIGHT))
+
+
 def fit_profiles(pairs: Mapping[tuple[str, str], tuple[float, int]],
-         cannot: frozenset[frozenset[str]]) -> TypePairs:
+                 cannot: frozenset[frozenset[str]]) -> TypePairs:
     """Ridge fit of ``log s[a][b] = mu + sens[a] + aggr[b]`` over the pairs seen."""
     if not pairs:
         return TypePairs({}, 0.0, {}, {}, cannot)
@@ -55,7 +63,7 @@ def fit_profiles(pairs: Mapping[tuple[str, str], tuple[float, int]],
     values: list[float] = []
     target: list[float] = []
     for r, ((a, b), (mean, n)) in enumerate(pairs.items()):
-        w = math.sqrt(min(float(n), 5.0))
+        w = _weight(n)
         rows += [r, r, r]
         cols += [0, 1 + vi[a], 1 + ai[b]]
         values += [w, w, w]
@@ -66,7 +74,7 @@ def fit_profiles(pairs: Mapping[tuple[str, str], tuple[float, int]],
         values.append(math.sqrt(RIDGE))
         target.append(0.0)
     beta = least_squares(csr_matrix((values, (rows, cols)), shape=(len(target), k)),
-                          np.array(target))
+                         np.array(target))
     return TypePairs(dict(pairs), float(beta[0]),
                      {m: float(beta[1 + vi[m]]) for m in victims},
                      {m: float(beta[1 + ai[m]]) for m in aggressors}, cannot)
@@ -112,7 +120,7 @@ def _solve_normal(normal: Any, rhs: np.ndarray, start: np.ndarray) -> np.ndarray
 
 
 def solve_group_types(fitted: Mapping[str, TypePairs], groups: Mapping[GroupKey, list[float]]
-                 ) -> dict[str, dict[tuple[str, str], tuple[float, int]]]:
+                      ) -> dict[str, dict[tuple[str, str], tuple[float, int]]]:
     """Per GPU type, the pairs solved from its group samples (:func:`solve_groups`)."""
     per_type: dict[str, dict[tuple[str, tuple[str, ...]], tuple[float, int]]] = {}
     for (t, a, others), (n, mean) in groups.items():
@@ -121,8 +129,8 @@ def solve_group_types(fitted: Mapping[str, TypePairs], groups: Mapping[GroupKey,
 
 
 def solve_groups(tp: TypePairs,
-                  groups: Mapping[tuple[str, tuple[str, ...]], tuple[float, int]]
-                  ) -> dict[tuple[str, str], tuple[float, int]]:
+                 groups: Mapping[tuple[str, tuple[str, ...]], tuple[float, int]]
+                 ) -> dict[tuple[str, str], tuple[float, int]]:
     """The pairs in ``groups`` neither seen alone together nor listed by the matrix ->
     (log slowdown, samples they were in): each group sample's extra is the sum of its
     pairs' extras, solved by bounded ridge least squares with the pairs seen and the
@@ -134,7 +142,7 @@ def solve_groups(tp: TypePairs,
     weights: list[float] = []
     target: list[float] = []
     for (a, others), (extra, n) in groups.items():
-        w = math.sqrt(min(float(n), 5.0))
+        w = _weight(n)
         for b in others:  # a model there twice counts twice (its pair's extra, twice)
             rows.append(len(target))
             cols.append(index.setdefault((a, b), len(index)))
@@ -143,7 +151,7 @@ def solve_groups(tp: TypePairs,
         target.append(w * extra)
     for pair, (mean, n) in tp.pairs.items():
         if pair in index:  # a pair seen alone with its partner anchors the groups it is in
-            w = math.sqrt(min(float(n), 5.0))
+            w = _weight(n)
             rows.append(len(target))
             cols.append(index[pair])
             weights.append(w)
@@ -168,7 +176,7 @@ def solve_groups(tp: TypePairs,
 
 
 def calibrate(seen: Mapping[tuple[str, str], tuple[float, int]],
-               logs: Mapping[tuple[str, str], float]) -> tuple[float, float]:
+              logs: Mapping[tuple[str, str], float]) -> tuple[float, float]:
     """Ridge line ``seen = alpha + beta * matrix`` over the pairs both know (module docstring)."""
     rows = [(logs[k], mean) for k, (mean, n) in seen.items() if k in logs and n > 0]
     if not rows:
