@@ -322,13 +322,14 @@ class PairLearner:
             groups = [[t, a, list(others), int(n), round(m, 6)]
                       for (t, a, others), (n, m) in self._groups.items()]
             cannot = sorted([t, *sorted(p)] for t, p in self._cannot)
-        if max_bytes is not None:
-            size = len(json.dumps(cannot, separators=(",", ":"))) + 40
-            size += sum(len(json.dumps(r, separators=(",", ":"))) + 1 for r in pairs + groups)
+        if max_bytes is not None:  # the compact JSON each row takes, with its comma
+            sizes = {id(r): len(json.dumps(r, separators=(",", ":"))) + 1
+                     for r in (*pairs, *groups)}
+            size = len(json.dumps(cannot, separators=(",", ":"))) + 40 + sum(sizes.values())
             for rows in (groups, pairs):  # oldest first in both
                 dropped = 0
                 while size > max_bytes and dropped < len(rows):
-                    size -= len(json.dumps(rows[dropped], separators=(",", ":"))) + 1
+                    size -= sizes[id(rows[dropped])]
                     dropped += 1
                 del rows[:dropped]
         return {"pairs": pairs, "groups": groups, "cannot_share": cannot}
