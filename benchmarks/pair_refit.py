@@ -1,9 +1,10 @@
-"""What a refit of the pair learner costs on the scheduling path, up to its bound.
+"""What a refit of the pair learner costs on the report path, and a decision's read.
 
-``PairLearner.model()`` runs when a decision asks for the pair figures after a
-change: the per-model profile fit after every new sample, and the solve of the
+``PairLearner.model()`` runs at the end of each agent report that changed the
+pairs: the per-model profile fit after every new sample, and the solve of the
 group samples (GPUs shared by three or more) at most every
-``GROUP_REFIT_SECONDS``. This times both on synthetic learners at
+``GROUP_REFIT_SECONDS``. A decision reads the model built then
+(``PairLearner.current()``). This times all three on synthetic learners at
 ``learning.pair_max_entries`` (4,000 pairs and 4,000 group samples) for 30, 200
 and 1,000 models, median of ``--repeats``, and times the same solve by SciPy's
 bounded least squares (``lsq_linear``, trust-region with LSMR: the general
@@ -56,6 +57,15 @@ def _time(learner: PairLearner, solve: bool) -> float:
     return time.perf_counter() - started
 
 
+def _read(learner: PairLearner) -> float:
+    """Seconds of a decision's read (``current()``) after a sample the report has fitted."""
+    learner.add("NVIDIA-A100", "probe-a", "probe-b", 1.5)
+    learner.model()
+    started = time.perf_counter()
+    learner.current()
+    return time.perf_counter() - started
+
+
 def _general(a: Any, y: np.ndarray, upper: float | None = None) -> np.ndarray:
     if upper is None:
         return _ORIGINAL(a, y)
@@ -76,6 +86,7 @@ def main() -> None:
         learner = _learner(models, pairs, groups, seed=models)
         fit = [_time(learner, solve=False) for _ in range(args.repeats)]
         both = [_time(learner, solve=True) for _ in range(args.repeats)]
+        read = [_read(learner) for _ in range(args.repeats)]
         ours = learner.model().types["NVIDIA-A100"].inferred  # type: ignore[union-attr]
         pairs_module.least_squares = _general
         try:
@@ -89,6 +100,7 @@ def main() -> None:
                      "group_samples_kept": kept["groups"], "pairs_solved": len(ours),
                      "fit_ms_median": round(statistics.median(fit) * 1000, 1),
                      "fit_and_solve_ms_median": round(statistics.median(both) * 1000, 1),
+                     "decision_read_us_median": round(statistics.median(read) * 1e6, 1),
                      "general_solver_fit_and_solve_ms": round(general * 1000, 1),
                      "general_over_ours": round(general / statistics.median(both), 1),
                      "largest_log_difference_from_general": round(gap, 4)})

@@ -186,6 +186,35 @@ def test_the_solve_waits_for_its_refit_interval() -> None:
     assert learner.model().figure(A100, "lm", "bert", 1.0)[0] < before[0]  # type: ignore[union-attr]
 
 
+def test_decisions_read_the_model_the_last_report_built(monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    """The fit and the solve run on the report's path; a decision neither fits nor solves,
+    except to see a refusal at once."""
+    import extender.learning.interference as pairs_module
+
+    now = [0.0]
+    learner = PairLearner(clock=lambda: now[0], group_refit_seconds=60.0)
+    placed = _placed({"a": "lm", "b": "resnet", "c": "bert"})
+    learner.observe(_report({"a": 20.0, "b": 40.0, "c": 50.0}), placed, lambda m, b, g: 60.0)
+    built = learner.current()
+    assert built is not None and built.figure(A100, "lm", "bert", 1.0)[1] == "group:1"
+    fits = []
+    real_fit = pairs_module.fit_profiles
+    monkeypatch.setattr(pairs_module, "fit_profiles",
+                        lambda *a, **k: fits.append(1) or real_fit(*a, **k))
+    learner.add(A100, "lm", "resnet", 2.0)  # a sample outside a report: seen at the next one
+    now[0] = 61.0  # and the solve is due
+    assert learner.current() is built and not fits
+    learner.observe(_report({"a": 20.0, "b": 40.0, "c": 50.0}), placed, lambda m, b, g: 60.0)
+    assert len(fits) == 1
+    rebuilt = learner.current()
+    assert rebuilt is not built and rebuilt.figure(A100, "lm", "resnet", 1.0)[1] == "pair:1"
+    assert rebuilt.figure(A100, "lm", "bert", 1.0)[1] == "group:2"  # solved in the report
+    learner.refuse(A100, "lm", "bert")
+    assert not learner.current().can_share(A100, "lm", "bert")  # type: ignore[union-attr]
+    assert len(fits) == 2
+
+
 def test_placement_reads_a_solved_pair_and_status_and_metrics_show_groups() -> None:
     from contracts.state import decode_state
     from extender.ops.status import summarize

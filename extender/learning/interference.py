@@ -123,10 +123,14 @@ class PairLearner:
         self._cannot: set[tuple[str, frozenset[str]]] = set()
         self._lock = threading.Lock()
         self.version = 0
+        """Bumped by every change to what is learned."""
+        self._rebuilds = 0
+        """Bumped by the changes decisions must see at once: a refusal, a load, a reset."""
         self.samples_total = 0
         self.group_samples_total = 0
         self.dirty = False
-        self._cache: tuple[int, PairModel] | None = None
+        self._cache: tuple[int, int, PairModel] | None = None
+        """(version, rebuilds, the model built then)."""
 
     # ---- learning ------------------------------------------------------------------
     def add(self, gpu_type: str, a: str, b: str, slowdown: float) -> None:
@@ -174,6 +178,7 @@ class PairLearner:
             if entry not in self._cannot:
                 self._cannot.add(entry)
                 self.version += 1
+                self._rebuilds += 1
                 self.dirty = True
 
     def observe(self, report: DecodedReport, placement_of: Callable[[str], Placement | None],
@@ -213,6 +218,9 @@ class PairLearner:
                 else:
                     self.add_group(gpu_type, model, others, slowdown)
             taken += len(models)
+        # Fit (and, when due, solve) here, on the report's path, so that decisions
+        # (:meth:`current`) read a built model instead of building it.
+        self.model()
         return taken
 
     def _warming(self, uid: str, node: str, index: int) -> bool:
@@ -227,8 +235,19 @@ class PairLearner:
         return now - first < self.warmup_seconds
 
     # ---- answers -------------------------------------------------------------------
+    def current(self) -> PairModel | None:
+        """What decisions use (None while nothing is learned): the model built after the
+        last report (:meth:`observe` builds it), rebuilt here only when a refusal, a load
+        or a reset came since, so that a decision never waits on a fit or a solve."""
+        with self._lock:
+            cached = self._cache
+            if cached is not None and cached[1] == self._rebuilds:
+                return cached[2]
+        return self.model()
+
     def model(self) -> PairModel | None:
-        """What decisions use (None while nothing is learned); cached per version."""
+        """The model of everything learned so far (None while nothing is); cached per
+        version, the group solve redone when due."""
         with self._lock:
             if not self._stats and not self._groups and not self._cannot and not self._prior:
                 return None
@@ -238,12 +257,12 @@ class PairLearner:
                 solved is None or now - solved[0] >= self.group_refit_seconds)
             cached = self._cache
             if cached is not None and cached[0] == self.version and not due:
-                return cached[1]
+                return cached[2]
             stats = dict(self._stats)
             groups = dict(self._groups)
             group_version = self._group_version
             cannot = set(self._cannot)
-            version = self.version
+            version, rebuilds = self.version, self._rebuilds
         types: dict[str, dict[tuple[str, str], tuple[float, int]]] = {}
         for (t, a, b), (n, mean, _m2) in stats.items():
             types.setdefault(t, {})[(a, b)] = (mean, int(n))
@@ -266,7 +285,7 @@ class PairLearner:
                           self.prior_weight, self.explore_bonus,
                           TypePairs(prior=self._pooled) if self._pooled else None)
         with self._lock:
-            self._cache = (version, built)
+            self._cache = (version, rebuilds, built)
         return built
 
     def _with_prior(self, gpu_type: str, fitted: TypePairs) -> TypePairs:
@@ -368,6 +387,7 @@ class PairLearner:
             self._solved = None
             self._group_version += 1
             self.version += 1
+            self._rebuilds += 1
         return len(stats) + len(groups)
 
     def reset(self) -> None:
@@ -379,6 +399,7 @@ class PairLearner:
             self._solved = None
             self._group_version += 1
             self.version += 1
+            self._rebuilds += 1
             self.dirty = True
 
 

@@ -220,7 +220,7 @@ class Learner:
         """``base`` with the learned curves in place of its priors (when ``learning.curves``)
         and the learned pairwise interference (when ``learning.pairs``)."""
         policy = self._overlay(base, cfg.enabled and cfg.curves)
-        return policy.with_pairs(self.pairs.model()) if cfg.enabled and cfg.pairs else policy
+        return policy.with_pairs(self.pairs.current()) if cfg.enabled and cfg.pairs else policy
 
     def document(self) -> dict[str, Any]:
         """What is persisted: the estimates and the curves with their points, within
