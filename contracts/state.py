@@ -40,7 +40,8 @@ from contracts import annotations as keys
 
 STATE_PATH = "/v1/state"
 NODE_QUERY = "node"
-"""``GET /v1/state?node=NAME``: only that node (what each agent and device plugin reads)."""
+"""``GET /v1/state?node=NAME``: only that node, without ``learning`` (what each agent and
+device plugin reads)."""
 
 STATE_ANNOTATION_KEYS: frozenset[str] = frozenset({
     keys.WORKLOAD, keys.MODEL, keys.BATCH_SIZE, keys.GPU_UTIL, keys.GPU_MEM_MIB, keys.SLO_MS,

@@ -88,6 +88,8 @@ def test_reports_move_a_model_from_cold_start_to_observed() -> None:
     learned = c.get("/v1/state", headers=AGENT_AUTH).get_json()["learning"]
     assert [(e["model"], e["gpu_type"], e["samples"]) for e in learned["alone"]] == [
         ("m.onnx", A100, 5)]
+    # a node's own read (each agent's poll) is O(its GPUs): what was learned is not in it
+    assert "learning" not in c.get("/v1/state?node=n1", headers=AGENT_AUTH).get_json()
 
 
 def test_attribution_alone_colocated_and_foreign_processes() -> None:

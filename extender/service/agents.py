@@ -48,9 +48,12 @@ class AgentService:
     def read_state(self, authorization: str | None, node: str | None = None,
                    ) -> StateDocument:
         """``/v1/state``: in full (pod names, annotations, what was learned) for the agent
-        token, redacted for anyone else (docs/security.md); ``node``: that node only."""
+        token, redacted for anyone else (docs/security.md); ``node``: that node only, and
+        without what was learned (cluster-wide, and no agent reads it: each poll stays
+        O(its GPUs))."""
         if not may_read_full(authorization, node, self.config.current().reports,
                              self._environ, self._identity):
             return self.state.document(node=node).redacted_copy()
-        learning = self.learner.view() if self.learner is not None else None
+        learning = self.learner.view() if self.learner is not None and node is None \
+            else None
         return self.state.document(learning, node)
