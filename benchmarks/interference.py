@@ -30,7 +30,11 @@ the other GPU's matrix as ``learning.pair_prior`` (``pair-aware+matrix``), with
 that matrix's model names shuffled (``pair-aware+wrong-matrix``: what a matrix
 that tells nothing costs), and without (``pair-aware``); ``:two-only`` beside a
 mode learns only from GPUs shared by two (``learning.pair_groups: false``: what
-the group samples of GPUs shared by three or more add); online curve-only
+the group samples of GPUs shared by three or more add); ``:warm`` beside a mode
+starts from the learning document its learner left after an earlier workload of
+the same mix on the same cluster (another seed's jobs; an extender that has run
+there before, restarted: what the persisted, bounded document carries), and is
+compared with curve-only warmed the same way; online curve-only
 (today's learner), fixed priors, and the oracle (the truth's utilisation and
 measured pairs); and ``pair-oracle``, curve-only's online learner
 given every measured pair (what knowing the pairs alone is worth, a diagnostic).
@@ -66,6 +70,7 @@ from extender.core.pairs import PairModel, TypePairs
 from extender.learning.interference import PairLearner
 from extender.simulator.belief import SimKnowledge, SimWorld, oracle_pairs
 from extender.simulator.cluster import uniform_cluster
+from extender.simulator.jobs import SimJob
 from extender.simulator.pairwise import GAVEL_GPUS, gavel_model_name, import_gavel
 from extender.simulator.policies import PolicyOptions, tandem_cost
 from extender.simulator.runner import simulate
@@ -274,11 +279,17 @@ def offline(raw: dict[str, Any], seeds: int) -> dict[str, Any]:
 
 
 MODES = ("pair-aware+matrix", "pair-aware+matrix:two-only", "pair-aware+wrong-matrix",
-         "pair-aware", "pair-aware:two-only", "curve-only", "prior", "oracle", "pair-oracle")
+         "pair-aware", "pair-aware:two-only", "pair-aware:warm", "curve-only", "curve-only:warm",
+         "prior", "oracle", "pair-oracle")
 PAIR_AWARE = ("pair-aware+matrix", "pair-aware+matrix:two-only", "pair-aware+wrong-matrix",
-              "pair-aware", "pair-aware:two-only")
+              "pair-aware", "pair-aware:two-only", "pair-aware:warm")
 TWO_ONLY = ":two-only"
 """A pair-aware mode that learns only from GPUs shared by two (``learning.pair_groups`` off)."""
+WARM = ":warm"
+"""A learning mode that starts from the learning document of an earlier workload on the
+same cluster (:func:`_warm_world`), as an extender restarted in a cluster it ran in does."""
+HISTORY_SEED = 1000
+"""Added to a seed for the earlier workload a warm mode learned from (its own jobs)."""
 WRONG_SEED = 7
 """Seeds the permutation of model names that makes the wrong matrix."""
 
@@ -322,6 +333,19 @@ def _world(truth: Truth, mode: str, types: list[str],
     return SimWorld.build(truth, mode, base, types)
 
 
+def _warm_world(truth: Truth, mode: str, types: list[str], matrix: dict[str, PairTable],
+                history: list[SimJob], nodes: Any) -> tuple[SimWorld, float]:
+    """A world whose learner loaded the learning document (the persisted, bounded form)
+    left by running ``history`` in ``mode``; and when that run ended, for the next run's
+    jobs to arrive after it (simulated time runs on, as the learner's clock does)."""
+    past = _world(truth, mode, types, matrix)
+    ended = simulate(history, nodes, "tandem", PolicyOptions(cost=tandem_cost()),
+                     world=past).makespan_s
+    world = _world(truth, mode, types, matrix)
+    world.knowledge.learner.load_document(past.knowledge.learner.document())
+    return world, math.ceil(ended) + 1.0
+
+
 SIGNALS = ("proportional", "sub-proportional")
 LEARNED = ("pairs_seen", "pairs_inferred", "pair_samples", "group_samples")
 
@@ -336,10 +360,18 @@ def _seed_runs(raw: dict[str, Any], workload: str, task: tuple[str, str, int]
     other_type, other = import_gavel(raw, OTHER[gpu])
     truth = Truth(interference={gpu_type: table}, signal=SignalModel(signal), seed=seed)
     jobs = with_named_models(generate(workload, seed), table.models(), seed)
+    history = with_named_models(generate(workload, seed + HISTORY_SEED), table.models(),
+                                seed + HISTORY_SEED)
     out: dict[str, dict[str, float]] = {}
     for mode in MODES:
-        world = _world(truth, mode, [gpu_type], {other_type: other})
-        result = simulate(jobs, nodes, "tandem", PolicyOptions(cost=tandem_cost()),
+        run = jobs
+        if mode.endswith(WARM):
+            world, start = _warm_world(truth, mode.removesuffix(WARM), [gpu_type],
+                                       {other_type: other}, history, nodes)
+            run = [replace(j, arrival_s=j.arrival_s + start) for j in jobs]
+        else:
+            world = _world(truth, mode, [gpu_type], {other_type: other})
+        result = simulate(run, nodes, "tandem", PolicyOptions(cost=tandem_cost()),
                           world=world).summary()
         out[mode] = {key: float(result[key]) for key in ("avg_jct_s", "makespan_s")}
         if mode in PAIR_AWARE:
@@ -375,7 +407,8 @@ def simulated(raw: dict[str, Any], seeds: int, workload: str, processes: int = 1
             summary = {m: {k: interval(v) for k, v in r.items()} for m, r in runs.items()}
             out[f"{gpu}/{signal}"] = {
                 "modes": summary,
-                "goals": {m: _goals(runs, m) for m in PAIR_AWARE},
+                "goals": {m: _goals(runs, m, "curve-only" + (WARM if m.endswith(WARM) else ""))
+                          for m in PAIR_AWARE},
                 "learned": {m: {k: interval([r[m][k] for r in per_seed]) for k in LEARNED}
                             for m in PAIR_AWARE},
                 # what group samples are worth: the two-only twin minus the mode, per seed
@@ -387,12 +420,14 @@ def simulated(raw: dict[str, Any], seeds: int, workload: str, processes: int = 1
     return out
 
 
-def _goals(runs: dict[str, dict[str, list[float]]], mode: str) -> dict[str, Any]:
-    """``mode`` within 5% of the oracle, ahead of curve-only by more than the interval."""
+def _goals(runs: dict[str, dict[str, list[float]]], mode: str, curve_mode: str
+           ) -> dict[str, Any]:
+    """``mode`` within 5% of the oracle, ahead of ``curve_mode`` (curve-only, warm for a
+    warm mode) by more than the interval."""
     goals: dict[str, Any] = {}
     for key in ("avg_jct_s", "makespan_s"):
-        pair, curve, oracle = (np.mean(runs[m][key]) for m in (mode, "curve-only", "oracle"))
-        diff = np.array(runs["curve-only"][key]) - np.array(runs[mode][key])
+        pair, curve, oracle = (np.mean(runs[m][key]) for m in (mode, curve_mode, "oracle"))
+        diff = np.array(runs[curve_mode][key]) - np.array(runs[mode][key])
         ahead = interval(list(diff))
         known = interval(list(np.array(runs["curve-only"][key])
                               - np.array(runs["pair-oracle"][key])))
@@ -401,7 +436,8 @@ def _goals(runs: dict[str, dict[str, list[float]]], mode: str) -> dict[str, Any]
                       "curve_minus_pair_paired": ahead,
                       "ahead_of_curve_beyond_interval": bool(ahead["mean"] > ahead["ci95"]),
                       "curve_minus_pair_oracle_paired": known,
-                      "curve_vs_oracle": round(float(curve / oracle - 1), 4)}
+                      "curve_vs_oracle": round(float(curve / oracle - 1), 4),
+                      "against": curve_mode}
     return goals
 
 

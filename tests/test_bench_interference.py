@@ -96,3 +96,18 @@ def test_two_only_modes_learn_only_from_gpus_shared_by_two() -> None:
         learner = world.knowledge.learner
         assert learner.pairs.groups is groups and learner.cfg.pairs
         assert bool(learner.cfg.pair_prior_tables) is ("matrix" in mode)
+
+
+def test_a_warm_mode_starts_from_what_an_earlier_workload_left_and_after_it() -> None:
+    raw = json.loads(bench.DATA.read_text())
+    gpu_type, table = bench.import_gavel(raw, "p100")
+    truth = bench.Truth(interference={gpu_type: table}, seed=3)
+    nodes = bench.uniform_cluster(1, 4, gpu_type, bench.MEMORY_MIB["p100"], prefix="n")
+    history = bench.with_named_models(bench.generate("w-large", 3), table.models(), 3)[:16]
+    world, start = bench._warm_world(truth, "pair-aware", [gpu_type], {}, history, nodes)
+    pairs = world.knowledge.learner.pairs
+    assert pairs.stats()["pairs"] > 0  # loaded from the earlier run's document
+    assert pairs.samples_total == 0  # and nothing learned in this world yet
+    assert start > max(j.arrival_s for j in history)
+    cold = bench._world(truth, "pair-aware", [gpu_type], {})
+    assert cold.knowledge.learner.pairs.model() is None

@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from contracts.gpus import find_gpus
@@ -137,12 +137,7 @@ class Learner:
         if doc is None:
             return True
         try:
-            loaded = self.store.merge_document(doc, replace=not merge)
-            if doc.get("curves") is not None:  # older documents have none
-                loaded += self.curves.load_document(doc["curves"], merge=merge)
-            if doc.get(PAIRS_KEY) is not None and not (merge and self.pairs.samples_total):
-                # merging keeps this replica's pairs once it learned some (the leader's own)
-                loaded += self.pairs.load_document(doc[PAIRS_KEY])
+            loaded = self.load_document(doc, merge)
         except Exception as exc:  # learning restarts from zero; placement must not stop
             get_logger().warning("learning: cannot reload persisted observations",
                                  extra={"error": repr(exc)})
@@ -151,6 +146,17 @@ class Learner:
         get_logger().info("learning: observations reloaded",
                           extra={"entries": loaded, "merged": merge})
         return True
+
+    def load_document(self, doc: Mapping[str, Any], merge: bool = False) -> int:
+        """Replace (``merge``: merge into) what is learned by ``doc``, as :meth:`document`
+        wrote it; returns the entries read. Raises on a document that does not parse."""
+        loaded = self.store.merge_document(doc, replace=not merge)
+        if doc.get("curves") is not None:  # older documents have none
+            loaded += self.curves.load_document(doc["curves"], merge=merge)
+        if doc.get(PAIRS_KEY) is not None and not (merge and self.pairs.samples_total):
+            # merging keeps this replica's pairs once it learned some (the leader's own)
+            loaded += self.pairs.load_document(doc[PAIRS_KEY])
+        return loaded
 
     def use_wall_clock(self, wall_clock: Callable[[], float]) -> None:
         """Read time from ``wall_clock`` from now on (simulations and tests)."""
