@@ -416,7 +416,8 @@ def simulated(raw: dict[str, Any], seeds: int, workload: str, processes: int = 1
                                                        - np.array(runs[m][k])))
                                       for k in ("avg_jct_s", "makespan_s")}
                                   for m in PAIR_AWARE if m + TWO_ONLY in MODES},
-                "directed_pairs": len(names) ** 2}
+                "directed_pairs": len(names) ** 2,
+                "per_seed": runs}
     return out
 
 
@@ -438,6 +439,9 @@ def _goals(runs: dict[str, dict[str, list[float]]], mode: str, curve_mode: str
                       "curve_minus_pair_oracle_paired": known,
                       "curve_vs_oracle": round(float(curve / oracle - 1), 4),
                       "against": curve_mode}
+        if curve_mode != "curve-only":  # a warm mode: also against the cold curve-only
+            goals[key]["cold_curve_minus_pair_paired"] = interval(
+                list(np.array(runs["curve-only"][key]) - np.array(runs[mode][key])))
     return goals
 
 
