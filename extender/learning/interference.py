@@ -50,8 +50,9 @@ fitted to the pairs seen here (ridge toward alpha 0, beta 1 with the weight of
 through a signal that shows slowdown less than fully, ranks pairs before they are
 tried and is corrected as they are.
 
-:meth:`PairLearner.model` gives decisions a :class:`extender.core.pairs.PairModel`;
-the GPU type's curve stays the last fallback.
+:meth:`PairLearner.model` builds a :class:`extender.core.pairs.PairModel` at the end of
+each report; decisions read it through :meth:`PairLearner.current`. The GPU type's curve
+stays the last fallback.
 """
 
 from __future__ import annotations
