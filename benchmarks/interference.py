@@ -412,13 +412,18 @@ def simulated(raw: dict[str, Any], seeds: int, workload: str, processes: int = 1
                 "learned": {m: {k: interval([r[m][k] for r in per_seed]) for k in LEARNED}
                             for m in PAIR_AWARE},
                 # what group samples are worth: the two-only twin minus the mode, per seed
-                "groups_paired": {m: {k: interval(list(np.array(runs[m + TWO_ONLY][k])
-                                                       - np.array(runs[m][k])))
+                "groups_paired": {m: {k: _paired(runs, m + TWO_ONLY, m, k)
                                       for k in ("avg_jct_s", "makespan_s")}
                                   for m in PAIR_AWARE if m + TWO_ONLY in MODES},
                 "directed_pairs": len(names) ** 2,
                 "per_seed": runs}
     return out
+
+
+def _paired(runs: dict[str, dict[str, list[float]]], first: str, second: str, key: str
+            ) -> dict[str, float]:
+    """Mean and interval of ``first - second`` per seed (positive: ``second`` is shorter)."""
+    return interval(list(np.array(runs[first][key]) - np.array(runs[second][key])))
 
 
 def _goals(runs: dict[str, dict[str, list[float]]], mode: str, curve_mode: str
@@ -428,20 +433,17 @@ def _goals(runs: dict[str, dict[str, list[float]]], mode: str, curve_mode: str
     goals: dict[str, Any] = {}
     for key in ("avg_jct_s", "makespan_s"):
         pair, curve, oracle = (np.mean(runs[m][key]) for m in (mode, curve_mode, "oracle"))
-        diff = np.array(runs[curve_mode][key]) - np.array(runs[mode][key])
-        ahead = interval(list(diff))
-        known = interval(list(np.array(runs["curve-only"][key])
-                              - np.array(runs["pair-oracle"][key])))
+        ahead = _paired(runs, curve_mode, mode, key)
         goals[key] = {"pair_vs_oracle": round(float(pair / oracle - 1), 4),
                       "within_5pct_of_oracle": bool(pair <= oracle * (1 + GOAL_VS_ORACLE)),
                       "curve_minus_pair_paired": ahead,
                       "ahead_of_curve_beyond_interval": bool(ahead["mean"] > ahead["ci95"]),
-                      "curve_minus_pair_oracle_paired": known,
+                      "curve_minus_pair_oracle_paired": _paired(runs, "curve-only",
+                                                                "pair-oracle", key),
                       "curve_vs_oracle": round(float(curve / oracle - 1), 4),
                       "against": curve_mode}
         if curve_mode != "curve-only":  # a warm mode: also against the cold curve-only
-            goals[key]["cold_curve_minus_pair_paired"] = interval(
-                list(np.array(runs["curve-only"][key]) - np.array(runs[mode][key])))
+            goals[key]["cold_curve_minus_pair_paired"] = _paired(runs, "curve-only", mode, key)
     return goals
 
 
