@@ -67,6 +67,7 @@ from scipy.stats import t as student_t
 from contracts.interferencefile import PairTable
 from extender.config.loader import load_config
 from extender.core.pairs import PairModel, TypePairs
+from extender.core.snapshot import NodeSpec
 from extender.learning.interference import PairLearner
 from extender.simulator.belief import SimKnowledge, SimWorld, oracle_pairs
 from extender.simulator.cluster import uniform_cluster
@@ -334,7 +335,7 @@ def _world(truth: Truth, mode: str, types: list[str],
 
 
 def _warm_world(truth: Truth, mode: str, types: list[str], matrix: dict[str, PairTable],
-                history: list[SimJob], nodes: Any) -> tuple[SimWorld, float]:
+                history: list[SimJob], nodes: list[NodeSpec]) -> tuple[SimWorld, float]:
     """A world whose learner loaded the learning document (the persisted, bounded form)
     left by running ``history`` in ``mode``; and when that run ended, for the next run's
     jobs to arrive after it (simulated time runs on, as the learner's clock does)."""

@@ -3,8 +3,8 @@ profiles, the measured matrix's calibration, and the pairs solved from the sampl
 GPUs shared by three or more (group samples). Pure functions of what was learned.
 
 Every fit is a sparse ridge least squares solved by its normal equations
-(:func:`least_squares`): the learner's model is rebuilt on the scheduling path after a
-change, so a fit at the bounds must take milliseconds (``benchmarks/pair_refit.py``).
+(:func:`least_squares`): the learner's model is rebuilt at the end of every agent report
+that changed it, so a fit at the bounds must take milliseconds (``benchmarks/pair_refit.py``).
 """
 
 from __future__ import annotations
