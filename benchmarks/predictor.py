@@ -61,6 +61,7 @@ def _timing_artifacts(tmp: Path):
             util_mean_percent=rnd.uniform(5, 95),
             util_p50_percent=50,
             util_p90_percent=60,
+            process_util_mean_percent=None,
             mem_used_nvml_mib=1000,
             mem_peak_framework_mib=900,
             step_time_ms=1,

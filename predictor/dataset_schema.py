@@ -73,6 +73,7 @@ ISOLATED_COLUMNS: tuple[str, ...] = (
     "util_mean_percent",
     "util_p50_percent",
     "util_p90_percent",
+    "process_util_mean_percent",
     "mem_used_nvml_mib",
     "mem_peak_framework_mib",
     "step_time_ms",
@@ -98,6 +99,7 @@ COLOCATED_COLUMNS: tuple[str, ...] = (
     "step_time_ms",
     "slowdown",
     "util_mean_percent",
+    "process_util_mean_percent",
     "mem_used_nvml_mib",
 )
 BATCHING_COLUMNS: tuple[str, ...] = (
@@ -146,6 +148,7 @@ _KINDS: dict[str, str] = {
     "util_mean_percent": "percent",
     "util_p50_percent": "percent",
     "util_p90_percent": "percent",
+    "process_util_mean_percent": "percent",
     "isolated_util_percent": "percent",
     "cumulative_isolated_util_percent": "float",
     "mem_used_nvml_mib": "float",
@@ -164,6 +167,9 @@ _MEASUREMENTS = frozenset(
     ISOLATED_COLUMNS[ISOLATED_COLUMNS.index("error") + 1 :]
     + COLOCATED_COLUMNS[COLOCATED_COLUMNS.index("error") + 1 :]
 )
+# Columns a file may lack (written before they existed) and an ok row may leave empty:
+# NVML's per-process utilisation is unsupported on some GPUs (vGPU, MIG, older cards).
+OPTIONAL_COLUMNS = frozenset({"process_util_mean_percent"})
 SCHEMAS: dict[str, tuple[str, ...]] = {
     "isolated": ISOLATED_COLUMNS,
     "colocated": COLOCATED_COLUMNS,
@@ -224,7 +230,8 @@ def parse_row(
         empty = cell is None or (isinstance(cell, str) and cell.strip() == "")
         if empty:
             out[column] = "" if ckind == "text" else None
-            if ckind != "text" and (ok or column not in _MEASUREMENTS):
+            if ckind != "text" and column not in OPTIONAL_COLUMNS and (
+                    ok or column not in _MEASUREMENTS):  # fmt: skip
                 problems.append(Problem(file, row, column, "required value is empty"))
             continue
         try:
@@ -258,7 +265,8 @@ def validate_header(kind: str, header: Sequence[str], file: str = "") -> list[Pr
     """Problems of a CSV header: missing or unknown columns (order is free)."""
     file = file or FILES[kind]
     expected = SCHEMAS[kind]
-    problems = [Problem(file, 0, c, "missing column") for c in expected if c not in header]
+    problems = [Problem(file, 0, c, "missing column") for c in expected
+                if c not in header and c not in OPTIONAL_COLUMNS]  # fmt: skip
     problems += [Problem(file, 0, c, "unknown column") for c in header if c not in expected]
     return problems
 

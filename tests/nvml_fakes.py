@@ -35,11 +35,15 @@ class FakeNvml:
         init_error: int | None = None,
         rates: list[int] | None = None,
         processes: list[Any] | None = None,
+        process_util: list[Any] | None = None,
     ):
         self.samples = samples or []  # each item: list[(ts, value)] or an error code
         self.init_error = init_error
         self.rates = rates or []
         self.processes = processes or []
+        # each item: list[(ts, pid, sm_util)] answered once, or an error code
+        self.process_util = process_util or []
+        self.process_util_calls: list[int] = []
         self.used = 1024 * 1024 * 1024
         self.calls: list[int] = []
 
@@ -84,6 +88,13 @@ class FakeNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, handle: str) -> list[Any]:
         return self.processes
 
+    def nvmlDeviceGetProcessUtilization(self, handle: str, last_ts: int) -> list[Any]:
+        self.process_util_calls.append(last_ts)
+        step = self.process_util.pop(0) if self.process_util else NOT_FOUND
+        if isinstance(step, int):
+            raise FakeNVMLError(step)
+        return [SimpleNamespace(timeStamp=ts, pid=pid, smUtil=sm) for ts, pid, sm in step]
+
 
 class ScriptedSampler:
     """Stands in for the sampler thread: hands back fixed samples at stop()."""
@@ -95,6 +106,7 @@ class ScriptedSampler:
             [50.0, 70.0, 90.0],
             device_used_max_mib=3000.0,
             process_used_max_mib={p: 900.0 for p in list(pids)[:1]},
+            process_util_percent={p: [40.0, 60.0] for p in list(pids)[:1]},
         )
 
     def start(self) -> None:

@@ -44,7 +44,8 @@ def synthetic_isolated(n_per_family: int = 12, seed: int = 0) -> list[dict]:
                        params_bytes=params, activations_bytes=acts,
                        peak_activation_bytes=acts / 4, op_counts={"Conv": 10 * (f_i + 1)},
                        util_mean_percent=round(util, 3), util_p50_percent=round(util, 3),
-                       util_p90_percent=round(util, 3), mem_used_nvml_mib=round(mem, 3),
+                       util_p90_percent=round(util, 3), process_util_mean_percent=round(util, 3),
+                       mem_used_nvml_mib=round(mem, 3),
                        mem_peak_framework_mib=round(mem, 3), step_time_ms=10.0,
                        throughput_per_s=100.0, n_samples=20)  # fmt: skip
             rows.append(row)

@@ -40,6 +40,7 @@ def isolated_row(**over) -> dict:
         util_mean_percent="55.5",
         util_p50_percent="55",
         util_p90_percent="70",
+        process_util_mean_percent="54",
         mem_used_nvml_mib="1234",
         mem_peak_framework_mib="1000",
         step_time_ms="12.5",
@@ -132,3 +133,13 @@ def test_load_requires_provenance_and_valid_rows(tmp_path: Path) -> None:
 def test_empty_root_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(DatasetError):
         load_training_data(tmp_path)
+
+
+def test_per_process_utilisation_is_optional_but_checked_when_present() -> None:
+    # NVML has no per-process figure on vGPU, MIG and older cards: the column may be
+    # empty in an ok row, and a file written before it existed may lack it.
+    assert validate_rows("isolated", [isolated_row(process_util_mean_percent="")]) == []
+    header = [c for c in ISOLATED_COLUMNS if c != "process_util_mean_percent"]
+    assert validate_header("isolated", header) == []
+    problems = validate_rows("isolated", [isolated_row(process_util_mean_percent="130")])
+    assert [p.column for p in problems] == ["process_util_mean_percent"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -287,3 +288,41 @@ def test_invalid_rows_are_never_written(tmp_path):
     with pytest.raises(DataDirError, match="util_mean_percent"):
         data.append("isolated", [{"run_id": "x", "status": "ok", "util_mean_percent": 140}])
     assert not data.file("isolated").exists()
+
+
+class OwnUtil:
+    """Wraps a backend: each job's own utilisation, as NVML reports it per process."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+    def environment(self) -> Any:
+        return self.inner.environment()
+
+    def measure(self, jobs: Any) -> Any:
+        m = self.inner.measure(jobs)
+        own = [replace(r, process_util_mean_percent=10.0 * (i + 1) if r.status == "ok" else None)
+               for i, r in enumerate(m.jobs)]  # fmt: skip
+        return replace(m, jobs=tuple(own))
+
+
+def test_each_jobs_own_utilisation_lands_in_its_row_and_an_old_file_keeps_its_header(
+        sim_file, tmp_path):  # fmt: skip
+    out = tmp_path / "out"
+    gpu_dir = out / "sim-gpu-16gb"
+    with open_backend(BackendChoice("sim", sim_file), SPEC.measure) as ob:
+        data = prepare_data_dir(out, ob.environment, resume=True)
+        campaign = Campaign(SPEC, OwnUtil(ob.backend), ob.environment, data, ob.features,
+                            FakeClock())  # fmt: skip
+        campaign.run(plan_isolated(SPEC, ob.catalogue)[:2], ("isolated",))
+    rows = DataDir(gpu_dir).rows("isolated")
+    assert [r["process_util_mean_percent"] for r in rows if r["status"] == "ok"] == [10.0, 10.0]
+    # A file written before the column existed: appending keeps it readable.
+    lines = (gpu_dir / "isolated.csv").read_text().splitlines()
+    cut = lines[0].split(",").index("process_util_mean_percent")
+    drop = lambda line: ",".join(c for i, c in enumerate(line.split(",")) if i != cut)  # noqa: E731
+    (gpu_dir / "isolated.csv").write_text("\n".join(drop(line) for line in lines) + "\n")
+    data = DataDir(gpu_dir)
+    data.append("isolated", [rows[0] | {"run_id": "again"}])
+    again = data.rows("isolated")
+    assert len(again) == 3 and all(r["process_util_mean_percent"] is None for r in again)

@@ -82,6 +82,39 @@ def test_memory_is_the_max_over_ticks_per_process_and_device():
     assert s.result.device_used_max_mib == 3072.0
 
 
+def test_each_watched_process_gets_its_own_utilisation_in_the_window():
+    # What a node agent sees of each pod: SM samples per PID, only the watched
+    # workers', only inside the measured window, each sample once.
+    nvml = FakeNvml(process_util=[
+        [(900, 42, 99)],                                # before the window opened
+        [(1100, 42, 30), (1100, 7, 80), (1150, 43, 60)],
+        NOT_FOUND,                                       # nothing new since: not an error
+        [(1300, 42, 50), (2500, 43, 90)],                # 2500 is after the window closed
+    ], processes=[SimpleNamespace(pid=42, usedGpuMemory=0)])  # fmt: skip
+    now = [1000]
+    s = _sampler(nvml, now, pids=(42, 43))
+    s.prime()
+    for _ in range(3):
+        s.poll()
+    now[0] = 2000
+    s._window = (s._window[0], now[0])
+    s.poll()
+    assert s.result.process_util_percent == {42: [30.0, 50.0], 43: [60.0]}
+    assert nvml.process_util_calls == [1000, 1000, 1150, 1150]  # newer than the last seen
+
+
+def test_per_process_utilisation_unsupported_leaves_the_rest_of_the_window_intact():
+    nvml = FakeNvml(samples=[[(1, 1)], [(5, 50)]], process_util=[NOT_SUPPORTED],
+                    processes=[SimpleNamespace(pid=42, usedGpuMemory=1024 * 1024)])  # fmt: skip
+    s = _sampler(nvml, [0], pids=(42,))
+    s.prime()
+    s.poll()
+    s.poll()
+    assert s.result.error == "" and s.result.process_util_percent == {}
+    assert s.result.process_used_max_mib == {42: 1.0}
+    assert len(nvml.process_util_calls) == 1  # not asked again once unsupported
+
+
 @pytest.mark.parametrize("code", [DRIVER_NOT_LOADED, 12], ids=["driver-not-loaded", "no-library"])
 def test_driver_not_loaded_is_a_clear_backend_error(code):
     with pytest.raises(BackendUnavailable, match="NVML cannot start"):
@@ -124,6 +157,7 @@ def test_cuda_backend_end_to_end_with_cpu_workers_and_fake_nvml():
         assert iso.jobs[0].status == "ok", iso.jobs[0].error
         assert iso.jobs[0].n_steps >= 2 and iso.jobs[0].step_time_ms > 0
         assert iso.jobs[0].mem_used_nvml_mib == 900.0  # NVML's per-process figure
+        assert iso.jobs[0].process_util_mean_percent == 50.0  # the worker's own SM samples
         assert (iso.util_mean_percent, iso.util_p50_percent, iso.n_samples) == (70.0, 70.0, 3)
         pair = backend.measure(
             [JobSpec("mlp", "mlp", "inference", 2), JobSpec("no_such_model", "x", "inference", 2)]

@@ -34,7 +34,7 @@ from typing import Any
 
 from agent.errors import DriverNotLoaded, GpuLost
 from agent.node.gpus import GpuInfo, GpuSample, NodeSample, ProcessSample
-from predictor.profiling.nvml import read_samples
+from predictor.profiling.nvml import read_process_utilisation, read_samples
 
 log = logging.getLogger(__name__)
 
@@ -236,25 +236,20 @@ class NvmlGpuSource:
         extender then learns only from pods alone on a GPU, from the GPU's utilisation.
         """
         m = self._nvml
-        fn = getattr(m, "nvmlDeviceGetProcessUtilization", None)
-        if fn is None:
+        if getattr(m, "nvmlDeviceGetProcessUtilization", None) is None:
             return {}
         floor_us = device.last_proc_util_us or now_us - int(interval_seconds * 1e6)
-        try:
-            samples = fn(device.handle, floor_us)
-        except m.NVMLError as err:
-            if err.value != m.NVML_ERROR_NOT_FOUND:  # NOT_FOUND: no process ran since
-                self._classify(device.info.index, "process_utilization", err)
+        try:  # the profiler's reader (one implementation)
+            samples = read_process_utilisation(m, device.handle, floor_us)
+        except m.NVMLError as err:  # NOT_FOUND (no process ran since) is an empty list
+            self._classify(device.info.index, "process_utilization", err)
             return {}
         by_pid: dict[int, list[float]] = {}
         newest = device.last_proc_util_us
-        for sample in samples or []:
-            if sample.timeStamp <= floor_us:
-                continue
-            newest = max(newest, int(sample.timeStamp))
-            for value in self._in_range(device.info.index, "process_utilization",
-                                        [float(sample.smUtil)]):
-                by_pid.setdefault(int(sample.pid), []).append(value)
+        for at, pid, sm_util in samples:
+            newest = max(newest, at)
+            for value in self._in_range(device.info.index, "process_utilization", [sm_util]):
+                by_pid.setdefault(pid, []).append(value)
         device.last_proc_util_us = newest
         return {pid: sum(v) / len(v) for pid, v in by_pid.items()}
 

@@ -135,6 +135,8 @@ class JobResult:
     n_steps: int = 0
     mem_peak_framework_mib: float | None = None
     mem_used_nvml_mib: float | None = None
+    process_util_mean_percent: float | None = None
+    """This job's own SM utilisation as NVML reports it per process (None: unsupported)."""
 
 
 @dataclass(frozen=True)

@@ -208,6 +208,7 @@ class Campaign:
             row.update(
                 util_mean_percent=m.util_mean_percent, util_p50_percent=m.util_p50_percent,
                 util_p90_percent=m.util_p90_percent, mem_used_nvml_mib=r.mem_used_nvml_mib,
+                process_util_mean_percent=r.process_util_mean_percent,
                 mem_peak_framework_mib=r.mem_peak_framework_mib, step_time_ms=r.step_time_ms,
                 throughput_per_s=job.batch_size * 1000.0 / r.step_time_ms, n_samples=m.n_samples,
             )  # fmt: skip
@@ -338,6 +339,7 @@ class Campaign:
                 "step_time_ms": r.step_time_ms if ok else None,
                 "slowdown": r.step_time_ms / base.step_time_ms if ok and r.step_time_ms else None,
                 "util_mean_percent": m.util_mean_percent if ok else None,
+                "process_util_mean_percent": r.process_util_mean_percent if ok else None,
                 "mem_used_nvml_mib": r.mem_used_nvml_mib if ok else None,
             })  # fmt: skip
             self.summary.statuses[status] += 1

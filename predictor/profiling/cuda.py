@@ -172,8 +172,10 @@ class CudaBackend:
                     mem, source = reply.get("mem_reserved_mib"), "framework_reserved"
                 self.memory_sources[source] += 1
                 peak = reply.get("mem_peak_framework_mib")
+                own = sampled.process_util_percent.get(w.pid)
                 r = JobResult("ok", "", r.step_time_ms, r.step_time_std_ms, r.n_steps,
-                              peak if peak is not None else mem, mem)  # fmt: skip
+                              peak if peak is not None else mem, mem,
+                              sum(own) / len(own) if own else None)  # fmt: skip
             out.append(r)
         if stats is None:
             return Measurement(tuple(out), n_samples=0)

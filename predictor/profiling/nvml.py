@@ -57,6 +57,25 @@ def read_samples(nvml: ModuleType, handle: Any, kind: int, after_us: int,
                   for s in samples if s.timeStamp > after_us)
 
 
+def read_process_utilisation(nvml: ModuleType, handle: Any, after_us: int,
+                             ) -> list[tuple[int, int, float]]:
+    """Per-process SM utilisation samples newer than ``after_us``, as ``(timestamp_us,
+    pid, sm_percent)`` oldest first (``nvmlDeviceGetProcessUtilization``): what a node
+    agent sees of each pod, read the same way by the agent and the profiler.
+
+    Empty when no process ran since (``NOT_FOUND``); any other NVMLError
+    (``NOT_SUPPORTED`` on vGPU, MIG and older cards) is the caller's to handle.
+    """
+    try:
+        samples = nvml.nvmlDeviceGetProcessUtilization(handle, after_us)
+    except nvml.NVMLError as exc:
+        if getattr(exc, "value", None) == nvml.NVML_ERROR_NOT_FOUND:
+            return []
+        raise
+    return sorted((int(s.timeStamp), int(s.pid), float(s.smUtil))
+                  for s in samples or [] if s.timeStamp > after_us)
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -107,6 +126,8 @@ class SamplerResult:
     """``samples`` (nvmlDeviceGetSamples) or ``utilization_rates`` (fallback)."""
     device_used_max_mib: float | None = None
     process_used_max_mib: dict[int, float] = field(default_factory=dict)
+    process_util_percent: dict[int, list[float]] = field(default_factory=dict)
+    """Each watched PID's SM utilisation samples in the window (empty where unsupported)."""
     error: str = ""
     """Set when NVML failed mid-window (e.g. GPU lost); the window is then not usable."""
 
@@ -136,6 +157,8 @@ class UtilizationSampler:
         self.wallclock_us = wallclock_us
         self.result = SamplerResult()
         self._last_ts = 0
+        self._proc_last_ts = 0
+        self._proc_supported = True
         self._window = (0, 2**63)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -143,6 +166,7 @@ class UtilizationSampler:
     def prime(self) -> None:
         """Mark 'now': only samples newer than this count (drops warm-up samples)."""
         self._window = (self.wallclock_us(), 2**63)
+        self._proc_last_ts = self._window[0]
         try:
             samples = read_samples(self.nvml, self.handle,
                                    self.nvml.NVML_GPU_UTILIZATION_SAMPLES, 0)
@@ -198,6 +222,7 @@ class UtilizationSampler:
     def _poll_processes(self) -> None:
         if not self.pids:
             return
+        self._poll_process_util()
         try:
             procs = self.nvml.nvmlDeviceGetComputeRunningProcesses(self.handle)
         except self.nvml.NVMLError:
@@ -209,6 +234,20 @@ class UtilizationSampler:
                 self.result.process_used_max_mib[p.pid] = max(
                     mib, self.result.process_used_max_mib.get(p.pid, 0.0)
                 )
+
+    def _poll_process_util(self) -> None:
+        if not self._proc_supported:
+            return
+        try:
+            samples = read_process_utilisation(self.nvml, self.handle, self._proc_last_ts)
+        except (self.nvml.NVMLError, AttributeError):
+            self._proc_supported = False  # optional, like per-process memory
+            return
+        lo, hi = self._window
+        for at, pid, value in samples:
+            self._proc_last_ts = max(self._proc_last_ts, at)
+            if pid in self.pids and lo <= at <= hi and 0.0 <= value <= 100.0:
+                self.result.process_util_percent.setdefault(pid, []).append(value)
 
     def start(self) -> None:
         """Prime and start polling every interval on a daemon thread."""

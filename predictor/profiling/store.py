@@ -19,7 +19,7 @@ import json
 import os
 import tempfile
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,13 +66,15 @@ def _atomic_write(path: Path, text: str) -> None:
         raise
 
 
-def _render(kind: str, rows: Iterable[Mapping[str, Any]], header: bool) -> str:
+def _render(kind: str, rows: Iterable[Mapping[str, Any]], header: bool,
+            columns: Sequence[str] | None = None) -> str:
+    columns = COLUMNS[kind] if columns is None else columns
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=COLUMNS[kind], lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
     if header:
         writer.writeheader()
     for row in rows:
-        writer.writerow({c: _cell(row.get(c)) for c in COLUMNS[kind]})
+        writer.writerow({c: _cell(row.get(c)) for c in columns})
     return buf.getvalue()
 
 
@@ -104,6 +106,10 @@ class DataDir:
                 raise DataDirError(f"{path}: " + "; ".join(map(str, problems)))
             return [dict(r) for r in reader]
 
+    def _header(self, kind: str) -> list[str]:
+        with self.file(kind).open(newline="", encoding="utf-8") as fh:
+            return next(csv.reader(fh), [])
+
     def rows(self, kind: str) -> list[dict[str, Any]]:
         """Typed rows of ``kind``; raises DataDirError if an existing row is invalid."""
         out, problems = [], []
@@ -126,8 +132,10 @@ class DataDir:
         path = self.file(kind)
         self.path.mkdir(parents=True, exist_ok=True)
         new = not path.is_file() or path.stat().st_size == 0
+        # A file written before an optional column existed keeps its header.
+        columns = None if new else [c for c in COLUMNS[kind] if c in self._header(kind)]
         with path.open("a", encoding="utf-8", newline="") as fh:
-            fh.write(_render(kind, rows, header=new))
+            fh.write(_render(kind, rows, header=new, columns=columns))
             fh.flush()
             os.fsync(fh.fileno())
 
