@@ -169,6 +169,9 @@ def test_signal_models_show_utilisation_over_slowdown_or_its_root() -> None:
     assert sub.shown(60.0, 1.0, 4.0) == pytest.approx(30.0)
     assert prop.shown(60.0, 0.5, None) == pytest.approx(30.0)  # alone: its share only
     assert sub.shown(60.0, 1.0, 0.5) == pytest.approx(60.0)  # below 1 reads as 1
+    sliced = SignalModel("time-sliced")  # as measured on an H100: the GPU's busy figure
+    assert sliced.shown(20.0, 1.0, 4.0, 93.0) == pytest.approx(93.0)
+    assert sliced.shown(20.0, 1.0, None, 93.0) == pytest.approx(20.0)  # alone: its own
 
 
 @pytest.mark.parametrize(("signal", "power"), [("proportional", 1.0), ("sub-proportional", 0.5)])
@@ -199,6 +202,32 @@ def test_agents_show_the_signal_model_and_the_learner_learns_what_it_shows(
     assert lm == pytest.approx(3.56 ** power, rel=0.05)
     assert resnet == pytest.approx(1.25 ** power, rel=0.05)  # each job its own figure
     assert learner.pairs.stats()["samples"] >= 2
+
+
+def test_time_sliced_figures_teach_no_interference_and_raise_no_estimate() -> None:
+    """Agents that show each co-located process the GPU's busy figure (as an H100 did):
+    taken as shares, LM beside ResNet would read 40/100, a speed-up, and its estimate
+    would rise to 100%. Set aside, they teach nothing; the alone runs still teach."""
+    from extender.config.sections import LearningConfig
+    from extender.learning.learner import Learner
+    from extender.simulator.agents import SimAgents, SimClock
+
+    truth = replace(parse_truth({**DOC, "noise": {"util_stddev_percent": 0}}),
+                    signal=SignalModel("time-sliced"))
+    clock = SimClock()
+    learner = Learner(LearningConfig(pairs=True), clock=clock, wall_clock=clock)
+    agents = SimAgents(truth, learner, clock)
+    jobs = [SimJob("lm-alone", 0.0, 400.0, util_percent=40.0, model="LM-bs5"),
+            SimJob("lm", 1000.0, 1000.0, util_percent=40.0, model="LM-bs5"),
+            SimJob("rn", 1000.0, 1000.0, util_percent=60.0, model="ResNet-50-bs64")]
+    Engine(uniform_cluster(1, 1, P100, 16384), jobs, FirstGpu(), truth=truth,
+           agents=agents).run()
+    stats = learner.stats()
+    assert learner.pairs.stats()["samples"] == 0
+    assert stats["rejected"]["per-process-not-shares"] > 0
+    view = learner.store.view()
+    assert view["colocated"] == []  # no co-located floor from the GPU's figure
+    assert len(view["alone"]) == 1  # LM alone, from the GPU's utilisation
 
 
 def test_simulate_takes_a_matrix_prior_from_the_config_and_refuses_a_bad_one(

@@ -67,6 +67,7 @@ from extender.learning.persistence import (
     WriteConflict,
     encode,
 )
+from extender.learning.readings import shares_only
 from extender.learning.store import ObservationStore
 from extender.state.reports import DecodedReport
 from predictor.curves import InterferenceCurve
@@ -196,6 +197,7 @@ class Learner:
         taken = 0
         moves: list[float] = []
         points = SharedGpuPoints(self.curves, self.store.trusted_alone)
+        report, not_shares = shares_only(report)  # figures that are not shares teach nothing
         shared = shared_pods(report, placement_of)
         for position, (gpu, util, procs) in enumerate(zip(
                 report.gpus, report.util_percent, report.processes, strict=False)):
@@ -204,7 +206,8 @@ class Learner:
                 continue
             taken += self.store.observe_gpu(report.node, report.gpus, position, gpu.product,
                                             util, procs, placement_of,
-                                            points if self.cfg.curves else None, moves, shared)
+                                            points if self.cfg.curves else None, moves, shared,
+                                            position in not_shares)
         for position, (gpu, sessions) in enumerate(zip(report.gpus, report.sessions,
                                                        strict=False)):
             if sessions and (inventory is None or gpu_type_of(gpu.product) in inventory):

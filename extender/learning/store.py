@@ -58,7 +58,8 @@ MIN_SAMPLE_SECONDS = 0.5
 """Reports of one pod on one GPU closer than this are dropped (``rate-limited``)."""
 MAX_TRACKED_PODS = 100_000
 REJECT_REASONS = ("not-placed-here", "not-training", "no-model", "shared-no-per-process",
-                  "not-finite", "warm-up", "rate-limited", "gpu-type-not-in-inventory")
+                  "per-process-not-shares", "not-finite", "warm-up", "rate-limited",
+                  "gpu-type-not-in-inventory")
 """Why a reported process gave no sample (``tandem_learning_observations_rejected``)."""
 
 
@@ -173,15 +174,19 @@ class ObservationStore:
                     placement_of: Callable[[str], Placement | None],
                     colocated: Callable[[list[tuple[Key, float]], Any], None] | None = None,
                     moves: list[float] | None = None,
-                    shared_pods: frozenset[str] = frozenset()) -> int:
+                    shared_pods: frozenset[str] = frozenset(),
+                    figures_not_shares: bool = False) -> int:
         """Samples from GPU ``gpus[position]`` of one report (``gpus``: the node's GPUs as
         reported); returns how many were taken.
 
         ``colocated`` receives the shared GPU's ``(key, utilisation)`` per pod when
         every process on it is a placed pod's and has its own utilisation figure;
         ``moves`` collects how far each sample moved its estimate; ``shared_pods``: pods
-        with a GPU shared elsewhere in the report (not alone, though alone here).
+        with a GPU shared elsewhere in the report (not alone, though alone here);
+        ``figures_not_shares``: the GPU's per-process figures were set aside
+        (:mod:`extender.learning.readings`), which is then the reason a shared pod gives none.
         """
+        no_figures = "per-process-not-shares" if figures_not_shares else "shared-no-per-process"
         by_pod: dict[str, list[ReportedProcess]] = {}
         foreign = False
         for p in processes:
@@ -214,7 +219,7 @@ class ObservationStore:
             elif pod_alone and math.isfinite(gpu_util):
                 util = gpu_util
             else:
-                self.reject("shared-no-per-process")
+                self.reject(no_figures)
                 continue
             moved = self.add(key, util, pod_alone, reference, seconds, first,
                              _namespace_of(placement_of(uid)))

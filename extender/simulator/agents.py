@@ -160,7 +160,8 @@ class SimAgents:
                 noise = self._rng.normal(0.0, self.truth.util_stddev_percent) \
                     if self.truth.util_stddev_percent > 0 else 0.0
                 shown = self.truth.signal.shown(
-                    run.util_rows[k], scale, engine.job_slowdown(run.idx, r) if shared else None)
+                    run.util_rows[k], scale, engine.job_slowdown(run.idx, r) if shared else None,
+                    min(100.0, total))
                 util = min(100.0, max(0.0, shown * self._phase(run) + noise))
                 out.append(ReportedProcess(p.pod_uid, run.mem_rows[k], util))
         return tuple(out)

@@ -4,12 +4,17 @@ A real agent sees each process's SM utilisation, never its slowdown. How the
 one follows the other depends on the job: a compute-bound job issues kernels
 at its progress rate, so its utilisation drops in proportion to its slowdown; a
 memory-bound job keeps its SMs occupied while it waits, so its utilisation
-drops less. The truth file chooses (the extender's learners are never told)::
+drops less. Measured on an H100 time-slicing two training processes
+(``training_data/nvidia-h100-80gb-hbm3/``), NVML gave neither: each process showed about
+the GPU's whole busy figure (``time-sliced``). The truth file chooses (the extender's
+learners are never told)::
 
     signal:
       model: proportional      # util / slowdown (default) | sub-proportional: util / sqrt(slowdown)
+                               # | time-sliced: the GPU's utilisation, for every process on it
 
-The reported figure is ``util / slowdown ** p`` (``p`` 1 or 0.5) on a shared GPU,
+The reported figure is ``util / slowdown ** p`` (``p`` 1 or 0.5) on a shared GPU, or the
+GPU's utilisation (``time-sliced``),
 times the job's phase factor (warm-up, evaluation: the truth's ``phases:``), plus
 the truth's Gaussian noise (``noise.util_stddev_percent``), clipped to 0..100.
 With the default (proportional) the figures are those of earlier releases.
@@ -22,7 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-SIGNAL_MODELS = {"proportional": 1.0, "sub-proportional": 0.5}
+SIGNAL_MODELS = {"proportional": 1.0, "sub-proportional": 0.5, "time-sliced": 0.0}
+"""Each model's ``p`` in ``util / slowdown ** p`` (``time-sliced`` shows the GPU's figure)."""
 SIGNAL_KEYS = ("model",)
 
 
@@ -37,11 +43,15 @@ class SignalModel:
         """``p`` in ``util / slowdown ** p``."""
         return SIGNAL_MODELS[self.model]
 
-    def shown(self, util_percent: float, scale: float, shared_slowdown: float | None) -> float:
+    def shown(self, util_percent: float, scale: float, shared_slowdown: float | None,
+              gpu_util_percent: float = 100.0) -> float:
         """Noise-free utilisation NVML shows for a job in its steady state (percent).
 
         ``scale``: the job's share when its GPU's jobs together ask for more than 100%
-        (used alone); ``shared_slowdown``: its slowdown on a shared GPU (None: alone)."""
+        (used alone); ``shared_slowdown``: its slowdown on a shared GPU (None: alone);
+        ``gpu_util_percent``: the shared GPU's utilisation (``time-sliced``)."""
+        if shared_slowdown is not None and self.model == "time-sliced":
+            return gpu_util_percent
         if shared_slowdown is not None:
             s = max(shared_slowdown, 1.0)
             scale = 1.0 / s if self.exponent == 1.0 else 1.0 / math.sqrt(s)
