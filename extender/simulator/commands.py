@@ -67,27 +67,43 @@ def simulate_command(
 
 
 def import_interference_command(
-    gavel: Annotated[Path, typer.Option(
-        help="Gavel measurements JSON (gpus.<gpu>.<job>.alone / .with.<other>).")],
-    gpu: Annotated[str, typer.Option(help="Which GPU of the file: p100 | k80 | ...")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Truth YAML to write.")],
+    gavel: Annotated[Path | None, typer.Option(
+        help="Gavel measurements JSON (gpus.<gpu>.<job>.alone / .with.<other>).")] = None,
+    gpu: Annotated[str | None, typer.Option(
+        help="With --gavel: which GPU of the file: p100 | k80 | ...")] = None,
+    profiled: Annotated[Path | None, typer.Option(
+        help="A profiling campaign's GPU directory (tandem profile run): its measured "
+             "pairs and its models alone.")] = None,
 ) -> None:
-    """Turn measured pairwise interference into a simulator truth file (interference: ...)."""
+    """Turn measured pairwise interference into a simulator truth file (interference: ...).
+
+    The file also serves as a measured matrix for learning.pair_prior."""
     import yaml
 
     from extender.simulator.pairwise import GavelError, import_gavel
+    from extender.simulator.profiled import ProfiledError, import_profiled
     from extender.simulator.truth import Truth, truth_document
 
+    source = gavel if profiled is None else profiled
+    if (gavel is None) == (profiled is None) or (gavel is not None and not gpu):
+        typer.echo("tandem import-interference: give --gavel FILE --gpu NAME, or --profiled DIR",
+                   err=True)
+        raise typer.Exit(2)
+    models = {}
     try:
-        raw = json.loads(gavel.read_text())
-        gpu_type, table = import_gavel(raw, gpu)
+        if profiled is not None:
+            gpu_type, table, models = import_profiled(profiled)
+        else:
+            assert gavel is not None and gpu is not None
+            gpu_type, table = import_gavel(json.loads(gavel.read_text()), gpu)
     except OSError as exc:
-        typer.echo(f"tandem import-interference: cannot read {gavel}: {exc.strerror}", err=True)
+        typer.echo(f"tandem import-interference: cannot read {source}: {exc.strerror}", err=True)
         raise typer.Exit(2) from None
-    except (ValueError, GavelError) as exc:
-        typer.echo(f"tandem import-interference: {gavel}: {exc}", err=True)
+    except (ValueError, GavelError, ProfiledError) as exc:
+        typer.echo(f"tandem import-interference: {source}: {exc}", err=True)
         raise typer.Exit(2) from None
-    doc = truth_document(Truth(interference={gpu_type: table}))
+    doc = truth_document(Truth(models=models, interference={gpu_type: table}))
     out.write_text(yaml.safe_dump(doc, sort_keys=True))
     pairs = sum(len(row) for row in table.slowdown.values())
     typer.echo(f"wrote {out}: {gpu_type}, {len(table.models())} models, {pairs} measured "
