@@ -17,6 +17,7 @@ the result as one JSON object and writes the same text to ``--out`` (by default
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -25,6 +26,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
@@ -41,6 +43,19 @@ def _guard_import_path() -> None:
 
 
 _guard_import_path()
+
+
+def sibling(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` as module ``name``, loaded by file path: ``benchmarks/``
+    is not on the path of a running benchmark (above) and is not a package."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look their module up by name
+    spec.loader.exec_module(module)
+    return module
 
 
 def cpu_model() -> str:

@@ -13,7 +13,8 @@ model's predicted utilisation to the GPU's.
 Shares of one GPU's time cannot add up to more than the GPU was busy. A GPU whose
 per-process figures add up to more than :data:`SUM_SLACK` times its utilisation plus
 :data:`SUM_MARGIN_PERCENT` (sampling noise: the two come from different NVML sample
-streams) has its processes taken as if NVML gave no per-process figure: a pod alone on it
+streams), each at least :data:`NEAR_GPU` of it (as measured), has its processes taken
+as if NVML gave no per-process figure: a pod alone on it
 still teaches through the GPU's utilisation; shared, it teaches nothing (reason
 ``per-process-not-shares``). Interference on such GPUs has to come from a measured matrix
 (``learning.pair_prior``) or the curve, not from the agents.
@@ -28,13 +29,17 @@ from extender.state.reports import DecodedReport
 
 SUM_SLACK = 1.25
 SUM_MARGIN_PERCENT = 10.0
+NEAR_GPU = 0.6
+"""Each figure at least this fraction of the GPU's (measured: 0.78 at the least)."""
 
 
 def not_shares(gpu_util_percent: float, figures: list[float]) -> bool:
-    """True when per-process ``figures`` cannot be shares of a GPU this busy."""
+    """True when per-process ``figures`` cannot be shares of a GPU this busy: they add up
+    to more than it was busy, each about its whole figure."""
     if len(figures) < 2 or not math.isfinite(gpu_util_percent):
         return False  # one process is the GPU's figure; an unknown total proves nothing
-    return sum(figures) > SUM_SLACK * gpu_util_percent + SUM_MARGIN_PERCENT
+    return (sum(figures) > SUM_SLACK * gpu_util_percent + SUM_MARGIN_PERCENT
+            and min(figures) >= NEAR_GPU * gpu_util_percent)
 
 
 def shares_only(report: DecodedReport) -> tuple[DecodedReport, frozenset[int]]:

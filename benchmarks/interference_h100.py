@@ -1,0 +1,140 @@
+"""Placement on measured H100 interference, with what an H100's NVML really shows.
+
+Data: every pair of twelve training jobs measured on one H100 (time-sliced, no MPS;
+``training_data/nvidia-h100-80gb-hbm3/``), and an independent retest of 39 of those pairs
+minutes later on the same machine (``benchmarks/results/h100_pairs_retest/``). Both are
+imported as ``tandem import-interference --profiled`` does.
+
+**Simulator, H100 cluster** (3 nodes x 4 GPUs), the w-large workload with each job's
+model drawn from the twelve (its true utilisation and memory the measured ones), the
+tandem policy. The truth's pairs are the campaign's. Two signal models:
+
+- ``time-sliced``: what NVML showed on the H100 (each co-located process reads the GPU's
+  utilisation). The extender sets such figures aside
+  (:mod:`extender.learning.readings`): only pods alone teach.
+- ``proportional``: utilisation / slowdown, as if the figures were shares (what online
+  pair learning could do if NVML gave them; a counterfactual here).
+
+Modes: ``curve-only`` (today's default learner), ``pair-aware`` (online pair learning,
+no matrix), ``pair-aware+retest`` (the retest's 39 measured pairs as
+``learning.pair_prior``: a measurement the truth did not come from, as a profiling
+campaign on the cluster's GPUs gives), ``prior`` (fixed predictions), ``oracle`` (the
+truth's utilisations and every measured pair). Mean and 95% interval over seeds of
+average JCT and makespan; each pair-aware mode's lead over curve-only paired per seed.
+Figures are simulation outputs on measured data, not timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import _common
+
+from extender.simulator.cluster import uniform_cluster
+from extender.simulator.policies import PolicyOptions, tandem_cost
+from extender.simulator.profiled import import_profiled
+from extender.simulator.runner import simulate
+from extender.simulator.signal import SignalModel
+from extender.simulator.truth import Truth
+from extender.simulator.workloads import generate, with_named_models
+
+_gavel = _common.sibling("interference")  # the Gavel benchmark's worlds and intervals
+_world, _paired, interval = _gavel._world, _gavel._paired, _gavel.interval
+CAMPAIGN = _common.ROOT / "training_data" / "nvidia-h100-80gb-hbm3"
+RETEST = _common.ROOT / "benchmarks" / "results" / "h100_pairs_retest"
+MEMORY_MIB = 81559
+SIGNALS = ("time-sliced", "proportional")
+MODES = ("curve-only", "pair-aware", "pair-aware+retest", "prior", "oracle")
+PAIR_AWARE = ("pair-aware", "pair-aware+retest")
+KEYS = ("avg_jct_s", "makespan_s")
+
+
+def _seed_runs(workload: str, task: tuple[str, int]) -> dict[str, dict[str, float]]:
+    """One seed under one signal model: every mode's average JCT and makespan, and what
+    the pair-aware learners took (pair samples; processes set aside as not shares)."""
+    signal, seed = task
+    gpu_type, table, models = import_profiled(CAMPAIGN)
+    retest_type, retest, _ = import_profiled(RETEST)
+    truth = Truth(models=models, interference={gpu_type: table}, signal=SignalModel(signal),
+                  seed=seed)
+    nodes = uniform_cluster(3, 4, gpu_type, MEMORY_MIB, prefix="h100-node")
+    jobs = with_named_models(generate(workload, seed), sorted(models), seed)
+    out: dict[str, dict[str, float]] = {}
+    for mode in MODES:
+        # pair-aware+matrix of the Gavel benchmark, with the retest as the matrix
+        name = "pair-aware+matrix" if mode == "pair-aware+retest" else mode
+        world = _world(truth, name, [gpu_type], {retest_type: retest})
+        result = simulate(jobs, nodes, "tandem", PolicyOptions(cost=tandem_cost()),
+                          world=world).summary()
+        out[mode] = {key: float(result[key]) for key in KEYS}
+        if mode in PAIR_AWARE:
+            learner = world.knowledge.learner
+            out[mode].update(pair_samples=float(learner.pairs.stats()["samples"]),
+                             not_shares=float(learner.stats()["rejected"].get(
+                                 "per-process-not-shares", 0)))  # fmt: skip
+    return out
+
+
+def simulated(seeds: int, workload: str, processes: int) -> dict[str, Any]:
+    """Every signal model and mode over ``seeds`` seeds."""
+    tasks = [(signal, seed) for signal in SIGNALS for seed in range(1, seeds + 1)]
+    run = partial(_seed_runs, workload)
+    if processes > 1:
+        with ProcessPoolExecutor(processes) as pool:
+            results = list(pool.map(run, tasks))
+    else:
+        results = [run(task) for task in tasks]
+    out: dict[str, Any] = {}
+    for signal in SIGNALS:
+        per_seed = [r for (s, _), r in zip(tasks, results, strict=True) if s == signal]
+        runs = {m: {k: [r[m][k] for r in per_seed] for k in KEYS} for m in MODES}
+        out[signal] = {
+            "modes": {m: {k: interval(v) for k, v in r.items()} for m, r in runs.items()},
+            "curve_minus_mode_paired": {m: {k: _paired(runs, "curve-only", m, k) for k in KEYS}
+                                        for m in MODES if m != "curve-only"},
+            "learned": {m: {k: interval([r[m][k] for r in per_seed])
+                            for k in ("pair_samples", "not_shares")} for m in PAIR_AWARE},
+            "per_seed": runs}
+    return out
+
+
+def main() -> None:
+    """Run the simulator part, print and save the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--workload", default="w-large")
+    parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
+    _common.add_out_option(parser, "interference_h100")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    _, table, models = import_profiled(CAMPAIGN)
+    _, retest, _ = import_profiled(RETEST)
+    report: dict[str, Any] = {
+        "benchmark": "interference_h100",
+        "kind": "simulator on measured data (figures are simulation outputs)",
+        "data": {"truth": str(CAMPAIGN.relative_to(_common.ROOT)),
+                 "prior": str(RETEST.relative_to(_common.ROOT)),
+                 "measured_on": "NVIDIA H100 80GB HBM3, time-sliced (see provenance.json)",
+                 "models": len(models),
+                 "truth_directed_pairs": sum(len(r) for r in table.slowdown.values()),
+                 "prior_directed_pairs": sum(len(r) for r in retest.slowdown.values())},
+        "setup": {"seeds": args.seeds, "workload": f"{args.workload}, models of the truth",
+                  "cluster": "3 x 4 H100", "policy": "tandem (packaged config)",
+                  "modes": list(MODES), "signals": list(SIGNALS),
+                  "processes": args.processes},
+        "simulator": simulated(args.seeds, args.workload, args.processes),
+    }
+    report["total_wall_s"] = round(time.perf_counter() - started, 1)
+    report.update(_common.context(("numpy", "scipy")))
+    _common.write_result(report, args.out)
+
+
+if __name__ == "__main__":
+    main()
