@@ -19,7 +19,8 @@ Modes: ``curve-only`` (today's default learner), ``pair-aware`` (online pair lea
 no matrix), ``pair-aware+retest`` (the retest's 39 measured pairs as
 ``learning.pair_prior``: a measurement the truth did not come from, as a profiling
 campaign on the cluster's GPUs gives), ``prior`` (fixed predictions), ``oracle`` (the
-truth's utilisations and every measured pair). Mean and 95% interval over seeds of
+truth's utilisations and every measured pair), ``pair-oracle`` (curve-only's learner
+given every measured pair: what knowing the pairs alone is worth). Mean and 95% interval over seeds of
 average JCT and makespan; each pair-aware mode's lead over curve-only paired per seed.
 Figures are simulation outputs on measured data, not timings.
 """
@@ -51,7 +52,7 @@ CAMPAIGN = _common.ROOT / "training_data" / "nvidia-h100-80gb-hbm3"
 RETEST = _common.ROOT / "benchmarks" / "results" / "h100_pairs_retest"
 MEMORY_MIB = 81559
 SIGNALS = ("time-sliced", "proportional")
-MODES = ("curve-only", "pair-aware", "pair-aware+retest", "prior", "oracle")
+MODES = ("curve-only", "pair-aware", "pair-aware+retest", "prior", "oracle", "pair-oracle")
 PAIR_AWARE = ("pair-aware", "pair-aware+retest")
 KEYS = ("avg_jct_s", "makespan_s")
 
