@@ -20,8 +20,8 @@ no matrix), ``pair-aware+retest`` (the retest's 39 measured pairs as
 ``learning.pair_prior``: a measurement the truth did not come from, as a profiling
 campaign on the cluster's GPUs gives), ``prior`` (fixed predictions), ``oracle`` (the
 truth's utilisations and every measured pair), ``pair-oracle`` (curve-only's learner
-given every measured pair: what knowing the pairs alone is worth). Mean and 95% interval over seeds of
-average JCT and makespan; each pair-aware mode's lead over curve-only paired per seed.
+given every measured pair: what knowing the pairs alone is worth). Mean and 95% interval
+over seeds of average JCT and makespan; each mode's lead over curve-only paired per seed.
 Figures are simulation outputs on measured data, not timings.
 """
 
@@ -31,9 +31,7 @@ import argparse
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import _common

@@ -1,4 +1,5 @@
-"""Per-process figures that are not shares of their GPU are set aside (extender.learning.readings)."""
+"""Per-process figures that are not shares of their GPU are set aside
+(:mod:`extender.learning.readings`)."""
 
 from __future__ import annotations
 
