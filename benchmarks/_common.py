@@ -22,13 +22,16 @@ import json
 import os
 import platform
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
+T = TypeVar("T")
+R = TypeVar("R")
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
@@ -43,6 +46,15 @@ def _guard_import_path() -> None:
 
 
 _guard_import_path()
+
+
+def map_tasks(run: Callable[[T], R], tasks: Sequence[T], processes: int) -> list[R]:
+    """``run`` over ``tasks`` in order, in ``processes`` processes when more than one
+    (each task's result is the same however many)."""
+    if processes > 1:
+        with ProcessPoolExecutor(processes) as pool:
+            return list(pool.map(run, tasks))
+    return [run(task) for task in tasks]
 
 
 def sibling(name: str) -> ModuleType:

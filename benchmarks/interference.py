@@ -51,7 +51,6 @@ import json
 import math
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -391,12 +390,7 @@ def simulated(raw: dict[str, Any], seeds: int, workload: str, processes: int = 1
     ``processes`` processes; each seed's runs are the same however many)."""
     tasks = [(gpu, signal, seed) for gpu in GPUS for signal in SIGNALS
              for seed in range(1, seeds + 1)]
-    run = partial(_seed_runs, raw, workload)
-    if processes > 1:
-        with ProcessPoolExecutor(processes) as pool:
-            results = list(pool.map(run, tasks))
-    else:
-        results = [run(task) for task in tasks]
+    results = _common.map_tasks(partial(_seed_runs, raw, workload), tasks, processes)
     out: dict[str, Any] = {}
     for gpu in GPUS:
         names = import_gavel(raw, gpu)[1].models()

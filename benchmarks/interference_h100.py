@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from typing import Any
 
@@ -84,12 +83,7 @@ def _seed_runs(workload: str, task: tuple[str, int]) -> dict[str, dict[str, floa
 def simulated(seeds: int, workload: str, processes: int) -> dict[str, Any]:
     """Every signal model and mode over ``seeds`` seeds."""
     tasks = [(signal, seed) for signal in SIGNALS for seed in range(1, seeds + 1)]
-    run = partial(_seed_runs, workload)
-    if processes > 1:
-        with ProcessPoolExecutor(processes) as pool:
-            results = list(pool.map(run, tasks))
-    else:
-        results = [run(task) for task in tasks]
+    results = _common.map_tasks(partial(_seed_runs, workload), tasks, processes)
     out: dict[str, Any] = {}
     for signal in SIGNALS:
         per_seed = [r for (s, _), r in zip(tasks, results, strict=True) if s == signal]
