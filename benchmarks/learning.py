@@ -25,7 +25,9 @@ report a minute of constant load, each weighed by the time it covers (the
 learner's estimates and curve points are the same as at 1 Hz; see
 ``extender/simulator/agents.py``), with Gaussian noise (sd 2 points; on a shared
 GPU a job's utilisation over the GPU's true slowdown, the signal curve learning
-reads). The ``tandem`` policy runs three ways on the same trace:
+reads; ``--signal time-sliced``: the GPU's utilisation, as an H100 time-slicing
+two jobs showed, which the learner sets aside, so that only pods alone on a GPU
+teach). The ``tandem`` policy runs three ways on the same trace:
 
 - ``online``: learns with the extender's own ``Learner`` and packaged
   ``learning`` configuration (trusted estimates, the learned curves);
@@ -57,7 +59,8 @@ seeds, with its interval), on the production-like trace (the W-Small and
 W-Large traces have 100 jobs).
 
 Usage: ``.venv/bin/python benchmarks/learning.py [--seeds N] [--production-jobs N]
-[--truths T,..] [--workloads W,..] [--no-prior-correction] [--out FILE]``; prints one JSON
+[--truths T,..] [--workloads W,..] [--no-prior-correction] [--signal S] [--out FILE]``;
+prints one JSON
 object and writes it to ``benchmarks/results/learning.json`` (or ``--out``).
 ``--no-prior-correction`` is the ablation: predictions of keys not observed yet are
 not corrected by the bias learned on the observed ones.
@@ -83,6 +86,7 @@ from extender.simulator.engine import JobRun
 from extender.simulator.jobs import SimJob
 from extender.simulator.policies import tandem_cost
 from extender.simulator.runner import simulate
+from extender.simulator.signal import SIGNAL_MODELS, SignalModel
 from extender.simulator.truth import Phases, Truth, factor_truth, truth_document
 from extender.simulator.workloads import generate, production, with_models
 from predictor.curves import InterferenceCurve
@@ -165,12 +169,15 @@ def _curve_error(knowledge: SimKnowledge, truth: Truth, types: list[str]) -> flo
 
 
 def scenario(name: str, jobs: list[SimJob], cluster: str, seed: int,
-             truth_kind: str = "random", prior_correction: bool = True) -> dict[str, Any]:
-    """The three runs on one workload under one truth, with the online run's learning curve."""
+             truth_kind: str = "random", prior_correction: bool = True,
+             signal: str = "proportional") -> dict[str, Any]:
+    """The three runs on one workload under one truth, with the online run's learning curve
+    (``signal``: what the agents show of a shared GPU's jobs, :mod:`extender.simulator.signal`)."""
     nodes = builtin_cluster(cluster)
     types = sorted({g.gpu_type for n in nodes for g in n.gpus})
     reps = _representatives(jobs)
-    truth = make_truth(truth_kind, sorted({m for m, _ in reps}), types, seed)
+    truth = replace(make_truth(truth_kind, sorted({m for m, _ in reps}), types, seed),
+                    signal=SignalModel(signal))
     learning = replace(load_config(None, environ={}).learning, prior_correction=prior_correction)
     runs: dict[str, Any] = {}
     curve: list[dict[str, Any]] = []
@@ -293,6 +300,9 @@ def main() -> None:
                         help="comma-separated truths to run (default: all)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS),
                         help="comma-separated workloads to run (default: all)")
+    parser.add_argument("--signal", default="proportional", choices=sorted(SIGNAL_MODELS),
+                        help="what the agents show of a shared GPU's jobs (time-sliced: the "
+                             "GPU's figure, as an H100 showed; the learner sets it aside)")
     parser.add_argument("--no-prior-correction", action="store_true",
                         help="learning.prior_correction off (the ablation: observed "
                              "estimates alone)")
@@ -307,7 +317,8 @@ def main() -> None:
         for name, jobs, cluster in _workloads(seed, args.production_jobs):
             if name in workloads:
                 per_seed += [scenario(name, jobs, cluster, seed, kind,
-                                      not args.no_prior_correction) for kind in truths]
+                                      not args.no_prior_correction, args.signal)
+                             for kind in truths]
     summaries = [summarise([r for r in per_seed
                             if (r["truth_kind"], r["workload"]) == (kind, name)])
                  for kind in truths for name in workloads]
@@ -321,6 +332,7 @@ def main() -> None:
                       "systematic": {"util_factor": SYSTEMATIC_UTIL_FACTOR,
                                      "curve_coefficient_factor": SYSTEMATIC_CURVE_FACTOR}},
                   "phases": dict(PHASES.__dict__), "noise_sd_points": NOISE_SD,
+                  "signal": args.signal,
                   "reporting": "one report a minute of constant load, weighed by time "
                                "(equivalent to 1 Hz for the learner)",
                   "seeds": args.seeds, "checkpoints": list(CHECKPOINTS),
