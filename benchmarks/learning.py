@@ -60,8 +60,7 @@ W-Large traces have 100 jobs).
 
 Usage: ``.venv/bin/python benchmarks/learning.py [--seeds N] [--production-jobs N]
 [--truths T,..] [--workloads W,..] [--no-prior-correction] [--signal S] [--out FILE]``;
-prints one JSON
-object and writes it to ``benchmarks/results/learning.json`` (or ``--out``).
+prints one JSON object and writes it to ``benchmarks/results/learning.json`` (or ``--out``).
 ``--no-prior-correction`` is the ablation: predictions of keys not observed yet are
 not corrected by the bias learned on the observed ones.
 """
