@@ -5,7 +5,7 @@ as its share of the GPU: its alone utilisation over that figure is its slowdown,
 figure is a floor of the pod's own use. Measured on an H100 time-slicing two training
 processes (``training_data/nvidia-h100-80gb-hbm3/``, column ``process_util_mean_percent``),
 NVML does not report shares: each process showed about the GPU's whole busy figure, the two
-summing to 1.84 to 2.2 times the GPU's utilisation in every one of 105 measured pairs
+summing to 1.84 to 2.08 times the GPU's utilisation in every one of 105 measured pairs
 (alone, the figure equals the GPU's). A 16 % job read 97 % beside another. Taken as shares,
 such figures read "no slowdown" however much the jobs slowed each other, and raise a light
 model's predicted utilisation to the GPU's.
@@ -14,9 +14,8 @@ Shares of one GPU's time cannot add up to more than the GPU was busy. A GPU whos
 per-process figures add up to more than :data:`SUM_SLACK` times its utilisation plus
 :data:`SUM_MARGIN_PERCENT` (sampling noise: the two come from different NVML sample
 streams), each at least :data:`NEAR_GPU` of it (as measured), has its processes taken
-as if NVML gave no per-process figure: a pod alone on it
-still teaches through the GPU's utilisation; shared, it teaches nothing (reason
-``per-process-not-shares``). Interference on such GPUs has to come from a measured matrix
+as if NVML gave no per-process figure: a pod alone on it still teaches through the GPU's
+utilisation; shared, it teaches nothing (reason ``per-process-not-shares``). Interference on such GPUs has to come from a measured matrix
 (``learning.pair_prior``) or the curve, not from the agents.
 """
 
