@@ -5,6 +5,11 @@ Data: every pair of twelve training jobs measured on one H100 (time-sliced, no M
 minutes later on the same machine (``benchmarks/results/h100_pairs_retest/``). Both are
 imported as ``tandem import-interference --profiled`` does.
 
+**Offline pairing** (as part (a) of ``interference.py``): the twelve jobs paired onto six
+GPUs by each method's figures, valued on the campaign's measured matrix; the extender's
+pair learner after each job was seen in ``k`` random pairings (the campaign's figures),
+alone and with the retest as its prior; the best-fitting curve; random pairing.
+
 **Simulator, H100 cluster** (3 nodes x 4 GPUs), the w-large workload with each job's
 model drawn from the twelve (its true utilisation and memory the measured ones), the
 tandem policy. The truth's pairs are the campaign's. Two signal models:
@@ -34,7 +39,9 @@ from functools import partial
 from typing import Any
 
 import _common
+import numpy as np
 
+from contracts.interferencefile import PairTable
 from extender.simulator.cluster import uniform_cluster
 from extender.simulator.policies import PolicyOptions, tandem_cost
 from extender.simulator.profiled import import_profiled
@@ -45,6 +52,7 @@ from extender.simulator.workloads import generate, with_named_models
 
 _gavel = _common.sibling("interference")  # the Gavel benchmark's worlds and intervals
 _world, _paired, interval = _gavel._world, _gavel._paired, _gavel.interval
+pairing_value, learner_predictions = _gavel.pairing_value, _gavel.learner_predictions
 CAMPAIGN = _common.ROOT / "training_data" / "nvidia-h100-80gb-hbm3"
 RETEST = _common.ROOT / "benchmarks" / "results" / "h100_pairs_retest"
 MEMORY_MIB = 81559
@@ -52,6 +60,39 @@ SIGNALS = ("time-sliced", "proportional")
 MODES = ("curve-only", "pair-aware", "pair-aware+retest", "prior", "oracle", "pair-oracle")
 PAIR_AWARE = ("pair-aware", "pair-aware+retest")
 KEYS = ("avg_jct_s", "makespan_s")
+KS = (1, 2, 3)
+
+
+def _matrix(table: PairTable, names: list[str]) -> np.ndarray:
+    """``S[a, b]`` of ``names`` from ``table`` (below 1 reads as 1, as in the truth)."""
+    return np.array([[table.listed(a, b) or 1.0 for b in names] for a in names])
+
+
+def offline(seeds: int) -> dict[str, Any]:
+    """Pairings of the twelve jobs by each method, as a share of the measured matrix's."""
+    _, table, models = import_profiled(CAMPAIGN)
+    retest_type, retest, _ = import_profiled(RETEST)
+    jobs = sorted(models)
+    truth = _matrix(table, jobs)
+    np.fill_diagonal(truth, np.inf)  # a job is never paired with itself
+    best = pairing_value(truth, truth)
+    share = lambda v: round(float(v) / best, 4)  # noqa: E731
+    methods: dict[str, Any] = {}
+    for name, prior in (("learner", None), ("learner_with_retest", {retest_type: retest})):
+        for k in KS:
+            values = [pairing_value(learner_predictions(
+                jobs, truth, _gavel.seen_pairings(len(jobs), k, np.random.default_rng(seed)),
+                prior), truth) for seed in range(seeds)]  # fmt: skip
+            methods.setdefault(name, {})[f"k={k}"] = {**interval(values),
+                                                      "of_matrix": share(np.mean(values))}
+    rng = np.random.default_rng(0)
+    random = [pairing_value(rng.random(truth.shape) + 1, truth) for _ in range(seeds)]
+    retest_alone = pairing_value(learner_predictions(jobs, truth, [], {retest_type: retest}),
+                                 truth)  # fmt: skip
+    return {"jobs": len(jobs), "matrix": round(best, 4),
+            "best_curve_of_matrix": share(pairing_value(_gavel.best_curve(truth), truth)),
+            "random": {**interval(random), "of_matrix": share(np.mean(random))},
+            "retest_alone_of_matrix": share(retest_alone), **methods}
 
 
 def _seed_runs(workload: str, task: tuple[str, int]) -> dict[str, dict[str, float]]:
@@ -102,6 +143,7 @@ def main() -> None:
     """Run the simulator part, print and save the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--offline-seeds", type=int, default=20)
     parser.add_argument("--workload", default="w-large")
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
     _common.add_out_option(parser, "interference_h100")
@@ -122,6 +164,7 @@ def main() -> None:
                   "cluster": "3 x 4 H100", "policy": "tandem (packaged config)",
                   "modes": list(MODES), "signals": list(SIGNALS),
                   "processes": args.processes},
+        "offline_pairing": offline(args.offline_seeds),
         "simulator": simulated(args.seeds, args.workload, args.processes),
     }
     report["total_wall_s"] = round(time.perf_counter() - started, 1)

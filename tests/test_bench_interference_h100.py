@@ -19,3 +19,14 @@ def test_time_sliced_figures_leave_pair_learning_idle_and_shares_feed_it() -> No
     assert shares["pair-aware"]["pair_samples"] > 0 == shares["pair-aware"]["not_shares"]
     # the fixed-prior and oracle modes do not read the agents
     assert sliced["oracle"] == shares["oracle"] and sliced["prior"] == shares["prior"]
+
+
+def test_offline_pairings_are_valued_on_the_measured_matrix() -> None:
+    out = bench.offline(2)
+    assert out["jobs"] == 12
+    shares = [out["best_curve_of_matrix"], out["random"]["of_matrix"],
+              out["retest_alone_of_matrix"],
+              *(v["of_matrix"] for name in ("learner", "learner_with_retest")
+                for v in out[name].values())]  # fmt: skip
+    assert all(0.8 < s <= 1.0 for s in shares)  # nothing pairs better than the matrix itself
+    assert out["learner"].keys() == {"k=1", "k=2", "k=3"}
