@@ -15,8 +15,9 @@ per-process figures add up to more than :data:`SUM_SLACK` times its utilisation 
 :data:`SUM_MARGIN_PERCENT` (sampling noise: the two come from different NVML sample
 streams), each at least :data:`NEAR_GPU` of it (as measured), has its processes taken
 as if NVML gave no per-process figure: a pod alone on it still teaches through the GPU's
-utilisation; shared, it teaches nothing (reason ``per-process-not-shares``). Interference on such GPUs has to come from a measured matrix
-(``learning.pair_prior``) or the curve, not from the agents.
+utilisation; shared, it teaches nothing (reason ``per-process-not-shares``). Interference
+on such GPUs has to come from a measured matrix (``learning.pair_prior``) or the curve,
+not from the agents.
 """
 
 from __future__ import annotations
