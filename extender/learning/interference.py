@@ -2,7 +2,8 @@
 
 A sample comes from a GPU that an agent report shows shared by exactly two
 training pods this extender placed, each naming its model and each with its
-own utilisation figure, and no unattributed process. For each pod, with
+own utilisation figure (a share of the GPU: :mod:`extender.learning.readings` sets
+aside figures that are not), and no unattributed process. For each pod, with
 ``alone`` its model's trusted alone estimate on that GPU type
 (:mod:`extender.learning.store`) and ``shared`` its figure now, the sample is
 ``log(alone / shared)`` for the directed pair (its model, the other's model):
@@ -57,7 +58,6 @@ stays the last fallback.
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
@@ -71,6 +71,7 @@ from contracts.interferencefile import PairTable
 from extender.core import Placement
 from extender.core.pairs import PairModel, TypePairs
 from extender.core.snapshot import Workload, gpu_type_of
+from extender.learning.pair_document import PairKey, decode, encode
 from extender.learning.pair_fit import (
     MAX_EXTRA,
     MAX_LOG,
@@ -85,8 +86,6 @@ MAX_TRACKED_PODS = 100_000
 GROUP_REFIT_SECONDS = 60.0
 DOCUMENT_KEY = "pairs"
 
-PairKey = tuple[str, str, str]
-"""(GPU type, model a, model b): a beside b."""
 
 
 class PairLearner:
@@ -337,52 +336,11 @@ class PairLearner:
         """The persisted form (inside the learning document under ``pairs``); within
         ``max_bytes`` of JSON, the least recently seen group samples, then pairs, left out."""
         with self._lock:
-            pairs = [[t, a, b, int(n), round(m, 6), round(m2, 6)]
-                     for (t, a, b), (n, m, m2) in self._stats.items()]
-            groups = [[t, a, list(others), int(n), round(m, 6)]
-                      for (t, a, others), (n, m) in self._groups.items()]
-            cannot = sorted([t, *sorted(p)] for t, p in self._cannot)
-        if max_bytes is not None:  # the compact JSON each row takes, with its comma
-            sizes = {id(r): len(json.dumps(r, separators=(",", ":"))) + 1
-                     for r in (*pairs, *groups)}
-            size = len(json.dumps(cannot, separators=(",", ":"))) + 40 + sum(sizes.values())
-            for rows in (groups, pairs):  # oldest first in both
-                dropped = 0
-                while size > max_bytes and dropped < len(rows):
-                    size -= sizes[id(rows[dropped])]
-                    dropped += 1
-                del rows[:dropped]
-        return {"pairs": pairs, "groups": groups, "cannot_share": cannot}
+            return encode(self._stats, self._groups, self._cannot, max_bytes)
 
     def load_document(self, doc: Any) -> int:
         """Replace what is learned by ``doc`` (as :meth:`to_document` wrote it); ValueError."""
-        if not isinstance(doc, Mapping):
-            raise ValueError("learning document: pairs must be a mapping")
-        stats: OrderedDict[PairKey, list[float]] = OrderedDict()
-        groups: OrderedDict[GroupKey, list[float]] = OrderedDict()
-        cannot = set()
-        try:
-            for row in doc.get("pairs", []):
-                t, a, b, n, m, m2 = row
-                if not (isinstance(n, int) and n >= 1 and 0 <= float(m) <= MAX_LOG
-                        and float(m2) >= 0):
-                    raise ValueError(f"bad pair row {row!r}")
-                stats[(str(t), str(a), str(b))] = [float(n), float(m), float(m2)]
-            for row in doc.get("groups", []):  # absent from documents older than groups
-                t, a, others, n, m = row
-                if not (isinstance(n, int) and n >= 1 and 0 <= float(m) <= MAX_EXTRA
-                        and isinstance(others, list) and len(others) >= 2):
-                    raise ValueError(f"bad group row {row!r}")
-                groups[(str(t), str(a), tuple(sorted(str(o) for o in others)))] = \
-                    [float(n), float(m)]
-            for row in doc.get("cannot_share", []):
-                t, *pair = row
-                cannot.add((str(t), frozenset(str(p) for p in pair)))
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"learning document: pairs: {exc}") from None
-        for kept in (stats, groups):
-            while len(kept) > self.max_entries:
-                kept.popitem(last=False)
+        stats, groups, cannot = decode(doc, self.max_entries)
         with self._lock:
             self._stats, self._groups, self._cannot = stats, groups, cannot
             self._solved = None
