@@ -59,7 +59,8 @@ def map_tasks(run: Callable[[T], R], tasks: Sequence[T], processes: int) -> list
 
 def sibling(name: str) -> ModuleType:
     """``benchmarks/<name>.py`` as module ``name``, loaded by file path: ``benchmarks/``
-    is not on the path of a running benchmark (above) and is not a package."""
+    is not on the path of a running benchmark (above) and is not a package. The tests
+    load benchmarks through it too (``tests/bench_modules.py``)."""
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")

@@ -3,7 +3,6 @@ the baseline extender), loaded once by file path: benchmarks/ is not a package."
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,16 +13,17 @@ from typing import Any
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
+sys.path.append(str(BENCHMARKS))  # only for this import: benchmarks/ must not shadow packages
+try:
+    import _common
+finally:
+    sys.path.remove(str(BENCHMARKS))
+
+
 def load(name: str) -> ModuleType:
-    """``benchmarks/<name>.py`` as module ``name`` (one instance per test process)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+    """``benchmarks/<name>.py`` as module ``name`` (one instance per test process), by the
+    loader the benchmarks use for each other (``_common.sibling``)."""
+    return _common.sibling(name)
 
 
 load("fake_kube_policy")  # fake_kube_api imports it by name
