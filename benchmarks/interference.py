@@ -15,8 +15,15 @@ after it has seen each job in ``k`` random pairings (``k`` random perfect
 matchings, both directions of each pair, measured figures), over ``--seeds``
 seeds, alone and with the *other* GPU's measured matrix as its prior
 (``learning.pair_prior``: the K80's matrix for the P100 and the reverse; never
-the matrix under test). Pairs that do not fit in memory are known to every method (the memory
-estimate knows them), so no method picks one. A diagnostic row, ``profile_on_every_pair``,
+the matrix under test). The same learner also chooses its own ``k`` pairings
+(``learner_choosing``, :func:`chosen_pairings`), as its placements do on a cluster: each a
+max-weight pairing by its figures with untried pairs lifted by the packaged exploration
+bonus; ``while_learning_of_matrix`` is what the pairings it ran were worth, the cost of
+learning. Pairs that do not fit in memory are known to every method (the memory
+estimate knows them), so no method picks one. A diagnostic, ``best_line_with_seen``, puts
+the other GPU's matrix through the best calibration line there is (fitted to every
+measured pair) with the pairs seen exact: the most the learner's model of a matrix prior
+can reach from random pairings. Another, ``profile_on_every_pair``,
 pairs by the learner's per-model profile (sensitivity and aggressiveness) fitted
 to every measured pair, without the pairs themselves: what the learner's
 generalisation to unseen pairs is worth at best (it uses the truth; not a method).
@@ -40,7 +47,10 @@ measured pairs); and ``pair-oracle``, curve-only's online learner
 given every measured pair (what knowing the pairs alone is worth, a diagnostic).
 Mean and 95% interval (t) over seeds of the average JCT and the makespan, and
 what each pair-aware learner had by the end: directed pairs seen, pairs solved
-from group samples, pair and group samples taken. Memory and SLO
+from group samples, pair and group samples taken. Each goal also says whether the
+oracle itself is ahead of curve-only by more than the interval (what no learner can
+beat), and ``where_vs_curve`` says where each mode's time goes against curve-only,
+paired per seed: waiting, running (slowed by neighbours) and GPU utilisation. Memory and SLO
 sessions are unchanged (the training workload has none).
 """
 
@@ -65,7 +75,8 @@ from scipy.stats import t as student_t
 
 from contracts.interferencefile import PairTable
 from extender.config.loader import load_config
-from extender.core.pairs import PairModel, TypePairs
+from extender.config.sections import LearningConfig
+from extender.core.pairs import UNTRIED, PairModel, TypePairs
 from extender.core.snapshot import NodeSpec
 from extender.learning.interference import PairLearner
 from extender.simulator.belief import SimKnowledge, SimWorld, oracle_pairs
@@ -87,9 +98,14 @@ OTHER = {"p100": "k80", "k80": "p100"}
 """The GPU whose measured matrix is the learner's prior (never the one under test)."""
 KS = (1, 2, 3)
 OFFLINE_METHODS = ("learner", "learner_with_other_gpu_matrix", "seen_pairs_only",
-                   "features_on_other_gpu_and_seen")
+                   "features_on_other_gpu_and_seen", "best_line_with_seen")
 """The learner alone and with the other GPU's matrix as its prior (what the extender
-does), and two diagnostics: the pairs seen and nothing else, and a feature model."""
+does), and three diagnostics: the pairs seen and nothing else, a feature model, and the
+other GPU's matrix through the best calibration line there is."""
+EXPLORE_BONUS = LearningConfig().pair_explore_bonus
+"""The packaged exploration bonus: an untried pair's weight in a chosen pairing."""
+MAX_SLOWDOWN = 20.0
+"""The figure a matrix's cannot-share pair takes where a slowdown is needed."""
 GOAL_OF_MATRIX = 0.97
 GOAL_VS_ORACLE = 0.05
 MEMORY_MIB = {"p100": 16280, "k80": 11441}
@@ -108,16 +124,25 @@ def matrix(raw: dict[str, Any], gpu: str) -> tuple[list[str], np.ndarray]:
     return jobs, s
 
 
-def pairing_value(predicted: np.ndarray, truth: np.ndarray) -> float:
-    """Measured throughput per GPU of the max-weight pairing by ``predicted`` slowdowns."""
+def best_pairs(weight: np.ndarray, truth: np.ndarray) -> list[tuple[int, int]]:
+    """The max-weight pairing by ``weight[i, j]`` (i < j), among pairs that fit."""
     n = len(truth)
     g = nx.Graph()
     for i in range(n):
         for j in range(i + 1, n):
             if np.isfinite(truth[i, j]) and np.isfinite(truth[j, i]):
-                g.add_edge(i, j, weight=1 / predicted[i, j] + 1 / predicted[j, i])
-    chosen = nx.max_weight_matching(g, maxcardinality=True)
-    return sum(1 / truth[i, j] + 1 / truth[j, i] for i, j in chosen) / (n // 2)
+                g.add_edge(i, j, weight=weight[i, j])
+    return [(min(e), max(e)) for e in nx.max_weight_matching(g, maxcardinality=True)]
+
+
+def measured_value(pairs: list[tuple[int, int]], truth: np.ndarray) -> float:
+    """Measured combined normalised throughput per GPU of ``pairs``."""
+    return sum(1 / truth[i, j] + 1 / truth[j, i] for i, j in pairs) / (len(truth) // 2)
+
+
+def pairing_value(predicted: np.ndarray, truth: np.ndarray) -> float:
+    """Measured throughput per GPU of the max-weight pairing by ``predicted`` slowdowns."""
+    return measured_value(best_pairs(1 / predicted + 1 / predicted.T, truth), truth)
 
 
 def best_curve(truth: np.ndarray) -> np.ndarray:
@@ -153,9 +178,10 @@ def seen_pairings(n: int, k: int, rng: np.random.Generator) -> list[tuple[int, i
     return seen
 
 
-def learner_predictions(jobs: list[str], truth: np.ndarray, seen: list[tuple[int, int]],
-                        prior: dict[str, PairTable] | None = None) -> np.ndarray:
-    """The pair learner's figures after the pairings ``seen`` (both directions measured)."""
+def learner_figures(jobs: list[str], truth: np.ndarray, seen: list[tuple[int, int]],
+                    prior: dict[str, PairTable] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The pair learner's figures after the pairings ``seen`` (both directions measured),
+    and which of them are untried (a figure of the matrix, a profile or the fallback)."""
     learner = PairLearner(max_entries=100_000, explore_bonus=0.0, prior=prior)
     for i, j in seen:
         if not np.isfinite(truth[i, j]):
@@ -166,7 +192,51 @@ def learner_predictions(jobs: list[str], truth: np.ndarray, seen: list[tuple[int
     model = learner.model()
     assert model is not None
     fallback = float(np.exp(np.median(np.log(truth[np.isfinite(truth)]))))
-    return np.array([[model.figure("gpu", a, b, fallback)[0] for b in jobs] for a in jobs])
+    answers = [[model.figure("gpu", a, b, fallback) for b in jobs] for a in jobs]
+    return (np.array([[value for value, _ in row] for row in answers]),
+            np.array([[source in UNTRIED for _, source in row] for row in answers]))
+
+
+def learner_predictions(jobs: list[str], truth: np.ndarray, seen: list[tuple[int, int]],
+                        prior: dict[str, PairTable] | None = None) -> np.ndarray:
+    """The pair learner's figures after the pairings ``seen`` (both directions measured)."""
+    return learner_figures(jobs, truth, seen, prior)[0]
+
+
+def chosen_pairings(jobs: list[str], truth: np.ndarray, k: int, rng: np.random.Generator,
+                    prior: dict[str, PairTable] | None = None
+                    ) -> tuple[list[list[tuple[int, int]]], list[float]]:
+    """The learner choosing its own ``k`` pairings, as its placements do on a cluster:
+    each a max-weight pairing by its figures, an untried pair's weight raised by the
+    packaged exploration bonus (``learning.pair_explore_bonus``, as prioritize lowers its
+    loss); with nothing learned and no matrix, the first is random. The pairings run and
+    the measured value of each (what learning cost while it ran)."""
+    seen: list[tuple[int, int]] = []
+    rounds: list[list[tuple[int, int]]] = []
+    ran: list[float] = []
+    for round_ in range(k):
+        if round_ == 0 and prior is None:
+            pairs = seen_pairings(len(jobs), 1, rng)
+        else:
+            figures, untried = learner_figures(jobs, truth, seen, prior)
+            pairs = best_pairs(1 / figures + 1 / figures.T + EXPLORE_BONUS * untried, truth)
+        ran.append(measured_value(pairs, truth))
+        rounds.append(pairs)
+        seen += pairs
+    return rounds, ran
+
+
+def best_line_with_seen(truth: np.ndarray, other: np.ndarray, seen: list[tuple[int, int]]
+                        ) -> np.ndarray:
+    """Diagnostic: the other GPU's matrix through the best calibration line there is (log
+    slowdown here on log slowdown there, fitted to every measured pair), the pairs seen
+    exact: what the learner's own model of a matrix prior reaches at best."""
+    both = np.isfinite(truth) & np.isfinite(other) & ~np.eye(len(truth), dtype=bool)
+    beta, alpha = np.polyfit(np.log(other[both]), np.log(truth[both]), 1)
+    out = np.exp(alpha + beta * np.log(np.where(np.isfinite(other), other, MAX_SLOWDOWN)))
+    for i, j in seen:
+        out[i, j], out[j, i] = truth[i, j], truth[j, i]
+    return out
 
 
 def seen_only(truth: np.ndarray, seen: list[tuple[int, int]]) -> np.ndarray:
@@ -223,6 +293,25 @@ def profile_on_every_pair(jobs: list[str], truth: np.ndarray) -> np.ndarray:
     return np.array([[model.figure("gpu", a, b, 1.0)[0] for b in jobs] for a in jobs])
 
 
+def choosing(jobs: list[str], truth: np.ndarray, seeds: int, best: float,
+             prior: dict[str, PairTable] | None) -> dict[str, Any]:
+    """Per ``k``: the pairing by the learner's figures after choosing its own ``k``
+    pairings (:func:`chosen_pairings`), and the measured value of the pairings it ran
+    while it learned, as a share of the matrix's best."""
+    final: dict[int, list[float]] = {k: [] for k in KS}
+    running: dict[int, list[float]] = {k: [] for k in KS}
+    for seed in range(seeds):
+        rounds, ran = chosen_pairings(jobs, truth, max(KS), np.random.default_rng(seed), prior)
+        for k in KS:
+            seen = [pair for pairs in rounds[:k] for pair in pairs]
+            final[k].append(pairing_value(learner_predictions(jobs, truth, seen, prior), truth))
+            running[k].append(float(np.mean(ran[:k])))
+    return {f"k={k}": {**interval(final[k]),
+                       "of_matrix": round(float(np.mean(final[k])) / best, 4),
+                       "while_learning_of_matrix": round(float(np.mean(running[k])) / best, 4)}
+            for k in KS}
+
+
 def interval(values: list[float]) -> dict[str, float]:
     """Mean and half-width of the 95% t interval."""
     v = np.asarray(values, dtype=float)
@@ -252,11 +341,15 @@ def offline(raw: dict[str, Any], seeds: int) -> dict[str, Any]:
                     "seen_pairs_only": seen_only(truth, seen),
                     "features_on_other_gpu_and_seen": features_predictions(
                         jobs, truth, other_truth, seen)}
+                predicted["best_line_with_seen"] = best_line_with_seen(truth, other_truth, seen)
                 for name, figures in predicted.items():
                     values[name][k].append(pairing_value(figures, truth))
         methods = {name: {f"k={k}": {**interval(v),
                                      "of_matrix": round(float(np.mean(v)) / best, 4)}
                           for k, v in per_k.items()} for name, per_k in values.items()}
+        for name, prior in (("learner_choosing", None),
+                            ("learner_choosing_with_other_gpu_matrix", {other_type: other})):
+            methods[name] = choosing(jobs, truth, seeds, best, prior)
         learned, with_matrix = methods["learner"], methods["learner_with_other_gpu_matrix"]
         matrix_only = pairing_value(learner_predictions(jobs, truth, [], {other_type: other}),
                                     truth)
@@ -348,6 +441,10 @@ def _warm_world(truth: Truth, mode: str, types: list[str], matrix: dict[str, Pai
 
 SIGNALS = ("proportional", "sub-proportional")
 LEARNED = ("pairs_seen", "pairs_inferred", "pair_samples", "group_samples")
+TIMES = ("avg_jct_s", "makespan_s")
+WHERE = ("avg_wait_s", "avg_run_s", "avg_gpu_util")
+"""Where a mode's time goes: waiting, running (slowed by its neighbours), and how busy
+the GPUs were (the simulator's ``avg_gpu_util``)."""
 
 
 def _seed_runs(raw: dict[str, Any], workload: str, task: tuple[str, str, int]
@@ -373,7 +470,7 @@ def _seed_runs(raw: dict[str, Any], workload: str, task: tuple[str, str, int]
             world = _world(truth, mode, [gpu_type], {other_type: other})
         result = simulate(run, nodes, "tandem", PolicyOptions(cost=tandem_cost()),
                           world=world).summary()
-        out[mode] = {key: float(result[key]) for key in ("avg_jct_s", "makespan_s")}
+        out[mode] = {key: float(result[key]) for key in TIMES + WHERE}
         if mode in PAIR_AWARE:
             pairs = world.knowledge.learner.pairs
             pairs.model()  # the last solve of the group samples
@@ -397,7 +494,7 @@ def simulated(raw: dict[str, Any], seeds: int, workload: str, processes: int = 1
         for signal in SIGNALS:
             per_seed = [r for (g, s, _), r in zip(tasks, results, strict=True)
                         if (g, s) == (gpu, signal)]
-            runs = {m: {k: [r[m][k] for r in per_seed] for k in ("avg_jct_s", "makespan_s")}
+            runs = {m: {k: [r[m][k] for r in per_seed] for k in TIMES + WHERE}
                     for m in MODES}
             summary = {m: {k: interval(v) for k, v in r.items()} for m, r in runs.items()}
             out[f"{gpu}/{signal}"] = {
@@ -407,9 +504,11 @@ def simulated(raw: dict[str, Any], seeds: int, workload: str, processes: int = 1
                 "learned": {m: {k: interval([r[m][k] for r in per_seed]) for k in LEARNED}
                             for m in PAIR_AWARE},
                 # what group samples are worth: the two-only twin minus the mode, per seed
-                "groups_paired": {m: {k: _paired(runs, m + TWO_ONLY, m, k)
-                                      for k in ("avg_jct_s", "makespan_s")}
+                "groups_paired": {m: {k: _paired(runs, m + TWO_ONLY, m, k) for k in TIMES}
                                   for m in PAIR_AWARE if m + TWO_ONLY in MODES},
+                # where the time goes: the mode minus curve-only, per seed
+                "where_vs_curve": {m: {k: _paired(runs, m, "curve-only", k) for k in WHERE}
+                                   for m in MODES if m != "curve-only"},
                 "directed_pairs": len(names) ** 2,
                 "per_seed": runs}
     return out
@@ -426,15 +525,19 @@ def _goals(runs: dict[str, dict[str, list[float]]], mode: str, curve_mode: str
     """``mode`` within 5% of the oracle, ahead of ``curve_mode`` (curve-only, warm for a
     warm mode) by more than the interval."""
     goals: dict[str, Any] = {}
-    for key in ("avg_jct_s", "makespan_s"):
+    for key in TIMES:
         pair, curve, oracle = (np.mean(runs[m][key]) for m in (mode, curve_mode, "oracle"))
         ahead = _paired(runs, curve_mode, mode, key)
+        oracle_ahead = _paired(runs, "curve-only", "oracle", key)  # what any learner can reach
         goals[key] = {"pair_vs_oracle": round(float(pair / oracle - 1), 4),
                       "within_5pct_of_oracle": bool(pair <= oracle * (1 + GOAL_VS_ORACLE)),
                       "curve_minus_pair_paired": ahead,
                       "ahead_of_curve_beyond_interval": bool(ahead["mean"] > ahead["ci95"]),
                       "curve_minus_pair_oracle_paired": _paired(runs, "curve-only",
                                                                 "pair-oracle", key),
+                      "curve_minus_oracle_paired": oracle_ahead,
+                      "oracle_ahead_of_curve_beyond_interval": bool(
+                          oracle_ahead["mean"] > oracle_ahead["ci95"]),
                       "curve_vs_oracle": round(float(curve / oracle - 1), 4),
                       "against": curve_mode}
         if curve_mode != "curve-only":  # a warm mode: also against the cold curve-only

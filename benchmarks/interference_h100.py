@@ -8,7 +8,9 @@ imported as ``tandem import-interference --profiled`` does.
 **Offline pairing** (as part (a) of ``interference.py``): the twelve jobs paired onto six
 GPUs by each method's figures, valued on the campaign's measured matrix; the extender's
 pair learner after each job was seen in ``k`` random pairings (the campaign's figures),
-alone and with the retest as its prior; the best-fitting curve; random pairing.
+alone and with the retest as its prior, and after it chose its own ``k`` pairings
+(``learner_choosing``: ``interference.chosen_pairings``); the best-fitting curve; random
+pairing.
 
 **Simulator, H100 cluster** (3 nodes x 4 GPUs), the w-large workload with each job's
 model drawn from the twelve (its true utilisation and memory the measured ones), the
@@ -86,6 +88,8 @@ def offline(seeds: int) -> dict[str, Any]:
                 prior), truth) for seed in range(seeds)]  # fmt: skip
             methods.setdefault(name, {})[f"k={k}"] = {**interval(values),
                                                       "of_matrix": share(np.mean(values))}
+        methods[name.replace("learner", "learner_choosing")] = _gavel.choosing(
+            jobs, truth, seeds, best, prior)
     rng = np.random.default_rng(0)
     random = [pairing_value(rng.random(truth.shape) + 1, truth) for _ in range(seeds)]
     retest_alone = pairing_value(learner_predictions(jobs, truth, [], {retest_type: retest}),

@@ -111,3 +111,68 @@ def test_a_warm_mode_starts_from_what_an_earlier_workload_left_and_after_it() ->
     assert start > max(j.arrival_s for j in history)
     cold = bench._world(truth, "pair-aware", [gpu_type], {})
     assert cold.knowledge.learner.pairs.model() is None
+
+
+def _at_most_once(pairs: list[tuple[int, int]], n: int) -> bool:
+    placed = [x for pair in pairs for x in pair]
+    return len(set(placed)) == len(placed) and set(placed) <= set(range(n))
+
+
+def test_a_learner_choosing_its_pairings_explores_within_the_bonus() -> None:
+    """Each chosen pairing places every job once; the first, with a matrix, is the matrix's
+    own best (every pair untried: the bonus lifts all alike), without one it is random; a
+    later one gives up at most the bonus per GPU of predicted throughput to try new pairs."""
+    raw = json.loads(bench.DATA.read_text())
+    jobs, truth = bench.matrix(raw, "k80")
+    p100_type, p100 = bench.import_gavel(raw, "p100")
+    prior = {p100_type: p100}
+    n, half = len(jobs), len(jobs) // 2
+    (first, second), ran = bench.chosen_pairings(jobs, truth, 2, np.random.default_rng(0),
+                                                 prior)
+    # one pair of the K80's cannot share: at most 12 GPUs take two, every job at most once
+    assert _at_most_once(first, n) and _at_most_once(second, n)
+    assert len(first) == len(second) == half - 1
+    figures, untried = bench.learner_figures(jobs, truth, [], prior)
+    assert untried[~np.eye(n, dtype=bool)].all()
+    weight = 1 / figures + 1 / figures.T
+    assert set(first) == set(bench.best_pairs(weight, truth))
+    assert ran == pytest.approx([bench.measured_value(first, truth),
+                                 bench.measured_value(second, truth)])
+    figures, untried = bench.learner_figures(jobs, truth, first, prior)
+    weight = 1 / figures + 1 / figures.T
+    greedy = sum(weight[i, j] for i, j in bench.best_pairs(weight, truth))
+    explored = sum(weight[i, j] for i, j in second)
+    assert explored >= greedy - bench.EXPLORE_BONUS * half - 1e-9
+    assert any(untried[i, j] for i, j in second)  # it did try new pairs
+    (cold,), _ = bench.chosen_pairings(jobs, truth, 1, np.random.default_rng(4))
+    assert cold == bench.seen_pairings(n, 1, np.random.default_rng(4))
+
+
+def test_the_best_line_keeps_the_pairs_seen_and_orders_the_rest_as_the_matrix() -> None:
+    raw = json.loads(bench.DATA.read_text())
+    jobs, truth = bench.matrix(raw, "p100")
+    _, other = bench.matrix(raw, "k80")
+    seen = bench.seen_pairings(len(jobs), 1, np.random.default_rng(2))
+    line = bench.best_line_with_seen(truth, other, seen)
+    for i, j in seen:
+        assert (line[i, j], line[j, i]) == (truth[i, j], truth[j, i])
+    unseen = np.ones(truth.shape, dtype=bool)
+    for i, j in seen:
+        unseen[i, j] = unseen[j, i] = False
+    unseen &= np.isfinite(other) & ~np.eye(len(jobs), dtype=bool)
+    order = np.argsort(other[unseen])
+    assert np.all(np.diff(line[unseen][order]) >= -1e-12)  # a line with a positive slope
+
+
+def test_the_goals_say_whether_even_the_oracle_leads_curve_only() -> None:
+    """A lead no learner can show: the oracle's own, paired per seed against curve-only."""
+    runs = {"curve-only": {"avg_jct_s": [100.0, 104.0, 102.0], "makespan_s": [100, 200, 150]},
+            "pair-aware": {"avg_jct_s": [95.0, 99.0, 97.0], "makespan_s": [130, 190, 150]},
+            "oracle": {"avg_jct_s": [90.0, 93.0, 91.0], "makespan_s": [120, 170, 160]},
+            "pair-oracle": {"avg_jct_s": [92.0, 95.0, 93.0], "makespan_s": [110, 180, 150]}}
+    goals = bench._goals(runs, "pair-aware", "curve-only")
+    jct, makespan = goals["avg_jct_s"], goals["makespan_s"]
+    assert jct["oracle_ahead_of_curve_beyond_interval"] and jct["ahead_of_curve_beyond_interval"]
+    assert jct["curve_minus_oracle_paired"]["mean"] == pytest.approx(32 / 3, abs=1e-3)
+    assert not makespan["oracle_ahead_of_curve_beyond_interval"]
+    assert not makespan["ahead_of_curve_beyond_interval"]
