@@ -209,14 +209,15 @@ def chosen_pairings(jobs: list[str], truth: np.ndarray, k: int, rng: np.random.G
     """The learner choosing its own ``k`` pairings, as its placements do on a cluster:
     each a max-weight pairing by its figures, an untried pair's weight raised by the
     packaged exploration bonus (``learning.pair_explore_bonus``, as prioritize lowers its
-    loss); with nothing learned and no matrix, the first is random. The pairings run and
+    loss); with nothing learned and no matrix, the first is random (among pairs that fit,
+    as the memory estimate knows them). The pairings run and
     the measured value of each (what learning cost while it ran)."""
     seen: list[tuple[int, int]] = []
     rounds: list[list[tuple[int, int]]] = []
     ran: list[float] = []
     for round_ in range(k):
-        if round_ == 0 and prior is None:
-            pairs = seen_pairings(len(jobs), 1, rng)
+        if round_ == 0 and prior is None:  # a random pairing among the pairs that fit
+            pairs = best_pairs(rng.random(truth.shape), truth)
         else:
             figures, untried = learner_figures(jobs, truth, seen, prior)
             pairs = best_pairs(1 / figures + 1 / figures.T + EXPLORE_BONUS * untried, truth)

@@ -145,7 +145,8 @@ def test_a_learner_choosing_its_pairings_explores_within_the_bonus() -> None:
     assert explored >= greedy - bench.EXPLORE_BONUS * half - 1e-9
     assert any(untried[i, j] for i, j in second)  # it did try new pairs
     (cold,), _ = bench.chosen_pairings(jobs, truth, 1, np.random.default_rng(4))
-    assert cold == bench.seen_pairings(n, 1, np.random.default_rng(4))
+    assert cold == bench.best_pairs(np.random.default_rng(4).random((n, n)), truth)
+    assert all(np.isfinite(truth[i, j]) for i, j in cold)
 
 
 def test_the_best_line_keeps_the_pairs_seen_and_orders_the_rest_as_the_matrix() -> None:
