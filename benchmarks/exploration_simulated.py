@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--workload", default="w-large")
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
-    _common.add_out_option(parser, "exploration")
+    _common.add_out_option(parser, "exploration_simulated")
     args = parser.parse_args()
     raw = json.loads(_gavel.DATA.read_text())
     started = time.perf_counter()
