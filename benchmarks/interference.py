@@ -23,7 +23,9 @@ learning. Pairs that do not fit in memory are known to every method (the memory
 estimate knows them), so no method picks one. A diagnostic, ``best_line_with_seen``, puts
 the other GPU's matrix through the best calibration line there is (fitted to every
 measured pair) with the pairs seen exact: the most the learner's model of a matrix prior
-can reach from random pairings. Another, ``profile_on_every_pair``,
+can reach from random pairings. ``pairings_for_goal_with_other_gpu_matrix`` says how
+many random pairings per job the learner with that matrix needs for 97% (up to 16).
+Another, ``profile_on_every_pair``,
 pairs by the learner's per-model profile (sensitivity and aggressiveness) fitted
 to every measured pair, without the pairs themselves: what the learner's
 generalisation to unseen pairs is worth at best (it uses the truth; not a method).
@@ -97,6 +99,8 @@ GPUS = ("p100", "k80")
 OTHER = {"p100": "k80", "k80": "p100"}
 """The GPU whose measured matrix is the learner's prior (never the one under test)."""
 KS = (1, 2, 3)
+MORE_KS = (4, 6, 8, 12, 16)
+"""More random pairings per job, for how many the goal takes (``pairings_for_goal``)."""
 OFFLINE_METHODS = ("learner", "learner_with_other_gpu_matrix", "seen_pairs_only",
                    "features_on_other_gpu_and_seen", "best_line_with_seen")
 """The learner alone and with the other GPU's matrix as its prior (what the extender
@@ -313,6 +317,19 @@ def choosing(jobs: list[str], truth: np.ndarray, seeds: int, best: float,
             for k in KS}
 
 
+def pairings_for_goal(jobs: list[str], truth: np.ndarray, seeds: int, best: float,
+                      prior: dict[str, PairTable]) -> dict[str, Any]:
+    """Diagnostic: the learner with ``prior`` after more random pairings per job
+    (:data:`MORE_KS`), as a share of the matrix's best, and the fewest that reach the
+    goal (None: none of them)."""
+    shares = {k: float(np.mean([pairing_value(learner_predictions(
+        jobs, truth, seen_pairings(len(jobs), k, np.random.default_rng(seed)), prior),
+        truth) for seed in range(seeds)])) / best for k in MORE_KS}
+    return {"of_matrix": {f"k={k}": round(v, 4) for k, v in shares.items()},
+            "first_k_reaching_goal": next((k for k, v in shares.items()
+                                           if v >= GOAL_OF_MATRIX), None)}
+
+
 def interval(values: list[float]) -> dict[str, float]:
     """Mean and half-width of the 95% t interval."""
     v = np.asarray(values, dtype=float)
@@ -361,6 +378,8 @@ def offline(raw: dict[str, Any], seeds: int) -> dict[str, Any]:
                     "best_curve": round(curve, 4), "best_curve_of_matrix": round(curve / best, 4),
                     "random": interval(random), **methods,
                     "other_gpu_matrix_alone_of_matrix": round(matrix_only / best, 4),
+                    "pairings_for_goal_with_other_gpu_matrix": pairings_for_goal(
+                        jobs, truth, seeds, best, {other_type: other}),
                     "profile_on_every_pair": round(profile, 4),
                     "profile_on_every_pair_of_matrix": round(profile / best, 4),
                     "goal_97pct_by_k3": {name: bool(v["k=3"]["of_matrix"] >= GOAL_OF_MATRIX)

@@ -177,3 +177,15 @@ def test_the_goals_say_whether_even_the_oracle_leads_curve_only() -> None:
     assert jct["curve_minus_oracle_paired"]["mean"] == pytest.approx(32 / 3, abs=1e-3)
     assert not makespan["oracle_ahead_of_curve_beyond_interval"]
     assert not makespan["ahead_of_curve_beyond_interval"]
+
+
+def test_pairings_for_goal_names_the_fewest_that_reach_it() -> None:
+    raw = json.loads(bench.DATA.read_text())
+    jobs, truth = bench.matrix(raw, "k80")
+    p100_type, p100 = bench.import_gavel(raw, "p100")
+    best = bench.pairing_value(truth, truth)
+    found = bench.pairings_for_goal(jobs, truth, 2, best, {p100_type: p100})
+    shares = {int(k.removeprefix("k=")): v for k, v in found["of_matrix"].items()}
+    assert sorted(shares) == list(bench.MORE_KS) and all(0.9 < v <= 1.0 for v in shares.values())
+    reaching = [k for k, v in shares.items() if v >= bench.GOAL_OF_MATRIX]
+    assert found["first_k_reaching_goal"] == (min(reaching) if reaching else None)
