@@ -24,12 +24,8 @@ import _common
 
 from extender.config.loader import load_config
 from extender.simulator.belief import SimWorld
-from extender.simulator.cluster import uniform_cluster
 from extender.simulator.policies import PolicyOptions, tandem_cost
 from extender.simulator.runner import simulate
-from extender.simulator.signal import SignalModel
-from extender.simulator.truth import Truth
-from extender.simulator.workloads import generate, with_named_models
 
 _gavel = _common.sibling("interference")  # its data, worlds and cluster sizes
 BONUSES = (0.0, 0.05, 0.3)
@@ -39,19 +35,14 @@ STARTS = ("cold", "matrix")
 def _runs(raw: dict[str, Any], workload: str, task: tuple[str, str, int]) -> list[float]:
     """Average JCT of one GPU, start and seed under each bonus."""
     gpu, start, seed = task
-    gpu_type, table = _gavel.import_gavel(raw, gpu)
-    other_type, other = _gavel.import_gavel(raw, _gavel.OTHER[gpu])
-    nodes = uniform_cluster(3, 4, gpu_type, _gavel.MEMORY_MIB[gpu], prefix=f"{gpu}-node")
-    truth = Truth(interference={gpu_type: table}, signal=SignalModel("proportional"),
-                  seed=seed)
-    jobs = with_named_models(generate(workload, seed), table.models(), seed)
+    here = _gavel.setting(raw, workload, gpu, "proportional", seed)
     base = replace(load_config(None, environ={}).learning, pairs=True,
-                   pair_prior_tables={other_type: other} if start == "matrix" else {})
+                   pair_prior_tables=here.other if start == "matrix" else {})
     out = []
     for bonus in BONUSES:
-        world = SimWorld.build(truth, "online", replace(base, pair_explore_bonus=bonus),
-                               [gpu_type])
-        result = simulate(jobs, nodes, "tandem", PolicyOptions(cost=tandem_cost()),
+        world = SimWorld.build(here.truth, "online", replace(base, pair_explore_bonus=bonus),
+                               [here.gpu_type])
+        result = simulate(here.jobs, here.nodes, "tandem", PolicyOptions(cost=tandem_cost()),
                           world=world)
         out.append(float(result.avg_jct_s))
     return out

@@ -63,7 +63,7 @@ import json
 import math
 import os
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -81,6 +81,7 @@ from extender.config.sections import LearningConfig
 from extender.core.pairs import UNTRIED, PairModel, TypePairs
 from extender.core.snapshot import NodeSpec
 from extender.learning.interference import PairLearner
+from extender.learning.pair_fit import MAX_LOG
 from extender.simulator.belief import SimKnowledge, SimWorld, oracle_pairs
 from extender.simulator.cluster import uniform_cluster
 from extender.simulator.jobs import SimJob
@@ -108,8 +109,9 @@ does), and three diagnostics: the pairs seen and nothing else, a feature model, 
 other GPU's matrix through the best calibration line there is."""
 EXPLORE_BONUS = LearningConfig().pair_explore_bonus
 """The packaged exploration bonus: an untried pair's weight in a chosen pairing."""
-MAX_SLOWDOWN = 20.0
-"""The figure a matrix's cannot-share pair takes where a slowdown is needed."""
+MAX_SLOWDOWN = math.exp(MAX_LOG)
+"""The figure a matrix's cannot-share pair takes where a slowdown is needed (the learner's
+largest, a slowdown of 20)."""
 GOAL_OF_MATRIX = 0.97
 GOAL_VS_ORACLE = 0.05
 MEMORY_MIB = {"p100": 16280, "k80": 11441}
@@ -467,28 +469,47 @@ WHERE = ("avg_wait_s", "avg_run_s", "avg_gpu_util")
 the GPUs were (the simulator's ``avg_gpu_util``)."""
 
 
+@dataclass(frozen=True)
+class Setting:
+    """One seed of one GPU's world: its truth, cluster and jobs, and the other GPU's matrix."""
+
+    gpu_type: str
+    table: PairTable
+    other: dict[str, PairTable]
+    nodes: list[NodeSpec]
+    truth: Truth
+    jobs: list[SimJob]
+
+
+def setting(raw: dict[str, Any], workload: str, gpu: str, signal: str, seed: int) -> Setting:
+    """The imported truth of ``gpu`` under ``signal`` on 3 x 4 GPUs, ``workload`` drawing
+    the truth's models (seeded), and the other GPU's imported matrix."""
+    gpu_type, table = import_gavel(raw, gpu)
+    other_type, other = import_gavel(raw, OTHER[gpu])
+    return Setting(gpu_type, table, {other_type: other},
+                   uniform_cluster(3, 4, gpu_type, MEMORY_MIB[gpu], prefix=f"{gpu}-node"),
+                   Truth(interference={gpu_type: table}, signal=SignalModel(signal), seed=seed),
+                   with_named_models(generate(workload, seed), table.models(), seed))
+
+
 def _seed_runs(raw: dict[str, Any], workload: str, task: tuple[str, str, int]
                ) -> dict[str, dict[str, float]]:
     """One seed of one GPU and signal model: every mode's average JCT, makespan and, for
     the pair-aware modes, what the learner had by the end (:data:`LEARNED`)."""
     gpu, signal, seed = task
-    gpu_type, table = import_gavel(raw, gpu)
-    nodes = uniform_cluster(3, 4, gpu_type, MEMORY_MIB[gpu], prefix=f"{gpu}-node")
-    other_type, other = import_gavel(raw, OTHER[gpu])
-    truth = Truth(interference={gpu_type: table}, signal=SignalModel(signal), seed=seed)
-    jobs = with_named_models(generate(workload, seed), table.models(), seed)
-    history = with_named_models(generate(workload, seed + HISTORY_SEED), table.models(),
+    here = setting(raw, workload, gpu, signal, seed)
+    history = with_named_models(generate(workload, seed + HISTORY_SEED), here.table.models(),
                                 seed + HISTORY_SEED)
     out: dict[str, dict[str, float]] = {}
     for mode in MODES:
-        run = jobs
+        run = here.jobs
         if mode.endswith(WARM):
-            world, start = _warm_world(truth, mode.removesuffix(WARM), [gpu_type],
-                                       {other_type: other}, history, nodes)
-            run = [replace(j, arrival_s=j.arrival_s + start) for j in jobs]
+            world, start = _warm_world(here.truth, mode.removesuffix(WARM), [here.gpu_type],
+                                       here.other, history, here.nodes)
+            run = [replace(j, arrival_s=j.arrival_s + start) for j in here.jobs]
         else:
-            world = _world(truth, mode, [gpu_type], {other_type: other})
-        result = simulate(run, nodes, "tandem", PolicyOptions(cost=tandem_cost()),
+            world = _world(here.truth, mode, [here.gpu_type], here.other)
+        result = simulate(run, here.nodes, "tandem", PolicyOptions(cost=tandem_cost()),
                           world=world).summary()
         out[mode] = {key: float(result[key]) for key in TIMES + WHERE}
         if mode in PAIR_AWARE:

@@ -87,7 +87,6 @@ GROUP_REFIT_SECONDS = 60.0
 DOCUMENT_KEY = "pairs"
 
 
-
 class PairLearner:
     """Directed pair statistics, per-model profiles and refused pairs (module docstring)."""
 
