@@ -44,6 +44,8 @@ from fault_cluster import PlainWatch, audit, cluster, k8s_pod, truth  # noqa: E4
 from fuzz_strategies import Harness, check, fuzz_settings  # noqa: E402
 from hypothesis import given  # noqa: E402
 
+from extender.state.view import encoded  # noqa: E402
+
 _common = load("_common")
 FAULT_KINDS = ("none", "bind-500", "bind-503", "bind-429", "bind-409", "bind-lost",
                "bind-stall", "events-500", "watch-410", "failover", "renumber")
@@ -188,7 +190,7 @@ def campaign(binds: int, seed: int, nodes: int = 4) -> dict[str, Any]:
             if len(bound) > 48:  # churn: pods end, so the cluster never fills up
                 c.fake.delete_pod("ml", bound.pop(rng.randrange(len(bound))))
         settled = wait_for(lambda: audit(c.fake, leader.state).clean
-                           and leader.state.view()["assumed"] == 0)
+                           and encoded(leader.state.snapshot())["assumed"] == 0)
         live = audit(c.fake, leader.state)
         restarted = c.replica()
         for node, ids in uuids.items():

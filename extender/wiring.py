@@ -40,23 +40,24 @@ def create_app(
 ) -> Flask:
     """One extender process over ``source``: learner, state, the verbs, the placement signer,
     metrics and routes; starts the source unless told not to."""
+    from extender.learning.knowledge import Beliefs
     from extender.learning.learner import build_learner
     from extender.ops.metrics import Metrics
     from extender.service.verbs import Extender
     from extender.state.ledger import ClusterState
     from extender.state.signing import load_signer
+    from extender.state.view import metric_rows
     from extender.transport.routes import build_routes
 
     current = config.current()
-    learner = build_learner(current.learning, source, may_bind,
-                            lambda gpu_type: config.policy().curve_for(gpu_type),
+    learner = build_learner(current.learning, source, may_bind, current.policy,
                             predictor.known_digest if predictor is not None else None)
-    state = ClusterState(lambda: learner.policy(config.policy(), config.current().learning),
-                         clock, current.state.assume_ttl_seconds)
+    # The one door from config and learner to decisions: merged once per reload or refit.
+    state = ClusterState(Beliefs(config, learner), clock, current.state.assume_ttl_seconds)
     ext = Extender(state, source, config, clock, predictor, profiles, planner, may_bind, learner,
                    environ)
     metrics = metrics or Metrics()
-    metrics.watch_state(state.gpu_rows, lambda: state.synced)
+    metrics.watch_state(lambda: metric_rows(state.snapshot()), lambda: state.snapshot().synced)
     metrics.watch_learning(learner.curves.view, learner.stats)
     if source.signs_placements:
         source.use_signer(load_signer(current.state, environ, current.reports),

@@ -33,6 +33,8 @@ from extender.inference_profiles import parse_profiles
 from extender.ops.metrics import Metrics
 from extender.wiring import create_app, default_planner
 
+TTL = build_config({}).state.assume_ttl_seconds
+"""The configured default of ``state.assume_ttl_seconds``."""
 TOKEN = "s3cret-token"
 AGENT_AUTH = {"Authorization": f"Bearer {TOKEN}"}
 """What agents send: the full ``/v1/state`` (pod names, annotations, learning)."""
@@ -309,3 +311,33 @@ class MemoryOnlyPredictor:
 
     def known_digest(self, model_ref: str) -> str | None:
         return None
+
+
+# ---- ClusterState through its snapshot (the state itself only writes) -----------------------
+
+def state_view(state: Any) -> dict[str, Any]:
+    """The encoded ``/v1/state`` document of ``state`` now (without ``learning``)."""
+    from extender.state.view import encoded
+
+    return encoded(state.snapshot())
+
+
+def gpu_types(state: Any) -> list[str]:
+    """The GPU types of ``state``'s table now."""
+    return list(state.snapshot().table.type_names)
+
+
+def assume_best(state: Any, node: str, resolved: ResolvedDemand, inference: Any, uid: str,
+                pod_key: str) -> tuple[Placement, Any, float, list[str], str]:
+    """What bind does: decide on ``node`` on a fresh snapshot and assume it (BindConflict when
+    it does not fit); (placement, plan, cost, GPU UUIDs, interference source)."""
+    from extender.core import place
+    from extender.errors import BindConflict
+
+    snap = state.snapshot()
+    decided = place(snap, node, resolved, inference, uid, pod_key)
+    if decided.placement is None:
+        raise BindConflict(f"node {node} no longer fits pod {pod_key}", decided.rejection)
+    assert state.assume(snap, decided.placement)
+    return (decided.placement, decided.plan, decided.cost, list(decided.gpu_uuids),
+            decided.interference)

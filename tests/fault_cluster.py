@@ -21,6 +21,7 @@ from extender.cluster.kube import KubeSource, PlainWatch
 from extender.cluster.source import DONE_PHASES
 from extender.config.loader import ConfigHolder
 from extender.config.schema import build_config
+from extender.state.view import encoded
 from extender.wiring import create_app
 
 GPUS_PER_NODE = 2
@@ -142,7 +143,7 @@ def truth(fake: Any) -> dict[str, tuple[str, frozenset[str]]]:
 def ledger(state: Any) -> dict[str, tuple[str, frozenset[str]]]:
     """Per pod UID the extender holds (placed or assumed): node and GPU UUIDs."""
     held: dict[str, tuple[str, set[str]]] = {}
-    for node, info in state.view()["nodes"].items():
+    for node, info in encoded(state.snapshot())["nodes"].items():
         for gpu in info["gpus"]:
             for pod in gpu["pods"]:
                 held.setdefault(pod["uid"], (node, set()))[1].add(gpu["uuid"])

@@ -115,8 +115,8 @@ def test_an_estimate_from_one_namespace_sets_another_namespaces_prediction_only_
 
     feed("idle", 0, 1.0, 10)  # mallory's pod names model m and idles at 1%
     gpu_type = "NVIDIA-A100-SXM4-40GB"
-    mallory = learner.knowledge(learner.cfg, namespace="mallory").observed
-    team_b = learner.knowledge(learner.cfg, namespace="team-b").observed
+    mallory = learner.knowledge(learner.cfg).util(namespace="mallory").observed
+    team_b = learner.knowledge(learner.cfg).util(namespace="team-b").observed
     assert mallory("m", 32, gpu_type, "training")[1] > 0  # its own namespace: used
     assert team_b("m", 32, gpu_type, "training")[1] == 0  # another tenant's: not trusted
     feed("real", 1, 80.0, 10)  # a second namespace confirms the model

@@ -6,7 +6,18 @@ import math
 
 import numpy as np
 import pytest
-from extender_builders import A100, H100, inference, node, placement, pod, rejection, training
+from extender_builders import (
+    A100,
+    H100,
+    TTL,
+    assume_best,
+    inference,
+    node,
+    placement,
+    pod,
+    rejection,
+    training,
+)
 
 from contracts.annotations import PodInputs
 from extender.core import (
@@ -29,9 +40,11 @@ from extender.core import (
     is_unresolvable,
     parse_demand,
     resolve_demand,
+    score_nodes,
 )
 from extender.core.cost import curve_costs, effective_load, scores_from_costs
 from extender.core.session_rules import InferenceContext
+from extender.learning.knowledge import FixedBeliefs
 from planner import plan_gpu
 
 
@@ -402,17 +415,17 @@ def test_ledger_rebuild_and_confirm_keep_pods_newer_than_the_sample():
     from extender.state.ledger import ClusterState
 
     clock = [10.0]
-    state = ClusterState(lambda: CostPolicy(), lambda: clock[0])
+    state = ClusterState(FixedBeliefs(CostPolicy()), lambda: clock[0], TTL)
     state.set_nodes([node("n1", 1)])
-    gpus = state._table.gpus
+    gpus = state.snapshot().table.gpus
     state.report("n1", gpus, [60.0], [30000.0])
     clock[0] = 11.0
-    demand = resolved(training(util=10, mem=4000), state._table)
-    assumed, *_ = state.assume_best("n1", demand, None, "u1", "default/p1")
+    demand = resolved(training(util=10, mem=4000), state.snapshot().table)
+    assumed, *_ = assume_best(state, "n1", demand, None, "u1", "default/p1")
     assert assumed == placement("u1", pod="default/p1", util=10, mem=4000)
 
     def since() -> float:
-        return float(state._table.since_mib[state._table.row_of("n1", 0)])
+        return float(state.snapshot().table.since_mib[state.snapshot().table.row_of("n1", 0)])
 
     assert since() == 4000.0
     state.upsert_node(node("n2", 1))  # rebuild
@@ -424,7 +437,8 @@ def test_ledger_rebuild_and_confirm_keep_pods_newer_than_the_sample():
     assert since() == 0.0
     state.upsert_node(node("n3", 1))
     assert since() == 0.0
-    ev = state.evaluate(["n1"], resolved(training(util=10, mem=7000), state._table), None)
+    snap = state.snapshot()
+    ev = score_nodes(snap, ["n1"], resolved(training(util=10, mem=7000), snap.table))
     assert ev.feasible_names() == []
     assert ev.rejections == {"n1": rejection(
         "n1", Reason.INSUFFICIENT_GPU_MEMORY, False, on_gpus=1, gpus_total=1,

@@ -7,7 +7,16 @@ import time
 
 import pytest
 from bench_modules import fake_kube_api
-from extender_builders import AGENT_AUTH, TOKEN, PodBuilder, demand, placement
+from extender_builders import (
+    AGENT_AUTH,
+    TOKEN,
+    PodBuilder,
+    assume_best,
+    demand,
+    gpu_types,
+    placement,
+    state_view,
+)
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -139,9 +148,9 @@ def test_bind_reads_the_pod_then_binds_with_uid_precondition_and_annotations(api
     assert stored["metadata"]["annotations"]["tandem.io/gpu-util"] == "20"  # inputs kept
     # the placement is assumed until the watch confirms it
     state = app.extensions["tandem"].state
-    assert state.view()["assumed"] == 1
+    assert state_view(state)["assumed"] == 1
     source.apply_pod_event(state, "MODIFIED", stored)
-    assert (state.view()["assumed"], state.view()["placed"]) == (0, 2)
+    assert (state_view(state)["assumed"], state_view(state)["placed"]) == (0, 2)
     assert source.drain_events() == 1
     (event,) = fake.events
     assert event["reason"] == "TandemBound" and event["involvedObject"]["uid"] == "uid-new"
@@ -167,7 +176,7 @@ def test_recreated_pod_is_not_bound_with_the_old_decision(api, fake):
     assert "has UID uid-other, not uid-new (recreated?)" in result["Error"]
     assert "nodeName" not in fake.pod("ml", "new")["spec"]
     assert "tandem.io/gpu-index" not in fake.pod("ml", "new")["metadata"]["annotations"]
-    assert app.extensions["tandem"].state.view()["assumed"] == 0  # nothing reserved
+    assert state_view(app.extensions["tandem"].state)["assumed"] == 0  # nothing reserved
 
 
 def test_retried_bind_succeeds_without_a_second_booking(api, fake):
@@ -178,7 +187,7 @@ def test_retried_bind_succeeds_without_a_second_booking(api, fake):
     assert bind(app) == {"Error": ""}  # kube-scheduler retried after a timeout
     bindings = [r for r in calls(fake, "POST") if r.path.endswith("/binding")]
     assert len(bindings) == 1
-    view = app.extensions["tandem"].state.view()
+    view = state_view(app.extensions["tandem"].state)
     assert view["assumed"] + view["placed"] == 2  # old + new, not new twice
     assert "already bound" in bind(app, node="cpu-1")["Error"]
 
@@ -190,7 +199,7 @@ def test_bind_api_failure_is_error_and_frees_capacity(api, fake):
     fake.bind_pod("ml", "new", {"target": {"name": "cpu-1"}})  # someone else bound it
     result = bind(app)
     assert "Conflict" in result["Error"] and "already assigned" in result["Error"]
-    assert app.extensions["tandem"].state.view()["assumed"] == 0
+    assert state_view(app.extensions["tandem"].state)["assumed"] == 0
     source.drain_events()
     assert fake.events[-1]["reason"] == "TandemBindFailed"
 
@@ -208,14 +217,14 @@ def test_pod_events_forget_finished_pods(api, kind, phase, placed):
     app, source = make(api)
     state = app.extensions["tandem"].state
     source.apply_pod_event(state, kind, k8s_pod("old", "uid-old", "gpu-1", BOUND, phase=phase))
-    assert state.view()["placed"] == placed
+    assert state_view(state)["placed"] == placed
 
 
 def test_pending_pod_without_node_keeps_its_assumption(api):
     app, source = make(api)
     state = app.extensions["tandem"].state
     x = PodBuilder("x", namespace="ml").uid("uid-x").util(10).mem(100).obj()
-    assumed, *_ = state.assume_best("gpu-1", demand(x, state.gpu_types()), None, "uid-x", "ml/x")
+    assumed, *_ = assume_best(state, "gpu-1", demand(x, gpu_types(state)), None, "uid-x", "ml/x")
     assert assumed == placement("uid-x", pod="ml/x", node="gpu-1", gpus=(0,), util=10, mem=100)
     source.apply_pod_event(state, "MODIFIED", {"metadata": {"uid": "uid-x", "annotations": BOUND},
                                                "spec": {}, "status": {"phase": "Pending"}})
@@ -226,9 +235,9 @@ def test_node_events_update_inventory(api):
     app, source = make(api)
     state = app.extensions["tandem"].state
     source.apply_node_event(state, "MODIFIED", k8s_node("cpu-1", GFD))
-    assert len(state.view()["nodes"]["cpu-1"]["gpus"]) == 2
+    assert len(state_view(state)["nodes"]["cpu-1"]["gpus"]) == 2
     source.apply_node_event(state, "DELETED", k8s_node("cpu-1", GFD))
-    assert "cpu-1" not in state.view()["nodes"]
+    assert "cpu-1" not in state_view(state)["nodes"]
 
 
 def wait_for(predicate, seconds=5.0):
@@ -245,11 +254,11 @@ def test_real_watches_confirm_binds_and_follow_nodes(api, fake):
         fake.put_pod(k8s_pod("new", "uid-new", annotations=DEMAND))
         filter_first(app, fake)
         assert bind(app) == {"Error": ""}
-        wait_for(lambda: state.view()["assumed"] == 0 and state.view()["placed"] == 2)
+        wait_for(lambda: state_view(state)["assumed"] == 0 and state_view(state)["placed"] == 2)
         fake.put_node(k8s_node("gpu-2", GFD))
-        wait_for(lambda: "gpu-2" in state.view()["nodes"])
+        wait_for(lambda: "gpu-2" in state_view(state)["nodes"])
         fake.delete_pod("ml", "new")
-        wait_for(lambda: state.view()["placed"] == 1)
+        wait_for(lambda: state_view(state)["placed"] == 1)
     finally:
         source.stop()
 
@@ -274,7 +283,7 @@ def test_watch_expiry_relists(api, fake):
     source._watch(state, api.list_node, source.apply_node_event, "10")
     node_lists = [r for r in calls(fake, "GET") if r.path == "/api/v1/nodes"]
     assert len(node_lists) == 2  # initial sync + relist after 410
-    assert "gpu-2" not in state.view()["nodes"]  # the relist is the truth (server has no gpu-2)
+    assert "gpu-2" not in state_view(state)["nodes"]  # the relist is the truth (no gpu-2 there)
 
 
 def test_expired_plain_watch_raises_gone(api, fake):
@@ -464,7 +473,7 @@ def test_env_handoff_never_holds_a_node(api, fake):
 def rebuilt(api, fake):
     """A fresh extender (a restart) rebuilt from the API server's pods."""
     app, _ = make(api)
-    return app.extensions["tandem"].state.view()["nodes"]["gpu-1"]["gpus"]
+    return state_view(app.extensions["tandem"].state)["nodes"]["gpu-1"]["gpus"]
 
 
 def test_edited_signed_pod_without_a_record_holds_its_whole_node(api, fake):
@@ -474,7 +483,7 @@ def test_edited_signed_pod_without_a_record_holds_its_whole_node(api, fake):
     pod["metadata"]["annotations"]["tandem.io/predicted-gpu-mem-mib"] = "1"
     fake.put_pod(pod)
     app, source = make(api)
-    view = app.extensions["tandem"].state.view()
+    view = state_view(app.extensions["tandem"].state)
     gpus = view["nodes"]["gpu-1"]["gpus"]
     assert [(g["reserved_mib"], g["predicted_util"]) for g in gpus] == [(40960, 100)] * 2
     assert (view["placed"], view["untrusted"]) == (0, 1)
@@ -521,7 +530,7 @@ def test_watch_event_never_changes_a_bound_placement(api, fake, edit):
     pod = fake.pod("ml", "old")
     pod["metadata"]["annotations"].update(edit)
     source.apply_pod_event(state, "MODIFIED", pod)
-    gpus = state.view()["nodes"]["gpu-1"]["gpus"]
+    gpus = state_view(state)["nodes"]["gpu-1"]["gpus"]
     assert [g["reserved_mib"] for g in gpus] == [0, 30000]
     source.apply_pod_event(state, "MODIFIED", pod)  # reported once per pod
     source.drain_events()
@@ -547,9 +556,9 @@ def test_relist_after_410_releases_pods_deleted_in_the_gap(api, fake):
     fake.put_pod(k8s_pod("gone", "uid-gone", "gpu-1", signed("uid-gone", "gpu-1", BOUND)))
     fake.put_pod(k8s_pod("ends", "uid-ends", "gpu-1", signed("uid-ends", "gpu-1", BOUND)))
     _, pod_rv = source.sync(state)
-    assert state.view()["placed"] == 3
+    assert state_view(state)["placed"] == 3
     x = PodBuilder("x", namespace="ml").uid("uid-x").util(10).mem(100).obj()
-    state.assume_best("gpu-1", demand(x, state.gpu_types()), None, "uid-x", "ml/x")
+    assume_best(state, "gpu-1", demand(x, gpu_types(state)), None, "uid-x", "ml/x")
     fake.delete_pod("ml", "gone")
     ended = fake.pod("ml", "ends")
     ended["status"]["phase"] = "Succeeded"
@@ -567,7 +576,7 @@ def test_relist_after_410_releases_pods_deleted_in_the_gap(api, fake):
     source._stop.wait = lambda timeout: False  # no real backoff in tests
     source._watch(state, api.list_pod_for_all_namespaces, source.apply_pod_event, pod_rv)
     assert relists == [1]
-    view = state.view()
+    view = state_view(state)
     assert (view["placed"], view["assumed"]) == (1, 1)  # "old" stays, x is in flight
     reserved = [g["reserved_mib"] for g in view["nodes"]["gpu-1"]["gpus"]]
     assert reserved == [100, 30000]

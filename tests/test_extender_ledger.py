@@ -10,15 +10,19 @@ from extender_builders import (
     A100_MIB,
     AGENT_AUTH,
     H100,
+    TTL,
     NodeBuilder,
     PodBuilder,
     args,
+    assume_best,
     binding,
     demand,
+    gpu_types,
     inference,
     make_app,
     node,
     placement,
+    state_view,
     training,
 )
 
@@ -27,6 +31,7 @@ from extender.config.loader import ConfigHolder
 from extender.config.schema import build_config
 from extender.core import CostPolicy, GpuSpec, Placement, SessionSpec, Workload
 from extender.errors import BindConflict
+from extender.learning.knowledge import FixedBeliefs
 from extender.state.ledger import ClusterState
 from extender.wiring import create_app
 
@@ -97,13 +102,13 @@ def test_restart_rebuilds_from_annotations_without_loss_or_double_booking():
 def _assume(state: ClusterState, util: float = 10, mem: float = 1000) -> Placement:
     """Assume pod ``d/p`` (uid ``u1``) on n1 through the ledger's bind path."""
     p = PodBuilder("p", namespace="d").uid("u1").util(util).mem(mem).obj()
-    assumed, *_ = state.assume_best("n1", demand(p, state.gpu_types()), None, "u1", "d/p")
+    assumed, *_ = assume_best(state, "n1", demand(p, gpu_types(state)), None, "u1", "d/p")
     return assumed
 
 
 def test_assumed_placement_is_kept_while_binding_before_its_ttl_and_once_confirmed():
     clock = [100.0]
-    state = ClusterState(lambda: CostPolicy(), lambda: clock[0], assume_ttl_seconds=30)
+    state = ClusterState(FixedBeliefs(CostPolicy()), lambda: clock[0], 30)
     state.set_nodes([node("n1", 1)])
     p = _assume(state)
     assert p == placement("u1", pod="d/p", node="n1", gpus=(0,), util=10, mem=1000)
@@ -115,20 +120,20 @@ def test_assumed_placement_is_kept_while_binding_before_its_ttl_and_once_confirm
     clock[0] += 100
     assert state.expire() == [] and state.placement_of("u1") == p
     state.forget("u1")
-    assert state.view()["nodes"]["n1"]["gpus"][0]["reserved_mib"] == 0
+    assert state_view(state)["nodes"]["n1"]["gpus"][0]["reserved_mib"] == 0
 
 
 def test_assumed_placement_dropped_after_ttl():
     clock = [0.0]
-    state = ClusterState(lambda: CostPolicy(), lambda: clock[0], assume_ttl_seconds=5)
+    state = ClusterState(FixedBeliefs(CostPolicy()), lambda: clock[0], 5)
     state.set_nodes([node("n1", 1)])
     p = _assume(state)
-    assert state.view()["nodes"]["n1"]["gpus"][0]["reserved_mib"] == 1000
+    assert state_view(state)["nodes"]["n1"]["gpus"][0]["reserved_mib"] == 1000
     state.finish_binding("u1")
     clock[0] = 6
     assert state.expire() == [p]
     assert not state.is_known("u1")
-    assert state.view()["nodes"]["n1"]["gpus"][0]["reserved_mib"] == 0
+    assert state_view(state)["nodes"]["n1"]["gpus"][0]["reserved_mib"] == 0
 
 
 MIXED = NodeBuilder("n1").gpus(1).gpus(1, product=H100, memory_mib=81559).obj()
@@ -158,10 +163,10 @@ BOUND_PODS = [
 @pytest.mark.parametrize(("pod", "expected"), [pytest.param(b.obj(), e, id=n)
                                                for n, b, e in BOUND_PODS])
 def test_restart_rebuilds_each_placement_from_its_pod(pod, expected):
-    state = ClusterState(lambda: CostPolicy(), lambda: 0.0)
+    state = ClusterState(FixedBeliefs(CostPolicy()), lambda: 0.0, TTL)
     SimSource([MIXED], [pod]).start(state)
     assert state.placement_of(pod["metadata"]["uid"]) == expected
-    assert state.view()["placed"] == (expected is not None)
+    assert state_view(state)["placed"] == (expected is not None)
 
 
 def test_bind_source_failure_forgets_the_assumption():
@@ -175,7 +180,7 @@ def test_bind_source_failure_forgets_the_assumption():
     source.create_pod(p)
     body = app.test_client().post("/bind", json=binding(p, "n1")).get_json()
     assert "apiserver down" in body["Error"]
-    assert app.extensions["tandem"].state.view()["assumed"] == 0
+    assert state_view(app.extensions["tandem"].state)["assumed"] == 0
     assert source.events[-1].reason == "TandemBindFailed"
 
 
@@ -184,9 +189,9 @@ def test_sim_file_prebound_pods_and_bad_files():
         {"product": "X", "memory_mib": 100, "count": 2}]}],
         "pods": [{"name": "p", "node": "n", "gpu_index": [1], "util_percent": 20,
                   "mem_mib": 50}]})
-    state = ClusterState(lambda: CostPolicy(), lambda: 0.0)
+    state = ClusterState(FixedBeliefs(CostPolicy()), lambda: 0.0, TTL)
     SimSource(nodes, pods).start(state)
-    assert state.view()["nodes"]["n"]["gpus"][1]["reserved_mib"] == 50
+    assert state_view(state)["nodes"]["n"]["gpus"][1]["reserved_mib"] == 50
     from contracts.clusterfile import ClusterFileError
 
     with pytest.raises(ClusterFileError) as info:
@@ -202,7 +207,7 @@ def test_renumbered_gpus_keep_their_pods_by_uuid():
     def gpu_spec(index, uuid):
         return GpuSpec(index, uuid, A100, A100_MIB)
 
-    state = ClusterState(lambda: CostPolicy(max_pods_per_gpu=8), lambda: 1000.0)
+    state = ClusterState(FixedBeliefs(CostPolicy(max_pods_per_gpu=8)), lambda: 1000.0, TTL)
     state.set_nodes([node("n1", 3)])
     state.report("n1", [gpu_spec(0, "GPU-A"), gpu_spec(1, "GPU-B"), gpu_spec(2, "GPU-C")],
                  [0.0] * 3, [0.0] * 3)
@@ -210,15 +215,15 @@ def test_renumbered_gpus_keep_their_pods_by_uuid():
         state.confirm(Placement(f"u{i}", f"default/p{i}", "n1", (1,), 1.0, 100.0,
                                 gpu_uuids=("GPU-B",)))
     state.report("n1", [gpu_spec(0, "GPU-B"), gpu_spec(1, "GPU-C")], [0.0] * 2, [0.0] * 2)
-    gpus = {g["uuid"]: g for g in state.view()["nodes"]["n1"]["gpus"]}
+    gpus = {g["uuid"]: g for g in state_view(state)["nodes"]["n1"]["gpus"]}
     assert len(gpus["GPU-B"]["pods"]) == 8 and gpus["GPU-B"]["reserved_mib"] == 800
     assert gpus["GPU-C"]["pods"] == [] and gpus["GPU-C"]["reserved_mib"] == 0
     for i in range(8, 16):  # new pods go to GPU C only: B is at its limit
         p = training(f"p{i}", util=1, mem=100)
-        placed, *_ = state.assume_best("n1", demand(p, state.gpu_types()), None, f"u{i}",
+        placed, *_ = assume_best(state, "n1", demand(p, gpu_types(state)), None, f"u{i}",
                                        f"default/p{i}")
         assert placed.gpu_uuids == ("GPU-C",)
-    gpus = {g["uuid"]: g for g in state.view()["nodes"]["n1"]["gpus"]}
+    gpus = {g["uuid"]: g for g in state_view(state)["nodes"]["n1"]["gpus"]}
     assert (len(gpus["GPU-B"]["pods"]), len(gpus["GPU-C"]["pods"])) == (8, 8)
 
 
@@ -231,20 +236,21 @@ def test_sim_file_pods_follow_their_gpu_uuid_when_a_report_renumbers():
            "pods": [{"name": f"p{i}", "node": "n", "gpu_index": [1], "util_percent": 1,
                      "mem_mib": 100} for i in range(8)]}
     nodes, pods = parse_cluster(raw)
-    state = ClusterState(lambda: CostPolicy(), lambda: 0.0)
+    state = ClusterState(FixedBeliefs(CostPolicy()), lambda: 0.0, TTL)
     SimSource(nodes, pods).start(state)
     survivor = sim_gpu_uuid("n", 1)
     state.report("n", [GpuSpec(0, survivor, "X", 1000.0)], [0.0], [0.0])
-    (gpu,) = state.view()["nodes"]["n"]["gpus"]
+    (gpu,) = state_view(state)["nodes"]["n"]["gpus"]
     assert gpu["uuid"] == survivor and len(gpu["pods"]) == 8 and gpu["reserved_mib"] == 800
     p = training("p9", util=1, mem=100)
     with pytest.raises(BindConflict):  # 8 pods is the default limit per GPU
-        state.assume_best("n", demand(p, state.gpu_types()), None, "u9", "default/p9")
+        assume_best(state, "n", demand(p, gpu_types(state)), None, "u9", "default/p9")
 
 
 def test_sources_mark_the_state_synced_through_its_method_only():
-    state = ClusterState(lambda: CostPolicy(), lambda: 0.0)
+    state = ClusterState(FixedBeliefs(CostPolicy()), lambda: 0.0, TTL)
+    before = state.snapshot()
     with pytest.raises(AttributeError):
-        state.synced = True  # read-only: the sources call mark_synced()
+        before.synced = True  # frozen: the sources call mark_synced()
     SimSource([]).start(state)
-    assert state.synced
+    assert state.snapshot().synced and not before.synced

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 
 import pytest
-from extender_builders import make_app, node
+from extender_builders import make_app, node, state_view
 
 from contracts.agentreport import AgentReport, ReportedGpu
 from extender.cluster.kube import KubeSource
@@ -33,5 +33,5 @@ def test_agent_reports_are_handled_by_the_extender_not_the_routes() -> None:
     report = AgentReport("n1", (ReportedGpu(0, "GPU-x", "NVIDIA A100-SXM4-40GB", 40960.0,
                                             memory_used_mib=1000.0, utilization_percent=55.0),))
     assert ext.agents.report(DecodedReport.of(report)) == {"accepted": 1, "samples": 0}
-    (gpu,) = ext.state.view()["nodes"]["n1"]["gpus"]
+    (gpu,) = state_view(ext.state)["nodes"]["n1"]["gpus"]
     assert gpu["uuid"] == "GPU-x" and gpu["observed_util"] == 55.0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from extender_builders import state_view
 from fault_cluster import PlainWatch, audit, cluster, k8s_pod, relist, truth
 
 from extender.ha.leader import PodLabeler
@@ -84,7 +85,7 @@ def test_bind_whose_answer_is_lost_keeps_its_reservation_and_the_retry_succeeds(
         assert len(bindings(c.fake, "p")) == 1  # the retry read the pod, wrote nothing
         relist(r)
         assert audit(c.fake, r.state).clean
-        assert r.state.view()["placed"] == 1
+        assert state_view(r.state)["placed"] == 1
 
 
 def test_retry_that_cannot_read_the_pod_keeps_the_reservation_and_says_so():
@@ -109,7 +110,7 @@ def test_watch_confirmation_during_a_timed_out_bind_is_kept():
         r.filter(c.fake, "p", ["gpu-0"])
         c.fake.inject("POST", "/binding$", "stall", stall_seconds=1.0)
         assert "outcome unknown" in r.bind("p", "gpu-0")["Error"]
-        wait_for(lambda: r.state.view()["placed"] == 1)
+        wait_for(lambda: state_view(r.state)["placed"] == 1)
         assert audit(c.fake, r.state).clean
         assert r.bind("p", "gpu-0") == {"Error": ""}
 
@@ -163,7 +164,7 @@ def test_bind_refused_by_the_api_server_frees_capacity_with_a_clear_error(code):
         c.fake.inject("POST", "/binding$", code)
         error = r.bind("p", "gpu-0")["Error"]
         assert "bind to gpu-0 failed" in error and str(code) in error
-        assert audit(c.fake, r.state).clean and r.state.view()["assumed"] == 0
+        assert audit(c.fake, r.state).clean and state_view(r.state)["assumed"] == 0
         assert r.bind("p", "gpu-0") == {"Error": ""}  # the retry binds
         assert audit(c.fake, r.state).clean
 
@@ -178,7 +179,7 @@ def test_event_post_failures_lose_only_the_event(code):
         assert len(c.fake.events) == (2 if code == "lost" else 0)  # "lost": stored, unheard
         assert c.fake.faults_injected[str(code)] == 2
         relist(r)
-        assert audit(c.fake, r.state).clean and r.state.view()["placed"] == 2
+        assert audit(c.fake, r.state).clean and state_view(r.state)["placed"] == 2
 
 
 def test_leader_label_patch_error_is_retried():
@@ -200,7 +201,7 @@ def test_watch_and_relist_errors_are_retried_and_the_ledger_catches_up(code):
         c.fake.inject("GET", r"^/api/v1/pods\?", code, times=2)
         place(c, r, ["p", "q"])
         c.fake.delete_pod("ml", "p")
-        wait_for(lambda: audit(c.fake, r.state).clean and r.state.view()["assumed"] == 0, 10)
+        wait_for(lambda: audit(c.fake, r.state).clean and state_view(r.state)["assumed"] == 0, 10)
 
 
 # ---- (d) leader failover mid-bind -------------------------------------------------------
@@ -217,11 +218,11 @@ def test_new_leader_after_a_crash_mid_bind_holds_exactly_what_was_bound():
         a.bind("q", "gpu-0")
         a.source.stop()
         leading.update(a=False, b=True)
-        wait_for(lambda: audit(c.fake, b.state).clean and b.state.view()["assumed"] == 0)
+        wait_for(lambda: audit(c.fake, b.state).clean and state_view(b.state)["assumed"] == 0)
         assert b.bind("q", "gpu-0") == {"Error": ""}  # kube-scheduler's retry, new leader
         assert audit(c.fake, b.state).clean
         fresh = c.replica()  # a replica started after the crash rebuilds from the API
-        assert audit(c.fake, fresh.state).clean and fresh.state.view()["placed"] == 2
+        assert audit(c.fake, fresh.state).clean and state_view(fresh.state)["placed"] == 2
         place(c, b, ["r"])
         assert audit(c.fake, b.state).clean and len(truth(c.fake)) == 3
 
@@ -255,7 +256,7 @@ def report(replica, node, uuids):
 
 
 def pods_per_uuid(state):
-    return {g["uuid"]: len(g["pods"]) for g in state.view()["nodes"]["gpu-0"]["gpus"]}
+    return {g["uuid"]: len(g["pods"]) for g in state_view(state)["nodes"]["gpu-0"]["gpus"]}
 
 
 def test_renumbered_gpus_are_never_double_booked():

@@ -177,12 +177,12 @@ def test_policy_overlay_is_cached_and_replaces_only_learned_types() -> None:
     learner = Learner(LearningConfig(curve_min_points=5, curve_refit_interval_seconds=0))
     base = CostPolicy(curves={"OTHER": InterferenceCurve(slope=0.1)})
     cfg = learner.cfg
-    assert learner.policy(base, cfg) is base  # nothing learned yet
+    assert learner.knowledge(cfg).policy(base) is base  # nothing learned yet
     for u, s in line_points(1.0, range(20, 100, 16)):  # five points over the linear regime
         learner.curves.add_point(A100, u, s)
     assert learner.curves.maybe_refit(A100, base.curve_for(A100))
-    policy = learner.policy(base, cfg)
-    assert policy is learner.policy(base, cfg)  # the hot path does not rebuild it
+    policy = learner.knowledge(cfg).policy(base)
+    assert learner.knowledge(cfg) is learner.knowledge(cfg)  # the hot path does not rebuild it
     assert policy.curve_for("OTHER") == InterferenceCurve(slope=0.1)
     assert policy.curve_for(A100).slope == pytest.approx(0.6)
 
@@ -211,7 +211,7 @@ def test_learned_curves_survive_a_restart_through_the_api_server(kube_api) -> No
     restarted.start()
     assert restarted.curves.view() == first.curves.view()
     assert restarted.curves.to_document() == first.curves.to_document()  # points too
-    assert restarted.policy(CostPolicy(), cfg).curve_for(A100) == first.curves.curves()[A100]
+    assert restarted.knowledge(cfg).policy(CostPolicy()).curve_for(A100) == first.curves.curves()[A100]
     assert restarted.view()["curves"][0]["refitted_at"] == 1234.5
     # An older document without curves still loads its estimates.
     doc = dict(first.document())

@@ -191,5 +191,5 @@ def test_a_data_parallel_pod_is_alone_only_when_none_of_its_gpus_is_shared() -> 
     assert keys == {("m.onnx", 1)}
     # until the two-GPU pod has its own, it is predicted from the one-GPU pod's (an upper
     # bound of a data-parallel pod's per-GPU use), never from its own shared GPU 0
-    knowledge = world.learner.knowledge(world.learner.cfg, gpus=2)
+    knowledge = world.learner.knowledge(world.learner.cfg).util(gpus=2)
     assert knowledge.observed("m.onnx", 32, TYPE, "training")[0] == 55.0

@@ -222,7 +222,7 @@ def test_colocated_samples_feed_the_shared_floor_of_the_learner() -> None:
     assert store.lookup_shared("m.onnx", 32, "T4", "training") == (42.0, 3)
     learner = Learner(LearningConfig(), clock=lambda: 0.0, wall_clock=lambda: 0.0)
     learner.store = store
-    knowledge = learner.knowledge(LearningConfig())
+    knowledge = learner.knowledge(LearningConfig()).util()
     assert knowledge.shared_floor is not None
     assert knowledge.shared_floor("m.onnx", 32, "T4", "training") == (42.0, 3)
-    assert learner.knowledge(LearningConfig(enabled=False)).shared_floor is None
+    assert learner.knowledge(LearningConfig(enabled=False)).util().shared_floor is None

@@ -39,7 +39,7 @@ class World:
                 ) -> tuple[float, str]:
         def predict(ref: str, batch: int, t: str, workload: str):
             return PRIORS[ref], 1000.0, "xgboost:abc+mem:estimate"
-        knowledge = self.learner.knowledge(self.cfg, 1, namespace)
+        knowledge = self.learner.knowledge(self.cfg).util(1, namespace)
         demand = resolve_demand(JobDemand(1, PodInputs(model=model, batch_size=32)),
                                 [gpu_type], predict, knowledge=knowledge).for_type(gpu_type)
         assert demand is not None

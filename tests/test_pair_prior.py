@@ -139,7 +139,7 @@ def test_placement_follows_the_matrix_from_the_first_pod() -> None:
     """With the prior configured, the first newcomer avoids the GPU where it would crawl."""
     cfg = LearningConfig(pairs=True, pair_prior_tables=_tables())
     learner = Learner(cfg, None, clock=lambda: 0.0, wall_clock=lambda: 0.0)  # type: ignore[arg-type]
-    policy = learner.policy(CostPolicy(), cfg)
+    policy = learner.knowledge(cfg).policy(CostPolicy())
     table = GpuTable.build([node("n1", count=2)])
     for gpu, model in ((0, "resnet"), (1, "bert")):
         table.place(placement(f"u{gpu}", gpus=(gpu,), util=40.0, mem=1000.0,
@@ -149,7 +149,8 @@ def test_placement_follows_the_matrix_from_the_first_pod() -> None:
     ev = evaluate(table, ["n1"], demand, DecisionContext(policy, 0.0), Purpose.PLACE)
     assert ev.chosen_rows(0) == [1]
     assert ev.interference_sources == {0: "matrix", 1: "matrix"}
-    off = learner.policy(CostPolicy(), LearningConfig(pairs=False, pair_prior_tables=_tables()))
+    off = learner.knowledge(
+        LearningConfig(pairs=False, pair_prior_tables=_tables())).policy(CostPolicy())
     assert off.pairs is None  # the prior is read only where pair learning is on
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from extender_builders import A100, node, placement
+from extender_builders import A100, TTL, assume_best, gpu_types, node, placement
 
 from contracts.annotations import (
     GPU_UTIL,
@@ -26,6 +26,7 @@ from extender.core.reasons import Reason
 from extender.core.snapshot import GpuSpec
 from extender.core.table import GpuTable
 from extender.learning.interference import PairLearner
+from extender.learning.knowledge import FixedBeliefs
 from extender.learning.learner import Learner
 from extender.state.reports import DecodedReport, ReportedProcess
 
@@ -137,13 +138,13 @@ def test_the_learner_learns_each_direction_of_a_pair_from_utilisation() -> None:
             report({uid: 60.0}, {uid: placed[uid]}.get)
     for _ in range(3):
         report({"a": 20.0, "b": 48.0}, placed.get)  # lm 3x, resnet 1.25x
-    model = learner.policy(CostPolicy(), LearningConfig(pairs=True)).pairs
+    model = learner.knowledge(LearningConfig(pairs=True)).policy(CostPolicy()).pairs
     assert model is not None
     lm, source = model.figure(A100, "lm", "resnet", 1.5)
     resnet, _ = model.figure(A100, "resnet", "lm", 1.5)
     assert source == "pair:3"
     assert lm > 2.5 and resnet < 1.4  # asymmetric, shrunk a little toward the profile
-    assert learner.policy(CostPolicy(), LearningConfig(pairs=False)).pairs is None
+    assert learner.knowledge(LearningConfig(pairs=False)).policy(CostPolicy()).pairs is None
     assert learner.view()["pairs"][0]["pairs"][0]["samples"] == 3
 
 
@@ -192,12 +193,12 @@ def test_bind_reports_where_the_interference_figure_came_from() -> None:
     from extender.state.ledger import ClusterState
 
     model = _pairs({("new", "resnet"): 1.2, ("resnet", "new"): 1.3})
-    state = ClusterState(lambda: CostPolicy().with_pairs(model), lambda: 0.0)
+    state = ClusterState(FixedBeliefs(CostPolicy().with_pairs(model)), lambda: 0.0, TTL)
     state.set_nodes([node("n1", 1)])
     state.confirm(placement("u0", util=40.0, mem=1000.0, annotations=((MODEL, "resnet"),)))
     demand = resolve_demand(JobDemand(1, PodInputs(model="new", util_percent=40.0,
-                                                   mem_mib=1000.0)), state.gpu_types(), None)
-    *_, source = state.assume_best("n1", demand, None, "u1", "d/p")
+                                                   mem_mib=1000.0)), gpu_types(state), None)
+    *_, source = assume_best(state, "n1", demand, None, "u1", "d/p")
     assert source == "pair:3"
     ann = output_annotations(placement("u1"), ["GPU-n1-0"], 0.5, None, "asserted", source)
     assert ann[INTERFERENCE_SOURCE] == "pair:3"
@@ -251,7 +252,7 @@ def test_learned_pairs_survive_a_restart_through_the_learning_document() -> None
     assert store.doc is not None and store.doc["pairs"]["pairs"][0][:4] == [A100, "lm", "resnet", 1]
     second = Learner(cfg, store, clock=lambda: 0.0, wall_clock=lambda: 0.0)  # type: ignore[arg-type]
     second.start()
-    model = second.policy(CostPolicy(), cfg).pairs
+    model = second.knowledge(cfg).policy(CostPolicy()).pairs
     assert model is not None and model.figure(A100, "lm", "resnet", 1.0)[1] == "pair:1"
     assert model.figure(A100, "lm", "bert", 1.0)[1] == "group:1"  # the group sample came back
 

@@ -11,7 +11,7 @@ import json
 import time
 
 import pytest
-from extender_builders import placement
+from extender_builders import placement, state_view
 from fault_cluster import PlainWatch, audit, cluster, k8s_pod, ledger
 
 from agent.device_plugin.assign import Gpu, candidates, choose
@@ -24,7 +24,7 @@ from extender.core import container_gpu_counts, split_gpus
 
 
 def reserved(replica, node="gpu-0"):
-    return [g["reserved_mib"] for g in replica.state.view()["nodes"][node]["gpus"]]
+    return [g["reserved_mib"] for g in state_view(replica.state)["nodes"][node]["gpus"]]
 
 
 def place(c, replica, names, annotations, node="gpu-0"):
@@ -163,7 +163,7 @@ def test_a_pod_that_skipped_the_scheduler_holds_its_whole_node_and_is_not_placed
         for replica in (r, c.replica()):  # a watch event, and a restart
             if replica is r:
                 r.source.apply_pod_event(r.state, "ADDED", c.fake.pod("ml", "bypass"))
-            view = replica.state.view()
+            view = state_view(replica.state)
             assert (view["placed"], view["untrusted"]) == (1, 1)
             states = {p["pod"]: p["state"] for g in view["nodes"]["gpu-0"]["gpus"]
                       for p in g["pods"]}
@@ -175,7 +175,7 @@ def test_a_pod_that_skipped_the_scheduler_holds_its_whole_node_and_is_not_placed
         assert {e["involvedObject"]["name"] for e in events} == {"bypass"}
         # The device plugin, reading this state, has nothing to hand the bypass pod: "a"
         # holds its GPU, and "bypass" is no candidate.
-        node = parse_node_view(r.state.view(), "gpu-0")
+        node = parse_node_view(state_view(r.state), "gpu-0")
         inventory = {g.uuid: Gpu(g.index, g.uuid) for g in node.gpus}
         waiting = candidates(placements_of(node), inventory, {"ml/a": {"c"}})
         assert waiting == []
@@ -193,7 +193,7 @@ def test_output_annotations_on_a_pod_that_asks_for_no_gpu_block_nothing():
         c.fake.put_pod(cpu)
         restarted = c.replica()
         assert sorted(reserved(restarted)) == [0, 20000]
-        assert restarted.state.view()["untrusted"] == 0
+        assert state_view(restarted.state)["untrusted"] == 0
 
 
 def test_the_record_lives_in_the_extenders_namespace_and_drops_pods_that_are_gone(
@@ -307,7 +307,7 @@ def test_an_untrusted_pod_also_holds_gpus_its_node_reports_later():
         bypass["spec"]["nodeName"] = "bare"
         c.fake.put_pod(bypass)
         r = c.replica()
-        assert r.state.view()["untrusted"] == 1
+        assert state_view(r.state)["untrusted"] == 1
         report = {"node": "bare", "timestamp": 1.0, "interval_seconds": 1.0,
                   "gpus": [{"index": i, "uuid": f"GPU-{i}", "product": "NVIDIA A100-SXM4-40GB",
                             "memory_total_mib": 40960, "memory_used_mib": 0,

@@ -21,6 +21,9 @@ Public API (import from the submodules or from here):
 - rules (``extender.core.rules``): the per-GPU hard constraints, ``GpuLoad.read``,
   ``gpu_checks``, ``first_reasons``, ``colocation_rule_on(policy)``; read by
   ``evaluate`` and by the simulator's pre-filter alike.
+- entry points over a ``Snapshot`` (``extender.core.decide``; the service, preemption and
+  the simulator call these): ``filter_nodes``, ``score_nodes``, ``place -> Decision``,
+  ``without(snapshot, placements)`` (the removal what-if) and ``fits_without``.
 - decisions: evaluation (``extender.core.decide``): ``evaluate(table, node_names,
   demand, DecisionContext(policy, now_seconds, inference), purpose=Purpose.SCORE) ->
   Evaluation``; choice (``extender.core.choice``): ``Evaluation``
@@ -43,7 +46,17 @@ documented in ``extender.core.rules``.
 
 from extender.core.choice import Evaluation, choose
 from extender.core.cost import CostPolicy, InterferenceCurve
-from extender.core.decide import DecisionContext, Purpose, evaluate
+from extender.core.decide import (
+    Decision,
+    DecisionContext,
+    Purpose,
+    evaluate,
+    filter_nodes,
+    fits_without,
+    place,
+    score_nodes,
+    without,
+)
 from extender.core.demand import (
     DemandError,
     DemandUnavailable,
@@ -71,6 +84,7 @@ from extender.core.snapshot import (
     Placement,
     PodUid,
     SessionSpec,
+    Snapshot,
     Workload,
     gpu_type_of,
     split_gpus,
@@ -78,7 +92,8 @@ from extender.core.snapshot import (
 from extender.core.table import GpuTable, PlacementError, Role
 
 __all__ = [
-    "CostPolicy", "DecisionContext", "DemandError", "DemandUnavailable", "Evaluation",
+    "CostPolicy", "Decision", "DecisionContext", "Snapshot", "filter_nodes", "fits_without",
+    "place", "score_nodes", "without", "DemandError", "DemandUnavailable", "Evaluation",
     "GpuObservation", "GpuSpec", "GpuTable", "GpuUuid", "InferenceContext", "InterferenceCurve",
     "JobDemand", "NodeName", "NodeSpec", "Placement", "PlacementError", "PlannerFn", "PodRef",
     "PodUid", "ProfileIndex", "Purpose",

@@ -1,4 +1,9 @@
-"""Filter and score: one vectorised evaluation over candidate nodes.
+"""Filter, score, place and the removal what-if: the core's entry points over a Snapshot.
+
+:func:`filter_nodes`, :func:`score_nodes`, :func:`place` and :func:`fits_without` are
+what the service's verbs, preemption and the simulator call, each over one
+:class:`extender.core.snapshot.Snapshot`; :func:`without` is the snapshot with some
+pods gone (their reservations and what the agents observed of them).
 
 :func:`evaluate` is the single implementation behind ``/filter``,
 ``/prioritize``, ``/bind`` and the simulator. It computes, for every GPU of every
@@ -18,22 +23,25 @@ best-effort sessions spread (:mod:`extender.core.session_rules`).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
+from typing import Any
 
 import numpy as np
 
-from extender.core.choice import Evaluation, best_gpus
+from extender.core.choice import Evaluation, best_gpus, choose
 from extender.core.cost import CostPolicy, horus_cost
 from extender.core.demand import ResolvedDemand
 from extender.core.pair_cost import pair_cost, pair_rule, pair_terms
 from extender.core.reasons import REASON_BY_CODE, Reason, Rejection, is_unresolvable
 from extender.core.rules import GpuLoad, colocation_rule_on, first_reasons, gpu_checks
 from extender.core.session_rules import InferenceContext, best_effort_costs, inference_costs
-from extender.core.snapshot import Workload
-from extender.core.table import GpuTable
+from extender.core.snapshot import Placement, Snapshot, Workload, split_gpus
+from extender.core.table import GpuTable, PlacementError
 
 _K = len(REASON_BY_CODE)
 _RESOLVABLE_CODES = np.array(
@@ -190,4 +198,97 @@ def _rejections(
             gpus_total=n_gpus, best_free_mib=max(0.0, float(free[pos])), detail=detail, **common,
         )
     return out
+
+
+# ---- entry points over a snapshot ----------------------------------------------------------
+
+
+def _context(snap: Snapshot, inference: InferenceContext | None) -> DecisionContext:
+    return DecisionContext(snap.policy, snap.now, inference)
+
+
+def filter_nodes(snap: Snapshot, names: Sequence[str], demand: ResolvedDemand,
+                 inference: InferenceContext | None = None) -> Evaluation:
+    """``/filter``: feasibility and a reason per rejected node."""
+    return evaluate(snap.table, names, demand, _context(snap, inference), Purpose.FILTER)
+
+
+def score_nodes(snap: Snapshot, names: Sequence[str], demand: ResolvedDemand,
+                inference: InferenceContext | None = None,
+                purpose: Purpose = Purpose.SCORE) -> Evaluation:
+    """``/prioritize`` and the simulator's node choice (``Purpose.PLACE``: no reasons)."""
+    return evaluate(snap.table, names, demand, _context(snap, inference), purpose)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What :func:`place` decided on one node: the placement with what its annotations say,
+    or the node's rejection."""
+
+    placement: Placement | None
+    plan: Any = None
+    cost: float = math.inf
+    gpu_uuids: tuple[str, ...] = ()
+    interference: str = ""
+    """Where the interference figure came from ("" where the curve alone decided)."""
+    rejection: Rejection | None = None
+
+
+def place(snap: Snapshot, node: str, demand: ResolvedDemand,
+          inference: InferenceContext | None, pod_uid: str, pod: str,
+          annotations: tuple[tuple[str, str], ...] = (),
+          containers: tuple[tuple[str, int, bool], ...] = ()) -> Decision:
+    """The GPUs bind takes on ``node``; ``containers`` (``container_gpu_counts``) says which
+    container gets which. The placement holds exactly what the annotations will say
+    (rounded), so a restart rebuilds identical state."""
+    ev = score_nodes(snap, [node], demand, inference)
+    chosen = choose(ev, 0, pod_uid, pod)
+    if chosen is None:
+        return Decision(None, rejection=ev.rejections.get(node))
+    rows = ev.chosen_rows(0)
+    uuids = tuple(snap.table.gpus[r].uuid for r in rows)
+    chosen = dataclasses.replace(chosen, util_percent=round(chosen.util_percent, 2),
+                                 mem_mib=float(round(chosen.mem_mib)), annotations=annotations,
+                                 gpu_uuids=uuids,
+                                 containers=split_gpus(containers, chosen.gpu_indices))
+    return Decision(chosen, ev.plans.get(rows[0]), float(ev.node_cost[0]), uuids,
+                    ev.interference_sources.get(rows[0], ""))
+
+
+def without(snap: Snapshot, gone: Sequence[Placement], observed: bool = True) -> Snapshot:
+    """``snap`` with the pods ``gone`` (kueue's ``SimulateWorkloadRemoval``): their
+    reservations off, and (``observed``) their use off the agents' observations that
+    already show them; a reservation that runs nothing (preemption's) has no use to take
+    off.
+
+    A GPU's load is ``max(reserved, observed + since)`` (:mod:`extender.core.cost`); an
+    observation taken after a pod was placed contains the pod, so removing only its
+    reservation would free nothing on a node whose agent reports. What the pod uses is
+    taken as what it reserved: a pod that uses more is seen once the agent reports the
+    GPU freed, which preemption waits for before it gives the GPU away."""
+    table = snap.table.copy()
+    for p in gone:
+        try:
+            rows = table.rows_of(p)
+        except PlacementError:
+            continue
+        entries = table.newer.get(p.pod_uid)
+        unseen = set() if not entries else {
+            r for r, g in zip(*entries[-1], strict=True) if table.observed_gen[r] == g}
+        table.remove(p)
+        seen = [r for r in rows if observed and r not in unseen
+                and math.isfinite(table.observed_mib[r])]
+        if seen:
+            table.observed_mib[seen] = np.maximum(0.0, table.observed_mib[seen] - p.mem_mib)
+            table.observed_util[seen] = np.maximum(0.0,
+                                                   table.observed_util[seen] - p.util_percent)
+    return dataclasses.replace(snap, table=table)
+
+
+def fits_without(snap: Snapshot, node: str, uids: Sequence[str], demand: ResolvedDemand,
+                 inference: InferenceContext | None = None, observed: bool = True) -> bool:
+    """Would the pod fit on ``node`` once the pods ``uids`` there are gone (:func:`without`)?"""
+    gone = [p for p in map(snap.placement_of, uids) if p is not None and p.node == node]
+    return bool(score_nodes(without(snap, gone, observed), [node], demand,
+                            inference).feasible[0])
 

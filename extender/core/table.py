@@ -78,8 +78,9 @@ class GpuTable:
     """Reserved utilisation placed after the row's observation."""
     observed_gen: np.ndarray
     """Observation generation per row: bumped by every observation of the row."""
-    newer: dict[str, list[tuple[tuple[int, ...], tuple[int, ...]]]]
-    """Per pod uid: (rows, their generations) of placements counted in ``since_*``."""
+    newer: dict[str, tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]]
+    """Per pod uid: (rows, their generations) of placements counted in ``since_*``; tuples,
+    replaced rather than changed, so that :meth:`copy` may share them."""
     sessions: dict[int, tuple[SessionSpec, ...]]
     """SLO sessions per row (rows without any are absent)."""
     best_effort_weight: np.ndarray
@@ -143,7 +144,7 @@ class GpuTable:
             observed_util=self.observed_util.copy(), observed_mib=self.observed_mib.copy(),
             observed_at=self.observed_at.copy(), since_mib=self.since_mib.copy(),
             since_util=self.since_util.copy(), observed_gen=self.observed_gen.copy(),
-            newer={uid: list(entries) for uid, entries in self.newer.items()},
+            newer=dict(self.newer),
             sessions=dict(self.sessions), best_effort_weight=self.best_effort_weight.copy(),
             vanished=dict(self.vanished), row_models=dict(self.row_models),
         )
@@ -213,7 +214,7 @@ class GpuTable:
             self.since_mib[fresh] += p.mem_mib
             self.since_util[fresh] += p.util_percent
             gens = tuple(int(g) for g in self.observed_gen[fresh])
-            self.newer.setdefault(p.pod_uid, []).append((tuple(fresh), gens))
+            self.newer[p.pod_uid] = (*self.newer.get(p.pod_uid, ()), (tuple(fresh), gens))
 
     def remove(self, p: Placement) -> None:
         """Take a placement's reservations off its GPUs again."""
@@ -221,8 +222,10 @@ class GpuTable:
         entries = self.newer.get(p.pod_uid)
         if not entries:
             return
-        rows, gens = entries.pop()
-        if not entries:
+        rows, gens = entries[-1]
+        if len(entries) > 1:
+            self.newer[p.pod_uid] = entries[:-1]
+        else:
             del self.newer[p.pod_uid]
         still = [r for r, g in zip(rows, gens, strict=True) if self.observed_gen[r] == g]
         if still:  # still newer than the row's observation: it never showed up there

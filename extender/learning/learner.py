@@ -26,8 +26,8 @@ job's own use), so it raises a prediction that is lower (``observed-shared:<n>``
 and is recorded for interference learning and export. A shared GPU whose every
 pod has per-process figures and a trustworthy alone estimate also gives one
 interference-curve point
-(:mod:`extender.learning.curves`); the learned curves enter the cost through
-:meth:`Learner.policy`.
+(:mod:`extender.learning.curves`). Everything learned reaches decisions as one
+frozen :class:`extender.learning.knowledge.Knowledge` (:meth:`Learner.knowledge`).
 
 The leader persists the estimates in a ConfigMap (one JSON document under
 :data:`~extender.learning.persistence.MAX_BYTES`, the least recently used estimates
@@ -55,11 +55,12 @@ from extender.config.sections import LearningConfig
 from extender.core import Placement, UtilKnowledge, gpu_type_of
 from extender.core.cost import CostPolicy
 from extender.learning.bias import PriorBias
-from extender.learning.curves import CurveGuards, CurveLearner, LearnedPolicy, SharedGpuPoints
+from extender.learning.curves import CurveGuards, CurveLearner, SharedGpuPoints
 from extender.learning.document import DOCUMENT_VERSION
 from extender.learning.estimate import INDEPENDENT_SECONDS, Estimate, Trust
 from extender.learning.interference import DOCUMENT_KEY as PAIRS_KEY
 from extender.learning.interference import PairLearner
+from extender.learning.knowledge import Knowledge
 from extender.learning.persistence import (
     DOCUMENT_KEY,
     MAX_BYTES,
@@ -84,7 +85,7 @@ class Learner:
     def __init__(self, cfg: LearningConfig, persistence: ConfigMapPersistence | None = None,
                  may_persist: Callable[[], bool] = lambda: True,
                  clock: Callable[[], float] = time.monotonic, *,
-                 prior: Callable[[str], InterferenceCurve] = lambda _t: InterferenceCurve(),
+                 prior: CostPolicy | None = None,
                  wall_clock: Callable[[], float] = time.time,
                  digest_of: Callable[[str], str | None] | None = None):
         self.cfg = cfg
@@ -96,9 +97,9 @@ class Learner:
         self.bias = PriorBias(self.store.trusted_items, lambda: self.store.samples_total,
                               lambda: self.store.clock(), cfg.max_entries)
         """The prior's bias where it was observed, for keys not observed yet."""
-        self.prior = prior
-        """The configured curve of a GPU type: where its first refit starts from."""
-        self._overlay = LearnedPolicy(self.curves)
+        self._prior = prior
+        """The configured curves (a policy): where each GPU type's first refit starts."""
+        self._knowledge: tuple[tuple[Any, ...], Knowledge] | None = None
         self.pairs = PairLearner(cfg.pair_max_entries, cfg.pair_explore_bonus,
                                  warmup_seconds=cfg.warmup_seconds, clock=wall_clock,
                                  prior=cfg.pair_prior_tables, groups=cfg.pair_groups)
@@ -163,29 +164,54 @@ class Learner:
         """Read time from ``wall_clock`` from now on (simulations and tests)."""
         self._wall = self.store.clock = self.curves.clock = self.pairs.clock = wall_clock
 
-    def knowledge(self, cfg: LearningConfig, gpus: int = 1,
-                  namespace: str | None = None) -> UtilKnowledge:
-        """What resolution uses for a pod of ``gpus`` GPUs in ``namespace``: the alone
-        estimates, the shared floors and the prior's learned bias (when enabled), and the
-        cold-start rule. An estimate learned from one namespace's pods only serves that
+    def use_prior(self, policy: CostPolicy) -> None:
+        """The configured curves from now on: where each GPU type's first refit starts."""
+        self._prior = policy
+
+    def prior(self, gpu_type: str) -> InterferenceCurve:
+        """The configured curve of ``gpu_type`` (the default curve without a config)."""
+        return InterferenceCurve() if self._prior is None else self._prior.curve_for(gpu_type)
+
+    def knowledge(self, cfg: LearningConfig | None = None) -> Knowledge:
+        """Everything learned, frozen, under ``cfg`` (default: the learner's own); the same
+        value until a curve is refitted, the pair model is rebuilt or ``cfg`` changes."""
+        cfg = self.cfg if cfg is None else cfg
+        curves_on, pairs_on = cfg.enabled and cfg.curves, cfg.enabled and cfg.pairs
+        pairs = self.pairs.current() if pairs_on else None
+        key = (cfg, self.curves.version if curves_on else 0, id(pairs))
+        cached = self._knowledge
+        if cached is not None and cached[0][0] is cfg and cached[0][1:] == key[1:]:
+            return cached[1]
+        curves = self.curves.curves() if curves_on and self.curves.version else {}
+        built = Knowledge(curves, pairs, self._util_of(cfg), cfg)
+        self._knowledge = (key, built)
+        return built
+
+    def _util_of(self, cfg: LearningConfig) -> Callable[[int, str | None], UtilKnowledge]:
+        """The resolution hook: the alone estimates, the shared floors and the prior's learned
+        bias (when enabled), and the cold-start rule, for a pod of ``gpus`` GPUs in
+        ``namespace``. An estimate learned from one namespace's pods only serves that
         namespace until a second confirms it (a tenant cannot set another's predictions by
         naming its model)."""
         store = self.store
 
-        def alone(model: str, batch: int, gpu_type: str, workload: str,
-                  ) -> tuple[float, int] | None:
-            return store.lookup(model, batch, gpu_type, workload, gpus, namespace)
+        def util(gpus: int, namespace: str | None) -> UtilKnowledge:
+            def alone(model: str, batch: int, gpu_type: str, workload: str,
+                      ) -> tuple[float, int] | None:
+                return store.lookup(model, batch, gpu_type, workload, gpus, namespace)
 
-        def floor(model: str, batch: int, gpu_type: str, workload: str,
-                  ) -> tuple[float, int] | None:
-            return store.lookup_shared(model, batch, gpu_type, workload, gpus, namespace)
-        def corrected(model: str, batch: int, gpu_type: str, workload: str,
-                      predicted: float) -> tuple[float, int] | None:
-            key = (store.model_key(model), batch, workload, gpu_type, gpus)
-            return self.bias.corrected(key, predicted, namespace)
-        return UtilKnowledge(alone if cfg.enabled else None, cfg.min_observations,
-                             cfg.cold_start_util_percent, floor if cfg.enabled else None,
-                             corrected if cfg.enabled and cfg.prior_correction else None)
+            def floor(model: str, batch: int, gpu_type: str, workload: str,
+                      ) -> tuple[float, int] | None:
+                return store.lookup_shared(model, batch, gpu_type, workload, gpus, namespace)
+
+            def corrected(model: str, batch: int, gpu_type: str, workload: str,
+                          predicted: float) -> tuple[float, int] | None:
+                key = (store.model_key(model), batch, workload, gpu_type, gpus)
+                return self.bias.corrected(key, predicted, namespace)
+            return UtilKnowledge(alone if cfg.enabled else None, cfg.min_observations,
+                                 cfg.cold_start_util_percent, floor if cfg.enabled else None,
+                                 corrected if cfg.enabled and cfg.prior_correction else None)
+        return util
 
     def observe(self, report: DecodedReport,
                 placement_of: Callable[[str], Placement | None],
@@ -224,12 +250,6 @@ class Learner:
     def _trusted_alone(self, model: str, batch: int, gpu_type: str) -> float | None:
         return self.store.trusted_alone((self.store.model_key(model), batch, "training",
                                          gpu_type))
-
-    def policy(self, base: CostPolicy, cfg: LearningConfig) -> CostPolicy:
-        """``base`` with the learned curves in place of its priors (when ``learning.curves``)
-        and the learned pairwise interference (when ``learning.pairs``)."""
-        policy = self._overlay(base, cfg.enabled and cfg.curves)
-        return policy.with_pairs(self.pairs.current()) if cfg.enabled and cfg.pairs else policy
 
     def document(self) -> dict[str, Any]:
         """What is persisted: the estimates and the curves with their points, within
@@ -344,18 +364,17 @@ def trust_of(cfg: LearningConfig) -> Trust:
 
 
 def build_learner(cfg: LearningConfig, source: Any, may_persist: Callable[[], bool],
-                  prior: Callable[[str], InterferenceCurve] | None = None,
+                  prior: CostPolicy | None = None,
                   digest_of: Callable[[str], str | None] | None = None) -> Learner:
     """The learner for ``source``: persisted in a ConfigMap when the source is Kubernetes.
 
-    ``prior``: the configured curve of a GPU type (where curve refits start);
+    ``prior``: the configured policy, whose curves are where curve refits start;
     ``digest_of``: the model file digest a reference resolved to (keys estimates).
     """
     api = source.api
     persistence = None
     if cfg.configmap and api is not None:
         persistence = ConfigMapPersistence(api, own_namespace(cfg.namespace), cfg.configmap)
-    learner = Learner(cfg, persistence, may_persist,
-                      prior=prior or (lambda _t: InterferenceCurve()), digest_of=digest_of)
+    learner = Learner(cfg, persistence, may_persist, prior=prior, digest_of=digest_of)
     learner.start()
     return learner

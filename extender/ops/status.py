@@ -98,12 +98,15 @@ def read_token(token_file: Path | None, environ: Mapping[str, str] | None = None
 def rebuilt_state(source: ClusterSource) -> StateDocument:
     """The ``/v1/state`` document of a fresh ledger synced from ``source`` (kube or sim)."""
     from extender.config.schema import build_config
+    from extender.learning.knowledge import FixedBeliefs
     from extender.state.ledger import ClusterState
+    from extender.state.view import document
 
-    policy = build_config({}).policy
-    state = ClusterState(lambda: policy, time.time)
+    config = build_config({})
+    state = ClusterState(FixedBeliefs(config.policy), time.time,
+                         config.state.assume_ttl_seconds)
     source.sync(state)  # one list, no watches
-    return state.document()
+    return document(state.snapshot())
 
 
 def pending_pods(api: Any, scheduler_name: str = "tandem",

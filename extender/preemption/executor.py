@@ -11,9 +11,15 @@ path, on the leader only:
    pods the ledger holds, with every PodDisruptionBudget's disruptions left;
 3. hold the node (other pods' filter and bind skip it), evict each victim through
    the Eviction API, set the pod's ``status.nominatedNodeName``, post events;
-4. once the ledger no longer holds the victims, reserve the pod's GPUs under
-   ``nominated/<uid>`` (an assumed placement the ledger expires), which the pod's
-   own filter and bind look through and every other pod sees as taken.
+4. once the ledger no longer holds the victims and the node's agents have reported
+   since (what they observed still showed the victims' memory), reserve the pod's
+   GPUs under ``nominated/<uid>`` (an assumed placement the ledger expires), which
+   the pod's own filter and bind look through and every other pod sees as taken.
+
+The choice asks the core's removal what-if (``extender.core.fits_without``): the
+victims' reservations and what the agents observed of them are taken off a copy
+of the snapshot. When no eviction can help, the pod gets a ``TandemNoPreemption``
+event saying why.
 
 A nomination lasts ``NOMINATION_SECONDS``; a refused eviction (a budget that
 changed since the choice) ends it, and the pod's next failed filter tries again
@@ -28,10 +34,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from contracts.logs import get_logger
-from extender.core import InferenceContext, PodRef, ResolvedDemand
+from extender.core import InferenceContext, PodRef, ResolvedDemand, Snapshot, fits_without, place
 from extender.core.preemption import Candidate, PreemptionPlan, choose_preemption
 from extender.preemption.kube_api import Budget, EvictionRefused, KubePreemptionApi
 
@@ -41,8 +47,10 @@ RETRY_SECONDS = 5.0
 """Least time between two preemption attempts for one pod."""
 TICK_SECONDS = 0.1
 """How often the worker looks for victims gone (to reserve) and nominations expired."""
+REPORT_WAIT_SECONDS = 15.0
+"""How long a freed node waits for its agents to report the victims' memory gone before the
+nomination ends (nodes without an agent report nothing to wait for)."""
 RESERVED_PREFIX = "nominated/"
-T = TypeVar("T")
 
 
 @dataclass
@@ -55,6 +63,8 @@ class Nomination:
     victims: tuple[str, ...]
     expires_at: float
     reserved: bool = False
+    freed_at: float | None = None
+    """When the state's clock first saw every victim gone (the agents must report after)."""
 
     @property
     def reservation(self) -> str:
@@ -107,8 +117,8 @@ class Preemptor:
                     return nom.ref
         return None
 
-    def filter_nodes(self, ref: PodRef, demand: ResolvedDemand, passed: list[str],
-                     failed: dict[str, str]) -> list[str]:
+    def filter_nodes(self, snap: Snapshot, ref: PodRef, demand: ResolvedDemand,
+                     passed: list[str], failed: dict[str, str]) -> list[str]:
         """Filter's answer with preemption applied; asks for preemption when nothing passed.
 
         Nodes held for another pod's preemption fail; the node reserved for this pod
@@ -125,32 +135,21 @@ class Preemptor:
                 failed[name] = (f"tandem: {name} is being freed for higher-priority pod "
                                 f"{held[name].key} (preemption)")
         if nom is not None and nom.reserved and nom.node in failed and \
-                self.state.fits_without(nom.node, [nom.reservation], demand, self._inference):
+                fits_without(snap, nom.node, [nom.reservation], demand, self._inference,
+                             observed=False):
             del failed[nom.node]
             passed.append(nom.node)
         if not passed:
             self.request(ref, resolvable)
         return passed
 
-    def assume_for(self, uid: str, node: str, assume: Callable[[], T]) -> T:
-        """Run bind's ``assume`` with this pod's own reservation on ``node`` released first,
-        atomically (under the ledger's lock); the reservation comes back if it fails."""
+    def reservation(self, uid: str, node: str) -> str | None:
+        """The key of the GPUs reserved for pod ``uid`` on ``node``, if any: bind sets them
+        aside when it decides and replaces them with the pod's placement."""
         with self._lock:
             nom = self._nominated.get(uid)
-        if nom is None or not nom.reserved or nom.node != node:
-            return assume()
-        with self.state.lock:
-            held = self.state.placement_of(nom.reservation)
-            self.state.forget(nom.reservation)
-            try:
-                result = assume()
-            except Exception:
-                if held is not None:
-                    self.state.confirm(held)  # still the pod's until it binds or expires
-                raise
-            with self._lock:  # the pod's own assumed placement holds the GPU from here on
-                self._nominated.pop(uid, None)
-            return result
+        return nom.reservation if nom is not None and nom.reserved and nom.node == node \
+            else None
 
     def bound(self, uid: str) -> None:
         """The preemptor is bound (on its node or another): its nomination ends."""
@@ -192,9 +191,11 @@ class Preemptor:
             return None
         priority = spec.get("priority") if isinstance(spec.get("priority"), int) else 0
         _, demand = self._demand(pod)
-        plan = self._choose(set(nodes), priority, demand)
+        plan, why = self._choose(set(nodes), priority, demand)
         if plan is None:
-            self._log.debug("no preemption frees a GPU", extra={"pod": ref.key})
+            self._log.info("no preemption frees a GPU", extra={"pod": ref.key, "why": why})
+            self.source.record_event(ref, "TandemNoPreemption",
+                                     f"no eviction frees a GPU for this pod: {why}", True)
             return None
         nom = Nomination(ref, plan.node, demand, tuple(v.uid for v in plan.victims),
                          self._clock() + NOMINATION_SECONDS)
@@ -205,7 +206,8 @@ class Preemptor:
         return plan if self._carry_out(nom, plan, priority) else None
 
     def _choose(self, nodes: set[str], priority: int, demand: ResolvedDemand,
-                ) -> PreemptionPlan | None:
+                ) -> tuple[PreemptionPlan | None, str]:
+        """The plan, or None and why there is none (for the pod's event)."""
         with self._lock:
             taken = {n.node for n in self._nominated.values()}
         candidates: dict[str, list[Candidate]] = {}
@@ -213,11 +215,12 @@ class Preemptor:
                 if (p.get("spec") or {}).get("nodeName") in nodes - taken
                 and not (p.get("metadata") or {}).get("deletionTimestamp")]
         if not pods:
-            return None
+            return None, "no running pod on the nodes that failed (or they are being freed)"
         budgets = self.api.budgets()
+        snap = self.state.snapshot()
         for pod in pods:
             meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-            placed = self.state.placement_of(str(meta.get("uid", "")))
+            placed = snap.placement_of(str(meta.get("uid", "")))
             if placed is None or placed.node != spec.get("nodeName"):
                 continue  # only pods whose GPUs tandem placed free a GPU tandem can give
             prio = spec.get("priority") if isinstance(spec.get("priority"), int) else 0
@@ -225,9 +228,10 @@ class Preemptor:
                 placed.pod_uid, placed.pod, prio,
                 tuple(b.key for b in budgets if b.selects(pod))))
         allowed = {b.key: b.disruptions_allowed for b in budgets}
-        return choose_preemption(
+        plan = choose_preemption(
             candidates, priority, allowed,
-            lambda node, uids: self.state.fits_without(node, uids, demand, self._inference))
+            lambda node, uids: fits_without(snap, node, uids, demand, self._inference))
+        return plan, "" if plan is not None else _why_none(candidates, priority, allowed)
 
     def _carry_out(self, nom: Nomination, plan: PreemptionPlan, priority: int) -> bool:
         ref, names = nom.ref, ", ".join(f"{v.pod} (priority {v.priority})"
@@ -268,31 +272,72 @@ class Preemptor:
             self.state.forget(nom.reservation)
 
     def tick(self) -> None:
-        """Reserve the GPUs of nominations whose victims are gone; end expired ones."""
+        """Reserve the GPUs of nominations whose victims are gone and reported freed; end
+        expired ones."""
         now = self._clock()
         with self._lock:
             noms = list(self._nominated.values())
         for nom in noms:
             if now >= nom.expires_at:
                 self._end(nom.ref.uid)
-            elif nom.reserved and self.state.placement_of(nom.reservation) is not None:
+                continue
+            snap = self.state.snapshot()
+            if nom.reserved and snap.placement_of(nom.reservation) is not None:
                 self.state.finish_binding(nom.reservation)  # the ledger's expiry, pushed on
-            elif all(self.state.placement_of(v) is None for v in nom.victims):
-                self._reserve(nom)
+            elif all(snap.placement_of(v) is None for v in nom.victims):
+                if nom.freed_at is None:
+                    nom.freed_at = snap.now
+                if _reported_since(snap, nom.node, nom.freed_at):
+                    self._reserve(nom, snap)
+                elif snap.now - nom.freed_at > REPORT_WAIT_SECONDS:
+                    self._end(nom.ref.uid)
+                    self._log.warning("freed GPU not reported", extra={
+                        "pod": nom.ref.key, "node": nom.node})
 
-    def _reserve(self, nom: Nomination) -> None:
+    def _reserve(self, nom: Nomination, snap: Snapshot) -> None:
         # (Also after a relist dropped the reservation: it is taken again.)
-        try:
-            self.state.assume_best(nom.node, nom.demand, self._inference, nom.reservation,
-                                   nom.ref.key)
-        except Exception as exc:  # the GPU went elsewhere (a bind raced the last victim out)
-            self._end(nom.ref.uid)
-            self._log.warning("freed GPU not kept", extra={"pod": nom.ref.key,
-                                                           "node": nom.node, "error": str(exc)})
+        decided = place(snap, nom.node, nom.demand, self._inference, nom.reservation,
+                        nom.ref.key)
+        if decided.placement is None:
+            assert nom.freed_at is not None
+            if snap.now - nom.freed_at <= REPORT_WAIT_SECONDS:
+                return  # the agents may still show the victims' memory: the next report
+            self._end(nom.ref.uid)  # the GPU went elsewhere (a bind raced the last victim out)
+            self._log.warning("freed GPU not kept", extra={
+                "pod": nom.ref.key, "node": nom.node,
+                "error": decided.rejection.message() if decided.rejection else ""})
             return
+        if not self.state.assume(snap, decided.placement):
+            return  # the node changed since the snapshot: the next tick decides again
         self.state.finish_binding(nom.reservation)
         with self._lock:
-            nom.reserved = True
+            ended = nom.ref.uid not in self._nominated  # the pod bound meanwhile
+            nom.reserved = not ended
+        if ended:
+            self.state.forget(nom.reservation)
+
+
+def _reported_since(snap: Snapshot, node: str, freed_at: float) -> bool:
+    """Whether every GPU of ``node`` with a fresh agent observation was observed at or after
+    ``freed_at`` (a node without a reporting agent has nothing to wait for)."""
+    t = snap.table
+    if node not in t.node_index:
+        return True
+    rows = t.node_rows(node)
+    at = t.observed_at[rows.start:rows.stop]
+    fresh = snap.now - at <= snap.policy.staleness_seconds
+    return bool((at[fresh] >= freed_at).all())
+
+
+def _why_none(candidates: Mapping[str, Sequence[Candidate]], priority: int,
+              allowed: Mapping[str, int]) -> str:
+    """Why no node has victims: no lower-priority pod, budgets, or too little freed."""
+    lower = [c for pods in candidates.values() for c in pods if c.priority < priority]
+    if not lower:
+        return f"no pod tandem placed there has a priority below {priority}"
+    if not any(all(allowed.get(b, 0) > 0 for b in c.budgets) for c in lower):
+        return "every lower-priority pod is protected by a PodDisruptionBudget"
+    return "evicting every lower-priority pod a budget allows would not free enough on any node"
 
 
 def build_preemptor(source: Any, state: Any, demand: Any, inference: InferenceContext | None,

@@ -12,6 +12,7 @@ from extender.learning.learner import Learner
 from extender.state.ledger import ClusterState
 from extender.state.node_identity import agent_identity, check_node, may_read_full, speaks_for
 from extender.state.reports import DecodedReport
+from extender.state.view import document
 
 
 class AgentService:
@@ -40,9 +41,11 @@ class AgentService:
         check_node(speaks_for, report.node)
         self.state.report(report.node, report.gpus, report.util_percent,
                           report.memory_used_mib)
-        samples = self.learner.observe(report, self.state.placement_of,
-                                       self.state.source_gpu_types(report.node)) \
-            if self.learner is not None and self.config.current().learning.enabled else 0
+        if self.learner is None or not self.config.current().learning.enabled:
+            return {"accepted": len(report.gpus), "samples": 0}
+        snap = self.state.snapshot()  # the placements the report is about, read without a lock
+        samples = self.learner.observe(report, snap.placement_of,
+                                       snap.source_types.get(report.node))
         return {"accepted": len(report.gpus), "samples": samples}
 
     def read_state(self, authorization: str | None, node: str | None = None,
@@ -53,7 +56,7 @@ class AgentService:
         O(its GPUs))."""
         if not may_read_full(authorization, node, self.config.current().reports,
                              self._environ, self._identity):
-            return self.state.document(node=node).redacted_copy()
+            return document(self.state.snapshot(), node=node).redacted_copy()
         learning = self.learner.view() if self.learner is not None and node is None \
             else None
-        return self.state.document(learning, node)
+        return document(self.state.snapshot(), learning, node)

@@ -57,7 +57,7 @@ class BindOutcomes:
     def refused(self, ref: PodRef, pod_uid: str, node: str, exc: Exception) -> SourceError:
         """Refused: nothing was applied. A placement the watch confirmed meanwhile stays.
         Returns the error bind raises."""
-        self.state.forget_assumed(pod_uid)
+        self.state.forget(pod_uid, only_assumed=True)
         self.source.record_event(ref, "TandemBindFailed", f"bind to {node}: {exc}", True)
         return SourceError(f"tandem: bind to {node} failed: {exc}")
 
@@ -74,7 +74,7 @@ class BindOutcomes:
         with self._lock:
             self._unknown.pop(args.pod_uid, None)
         if not node:
-            self.state.forget_assumed(args.pod_uid)
+            self.state.forget(args.pod_uid, only_assumed=True)
             if pod is None or uid != args.pod_uid:
                 raise BindConflict(f"pod {args.pod_namespace}/{args.pod_name} with UID "
                                    f"{args.pod_uid} no longer exists", None)

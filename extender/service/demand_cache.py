@@ -23,14 +23,12 @@ from extender.core import (
     PodRef,
     ProfileIndex,
     ResolvedDemand,
-    UtilKnowledge,
+    Snapshot,
     parse_demand,
     pod_ref,
     resolve_demand,
 )
 from extender.errors import BadRequest, PodRejected
-from extender.learning.learner import Learner
-from extender.state.ledger import ClusterState
 
 DEMAND_CACHE_LIMIT = 20_000
 """Most pods whose demand is cached between filter and bind (oldest evicted first)."""
@@ -97,21 +95,19 @@ def predict_fn(predictor: DemandPredictor) -> Callable[[str, int, str, str],
 class DemandCache:
     """Each pod's resolved demand, per :func:`demand_digest`, for ``state.demand_cache_seconds``."""
 
-    def __init__(self, state: ClusterState, config: ConfigHolder, clock: Callable[[], float],
-                 predictor: DemandPredictor | None, profiles: ProfileIndex,
-                 learner: Learner | None):
-        self.state = state
+    def __init__(self, config: ConfigHolder, clock: Callable[[], float],
+                 predictor: DemandPredictor | None, profiles: ProfileIndex):
         self.config = config
         self.clock = clock
         self._predict = predict_fn(predictor) if predictor is not None else None
         self._profiles = profiles
-        self.learner = learner
         self._cache: OrderedDict[str, CacheEntry] = OrderedDict()
         """Per :func:`demand_digest`: what filter (or bind) resolved."""
         self._cache_lock = threading.Lock()
 
-    def resolve(self, pod: Mapping[str, Any]) -> tuple[PodRef, ResolvedDemand]:
-        """The pod's resolved demand (cached by :func:`demand_digest`); PodRejected if bad."""
+    def resolve(self, pod: Mapping[str, Any], snap: Snapshot) -> tuple[PodRef, ResolvedDemand]:
+        """The pod's resolved demand on ``snap``'s GPU types with its knowledge (cached by
+        :func:`demand_digest`); PodRejected if bad."""
         try:
             ref = pod_ref(pod)
         except DemandError as exc:
@@ -127,8 +123,8 @@ class DemandCache:
         except DemandError as exc:
             raise PodRejected(f"tandem: bad pod request: {exc}", exc.field) from None
         predict = self._predict if self.config.current().predictor.enabled else None
-        knowledge = self._knowledge(job.gpu_count, ref.namespace)
-        resolved = resolve_demand(job, self.state.gpu_types(), predict, self._profiles,
+        knowledge = snap.knowledge.util(job.gpu_count, ref.namespace)
+        resolved = resolve_demand(job, list(snap.table.type_names), predict, self._profiles,
                                   session_name=ref.key, knowledge=knowledge)
         ttl = self.config.current().state.demand_cache_seconds
         if any(g.startswith(FETCHING) for g in resolved.gaps.values()):
@@ -139,9 +135,3 @@ class DemandCache:
             while len(self._cache) > DEMAND_CACHE_LIMIT:
                 self._cache.popitem(last=False)
         return ref, resolved
-
-    def _knowledge(self, gpus: int, namespace: str) -> UtilKnowledge:
-        cfg = self.config.current().learning
-        if self.learner is not None:
-            return self.learner.knowledge(cfg, gpus, namespace)
-        return UtilKnowledge(None, cfg.min_observations, cfg.cold_start_util_percent)

@@ -3,9 +3,11 @@
 One :class:`Extender` per process, composed of parts with one job each: the demand
 cache (:mod:`extender.service.demand_cache`), bind outcomes
 (:mod:`extender.service.bind_outcomes`), the agents' reports and state reads
-(:mod:`extender.service.agents`) and preemption. Bind decides again on fresh state
-and assumes under the state lock, writes the record and the Binding, then confirms
-or starts the expiry clock.
+(:mod:`extender.service.agents`) and preemption. Each verb takes one snapshot of the
+state and decides on it with the core's entry points, holding no lock. Bind decides
+on a fresh snapshot and assumes if the node did not change since (else once more on
+a newer one), writes the record and the Binding, then confirms or starts the expiry
+clock.
 """
 
 from __future__ import annotations
@@ -19,16 +21,22 @@ from typing import Any
 from extender.cluster.source import ClusterSource, output_annotations, tandem_annotations
 from extender.config.loader import ConfigHolder
 from extender.core import (
+    Decision,
     InferenceContext,
     PodRef,
     ProfileIndex,
-    Purpose,
     Reason,
     ResolvedDemand,
+    Snapshot,
     Workload,
     annotations_of,
     container_gpu_counts,
+    filter_nodes,
+    fits_without,
     gpu_type_of,
+    place,
+    score_nodes,
+    without,
 )
 from extender.core.session_rules import PlannerFn
 from extender.errors import BindConflict, BindOutcomeUnknown, NotLeader, NotReady, PodRejected
@@ -80,7 +88,7 @@ class Extender:
         self._inference = InferenceContext(planner, profile_index) if planner else None
         self.may_bind = may_bind
         self.learner = learner
-        self.demands = DemandCache(state, config, clock, predictor, profile_index, learner)
+        self.demands = DemandCache(config, clock, predictor, profile_index)
         """What each pod asks for, resolved once between filter and bind."""
         self.agents = AgentService(state, source, config, learner, environ)
         """Agent reports and ``/v1/state`` reads."""
@@ -91,34 +99,42 @@ class Extender:
         """Preemption for GPU shortages (``extender.preemption``); None without an API server."""
 
     # ---- demand --------------------------------------------------------------------
-    def demand(self, pod: Mapping[str, Any]) -> tuple[PodRef, ResolvedDemand]:
-        """The pod's resolved demand (:class:`DemandCache`); PodRejected if bad."""
-        return self.demands.resolve(pod)
+    def demand(self, pod: Mapping[str, Any], snap: Snapshot | None = None,
+               ) -> tuple[PodRef, ResolvedDemand]:
+        """The pod's resolved demand on ``snap`` (default: a fresh one) (:class:`DemandCache`);
+        PodRejected if bad."""
+        return self.demands.resolve(pod, self.state.snapshot() if snap is None else snap)
 
-    def _source_on(self, demand: ResolvedDemand, node: str, indices: tuple[int, ...]) -> str:
+    @staticmethod
+    def _source_on(snap: Snapshot, demand: ResolvedDemand, node: str,
+                   indices: tuple[int, ...]) -> str:
         """Where the bound numbers came from: the demand's source on the node's GPU type."""
-        for gpu in self.state.node_gpus(node):  # not gpu_rows(): every GPU of the cluster
+        t = snap.table
+        rows = t.node_rows(node) if node in t.node_index else ()
+        for gpu in (t.gpus[row] for row in rows):  # the node's GPUs, not the cluster's
             if gpu.index in indices:
                 found = demand.for_type(gpu_type_of(gpu.product))
                 return found.source if found is not None else ""
         return ""
 
-    def _require_synced(self) -> None:
-        if not self.state.synced:
+    @staticmethod
+    def _require_synced(snap: Snapshot) -> Snapshot:
+        if not snap.synced:
             raise NotReady("tandem: cluster state not synced yet")
+        return snap
 
     # ---- verbs -----------------------------------------------------------------------
     def filter(self, args: ExtenderArgs) -> tuple[dict[str, Any], FilterOutcome]:
         """Hard constraints; every rejected node gets a precise reason."""
         names = args.candidate_names()
-        self._require_synced()
+        snap = self._require_synced(self.state.snapshot())
         try:
-            ref, demand = self.demand(args.pod)
+            ref, demand = self.demand(args.pod, snap)
         except PodRejected as exc:
             result = filter_result(args, [], {}, {n: str(exc) for n in names})
             bad = Reason.BAD_POD_REQUEST.event_reason
             return dict(result), FilterOutcome(0, {bad: len(names)})
-        ev = self.state.evaluate(names, demand, self._inference, Purpose.FILTER)
+        ev = filter_nodes(snap, names, demand, self._inference)
         failed, unresolvable, reasons = {}, {}, {}
         for name, rej in ev.rejections.items():
             (unresolvable if rej.unresolvable else failed)[name] = rej.message()
@@ -136,7 +152,7 @@ class Extender:
                     pending = Reason.HANDOFF_PENDING.event_reason
                     reasons[pending] = reasons.get(pending, 0) + 1
         if self.preemptor is not None:
-            passed = self.preemptor.filter_nodes(ref, demand, passed, failed)
+            passed = self.preemptor.filter_nodes(snap, ref, demand, passed, failed)
         # Every rejection is unresolvable to kube-scheduler: its preemption cannot see
         # tandem.io/gpu (it would find "victims" for nothing), tandem preempts itself.
         return dict(filter_result(args, passed, {}, {**failed, **unresolvable})), \
@@ -146,11 +162,11 @@ class Extender:
         """Integer 0..10 per candidate from the Horus cost (best fit for sessions), encoded."""
         names = args.candidate_names()
         try:
-            self._require_synced()
-            _, demand = self.demand(args.pod)
+            snap = self._require_synced(self.state.snapshot())
+            _, demand = self.demand(args.pod, snap)
         except (PodRejected, NotReady):
             return encode_host_priorities(names, [0] * len(names))
-        ev = self.state.evaluate(names, demand, self._inference)
+        ev = score_nodes(snap, names, demand, self._inference)
         return encode_host_priorities(names, ev.scores())
 
     def _handoff_gated(self, handoff: Any) -> bool:
@@ -161,8 +177,8 @@ class Extender:
         """Re-check on fresh state, assume, annotate, bind; Error on any failure."""
         if not self.may_bind():
             raise NotLeader("tandem: this replica is not the leader and may not bind")
-        self._require_synced()
-        existing = self.state.placement_of(args.pod_uid) if args.pod_uid else None
+        snap = self._require_synced(self.state.snapshot())
+        existing = snap.placement_of(args.pod_uid) if args.pod_uid else None
         bound_to = existing.node if existing is not None else None
         if existing is not None and self.outcomes.unknown(args.pod_uid):
             bound_to = self.outcomes.settle(args)  # an earlier attempt got no answer: ask
@@ -176,7 +192,7 @@ class Extender:
         if waiting is not None:
             raise _handoff_busy(args.node, waiting.pod)
         pod = self._pod_for(args)
-        ref, demand = self.demand(pod)
+        ref, demand = self.demand(pod, snap)
         ref = PodRef(args.pod_namespace, args.pod_name, args.pod_uid or ref.uid)
         self._refuse_if_held(args.node, ref.uid)
         gated = self._handoff_gated(handoff)
@@ -189,12 +205,15 @@ class Extender:
                 raise _handoff_busy(args.node, waiting.pod)
         try:
             inputs = tandem_annotations(annotations_of(pod))
-            placement, plan, cost, uuids, interference = self._assume(
-                args.node, demand, ref, inputs, container_gpu_counts(pod))
-            annotations = output_annotations(placement, uuids, cost, plan,
-                                             self._source_on(demand, args.node,
+            decided, snap = self._assume(args.node, demand, ref, inputs,
+                                         container_gpu_counts(pod))
+            placement = decided.placement
+            assert placement is not None
+            annotations = output_annotations(placement, list(decided.gpu_uuids), decided.cost,
+                                             decided.plan,
+                                             self._source_on(snap, demand, args.node,
                                                              tuple(placement.gpu_indices)),
-                                             interference)
+                                             decided.interference)
             try:
                 confirmed = self.source.bind(ref, args.node, annotations, placement)
             except BindOutcomeUnknown as exc:  # maybe applied: the GPUs stay reserved
@@ -231,12 +250,28 @@ class Extender:
 
     def _assume(self, node: str, demand: ResolvedDemand, ref: PodRef,
                 inputs: tuple[tuple[str, str], ...], container_gpus: Any,
-                ) -> tuple[Any, Any, float, list[str], str]:
-        """The ledger's assume; a preemptor's reserved GPUs on ``node`` are its own."""
-        def assume() -> tuple[Any, Any, float, list[str], str]:
-            return self.state.assume_best(node, demand, self._inference, ref.uid or ref.key,
-                                          ref.key, inputs, container_gpus)
-        return self.preemptor.assume_for(ref.uid, node, assume) if self.preemptor else assume()
+                ) -> tuple[Decision, Snapshot]:
+        """Decide the GPUs on ``node`` on a fresh snapshot and assume them if the node did not
+        change since; once more on a newer snapshot if it did. A preemptor's own reservation
+        on ``node`` is set aside for the decision and replaced by the placement."""
+        uid = ref.uid or ref.key
+        held = self.preemptor.reservation(ref.uid, node) if self.preemptor else None
+        for _ in range(2):
+            snap = self.state.snapshot()
+            reserved = snap.placement_of(held) if held is not None else None
+            view = snap if reserved is None else without(snap, [reserved], observed=False)
+            decided = place(view, node, demand, self._inference, uid, ref.key, inputs,
+                            container_gpus)
+            if decided.placement is None:
+                raise BindConflict(f"node {node} no longer fits pod {ref.key}",
+                                   decided.rejection)
+            if self.state.assume(snap, decided.placement,
+                                 held if reserved is not None else None):
+                if reserved is not None and self.preemptor is not None:
+                    self.preemptor.bound(ref.uid)  # its nomination ends with the reservation
+                return decided, snap
+        raise BindConflict(f"{node} changed twice while pod {ref.key} was being placed; "
+                           "retry", None)
 
     def _pod_for(self, args: BindingArgs) -> Mapping[str, Any]:
         """The pod as the cluster has it (the API server, or the simulated registry), never a
@@ -259,10 +294,10 @@ class Extender:
         only we know GPU capacity, so the useful answer is to drop nodes where the
         proposed evictions would not free enough GPU memory or co-location slots.
         """
-        self._require_synced()
+        snap = self._require_synced(self.state.snapshot())
         try:
-            _, demand = self.demand(pod)
+            _, demand = self.demand(pod, snap)
         except PodRejected:
             return {}
         return {node: uids for node, uids in victims.items()
-                if self.state.fits_without(node, uids, demand, self._inference)}
+                if fits_without(snap, node, uids, demand, self._inference)}

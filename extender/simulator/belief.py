@@ -10,7 +10,8 @@ The prediction is the job's prior (its ``predicted_*`` numbers). Three modes:
   simulated agents (:mod:`extender.simulator.agents`), answers once it has
   ``learning.min_observations`` samples of the model on a GPU type, and its
   refitted interference curves replace the configured ones in the cost (when
-  ``learning.curves``), exactly as :meth:`Learner.policy` does in the extender;
+  ``learning.curves``): the learner's :class:`extender.learning.knowledge.Knowledge`,
+  merged as the extender's :class:`extender.learning.knowledge.Beliefs` merges it;
 - ``prior``: the prior only, never updated (no learning);
 - ``oracle``: the truth itself, per GPU type (an upper bound for learning),
   the truth's interference curves and measured pairs included.
@@ -60,6 +61,7 @@ class SimKnowledge:
             raise BeliefError(f"unknown knowledge mode {mode!r} (valid: {', '.join(MODES)})")
         self.mode, self.truth, self.learner, self.cfg = mode, truth, learner, cfg
         self.type_names = sorted(set(type_names))
+        self._prior: CostPolicy | None = None
 
     def demand(self, run: JobRun) -> ResolvedDemand:
         """Per-GPU-type demand of ``run``'s pods (its job must name a model)."""
@@ -73,7 +75,7 @@ class SimKnowledge:
             # run.pred_mem: the memory estimate, raised by an OOM (Horus §4.2.3)
             return job.pred_util, max(run.pred_mem, job.pred_mem), PRIOR_SOURCE
 
-        knowledge = self.learner.knowledge(self.cfg, job.gpus_per_task) \
+        knowledge = self.learner.knowledge(self.cfg).util(job.gpus_per_task) \
             if self.mode == "online" \
             else UtilKnowledge()
         return resolve_demand(
@@ -87,8 +89,10 @@ class SimKnowledge:
         ``base``'s curve, as the extender's starts from the configured one);
         ``oracle``: the truth's curves; ``prior``: ``base`` itself."""
         if self.mode == "online":
-            self.learner.prior = base.curve_for
-            return self.learner.policy(base, self.cfg)
+            if base is not self._prior:  # handed once per base, as a config reload does
+                self.learner.use_prior(base)
+                self._prior = base
+            return self.learner.knowledge(self.cfg).policy(base)
         if self.mode == "oracle":
             return base.with_curves(self.truth.curves).with_pairs(oracle_pairs(self.truth))
         return base

@@ -5,7 +5,8 @@ code the Kubernetes gate runs) and places each one the way the extender would
 place its pods: every task is a pod whose demand is resolved with
 :func:`extender.core.resolve_demand` (asserted utilisation and memory, as the
 pod annotations would carry them), its candidate nodes are judged by
-:func:`extender.core.evaluate` (filter reasons and Horus cost, Eq. 7-10), and
+:func:`extender.core.score_nodes` over a :class:`extender.core.Snapshot` of the
+simulated cluster (the entry point ``/prioritize`` calls; Horus cost, Eq. 7-10), and
 the GPUs are taken by :func:`extender.core.choose` (what bind does). Tasks of a
 multi-task job are placed one after the other on a copy of the snapshot
 (checkpoint), and the job only starts when all of them fit (gang).
@@ -18,7 +19,7 @@ Node choice, the one step kube-scheduler owns:
   the highest score; kube-scheduler breaks ties at random, the simulator on node
   order so that replays are exact.
 
-Before calling ``evaluate`` the adapter drops nodes by the core's own per-GPU rules
+Before calling ``score_nodes`` the adapter drops nodes by the core's own per-GPU rules
 (:mod:`extender.core.rules`), read for every GPU once per round (:class:`FreeView`):
 a node stays a candidate when at least ``gpus_per_task`` of its GPUs pass them,
 which is the core's own verdict on that node for one task. Skipping the others
@@ -41,14 +42,14 @@ import numpy as np
 from contracts.annotations import MODEL, PodInputs
 from extender.core import (
     CostPolicy,
-    DecisionContext,
     JobDemand,
     Placement,
     Purpose,
     ResolvedDemand,
+    Snapshot,
     choose,
-    evaluate,
     resolve_demand,
+    score_nodes,
 )
 from extender.core.rules import GpuLoad, colocation_rule_on, gpu_checks, passing
 from extender.core.table import GpuTable
@@ -171,8 +172,8 @@ def place_with_core(view: FreeView, run: JobRun, settings: HorusSettings,
             names = FreeView(work, view.node_of, settings.cost, now_s).candidate_nodes(run)
             if not names:
                 return None
-        ev = evaluate(work, names, demand, DecisionContext(settings.cost, now_s),
-                      Purpose.PLACE)
+        ev = score_nodes(Snapshot(work, settings.cost, now_s), names, demand,
+                         purpose=Purpose.PLACE)
         if not ev.feasible.any():
             return None
         if settings.node_pick == "score":

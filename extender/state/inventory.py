@@ -63,13 +63,11 @@ class Inventory:
         self._reported_uuids.setdefault(report.node, set()).update(g.uuid for g in report.gpus)
         return previous is None or previous.gpus != report.gpus
 
-    def source_gpu_types(self, name: str) -> frozenset[str] | None:
-        """The GPU types the source lists for node ``name`` (GFD labels, the sim file), not
-        what its agent reports; None when it lists none."""
-        spec = self._source.get(name)
-        if spec is None or not spec.gpus:
-            return None
-        return frozenset(g.gpu_type for g in spec.gpus)
+    def source_types(self) -> dict[str, frozenset[str]]:
+        """Per node, the GPU types the source lists (GFD labels, the sim file), not what its
+        agent reports; nodes that list none are absent."""
+        return {name: frozenset(g.gpu_type for g in spec.gpus)
+                for name, spec in self._source.items() if spec.gpus}
 
     def nodes(self) -> list[NodeSpec]:
         """Each source node, with its agent's measured GPUs when it reported some."""

@@ -1,10 +1,20 @@
-"""Cluster state: the GPU inventory, the placement ledger and the GPU table, under one lock.
+"""Cluster state: a cache of writers that hands out frozen snapshots.
 
 ``ClusterState`` composes parts with one job each and is the only writer of their
 fields: :class:`extender.state.inventory.Inventory` (source nodes and agent
 reports), :class:`extender.state.placements.PlacementLedger` (placed and assumed
-pods), the columnar ``GpuTable`` the decisions read, the device-plugin
-``HandoffGate``, and :mod:`extender.state.view` (the ``/v1/state`` value).
+pods), the columnar ``GpuTable`` the decisions read and the device-plugin
+``HandoffGate``. Besides its writers it has :meth:`ClusterState.snapshot` and
+:meth:`ClusterState.assume` (and three reads the cluster source uses).
+
+Decisions never run under its lock (kube-scheduler's plugins get a ``Snapshot``,
+never the cache): :meth:`~ClusterState.snapshot` is O(1) under the lock, the table
+and the ledger it hands out are never written again (copy on write: the next
+writer copies them first), and every evaluation runs on the snapshot with the
+core's entry points (``extender.core.decide``). Bind decides on a snapshot and
+:meth:`~ClusterState.assume` applies the decision only if the node's generation is
+still the snapshot's (any change to the node's GPUs bumps it); otherwise bind decides
+again on a fresh snapshot.
 
 The ledger follows kube-scheduler's cache interface (``backend/cache/interface.go``)::
 
@@ -20,9 +30,9 @@ The ledger follows kube-scheduler's cache interface (``backend/cache/interface.g
          v
      (unknown)
 
-- ``assume`` reserves capacity the moment bind decides, *before* the API call,
-  under the same lock as the decision: two concurrent binds can never both see
-  the same free capacity.
+- ``assume`` reserves capacity the moment bind decides, *before* the API call, and
+  only if nothing changed on the node since the snapshot it decided on: two
+  concurrent binds can never both take the same free capacity.
 - An assumed placement has no deadline while its bind is in flight; after the
   bind call returns it expires ``assume_ttl_seconds`` later unless the source
   confirms it (the pod watch shows the pod bound with our annotations).
@@ -40,77 +50,140 @@ the sim file) because it is measured.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
-from contracts.state import StateDocument, encode_state
 from extender.core import (
     CostPolicy,
-    DecisionContext,
-    Evaluation,
     GpuSpec,
     GpuTable,
-    InferenceContext,
     NodeSpec,
     Placement,
     PlacementError,
-    Purpose,
-    ResolvedDemand,
-    choose,
-    evaluate,
-    split_gpus,
+    Snapshot,
 )
 from extender.errors import BindConflict
 from extender.state.handoff import HandoffGate
 from extender.state.inventory import Inventory, NodeReport
 from extender.state.placements import PlacementLedger
-from extender.state.view import gpu_rows, state_document
 
 Clock = Callable[[], float]
 
 
-class ClusterState:
-    """Inventory + ledger + columnar table; thread-safe; the only writer of its parts."""
+class BeliefsLike(Protocol):
+    """Where the policy and the knowledge come from (``extender.learning.knowledge.Beliefs``)."""
 
-    def __init__(self, policy: Callable[[], CostPolicy], clock: Clock,
-                 assume_ttl_seconds: float = 30.0):
-        self._policy = policy
-        self._clock = clock
-        self.lock = threading.RLock()
+    def current(self) -> tuple[CostPolicy, object]:
+        """The merged policy in force and the knowledge it was merged with."""
+        ...
+
+
+class ClusterState:
+    """Writers + :meth:`snapshot` + :meth:`assume`; thread-safe; the only writer of its parts."""
+
+    def __init__(self, beliefs: BeliefsLike, clock: Clock, assume_ttl_seconds: float):
+        self.beliefs = beliefs
+        """The policy and knowledge each snapshot carries."""
+        self.now = clock
+        """The state's clock (what ``listed_at``, expiry deadlines and observations use)."""
+        self._lock = threading.RLock()
         self._inventory = Inventory()
         self._ledger = PlacementLedger(assume_ttl_seconds)
         self._table = GpuTable.build([])
+        self._generations: dict[str, int] = {}
+        self._epoch = 0
+        self._source_types: dict[str, frozenset[str]] = {}
+        self._shared = False
+        """A snapshot holds the table, ledger and generations: copy before writing."""
         self._synced = False
         self.handoffs = HandoffGate(clock)
         """Pods waiting for the device plugin's hand-off (``handoff.mode: device-plugin``)."""
 
-    @property
-    def synced(self) -> bool:
-        """True once the source's first full sync is in."""
-        return self._synced
+    # ---- snapshot and assume ---------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        """The cluster as it is now, frozen (assumed placements past their deadline dropped)."""
+        policy, knowledge = self.beliefs.current()
+        with self._lock:
+            now = self.now()
+            for uid in self._ledger.expired(now):
+                self._drop(uid)
+            self._shared = True
+            return Snapshot(self._table, policy, now, self._ledger, knowledge,
+                            self._generations, self._epoch, self._synced,
+                            self._source_types)
 
-    def mark_synced(self) -> None:
-        """The source finished its first full sync (nodes and bound pods are in)."""
-        self._synced = True
+    def assume(self, snapshot: Snapshot, placement: Placement, replacing: str | None = None,
+               ) -> bool:
+        """Reserve ``placement`` (bind decided it on ``snapshot``) unless its node changed
+        since; False when it did (decide again on a fresh snapshot). ``replacing``: a
+        reservation of the same pod (preemption's) dropped in the same step. BindConflict
+        when the pod is already placed or assumed."""
+        node = placement.node
+        with self._lock:
+            if snapshot.epoch != self._epoch or \
+                    snapshot.generations.get(node, 0) != self._generations.get(node, 0):
+                return False
+            if self._ledger.is_known(placement.pod_uid):
+                raise BindConflict(f"pod {placement.pod} is already bound or being bound", None)
+            self._writable()
+            if replacing is not None:
+                self._drop(replacing)
+            now = self.now()
+            self._ledger.assume(placement, now)
+            self._table_apply(placement, +1, now)
+            return True
+
+    # ---- reads the cluster source uses -----------------------------------------------
+    def placement_of(self, uid: str) -> Placement | None:
+        """The pod's placement, placed or assumed."""
+        with self._lock:
+            return self._ledger.get(uid)
+
+    def is_known(self, uid: str) -> bool:
+        """True when the pod is placed or assumed."""
+        return self.placement_of(uid) is not None
+
+    def node_gpus(self, node: str) -> list[GpuSpec]:
+        """The GPUs of one node (none for an unknown node): O(its GPUs)."""
+        with self._lock:
+            t = self._table
+        if node not in t.node_index:
+            return []
+        return [t.gpus[row] for row in t.node_rows(node)]
+
+    # ---- copy on write ---------------------------------------------------------------
+    def _writable(self) -> None:
+        if self._shared:
+            self._table = self._table.copy()
+            self._ledger = self._ledger.copy()
+            self._generations = dict(self._generations)
+            self._shared = False
+
+    def _bump(self, node: str) -> None:
+        self._generations[node] = self._generations.get(node, 0) + 1
 
     # ---- inventory -------------------------------------------------------------------
+    def mark_synced(self) -> None:
+        """The source finished its first full sync (nodes and bound pods are in)."""
+        with self._lock:
+            self._synced = True
+
     def set_nodes(self, nodes: Iterable[NodeSpec]) -> None:
         """Replace the source's node list (initial sync or relist)."""
-        with self.lock:
+        with self._lock:
             self._inventory.set_nodes(nodes)
             self._rebuild()
 
     def upsert_node(self, node: NodeSpec) -> None:
         """Add or update one node from the source."""
-        with self.lock:
+        with self._lock:
             if self._inventory.upsert_node(node):
                 self._rebuild()
 
     def delete_node(self, name: str) -> None:
         """Forget a node the source no longer has."""
-        with self.lock:
+        with self._lock:
             if self._inventory.delete_node(name):
                 self._rebuild()
 
@@ -121,22 +194,30 @@ class ClusterState:
         for report in self._inventory.reports():
             if report.node in table.node_index:
                 table.observe(report.node, report.observations())
+        if self._shared:
+            self._ledger = self._ledger.copy()
+            self._generations = dict(self._generations)
+            self._shared = False
         for p in self._ledger.all():  # after the samples: each is stamped against them
             try:
                 table.place(p, self._ledger.applied_at(p.pod_uid))
             except PlacementError:
                 continue  # pod on a node or GPU we have no inventory for: kept in the ledger
         self._table = table
+        self._source_types = self._inventory.source_types()
+        self._epoch += 1
 
     # ---- ledger ----------------------------------------------------------------------
-    def _table_apply(self, p: Placement, sign: int) -> None:
+    def _table_apply(self, p: Placement, sign: int, at: float | None = None) -> None:
+        self._bump(p.node)
         with contextlib.suppress(PlacementError):
             if sign > 0:
-                self._table.place(p, self._ledger.applied_at(p.pod_uid))
+                self._table.place(p, at)
             else:
                 self._table.remove(p)
 
     def _drop(self, uid: str) -> Placement | None:
+        self._writable()
         p = self._ledger.drop(uid)
         if p is not None:
             self._table_apply(p, -1)
@@ -144,21 +225,21 @@ class ClusterState:
 
     def confirm(self, p: Placement) -> None:
         """The source shows the pod bound with these annotations: it is placed."""
-        with self.lock:
+        with self._lock:
             # An assumed pod keeps its bind time: a sample taken since then may show it.
             applied_at = self._ledger.applied_at(p.pod_uid)
             self._drop(p.pod_uid)
-            self._ledger.place(p, self._clock() if applied_at is None else applied_at)
-            self._table_apply(p, +1)
+            at = self.now() if applied_at is None else applied_at
+            self._ledger.place(p, at)
+            self._table_apply(p, +1, at)
 
-    def forget(self, uid: str) -> None:
-        """Drop a pod from the ledger (deleted, finished, or its bind failed)."""
-        with self.lock:
-            self._drop(uid)
-
-    def now(self) -> float:
-        """The state's clock (what ``listed_at`` and expiry deadlines are measured on)."""
-        return self._clock()
+    def forget(self, uid: str, only_assumed: bool = False) -> None:
+        """Drop a pod from the ledger (deleted, finished, or its bind failed); with
+        ``only_assumed`` (a refused bind), a confirmed pod stays: the watch already showed
+        it bound."""
+        with self._lock:
+            if not only_assumed or self._ledger.is_assumed(uid):
+                self._drop(uid)
 
     def retain_placed(self, uids: set[str], listed_at: float | None = None,
                       ) -> list[Placement]:
@@ -166,144 +247,32 @@ class ClusterState:
         whose bind call had returned before the list was taken at ``listed_at`` (the list
         would show them bound, so they were deleted, finished, or never bound). Binds still
         in flight, or returned after the list was taken, stay. Returns what was forgotten."""
-        with self.lock:
+        with self._lock:
             gone = self._ledger.missing_from(uids, listed_at)
             return [p for p in (self._drop(uid) for uid in gone) if p is not None]
 
-    def forget_assumed(self, uid: str) -> None:
-        """Drop an assumed placement (its bind was refused); a confirmed one stays, since the
-        watch already showed the pod bound."""
-        with self.lock:
-            if self._ledger.is_assumed(uid):
-                self._drop(uid)
-
     def finish_binding(self, uid: str) -> None:
         """The bind call returned: start the assumed placement's expiry clock."""
-        with self.lock:
-            self._ledger.start_deadline(uid, self._clock())
+        with self._lock:
+            self._writable()
+            self._ledger.start_deadline(uid, self.now())
 
     def expire(self) -> list[Placement]:
         """Drop assumed placements whose deadline passed without confirmation."""
-        now = self._clock()
-        with self.lock:
-            gone = self._ledger.expired(now)
+        with self._lock:
+            gone = self._ledger.expired(self.now())
             return [p for p in (self._drop(uid) for uid in gone) if p is not None]
-
-    def is_known(self, uid: str) -> bool:
-        """True when the pod is placed or assumed."""
-        with self.lock:
-            return self._ledger.is_known(uid)
-
-    def placement_of(self, uid: str) -> Placement | None:
-        """The pod's placement, placed or assumed."""
-        with self.lock:
-            return self._ledger.get(uid)
-
-    def source_gpu_types(self, node: str) -> frozenset[str] | None:
-        """The GPU types the cluster source lists for ``node`` (GPU feature discovery's labels,
-        the cluster file), not what its agent reports; None when it lists none."""
-        with self.lock:
-            return self._inventory.source_gpu_types(node)
-
-    # ---- decisions -------------------------------------------------------------------
-    def gpu_types(self) -> list[str]:
-        """GPU types present in the inventory."""
-        with self.lock:
-            return list(self._table.type_names)
-
-    def evaluate(self, names: Sequence[str], demand: ResolvedDemand,
-                 inference: InferenceContext | None,
-                 purpose: Purpose = Purpose.SCORE) -> Evaluation:
-        """Run the core evaluation on the current table (read-only)."""
-        self.expire()
-        with self.lock:
-            return evaluate(self._table, names, demand, self._context(inference), purpose)
-
-    def _context(self, inference: InferenceContext | None) -> DecisionContext:
-        return DecisionContext(self._policy(), self._clock(), inference)
-
-    def assume_best(self, node: str, demand: ResolvedDemand, inference: InferenceContext | None,
-                    pod_uid: str, pod: str, annotations: tuple[tuple[str, str], ...] = (),
-                    containers: tuple[tuple[str, int, bool], ...] = (),
-                    ) -> tuple[Placement, Any, float, list[str], str]:
-        """Decide the GPUs on ``node`` against fresh state and assume them, atomically;
-        ``containers`` (``extender.core.container_gpu_counts``) says who gets which.
-
-        Returns the placement, its plan, cost, GPU UUIDs and where its interference figure
-        came from ("" where the curve alone decided)."""
-        self.expire()
-        with self.lock:
-            if self._ledger.is_known(pod_uid):
-                raise BindConflict(f"pod {pod} is already bound or being bound", None)
-            ev = evaluate(self._table, [node], demand, self._context(inference))
-            placement = choose(ev, 0, pod_uid, pod)
-            if placement is None:
-                raise BindConflict(f"node {node} no longer fits pod {pod}",
-                                   ev.rejections.get(node))
-            rows = ev.chosen_rows(0)
-            uuids = [self._table.gpus[r].uuid for r in rows]
-            # Hold exactly what the annotations will say, so a restart rebuilds identical state.
-            placement = dataclasses.replace(placement,
-                                            util_percent=round(placement.util_percent, 2),
-                                            mem_mib=float(round(placement.mem_mib)),
-                                            annotations=annotations, gpu_uuids=tuple(uuids),
-                                            containers=split_gpus(containers,
-                                                                  placement.gpu_indices))
-            now = self._clock()
-            self._ledger.assume(placement, now)
-            self._table.place(placement, now)
-            return placement, ev.plans.get(rows[0]), float(ev.node_cost[0]), uuids, \
-                ev.interference_sources.get(rows[0], "")
-
-    def fits_without(self, node: str, victim_uids: Sequence[str], demand: ResolvedDemand,
-                     inference: InferenceContext | None) -> bool:
-        """Would the pod fit on ``node`` once ``victim_uids`` are gone? (tentative copy)"""
-        with self.lock:
-            table = self._table.copy()
-            for uid in victim_uids:
-                p = self.placement_of(uid)
-                if p is not None and p.node == node:
-                    with contextlib.suppress(PlacementError):
-                        table.remove(p)
-            ev = evaluate(table, [node], demand, self._context(inference))
-            return bool(ev.feasible[0])
 
     # ---- agent reports ---------------------------------------------------------------
     def report(self, node: str, gpus: Sequence[GpuSpec], util_percent: Sequence[float],
                memory_used_mib: Sequence[float]) -> None:
         """Store an agent report; rebuild only when the measured inventory changed."""
-        with self.lock:
+        with self._lock:
             report = NodeReport(node, tuple(gpus), tuple(util_percent), tuple(memory_used_mib),
-                                self._clock())
+                                self.now())
             if self._inventory.report(report):
                 self._rebuild()
             elif node in self._table.node_index:
+                self._writable()
+                self._bump(node)
                 self._table.observe(node, report.observations())
-
-    # ---- views -----------------------------------------------------------------------
-    def view(self) -> dict[str, Any]:
-        """The encoded ``GET /v1/state`` document without ``learning`` (tests, operators)."""
-        return encode_state(self.document())
-
-    def document(self, learning: Mapping[str, Any] | None = None,
-                 node: str | None = None) -> StateDocument:
-        """The ``GET /v1/state`` document (``contracts.state``); with ``node``, that node only
-        (each agent asks for its own: O(its GPUs), not O(cluster))."""
-        policy, now = self._policy(), self._clock()
-        with self.lock:
-            return state_document(self._table, self._ledger, policy.staleness_seconds, now,
-                                  self._synced, learning, node)
-
-    def node_gpus(self, node: str) -> list[GpuSpec]:
-        """The GPUs of one node (none for an unknown node): O(its GPUs), for the bind path."""
-        with self.lock:
-            t = self._table
-            if node not in t.node_index:
-                return []
-            return [t.gpus[row] for row in t.node_rows(node)]
-
-    def gpu_rows(self) -> list[tuple[str, GpuSpec, float, float | None]]:
-        """(node, gpu, predicted util, fresh observed util) per GPU, for metrics."""
-        policy, now = self._policy(), self._clock()
-        with self.lock:
-            return gpu_rows(self._table, policy.staleness_seconds, now)

@@ -24,6 +24,13 @@ class PlacementLedger:
         """When each entry was first applied: a rebuild re-stamps it, so placements newer
         than an agent's sample still count on top of it (``extender.core.cost``)."""
 
+    def copy(self) -> PlacementLedger:
+        """An independent copy (the state copies before writing what a snapshot holds)."""
+        other = PlacementLedger(self.ttl)
+        other._placed, other._assumed = dict(self._placed), dict(self._assumed)
+        other._applied_at = dict(self._applied_at)
+        return other
+
     # ---- reads ---------------------------------------------------------------------
     def placed(self) -> Iterable[Placement]:
         """Confirmed placements."""

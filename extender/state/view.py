@@ -1,6 +1,6 @@
-"""The ledger and GPU table rendered as the ``/v1/state`` contract value and metric rows.
+"""A snapshot rendered as the ``/v1/state`` contract value and metric rows.
 
-Pure functions over what ``ClusterState`` holds (it calls them under its lock).
+Pure functions over a :class:`extender.core.Snapshot` (no lock: nothing in it changes).
 """
 
 from __future__ import annotations
@@ -8,9 +8,36 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from contracts.state import StateDocument, StateGpu, StateNode, StatePod, bounded_annotations
-from extender.core import GpuSpec, GpuTable, PlacementError
+from contracts.state import (
+    StateDocument,
+    StateGpu,
+    StateNode,
+    StatePod,
+    bounded_annotations,
+    encode_state,
+)
+from extender.core import GpuSpec, GpuTable, PlacementError, Snapshot
 from extender.state.placements import PlacementLedger
+
+
+def document(snap: Snapshot, learning: Mapping[str, Any] | None = None,
+             node: str | None = None) -> StateDocument:
+    """The ``GET /v1/state`` document of ``snap`` (a ``ClusterState`` snapshot); with
+    ``node``, that node only (each agent asks for its own: O(its GPUs), not O(cluster))."""
+    ledger = snap.placements
+    assert isinstance(ledger, PlacementLedger), "a ClusterState snapshot"
+    return state_document(snap.table, ledger, snap.policy.staleness_seconds, snap.now,
+                          snap.synced, learning, node)
+
+
+def encoded(snap: Snapshot) -> dict[str, Any]:
+    """The encoded ``/v1/state`` document without ``learning`` (tests, operators)."""
+    return encode_state(document(snap))
+
+
+def metric_rows(snap: Snapshot) -> list[tuple[str, GpuSpec, float, float | None]]:
+    """(node, gpu, predicted util, fresh observed util) per GPU of ``snap``, for metrics."""
+    return gpu_rows(snap.table, snap.policy.staleness_seconds, snap.now)
 
 
 def state_document(table: GpuTable, ledger: PlacementLedger, staleness_seconds: float,

@@ -197,7 +197,7 @@ def build_routes(ext: Extender, metrics: Metrics, config: ConfigHolder,
     @app.get("/readyz")
     def readyz() -> Response:
         failing = [getattr(c, "__name__", "check") for c in checks if not c()]
-        if not ext.state.synced:
+        if not ext.state.snapshot().synced:
             failing.insert(0, "state-synced")
         status = 200 if not failing else 503
         return Response(dumps({"ready": not failing, "failing": failing}), status=status,
