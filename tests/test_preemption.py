@@ -7,6 +7,7 @@ import time
 
 import pytest
 from bench_modules import fake_kube_api
+from extender_builders import state_view
 from kubernetes import client
 
 from extender.cluster.kube import KubeSource, PlainWatch
@@ -218,3 +219,90 @@ def test_sim_source_has_no_preemptor():
     from extender.cluster.sim import SimSource
     app = create_app(ConfigHolder(build_config({})), SimSource([], []))
     assert app.extensions["tandem"].preemptor is None
+
+
+# ---- with the agents reporting what the victims use -----------------------------------------
+
+TOKEN = "agent-token-for-preemption"
+
+
+def agent_report(node, used_mib):
+    return {"node": node, "timestamp": time.time(), "interval_seconds": 0.1,
+            "gpus": [{"index": 0, "uuid": f"GPU-{node}", "product": "NVIDIA A100-SXM4-40GB",
+                      "memory_total_mib": 40960, "memory_used_mib": used_mib,
+                      "utilization_percent": 10.0 if used_mib else 0.0, "processes": []}]}
+
+
+@pytest.fixture
+def reported_cluster():
+    """16 nodes of one 40 GB GPU, each running a priority-0 pod of 30000 MiB, and an agent per
+    node reporting what the pods the API server still has there use (every 0.1 s)."""
+    import threading
+
+    nodes = [f"gpu-{i:02d}" for i in range(16)]
+    fake = fake_kube_api.FakeKubeApi(
+        nodes=[{"metadata": {"name": n, "labels": GFD}} for n in nodes],
+        pods=[placed(f"low-{n}", n, 30000, 0) for n in nodes])
+    fake.start()
+    api = client.CoreV1Api(client.ApiClient(client.Configuration(host=fake.url)))
+    source = KubeSource(api, watch_factory=PlainWatch, background_events=False)
+    app = create_app(ConfigHolder(build_config({})), source,
+                     environ={"TANDEM_SIGNING_KEY": KEY, "TANDEM_AGENT_TOKEN": TOKEN})
+    stop = threading.Event()
+
+    def agents():
+        http = app.test_client()
+        while not stop.wait(0.1):
+            used = {n: 0 for n in nodes}
+            for pod in list(fake.pods.values()):
+                spec = pod.get("spec") or {}
+                if spec.get("nodeName") in used:
+                    used[spec["nodeName"]] += 30000
+            for n in nodes:
+                http.post("/v1/agents/report", json=agent_report(n, used[n]),
+                          headers={"Authorization": f"Bearer {TOKEN}"})
+
+    thread = threading.Thread(target=agents, daemon=True)
+    thread.start()
+    yield fake, app, source, nodes
+    stop.set()
+    thread.join(5)
+    ext = app.extensions["tandem"]
+    if ext.preemptor is not None:
+        ext.preemptor.stop()
+    source.stop()
+    fake.stop()
+
+
+def test_preemption_frees_memory_the_agents_see_in_use(reported_cluster):
+    fake, app, source, nodes = reported_cluster
+    ext = app.extensions["tandem"]
+    wait_for(lambda: all(g["observed_mib"] == 30000 for n in nodes
+                         for g in state_view(ext.state)["nodes"][n]["gpus"]))
+    fake.put_pod(pending("urgent", 30000, 100))
+    started = time.monotonic()
+    passed: list[str] = []
+
+    def filter_passes() -> bool:
+        passed[:] = do_filter(app, fake, "urgent", nodes)["NodeNames"]
+        return bool(passed)
+
+    wait_for(filter_passes, 10.0)
+    (node,) = passed
+    bound = app.test_client().post("/bind", json={"PodName": "urgent", "PodNamespace": "ml",
+                                                  "PodUID": "uid-urgent", "Node": node})
+    assert bound.get_json() == {"Error": ""}
+    assert time.monotonic() - started < 10.0
+    assert evictions(fake) == [f"low-{node}"]  # one victim, through the Eviction API
+    assert ext.state.placement_of("uid-urgent").node == node
+    assert {(f"low-{node}", "TandemPreempted"), ("urgent", "TandemPreempting")} <= \
+        posted_events(source, fake)
+
+
+def test_no_preemption_says_why_in_an_event(cluster):
+    fake, app, source = cluster
+    fake.put_pod(pending("urgent", 30000, 100))
+    assert do_filter(app, fake, "urgent", ["gpu-a"])["NodeNames"] == []  # guarded only
+    wait_for(lambda: ("urgent", "TandemNoPreemption") in posted_events(source, fake))
+    message = next(e["message"] for e in fake.events if e["reason"] == "TandemNoPreemption")
+    assert "PodDisruptionBudget" in message

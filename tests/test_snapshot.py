@@ -1,0 +1,208 @@
+"""One snapshot in, one decision out: frozen snapshots, the generation-checked assume, the
+removal what-if, one door for what was learned, and the service and the simulator deciding
+alike on one snapshot."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+from extender_builders import (
+    TTL,
+    args,
+    binding,
+    make_app,
+    node,
+    placement,
+    state_view,
+    training,
+)
+
+from contracts.annotations import PodInputs
+from extender.config.loader import ConfigHolder
+from extender.config.schema import build_config
+from extender.config.sections import LearningConfig
+from extender.core import (
+    CostPolicy,
+    GpuObservation,
+    GpuTable,
+    InterferenceCurve,
+    JobDemand,
+    Snapshot,
+    fits_without,
+    place,
+    resolve_demand,
+    without,
+)
+from extender.errors import BindConflict
+from extender.learning.knowledge import Beliefs, FixedBeliefs, Knowledge
+from extender.learning.learner import Learner
+from extender.preemption.executor import Preemptor
+from extender.queue.fair import QueueConfig
+from extender.service.agents import AgentService
+from extender.service.demand_cache import DemandCache
+from extender.service.verbs import Extender
+from extender.simulator.baselines import node_of_rows
+from extender.simulator.engine import JobRun
+from extender.simulator.horus import FreeView, HorusSettings, place_with_core
+from extender.simulator.jobs import SimJob
+from extender.state.ledger import ClusterState
+
+A100 = "NVIDIA-A100-SXM4-40GB"
+
+
+def demand(util: float, mem: float, types: list[str]):
+    return resolve_demand(JobDemand(1, PodInputs(util_percent=util, mem_mib=mem)), types, None)
+
+
+def state_with(nodes, clock=lambda: 100.0) -> ClusterState:
+    state = ClusterState(FixedBeliefs(CostPolicy()), clock, TTL)
+    state.set_nodes(nodes)
+    return state
+
+
+def test_a_snapshot_never_changes_under_later_writes():
+    state = state_with([node("n1", 2)])
+    state.confirm(placement("a", gpus=(0,), mem=5000.0))
+    before = state.snapshot()
+    reserved = before.table.reserved_mib.copy()
+    state.confirm(placement("b", gpus=(1,), mem=7000.0))
+    state.report("n1", before.table.gpus, [50.0, 50.0], [9000.0, 9000.0])
+    state.forget("a")
+    assert np.array_equal(before.table.reserved_mib, reserved)
+    assert np.isnan(before.table.observed_mib).all()
+    assert before.placement_of("a") is not None and before.placement_of("b") is None
+    after = state.snapshot()
+    assert after.placement_of("a") is None and after.table.reserved_mib.tolist() == [0, 7000]
+
+
+def test_assume_refuses_a_decision_taken_on_a_node_that_changed_since():
+    state = state_with([node("n1", 1), node("n2", 1)])
+    snap = state.snapshot()
+    d = demand(10, 30000, list(snap.table.type_names))
+    first = place(snap, "n1", d, None, "u1", "ns/one").placement
+    second = place(snap, "n1", d, None, "u2", "ns/two").placement
+    other = place(snap, "n2", d, None, "u3", "ns/three").placement
+    assert state.assume(snap, first)
+    assert not state.assume(snap, second)  # n1 changed: both saw the same free memory
+    assert state.assume(snap, other)  # n2 did not change
+    with pytest.raises(BindConflict):
+        state.assume(state.snapshot(), first)  # already assumed
+    state.report("n2", snap.table.gpus[1:], [0.0], [0.0])
+    fresh = state.snapshot()
+    state.report("n2", snap.table.gpus[1:], [1.0], [10.0])  # an agent report bumps it too
+    small = demand(10, 1000, list(snap.table.type_names))
+    assert not state.assume(fresh, place(fresh, "n2", small, None, "u4", "ns/four").placement)
+
+
+def test_bind_decides_again_on_a_fresh_snapshot_when_the_node_changed():
+    app, ext, source, _ = make_app([node("n1", 2)])
+    pod = training("p", mem=10000)
+    source.create_pod(pod)
+    real = ext.state.assume
+    calls = []
+
+    def racing(snap, placement, replacing=None):  # another bind lands first, once
+        if not calls:
+            ext.state.confirm(type(placement)(**{**placement.__dict__, "pod_uid": "other",
+                                                 "pod": "ns/other"}))
+        calls.append(snap)
+        return real(snap, placement, replacing)
+
+    ext.state.assume = racing
+    assert app.test_client().post("/bind", json=binding(pod, "n1")).get_json() == {"Error": ""}
+    assert len(calls) == 2 and calls[0] is not calls[1]
+    gpus = state_view(ext.state)["nodes"]["n1"]["gpus"]
+    assert sorted(len(g["pods"]) for g in gpus) == [1, 1]  # not both on one GPU's view
+
+
+def test_without_takes_off_reservations_and_the_observed_use_that_shows_them():
+    table = GpuTable.build([node("n1", 1)])
+    victim = placement("v", mem=30000.0, util=40.0)
+    table.place(victim, 1.0)
+    table.observe("n1", [GpuObservation(0, 45.0, 31000.0, 2.0)])  # the agent sees the victim
+    late = placement("l", mem=2000.0, util=5.0)
+    table.place(late, 3.0)  # after the observation: in ``since``, not observed
+    snap = Snapshot(table, CostPolicy(), 3.0, _Lookup({"v": victim, "l": late}))
+    d = demand(10, 30000, list(table.type_names))
+    assert not fits_without(snap, "n1", [], d)
+    gone = without(snap, [victim])
+    assert gone.table.reserved_mib[0] == 2000 and gone.table.observed_mib[0] == 1000
+    assert gone.table.observed_util[0] == 5.0 and gone.table.since_mib[0] == 2000
+    assert fits_without(snap, "n1", ["v"], d)
+    assert not fits_without(snap, "n1", ["v"], d, observed=False)  # the reservation only
+    unseen = without(snap, [late])
+    assert unseen.table.observed_mib[0] == 31000 and unseen.table.since_mib[0] == 0
+    assert snap.table.reserved_mib[0] == 32000  # the snapshot itself is untouched
+
+
+class _Lookup(dict):
+    def get(self, uid, default=None):
+        return super().get(uid, default)
+
+
+def test_knowledge_is_one_frozen_value_rebuilt_only_when_something_changed():
+    learner = Learner(LearningConfig(curve_min_points=5, curve_refit_interval_seconds=0))
+    config = ConfigHolder(build_config({}))
+    beliefs = Beliefs(config, learner)
+    policy, knowledge = beliefs.current()
+    assert beliefs.current()[1] is knowledge and policy is config.policy()  # nothing learned
+    with pytest.raises(AttributeError):
+        knowledge.curves = {}  # frozen
+    for u in range(20, 100, 16):
+        learner.curves.add_point(A100, u, 1.0 + 0.6 * u / 100)
+    assert learner.curves.maybe_refit(A100, learner.prior(A100))
+    learned, again = beliefs.current()
+    assert again is not knowledge and isinstance(again, Knowledge)
+    assert learned.curve_for(A100) == again.curves[A100] != InterferenceCurve()
+    assert beliefs.current()[0] is learned  # merged once per refit, not per call
+
+
+def test_the_prior_is_handed_to_the_learner_by_the_door():
+    learner = Learner(LearningConfig())
+    steep = InterferenceCurve(slope=0.9)
+    config = ConfigHolder(build_config({"cost": {"curves": {A100: {"slope": 0.9}}}}))
+    assert learner.prior(A100) == InterferenceCurve()
+    Beliefs(config, learner).current()
+    assert learner.prior(A100).slope == steep.slope
+
+
+def test_no_class_on_the_request_path_has_more_than_15_public_methods():
+    for cls in (ClusterState, Extender, AgentService, DemandCache, Preemptor, Beliefs):
+        public = [n for n, v in vars(cls).items() if not n.startswith("_")
+                  and (inspect.isfunction(v) or isinstance(v, property | staticmethod))]
+        assert len(public) <= 15, (cls.__name__, public)
+    writers = {"mark_synced", "set_nodes", "upsert_node", "delete_node", "confirm", "forget",
+               "retain_placed", "finish_binding", "expire", "report"}
+    reads = {"placement_of", "is_known", "node_gpus"}  # what the cluster source reads
+    assert {n for n in vars(ClusterState) if not n.startswith("_")} == \
+        writers | reads | {"snapshot", "assume"}
+
+
+def test_the_service_and_the_simulator_decide_alike_on_one_snapshot():
+    nodes = [node(f"n{i}", 4) for i in range(4)]
+    app, ext, source, clock = make_app(nodes)
+    state = ext.state
+    rng = np.random.default_rng(7)
+    for i in range(10):  # a busy cluster: pods of all sizes and agents' observations
+        state.confirm(placement(f"u{i}", node=f"n{rng.integers(4)}",
+                                gpus=(int(rng.integers(4)),), util=float(rng.integers(5, 60)),
+                                mem=float(rng.integers(1000, 20000))))
+    for n in nodes[:2]:
+        state.report(n.name, n.gpus, [float(u) for u in rng.integers(0, 90, 4)],
+                     [float(m) for m in rng.integers(0, 30000, 4)])
+    snap = state.snapshot()
+    names = [n.name for n in nodes]
+    for k, (util, mem) in enumerate([(30, 8000), (70, 15000), (5, 1000), (50, 25000)]):
+        pod = training(f"job{k}", util=util, mem=mem)
+        scores = app.test_client().post("/prioritize", json=args(pod, names)).get_json()
+        best = max(scores, key=lambda s: s["Score"])["Host"]  # first max: node order
+        run = JobRun(k, SimJob(f"job{k}", 0.0, 60.0, util_percent=util, mem_mib=mem))
+        settings = HorusSettings(snap.policy, QueueConfig(), node_pick="score")
+        view = FreeView(snap.table, node_of_rows(snap.table), snap.policy, snap.now)
+        (simulated,) = place_with_core(view, run, settings)
+        served = place(snap, best, demand(util, mem, list(snap.table.type_names)), None,
+                       simulated.pod_uid, simulated.pod).placement
+        assert (simulated.node, simulated.gpu_indices) == (best, served.gpu_indices)
+        assert state.snapshot().table is snap.table  # nothing written: no copy was made
