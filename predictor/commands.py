@@ -150,11 +150,12 @@ def predict_command(
     as_json: bool = _JSON,
 ) -> None:
     """Predicted GPU utilisation (percent) and memory (MiB) of a job."""
+    from contracts.annotations import DEFAULT_BATCH_SIZE
     from predictor.api import Predictor
 
     if workload not in _WORKLOADS:
         _fail(f"--workload must be one of {_WORKLOADS}", as_json)
-    batch = batch_size or (1 if workload == "inference" else 32)
+    batch = batch_size or DEFAULT_BATCH_SIZE[workload]
     predictor = Predictor.from_dirs(artifacts)
     pred = _guarded(as_json, lambda: predictor.predict(model, batch, gpu_type, workload),
                     artifacts)

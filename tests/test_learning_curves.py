@@ -211,7 +211,8 @@ def test_learned_curves_survive_a_restart_through_the_api_server(kube_api) -> No
     restarted.start()
     assert restarted.curves.view() == first.curves.view()
     assert restarted.curves.to_document() == first.curves.to_document()  # points too
-    assert restarted.knowledge(cfg).policy(CostPolicy()).curve_for(A100) == first.curves.curves()[A100]
+    learned = restarted.knowledge(cfg).policy(CostPolicy())
+    assert learned.curve_for(A100) == first.curves.curves()[A100]
     assert restarted.view()["curves"][0]["refitted_at"] == 1234.5
     # An older document without curves still loads its estimates.
     doc = dict(first.document())

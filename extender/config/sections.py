@@ -73,8 +73,8 @@ class HandoffConfig:
 class ReportsConfig:
     """Agent reports."""
 
-    staleness_seconds: float = 10.0
-    """Observations older than this are ignored (> 0)."""
+    staleness_seconds: float = CostPolicy.staleness_seconds
+    """Observations older than this are ignored (> 0); the default is the policy's."""
     token_file: str | None = None
     """File holding the agents' bearer token (preferred over ``token_env``)."""
     token_env: str = "TANDEM_AGENT_TOKEN"

@@ -33,7 +33,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from contracts.annotations import BATCH_SIZE, MODEL
+from contracts.annotations import BATCH_SIZE, DEFAULT_BATCH_SIZE, MODEL, TRAINING
 from extender.core import Placement
 from extender.learning.learner import Learner
 from extender.simulator.engine import Engine, JobRun
@@ -47,7 +47,7 @@ minute gives it the same estimates and the same curve points (with fewer samples
 MAX_REPORTS_PER_INTERVAL = 60
 """Most reports per interval of constant load (bounds the simulator's cost: past an hour
 the reports of an interval are spread further apart)."""
-SIM_BATCH_SIZE = 32
+SIM_BATCH_SIZE = DEFAULT_BATCH_SIZE[TRAINING]
 """Batch size the simulated pods declare (the extender's training default)."""
 
 

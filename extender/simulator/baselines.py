@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from extender.core.cost import effective_load
+from extender.core.cost import CostPolicy, effective_load
 from extender.core.snapshot import Placement
 from extender.core.table import GpuTable
 from extender.simulator.engine import JobRun, SchedulingContext
@@ -76,7 +76,8 @@ class ArrivalOrderPolicy:
     name = "arrival-order"
     warmup_check_s: float | None = None
 
-    def __init__(self, max_pods_per_gpu: int = 8, staleness_seconds: float = 10.0):
+    def __init__(self, max_pods_per_gpu: int = 8,
+                 staleness_seconds: float = CostPolicy.staleness_seconds):
         self.max_pods_per_gpu = max_pods_per_gpu
         self.staleness_seconds = staleness_seconds
         self._keys: list[tuple[float, int]] = []
