@@ -26,6 +26,7 @@ from contracts.annotations import (
     read_bound_inputs,
     tandem_annotations,
 )
+from contracts.pod import PodView
 from extender.core import (
     DemandError,
     GpuSpec,
@@ -137,16 +138,7 @@ def placement_from_pod(pod: Mapping[str, Any]) -> Placement | None:
 def requests_gpus(pod: Mapping[str, Any]) -> bool:
     """True when a container of the pod names ``tandem.io/gpu`` in its resources (set at
     creation and immutable: a pod owner cannot add or remove it from a bound pod)."""
-    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
-    for key in ("containers", "initContainers"):
-        containers = spec.get(key)
-        for c in containers if isinstance(containers, list) else ():
-            res = c.get("resources") if isinstance(c, Mapping) else None
-            for kind in ("limits", "requests"):
-                amounts = res.get(kind) if isinstance(res, Mapping) else None
-                if isinstance(amounts, Mapping) and ann_contract.GPU_RESOURCE in amounts:
-                    return True
-    return False
+    return PodView.of(pod).requests_gpus
 
 
 def untrusted_placement(uid: str, pod: str, node: str, gpus: list[GpuSpec],

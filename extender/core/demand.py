@@ -62,6 +62,7 @@ from contracts.annotations import (
     parse_inputs,
     parse_integer,
 )
+from contracts.pod import PodView
 from extender.core.snapshot import SessionSpec, Workload
 
 DemandError = AnnotationError  # the pod's request cannot be understood; ``field`` names it
@@ -195,75 +196,54 @@ class ResolvedDemand:
         return self.by_type.get(gpu_type)
 
 
-def pod_ref(pod: Mapping[str, Any]) -> PodRef:
-    """Namespace, name and uid of a Pod object (decoded JSON)."""
-    meta = pod.get("metadata")
-    if not isinstance(meta, Mapping):
-        raise DemandError("Pod.metadata", meta, "must be an object")
-    name, namespace, uid = meta.get("name"), meta.get("namespace", "default"), meta.get("uid", "")
-    if not isinstance(name, str) or not name:
-        raise DemandError("Pod.metadata.name", name, "must be a non-empty string")
-    if not isinstance(namespace, str) or not isinstance(uid, str):
-        raise DemandError("Pod.metadata.namespace/uid", (namespace, uid), "must be strings")
-    return PodRef(namespace or "default", name, uid)
+def _raise(problem: tuple[str, Any, str] | None) -> None:
+    if problem is not None:
+        raise DemandError(*problem)
 
 
-def annotations_of(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+def pod_ref(pod: Mapping[str, Any] | PodView) -> PodRef:
+    """Namespace, name and uid of a Pod object (decoded JSON, or its ``PodView``)."""
+    view = PodView.of(pod)
+    _raise(view.problem("Pod.metadata", "Pod.metadata.name", "Pod.metadata.namespace/uid"))
+    return PodRef(view.namespace, view.name, view.uid)
+
+
+def annotations_of(pod: Mapping[str, Any] | PodView) -> Mapping[str, Any]:
     """The pod's annotations (empty when absent); raises DemandError on a wrong type."""
-    meta = pod.get("metadata")
-    ann = meta.get("annotations") if isinstance(meta, Mapping) else None
-    if ann is None:
-        return {}
-    if not isinstance(ann, Mapping):
-        raise DemandError("Pod.metadata.annotations", ann, "must be an object")
-    return ann
+    view = PodView.of(pod)
+    _raise(view.problem("Pod.metadata.annotations"))
+    return view.annotations
 
 
-def container_gpu_counts(pod: Mapping[str, Any]) -> tuple[tuple[str, int, bool], ...]:
+def container_gpu_counts(pod: Mapping[str, Any] | PodView,
+                         ) -> tuple[tuple[str, int, bool], ...]:
     """(container name, ``tandem.io/gpu`` count, init container?) of every container asking
     for GPUs, in the kubelet's admission order (init containers first); DemandError if the
     pod is malformed (``parse_demand`` has refused such a pod already)."""
-    spec = pod.get("spec")
-    if not isinstance(spec, Mapping):
-        raise DemandError("Pod.spec", spec, "must be an object")
-    out = []
-    for key in ("initContainers", "containers"):
-        counts = _per_container(spec, key)
-        names = [c.get("name") if isinstance(c, Mapping) else None
-                 for c in spec.get(key) or []]
-        out += [(str(name), n, key == "initContainers")
-                for name, n in zip(names, counts, strict=True) if n > 0]
-    return tuple(out)
+    view = _containers_readable(PodView.of(pod))
+    return tuple((c.name, n, c.init) for c, n in zip(view.containers, _per_container(view),
+                                                    strict=True) if n > 0)
 
 
-def _per_container(spec: Mapping[str, Any], key: str) -> list[int]:
+def _containers_readable(view: PodView) -> PodView:
+    _raise(view.problem("Pod.spec"))
+    _raise(view.problem("Pod.spec.containers", "Pod.spec.initContainers"))
+    return view
+
+
+def _per_container(view: PodView) -> list[int]:
     """Each container's ``tandem.io/gpu`` count (limits or requests, the larger)."""
-    containers = spec.get(key) or []
-    if not isinstance(containers, list):
-        raise DemandError(f"Pod.spec.{key}", containers, "must be a list")
-    counts = []
-    for i, c in enumerate(containers):
-        res = c.get("resources") if isinstance(c, Mapping) else None
-        res = res if isinstance(res, Mapping) else {}
-        values = [
-            (res.get(kind) or {}).get(GPU_RESOURCE)
-            for kind in ("limits", "requests")
-            if isinstance(res.get(kind) or {}, Mapping)
-        ]
-        counts.append(
-            max((_quantity(v, f"Pod.spec.{key}[{i}].resources.{GPU_RESOURCE}") for v in values
-                 if v is not None), default=0)
-        )
-    return counts
+    return [max((_quantity(v, c.path) for v in c.gpu_values), default=0)
+            for c in view.containers]
 
 
-def gpu_count_of(pod: Mapping[str, Any]) -> int:
+def gpu_count_of(pod: Mapping[str, Any] | PodView) -> int:
     """GPUs requested via ``tandem.io/gpu`` (sum over containers; init containers: max)."""
-    spec = pod.get("spec")
-    if not isinstance(spec, Mapping):
-        raise DemandError("Pod.spec", spec, "must be an object")
-    total = max(sum(_per_container(spec, "containers")),
-                max(_per_container(spec, "initContainers"), default=0))
+    view = _containers_readable(PodView.of(pod))
+    counts = _per_container(view)
+    total = max(sum(n for c, n in zip(view.containers, counts, strict=True) if not c.init),
+                max((n for c, n in zip(view.containers, counts, strict=True) if c.init),
+                    default=0))
     if total <= 0:
         raise DemandError(f"resources[{GPU_RESOURCE}]", 0, "the pod requests no tandem.io/gpu")
     return total
@@ -273,8 +253,9 @@ def _quantity(value: object, path: str) -> int:
     return parse_integer(value, path, GPU_COUNT_RANGE)  # a whole number of GPUs
 
 
-def parse_demand(pod: Mapping[str, Any]) -> JobDemand:
+def parse_demand(pod: Mapping[str, Any] | PodView) -> JobDemand:
     """Read a Pod's GPU count and ``tandem.io/*`` annotations; raises DemandError."""
+    pod = PodView.of(pod)
     inputs = parse_inputs(annotations_of(pod))
     workload = Workload(inputs.workload)
     # The default batch size is stored, so a pod that asserts it reads the same as one

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contracts.logs import get_logger
+from contracts.pod import PodView
 from extender.core import InferenceContext, PodRef, ResolvedDemand, Snapshot, fits_without, place
 from extender.core.preemption import Candidate, PreemptionPlan, choose_preemption
 from extender.preemption.kube_api import Budget, EvictionRefused, KubePreemptionApi
@@ -183,13 +184,13 @@ class Preemptor:
         if not self._may_act():
             return None
         pod = self.source.read_pod(ref.namespace, ref.name)
-        meta, spec = (pod or {}).get("metadata") or {}, (pod or {}).get("spec") or {}
-        if pod is None or meta.get("uid") != ref.uid or spec.get("nodeName"):
+        view = PodView.of(pod or {})
+        if pod is None or view.uid != ref.uid or view.node_name:
             return None
-        if spec.get("preemptionPolicy") == "Never":
+        if view.preemption_policy == "Never":
             self._log.debug("not preempting: preemptionPolicy Never", extra={"pod": ref.key})
             return None
-        priority = spec.get("priority") if isinstance(spec.get("priority"), int) else 0
+        priority = view.priority
         _, demand = self._demand(pod)
         plan, why = self._choose(set(nodes), priority, demand)
         if plan is None:
@@ -211,21 +212,18 @@ class Preemptor:
         with self._lock:
             taken = {n.node for n in self._nominated.values()}
         candidates: dict[str, list[Candidate]] = {}
-        pods = [p for p in self.api.bound_pods()
-                if (p.get("spec") or {}).get("nodeName") in nodes - taken
-                and not (p.get("metadata") or {}).get("deletionTimestamp")]
+        pods = [p for p in map(PodView.of, self.api.bound_pods())
+                if p.node_name in nodes - taken and not p.deleting]
         if not pods:
             return None, "no running pod on the nodes that failed (or they are being freed)"
         budgets = self.api.budgets()
         snap = self.state.snapshot()
         for pod in pods:
-            meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-            placed = snap.placement_of(str(meta.get("uid", "")))
-            if placed is None or placed.node != spec.get("nodeName"):
+            placed = snap.placement_of(pod.uid)
+            if placed is None or placed.node != pod.node_name:
                 continue  # only pods whose GPUs tandem placed free a GPU tandem can give
-            prio = spec.get("priority") if isinstance(spec.get("priority"), int) else 0
             candidates.setdefault(placed.node, []).append(Candidate(
-                placed.pod_uid, placed.pod, prio,
+                placed.pod_uid, placed.pod, pod.priority,
                 tuple(b.key for b in budgets if b.selects(pod))))
         allowed = {b.key: b.disruptions_allowed for b in budgets}
         plan = choose_preemption(

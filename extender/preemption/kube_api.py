@@ -18,6 +18,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from contracts.pod import PodView
 from extender.cluster.kube_http import api_error
 
 SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
@@ -34,12 +35,12 @@ class Budget:
     """``spec.selector`` (None selects nothing, ``{}`` every pod of the namespace)."""
     disruptions_allowed: int
 
-    def selects(self, pod: Mapping[str, Any]) -> bool:
+    def selects(self, pod: PodView | Mapping[str, Any]) -> bool:
         """Whether this budget covers ``pod`` (same namespace, selector matches its labels)."""
-        meta = pod.get("metadata") or {}
-        if meta.get("namespace") != self.namespace or self.selector is None:
+        view = PodView.of(pod)
+        if view.namespace != self.namespace or self.selector is None:
             return False
-        return selector_matches(self.selector, meta.get("labels") or {})
+        return selector_matches(self.selector, view.labels)
 
 
 def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:

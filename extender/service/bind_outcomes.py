@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
+from contracts.pod import PodView
 from extender.cluster.source import ClusterSource
 from extender.config.loader import ConfigHolder
 from extender.core import PodRef
@@ -69,8 +70,9 @@ class BindOutcomes:
         except Exception as exc:  # still unknown: the reservation stays, the next retry asks
             raise BindOutcomeUnknown(f"tandem: bind to {args.node}: an earlier attempt got no "
                                      f"answer and the pod cannot be read ({exc})") from exc
-        uid = str(((pod or {}).get("metadata") or {}).get("uid", ""))
-        node = ((pod or {}).get("spec") or {}).get("nodeName") if uid == args.pod_uid else None
+        view = PodView.of(pod or {})
+        node = view.node_name if view.uid == args.pod_uid else None
+        uid = view.uid
         with self._lock:
             self._unknown.pop(args.pod_uid, None)
         if not node:

@@ -15,6 +15,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from contracts.pod import PodView
 from extender.cluster.source import tandem_annotations
 from extender.config.loader import ConfigHolder
 from extender.core import (
@@ -39,21 +40,16 @@ CacheEntry = tuple[ResolvedDemand, float]
 """(resolved demand, expiry), keyed by :func:`demand_digest`."""
 
 
-def demand_digest(pod: Mapping[str, Any]) -> str:
+def demand_digest(pod: Mapping[str, Any] | PodView) -> str:
     """A hash of everything the demand is computed from: the pod's UID, namespace and name
     (the session name), its ``tandem.io/*`` annotations and its containers' names and
     resources. The cache is keyed by it alone, so a body claiming a known pod's UID (and
     resourceVersion) with other contents never answers for the real pod."""
-    meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
-    ann = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
-    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
-    containers = [[[c.get("name"), c.get("resources")] for c in spec.get(key) or []
-                   if isinstance(c, Mapping)]
-                  if isinstance(spec.get(key), list) else spec.get(key)
-                  for key in ("containers", "initContainers")]
-    who = [meta.get(k) for k in ("uid", "namespace", "name")]
-    content = json.dumps([who, tandem_annotations(ann), containers], sort_keys=True,
-                         default=repr)
+    view = PodView.of(pod)
+    containers = [[c.init, c.name, c.resources] for c in view.containers]
+    who = [view.uid, view.namespace, view.name]
+    content = json.dumps([who, tandem_annotations(view.annotations), containers,
+                          view.problems], sort_keys=True, default=repr)
     return hashlib.blake2b(content.encode(), digest_size=16).hexdigest()
 
 
@@ -108,18 +104,19 @@ class DemandCache:
     def resolve(self, pod: Mapping[str, Any], snap: Snapshot) -> tuple[PodRef, ResolvedDemand]:
         """The pod's resolved demand on ``snap``'s GPU types with its knowledge (cached by
         :func:`demand_digest`); PodRejected if bad."""
+        view = PodView.of(pod)  # read once
         try:
-            ref = pod_ref(pod)
+            ref = pod_ref(view)
         except DemandError as exc:
             raise BadRequest(exc.field, exc.problem) from None
-        digest = demand_digest(pod)
+        digest = demand_digest(view)
         now = self.clock()
         with self._cache_lock:
             hit = self._cache.get(digest)
             if hit is not None and hit[1] > now:
                 return ref, hit[0]
         try:
-            job = parse_demand(pod)
+            job = parse_demand(view)
         except DemandError as exc:
             raise PodRejected(f"tandem: bad pod request: {exc}", exc.field) from None
         predict = self._predict if self.config.current().predictor.enabled else None

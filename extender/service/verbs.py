@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from contracts.pod import PodView
 from extender.cluster.source import ClusterSource, output_annotations, tandem_annotations
 from extender.config.loader import ConfigHolder
 from extender.core import (
@@ -280,7 +281,7 @@ class Extender:
         pod = self.source.current_pod(args.pod_namespace, args.pod_name)
         if pod is None:
             raise BindConflict(f"pod {args.pod_namespace}/{args.pod_name} not found", None)
-        uid = (pod.get("metadata") or {}).get("uid")
+        uid = PodView.of(pod).uid
         if args.pod_uid and uid != args.pod_uid:
             raise BindConflict(f"pod {args.pod_namespace}/{args.pod_name} has UID {uid}, "
                                f"not {args.pod_uid} (recreated?)", None)
