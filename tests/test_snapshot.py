@@ -75,6 +75,10 @@ def test_a_snapshot_never_changes_under_later_writes():
     assert before.placement_of("a") is not None and before.placement_of("b") is None
     after = state.snapshot()
     assert after.placement_of("a") is None and after.table.reserved_mib.tolist() == [0, 7000]
+    state.report("n1", before.table.gpus, [60.0, 60.0], [9500.0, 9500.0])
+    latest = state.snapshot()  # a report copied the observations only
+    assert latest.table.reserved_mib is after.table.reserved_mib
+    assert latest.table.observed_mib is not after.table.observed_mib
 
 
 def test_assume_refuses_a_decision_taken_on_a_node_that_changed_since():

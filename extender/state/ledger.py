@@ -50,6 +50,7 @@ the sim file) because it is measured.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
@@ -69,6 +70,14 @@ from extender.state.inventory import Inventory, NodeReport
 from extender.state.placements import PlacementLedger
 
 Clock = Callable[[], float]
+_COLUMNS = {
+    "observed": ("observed_util", "observed_mib", "observed_at", "observed_gen", "since_mib",
+                 "since_util"),
+    "placed": ("reserved_mib", "reserved_util", "pod_count", "training_count", "training_width",
+               "serving_count", "best_effort_weight", "newer", "sessions", "row_models"),
+}
+"""What a report changes in the table (observed) and what a placement changes besides."""
+_ALL_PARTS = frozenset({*_COLUMNS, "ledger", "generations"})
 
 
 class BeliefsLike(Protocol):
@@ -94,8 +103,9 @@ class ClusterState:
         self._generations: dict[str, int] = {}
         self._epoch = 0
         self._source_types: dict[str, frozenset[str]] = {}
-        self._shared = False
-        """A snapshot holds the table, ledger and generations: copy before writing."""
+        self._shared: frozenset[str] = frozenset()
+        """The parts a snapshot holds (``_COLUMNS``' keys, the ledger, the generations): a
+        writer copies those it changes first."""
         self._synced = False
         self.handoffs = HandoffGate(clock)
         """Pods waiting for the device plugin's hand-off (``handoff.mode: device-plugin``)."""
@@ -108,7 +118,7 @@ class ClusterState:
             now = self.now()
             for uid in self._ledger.expired(now):
                 self._drop(uid)
-            self._shared = True
+            self._shared = _ALL_PARTS
             return Snapshot(self._table, policy, now, self._ledger, knowledge,
                             self._generations, self._epoch, self._synced,
                             self._source_types)
@@ -153,12 +163,23 @@ class ClusterState:
         return [t.gpus[row] for row in t.node_rows(node)]
 
     # ---- copy on write ---------------------------------------------------------------
-    def _writable(self) -> None:
-        if self._shared:
-            self._table = self._table.copy()
+    def _writable(self, placements: bool = True) -> None:
+        """Copy the parts a snapshot shares that this write changes, and only those: an
+        agent report copies the observation columns (a few arrays), a placement also the
+        reservation columns, their per-row maps and the ledger."""
+        shared = self._shared
+        if not shared:
+            return
+        parts = {"observed", "generations", *(("placed", "ledger") if placements else ())}
+        copied = {f: getattr(self._table, f).copy() for part in parts & shared
+                  for f in _COLUMNS.get(part, ())}
+        if copied:
+            self._table = dataclasses.replace(self._table, **copied)
+        if "ledger" in parts & shared:
             self._ledger = self._ledger.copy()
+        if "generations" in shared:
             self._generations = dict(self._generations)
-            self._shared = False
+        self._shared = shared - parts
 
     def _bump(self, node: str) -> None:
         self._generations[node] = self._generations.get(node, 0) + 1
@@ -194,10 +215,7 @@ class ClusterState:
         for report in self._inventory.reports():
             if report.node in table.node_index:
                 table.observe(report.node, report.observations())
-        if self._shared:
-            self._ledger = self._ledger.copy()
-            self._generations = dict(self._generations)
-            self._shared = False
+        self._writable()  # the new table is this writer's own; the ledger may be shared
         for p in self._ledger.all():  # after the samples: each is stamped against them
             try:
                 table.place(p, self._ledger.applied_at(p.pod_uid))
@@ -217,6 +235,8 @@ class ClusterState:
                 self._table.remove(p)
 
     def _drop(self, uid: str) -> Placement | None:
+        if self._ledger.get(uid) is None:
+            return None
         self._writable()
         p = self._ledger.drop(uid)
         if p is not None:
@@ -228,6 +248,7 @@ class ClusterState:
         with self._lock:
             # An assumed pod keeps its bind time: a sample taken since then may show it.
             applied_at = self._ledger.applied_at(p.pod_uid)
+            self._writable()
             self._drop(p.pod_uid)
             at = self.now() if applied_at is None else applied_at
             self._ledger.place(p, at)
@@ -273,6 +294,6 @@ class ClusterState:
             if self._inventory.report(report):
                 self._rebuild()
             elif node in self._table.node_index:
-                self._writable()
+                self._writable(placements=False)
                 self._bump(node)
                 self._table.observe(node, report.observations())

@@ -25,10 +25,11 @@ class PlacementLedger:
         than an agent's sample still count on top of it (``extender.core.cost``)."""
 
     def copy(self) -> PlacementLedger:
-        """An independent copy (the state copies before writing what a snapshot holds)."""
+        """A copy for the writer when a snapshot holds this ledger. The first-applied times
+        stay shared: only the writer reads them (a snapshot reads the entries alone)."""
         other = PlacementLedger(self.ttl)
         other._placed, other._assumed = dict(self._placed), dict(self._assumed)
-        other._applied_at = dict(self._applied_at)
+        other._applied_at = self._applied_at
         return other
 
     # ---- reads ---------------------------------------------------------------------
