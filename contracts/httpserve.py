@@ -41,8 +41,10 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import signal
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -361,3 +363,27 @@ def _stamped(gateway: Any) -> Any:
 def tls_adapter(cert_file: str, key_file: str) -> DeferredHandshakeAdapter:
     """The TLS adapter for a hardened server."""
     return DeferredHandshakeAdapter(cert_file, key_file)
+
+
+def stop_on_signals(server: Any, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT),
+                    ) -> threading.Event:
+    """Stop ``server`` (a cheroot server whose ``serve()`` runs in this, the main thread)
+    when one of ``signals`` arrives; the event is set once it has stopped.
+
+    The stop runs in a thread of its own: the handler interrupts the thread inside
+    ``serve()``, and ``stop()`` called from that frame waits on the loop it interrupted
+    (the process stayed up until SIGKILL)."""
+    stopped = threading.Event()
+
+    def stop() -> None:
+        try:
+            server.stop()
+        finally:
+            stopped.set()
+
+    def on_signal(*_: object) -> None:
+        threading.Thread(target=stop, name="tandem-stop", daemon=True).start()
+
+    for signum in signals:
+        signal.signal(signum, on_signal)
+    return stopped
