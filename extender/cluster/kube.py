@@ -233,7 +233,13 @@ class KubeSource:
         written = placement_from_pod(pod)
         held: Placement | None = state.placement_of(uid)
         if held is not None and held.node == node:
-            if written is not None and held.trusted and not same_decision(held, written):
+            # The Binding wrote the annotations in the same update as nodeName, so every
+            # bound event of a pod held here carries them: none that parse is an edit too,
+            # flagged now rather than at the next rebuild.
+            if held.trusted and written is None:
+                self._distrust(pod, held, "changed", "has output annotations that no longer "
+                               "parse (removed or edited)")
+            elif written is not None and held.trusted and not same_decision(held, written):
                 self._distrust(pod, held, "changed", "differs from the placement bound")
             state.confirm(held)
             return uid
