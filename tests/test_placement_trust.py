@@ -28,11 +28,13 @@ def reserved(replica, node="gpu-0"):
 
 
 def place(c, replica, names, annotations, node="gpu-0"):
-    """Create, filter and bind ``names`` on ``node`` through ``replica``."""
+    """Create, filter and bind ``names`` on ``node`` through ``replica``; their records
+    written (in the background, after each Binding)."""
     for name in names:
         c.fake.put_pod(k8s_pod(name, annotations))
         assert replica.filter(c.fake, name, [node])["NodeNames"] == [node]
         assert replica.bind(name, node) == {"Error": ""}
+    assert replica.source.record_writer.flush(5)
 
 
 def audit_held(c, replica):
