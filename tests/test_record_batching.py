@@ -185,3 +185,17 @@ def test_a_crash_between_binding_and_record_loses_nothing(edited):
             assert ledger(restarted.state) == held and sorted(gpus) == [0, 20000]
             assert set(c.fake.configmaps[RECORD]["data"]) == {"uid-a"}
             assert restarted.state.view()["untrusted"] == 0
+
+
+def test_stopping_writes_what_is_queued(fake, source):
+    """SIGTERM's shutdown stops the source: entries still queued are written first."""
+    writes = HeldFirstWrite(source.records)
+    errors: dict[int, str] = {}
+    bind_all(source, [0], errors)[0].join(10)
+    assert writes.entered.wait(10)
+    for t in bind_all(source, [1, 2], errors):
+        t.join(10)
+    threading.Timer(0.2, writes.release.set).start()
+    source.stop()
+    assert errors == {} and source.record_writer.pending() == 0
+    assert set(fake.configmaps[RECORD]["data"]) == {"u0", "u1", "u2"}

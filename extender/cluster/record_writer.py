@@ -122,7 +122,8 @@ class RecordWriter:
                 while node is None:
                     if self._stopping:
                         return
-                    waits = [at for n, (at, _) in self._retry_at.items() if n in self._pending]
+                    waits = [at for n, (at, _) in self._retry_at.items()
+                             if n in self._pending and n not in self._in_flight]
                     self._cond.wait(max(0.0, min(waits) - self._clock()) if waits else None)
                     node = self._next()
                 batch = self._pending.pop(node)
