@@ -119,12 +119,17 @@ def sim_source(placed: list[dict], jobs: list[tuple[dict, list[str]]]) -> SimSou
 
 
 def fake_api(placed: list[dict], jobs: list[tuple[dict, list[str]]]) -> fake_kube_api.FakeKubeApi:
-    """The cluster behind a fake API server: GFD-labelled nodes, placed and pending pods."""
+    """The cluster behind a fake API server: GFD-labelled nodes, placed pods with their
+    placement records, and pending pods."""
     labels = {"nvidia.com/gpu.count": str(GPUS), "nvidia.com/gpu.product": GPU_PRODUCT,
               "nvidia.com/gpu.memory": str(GPU_MIB)}
     nodes = [{"metadata": {"name": name, "labels": labels}} for name in node_names()]
     pending = [{**pod, "status": {"phase": "Pending"}} for pod, _ in jobs]
-    return fake_kube_api.FakeKubeApi(nodes, placed + pending, record=False)
+    api = fake_kube_api.FakeKubeApi(nodes, placed + pending, record=False)
+    # Their placement records too, as bind left them: without them a starting extender
+    # writes every one back (from the signatures) while it is being measured.
+    scheduler_pattern.seed_records(api, placed)
+    return api
 
 
 def kube_client(port: int) -> client.CoreV1Api:

@@ -98,6 +98,7 @@ class FakeKubeApi(PolicyMixin):
         self._history: list[tuple[int, str, dict[str, Any], bytes]] = []
         self._oldest = 0  # watches from an older resourceVersion get 410 Gone
         self._stopping = False
+        self._watch_epoch = 0  # drop_watches() ends the streams opened before it
         self._server: ThreadingHTTPServer | None = None
         for node in nodes:
             self.put_node(node)
@@ -146,6 +147,13 @@ class FakeKubeApi(PolicyMixin):
         with self._cond:
             self._history.clear()
             self._oldest = self._rv
+
+    def drop_watches(self) -> None:
+        """End every open watch stream, as an API server restart does: with :meth:`compact`
+        first, the clients' resumed watches get 410 Gone and relist."""
+        with self._cond:
+            self._watch_epoch += 1
+            self._cond.notify_all()
 
     def pod(self, namespace: str, name: str) -> dict[str, Any]:
         """A copy of the stored pod (KeyError when absent)."""
@@ -301,9 +309,12 @@ class FakeKubeApi(PolicyMixin):
             yield json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n"
             return
         position = bisect.bisect_right(self._history, since, key=lambda h: h[0])
+        epoch = self._watch_epoch
         while True:
             with self._cond:
                 while position >= len(self._history) and not self._stopping:
+                    if epoch != self._watch_epoch:
+                        return
                     left = deadline - time.monotonic()
                     if left <= 0:
                         return

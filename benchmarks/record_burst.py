@@ -1,11 +1,11 @@
 """Concurrent binds on few nodes: what the placement record costs them.
 
 kube-scheduler binds a burst of pods at once (a goroutine each), and on a small
-cluster several of them land on one node. Every bind writes its node's placement
-record (a ConfigMap) before the Binding, so binds on one node share that record:
-tandem gathers those arriving while a write is in flight into the next write
-(``extender/cluster/records.py``). This program measures the bind path's API part
-(``KubeSource.bind``: record write, then the Binding) against the loopback API
+cluster several of them land on one node. Every bind's decision goes into its
+node's placement record (a ConfigMap), written after the Binding in the background,
+the entries of one node gathered into one write (``extender/cluster/record_writer.py``).
+This program measures the bind path's API part (``KubeSource.bind``: the Binding; the
+records are written after each burst, counted per spread) against the loopback API
 server in a process of its own, in bursts of ``--concurrency`` binds spread over
 1, 4 and ``--concurrency`` nodes, and reports per spread the bind p50/p90 and the
 record writes per bind. The goal: binds that share nodes wait no longer than binds
@@ -89,6 +89,7 @@ def measure(port: int, spreads: list[int], bursts: int, concurrency: int) -> dic
         for s in spreads:
             current[0] = s
             got = bind_burst(source, s, b, concurrency)
+            assert source.record_writer.flush(30), "records not written"  # counted for s
             took[s] += got
             per_burst[s].append(statistics.median(got))
     source.stop()

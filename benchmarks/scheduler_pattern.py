@@ -13,6 +13,17 @@ busy. Three measurements per extender, all on one server instance:
   after another, each bind handed to a pool of ``concurrency`` binders; pods per
   second counted until the last bind answered.
 
+Run on its own (``main``), it compares the two orders of a bind's API writes on the
+``kube`` source in one run, on the cluster of ``extender_latency.py`` behind the loopback
+API server (its bound pods with their placement records): ``record-first`` (the node's
+placement record, then the Binding: two writes the scheduler waits for, the order before
+#40, kept here as :class:`RecordFirstSource`) and ``binding-first`` (the Binding, the
+record written in the background: ``extender/cluster/record_writer.py``), beside the
+trivial extender and the floor; ``--repeats`` rounds, interleaved::
+
+    .venv/bin/python benchmarks/scheduler_pattern.py [--pods 416] [--single 96]
+        [--concurrency 16] [--repeats 3]
+
 ``serve_floor`` is the floor: a cheroot server that parses each body and answers
 what an extender must (every node passes, score 0, bound) with no work, so its
 figures are what the three HTTP calls alone cost. On a machine with fewer cores
@@ -24,8 +35,11 @@ floor's (``*_vs_floor_burst``).
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import queue
+import random
 import socket
 import statistics
 import threading
@@ -33,9 +47,17 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+try:  # run as a script: _common puts the repository root first on the path
+    import _common
+except ImportError:  # imported as benchmarks.scheduler_pattern (the root is on the path)
+    from benchmarks import _common
 from cheroot import wsgi
 
 from contracts.httpserve import KEEP_ALIVE_CONNECTIONS
+from extender.cluster.kube import KubeSource
+from extender.cluster.records import NODE_ANNOTATION, RECORD_LABEL, encode_entry, record_name
+from extender.cluster.source import placement_from_pod
+from extender.errors import SourceError
 from extender.transport.server import LISTEN_BACKLOG
 
 Job = tuple[dict, list[str]]
@@ -333,3 +355,143 @@ def pattern_summary(patterns: list[dict[str, dict]], opts: Any) -> dict:
             "runs": patterns, "checks_per_run": per_run,
             "checks_median": {k: round(statistics.median(c[k] for c in per_run), 3)
                               for k in ratios}}
+
+
+class RecordFirstSource(KubeSource):
+    """The bind order before #40, for the comparison: the node's placement record written
+    (binds to one node sharing writes) before the Binding, both on the scheduler's path."""
+
+    def bind(self, pod: Any, node: str, annotations: Any, placement: Any = None) -> bool:
+        """Record, then the Binding (as ``KubeSource.bind`` did)."""
+        state = self._state
+        try:
+            self.records.write(node, pod.uid, encode_entry(placement),
+                               lambda uid: uid == pod.uid or state is None
+                               or state.is_known(uid))
+        except Exception as exc:  # nothing was bound: the scheduler retries
+            raise SourceError(f"placement record of {node} not written ({exc!r})") from None
+        return super().bind(pod, node, annotations, placement)
+
+    def _record_later(self, node: str, uid: str, entry: str) -> None:
+        """Written before the Binding already."""
+
+
+ORDERS = {"record-first": RecordFirstSource, "binding-first": KubeSource}
+
+
+def seed_records(api: Any, placed: list[dict], namespace: str = "tandem-system") -> None:
+    """The placement records of ``placed`` in the fake API server, as bind left them."""
+    data: dict[str, dict[str, str]] = {}
+    for pod in placed:
+        p = placement_from_pod(pod)
+        assert p is not None, pod["metadata"]["name"]
+        data.setdefault(p.node, {})[p.pod_uid] = encode_entry(p)
+    for node, entries in data.items():
+        api.configmap("POST", namespace, None, {"metadata": {
+            "name": record_name(node), "labels": {RECORD_LABEL: "true"},
+            "annotations": {NODE_ANNOTATION: node}}, "data": entries})
+
+
+PAIRED = {"single_bind_p50": ("single", "bind_ms", "p50"),
+          "single_bind_p90": ("single", "bind_ms", "p90"),
+          "burst_bind_p50": ("burst", "bind_ms", "p50"),
+          "burst_bind_p90": ("burst", "bind_ms", "p90"),
+          "pipeline_pods_per_second": ("pipeline", "pods_per_second")}
+
+
+def paired(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per figure, binding-first over record-first in each repeat (both orders measured back
+    to back, so load from elsewhere hits them alike): the ratios, their mean and a 95%
+    t-interval of the mean (needs 2 repeats or more)."""
+    t95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
+    out = {}
+    for name, path in PAIRED.items():
+        def value(r: dict[str, Any], path: tuple[str, ...] = path) -> float:
+            for key in path:
+                r = r[key]
+            return float(r)  # type: ignore[arg-type]
+        ratios = [value(r["binding-first"]) / value(r["record-first"]) for r in runs]
+        mean = statistics.fmean(ratios)
+        half = t95.get(len(ratios) - 1, 2.0) * statistics.stdev(ratios) / len(ratios) ** 0.5 \
+            if len(ratios) > 1 else None
+        out[name] = {"ratios": [round(x, 3) for x in ratios], "mean": round(mean, 3),
+                     "interval_95": None if half is None else
+                     [round(mean - half, 3), round(mean + half, 3)]}
+    return out
+
+
+def main() -> None:
+    """Both bind orders, the trivial extender and the floor, interleaved per repeat."""
+    from benchmarks import extender_latency as world
+    from benchmarks import trivial_extender
+    from extender.config.loader import load_config
+    from extender.config.sections import StateConfig
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--pods", type=int, default=416, help="pods per server and repeat")
+    parser.add_argument("--single", type=int, default=96, help="of them bound one at a time")
+    parser.add_argument("--concurrency", type=int, default=16, help="binds in flight")
+    parser.add_argument("--repeats", type=int, default=3)
+    _common.add_out_option(parser, "scheduler_pattern")
+    opts = parser.parse_args()
+    load_before = _common.load_average()
+    os.environ[StateConfig.signing_key_env] = world.SIGNING_KEY  # the forked extenders'
+    cfg = load_config(None, environ={"TANDEM__LOGGING__LEVEL": "warning",
+                                     "TANDEM__HANDOFF__MODE": "env"})
+    rng = random.Random(42)
+    placed = world.placed_pods(rng)
+    jobs = world.workload(rng, world.node_names(), opts.pods, "pat")
+
+    def one(name: str) -> dict[str, Any]:
+        api = world.fake_api(placed, jobs)  # the placed pods' records seeded
+        api_port, _, api_stop = world.serve_in_child(lambda: (api.start(), api.stop))
+        try:
+            if name in ORDERS:
+                starter = world.tandem_starter(
+                    cfg, lambda: ORDERS[name](world.kube_client(api_port)))
+            else:
+                def starter() -> tuple[int, Callable[[], None]]:
+                    return trivial_extender.serve(trivial_extender.create_trivial_app(
+                        world.kube_client(api_port)), cfg.server.threads)
+            port, _, stop = world.serve_in_child(starter)
+            try:
+                return measure(lambda: RawClient(port), list(jobs), opts.concurrency,
+                               opts.single)
+            finally:
+                stop()
+        finally:
+            api_stop()
+
+    runs = []
+    for _ in range(opts.repeats):
+        run = {name: one(name) for name in (*ORDERS, "trivial")}
+        port, stop = serve_floor(cfg.server.threads)
+        try:
+            run["floor"] = measure(lambda port=port: RawClient(port), list(jobs),
+                                   opts.concurrency, opts.single)
+        finally:
+            stop()
+        runs.append(run)
+    per_run = [{order: checks({"kube": run[order], "trivial": run["trivial"],
+                               "floor": run["floor"]}, PATTERN_GOALS) for order in ORDERS}
+               for run in runs]
+    bind_ms = {order: {kind: {q: round(statistics.median(
+        r[order][kind]["bind_ms"][q] for r in runs), 3) for q in ("p50", "p90")}
+        for kind in ("single", "burst")} for order in ORDERS}
+    doc = {"benchmark": "scheduler_pattern", "pods": opts.pods, "single_pods": opts.single,
+           "binding_first_over_record_first": paired(runs),
+           "concurrency": opts.concurrency, "repeats": opts.repeats, "goals": PATTERN_GOALS,
+           "cluster": "extender_latency.py's: 1,000 nodes x 8 A100-40GB, 8,000 bound pods "
+                      "with their placement records, 500 candidates per filter",
+           "server": "each extender and the loopback API server in a process of its own",
+           "bind_ms_median_of_repeats": bind_ms,
+           "checks_median": {order: {k: round(statistics.median(c[order][k] for c in per_run), 3)
+                                     for k, v in per_run[0][order].items()
+                                     if isinstance(v, float)} for order in ORDERS},
+           "checks_per_run": per_run, "runs": runs, "load_average_1_5_15_at_start": load_before,
+           **_common.context(("cheroot", "kubernetes", "urllib3"))}
+    _common.write_result(doc, opts.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -12,6 +12,9 @@ accepts the others accept too, and they name every GPU the same way::
     pods:                                   # optional, already bound (restart scenarios)
       - {name: p1, namespace: default, uid: u1, node: gpu-node-1, gpu_index: [0],
          util_percent: 30, mem_mib: 8000, workload: training, annotations: {k: v}}
+    pending:                                # optional, waiting for a node (the extender's
+      - {name: p2, namespace: default, uid: u2, gpus: 1,   # sim source binds them when a
+         annotations: {tandem.io/gpu-util: "30", tandem.io/gpu-mem-mib: "8000"}}  # scheduler asks
 
 Rules, the same for every reader:
 
@@ -23,7 +26,9 @@ Rules, the same for every reader:
 - a GPU without an explicit index takes the next position on its node; without an
   explicit uuid it is ``sim_gpu_uuid(node, index)``; indices repeat nowhere on a node and
   uuids nowhere in the cluster; GPUs are listed by index;
-- a pod names a node of the file and GPU indices that node has.
+- a pod names a node of the file and GPU indices that node has;
+- a pending pod asks for ``gpus`` (1..64, default 1) of ``tandem.io/gpu``; names (and
+  uids) repeat nowhere among pods and pending pods.
 
 Validation collects every problem with its path (``nodes[1].gpus[0].memory_mib: must be
 a positive integer (MiB), got 8192.5``) and raises one ``ClusterFileError`` holding them.
@@ -44,9 +49,10 @@ from contracts.gpus import GpuRef
 MAX_GPUS_PER_ENTRY = 64
 WORKLOADS = ("training", "inference")
 
-_TOP_KEYS = ("nodes", "pods")
+_TOP_KEYS = ("nodes", "pending", "pods")
 _NODE_KEYS = ("gpus", "name")
 _GPU_KEYS = ("count", "index", "memory_mib", "product", "uuid")
+_PENDING_KEYS = ("annotations", "gpus", "name", "namespace", "uid")
 _POD_KEYS = ("annotations", "gpu_index", "mem_mib", "name", "namespace", "node", "uid",
              "util_percent", "workload")
 
@@ -96,12 +102,24 @@ class SimPod:
 
 
 @dataclass(frozen=True)
+class PendingPod:
+    """A pod waiting for a node: what it asks for, as its annotations say."""
+
+    name: str
+    namespace: str
+    uid: str
+    gpus: int
+    annotations: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
 class ClusterFile:
     """A validated cluster file."""
 
     nodes: tuple[SimNode, ...]
     pods: tuple[SimPod, ...] = ()
     source: str | None = field(default=None, compare=False)  # the file, for messages
+    pending: tuple[PendingPod, ...] = ()
 
     def node(self, name: str) -> SimNode:
         """The node called ``name``; ``ClusterFileError`` listing the nodes if there is none."""
@@ -155,9 +173,18 @@ def parse_cluster_file(raw: Any, source: str | None = None) -> ClusterFile:
         by_name = {n.name: n for n in nodes}
         pods = [p for i, entry in enumerate(raw_pods)
                 if (p := _pod(entry, f"pods[{i}]", by_name, incomplete, problems)) is not None]
+    pending = _pending_pods(raw.get("pending"), problems)
+    seen: dict[tuple[str, str], str] = {}
+    for where, pod in [*((f"pods[{i}]", p) for i, p in enumerate(pods)),
+                       *((f"pending[{i}]", p) for i, p in enumerate(pending))]:
+        for key, shown in (((pod.namespace, pod.name), f"{pod.namespace}/{pod.name}"),
+                           (("", pod.uid), f"uid {pod.uid}")):  # no namespace is empty
+            if key in seen:
+                problems.append(f"{where}: {shown} repeats {seen[key]}")
+            seen.setdefault(key, where)
     if problems:
         raise ClusterFileError(problems, source)
-    return ClusterFile(tuple(nodes), tuple(pods), source)
+    return ClusterFile(tuple(nodes), tuple(pods), source, tuple(pending))
 
 
 def _unknown_keys(entry: Mapping[Any, Any], valid: tuple[str, ...], path: str) -> list[str]:
@@ -289,16 +316,51 @@ def _pod(entry: Any, where: str, nodes: Mapping[str, SimNode], incomplete: set[s
     if workload not in WORKLOADS:
         problems.append(f"{where}.workload: must be one of {', '.join(WORKLOADS)}, "
                         f"got {workload!r}")
-    annotations = entry.get("annotations") or {}
+    annotations = _annotations(entry.get("annotations"), where, problems)
+    if len(problems) > before:
+        return None
+    return SimPod(name, entry.get("namespace", "default"), entry.get("uid", f"uid-{name}"),
+                  node.name, tuple(indices), float(util), float(mem), workload, annotations)
+
+
+def _pending_pods(raw: Any, problems: list[str]) -> list[PendingPod]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        problems.append("pending: must be a list")
+        return []
+    pods = []
+    for i, entry in enumerate(raw):
+        where = f"pending[{i}]"
+        if not isinstance(entry, Mapping):
+            problems.append(f"{where}: must be a mapping (valid keys: {', '.join(_PENDING_KEYS)})")
+            continue
+        before = len(problems)
+        problems += _unknown_keys(entry, _PENDING_KEYS, where)
+        name, gpus = entry.get("name"), entry.get("gpus", 1)
+        if not isinstance(name, str) or not name:
+            problems.append(f"{where}.name: must be a non-empty string")
+        for key in ("namespace", "uid"):
+            if key in entry and (not isinstance(entry[key], str) or not entry[key]):
+                problems.append(f"{where}.{key}: must be a non-empty string")
+        if not _is_int(gpus) or not 1 <= gpus <= MAX_GPUS_PER_ENTRY:
+            problems.append(f"{where}.gpus: must be an integer in 1..{MAX_GPUS_PER_ENTRY}, "
+                            f"got {gpus!r}")
+        annotations = _annotations(entry.get("annotations"), where, problems)
+        if len(problems) == before:
+            pods.append(PendingPod(name, entry.get("namespace", "default"),
+                                   entry.get("uid", f"uid-{name}"), gpus, annotations))
+    return pods
+
+
+def _annotations(raw: Any, where: str, problems: list[str]) -> tuple[tuple[str, str], ...]:
+    annotations = raw or {}
     if not isinstance(annotations, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str | int | float | bool)
             for k, v in annotations.items()):
         problems.append(f"{where}.annotations: must map strings to strings or numbers")
-    if len(problems) > before:
-        return None
-    return SimPod(name, entry.get("namespace", "default"), entry.get("uid", f"uid-{name}"),
-                  node.name, tuple(indices), float(util), float(mem), workload,
-                  tuple((k, str(v)) for k, v in annotations.items()))
+        return ()
+    return tuple((k, str(v)) for k, v in annotations.items())
 
 
 def _is_int(value: Any) -> bool:

@@ -30,6 +30,10 @@ workers stop the server answering anything, health checks included.
   connection was accepted, or for a later request on a kept-alive connection
   when its first byte was read. A server with deadlines counts them from there,
   so time spent waiting for a worker is not hidden from it.
+- **Its own errors as JSON log lines.** cheroot writes its error log (a worker's
+  unexpected exception, a socket error mid-request) to stderr as raw text and a
+  traceback; here it goes through logging (``contracts.logs``): one JSON line, the
+  traceback in its ``exc`` field.
 - **TLS handshakes off the accept loop.** cheroot's builtin adapter completes
   the handshake in the thread that accepts connections, so a client that
   connects and stays silent stalls every accept for the socket timeout. The
@@ -40,9 +44,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import re
+import signal
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -344,7 +351,16 @@ def harden(server: Any, read_deadline_seconds: float = DEFAULT_READ_DEADLINE_SEC
         "read_deadline_seconds": read_deadline_seconds, "body_limit": body_limit,
         "RequestHandlerClass": request_class})
     server.gateway = _stamped(server.gateway)
+    server.error_log = _error_log
     return server
+
+
+_SERVER_LOG = logging.getLogger("tandem.http")
+
+
+def _error_log(msg: str = "", level: int = logging.INFO, traceback: bool = False) -> None:
+    """cheroot's ``error_log`` (same signature), as a log record instead of raw stderr."""
+    _SERVER_LOG.log(level, str(msg), exc_info=traceback or None)
 
 
 def _stamped(gateway: Any) -> Any:
@@ -361,3 +377,27 @@ def _stamped(gateway: Any) -> Any:
 def tls_adapter(cert_file: str, key_file: str) -> DeferredHandshakeAdapter:
     """The TLS adapter for a hardened server."""
     return DeferredHandshakeAdapter(cert_file, key_file)
+
+
+def stop_on_signals(server: Any, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT),
+                    ) -> threading.Event:
+    """Stop ``server`` (a cheroot server whose ``serve()`` runs in this, the main thread)
+    when one of ``signals`` arrives; the event is set once it has stopped.
+
+    The stop runs in a thread of its own: the handler interrupts the thread inside
+    ``serve()``, and ``stop()`` called from that frame waits on the loop it interrupted
+    (the process stayed up until SIGKILL)."""
+    stopped = threading.Event()
+
+    def stop() -> None:
+        try:
+            server.stop()
+        finally:
+            stopped.set()
+
+    def on_signal(*_: object) -> None:
+        threading.Thread(target=stop, name="tandem-stop", daemon=True).start()
+
+    for signum in signals:
+        signal.signal(signum, on_signal)
+    return stopped

@@ -130,13 +130,15 @@ def test_bind_reads_the_pod_then_binds_with_uid_precondition_and_annotations(api
     filter_first(app, fake)
     fake.requests.clear()
     assert bind(app) == {"Error": ""}
-    # the pod as the API server has it (never a /filter body), the decision into the node's
-    # placement record, then the binding: no PATCH
-    read, record, request = fake.requests
+    assert source.record_writer.flush(5)
+    # the pod as the API server has it (never a /filter body), the binding (no PATCH), then,
+    # off the bind path, the decision into the node's placement record
+    read, request, record = fake.requests
     assert (read.method, read.path) == ("GET", "/api/v1/namespaces/ml/pods/new")
-    assert (record.method, record.path) == ("POST", "/api/v1/namespaces/tandem-system/configmaps")
-    assert record.body["metadata"]["name"] == "tandem-placements-gpu-1"
-    assert set(record.body["data"]) == {"uid-new"}
+    # (the record exists: the start wrote back "old"'s, bound without one, from its signature)
+    assert (record.method, record.path) == (
+        "PUT", "/api/v1/namespaces/tandem-system/configmaps/tandem-placements-gpu-1")
+    assert set(record.body["data"]) == {"uid-old", "uid-new"}
     assert (request.method, request.path) == ("POST", "/api/v1/namespaces/ml/pods/new/binding")
     assert request.body["metadata"]["uid"] == "uid-new"
     assert request.body["target"] == {"apiVersion": "v1", "kind": "Node", "name": "gpu-1"}
@@ -158,12 +160,13 @@ def test_bind_reads_the_pod_then_binds_with_uid_precondition_and_annotations(api
 
 
 def test_bind_without_cached_demand_reads_the_pod_once(api, fake):
-    app, _ = make(api)
+    app, source = make(api)
     fake.put_pod(k8s_pod("new", "uid-new", annotations=DEMAND))
     fake.requests.clear()
     assert bind(app) == {"Error": ""}
+    assert source.record_writer.flush(5)
     assert [(r.method, r.path.rsplit("/", 1)[1]) for r in fake.requests] == [
-        ("GET", "new"), ("POST", "configmaps"), ("POST", "binding")]
+        ("GET", "new"), ("POST", "binding"), ("PUT", "tandem-placements-gpu-1")]
 
 
 def test_recreated_pod_is_not_bound_with_the_old_decision(api, fake):
@@ -585,7 +588,7 @@ def test_relist_after_410_releases_pods_deleted_in_the_gap(api, fake):
 @pytest.mark.parametrize("forged_first", [True, False], ids=["forged-first", "real-first"])
 def test_forged_filter_cannot_shrink_the_demand_bind_uses(api, fake, forged_first):
     """M2: a /filter body with the real pod's UID and resourceVersion but gpu-mem-mib 1."""
-    app, _ = make(api)
+    app, source = make(api)
     fake.put_pod(k8s_pod("new", "uid-new", annotations=DEMAND))
     forged = fake.pod("ml", "new")
     forged["metadata"]["annotations"]["tandem.io/gpu-mem-mib"] = "1"
@@ -596,7 +599,8 @@ def test_forged_filter_cannot_shrink_the_demand_bind_uses(api, fake, forged_firs
         filter_first(app, fake)
     fake.requests.clear()
     assert bind(app) == {"Error": ""}
+    assert source.record_writer.flush(5)
     assert [(r.method, r.path.rsplit("/", 1)[1]) for r in fake.requests] == [
-        ("GET", "new"), ("POST", "configmaps"), ("POST", "binding")]  # the read decides
+        ("GET", "new"), ("POST", "binding"), ("PUT", "tandem-placements-gpu-1")]  # the read decides
     annotations = fake.pod("ml", "new")["metadata"]["annotations"]
     assert annotations["tandem.io/predicted-gpu-mem-mib"] == "5000"

@@ -115,7 +115,8 @@ def test_bind_inference_records_batch_and_duty_cycle(env):
 
 @pytest.mark.parametrize(("make_body", "expected"), [
     (lambda p: binding(p, "ghost"), "ghost"),
-    (lambda p: {**binding(p, "n1"), "PodName": "missing", "PodUID": "other"}, "not found"),
+    (lambda p: {**binding(p, "n1"), "PodName": "missing", "PodUID": "other"},
+     "not in the simulated cluster"),
 ], ids=["unknown-node", "unknown-pod"])
 def test_bind_logical_failures_are_200_with_error(env, make_body, expected):
     client, ext, source, _ = env
@@ -144,7 +145,7 @@ def test_bind_with_a_known_uid_under_another_name_creates_and_binds_nothing(env)
     assert client.post("/filter", json=args(p, ["n1"])).get_json()["NodeNames"] == ["n1"]
     forged = training("forged", uid="uid-1")
     r = client.post("/bind", json=binding(forged, "n1")).get_json()
-    assert r["Error"] == "pod default/forged not found", r
+    assert r["Error"].startswith("pod default/forged is not in the simulated cluster"), r
     assert source.read_pod("default", "forged") is None
     assert ext.state.placement_of("uid-1") is None
     assert client.post("/bind", json=binding(p, "n1")).get_json() == {"Error": ""}

@@ -28,11 +28,13 @@ def reserved(replica, node="gpu-0"):
 
 
 def place(c, replica, names, annotations, node="gpu-0"):
-    """Create, filter and bind ``names`` on ``node`` through ``replica``."""
+    """Create, filter and bind ``names`` on ``node`` through ``replica``; their records
+    written (in the background, after each Binding)."""
     for name in names:
         c.fake.put_pod(k8s_pod(name, annotations))
         assert replica.filter(c.fake, name, [node])["NodeNames"] == [node]
         assert replica.bind(name, node) == {"Error": ""}
+    assert replica.source.record_writer.flush(5)
 
 
 def audit_held(c, replica):
@@ -351,3 +353,34 @@ def test_the_pending_cache_keeps_only_what_bind_reads_and_stays_bounded():
     bound["spec"]["nodeName"] = "gpu-0"
     cache.observe(bound, False)
     assert cache.get("ml", "b") is None
+
+
+def test_unparseable_edits_of_a_running_pod_are_flagged_at_the_watch_event():
+    """docs/security.md: one TandemPlacementUntrusted event per edited pod, from the watch
+    event that shows the edit (not the next relist), and the reservation kept."""
+    with cluster(nodes=1) as c:
+        r = c.replica(watch=PlainWatch)
+        r.source.start(r.state)
+        place(c, r, ["a", "b", "c"], {"tandem.io/gpu-util": "20",
+                                      "tandem.io/gpu-mem-mib": "10000"})
+        before = reserved(r)
+
+        def untrusted():
+            r.source.drain_events()
+            return sorted(e["involvedObject"]["name"] for e in c.fake.events
+                          if e["reason"] == "TandemPlacementUntrusted")
+
+        time.sleep(0.3)  # the bound events of a, b, c came through the watch: nothing flagged
+        assert untrusted() == []
+        edit(c, "a", gpu_index=None)
+        edit(c, "b", predicted_gpu_util="NaN")
+        deadline = time.monotonic() + 10
+        while untrusted() != ["a", "b"]:
+            assert time.monotonic() < deadline, untrusted()
+            time.sleep(0.05)
+        edit(c, "a", gpu_index=None, predicted_gpu_mem_mib="x")  # edited again: no second one
+        c.fake.put_pod(c.fake.pod("ml", "b"))
+        time.sleep(0.3)
+        assert untrusted() == ["a", "b"]
+        assert reserved(r) == before
+        assert audit_held(c, r) == {"uid-a", "uid-b", "uid-c"}

@@ -1,5 +1,7 @@
-"""Placement records under kube-scheduler's concurrent binds (#28): binds on one node share
-record writes (group commit) and none is bound without its entry in the record.
+"""Placement records under kube-scheduler's concurrent binds (#28, #40): a bind waits for its
+Binding only; the records are written after it, in the background, the entries of one node
+batched into one write, retried until they land, and restored from the pod's signed
+annotations by a restart that finds a bound pod without one.
 
 Against the loopback API server (benchmarks/fake_kube_api.py), through ``KubeSource``."""
 
@@ -58,10 +60,10 @@ class HeldFirstWrite:
             assert self.release.wait(10)
         self.real(node, version, data)
 
-    def gathered(self, node: str) -> int:
+    def gathered(self, writer, node: str) -> int:
         """Entries waiting for the next write of ``node``'s record."""
-        batch = self.records._queues[node].gathering
-        return 0 if batch is None else len(batch.entries)
+        with writer._cond:
+            return len(writer._pending.get(node, {}))
 
 
 def bind_all(source, indices, errors):
@@ -85,23 +87,25 @@ def wait_for(check, what):
 
 
 def held_burst(source, writes, later):
-    """Bind p0 and hold its record write; bind ``later`` meanwhile: they gather."""
+    """Bind p0 and hold its record write; bind ``later`` meanwhile: every bind returns while
+    the write is held, and their entries gather for the next one."""
     errors: dict[int, str] = {}
-    threads = bind_all(source, [0], errors)
-    assert writes.entered.wait(10)
-    threads += bind_all(source, later, errors)
-    wait_for(lambda: writes.gathered("gpu-0") == len(later), "the binds never gathered")
-    writes.release.set()
-    for t in threads:
+    for t in bind_all(source, [0], errors):
         t.join(10)
+    assert writes.entered.wait(10)
+    for t in bind_all(source, later, errors):
+        t.join(10)  # the Binding only: none waits for the held record write
+    wait_for(lambda: writes.gathered(source.record_writer, "gpu-0") == len(later),
+             "the entries never gathered")
+    writes.release.set()
     return errors
 
 
-def test_concurrent_binds_on_one_node_share_one_write_and_all_end_in_the_record(
-        fake, source):
-    # Before: a per-node lock held across each PUT, one PUT per bind (16 in a row).
+def test_binds_on_one_node_return_before_their_record_and_share_one_write(fake, source):
+    # Before: each bind waited for its record write (group commit), then its Binding.
     writes = HeldFirstWrite(source.records)
     assert held_burst(source, writes, range(1, PODS)) == {}
+    assert source.record_writer.flush(10)
     assert writes.written == [{"u0"}, {f"u{i}" for i in range(PODS)}]
     assert set(fake.configmaps[RECORD]["data"]) == {f"u{i}" for i in range(PODS)}
     assert all(fake.pod("ml", f"p{i}")["spec"]["nodeName"] == "gpu-0" for i in range(PODS))
@@ -112,43 +116,86 @@ def test_a_conflicting_writer_is_merged_and_the_batch_retried(fake, source):
     batch's write is in flight: its entry survives, and so do all of the batch's."""
     writes = HeldFirstWrite(source.records)
     errors: dict[int, str] = {}
-    first = bind_all(source, [0], errors)
+    bind_all(source, [0], errors)[0].join(10)
     assert writes.entered.wait(10)
     other = PlacementRecords(source.api, "tandem-system")
     other.load_all()  # no record yet: it creates it, so the held create answers 409
     other.write("gpu-0", "u-other", encode_entry(placement("u-other", node="gpu-0")),
                 keep=lambda uid: True)
     writes.release.set()
-    first[0].join(10)
+    assert source.record_writer.flush(10)
     assert errors == {}
     assert set(fake.configmaps[RECORD]["data"]) == {"u0", "u-other"}
     assert writes.written[1:] == [{"u0", "u-other"}]  # read again, merged, written
 
 
-def test_a_failed_write_refuses_every_bind_of_its_batch(fake, source):
-    fake.inject("PUT", "/configmaps/tandem-placements-gpu-0$", 500)  # the second write
+def test_a_failed_write_is_retried_until_the_batch_lands(fake, source):
+    fake.inject("PUT", "/configmaps/tandem-placements-gpu-0$", 500, times=2)  # 2nd, 3rd writes
     writes = HeldFirstWrite(source.records)
-    errors = held_burst(source, writes, [1, 2, 3])
-    assert sorted(errors) == [1, 2, 3]
-    assert all("HTTP 500" in e for e in errors.values())
-    assert set(fake.configmaps[RECORD]["data"]) == {"u0"}
-    assert [fake.pod("ml", f"p{i}")["spec"].get("nodeName") for i in range(4)] == \
-        ["gpu-0", None, None, None]
-    # the next bind writes again and goes through
-    assert not bind_all(source, [1], errors)[0].join(10)
-    assert set(fake.configmaps[RECORD]["data"]) == {"u0", "u1"}
+    assert held_burst(source, writes, [1, 2, 3]) == {}
+    assert [fake.pod("ml", f"p{i}")["spec"].get("nodeName") for i in range(4)] == ["gpu-0"] * 4
+    assert source.record_writer.flush(10)  # after two pauses of the backoff
+    assert set(fake.configmaps[RECORD]["data"]) == {"u0", "u1", "u2", "u3"}
+    assert source.record_writer.written == 4
 
 
-def test_a_bind_whose_record_is_not_written_is_refused_and_holds_nothing():
+def test_a_refused_binding_writes_no_record():
     with cluster(nodes=1) as c:
         r = c.replica()
         c.fake.put_pod(k8s_pod("a", {"tandem.io/gpu-util": "20",
                                      "tandem.io/gpu-mem-mib": "20000"}))
         assert r.filter(c.fake, "a", ["gpu-0"])["NodeNames"] == ["gpu-0"]
-        c.fake.inject("POST", "/configmaps$", 503)
-        answer = r.bind("a", "gpu-0")
-        assert "placement record of gpu-0: HTTP 503" in answer["Error"]
-        assert c.fake.pod("ml", "a")["spec"].get("nodeName") is None
-        assert ledger(r.state) == {}
+        c.fake.inject("POST", "/binding$", 403)
+        assert "403" in r.bind("a", "gpu-0")["Error"]
+        assert r.source.record_writer.flush(5)
+        assert ledger(r.state) == {} and RECORD not in c.fake.configmaps
         assert r.bind("a", "gpu-0") == {"Error": ""}  # the scheduler's retry
+        assert r.source.record_writer.flush(5)
         assert set(c.fake.configmaps[RECORD]["data"]) == {"uid-a"}
+
+
+@pytest.mark.parametrize("edited", [False, True], ids=["as-bound", "edited-in-the-window"])
+def test_a_crash_between_binding_and_record_loses_nothing(edited):
+    """The record write never lands (the API refuses it) and the extender is replaced: the
+    new one takes the pod's placement from its signed annotations and writes the record
+    back. An owner's edit inside that window breaks the signature: the pod then holds its
+    whole node (the safe side), with an event."""
+    with cluster(nodes=1) as c:
+        r = c.replica()
+        c.fake.put_pod(k8s_pod("a", {"tandem.io/gpu-util": "20",
+                                     "tandem.io/gpu-mem-mib": "20000"}))
+        assert r.filter(c.fake, "a", ["gpu-0"])["NodeNames"] == ["gpu-0"]
+        refusing = c.fake.inject("POST", "/configmaps$", 503, times=1000)
+        assert r.bind("a", "gpu-0") == {"Error": ""}
+        held = ledger(r.state)
+        assert not r.source.record_writer.flush(0.5) and RECORD not in c.fake.configmaps
+        r.source.record_writer.stop(0)  # the process dies with the entry queued
+        if edited:
+            pod = c.fake.pod("ml", "a")
+            pod["metadata"]["annotations"]["tandem.io/gpu-index"] = "1"
+            c.fake.put_pod(pod)
+        refusing.times = 0
+        restarted = c.replica()
+        assert restarted.source.record_writer.flush(5)
+        gpus = [g["reserved_mib"] for g in restarted.state.view()["nodes"]["gpu-0"]["gpus"]]
+        if edited:
+            assert gpus == [40960, 40960] and restarted.state.view()["untrusted"] == 1
+            assert RECORD not in c.fake.configmaps
+        else:
+            assert ledger(restarted.state) == held and sorted(gpus) == [0, 20000]
+            assert set(c.fake.configmaps[RECORD]["data"]) == {"uid-a"}
+            assert restarted.state.view()["untrusted"] == 0
+
+
+def test_stopping_writes_what_is_queued(fake, source):
+    """SIGTERM's shutdown stops the source: entries still queued are written first."""
+    writes = HeldFirstWrite(source.records)
+    errors: dict[int, str] = {}
+    bind_all(source, [0], errors)[0].join(10)
+    assert writes.entered.wait(10)
+    for t in bind_all(source, [1, 2], errors):
+        t.join(10)
+    threading.Timer(0.2, writes.release.set).start()
+    source.stop()
+    assert errors == {} and source.record_writer.pending() == 0
+    assert set(fake.configmaps[RECORD]["data"]) == {"u0", "u1", "u2"}

@@ -9,11 +9,13 @@
   (:mod:`extender.cluster.records`), one per bound pod the API server lists, then
   kept fresh by watches; a watch that fails or expires (410) relists. A bound pod
   that asks for ``tandem.io/gpu`` with no record holds every GPU of its node.
-- Bind writes the decision into the node's record, then creates ``pods/binding``
-  carrying the pod UID as a precondition (a recreated pod of the same name is
-  never bound by mistake) and the output annotations, which the API server copies
-  onto the pod in the same update as ``nodeName`` (a record for people). Events are
-  posted by a background worker so the bind path never waits on them; identical
+- Bind creates ``pods/binding`` carrying the pod UID as a precondition (a recreated
+  pod of the same name is never bound by mistake) and the signed output
+  annotations, which the API server copies onto the pod in the same update as
+  ``nodeName``: the one API round trip the scheduler waits for. The decision's
+  entry in the node's record is then written in the background
+  (``extender.cluster.record_writer``: batched per node; why a crash between the
+  two loses nothing). Events are posted by a background worker too; identical
   events queued together go out as one with a count.
 - Lists, watches and pod reads go through the official client with
   ``_preload_content=False`` and plain JSON: turning full Pod objects into client
@@ -38,7 +40,14 @@ from contracts.logs import get_logger
 from extender.cluster.kube_events import EventQueue
 from extender.cluster.kube_http import LeanPoster, api_error, supports
 from extender.cluster.namespace import own_namespace
-from extender.cluster.records import PlacementRecords, RecordError, decode_entry, encode_entry
+from extender.cluster.record_writer import RecordWriter
+from extender.cluster.records import (
+    PlacementRecords,
+    RecordError,
+    check_entry,
+    decode_entry,
+    encode_entry,
+)
 from extender.cluster.source import (
     DONE_PHASES,
     PendingPods,
@@ -132,6 +141,8 @@ class KubeSource:
                                         self._poster)
         """Where bind records its decisions: the install's namespace, resolved as for
         everything tandem stores (``extender.cluster.namespace``)."""
+        self.record_writer = RecordWriter(self.records)
+        """Writes them after the Binding, off the bind path."""
         self._pending = PendingPods()
         """Pods waiting for a node, as the pod watch last delivered them (bind reads here)."""
 
@@ -233,7 +244,13 @@ class KubeSource:
         written = placement_from_pod(pod)
         held: Placement | None = state.placement_of(uid)
         if held is not None and held.node == node:
-            if written is not None and held.trusted and not same_decision(held, written):
+            # The Binding wrote the annotations in the same update as nodeName, so every
+            # bound event of a pod held here carries them: none that parse is an edit too,
+            # flagged now rather than at the next rebuild.
+            if held.trusted and written is None:
+                self._distrust(pod, held, "changed", "has output annotations that no longer "
+                               "parse (removed or edited)")
+            elif written is not None and held.trusted and not same_decision(held, written):
                 self._distrust(pod, held, "changed", "differs from the placement bound")
             state.confirm(held)
             return uid
@@ -241,7 +258,10 @@ class KubeSource:
         recorded = decode_entry(uid, key, node, self.records.entry(node, uid, False), ann)
         if recorded is None and written is not None and self._signer is not None \
                 and self._signer.verify(uid, node, meta.get("annotations") or {}):
-            recorded = written  # bound before placement records: its signature verifies
+            # Bound by a process that stopped before writing the record (or by a version
+            # that kept none): its signature verifies, so the record is written back.
+            recorded = written
+            self._record_later(node, uid, encode_entry(written))
         elif recorded is None:
             recorded = decode_entry(uid, key, node, self.records.entry(node, uid, True), ann)
         if recorded is not None and (written is None or not same_decision(written, recorded)):
@@ -328,7 +348,9 @@ class KubeSource:
                     return
 
     def stop(self) -> None:
-        """Stop the watches and the event worker."""
+        """Write the records still queued (a few seconds at most), then stop the watches
+        and the event worker."""
+        self.record_writer.stop()
         self._stop.set()
         if self._poster is not None:
             self._poster.close()  # idle sockets only: a later write opens a new one
@@ -356,23 +378,19 @@ class KubeSource:
 
     def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str],
              placement: Placement | None = None) -> bool:
-        """Record the placement in the node's record, then create the binding with the UID
-        precondition and the annotations; confirmation arrives through the pod watch, so
-        this returns False."""
+        """Create the binding with the UID precondition and the signed annotations, then
+        queue the placement for the node's record (written in the background);
+        confirmation arrives through the pod watch, so this returns False."""
         if not pod.uid:
             # without a UID the API server cannot tell a recreated pod from this one
             raise ValueError(f"bind of {pod.key} needs the pod UID")
         if placement is None:
             raise ValueError(f"bind of {pod.key} needs the placement to record")
-        state = self._state
-        try:  # before the Binding: a pod is never bound without its record
-            self.records.write(node, pod.uid, encode_entry(placement),
-                               lambda uid: uid == pod.uid or state is None
-                               or state.is_known(uid))
+        entry = encode_entry(placement)
+        try:
+            check_entry(entry)  # a record could never hold it: refuse before binding
         except RecordError as exc:
             raise SourceError(str(exc)) from None
-        except Exception as exc:  # nothing was bound: the scheduler retries
-            raise SourceError(f"placement record of {node} not written ({exc!r})") from None
         if self._signer is not None:
             annotations = self._signer.sign(pod.uid, node, annotations)
         body = {"apiVersion": "v1", "kind": "Binding",
@@ -385,18 +403,28 @@ class KubeSource:
                     self._poster.post(f"/api/v1/namespaces/{quote(pod.namespace, safe='')}/"
                                       f"pods/{quote(pod.name, safe='')}/binding",
                                       json.dumps(body).encode())
-                return False
-            # _preload_content=False: the answer is a Status nobody reads (and the client
-            # cannot deserialise it as a Binding, kubernetes-client/python#825).
-            _drain(self.api.create_namespaced_pod_binding(pod.name, pod.namespace, body,
-                                                          _preload_content=False))
+            else:
+                # _preload_content=False: the answer is a Status nobody reads (and the client
+                # cannot deserialise it as a Binding, kubernetes-client/python#825).
+                _drain(self.api.create_namespaced_pod_binding(pod.name, pod.namespace, body,
+                                                              _preload_content=False))
         except ApiException as exc:
             if exc.status is not None and 400 <= exc.status < 500:
                 raise SourceError(api_error(exc)) from None  # refused: nothing was applied
+            self._record_later(node, pod.uid, entry)  # it may have been applied
             raise BindOutcomeUnknown(api_error(exc)) from None
         except Exception as exc:  # timeouts, lost connections: it may have been applied
+            self._record_later(node, pod.uid, entry)
             raise BindOutcomeUnknown(f"no answer from the API server ({exc!r})") from None
+        self._record_later(node, pod.uid, entry)
         return False
+
+    def _record_later(self, node: str, uid: str, entry: str) -> None:
+        """Queue ``uid``'s entry for ``node``'s record (an entry of a pod that turns out
+        not bound is harmless: a later write drops it once it is old)."""
+        state = self._state
+        self.record_writer.submit(node, uid, entry, lambda other: other == uid or state is None
+                                  or state.is_known(other))
 
     def record_event(self, pod: PodRef, reason: str, message: str, warning: bool) -> None:
         """Queue an Event on the pod (dropped, with a log line, when the queue is full)."""

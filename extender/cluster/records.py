@@ -2,8 +2,9 @@
 
 A pod owner can edit every annotation of their pod, so a ledger rebuilt from pod
 annotations (restart, relist after a 410) would take their word for which GPUs
-the pod holds. Bind therefore writes each decision, before the Binding, into one
-ConfigMap per node in the extender's own namespace, which only the extender's
+the pod holds. Bind therefore writes each decision, right after the Binding and off
+the scheduler's path (``extender.cluster.record_writer`` says why that order loses
+nothing), into one ConfigMap per node in the extender's own namespace, which only the extender's
 service account may write (``manifests/``, ``charts/``): ``tandem-placements-<node>``,
 labelled ``tandem.io/placement-record: "true"``, ``data[<pod uid>]`` one JSON entry
 (:func:`encode_entry`). A rebuild takes a bound pod's placement from the entry for
@@ -16,7 +17,8 @@ most the pods bound to its node plus those that ended since shortly before its
 last bind.
 
 kube-scheduler binds concurrently, and on a small cluster several binds of a burst
-land on one node: they share its record's writes (:meth:`PlacementRecords.write`),
+land on one node: they share its record's writes (:meth:`PlacementRecords.write_batch`
+from the background writer; :meth:`PlacementRecords.write` for a caller that waits),
 where a lock per node held across each write made them queue behind each other.
 """
 
@@ -49,6 +51,13 @@ _VERSION = 1
 
 class RecordError(Exception):
     """The record could not be written (the bind is refused: nothing was applied)."""
+
+
+def check_entry(entry: str) -> None:
+    """RecordError when ``entry`` is too large for a record (bind checks before binding)."""
+    if len(entry) > MAX_ENTRY_BYTES:
+        raise RecordError(f"placement record entry of {len(entry)} bytes "
+                          f"(limit {MAX_ENTRY_BYTES})")
 
 
 def record_name(node: str) -> str:
@@ -216,9 +225,7 @@ class PlacementRecords:
         burst of binds on one node waits for at most two PUTs instead of queueing for one
         each. A bind returns only once a PUT holding its entry succeeded, and every bind of
         a batch whose PUT failed is refused."""
-        if len(entry) > MAX_ENTRY_BYTES:
-            raise RecordError(f"placement record entry of {len(entry)} bytes "
-                              f"(limit {MAX_ENTRY_BYTES})")
+        check_entry(entry)
         queue = self._queue(node)
         with queue.cond:
             batch = queue.gathering
@@ -244,6 +251,16 @@ class PlacementRecords:
             raise RecordError(str(batch.error) if isinstance(batch.error, RecordError)
                               else f"placement record of {node} not written "
                                    f"({batch.error!r})")
+
+    def write_batch(self, node: str, entries: Mapping[str, str],
+                    keeps: list[Callable[[str], bool]]) -> None:
+        """Add ``entries`` (uid -> entry) to ``node``'s record in one write (the background
+        writer's: it keeps one write per node in flight itself); RecordError, or the
+        API's error, when it cannot."""
+        batch = _Batch()
+        batch.entries.update(entries)
+        batch.keeps.extend(keeps)
+        self._commit(node, batch)
 
     def _queue(self, node: str) -> _NodeQueue:
         with self._lock:

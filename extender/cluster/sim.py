@@ -8,6 +8,12 @@ placement annotations, as the extender would have written them.
 The source keeps an in-memory pod registry that plays the API server: ``bind``
 writes annotations and ``spec.nodeName`` into it, and a fresh ``ClusterState``
 started from the same source rebuilds itself from those annotations.
+
+Bind reads the pod it binds from this registry, never from a /filter body, so a
+scheduler outside the process (a scheduler simulator, a load test) can bind only
+pods declared here: the file's ``pending:`` pods, or pods registered with
+``POST /v1/sim/pods`` (:data:`SIM_PODS_PATH`, loopback clients only,
+``extender.transport.routes``). A bind of any other pod answers how to declare it.
 """
 
 from __future__ import annotations
@@ -19,18 +25,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from contracts.annotations import GPU_UUID, WORKLOAD, BindOutputs, encode_outputs
+from contracts.annotations import GPU_RESOURCE, GPU_UUID, WORKLOAD, BindOutputs, encode_outputs
 from contracts.clusterfile import (
     ClusterFile,
+    PendingPod,
     SimPod,
     load_cluster_file,
     parse_cluster_file,
 )
 from extender.cluster.source import placement_from_pod
-from extender.core import GpuSpec, NodeSpec, PodRef, pod_ref
+from extender.core import DemandError, GpuSpec, NodeSpec, PodRef, pod_ref
+from extender.errors import BindConflict
 
 DEFAULT_CLUSTER = Path(__file__).parents[1] / "demo_cluster.yaml"
+SIM_PODS_PATH = "/v1/sim/pods"
+"""Where a loopback client registers a pending pod with a ``sim:`` extender."""
 
+
+class SimPodError(ValueError):
+    """A pod that cannot be registered; ``conflict``: one of that name is already bound."""
+
+    def __init__(self, message: str, conflict: bool = False):
+        self.conflict = conflict
+        super().__init__(message)
 
 
 @dataclass(frozen=True)
@@ -70,6 +87,17 @@ def pod_object(pod: SimPod, cluster: ClusterFile | None = None) -> dict[str, Any
     }
 
 
+def pending_pod_object(pod: PendingPod) -> dict[str, Any]:
+    """A pending pod object asking for the file's ``gpus`` of ``tandem.io/gpu``."""
+    return {
+        "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid,
+                     "annotations": dict(pod.annotations)},
+        "spec": {"containers": [{"name": "main", "resources": {
+            "limits": {GPU_RESOURCE: str(pod.gpus)}}}]},
+        "status": {"phase": "Pending"},
+    }
+
+
 def parse_cluster(raw: Any) -> tuple[list[NodeSpec], list[dict[str, Any]]]:
     """Nodes and bound pod objects from a decoded sim file; raises ClusterFileError."""
     cluster = parse_cluster_file(raw)
@@ -100,7 +128,8 @@ class SimSource:
     @classmethod
     def from_cluster(cls, cluster: ClusterFile) -> SimSource:
         """A source holding a parsed cluster file's nodes and bound pods."""
-        return cls(node_specs(cluster), [pod_object(p, cluster) for p in cluster.pods])
+        return cls(node_specs(cluster), [*(pod_object(p, cluster) for p in cluster.pods),
+                                         *(pending_pod_object(p) for p in cluster.pending)])
 
     def create_pod(self, pod: Mapping[str, Any]) -> PodRef:
         """Register a pod (deep-copied), as a user's ``kubectl apply`` would."""
@@ -108,6 +137,32 @@ class SimSource:
         with self._lock:
             self._pods[(ref.namespace, ref.name)] = copy.deepcopy(dict(pod))
         return ref
+
+    def register_pod(self, pod: Any) -> PodRef:
+        """Register a pending pod sent by a client (``POST /v1/sim/pods``): a Pod object
+        with ``metadata.name`` (``namespace`` default, ``uid`` made up when absent) and no
+        ``spec.nodeName``. A pending pod of that name is replaced; SimPodError otherwise."""
+        if not isinstance(pod, Mapping):
+            raise SimPodError("the body must be a Pod object")
+        try:
+            ref = pod_ref(pod)
+        except DemandError as exc:
+            raise SimPodError(str(exc)) from None
+        spec = pod.get("spec", {})
+        if not isinstance(spec, Mapping) or spec.get("nodeName"):
+            raise SimPodError("register pods waiting for a node (no spec.nodeName); bound "
+                              "pods belong in the cluster file's pods:")
+        obj = copy.deepcopy(dict(pod))
+        meta = obj["metadata"] = dict(obj["metadata"])
+        meta["namespace"] = ref.namespace
+        meta["uid"] = ref.uid or f"uid-{ref.namespace}-{ref.name}"
+        obj["status"] = {"phase": "Pending"}
+        with self._lock:
+            held = self._pods.get((ref.namespace, ref.name))
+            if held is not None and (held.get("spec") or {}).get("nodeName"):
+                raise SimPodError(f"pod {ref.key} is already bound", conflict=True)
+            self._pods[(ref.namespace, ref.name)] = obj
+        return PodRef(ref.namespace, ref.name, meta["uid"])
 
     def pods(self) -> list[dict[str, Any]]:
         """Copies of every registered pod."""
@@ -138,8 +193,15 @@ class SimSource:
             return copy.deepcopy(pod) if pod is not None else None
 
     def current_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        """The registered pod (the registry plays the API server), or None."""
-        return self.read_pod(namespace, name)
+        """The registered pod (the registry plays the API server); BindConflict saying how
+        to declare one that is not there."""
+        pod = self.read_pod(namespace, name)
+        if pod is None:
+            raise BindConflict(
+                f"pod {namespace}/{name} is not in the simulated cluster: declare it under "
+                f"pending: in the cluster file, or POST it to {SIM_PODS_PATH} from this "
+                "machine before the scheduler binds it", None)
+        return pod
 
     def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str],
              placement: Any = None) -> bool:

@@ -23,8 +23,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from contracts.agentreport import REPORT_PATH
 from contracts.httpserve import BadContentLength, read_body
 from contracts.httpserve import BodyTooLarge as TooLarge
+from contracts.listen import is_loopback
 from contracts.logs import get_logger
 from contracts.state import NODE_QUERY, STATE_PATH, encode_state
+from extender.cluster.sim import SIM_PODS_PATH, SimPodError
 from extender.config.loader import ConfigHolder
 from extender.errors import BadRequest, ExtenderError
 from extender.ops.metrics import Metrics
@@ -184,6 +186,10 @@ def build_routes(ext: Extender, metrics: Metrics, config: ConfigHolder,
                          methods=["POST"])
     app.add_url_rule(REPORT_PATH, "report", verbs.agent_report, methods=["POST"])
 
+    if hasattr(ext.source, "register_pod"):  # a sim: cluster only
+        app.add_url_rule(SIM_PODS_PATH, "sim-pods", lambda: _register_sim_pod(ext, verbs),
+                         methods=["POST"])
+
     @app.get(STATE_PATH)
     def get_state() -> Response:
         doc = ext.agents.read_state(request.headers.get("Authorization"),
@@ -218,6 +224,23 @@ def build_routes(ext: Extender, metrics: Metrics, config: ConfigHolder,
                         status=405, mimetype=JSON)
 
     return app
+
+
+def _register_sim_pod(ext: Extender, verbs: Verbs) -> Response:
+    """Register a pending pod with the simulated cluster, for a client on this machine."""
+    def answer(status: int, doc: Any) -> Response:
+        return Response(dumps(doc), status=status, mimetype=JSON)
+
+    if not is_loopback(str(request.remote_addr or "")):
+        return answer(403, {"Error": f"{SIM_PODS_PATH} answers clients on this machine only"})
+    try:
+        ref = ext.source.register_pod(loads(verbs.read_body()))
+    except ExtenderError as exc:  # not JSON (400), too large (413)
+        return answer(exc.http_status, {"Error": str(exc)})
+    except SimPodError as exc:
+        return answer(409 if exc.conflict else 400, {"Error": str(exc)})
+    verbs.log.info("sim pod registered", extra={"pod": ref.key, "uid": ref.uid})
+    return answer(201, {"pod": ref.key, "uid": ref.uid})
 
 
 def _wsgi_body(environ: Mapping[str, Any], limit: int) -> bytes:

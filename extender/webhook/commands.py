@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
 import typer
@@ -19,6 +18,7 @@ def webhook(
     """Serve the mutating admission webhook (POST /mutate) until SIGTERM."""
     import yaml
 
+    from contracts.httpserve import stop_on_signals
     from contracts.listen import is_loopback
     from contracts.logs import setup_logging
     from extender.webhook.mutate import WebhookConfigError, parse_settings
@@ -40,6 +40,8 @@ def webhook(
     server = make_server(settings, host, port, str(tls_cert_file) if tls_cert_file else None,
                          str(tls_key_file) if tls_key_file else None)
     server.prepare()
-    signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    stopped = stop_on_signals(server)
     log.info("webhook serving", extra={"path": f"{host}:{port}"})
     server.serve()
+    stopped.wait(10)  # serve() returns as stop() begins: let in-flight reviews finish
+    log.info("webhook stopped")
