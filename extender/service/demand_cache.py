@@ -13,6 +13,7 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any, Protocol
 
 from extender.cluster.source import tandem_annotations
@@ -142,6 +143,11 @@ class DemandCache:
 
     def _knowledge(self, gpus: int, namespace: str) -> UtilKnowledge:
         cfg = self.config.current().learning
-        if self.learner is not None:
-            return self.learner.knowledge(cfg, gpus, namespace)
-        return UtilKnowledge(None, cfg.min_observations, cfg.cold_start_util_percent)
+        known = self.learner.knowledge(cfg, gpus, namespace) if self.learner is not None \
+            else UtilKnowledge(None, cfg.min_observations, cfg.cold_start_util_percent)
+        return replace(known, whole_gpu_mib=self._whole_gpu_mib)
+
+    def _whole_gpu_mib(self, gpu_type: str) -> float | None:
+        """The smallest memory of ``gpu_type``'s GPUs (asked only for pods stating none)."""
+        return min((gpu.memory_mib for _, gpu, _, _ in self.state.gpu_rows()
+                    if gpu.gpu_type == gpu_type), default=None)
