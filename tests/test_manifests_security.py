@@ -122,7 +122,7 @@ def test_agent_daemonset_reads_nvml_without_privilege() -> None:
     assert spec["automountServiceAccountToken"] is False
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     keys = {e["key"] for t in terms["nodeSelectorTerms"] for e in t["matchExpressions"]}
-    assert {"nvidia.com/gpu.present", "nvidia.com/gpu.count"} <= keys
+    assert keys == {"tandem.io/gpu-node"}  # opted-in nodes only (test_install_node_opt_in)
     token_flag = next(a for a in agent["args"] if a.startswith("--token-file="))
     token_dir = token_flag.split("=", 1)[1].rsplit("/", 1)[0]
     mount = next(m for m in agent["volumeMounts"] if m["mountPath"] == token_dir)

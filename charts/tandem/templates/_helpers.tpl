@@ -162,15 +162,13 @@ tolerations:
 
 {{/* GPU nodes: the GPU Operator's, GPU Feature Discovery's, or labelled by hand. */}}
 {{- define "tandem.gpuNodeAffinity" -}}
+{{- /* Only nodes the admin opted in (nodeOptIn): never every GPU node, where NVIDIA's
+device plugin may already hand the same GPUs out. */ -}}
 nodeAffinity:
   requiredDuringSchedulingIgnoredDuringExecution:
     nodeSelectorTerms:
       - matchExpressions:
-          - {key: nvidia.com/gpu.present, operator: In, values: ["true"]}
-      - matchExpressions:
-          - {key: nvidia.com/gpu.count, operator: Exists}
-      - matchExpressions:
-          - {key: tandem.io/gpu-node, operator: In, values: ["true"]}
+          - {key: {{ .Values.nodeOptIn.label | quote }}, operator: In, values: [{{ .Values.nodeOptIn.value | quote }}]}
 {{- end }}
 
 {{- define "tandem.gpuTolerations" -}}
