@@ -77,6 +77,7 @@ EXTENDER_RULES = {
     ("", "pods/eviction"): {"create"},
     ("", "pods/status"): {"patch"},
     ("policy", "poddisruptionbudgets"): {"list"},
+    ("authentication.k8s.io", "tokenreviews"): {"create"},  # reports.identity: service-account
 }
 
 
@@ -127,7 +128,8 @@ def test_agent_daemonset_reads_nvml_without_privilege() -> None:
     token_dir = token_flag.split("=", 1)[1].rsplit("/", 1)[0]
     mount = next(m for m in agent["volumeMounts"] if m["mountPath"] == token_dir)
     volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
-    assert volume["secret"]["secretName"] == "tandem-agent-token"
+    # its own pod's token (test_install_agent_identity), not the shared Secret
+    assert volume["projected"]["sources"][0]["serviceAccountToken"]["audience"] == "tandem"
 
 
 @pytest.mark.parametrize(("name", "spec"), [w for w in WORKLOADS if w[0].startswith("examples")],

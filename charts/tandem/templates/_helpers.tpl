@@ -171,6 +171,14 @@ nodeAffinity:
           - {key: {{ .Values.nodeOptIn.label | quote }}, operator: In, values: [{{ .Values.nodeOptIn.value | quote }}]}
 {{- end }}
 
+{{- define "tandem.perNodeIdentity" -}}
+{{- $identity := toString (dig "reports" "identity" "shared-token" .Values.config) -}}
+{{- if not (has $identity (list "service-account" "shared-token")) -}}
+{{- fail (printf "config.reports.identity must be service-account or shared-token, not %q" $identity) -}}
+{{- end -}}
+{{- eq $identity "service-account" -}}
+{{- end }}
+
 {{- define "tandem.gpuTolerations" -}}
 - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}
 - {key: tandem.io/gpu, operator: Exists, effect: NoSchedule}
