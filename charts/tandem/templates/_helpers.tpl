@@ -105,6 +105,21 @@ capabilities:
   drop: [ALL]
 {{- end }}
 
+{{- define "tandem.mpsSecurityContext" -}}
+{{- /* root in the container for the MPS layout, with only the capabilities listed */ -}}
+runAsUser: 0
+runAsGroup: 0
+runAsNonRoot: false
+allowPrivilegeEscalation: false
+privileged: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+  {{- with . }}
+  add: [{{ join ", " . }}]
+  {{- end }}
+{{- end }}
+
 {{- define "tandem.podEnv" -}}
 - name: POD_NAME
   valueFrom:
