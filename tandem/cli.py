@@ -68,3 +68,7 @@ app.command("import-interference")(import_interference_command)
 def main() -> None:
     """Console-script entry point."""
     app()
+
+
+if __name__ == "__main__":
+    main()
