@@ -61,7 +61,8 @@ def load_config(path: str | Path | None, environ: Mapping[str, str] | None = Non
     """Load ``path`` (or the packaged default), apply env overrides, validate."""
     file = Path(path) if path is not None else DEFAULT_CONFIG
     try:
-        raw = yaml.safe_load(file.read_text())
+        with file.open(encoding="utf-8") as stream:  # YAML errors then name the file
+            raw = yaml.safe_load(stream)
     except OSError as exc:
         raise ConfigError([f"{file}: cannot read: {exc.strerror}"]) from None
     except yaml.YAMLError as exc:
