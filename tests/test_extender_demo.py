@@ -124,7 +124,8 @@ def test_a_session_no_gpu_type_can_serve_is_refused_for_its_slo(result):
     ("5 node(s): bad pod request: tandem.io/gpu-util='lots': must be a number in (0, 100]",
      "bad pod request: tandem.io/gpu-util='lots': must be a number in (0, 100]"),
     ("tandem: cluster state not synced yet", "tandem: cluster state not synced yet"),
-], ids=["counts-dropped", "first-of-several", "most-gpus-of-several", "bad-request-kept-whole", "plain-error"])
+], ids=["counts-dropped", "first-of-several", "most-gpus-of-several", "bad-request-kept-whole",
+        "plain-error"])
 def test_short_reason(reason, short):
     assert short_reason(reason) == short
 
