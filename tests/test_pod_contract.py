@@ -6,6 +6,7 @@ cold-start rule; messages name a missing field, never Python's ``None``."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -105,3 +106,22 @@ def test_a_bad_pod_is_refused_with_a_message_without_none() -> None:
 
 def test_workload_defaults_to_training() -> None:
     assert parse_inputs({}).workload == "training"
+
+
+def _doc_pod(path: str, after: str) -> dict[str, Any]:
+    """The first YAML block after ``after`` in a doc, as the pod it shows."""
+    import yaml
+
+    text = (Path(__file__).resolve().parents[1] / path).read_text()
+    block = text[text.index(after):].split("```yaml\n", 1)[1].split("```", 1)[0]
+    return yaml.safe_load(block)
+
+
+def test_the_pod_deploy_md_shows_is_placed() -> None:
+    pod = _doc_pod("docs/deploy.md", "A pod that tandem places needs only")
+    pod["metadata"].update(namespace="default", uid="uid-doc")
+    app, _, cluster, _ = make_app([node("n1", 1)])
+    cluster.create_pod(pod)
+    assert place(app.test_client(), pod, ["n1"])["NodeNames"] == ["n1"]
+    written = cluster.read_pod("default", "train")["metadata"]["annotations"]
+    assert written["tandem.io/prediction-source"] == "cold-start+mem:asserted"
