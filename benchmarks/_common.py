@@ -98,14 +98,31 @@ def _package_version(name: str) -> str:
 
 
 def _relative(path: str) -> str:
+    """``path`` relative to the repository; an absolute path elsewhere keeps only what
+    does not name the machine (``.venv/bin/python`` of another checkout's venv, else
+    ``.../<name>``): committed results carry no machine's directories."""
     # Absolute, not resolved: the venv's python is a symlink whose name is the point.
     absolute = Path(path).absolute()
-    return str(absolute.relative_to(ROOT)) if absolute.is_relative_to(ROOT) else path
+    if absolute.is_relative_to(ROOT):
+        return str(absolute.relative_to(ROOT))
+    if not Path(path).is_absolute():
+        return path
+    parts = absolute.parts
+    if ".venv" in parts:
+        return str(Path(*parts[parts.index(".venv"):]))
+    return f".../{absolute.name}"
 
 
 def command() -> str:
     """The command line that ran this benchmark, with paths relative to the repository."""
-    return " ".join([_relative(sys.executable), _relative(sys.argv[0]), *sys.argv[1:]])
+    return " ".join([_relative(sys.executable), _relative(sys.argv[0]),
+                     *(_relative(a) if a.startswith("/") else a for a in sys.argv[1:])])
+
+
+def scrubbed(text: str) -> str:
+    """``text`` with the repository's absolute path (and the home directory) taken out."""
+    return text.replace(f"{ROOT}/", "").replace(str(ROOT), ".").replace(
+        f"{Path.home()}/", "~/")
 
 
 def context(packages: Sequence[str]) -> dict[str, Any]:
@@ -143,7 +160,7 @@ def add_out_option(parser: argparse.ArgumentParser, name: str | None) -> None:
 
 def write_result(result: dict[str, Any], out: Path) -> None:
     """Print the result as one JSON object and write the same text to ``out``."""
-    text = json.dumps(result, indent=2)
+    text = scrubbed(json.dumps(result, indent=2))
     print(text)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text + "\n", encoding="utf-8")

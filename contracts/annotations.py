@@ -84,7 +84,9 @@ class AnnotationError(ValueError):
         self.field = field_name
         self.value = value
         self.problem = problem
-        super().__init__(f"{field_name}={value!r}: {problem}")
+        # A field that is missing is named, not shown as Python's ``None``.
+        shown = field_name if value is None else f"{field_name}={value!r}"
+        super().__init__(f"{shown}: {problem}")
 
 
 @dataclass(frozen=True)
@@ -238,7 +240,8 @@ def parse_inputs(ann: Mapping[str, object]) -> PodInputs:
     )
     if inputs.workload == INFERENCE:
         if inputs.model is None:
-            raise AnnotationError(MODEL, None, "required for inference pods")
+            raise AnnotationError(MODEL, None, "required for inference pods (the model "
+                                  "the inference server loads)")
         if (inputs.slo_ms is None) != (inputs.rate_rps is None):
             missing = SLO_MS if inputs.slo_ms is None else RATE_RPS
             raise AnnotationError(missing, None,
@@ -246,9 +249,8 @@ def parse_inputs(ann: Mapping[str, object]) -> PodInputs:
                                   "tandem.io/rate-rps (give neither for best effort)")
         if inputs.best_effort:  # only quanta read a priority; elsewhere it is ignored
             inputs = replace(inputs, priority=integer(PRIORITY, PRIORITY_RANGE))
-    elif inputs.model is None and (inputs.util_percent is None or inputs.mem_mib is None):
-        raise AnnotationError(MODEL, None, "give tandem.io/model, or both tandem.io/gpu-util "
-                              "and tandem.io/gpu-mem-mib")
+    # A training pod may give nothing but its GPU count: what it does not state is
+    # resolved by the cold-start rule (extender.core.demand), as nvidia.com/gpu users expect.
     return inputs
 
 

@@ -144,7 +144,8 @@ def uniform_gpus(node: str, product: str, memory_mib: int, count: int) -> dict[s
 def load_cluster_file(path: str | Path) -> ClusterFile:
     """Read and validate a cluster file; ``ClusterFileError`` also when unreadable."""
     try:
-        raw = yaml.safe_load(Path(path).read_text())
+        with Path(path).open(encoding="utf-8") as stream:  # YAML errors name the file
+            raw = yaml.safe_load(stream)
     except OSError as exc:
         raise ClusterFileError([f"cannot read: {exc.strerror or exc}"], str(path)) from None
     except yaml.YAMLError as exc:

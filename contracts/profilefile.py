@@ -209,7 +209,9 @@ def load_yaml(text: str, where: str) -> Any:
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as exc:
-        raise ProfileFileError(where, [str(exc).replace("\n", " ")]) from None
+        # the parser saw a string: its marks say "<unicode string>" where the file is meant
+        text = str(exc).replace('"<unicode string>"', f'"{where}"')
+        raise ProfileFileError(where, [text.replace("\n", " ")]) from None
 
 
 def read_profile_file(path: Path | str) -> list[ProfileEntry]:

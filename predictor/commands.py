@@ -37,12 +37,14 @@ def _fail(message: str, as_json: bool, reason: str = "error", code: int = 2) -> 
 def _guarded(as_json: bool, body: Callable[[], Any], looked_in: Path | None = None) -> Any:
     """Run ``body`` turning the predictor's typed errors into clean exits."""
     from predictor.dataset import DatasetError, MissingProvenance, SimulatedData
-    from predictor.errors import ModelRejected, ModelUnavailable, NoTrainedModel
+    from predictor.errors import ModelNotFound, ModelRejected, ModelUnavailable, NoTrainedModel
 
     try:
         return body()
     except ModelRejected as exc:
         _fail(str(exc), as_json, exc.reason.value, 2)
+    except ModelNotFound as exc:  # a path that names no file: the input (2, as elsewhere)
+        _fail(str(exc), as_json, "no_such_model", 2)
     except MissingProvenance as exc:
         _fail(f"training data without provenance: {exc}", as_json, "missing_provenance", 2)
     except SimulatedData as exc:
@@ -298,7 +300,22 @@ def fit_curves_command(
             "cost_curves": {g: f.curve.to_config() for g, f in fits.items()},
         }
 
-    _echo_guarded(as_json, body)
+    result = _guarded(as_json, body)
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    typer.echo(f"wrote {result['curves']}" + (" (fitted on SIMULATED data)"
+                                             if result["simulated"] else ""))
+    for gpu, r2 in sorted(result["r2"].items()):
+        typer.echo(f"  {gpu}: R^2 {_r2(r2['below'])} up to 100% utilisation, "
+                   f"{_r2(r2['above'])} above")
+    if result["plot"]:
+        typer.echo(f"plot: {result['plot']}")
+    typer.echo("use it: cost.curves_file in the extender's config (docs/training.md)")
+
+
+def _r2(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 @app.command("export-zoo")

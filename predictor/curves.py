@@ -291,7 +291,8 @@ def load_curves(path: Path) -> CurvesFile:
     """Read and validate a curves file; CurveFileError lists every problem with its path."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        with path.open(encoding="utf-8") as stream:  # YAML errors then name the file
+            raw = yaml.safe_load(stream)
     except OSError as exc:
         raise CurveFileError([f"{path}: cannot read: {exc.strerror}"]) from None
     except yaml.YAMLError as exc:

@@ -52,6 +52,10 @@ class ModelUnavailable(PredictorError):
     """The model reference could not be read right now (missing file, network error)."""
 
 
+class ModelNotFound(ModelUnavailable):
+    """No model file at the reference (a mistake in the input, not a failure to read)."""
+
+
 class NoTrainedModel(PredictorError):
     """No trained artifact covers this request (``what`` names the missing piece)."""
 

@@ -65,15 +65,18 @@ def plot_curves(
             and r.get("status") == "ok"
             and r.get("slowdown") is not None
         ]
-        ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=8, alpha=0.5)
-        xs = [x / 2 for x in range(0, int(2 * max(300, curve.domain_percent[1])) + 1)]
+        dots = ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=8, alpha=0.5)
+        # The curve is drawn only where it was fitted: beyond the data it is a guess.
+        xs = [x / 2 for x in range(0, int(2 * curve.domain_percent[1]) + 1)]
         ax.plot(
             xs,
             [curve.slowdown(x) for x in xs],  # CurveFit: the curve is a cost
             label=f"{gpu} (R2 {curve.r2_below:.2f}/{curve.r2_above:.2f})",
+            color=dots.get_facecolor()[0],
         )
     ax.axvline(100, color="grey", linestyle=":")
-    ax.set(xlabel="cumulative isolated GPU utilisation (%)", ylabel="JCT slowdown (x)")
+    ax.set(xlabel="cumulative isolated GPU utilisation (%)", ylabel="JCT slowdown (x)",
+           title="Interference curves fitted per GPU type (measured pairs as dots)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

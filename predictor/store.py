@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from predictor.errors import ModelRejected, ModelUnavailable, RejectReason
+from predictor.errors import ModelNotFound, ModelRejected, ModelUnavailable, RejectReason
 
 OUTSIDE_STORE = "resolves outside the model store"
 """The one refusal text for a reference outside the store, whatever lies there."""
@@ -168,7 +168,7 @@ class ModelStore:
             if not target.is_relative_to(base):
                 raise outside  # a symlink in the store that points out of it
         if not target.is_file():
-            raise ModelUnavailable(f"{ref}: no such model file")
+            raise ModelNotFound(f"{ref}: no such model file")
         return target
 
     def _cache_dir(self) -> Path:

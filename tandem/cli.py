@@ -27,6 +27,7 @@ app = typer.Typer(
     help="GPU co-location for Kubernetes: predict, place, and share GPUs under SLOs.",
     no_args_is_help=True,
     add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},  # every subcommand too
     pretty_exceptions_enable=False,
     # click's plain help: flags without a value hint (no "--json <bool>"), text
     # wrapped at the terminal's width instead of option names and help cut short.
@@ -68,3 +69,7 @@ app.command("import-interference")(import_interference_command)
 def main() -> None:
     """Console-script entry point."""
     app()
+
+
+if __name__ == "__main__":
+    main()

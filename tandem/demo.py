@@ -119,8 +119,9 @@ def _run_demo(seed: int, store: Path) -> dict[str, Any]:
     # graph and the cold-start utilisation, as in a freshly installed cluster.
     write_demo_model(store / DEMO_MODEL)
     predictor = Predictor.from_dirs(None, store)
+    profiles, planner = load_profiles([str(PROFILES)]), default_planner()
     app = create_app(ConfigHolder(cfg), sim, predictor=predictor,
-                     profiles=load_profiles([str(PROFILES)]), planner=default_planner(),
+                     profiles=profiles, planner=planner,
                      environ={cfg.reports.token_env: token})
     server = start_background(app, cfg.server, port=0)
     server_start = time.perf_counter() - started
@@ -141,6 +142,10 @@ def _run_demo(seed: int, store: Path) -> dict[str, Any]:
     finally:
         server.stop()
     summary = summarise(placements, state)
+    if planner is not None:
+        for row, pod in zip(placements, _pods(), strict=True):
+            if row["outcome"] == "rejected" and row["kind"] == "slo":
+                row["cause"] = slo_cause(pod, planner, profiles, summary["gpus"])
     summary["seed"] = seed
     summary["timings"] = {"server_start_seconds": round(server_start, 3),
                           "cycle_ms_mean": round(sum(cycles_ms) / max(len(cycles_ms), 1), 2),
@@ -194,6 +199,36 @@ def schedule_one(http: Any, pod: dict[str, Any], names: list[str], sim: Any) -> 
             "batch": out.get(keys.BATCH),
             "duty_cycle_ms": out.get(keys.DUTY_CYCLE_MS), "candidates": len(passed),
             "source": out.get(keys.PREDICTION_SOURCE)}
+
+
+def slo_cause(pod: dict[str, Any], planner: Any, profiles: Any,
+              gpus: list[dict[str, Any]]) -> str | None:
+    """Why a refused SLO session can never run here: the planner's verdict for it alone
+    on an idle GPU of each type (None when some type could take it; then what holds it
+    back is the GPUs' occupancy, which the extender's reasons say). The extender checks
+    the GPUs in order and reports the first rule a busy GPU fails, which for a session
+    that no GPU type can serve is not the cause."""
+    from extender.core import ProfileIndex
+    from extender.core.session_rules import checked_plan
+    from extender.core.snapshot import SessionSpec
+    from planner.types import GpuPlan, Infeasible, InfeasibleReason
+
+    ann = pod["metadata"]["annotations"]
+    session = SessionSpec(pod["metadata"]["name"], ann[keys.MODEL], float(ann[keys.SLO_MS]),
+                          float(ann[keys.RATE_RPS]))
+    memory: dict[str, float] = {}
+    for g in gpus:
+        memory[g["product"]] = min(memory.get(g["product"], g["memory_mib"]), g["memory_mib"])
+    verdicts = {product: checked_plan(planner, (session,), ProfileIndex(profiles),
+                                      product, mib) for product, mib in sorted(memory.items())}
+    if any(isinstance(v, GpuPlan) for v in verdicts.values()):
+        return None
+    why = "; ".join(f"{product.removeprefix('NVIDIA-')}: " + (
+        "no profile" if v.reason is InfeasibleReason.NO_PROFILE
+        else v.message().removeprefix(f"session {session.name}: "))
+        for product, v in verdicts.items() if isinstance(v, Infeasible))
+    return (f"SLO unreachable: {session.model} cannot meet {session.slo_ms:g} ms at "
+            f"{session.rate_rps:g} rps on any GPU type here, even alone ({why})")
 
 
 def _main_reason(failed: dict[str, str], unresolvable: dict[str, str]) -> str:

@@ -160,7 +160,7 @@ def test_placement_values_reach_each_component() -> None:
         "gpu-critical", "nvidia-cdi")
     assert [t["key"] for t in agent["tolerations"]] == [
         "nvidia.com/gpu", "tandem.io/gpu", "dedicated"]  # added to the defaults
-    assert "nvidia.com/gpu.present" in json.dumps(agent["affinity"])  # default kept
+    assert "tandem.io/gpu-node" in json.dumps(agent["affinity"])  # default kept
     plugin = pod_spec(objects, "DaemonSet/tandem-device-plugin")
     assert "runtimeClassName" not in plugin  # empty: the node's default runtime
     assert json.dumps(plugin["affinity"]).count("matchExpressions") == 1  # replaced

@@ -58,13 +58,12 @@ def resolved(p, table, predict=None, profiles=None):
     ({"gpu_util": "150", "gpu_mem_mib": "10"}, "tandem.io/gpu-util"),
     ({"gpu_util": "nan", "gpu_mem_mib": "10"}, "tandem.io/gpu-util"),
     ({"gpu_util": "10", "gpu_mem_mib": "-5"}, "tandem.io/gpu-mem-mib"),
-    ({"gpu_util": "10"}, "tandem.io/model"),
     ({"workload": "batch", "gpu_util": "10", "gpu_mem_mib": "1"}, "tandem.io/workload"),
     ({"workload": "inference", "model": "m", "slo_ms": "10"}, "tandem.io/rate-rps"),
     ({"model": "m", "batch_size": "0"}, "tandem.io/batch-size"),
     ({"model": "m", "batch_size": "3.5"}, "tandem.io/batch-size"),
     ({"model": "", "gpu_util": "10"}, "tandem.io/model"),
-], ids=["util-text", "util-over-100", "util-nan", "mem-negative", "neither-model-nor-values",
+], ids=["util-text", "util-over-100", "util-nan", "mem-negative",
         "unknown-workload", "inference-no-rate", "batch-zero", "batch-fraction", "model-empty"])
 def test_bad_annotations_name_the_field(annotations, field):
     with pytest.raises(DemandError) as info:

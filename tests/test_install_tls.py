@@ -49,6 +49,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace
         "TANDEM__SERVER__TLS_KEY_FILE": str(tmp / "tls.key"),
         "TANDEM__REPORTS__TOKEN_FILE": str(token_file),
         "TANDEM__SERVER__HOST": "127.0.0.1",
+        # a simulated cluster has no API server to review per-node tokens with
+        "TANDEM__REPORTS__IDENTITY": "shared-token",
     }
     cfg = load_config(MANIFESTS / "base/config/tandem.yaml", environ=environ)
     nodes, pods = parse_cluster(CLUSTER)

@@ -65,7 +65,7 @@ def test_fitted_curves_file_gives_the_extender_the_measured_interference(
     # the same entries pasted into cost.curves load to the same curve, bit for bit
     pasted = yaml.safe_load(curves.read_text())["curves"]
     inline = build_config({"cost": {"curves": pasted}}).policy
-    assert inline.curves == policy.curves
+    assert inline.curves.items() <= policy.curves.items()  # beside the packaged curves
 
 
 def test_fit_with_an_offset_round_trips_exactly_through_the_config(tmp_path: Path) -> None:

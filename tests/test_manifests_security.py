@@ -77,6 +77,7 @@ EXTENDER_RULES = {
     ("", "pods/eviction"): {"create"},
     ("", "pods/status"): {"patch"},
     ("policy", "poddisruptionbudgets"): {"list"},
+    ("authentication.k8s.io", "tokenreviews"): {"create"},  # reports.identity: service-account
 }
 
 
@@ -122,12 +123,13 @@ def test_agent_daemonset_reads_nvml_without_privilege() -> None:
     assert spec["automountServiceAccountToken"] is False
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     keys = {e["key"] for t in terms["nodeSelectorTerms"] for e in t["matchExpressions"]}
-    assert {"nvidia.com/gpu.present", "nvidia.com/gpu.count"} <= keys
+    assert keys == {"tandem.io/gpu-node"}  # opted-in nodes only (test_install_node_opt_in)
     token_flag = next(a for a in agent["args"] if a.startswith("--token-file="))
     token_dir = token_flag.split("=", 1)[1].rsplit("/", 1)[0]
     mount = next(m for m in agent["volumeMounts"] if m["mountPath"] == token_dir)
     volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
-    assert volume["secret"]["secretName"] == "tandem-agent-token"
+    # its own pod's token (test_install_agent_identity), not the shared Secret
+    assert volume["projected"]["sources"][0]["serviceAccountToken"]["audience"] == "tandem"
 
 
 @pytest.mark.parametrize(("name", "spec"), [w for w in WORKLOADS if w[0].startswith("examples")],

@@ -71,7 +71,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace
         "TANDEM__SERVER__TLS_KEY_FILE": str(tmp / "tls.key"),
         "TANDEM__SERVER__TLS_CLIENT_CA_FILE": str(tmp / "ca.crt"),
         "TANDEM__REPORTS__TOKEN_FILE": str(tmp / "token"),
-        "TANDEM__SERVER__HOST": "127.0.0.1"})
+        "TANDEM__SERVER__HOST": "127.0.0.1",
+        "TANDEM__REPORTS__IDENTITY": "shared-token"})  # no API server to review tokens
     assert cfg.server.tls_client_ca_file and cfg.server.scheduler_client_names
     nodes, pods = parse_cluster(CLUSTER)
     app = scheduler_only(create_app(ConfigHolder(cfg), SimSource(nodes, pods), environ={}),

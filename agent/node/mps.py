@@ -10,6 +10,7 @@ limit (:mod:`agent.device_plugin.mps`). Each check asks every daemon
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -77,6 +78,10 @@ class MpsDaemons:
                           layout.log_dir(self.config.root, uuid),
                           layout.shm_dir(self.config.root)):
             directory.mkdir(parents=True, exist_ok=True)
+            # The daemon starts each server as its client's user: like /tmp, anyone
+            # may add entries, only their owner removes them.
+            with contextlib.suppress(OSError):
+                directory.chmod(0o1777)
         self._last_start[uuid] = self._clock()
         self.starts[uuid] = self.starts.get(uuid, 0) + 1
         ok = self._control(uuid, ["-d"])

@@ -5,6 +5,11 @@ overrides (values parsed as YAML scalars) -> validate everything and build froze
 dataclasses (:func:`extender.config.schema.build_config`) -> only then replace the
 live config (:class:`ConfigHolder`). A bad edit during hot reload keeps the old
 config and reports the problems.
+
+One rule for every key: what a file leaves out takes its packaged default
+(``default_config.yaml``). ``cost.curves`` is a map, so it is merged per GPU type: a
+file's own curves (and its ``cost.curves_file``'s) win for the types they name, and
+the packaged curves stay for every other type.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import replace
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +27,7 @@ import yaml
 from extender.config.schema import ConfigError, build_config
 from extender.config.sections import ExtenderConfig
 from extender.core import CostPolicy
+from predictor.curves import InterferenceCurve
 
 ENV_PREFIX = "TANDEM__"
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "default_config.yaml"
@@ -53,7 +61,8 @@ def load_config(path: str | Path | None, environ: Mapping[str, str] | None = Non
     """Load ``path`` (or the packaged default), apply env overrides, validate."""
     file = Path(path) if path is not None else DEFAULT_CONFIG
     try:
-        raw = yaml.safe_load(file.read_text())
+        with file.open(encoding="utf-8") as stream:  # YAML errors then name the file
+            raw = yaml.safe_load(stream)
     except OSError as exc:
         raise ConfigError([f"{file}: cannot read: {exc.strerror}"]) from None
     except yaml.YAMLError as exc:
@@ -61,7 +70,19 @@ def load_config(path: str | Path | None, environ: Mapping[str, str] | None = Non
     if raw is not None and not isinstance(raw, Mapping):
         raise ConfigError([f"{file}: top level must be a mapping"])
     raw = apply_env(raw or {}, os.environ if environ is None else environ)
-    return build_config(raw, str(file))
+    config = build_config(raw, str(file))
+    packaged = packaged_curves()
+    if all(t in config.policy.curves for t in packaged):
+        return config
+    return replace(config, policy=replace(
+        config.policy, curves={**packaged, **config.policy.curves}))
+
+
+@cache
+def packaged_curves() -> dict[str, InterferenceCurve]:
+    """The per-GPU-type curves of ``default_config.yaml``, the layer under every file's."""
+    raw = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    return dict(build_config({"cost": raw["cost"]}, str(DEFAULT_CONFIG)).policy.curves)
 
 
 class ConfigHolder:

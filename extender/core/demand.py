@@ -27,8 +27,9 @@ than it would alone, so the shared figure is a floor; it corrects a prediction
 that is too low even where the pod never runs alone);
 else the **cold-start rule**: the pod counts as using the whole GPU
 (``cold_start_util_percent``, default 100) until it has been observed
-(``cold-start``). Memory needs no trained model (Horus Eq. 2 from the ONNX
-graph), so a model the predictor can read is never a gap for want of training.
+(``cold-start``); a pod naming no model, by :mod:`extender.core.whole_gpu`. Memory
+needs no trained model (Horus Eq. 2 from the ONNX graph), so a model the predictor can
+read is never a gap for want of training.
 The source string is ``<utilisation source>+mem:<memory source>``, or just
 ``asserted`` when both numbers were asserted.
 
@@ -50,7 +51,7 @@ one, else 100% (a batch job takes all the slack it is given).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -63,7 +64,9 @@ from contracts.annotations import (
     parse_integer,
 )
 from contracts.pod import PodView
+from extender.core.profile_index import ProfileIndex, profile_keys  # noqa: F401 - re-exported
 from extender.core.snapshot import SessionSpec, Workload
+from extender.core.whole_gpu import COLD_START, modelless_numbers
 
 DemandError = AnnotationError  # the pod's request cannot be understood; ``field`` names it
 
@@ -115,9 +118,10 @@ class UtilKnowledge:
     """Per-process utilisation observed while sharing a GPU: a floor of the alone one."""
     prior_corrected: CorrectedFn | None = None
     """The prediction corrected by the bias learned where it was observed (or None)."""
+    whole_gpu_mib: Callable[[str], float | None] = lambda gpu_type: None
+    """A GPU type's memory (its smallest GPU), for pods stating neither model nor memory."""
 
 
-COLD_START = "cold-start"
 OBSERVED_SHARED = "observed-shared"
 PRIOR_CORRECTED = "prior-corrected"
 """A prediction times the bias learned on observed keys (``extender.learning.bias``)."""
@@ -267,13 +271,6 @@ def parse_demand(pod: Mapping[str, Any] | PodView) -> JobDemand:
     return job
 
 
-def profile_keys(model: str) -> tuple[str, ...]:
-    """Names a model may have in the profile store: as given, then its file stem."""
-    stem = model.rstrip("/").rsplit("/", 1)[-1]
-    stem = stem[: -len(".onnx")] if stem.endswith(".onnx") else stem
-    return (model,) if stem == model else (model, stem)
-
-
 def resolve_demand(
     job: JobDemand,
     gpu_types: Iterable[str],
@@ -315,7 +312,14 @@ def _one_type(
         return TypeDemand(0.0, mem, "profile")
     if ask.util_percent is not None and ask.mem_mib is not None:
         return TypeDemand(ask.util_percent, ask.mem_mib, "asserted")
-    if predict is None or ask.model is None:
+    if ask.model is None:
+        numbers = modelless_numbers(ask.util_percent, ask.mem_mib,
+                                    knowledge.cold_start_util_percent,
+                                    knowledge.whole_gpu_mib(gpu_type))
+        if numbers is None:
+            raise DemandUnavailable("no-memory", "give tandem.io/gpu-mem-mib or tandem.io/model")
+        return TypeDemand(*numbers)
+    if predict is None:
         raise DemandUnavailable("no-predictor", "no predictor is configured for tandem.io/model")
     util, mem, source = predict(ask.model, job.batch_size, gpu_type, job.workload.value)
     util_source, _, mem_source = source.partition("+mem:")
@@ -408,24 +412,3 @@ def _best_effort_type(job: JobDemand, gpu_type: str, profile: Any,
         source = f"{COLD_START}+mem:{source.partition('+mem:')[2] or source}"
     return TypeDemand(ask.util_percent if ask.util_percent is not None else float(util),
                       mem if mem is not None else float(predicted_mem), source)
-
-
-class ProfileIndex(Mapping[tuple[str, str], Any]):
-    """Batching profiles keyed ``(model, gpu_type)`` that also answer for a model's
-    path or file name (``models/resnet50.onnx`` finds the ``resnet50`` profile)."""
-
-    def __init__(self, profiles: Mapping[tuple[str, str], Any]):
-        self._profiles = dict(profiles)
-
-    def __getitem__(self, key: tuple[str, str]) -> Any:
-        model, gpu_type = key
-        for name in profile_keys(model):
-            if (name, gpu_type) in self._profiles:
-                return self._profiles[(name, gpu_type)]
-        raise KeyError(key)
-
-    def __iter__(self) -> Iterator[tuple[str, str]]:
-        return iter(self._profiles)
-
-    def __len__(self) -> int:
-        return len(self._profiles)

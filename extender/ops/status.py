@@ -53,6 +53,9 @@ class StatusError(RuntimeError):
 def fetch_state(url: str, ca_cert: Path | None = None, timeout_s: float = 10.0,
                 token: str | None = None) -> StateDocument:
     """``GET URL/v1/state`` from a running extender (with the agent token: pod names too)."""
+    if "://" not in url:  # urllib would say "unknown url type" of the host name
+        raise StatusError(f"--extender {url}: give the scheme, e.g. --extender "
+                          f"https://{url} (the extender serves HTTPS)", usage=True)
     target = url.rstrip("/") + STATE_PATH
     context = ssl.create_default_context(cafile=str(ca_cert)) if ca_cert else None
     headers = {"Authorization": f"Bearer {token}"} if token else {}

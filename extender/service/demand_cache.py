@@ -13,6 +13,7 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any, Protocol
 
 from contracts.pod import PodView
@@ -120,7 +121,8 @@ class DemandCache:
         except DemandError as exc:
             raise PodRejected(f"tandem: bad pod request: {exc}", exc.field) from None
         predict = self._predict if self.config.current().predictor.enabled else None
-        knowledge = snap.knowledge.util(job.gpu_count, ref.namespace)
+        knowledge = replace(snap.knowledge.util(job.gpu_count, ref.namespace),
+                            whole_gpu_mib=lambda gpu_type: _whole_gpu_mib(snap, gpu_type))
         resolved = resolve_demand(job, list(snap.table.type_names), predict, self._profiles,
                                   session_name=ref.key, knowledge=knowledge)
         ttl = self.config.current().state.demand_cache_seconds
@@ -132,3 +134,9 @@ class DemandCache:
             while len(self._cache) > DEMAND_CACHE_LIMIT:
                 self._cache.popitem(last=False)
         return ref, resolved
+
+
+def _whole_gpu_mib(snap: Snapshot, gpu_type: str) -> float | None:
+    """The smallest memory of ``gpu_type``'s GPUs (asked only for pods stating none)."""
+    return min((gpu.memory_mib for gpu in snap.table.gpus if gpu.gpu_type == gpu_type),
+               default=None)

@@ -25,7 +25,7 @@ def webhook(
     from extender.webhook.server import make_server
 
     try:
-        settings = parse_settings(yaml.safe_load(config.read_text()) if config else None)
+        settings = parse_settings(_read_yaml(config) if config else None)
     except (OSError, yaml.YAMLError, WebhookConfigError) as exc:
         typer.echo(f"error: {config}: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -45,3 +45,11 @@ def webhook(
     server.serve()
     stopped.wait(10)  # serve() returns as stop() begins: let in-flight reviews finish
     log.info("webhook stopped")
+
+
+def _read_yaml(path: Path) -> object:
+    """The decoded file (read as a stream, so a YAML error names the file)."""
+    import yaml
+
+    with path.open(encoding="utf-8") as stream:
+        return yaml.safe_load(stream)

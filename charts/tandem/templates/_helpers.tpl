@@ -105,6 +105,21 @@ capabilities:
   drop: [ALL]
 {{- end }}
 
+{{- define "tandem.mpsSecurityContext" -}}
+{{- /* root in the container for the MPS layout, with only the capabilities listed */ -}}
+runAsUser: 0
+runAsGroup: 0
+runAsNonRoot: false
+allowPrivilegeEscalation: false
+privileged: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+  {{- with . }}
+  add: [{{ join ", " . }}]
+  {{- end }}
+{{- end }}
+
 {{- define "tandem.podEnv" -}}
 - name: POD_NAME
   valueFrom:
@@ -162,15 +177,21 @@ tolerations:
 
 {{/* GPU nodes: the GPU Operator's, GPU Feature Discovery's, or labelled by hand. */}}
 {{- define "tandem.gpuNodeAffinity" -}}
+{{- /* Only nodes the admin opted in (nodeOptIn): never every GPU node, where NVIDIA's
+device plugin may already hand the same GPUs out. */ -}}
 nodeAffinity:
   requiredDuringSchedulingIgnoredDuringExecution:
     nodeSelectorTerms:
       - matchExpressions:
-          - {key: nvidia.com/gpu.present, operator: In, values: ["true"]}
-      - matchExpressions:
-          - {key: nvidia.com/gpu.count, operator: Exists}
-      - matchExpressions:
-          - {key: tandem.io/gpu-node, operator: In, values: ["true"]}
+          - {key: {{ .Values.nodeOptIn.label | quote }}, operator: In, values: [{{ .Values.nodeOptIn.value | quote }}]}
+{{- end }}
+
+{{- define "tandem.perNodeIdentity" -}}
+{{- $identity := toString (dig "reports" "identity" "shared-token" .Values.config) -}}
+{{- if not (has $identity (list "service-account" "shared-token")) -}}
+{{- fail (printf "config.reports.identity must be service-account or shared-token, not %q" $identity) -}}
+{{- end -}}
+{{- eq $identity "service-account" -}}
 {{- end }}
 
 {{- define "tandem.gpuTolerations" -}}
