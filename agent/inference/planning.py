@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from agent.inference.admission import LatencyMargin, plan_with_headroom, scaled_profile
 from agent.inference.pathcost import PathFigures, RequestPathCost
+from agent.inference.sacrifice import Held, Sacrifice
 from agent.inference.session_state import RuntimeConfig, SloState
 from planner import GpuPlan, Infeasible, SessionSpec
 from predictor.batching import BatchingProfile
@@ -37,6 +38,8 @@ class Planning:
         self.margin = LatencyMargin(
             config.latency_quantile, config.latency_margin_window, config.min_latency_samples
         )
+        self.sacrifice = Sacrifice()
+        """Who gives way when the host cannot hold every session (best effort first)."""
         self.replans = 0
         self.replans_refused = 0
         self._last_replan_ms = now_ms
@@ -83,21 +86,26 @@ class Planning:
         self.plan = plan
 
     def on_tick(self, now: float, sessions: Mapping[str, SloState],
-                longest_segment_ms: float) -> GpuPlan | None:
-        """Once a rate window: refresh the margin and the sessions' observed rates;
-        the plan to adopt when either moved enough (None: keep the plan). What is
-        admitted stays when no plan fits; later admissions see the margin."""
+                longest_segment_ms: float, best_effort: bool = False) -> GpuPlan | None:
+        """Once a rate window: refresh the margin and the sessions' observed rates, and
+        review who gives way to the host (``sacrifice.py``; ``best_effort``: whether a
+        best-effort job is registered); the plan to adopt when the margin or the rates
+        moved enough (None: keep the plan). What is admitted stays when no plan fits;
+        later admissions see the margin."""
         adopt: GpuPlan | None = None
         if self._inputs_moved(now) and sessions:
             adopt = self._replan([s.spec for s in sessions.values()], sessions,
                                  longest_segment_ms) or adopt
         cfg = self._config
-        drifted = False
+        drifted = closed = False
         for sess in sessions.values():
             change = sess.observe_rate(now, cfg.rate_window_ms, cfg.rate_ewma_alpha)
             drifted |= change is not None and change * 100.0 > cfg.replan_threshold_percent
-            if change is not None and sess.hold is not None:
-                sess.hold.review(now, self._host_now())
+            closed |= change is not None
+        if closed:
+            held = [Held(s.spec.name, s.priority, s.hold) for s in sessions.values()
+                    if s.hold is not None]
+            self.sacrifice.review(now, held, best_effort, self._host_now())
         if drifted and now - self._last_replan_ms >= cfg.min_replan_interval_ms:
             self._last_replan_ms = now
             specs = [replace(s.spec, rate_rps=max(s.rate_ewma_rps, 0.1))
