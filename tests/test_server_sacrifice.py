@@ -57,7 +57,7 @@ def test_best_effort_gives_way_before_any_slo_session() -> None:
     assert last.hold.rate_rps == 10.0 and first.hold.rate_rps == 40.0
 
 
-def test_slo_sessions_give_way_lowest_priority_then_latest_down_to_none() -> None:
+def test_slo_sessions_give_way_lowest_priority_then_missed_then_latest() -> None:
     sac = Sacrifice(RULE)
     first, vip, last = held = _sessions()
     now = 0.0
@@ -67,9 +67,10 @@ def test_slo_sessions_give_way_lowest_priority_then_latest_down_to_none() -> Non
         _miss(first.hold, 10)
         sac.review(now, held, best_effort=False, why="")
         order.append((first.hold.rate_rps, vip.hold.rate_rps, last.hold.rate_rps))
-    # ``last`` halves to none (40, 20, 10, 5, 2.5, 1.25, 0), then ``first``, then ``vip``.
-    assert order[4] == (40.0, 40.0, 1.25) and order[5] == (40.0, 40.0, 0.0)
-    assert order[6] == (20.0, 40.0, 0.0)
+    # ``first`` (lowest priority, and it missed) halves to none (40, 20, 10, 5, 2.5,
+    # 1.25, 0), then ``last`` (lowest priority, registered last), then ``vip``.
+    assert order[4] == (1.25, 40.0, 40.0) and order[5] == (0.0, 40.0, 40.0)
+    assert order[6] == (0.0, 40.0, 20.0)
     assert order[11] == (0.0, 40.0, 0.0) and order[13] == (0.0, 10.0, 0.0)
     assert sac.best_effort.share == 1.0  # no best-effort job: nothing to throttle
 
@@ -77,9 +78,9 @@ def test_slo_sessions_give_way_lowest_priority_then_latest_down_to_none() -> Non
 def test_back_up_in_the_reverse_order_after_quiet_cool_downs() -> None:
     sac = Sacrifice(RULE)
     first, vip, last = held = _sessions()
-    _miss(first.hold, 10)
+    _miss(vip.hold, 10)
     sac.review(1000.0, held, best_effort=True, why="")  # best effort to none
-    _miss(first.hold, 10)
+    _miss(vip.hold, 10)
     sac.review(2000.0, held, best_effort=True, why="")  # ``last`` to 20
     assert not sac.review(2500.0, held, best_effort=True, why="")  # within the cool-down
     _miss(last.hold, 0, of=30)

@@ -8,8 +8,9 @@ a whole (a busy host is shared: whichever session missed, any load shed relieves
    of executor time best-effort segments may take; misses beyond the hold target
    (``Hold.over_target``) cut it to none, and the SLO sessions lose nothing;
 2. only with best effort at none are SLO sessions scaled down, lowest ``priority``
-   first and, among equals, the one registered last (what the server admitted first
-   comes first), each with the reason: who missed, and the host then;
+   first; among equals one that missed, else the one registered last (what the
+   server admitted first comes first), each with the reason: who missed, and the
+   host then;
 3. back up in the reverse order, one step per cool-down with no new miss anywhere:
    SLO sessions highest priority first, then best effort's share doubles to all.
 
@@ -126,7 +127,7 @@ class Sacrifice:
             if best_effort and not self.best_effort.stopped:
                 self.best_effort.cut(now_ms, f"{text}: best effort gives way first", True)
                 return True
-            victim = self._lowest(slo)
+            victim = self._lowest(slo, over)
             if victim is None:
                 return False
             first = "" if victim in over else (f"; {victim.name} gives way first (priority "
@@ -162,9 +163,10 @@ class Sacrifice:
         return False
 
     @staticmethod
-    def _lowest(slo: Sequence[Held]) -> Held | None:
-        """The session that gives way next: lowest priority, then registered last."""
+    def _lowest(slo: Sequence[Held], over: Sequence[Held]) -> Held | None:
+        """The session that gives way next: lowest priority; among equals one that missed
+        (its own misses may be its own doing), then the one registered last."""
         holding = [(i, h) for i, h in enumerate(slo) if h.hold.rate_rps > 0]
         if not holding:
             return None
-        return min(holding, key=lambda ih: (ih[1].priority, -ih[0]))[1]
+        return min(holding, key=lambda ih: (ih[1].priority, ih[1] not in over, -ih[0]))[1]
