@@ -177,3 +177,31 @@ def test_registration_answers_and_sessions_say_what_is_promised() -> None:
     assert bad.status_code == 400
     listed = {s["name"]: s for s in client.get("/v1/sessions").json["sessions"]}
     assert listed["s"]["promised"]["rate_rps"] == 40 and listed["b"]["promised"]["share"] == 1.0
+
+
+def test_admission_counts_the_answers_reserve_learned_on_this_host() -> None:
+    """The executor's deadline keeps back the last check's reserve (the answer's write
+    and the client's wake-up), so the plan takes it from the SLO too: a host whose
+    answers were seen to take 45 ms refuses an SLO it cannot meet, with the reason,
+    rather than admit it and shed it afterwards."""
+    from agent.inference.errors import AdmissionRefused
+    from agent.inference.pathcost import PathFigures, RequestPathCost
+
+    def runtime(cost: RequestPathCost) -> ServingRuntime:
+        clock = VirtualClock()
+        profiles = {"m": BatchingProfile.linear("m", "sim", 2.0, 1.0, max_batch=16)}
+        return ServingRuntime(SimExecutor(profiles, clock, "sim"), clock, RuntimeConfig("sim"),
+                              profiles=profiles, path_cost=cost)
+
+    quiet = RequestPathCost(PathFigures(1.0, 1.0, 0.0, write_ms=0.1, wake_ms=0.1))
+    assert runtime(quiet).add_slo_session("s", "m", 40, 100)["promised"]["rate_rps"] == 100
+    busy = RequestPathCost(PathFigures(1.0, 1.0, 0.0, write_ms=0.1, wake_ms=0.1))
+    for _ in range(60):
+        busy.observe_write(45.0)  # what serving showed on this host
+    assert busy.write_reserve_ms() >= 45.0
+    rt = runtime(busy)
+    with pytest.raises(AdmissionRefused) as refused:
+        rt.add_slo_session("s", "m", 40, 100)
+    assert refused.value.details["reason"] == "RequestPathQueue"
+    assert "kept back for its answer's write" in refused.value.message
+    assert rt.snapshot()["sessions"] == []

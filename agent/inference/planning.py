@@ -31,6 +31,7 @@ class Planning:
         self.path = path
         self.path_in_plan: PathFigures = path.figures()
         """The request path's figures the last proposed plan was made with."""
+        self._own_in_plan = self.own_ms(0.0)
         self.queue_ms = 0.0
         """The request path's CPU queue tail at the admitted rates (``pathcost``)."""
         self.plan: GpuPlan | None = None
@@ -61,6 +62,7 @@ class Planning:
         ``queue_ms``: the request path's queue tail at these sessions' rates (None:
         the last one given)."""
         self.path_in_plan = self.path.figures()
+        self._own_in_plan = self.own_ms(0.0)
         if queue_ms is not None:
             self.queue_ms = queue_ms
         plan, self.overrun_headroom_ms = self._plan(specs, profiles, longest_segment_ms,
@@ -76,11 +78,17 @@ class Planning:
     def _plan(self, specs: list[SessionSpec],
               profiles: Mapping[tuple[str, str], BatchingProfile],
               longest_segment_ms: float, queue_ms: float) -> tuple[GpuPlan | Infeasible, float]:
-        figures = self.path.figures()
-        if cut := figures.front_ms + figures.back_ms + queue_ms:
+        if cut := self.own_ms(queue_ms):
             specs = [replace(s, slo_ms=max(s.slo_ms - cut, 1e-3)) for s in specs]
         return plan_with_headroom(specs, profiles, self._config.gpu_type,
                                   self._config.memory_mib, longest_segment_ms)
+
+    def own_ms(self, queue_ms: float) -> float:
+        """The request path's own time in a request's deadline, as learned on this host:
+        its front and back (p99), the last check's reserve (the answer's write and the
+        client's wake-up: what the executor's deadline keeps back) and ``queue_ms``."""
+        figures = self.path.figures()
+        return figures.front_ms + figures.back_ms + self.path.write_reserve_ms() + queue_ms
 
     def adopt(self, plan: GpuPlan | None) -> None:
         self.plan = plan
@@ -136,6 +144,5 @@ class Planning:
             return False
         self._last_margin_ms = now
         margin = cfg.learn_latency_margin and self.margin.refresh()
-        old, new = self.path_in_plan, self.path.figures()
-        was, now_ms = old.front_ms + old.back_ms, new.front_ms + new.back_ms
+        was, now_ms = self._own_in_plan, self.own_ms(0.0)
         return margin or abs(now_ms - was) > max(1.0, 0.2 * was)

@@ -131,7 +131,8 @@ class Registration:
                     "duty_cycle_ms": plan.duty_cycle_ms, "occupancy": plan.occupancy,
                     "worst_case_latency_ms": alloc.latency_ms if alloc else None,
                     "request_path": {**p.planning.path_in_plan.to_json(), "cores":
-                                     self._limits.cores if self._limits else None},
+                                     self._limits.cores if self._limits else None,
+                                     "write_reserve_ms": p.planning.path.write_reserve_ms()},
                     "profile": profile_json(profile), "priority": priority,
                     "promised": state.promised(),
                 }  # fmt: skip
@@ -171,12 +172,13 @@ class Registration:
         p = self._p
         path = p.planning.path.figures()
         queue = queue_tail_ms(self._rates(spec, loaded), path, self._limits)
-        own = path.front_ms + path.back_ms + queue
+        own = p.planning.own_ms(queue)
         tightest = min([s.slo_ms for s in p.sessions.specs()] + [spec.slo_ms])
         if own >= tightest and math.isfinite(own):
             text = (f"RequestPathQueue: a request would spend {own:.3g} ms on the request "
-                    f"path at p99 ({queue:.3g} ms waiting for its CPU), the tightest SLO "
-                    f"is {tightest:.3g} ms")
+                    f"path at p99 ({queue:.3g} ms waiting for its CPU, "
+                    f"{p.planning.path.write_reserve_ms():.3g} ms kept back for its answer's "
+                    f"write and the client's wake-up), the tightest SLO is {tightest:.3g} ms")
             return text, {"reason": "RequestPathQueue", "required": own,
                           "available": tightest, "session": spec.name}
         if isinstance(plan, GpuPlan):
