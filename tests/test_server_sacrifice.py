@@ -205,3 +205,33 @@ def test_admission_counts_the_answers_reserve_learned_on_this_host() -> None:
     assert refused.value.details["reason"] == "RequestPathQueue"
     assert "kept back for its answer's write" in refused.value.message
     assert rt.snapshot()["sessions"] == []
+
+
+def test_a_cpu_executor_yields_the_cpu_to_the_request_path() -> None:
+    """The executor's thread computes on the CPU at a lower priority than the HTTP front's
+    threads (Linux nice), so a batch cannot starve a request before it is queued."""
+    import os
+    import time
+
+    from agent.inference.clock import MonotonicClock
+    from agent.inference.execution import EXECUTOR_NICE
+
+    if not hasattr(os, "setpriority"):
+        pytest.skip("no per-thread priorities here")
+    clock = MonotonicClock()
+    for device, raised in (("cpu", True), (None, False)):
+        executor = SimExecutor(PROFILES, clock, "sim")
+        if device:
+            executor.device = device  # type: ignore[attr-defined]
+        rt = ServingRuntime(executor, clock, RuntimeConfig("sim"))
+        rt.start()
+        try:
+            for _ in range(200):
+                if rt.executor_nice or not raised:
+                    break
+                time.sleep(0.01)
+            nice = rt.snapshot()["executor_nice"]
+        finally:
+            rt.stop()
+        process = os.getpriority(os.PRIO_PROCESS, 0)
+        assert nice == (min(process + EXECUTOR_NICE, 19) if raised else 0)

@@ -36,7 +36,7 @@ from agent.inference.batch_formation import Request
 from agent.inference.clock import Clock
 from agent.inference.cycle import DutyCycle, LoopView
 from agent.inference.errors import DropReason, ServerStopping, SessionNotFound
-from agent.inference.execution import Execution
+from agent.inference.execution import Execution, yield_cpu_to_request_path
 from agent.inference.executors import Executor
 from agent.inference.handoff import Delivery, ProbeQueue
 from agent.inference.holding import MISSES
@@ -94,6 +94,8 @@ class ServingRuntime:
         self._stopping = False
         self.started_ms = now
         self.scheduler_seconds = 0.0
+        self.executor_nice = 0
+        """The executor thread's nice value (above 0: it yields the CPU to the request path)."""
 
     # ---- what the parts hold, for callers that read it -------------------------------
 
@@ -346,13 +348,17 @@ class ServingRuntime:
                 timeout = 0.05 if wake is None else max(0.0, (wake - self.clock.now_ms()) / 1000.0)
                 self._cv.wait(min(timeout, 0.05))
 
+    def _loop(self) -> None:
+        self.executor_nice = yield_cpu_to_request_path(self.executor)
+        self.run_forever()
+
     def is_running(self) -> bool:
         """Whether the executor thread is alive (readiness)."""
         return self._thread is not None and self._thread.is_alive() and not self._stopping
 
     def start(self) -> None:
         """Start the executor thread."""
-        self._thread = threading.Thread(target=self.run_forever, name="tandem-gpu", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="tandem-gpu", daemon=True)
         self._thread.start()
 
     def stop(self, join_timeout_seconds: float = 5.0) -> None:
@@ -405,6 +411,7 @@ class ServingRuntime:
             return {
                 "gpu_type": self.config.gpu_type,
                 "executor": exe.executor.kind,
+                "executor_nice": self.executor_nice,
                 "drop_policy": self.config.drop_policy.value,
                 "duty_cycle_ms": plan.duty_cycle_ms if plan else None,
                 "occupancy": plan.occupancy if plan else None,
