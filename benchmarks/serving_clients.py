@@ -195,14 +195,14 @@ def summarise(records: list, sessions: list[dict], seconds: float) -> dict:
 
 
 def scenario(server_args: tuple[str, ...], kind: str, hog: bool, store: Path,
-             bodies: list[dict], seconds: float) -> dict:
+             bodies: list[dict], seconds: float, root: Path = _common.ROOT) -> dict:
     """Register ``bodies`` in order, offer each session's load, read the server back."""
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
             for _ in range(os.cpu_count() or 1)] if hog else []
     try:
         time.sleep(0.5 if hog else 0)
         load_before = _common.load_average()
-        server = Server(kind, store, extra=server_args)
+        server = Server(kind, store, root, extra=server_args)
         try:
             registered = {b["name"]: register(server, b) for b in bodies}
             sessions = [{"name": b["name"], "shape": b["_shape"], "slo_ms": b.get("slo_ms"),
@@ -288,6 +288,10 @@ def main() -> None:
     parser.add_argument("--hog", default="no,yes", help="no, yes or no,yes")
     parser.add_argument("--demand", type=float, default=1.17)
     parser.add_argument("--max-rps", type=float, default=100.0)
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="another checkout whose server runs the same scenarios too "
+                             "(first executor only)")
+    parser.add_argument("--note", action="append", default=[], help="kept in the result")
     parser.add_argument("--client", help=argparse.SUPPRESS)
     _common.add_out_option(parser, "serving_clients_cpu")
     args = parser.parse_args()
@@ -297,7 +301,8 @@ def main() -> None:
     started = time.perf_counter()
     out: dict[str, Any] = {"benchmark": "serving_clients", "seconds": args.seconds,
                            "demand": args.demand, "max_rps": args.max_rps,
-                           "offered": f"{OFFERED:.0%} of each registered rate"}
+                           "offered": f"{OFFERED:.0%} of each registered rate",
+                           "notes": args.note}
     with tempfile.TemporaryDirectory() as tmp:
         store = Path(tmp)
         for name, width, layers, *_ in [*TRIO, BESIDE]:
@@ -318,16 +323,24 @@ def main() -> None:
                     else be_bodies()
                 for hog in [h == "yes" for h in args.hog.split(",")]:
                     label = f"{which}/{'cpu_hog' if hog else 'as_is'}"
-                    result = scenario(extra, kind, hog, store, bodies, args.seconds)
-                    result["met"] = met(result, which, hog)
-                    out[kind][label] = result
-                    print(json.dumps({label: result["met"], kind: result["client"]}),
-                          file=sys.stderr)
+                    first = kind == args.executors.split(",")[0]
+                    roots = [("", _common.ROOT)] + ([("baseline/", args.baseline)]
+                                                    if args.baseline and first else [])
+                    for prefix, root in roots:
+                        result = scenario(extra, kind, hog, store, bodies, args.seconds, root)
+                        result["met"] = met(result, which, hog)
+                        out[kind][prefix + label] = result
+                        print(json.dumps({prefix + label: result["met"],
+                                          kind: result["client"]}), file=sys.stderr)
     out["goal"] = ("slo_trio as_is: every session registered at its planned rate, >= 99% "
                    "client-side, nothing shed; cpu_hog: >= 99% or scaled down at registration "
                    "with a reason, no late 200, at most 1% shed after admission; best_effort: "
                    "the SLO session so, and the best-effort job served >= 5 in the window or "
                    "refused with a reason")
+    if args.baseline:
+        head = subprocess.run(["git", "-C", str(args.baseline), "log", "-1", "--format=%h %s"],
+                              capture_output=True, text=True).stdout.strip()
+        out["baseline_server"] = head or str(args.baseline)
     out["wall_seconds"] = time.perf_counter() - started
     out.update(_common.context(("numpy", "onnxruntime", "cheroot")))
     _common.write_result(out, args.out)

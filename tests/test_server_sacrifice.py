@@ -96,12 +96,17 @@ def test_back_up_in_the_reverse_order_after_quiet_cool_downs() -> None:
     assert sac.best_effort.reason is None
 
 
-def test_a_single_new_miss_halves_best_effort_and_costs_slo_nothing() -> None:
+def test_misses_above_the_target_halve_best_effort_and_cost_slo_nothing() -> None:
     sac = Sacrifice(RULE)
     held = _sessions()
-    _miss(held[0].hold, 1)  # within the target: no SLO session would be scaled down
+    _miss(held[0].hold, 1, of=150)  # 1 in 150: within the 1% target, best effort keeps all
+    assert not sac.review(500.0, held, best_effort=True, why="")
+    assert sac.best_effort.share == 1.0
+    _miss(held[1].hold, 1, of=50)
+    _miss(held[2].hold, 1, of=50)  # 3 of 250 since: above it, yet no session over its rule
     assert sac.review(1000.0, held, best_effort=True, why="")
-    assert sac.best_effort.share == 0.5 and "SloMisses: first missed 1" in sac.best_effort.reason
+    assert sac.best_effort.share == 0.5
+    assert "SloMisses: 3 of the last 250 SLO requests" in (sac.best_effort.reason or "")
     assert not sac.review(1500.0, held, best_effort=True, why="")  # no new miss: no change
     assert sac.best_effort.share == 0.5
     assert all(h.hold.reason is None for h in held)

@@ -57,7 +57,9 @@ class Hold:
         self.scale_downs = 0
         self.shed = 0
         self.misses_total = 0
-        """Every miss counted since registration (the order of sacrifice looks for new ones)."""
+        self.outcomes_total = 0
+        """Every miss and every outcome counted since registration (the order of sacrifice
+        looks at what came since its last review)."""
         self._outcomes: deque[bool] = deque(maxlen=self.rule.window)
         self._tokens = self._burst()
         self._refilled_ms = now_ms
@@ -83,6 +85,7 @@ class Hold:
         """One request's outcome at the server."""
         self._outcomes.append(missed)
         self.misses_total += missed
+        self.outcomes_total += 1
 
     def missed(self) -> int:
         """Misses in the window the rule looks at."""

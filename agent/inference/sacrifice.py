@@ -4,9 +4,11 @@ Each SLO session's outcomes at the server are kept by its ``Hold``; once a rate
 window the runtime asks ``Sacrifice.review`` what to do about them, for the host as
 a whole (a busy host is shared: whichever session missed, any load shed relieves it):
 
-1. best-effort work gives way first. A new miss of any SLO session halves the share
-   of executor time best-effort segments may take; misses beyond the hold target
-   (``Hold.over_target``) cut it to none, and the SLO sessions lose nothing;
+1. best-effort work gives way first. When more than ``1 - target`` of the SLO
+   requests answered since best effort's share last changed missed (over at least
+   ``MIN_REQUESTS``), the share of executor time best-effort segments may take halves;
+   a session's misses beyond the hold target (``Hold.over_target``) cut it to none,
+   and the SLO sessions lose nothing;
 2. only with best effort at none are SLO sessions scaled down, lowest ``priority``
    first; among equals one that missed, else the one registered last (what the
    server admitted first comes first), each with the reason: who missed, and the
@@ -30,6 +32,8 @@ from agent.inference.holding import Hold, HoldRule
 
 FLOOR = 1.0 / 8.0
 """Below this share best effort runs not at all (and back up it starts here)."""
+MIN_REQUESTS = 50
+"""SLO requests answered before a share of misses among them halves best effort's."""
 
 
 class BestEffortThrottle:
@@ -105,17 +109,20 @@ class Sacrifice:
     """The order in which sessions give way to a busy host, and back."""
 
     def __init__(self, rule: HoldRule | None = None):
-        self.cooldown_ms = (rule or HoldRule()).cooldown_ms
+        rule = rule or HoldRule()
+        self.cooldown_ms = rule.cooldown_ms
+        self.target = rule.target
         self.best_effort = BestEffortThrottle()
         self._changed_ms = -math.inf
-        self._seen: dict[str, int] = {}
-        """Each session's misses counted by the last review (to see new ones)."""
+        self._seen: dict[str, tuple[int, int]] = {}
+        """Each session's (misses, outcomes) counted by the last review."""
+        self._since: dict[str, list[int]] = {}
+        """Each session's [misses, outcomes] since best effort's share last changed."""
 
     def review(self, now_ms: float, slo: Sequence[Held], best_effort: bool, why: str) -> bool:
         """One rate window's decision; True when a promise changed. ``best_effort``:
         whether a best-effort job is registered; ``why``: the host now, for reasons."""
-        new = {h.name: h.hold.misses_total - self._seen.get(h.name, 0) for h in slo}
-        self._seen = {h.name: h.hold.misses_total for h in slo}
+        new = self._count(slo)
         over = [h for h in slo if h.hold.over_target()]
         if over:
             text = "HostBusier: " + ", ".join(
@@ -126,6 +133,7 @@ class Sacrifice:
             self._changed_ms = now_ms
             if best_effort and not self.best_effort.stopped:
                 self.best_effort.cut(now_ms, f"{text}: best effort gives way first", True)
+                self._since.clear()
                 return True
             victim = self._lowest(slo, over)
             if victim is None:
@@ -134,15 +142,33 @@ class Sacrifice:
                                                f"{victim.priority}, registered later)")
             victim.hold.scale_down(now_ms, text + first)
             return True
-        if any(new.values()):
-            if best_effort and not self.best_effort.stopped:
-                who = ", ".join(f"{n} missed {k}" for n, k in new.items() if k)
-                self.best_effort.cut(now_ms, f"SloMisses: {who} at the server ({why}): "
-                                             "best effort gives way first", False)
-                self._changed_ms = now_ms
-                return True
+        missed, answered = (sum(v[i] for v in self._since.values()) for i in (0, 1))
+        if best_effort and not self.best_effort.stopped and answered >= MIN_REQUESTS \
+                and missed > (1.0 - self.target) * answered:
+            who = ", ".join(f"{n} {m} of {k}" for n, (m, k) in self._since.items() if m)
+            self.best_effort.cut(now_ms, f"SloMisses: {missed} of the last {answered} SLO "
+                                         f"requests missed at the server ({who}; {why}): "
+                                         "best effort gives way first", False)
+            self._changed_ms = now_ms
+            self._since.clear()
+            return True
+        if any(new):
             return False
         return self._recover(now_ms, slo, best_effort)
+
+    def _count(self, slo: Sequence[Held]) -> list[str]:
+        """The sessions with misses since the last review; what came since is added up."""
+        new = []
+        for h in slo:
+            misses, outcomes = self._seen.get(h.name, (0, 0))
+            dm, do = h.hold.misses_total - misses, h.hold.outcomes_total - outcomes
+            self._seen[h.name] = (h.hold.misses_total, h.hold.outcomes_total)
+            since = self._since.setdefault(h.name, [0, 0])
+            since[0] += dm
+            since[1] += do
+            if dm:
+                new.append(h.name)
+        return new
 
     def _recover(self, now_ms: float, slo: Sequence[Held], best_effort: bool) -> bool:
         if now_ms - self._changed_ms < self.cooldown_ms:
@@ -159,6 +185,7 @@ class Sacrifice:
                 and now_ms - bet.changed_ms >= self.cooldown_ms:
             bet.relax(now_ms)
             self._changed_ms = now_ms
+            self._since.clear()
             return True
         return False
 
