@@ -84,13 +84,14 @@ def batch1_ms(kind: str, path: Path, width: int, repeats: int = 200) -> float:
 class Server:
     """``tandem agent serve`` in its own process."""
 
-    def __init__(self, kind: str, store: Path, root: Path = _common.ROOT):
+    def __init__(self, kind: str, store: Path, root: Path = _common.ROOT,
+                 extra: tuple[str, ...] = ()):
         tandem = Path(sys.executable).parent / "tandem"
         env = {**os.environ, "PYTHONPATH": str(root)}
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [str(tandem), "agent", "serve", f"--executor={kind}", "--device=cpu", "--port=0",
-             f"--model-store={store}", "--post-workers=2"],
+             f"--model-store={store}", "--post-workers=2", *extra],
             stderr=self.log, stdout=subprocess.DEVNULL, env=env, text=True)
         deadline = time.monotonic() + 120
         self.port = 0

@@ -40,7 +40,7 @@ from contracts.annotations import (
 )
 
 DEFAULT_MAX_BODY_BYTES = 64 * 2**20
-SLO_FIELDS = {"name", "model", "slo_ms", "rate_rps"}
+SLO_FIELDS = {"name", "model", "slo_ms", "rate_rps", "priority"}
 BEST_EFFORT_FIELDS = {"name", "model", "weight", "priority"}
 _N = TypeVar("_N", int, float)
 
@@ -76,12 +76,13 @@ def create_app(
         _authorize()  # before the body is read: an unauthenticated caller costs nothing
         body = _json_object()
         if "slo_ms" in body or "rate_rps" in body:
-            _check_fields(body, SLO_FIELDS, SLO_FIELDS)
+            _check_fields(body, SLO_FIELDS, SLO_FIELDS - {"priority"})
             answer = runtime.add_slo_session(
                 _str(body, "name"),
                 _str(body, "model"),
                 _in_range(_number(body, "slo_ms"), SLO_MS_RANGE, "slo_ms"),
                 _in_range(_number(body, "rate_rps"), RATE_RPS_RANGE, "rate_rps"),
+                _in_range(_int(body, "priority", 0), PRIORITY_RANGE, "priority"),
             )
         else:
             _check_fields(body, BEST_EFFORT_FIELDS, {"name", "model"})

@@ -31,6 +31,7 @@ from agent.inference.batch_formation import Request
 from agent.inference.errors import DropReason
 from agent.inference.quanta import QuantaScheduler
 from agent.inference.registry import SessionRegistry
+from agent.inference.sacrifice import BestEffortThrottle
 from agent.inference.session_state import Action, RuntimeConfig, SloState
 from planner import GpuPlan
 
@@ -53,6 +54,12 @@ class LoopView:
     probe_ms: float | None
     """The expected length of the first waiting probe slice (None: none waits)."""
     quanta: QuantaScheduler
+    throttle: BestEffortThrottle
+    """The share of the executor best effort may take now (``sacrifice.py``)."""
+
+    def best_effort_waiting(self) -> bool:
+        return not self.throttle.stopped and any(
+            b.runnable() for b in self.sessions.best_effort.values())
 
 
 class DutyCycle:
@@ -76,8 +83,7 @@ class DutyCycle:
 
     def next_wakeup_ms(self, view: LoopView) -> float | None:
         """When the loop has timed work next (the end of a waiting slack phase), if ever."""
-        waiting = view.probe_ms is not None or any(
-            b.runnable() for b in view.sessions.best_effort.values())
+        waiting = view.probe_ms is not None or view.best_effort_waiting()
         if view.plan and view.plan.allocations and waiting:
             return self.start_ms + view.plan.duty_cycle_ms
         return None
@@ -104,7 +110,7 @@ class DutyCycle:
                 return out
             # Waiting probes do not hold SLO requests to the cycle's end, as best-effort
             # work does: they only fill time no SLO request wants.
-            be_waiting = any(b.runnable() for b in view.sessions.best_effort.values())
+            be_waiting = view.best_effort_waiting()
             slo_waiting = any(s.queue for s in slo.values())
             if not order or not (now >= cycle_end or (slo_waiting and not be_waiting)):
                 return out
@@ -141,6 +147,8 @@ class DutyCycle:
 
     def _next_segment(self, view: LoopView, now: float, cycle_end: float) -> Action | None:
         jobs = view.sessions.best_effort
+        if view.throttle.stopped:
+            return None
         name = view.quanta.select([n for n, b in jobs.items() if b.runnable()])
         if name is None:
             return None
@@ -154,6 +162,8 @@ class DutyCycle:
         if push > 0 and not self._may_overrun(push, bool(view.sessions.slo),
                                               view.overrun_headroom_ms):
             return None  # would push the next SLO cycle back: wait for it
+        if not view.throttle.allows(expected, now):
+            return None  # best effort gives way to the SLO sessions: its share is spent
         if push > 0:
             self.overruns += 1
         self._last_be_cycle = self.cycles

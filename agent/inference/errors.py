@@ -134,6 +134,9 @@ class DropReason(enum.Enum):
     SCALED_DOWN = "scaled_down"
     """Its session was scaled down while serving (the host got busier) and the
     request was above the rate it holds now."""
+    THROTTLED = "throttled"
+    """A best-effort job's request while best effort gives way to the SLO sessions
+    (its share of the executor is none: ``sacrifice.py``)."""
 
 
 class RequestDropped(ServerError):

@@ -56,6 +56,10 @@ class Hold:
         """Why the held rate is below the admitted one (None: it is not)."""
         self.scale_downs = 0
         self.shed = 0
+        self.misses_total = 0
+        self.outcomes_total = 0
+        """Every miss and every outcome counted since registration (the order of sacrifice
+        looks at what came since its last review)."""
         self._outcomes: deque[bool] = deque(maxlen=self.rule.window)
         self._tokens = self._burst()
         self._refilled_ms = now_ms
@@ -80,30 +84,64 @@ class Hold:
     def outcome(self, missed: bool) -> None:
         """One request's outcome at the server."""
         self._outcomes.append(missed)
+        self.misses_total += missed
+        self.outcomes_total += 1
 
-    def review(self, now_ms: float, why: str) -> bool:
-        """Scale down or back up by the rule; True when the held rate changed. ``why``:
-        the host's state now, for the reason shown with a scale-down."""
+    def missed(self) -> int:
+        """Misses in the window the rule looks at."""
+        return sum(self._outcomes)
+
+    def window_seen(self) -> int:
+        """Outcomes in the window the rule looks at."""
+        return len(self._outcomes)
+
+    def over_target(self) -> bool:
+        """More than ``1 - target`` of the window missed (over at least a quarter of it)."""
         rule, seen = self.rule, self._outcomes
-        misses = sum(seen)
-        if len(seen) >= rule.window * 0.25 and misses > (1.0 - rule.target) * rule.window:
-            rate = self.rate_rps / 2.0
-            self.rate_rps = rate if rate >= rule.min_rps else 0.0
-            self.reason = (f"HostBusier: {misses} of the last {len(seen)} requests missed "
-                           f"their deadline at the server ({why}); held at "
-                           f"{self.rate_rps:.3g} of the admitted {self.admitted_rps:.3g} rps")
-            self.scale_downs += 1
-        elif (self.reason is not None and not misses
-              and now_ms - self._changed_ms >= rule.cooldown_ms
-              and (len(seen) >= rule.window * 0.25 or self.rate_rps == 0.0)):
-            self.rate_rps = min(self.admitted_rps, max(self.rate_rps * 1.5, rule.min_rps))
-            if self.rate_rps >= self.admitted_rps:
-                self.reason = None
-        else:
-            return False
-        seen.clear()
+        return len(seen) >= rule.window * 0.25 and sum(seen) > (1.0 - rule.target) * rule.window
+
+    def may_raise(self, now_ms: float) -> bool:
+        """Scaled down, no miss since the last change, the cool-down passed, and a quarter
+        window answered (or none held, so none could be)."""
+        seen = self._outcomes
+        return (self.reason is not None and not any(seen)
+                and now_ms - self._changed_ms >= self.rule.cooldown_ms
+                and (len(seen) >= self.rule.window * 0.25 or self.rate_rps == 0.0))
+
+    def scale_down(self, now_ms: float, reason: str) -> None:
+        """Halve the held rate (below ``min_rps``: none), saying why."""
+        rate = self.rate_rps / 2.0
+        self.rate_rps = rate if rate >= self.rule.min_rps else 0.0
+        self.reason = (f"{reason}; held at {self.rate_rps:.3g} of the admitted "
+                       f"{self.admitted_rps:.3g} rps")
+        self.scale_downs += 1
+        self.restart(now_ms)
+
+    def scale_up(self, now_ms: float) -> None:
+        """Raise the held rate by half (at least to ``min_rps``), up to the admitted rate."""
+        self.rate_rps = min(self.admitted_rps, max(self.rate_rps * 1.5, self.rule.min_rps))
+        if self.rate_rps >= self.admitted_rps:
+            self.reason = None
+        self.restart(now_ms)
+
+    def restart(self, now_ms: float) -> None:
+        """A new window of outcomes from now (after a change, or a miss dealt with)."""
+        self._outcomes.clear()
         self._changed_ms = self._refilled_ms = now_ms
         self._tokens = min(self._tokens, self._burst())
+
+    def review(self, now_ms: float, why: str) -> bool:
+        """Scale down or back up by the rule, this session alone; True when the held rate
+        changed. ``why``: the host's state now, for the reason shown with a scale-down.
+        (A server with several sessions decides who gives way: ``sacrifice.py``.)"""
+        if self.over_target():
+            self.scale_down(now_ms, f"HostBusier: {self.missed()} of the last "
+                                    f"{len(self._outcomes)} requests missed their deadline "
+                                    f"at the server ({why})")
+        elif self.may_raise(now_ms):
+            self.scale_up(now_ms)
+        else:
+            return False
         return True
 
     def to_json(self) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from agent.inference.admission import LatencyMargin, plan_with_headroom, scaled_profile
 from agent.inference.pathcost import PathFigures, RequestPathCost
+from agent.inference.sacrifice import Held, Sacrifice
 from agent.inference.session_state import RuntimeConfig, SloState
 from planner import GpuPlan, Infeasible, SessionSpec
 from predictor.batching import BatchingProfile
@@ -30,6 +31,7 @@ class Planning:
         self.path = path
         self.path_in_plan: PathFigures = path.figures()
         """The request path's figures the last proposed plan was made with."""
+        self._own_in_plan = self.own_ms(0.0)
         self.queue_ms = 0.0
         """The request path's CPU queue tail at the admitted rates (``pathcost``)."""
         self.plan: GpuPlan | None = None
@@ -37,6 +39,8 @@ class Planning:
         self.margin = LatencyMargin(
             config.latency_quantile, config.latency_margin_window, config.min_latency_samples
         )
+        self.sacrifice = Sacrifice()
+        """Who gives way when the host cannot hold every session (best effort first)."""
         self.replans = 0
         self.replans_refused = 0
         self._last_replan_ms = now_ms
@@ -58,6 +62,7 @@ class Planning:
         ``queue_ms``: the request path's queue tail at these sessions' rates (None:
         the last one given)."""
         self.path_in_plan = self.path.figures()
+        self._own_in_plan = self.own_ms(0.0)
         if queue_ms is not None:
             self.queue_ms = queue_ms
         plan, self.overrun_headroom_ms = self._plan(specs, profiles, longest_segment_ms,
@@ -73,31 +78,42 @@ class Planning:
     def _plan(self, specs: list[SessionSpec],
               profiles: Mapping[tuple[str, str], BatchingProfile],
               longest_segment_ms: float, queue_ms: float) -> tuple[GpuPlan | Infeasible, float]:
-        figures = self.path.figures()
-        if cut := figures.front_ms + figures.back_ms + queue_ms:
+        if cut := self.own_ms(queue_ms):
             specs = [replace(s, slo_ms=max(s.slo_ms - cut, 1e-3)) for s in specs]
         return plan_with_headroom(specs, profiles, self._config.gpu_type,
                                   self._config.memory_mib, longest_segment_ms)
+
+    def own_ms(self, queue_ms: float) -> float:
+        """The request path's own time in a request's deadline, as learned on this host:
+        its front and back (p99), the last check's reserve (the answer's write and the
+        client's wake-up: what the executor's deadline keeps back) and ``queue_ms``."""
+        figures = self.path.figures()
+        return figures.front_ms + figures.back_ms + self.path.write_reserve_ms() + queue_ms
 
     def adopt(self, plan: GpuPlan | None) -> None:
         self.plan = plan
 
     def on_tick(self, now: float, sessions: Mapping[str, SloState],
-                longest_segment_ms: float) -> GpuPlan | None:
-        """Once a rate window: refresh the margin and the sessions' observed rates;
-        the plan to adopt when either moved enough (None: keep the plan). What is
-        admitted stays when no plan fits; later admissions see the margin."""
+                longest_segment_ms: float, best_effort: bool = False) -> GpuPlan | None:
+        """Once a rate window: refresh the margin and the sessions' observed rates, and
+        review who gives way to the host (``sacrifice.py``; ``best_effort``: whether a
+        best-effort job is registered); the plan to adopt when the margin or the rates
+        moved enough (None: keep the plan). What is admitted stays when no plan fits;
+        later admissions see the margin."""
         adopt: GpuPlan | None = None
         if self._inputs_moved(now) and sessions:
             adopt = self._replan([s.spec for s in sessions.values()], sessions,
                                  longest_segment_ms) or adopt
         cfg = self._config
-        drifted = False
+        drifted = closed = False
         for sess in sessions.values():
             change = sess.observe_rate(now, cfg.rate_window_ms, cfg.rate_ewma_alpha)
             drifted |= change is not None and change * 100.0 > cfg.replan_threshold_percent
-            if change is not None and sess.hold is not None:
-                sess.hold.review(now, self._host_now())
+            closed |= change is not None
+        if closed:
+            held = [Held(s.spec.name, s.priority, s.hold) for s in sessions.values()
+                    if s.hold is not None]
+            self.sacrifice.review(now, held, best_effort, self._host_now())
         if drifted and now - self._last_replan_ms >= cfg.min_replan_interval_ms:
             self._last_replan_ms = now
             specs = [replace(s.spec, rate_rps=max(s.rate_ewma_rps, 0.1))
@@ -128,6 +144,5 @@ class Planning:
             return False
         self._last_margin_ms = now
         margin = cfg.learn_latency_margin and self.margin.refresh()
-        old, new = self.path_in_plan, self.path.figures()
-        was, now_ms = old.front_ms + old.back_ms, new.front_ms + new.back_ms
+        was, now_ms = self._own_in_plan, self.own_ms(0.0)
         return margin or abs(now_ms - was) > max(1.0, 0.2 * was)

@@ -97,7 +97,7 @@ class Registration:
             p.sessions.slo.values()), self.longest_segment_ms())
 
     def add_slo(self, name: str, model: str, slo_ms: float, rate_rps: float,
-                check_open: Callable[[], None]) -> dict[str, Any]:
+                check_open: Callable[[], None], priority: int = 0) -> dict[str, Any]:
         """Register an SLO session, or raise AdmissionRefused with state unchanged."""
         p = self._p
         with self._admin:
@@ -119,9 +119,10 @@ class Registration:
                     raise refusal
                 assert isinstance(plan, GpuPlan)
                 now = p.clock.now_ms()
-                p.sessions.add_slo(SloState(spec, loaded, profile, 1, window_start_ms=now,
-                                            rate_ewma_rps=spec.rate_rps,
-                                            hold=Hold(spec.rate_rps, now)))
+                state = SloState(spec, loaded, profile, 1, window_start_ms=now,
+                                 rate_ewma_rps=spec.rate_rps, hold=Hold(spec.rate_rps, now),
+                                 priority=priority)
+                p.sessions.add_slo(state)
                 p.adopt(plan)
                 p.lock.notify_all()
                 alloc = plan.allocation(name)
@@ -130,8 +131,10 @@ class Registration:
                     "duty_cycle_ms": plan.duty_cycle_ms, "occupancy": plan.occupancy,
                     "worst_case_latency_ms": alloc.latency_ms if alloc else None,
                     "request_path": {**p.planning.path_in_plan.to_json(), "cores":
-                                     self._limits.cores if self._limits else None},
-                    "profile": profile_json(profile),
+                                     self._limits.cores if self._limits else None,
+                                     "write_reserve_ms": p.planning.path.write_reserve_ms()},
+                    "profile": profile_json(profile), "priority": priority,
+                    "promised": state.promised(),
                 }  # fmt: skip
 
     def _rates(self, new: SessionSpec, loaded: LoadedModel) -> list[PathLoad]:
@@ -169,12 +172,13 @@ class Registration:
         p = self._p
         path = p.planning.path.figures()
         queue = queue_tail_ms(self._rates(spec, loaded), path, self._limits)
-        own = path.front_ms + path.back_ms + queue
+        own = p.planning.own_ms(queue)
         tightest = min([s.slo_ms for s in p.sessions.specs()] + [spec.slo_ms])
         if own >= tightest and math.isfinite(own):
             text = (f"RequestPathQueue: a request would spend {own:.3g} ms on the request "
-                    f"path at p99 ({queue:.3g} ms waiting for its CPU), the tightest SLO "
-                    f"is {tightest:.3g} ms")
+                    f"path at p99 ({queue:.3g} ms waiting for its CPU, "
+                    f"{p.planning.path.write_reserve_ms():.3g} ms kept back for its answer's "
+                    f"write and the client's wake-up), the tightest SLO is {tightest:.3g} ms")
             return text, {"reason": "RequestPathQueue", "required": own,
                           "available": tightest, "session": spec.name}
         if isinstance(plan, GpuPlan):
@@ -255,6 +259,7 @@ class Registration:
                 "segment_overhead": loaded.segment_overhead,
                 "duty_cycle_ms": in_force.duty_cycle_ms if in_force else None,
                 "profile": profile_json(profile),
+                "promised": p.planning.sacrifice.best_effort.promised(),
             }  # fmt: skip
 
     def _refuse_unrunnable(self, name: str, loaded: LoadedModel, profile: BatchingProfile,

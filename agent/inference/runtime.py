@@ -36,7 +36,7 @@ from agent.inference.batch_formation import Request
 from agent.inference.clock import Clock
 from agent.inference.cycle import DutyCycle, LoopView
 from agent.inference.errors import DropReason, ServerStopping, SessionNotFound
-from agent.inference.execution import Execution
+from agent.inference.execution import Execution, yield_cpu_to_request_path
 from agent.inference.executors import Executor
 from agent.inference.handoff import Delivery, ProbeQueue
 from agent.inference.holding import MISSES
@@ -94,6 +94,8 @@ class ServingRuntime:
         self._stopping = False
         self.started_ms = now
         self.scheduler_seconds = 0.0
+        self.executor_nice = 0
+        """The executor thread's nice value (above 0: it yields the CPU to the request path)."""
 
     # ---- what the parts hold, for callers that read it -------------------------------
 
@@ -138,10 +140,12 @@ class ServingRuntime:
     # ---- registration (HTTP threads) -------------------------------------------------
 
     def add_slo_session(
-        self, name: str, model: str, slo_ms: float, rate_rps: float
+        self, name: str, model: str, slo_ms: float, rate_rps: float, priority: int = 0
     ) -> dict[str, Any]:
-        """Register an SLO session, or raise AdmissionRefused with state unchanged."""
-        return self._registration.add_slo(name, model, slo_ms, rate_rps, self._check_open)
+        """Register an SLO session, or raise AdmissionRefused with state unchanged.
+        ``priority``: higher gives way later to a busy host (``sacrifice.py``)."""
+        return self._registration.add_slo(name, model, slo_ms, rate_rps, self._check_open,
+                                          priority)
 
     def add_best_effort_session(
         self, name: str, model: str, weight: int = 1, priority: int = 0
@@ -232,6 +236,10 @@ class ServingRuntime:
                     on_done(Outcome(None, DropReason.DEADLINE_EXPIRED, self.clock.now_ms() - now))
                     return
                 target.enqueue(Request(name, tensor, now, deadline, on_done, late_ok, inline))
+            elif self.planning.sacrifice.best_effort.stopped:  # answered now, not held
+                target.stats.record_drop(DropReason.THROTTLED)
+                on_done(Outcome(None, DropReason.THROTTLED, 0.0))
+                return
             else:
                 target.queue.append(Request(name, tensor, now, None, on_done, late_ok, inline))
             self._cv.notify_all()
@@ -282,7 +290,7 @@ class ServingRuntime:
 
     def _view(self) -> LoopView:
         return LoopView(self.sessions, self.planning.plan, self.planning.overrun_headroom_ms,
-                        self._probes.head_ms(), self.quanta)
+                        self._probes.head_ms(), self.quanta, self.planning.sacrifice.best_effort)
 
     def step(self) -> bool:
         """Make one scheduling decision and run it; False when there was nothing to do."""
@@ -290,9 +298,12 @@ class ServingRuntime:
         with self._cv:
             now = self.clock.now_ms()
             plan = self.planning.on_tick(now, self.sessions.slo,
-                                         self._registration.longest_segment_ms())
+                                         self._registration.longest_segment_ms(),
+                                         bool(self.sessions.best_effort))
             if plan is not None:
                 self._adopt(plan)
+            if self.planning.sacrifice.best_effort.stopped:
+                self._delivery.drop_later(self._throttled_best_effort())
             decision = self.cycle.decide(now, self._view())
             self._delivery.drop_later(decision.drops)
             probe = self._probes.take() if decision.action and \
@@ -309,6 +320,16 @@ class ServingRuntime:
         else:
             self._delivery.deliver(self.execution.run_segment(action, self.quanta))
         return True
+
+    def _throttled_best_effort(self) -> list[tuple[Request, DropReason]]:
+        """Best effort gives way: what its jobs hold is answered THROTTLED rather than
+        kept waiting (each waiting request holds an HTTP worker the SLO sessions need)."""
+        drops = []
+        for be in self.sessions.best_effort.values():
+            for req in be.abandon():
+                be.stats.record_drop(DropReason.THROTTLED)
+                drops.append((req, DropReason.THROTTLED))
+        return drops
 
     def next_wakeup_ms(self) -> float | None:
         """When the loop has timed work next (the end of a waiting slack phase), if ever."""
@@ -327,13 +348,17 @@ class ServingRuntime:
                 timeout = 0.05 if wake is None else max(0.0, (wake - self.clock.now_ms()) / 1000.0)
                 self._cv.wait(min(timeout, 0.05))
 
+    def _loop(self) -> None:
+        self.executor_nice = yield_cpu_to_request_path(self.executor)
+        self.run_forever()
+
     def is_running(self) -> bool:
         """Whether the executor thread is alive (readiness)."""
         return self._thread is not None and self._thread.is_alive() and not self._stopping
 
     def start(self) -> None:
         """Start the executor thread."""
-        self._thread = threading.Thread(target=self.run_forever, name="tandem-gpu", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="tandem-gpu", daemon=True)
         self._thread.start()
 
     def stop(self, join_timeout_seconds: float = 5.0) -> None:
@@ -368,6 +393,14 @@ class ServingRuntime:
 
     # ---- read side -------------------------------------------------------------------
 
+    def _entry(self, sess: SloState | BestEffortState, total_gpu: float, elapsed: float
+               ) -> dict[str, Any]:
+        """A session in GET /v1/sessions; a best-effort job's promise is best effort's share."""
+        entry = sess.to_json(total_gpu, elapsed)
+        if isinstance(sess, BestEffortState):
+            entry["promised"] = self.planning.sacrifice.best_effort.promised()
+        return entry
+
     def snapshot(self) -> dict[str, Any]:
         """Sessions, counters and plan as JSON (GET /v1/sessions)."""
         with self._cv:
@@ -378,6 +411,7 @@ class ServingRuntime:
             return {
                 "gpu_type": self.config.gpu_type,
                 "executor": exe.executor.kind,
+                "executor_nice": self.executor_nice,
                 "drop_policy": self.config.drop_policy.value,
                 "duty_cycle_ms": plan.duty_cycle_ms if plan else None,
                 "occupancy": plan.occupancy if plan else None,
@@ -392,10 +426,11 @@ class ServingRuntime:
                 "latency_margin": pl.margin.margin,
                 "replans_refused": pl.replans_refused,
                 "overrun_headroom_ms": pl.overrun_headroom_ms,
+                "best_effort_throttle": pl.sacrifice.best_effort.to_json(),
                 "request_path": {**pl.path.figures().to_json(),
                                  "startup": pl.path.startup.to_json(),
                                  "observed_requests": pl.path.observed,
                                  "crossing_ms": pl.path.crossing_ms(),
                                  "write_reserve_ms": pl.path.write_reserve_ms()},
-                "sessions": [s.to_json(total_gpu, elapsed) for s in sessions],
+                "sessions": [self._entry(s, total_gpu, elapsed) for s in sessions],
             }

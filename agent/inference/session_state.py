@@ -85,6 +85,8 @@ class SloState:
     rate_ewma_rps: float = 0.0
     hold: Hold | None = None
     """The rate held now (``holding.py``); set at registration."""
+    priority: int = 0
+    """Higher gives way later when the host cannot hold every session (``sacrifice.py``)."""
 
     def enqueue(self, request: Request) -> None:
         self.queue.append(request)
@@ -120,6 +122,13 @@ class SloState:
         self.stats.gpu_time_ms += elapsed_ms
         self.stats.batch_sizes[len(requests)] += 1
 
+    def promised(self) -> dict[str, Any]:
+        """What this server promises the session now: its SLO at the rate it holds."""
+        hold = self.hold
+        return {"slo_ms": self.spec.slo_ms,
+                "rate_rps": hold.rate_rps if hold else self.spec.rate_rps,
+                "reason": hold.reason if hold else None}
+
     def to_json(self, total_gpu_ms: float, elapsed_ms: float) -> dict[str, Any]:
         """This session's entry in GET /v1/sessions."""
         return {
@@ -128,7 +137,9 @@ class SloState:
             "observed_rate_rps": self.rate_ewma_rps, "batch": self.batch,
             "queue": len(self.queue),
             "gpu_share": self.stats.gpu_time_ms / total_gpu_ms if total_gpu_ms else 0.0,
+            "priority": self.priority,
             "held": self.hold.to_json() if self.hold else None,
+            "promised": self.promised(),
             **self.stats.to_json(elapsed_ms),
         }  # fmt: skip
 
