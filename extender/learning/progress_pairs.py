@@ -18,7 +18,8 @@ shrunk toward the completion as far as they are noisy.
 
 **Deciding.** Two jobs share a GPU only where their predicted combined normalised progress
 ``1/s_ab + 1/s_ba`` beats ``1 + margin`` by ``z`` standard deviations (the delta method on
-the two figures' variances): otherwise they take turns, which is worth 1. A pair whose
+the two figures' variances; :func:`extender.core.pairs.shares`): otherwise they take
+turns, which is worth 1. A pair whose
 own samples, both ways, put its combined progress below 1 is refused from then on
 (:meth:`ProgressPairs.losing`), however the completion reads it.
 """
@@ -28,7 +29,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from extender.core.pairs import SHARE_MARGIN, SHARE_Z, TypePairs, combined, shares
 from extender.learning.completion import MATRIX_SAMPLES, Completed, Entry, complete
 
 DEFAULT_NOISE_VAR = 0.1 ** 2
@@ -36,9 +39,6 @@ DEFAULT_NOISE_VAR = 0.1 ** 2
 measurement, 0.093 with the alone run's drift)."""
 MIN_NOISE_DOF = 5
 MAX_LOG = math.log(20.0)
-MARGIN = 0.02
-Z = 0.5
-"""Share where combined progress beats ``1 + MARGIN`` by ``Z`` standard deviations."""
 
 Key = tuple[str, str, str]
 """(GPU type, a, b): a beside b."""
@@ -71,16 +71,21 @@ class Estimates:
         ab, ba = self.figure(gpu_type, a, b), self.figure(gpu_type, b, a)
         if ab is None or ba is None:
             return None
-        ra, rb = math.exp(-ab.log), math.exp(-ba.log)
-        return ra + rb, math.sqrt(ra * ra * ab.var + rb * rb * ba.var)
+        return combined((ab.log, ab.var), (ba.log, ba.var))
 
-    def shares(self, gpu_type: str, a: str, b: str, margin: float = MARGIN,
-               z: float = Z) -> bool:
+    def shares(self, gpu_type: str, a: str, b: str, margin: float = SHARE_MARGIN,
+               z: float = SHARE_Z) -> bool:
         """True where ``a`` and ``b`` should share a GPU (module docstring)."""
         if (gpu_type, frozenset((a, b))) in self.losing:
             return False
-        c = self.combined(gpu_type, a, b)
-        return c is not None and c[0] - z * c[1] > 1.0 + margin
+        ab, ba = self.figure(gpu_type, a, b), self.figure(gpu_type, b, a)
+        return ab is not None and ba is not None and shares(
+            (ab.log, ab.var), (ba.log, ba.var), margin, z)
+
+    def type_figures(self, gpu_type: str) -> dict[tuple[str, str], tuple[float, float, str]]:
+        """One GPU type's figures as :class:`extender.core.pairs.TypePairs` takes them."""
+        return {(a, b): (f.log, f.var, f.source) for (t, a, b), f in self.figures.items()
+                if t == gpu_type}
 
 
 @dataclass
@@ -143,3 +148,18 @@ class ProgressPairs:
             if a < b and back is not None and math.exp(-st[1]) + math.exp(-back[1]) < 1.0:
                 losing.add((t, frozenset((a, b))))
         return Estimates(figures, frozenset(losing), noise)
+
+
+def progress_view(tp: TypePairs) -> dict[str, Any]:
+    """Where the progress figures came from: pairs by source, and the pairs refused as
+    losing (measured worse than taking turns)."""
+    sources: dict[str, int] = {}
+    for _log, _var, source in tp.progress.values():
+        kind = source.partition(":")[0]
+        sources[kind] = sources.get(kind, 0) + 1
+    measured = [{"model": a, "beside": b, "slowdown": round(math.exp(log), 3),
+                 "log_stderr": round(math.sqrt(var), 3), "source": source}
+                for (a, b), (log, var, source) in sorted(tp.progress.items())
+                if source.startswith("progress:")]
+    return {"sources": sources, "measured": measured,
+            "refused_losing": sorted(sorted(p) for p in tp.losing)}
