@@ -27,6 +27,8 @@ MAX_PROCESSES_PER_GPU = 256
 MAX_UID_CHARS = 128
 MAX_ID_CHARS = 256
 MAX_MIB = 1e7
+MAX_RATE = 1e9
+"""The largest steps (or samples) per second a progress entry may give."""
 
 
 class ReportError(ValueError):
@@ -60,6 +62,19 @@ class ReportedSession:
 
 
 @dataclass(frozen=True)
+class ReportedProgress:
+    """A pod's training progress over the interval, from the step counter its progress
+    annotation names (``tandem.io/progress``): steps per second, and samples per second
+    where it counts them too."""
+
+    pod_uid: str
+    steps_per_s: float
+    window_s: float
+    """Seconds between the two scrapes the rate comes from."""
+    samples_per_s: float | None = None
+
+
+@dataclass(frozen=True)
 class ReportedGpu:
     """One GPU: identity, inventory and what was measured over the interval."""
 
@@ -78,6 +93,9 @@ class ReportedGpu:
     processes: tuple[ReportedProcess, ...] = ()
     sessions: tuple[ReportedSession, ...] = ()
     """Best-effort sessions of the GPU's inference server (``sessions``; absent: none)."""
+    progress: tuple[ReportedProgress, ...] = ()
+    """Progress of the pods on this GPU that expose a step counter (``progress``; absent:
+    none)."""
 
 
 @dataclass(frozen=True)
@@ -177,6 +195,10 @@ def _encode_gpu(g: ReportedGpu) -> dict[str, Any]:
     if g.sessions:  # optional: older extenders ignore it
         out["sessions"] = [{"pod_uid": s.pod_uid, "gpu_time_ms": s.gpu_time_ms}
                            for s in g.sessions]
+    if g.progress:  # optional: older extenders ignore it
+        out["progress"] = [{"pod_uid": p.pod_uid, "steps_per_s": p.steps_per_s,
+                            "window_s": p.window_s, "samples_per_s": p.samples_per_s}
+                           for p in g.progress]
     return out
 
 
@@ -210,6 +232,7 @@ def _decode_gpu(raw: Any, path: str) -> ReportedGpu:
     return ReportedGpu(index, uuid, product, total,
                        processes=_decode_processes(raw.get("processes"), f"{path}.processes"),
                        sessions=_decode_sessions(raw.get("sessions"), f"{path}.sessions"),
+                       progress=_decode_progress(raw.get("progress"), f"{path}.progress"),
                        **_optional(raw, _GPU_OPTIONAL, path))
 
 
@@ -245,5 +268,28 @@ def _decode_sessions(raw: Any, path: str) -> tuple[ReportedSession, ...]:
     return tuple(out)
 
 
-__all__ = ["AgentReport", "ReportError", "ReportedGpu", "ReportedProcess", "ReportedSession",
-           "decode_report", "encode_report"]
+def _decode_progress(raw: Any, path: str) -> tuple[ReportedProgress, ...]:
+    """The optional ``progress`` list of one GPU (absent or null = none reported); a pod
+    listed twice is refused."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or len(raw) > MAX_PROCESSES_PER_GPU:
+        raise ReportError(path, f"must be a list of at most {MAX_PROCESSES_PER_GPU} entries")
+    out = []
+    for i, p in enumerate(raw):
+        at = f"{path}[{i}]"
+        if not isinstance(p, Mapping):
+            raise ReportError(at, "must be an object")
+        samples = p.get("samples_per_s")
+        out.append(ReportedProgress(
+            _text(1, MAX_UID_CHARS)(p.get("pod_uid"), f"{at}.pod_uid"),
+            _number(0, MAX_RATE)(p.get("steps_per_s"), f"{at}.steps_per_s"),
+            _number(1e-3, 86400)(p.get("window_s"), f"{at}.window_s"),
+            None if samples is None else _number(0, MAX_RATE)(samples, f"{at}.samples_per_s")))
+    if len({p.pod_uid for p in out}) != len(out):
+        raise ReportError(path, "a pod is listed twice")
+    return tuple(out)
+
+
+__all__ = ["AgentReport", "ReportError", "ReportedGpu", "ReportedProcess", "ReportedProgress",
+           "ReportedSession", "decode_report", "encode_report"]

@@ -38,6 +38,11 @@ SLO_MS = PREFIX + "slo-ms"
 RATE_RPS = PREFIX + "rate-rps"
 WEIGHT = PREFIX + "weight"
 PRIORITY = PREFIX + "priority"
+PROGRESS = PREFIX + "progress"
+"""Where a training pod exposes its progress: ``port=<n>[,path=/metrics],steps=<counter>
+[,samples=<counter>]``, a Prometheus text endpoint on the pod's own IP and the names of
+its monotonically increasing step (and optionally sample) counters
+(:func:`parse_progress`)."""
 
 # Outputs, written by the extender at bind.
 GPU_INDEX = PREFIX + "gpu-index"
@@ -138,6 +143,7 @@ PRIORITY_RANGE = IntRange(-1_000_000, 1_000_000)
 GPU_COUNT_RANGE = IntRange(0, 1024)
 """``tandem.io/gpu`` of one container (limits or requests)."""
 GPU_INDEX_RANGE = IntRange(0, 65535)
+PORT_RANGE = IntRange(1, 65535)
 DEFAULT_WEIGHT = 1
 DEFAULT_BATCH_SIZE = {TRAINING: 32, INFERENCE: 1}
 """The batch size of a pod that does not give ``tandem.io/batch-size``: placement,
@@ -181,6 +187,45 @@ def integer_or_none(raw: object, valid: IntRange) -> int | None:
         return parse_integer(raw, "", valid)
     except AnnotationError:
         return None
+
+
+@dataclass(frozen=True)
+class ProgressEndpoint:
+    """A pod's progress counters (``tandem.io/progress``): scraped on the pod's own IP
+    only, so an annotation never points the node agent at another host."""
+
+    port: int
+    steps: str
+    path: str = "/metrics"
+    samples: str | None = None
+
+
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]{0,199}")
+_URL_PATH = re.compile(r"/[A-Za-z0-9._~/-]{0,199}")
+_PROGRESS_KEYS = ("port", "path", "steps", "samples")
+
+
+def parse_progress(value: object) -> ProgressEndpoint:
+    """The one reader of ``tandem.io/progress``; AnnotationError names what is wrong."""
+    if not isinstance(value, str) or len(value) > 512:
+        raise AnnotationError(PROGRESS, value, "must be a string of at most 512 characters")
+    fields: dict[str, str] = {}
+    for part in value.split(","):
+        key, sep, text = part.strip().partition("=")
+        if not sep or key not in _PROGRESS_KEYS or key in fields:
+            raise AnnotationError(PROGRESS, value, "must be port=<n>[,path=/p],steps=<counter>"
+                                  "[,samples=<counter>], each key once")
+        fields[key] = text.strip()
+    if "port" not in fields or "steps" not in fields:
+        raise AnnotationError(PROGRESS, value, "needs port= and steps=")
+    port = parse_integer(fields["port"], PROGRESS, PORT_RANGE)
+    for key in ("steps", "samples"):
+        if key in fields and not _METRIC_NAME.fullmatch(fields[key]):
+            raise AnnotationError(PROGRESS, value, f"{key}= must be a Prometheus metric name")
+    path = fields.get("path", "/metrics")
+    if not _URL_PATH.fullmatch(path) or ".." in path:
+        raise AnnotationError(PROGRESS, value, "path= must be an absolute URL path")
+    return ProgressEndpoint(port, fields["steps"], path, fields.get("samples"))
 
 
 @dataclass(frozen=True)

@@ -155,7 +155,8 @@ def test_pair_learning_is_bounded_persists_and_resets() -> None:
     learner.refuse(A100, "m0", "x")
     assert learner.stats() == {"samples": 5, "group_samples": 0, "pairs": 3, "groups": 0,
                                "inferred_pairs": 0,
-                               "cannot_share": 1, "prior_pairs": 0}
+                               "cannot_share": 1, "prior_pairs": 0,
+                               "progress_samples": 0, "losing": 0}
     again = PairLearner(max_entries=3)
     again.load_document(learner.to_document())
     model = again.model()

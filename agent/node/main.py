@@ -17,6 +17,7 @@ from agent.inference.auth import AdminToken, AdminTokenError, is_loopback
 from agent.node.attribution import ProcAttributor
 from agent.node.extender_view import PlacedJobs, StateClient, ViewHolder
 from agent.node.gpus import GpuSource, parse_gpu_source
+from agent.node.progress import ProgressScraper
 from agent.node.reporter import Reporter, TokenSource
 from agent.node.runner import Agent, AgentConfig
 from agent.node.sessions import SessionSync
@@ -82,7 +83,9 @@ def build_agent(*, node: str, gpus: str, extender: str | None, interval_seconds:
     agent = Agent(config, source, registry=registry or CollectorRegistry(),
                   attributor=ProcAttributor(proc_root), reporter=reporter, state=state,
                   views=views, sessions=sync, token=token,
-                  servers=ServerSupervisor(serve) if serve is not None else None)
+                  servers=ServerSupervisor(serve) if serve is not None else None,
+                  progress=ProgressScraper() if extender is not None else None,
+                  proc_root=proc_root)
     return agent, closers
 
 

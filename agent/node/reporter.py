@@ -27,6 +27,7 @@ from contracts.agentreport import (
     AgentReport,
     ReportedGpu,
     ReportedProcess,
+    ReportedProgress,
     ReportedSession,
     encode_report,
 )
@@ -39,9 +40,11 @@ TOKEN_ENV = "TANDEM_AGENT_TOKEN"
 
 def build_report(node: str, sample: NodeSample,
                  sessions: Mapping[int, tuple[ReportedSession, ...]] | None = None,
+                 progress: Mapping[int, tuple[ReportedProgress, ...]] | None = None,
                  ) -> dict[str, Any]:
     """The report JSON object for one sampling round (``contracts.agentreport``);
-    ``sessions``: per GPU index, its server's best-effort sessions (:func:`session_entries`).
+    ``sessions``: per GPU index, its server's best-effort sessions (:func:`session_entries`);
+    ``progress``: per GPU index, the progress of its pods (:mod:`agent.node.progress`).
 
     A GPU whose identity was never read (lost since start: no memory total) is left
     out, since the extender needs its total to accept the report; a GPU lost later
@@ -49,7 +52,8 @@ def build_report(node: str, sample: NodeSample,
     """
     return encode_report(AgentReport(
         node=node,
-        gpus=tuple(_gpu_entry(g, (sessions or {}).get(g.info.index, ()))
+        gpus=tuple(_gpu_entry(g, (sessions or {}).get(g.info.index, ()),
+                              (progress or {}).get(g.info.index, ()))
                    for g in sample.gpus if g.info.memory_total_mib is not None),
         timestamp=round(sample.timestamp, 3),
         interval_seconds=sample.interval_seconds,
@@ -67,7 +71,8 @@ def session_entries(gpu_time_ms: Mapping[int, Mapping[str, float]],
             for index, times in gpu_time_ms.items()}
 
 
-def _gpu_entry(g: GpuSample, sessions: tuple[ReportedSession, ...] = ()) -> ReportedGpu:
+def _gpu_entry(g: GpuSample, sessions: tuple[ReportedSession, ...] = (),
+               progress: tuple[ReportedProgress, ...] = ()) -> ReportedGpu:
     return ReportedGpu(
         index=g.info.index,
         uuid=g.info.uuid,
@@ -86,6 +91,7 @@ def _gpu_entry(g: GpuSample, sessions: tuple[ReportedSession, ...] = ()) -> Repo
                             container_id=p.container_id)
             for p in g.processes),
         sessions=sessions,
+        progress=progress,
     )
 
 

@@ -26,6 +26,7 @@ from agent.node.attribution import ProcAttributor
 from agent.node.exporter import AgentCollector, Observation
 from agent.node.extender_view import StateClient, ViewHolder
 from agent.node.gpus import GpuSource, NodeSample
+from agent.node.progress import ProgressScraper, targets
 from agent.node.reporter import Reporter, TokenSource, build_report, session_entries
 from agent.node.sessions import SessionSync, SyncResult
 from agent.node.supervisor import ServerSupervisor
@@ -75,7 +76,9 @@ class Agent:
                  views: ViewHolder | None = None,
                  sessions: SessionSync | None = None,
                  token: TokenSource | None = None,
-                 servers: ServerSupervisor | None = None) -> None:
+                 servers: ServerSupervisor | None = None,
+                 progress: ProgressScraper | None = None,
+                 proc_root: Path = Path("/proc")) -> None:
         self.config = config
         self.registry = registry
         self._source = source
@@ -86,6 +89,8 @@ class Agent:
         self._sessions = sessions
         self._token = token
         self._servers = servers
+        self._progress = progress
+        self._proc_root = proc_root
         self._latest: Observation | None = None
         self._lock = threading.Lock()
         registry.register(AgentCollector(self.latest, config.node))
@@ -93,6 +98,12 @@ class Agent:
                                 ["outcome"], registry=registry)
         self._errors = Counter("tandem_agent_errors", "Agent step errors by kind.",
                                ["kind"], registry=registry)
+        self._progress_skipped = Counter(
+            "tandem_agent_progress_skipped",
+            "Pods with a progress annotation left out of a report, by reason.",
+            ["reason"], registry=registry)
+        if progress is not None:
+            progress.on_skip = lambda reason: self._progress_skipped.labels(reason).inc()
 
     @property
     def servers(self) -> ServerSupervisor | None:
@@ -129,7 +140,8 @@ class Agent:
         if self._servers is not None:  # one inference server per GPU the source lists
             self._servers.ensure(g.info.index for g in sample.gpus)
         report = build_report(self.config.node, sample, session_entries(
-            self._sessions.gpu_time_ms, view.pods()) if self._sessions and view else None)
+            self._sessions.gpu_time_ms, view.pods()) if self._sessions and view else None,
+            self._scrape_progress(sample, view))
         attempts, push_error = self._push(report)
         synced = self._sessions.sync(view) if self._sessions and view is not None else None
         return StepResult(report, attempts, push_error, None, state_error, synced)
@@ -160,6 +172,20 @@ class Agent:
             log.warning("extender state unavailable", extra={"error": str(err)})
             return str(err)
         return None
+
+    def _scrape_progress(self, sample: NodeSample, view: Any) -> dict[int, Any] | None:
+        """Per GPU index, the progress of the pods with a progress annotation
+        (:mod:`agent.node.progress`); None without a scraper or a view."""
+        if self._progress is None or view is None:
+            return None
+        pids: dict[str, list[int]] = {}
+        for gpu in sample.gpus:
+            for proc in gpu.processes:
+                if proc.pod_uid and proc.pid is not None:
+                    pids.setdefault(proc.pod_uid, []).append(proc.pid)
+        pods = [(p.uid, p.gpu_index, dict(p.annotations)) for p in view.pods()]
+        found = targets(pods, pids, self._proc_root, self._progress.skip)
+        return self._progress.scrape(found)
 
     def _attribute(self, sample: NodeSample) -> NodeSample:
         gpus = []

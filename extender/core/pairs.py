@@ -57,7 +57,10 @@ PROFILE = "profile"
 MATRIX = "matrix"
 GROUP = "group"
 PAIR = "pair"
-UNTRIED = (CURVE, PROFILE, MATRIX)
+PROGRESS = "progress"
+COMPLETED = "completed"
+FEATURES = "features"
+UNTRIED = (CURVE, PROFILE, MATRIX, COMPLETED, FEATURES)
 """Sources of a figure for a pair never seen on this GPU type."""
 
 
@@ -78,6 +81,12 @@ class TypePairs:
     inferred: Mapping[tuple[str, str], tuple[float, int]] = field(default_factory=dict)
     """(a, b) -> (log slowdown solved from GPUs shared by three or more, samples it was in),
     for pairs not seen alone together."""
+    progress: Mapping[tuple[str, str], tuple[float, float, str]] = field(default_factory=dict)
+    """(a, b) -> (log slowdown, its variance, source) learned from the jobs' progress
+    (:mod:`extender.learning.progress_pairs`): ``progress:<n>``, ``completed`` or
+    ``features``; where given, it is the figure."""
+    losing: frozenset[frozenset[str]] = frozenset()
+    """Pairs whose measured progress was worse than taking turns: refused."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +112,9 @@ class PairModel:
         t = self._type(gpu_type)
         if t is None:
             return max(curve, 1.0), CURVE
+        learned = t.progress.get((a, b))
+        if learned is not None:
+            return max(1.0, math.exp(learned[0])), learned[2]
         prior, source = math.log(max(curve, 1.0)), CURVE
         measured = t.prior.get((a, b))
         if measured is not None:
@@ -121,9 +133,42 @@ class PairModel:
         return max(1.0, math.exp(prior)), source
 
     def can_share(self, gpu_type: str, a: str, b: str) -> bool:
-        """False when ``a`` and ``b`` were seen not to fit together on ``gpu_type``."""
+        """False when ``a`` and ``b`` were seen not to fit together on ``gpu_type``, their
+        progress was measured worse than taking turns, or even their optimistic progress
+        figures (:data:`EXPLORE_Z` standard deviations up) do not beat ``1 + SHARE_MARGIN``
+        (:func:`shares`)."""
         t = self._type(gpu_type)
-        return t is None or frozenset((a, b)) not in t.cannot
+        if t is None:
+            return True
+        pair = frozenset((a, b))
+        if pair in t.cannot or pair in t.losing:
+            return False
+        ab, ba = t.progress.get((a, b)), t.progress.get((b, a))
+        return ab is None or ba is None or shares(ab[:2], ba[:2], z=-EXPLORE_Z)
+
+
+SHARE_MARGIN = 0.02
+SHARE_Z = 0.5
+"""Two jobs share a GPU where their combined normalised progress beats ``1 + SHARE_MARGIN``
+by ``SHARE_Z`` standard deviations (:func:`shares`)."""
+EXPLORE_Z = 1.0
+"""Placements are optimistic by this many standard deviations (an untried pair is tried
+while its figures might beat the margin, then judged by what was measured)."""
+
+
+def combined(ab: tuple[float, float], ba: tuple[float, float]) -> tuple[float, float]:
+    """``1/s_ab + 1/s_ba`` from the two (log slowdown, variance) figures, and its standard
+    deviation (the delta method)."""
+    ra, rb = math.exp(-ab[0]), math.exp(-ba[0])
+    return ra + rb, math.sqrt(ra * ra * ab[1] + rb * rb * ba[1])
+
+
+def shares(ab: tuple[float, float], ba: tuple[float, float], margin: float = SHARE_MARGIN,
+           z: float = SHARE_Z) -> bool:
+    """True where the pair's combined normalised progress beats ``1 + margin`` by ``z``
+    standard deviations (taking turns is worth 1)."""
+    value, sd = combined(ab, ba)
+    return value - z * sd > 1.0 + margin
 
 
 @dataclass(frozen=True)
@@ -139,7 +184,8 @@ class GpuVerdict:
     """Where the newcomer's figure came from (the weakest source among its pairs)."""
 
 
-_RANK = {CURVE: 0, PROFILE: 1, MATRIX: 2, GROUP: 3, PAIR: 4}
+_RANK = {CURVE: 0, PROFILE: 1, FEATURES: 1, MATRIX: 2, COMPLETED: 2, GROUP: 3, PAIR: 4,
+         PROGRESS: 4}
 
 
 def _rank(source: str) -> int:

@@ -78,8 +78,12 @@ from extender.learning.pair_fit import (
     GroupKey,
     calibrate,
     fit_profiles,
+    pooled_logs,
+    prior_logs,
     solve_group_types,
 )
+from extender.learning.progress_pairs import Estimates, ProgressPairs, progress_view
+from extender.learning.step_times import AloneSteps, progress_samples
 from extender.state.reports import DecodedReport
 
 MAX_TRACKED_PODS = 100_000
@@ -99,9 +103,9 @@ class PairLearner:
         self.groups = groups
         """Take group samples (``learning.pair_groups``)."""
         self.group_refit_seconds = group_refit_seconds
-        self._prior = _prior_logs(prior or {})
+        self._prior = prior_logs(prior or {})
         """Listed GPU type -> ((a, b) -> log slowdown, cannot-share pairs)."""
-        self._pooled = _pooled_logs(self._prior)
+        self._pooled = pooled_logs(self._prior)
         """(a, b) -> mean log slowdown over the listed types: for every other type."""
         self.warmup_seconds = warmup_seconds
         self.clock = clock
@@ -130,6 +134,12 @@ class PairLearner:
         self.dirty = False
         self._cache: tuple[int, int, PairModel] | None = None
         """(version, rebuilds, the model built then)."""
+        self.progress = ProgressPairs(priors={t: logs for t, (logs, _) in self._prior.items()})
+        """Progress samples (:mod:`extender.learning.progress_pairs`)."""
+        self.alone_steps = AloneSteps()
+        self._estimates: tuple[float, int, Estimates] | None = None
+        """(when, progress samples then, what they predict): refitted as the group solve."""
+        self.progress_samples_total = 0
 
     # ---- learning ------------------------------------------------------------------
     def add(self, gpu_type: str, a: str, b: str, slowdown: float) -> None:
@@ -222,6 +232,39 @@ class PairLearner:
         self.model()
         return taken
 
+    def observe_progress(self, report: DecodedReport,
+                         placement_of: Callable[[str], Placement | None]) -> int:
+        """Progress samples from ``report`` (:mod:`extender.learning.step_times`): the
+        pods' exclusive windows, and ``log(step time shared / alone)`` for each of two
+        placed, modelled pods sharing a GPU."""
+        def model_of(uid: str, index: int) -> str | None:
+            found = _modelled(placement_of(uid), report.node, index)
+            return None if found is None else found[0]
+
+        samples = progress_samples(report, model_of, self.alone_steps, self.clock())
+        with self._lock:
+            for gpu_type, a, b, x in samples:
+                self.progress.add(gpu_type, a, b, x)
+            if samples:
+                self.version += 1
+                self.progress_samples_total += len(samples)
+                self.dirty = True
+        if samples:
+            self.model()
+        return len(samples)
+
+    def _progress_estimates(self, now: float) -> Estimates | None:
+        """What the progress samples predict, refitted at most every group_refit_seconds
+        (the completion is the costly part); None before any sample."""
+        count = self.progress_samples_total
+        if not count:
+            return None
+        done = self._estimates
+        if done is None or (done[1] != count and now - done[0] >= self.group_refit_seconds):
+            done = (now, count, self.progress.estimate())
+            self._estimates = done
+        return done[2]
+
     def _warming(self, uid: str, node: str, index: int) -> bool:
         """True during the pod's first ``warmup_seconds`` on this GPU (as the store rules)."""
         now = self.clock()
@@ -248,7 +291,8 @@ class PairLearner:
         """The model of everything learned so far (None while nothing is); cached per
         version, the group solve redone when due."""
         with self._lock:
-            if not self._stats and not self._groups and not self._cannot and not self._prior:
+            if not self._stats and not self._groups and not self._cannot and not self._prior \
+                    and not self.progress_samples_total:
                 return None
             now = self.clock()
             solved = self._solved
@@ -279,7 +323,14 @@ class PairLearner:
                 self._solved = (now, group_version, inferred)
         else:
             inferred = solved[2] if solved else {}
-        built = PairModel({t: replace(tp, inferred=inferred.get(t, {}))
+        progress = self._progress_estimates(now)
+        if progress is not None:
+            for t in {t for t, _a, _b in progress.figures}:
+                fitted.setdefault(t, TypePairs())
+        built = PairModel({t: replace(tp, inferred=inferred.get(t, {}),
+                                      progress=progress.type_figures(t) if progress else {},
+                                      losing=frozenset(p for tt, p in progress.losing
+                                                       if tt == t) if progress else frozenset())
                            for t, tp in fitted.items()},
                           self.prior_weight, self.explore_bonus,
                           TypePairs(prior=self._pooled) if self._pooled else None)
@@ -318,7 +369,8 @@ class PairLearner:
                         "profiles": {m: {"sensitivity": round(tp.sens.get(m, 0.0), 3),
                                          "aggressiveness": round(tp.aggr.get(m, 0.0), 3)}
                                      for m in sorted(set(tp.sens) | set(tp.aggr))},
-                        "cannot_share": sorted(sorted(p) for p in tp.cannot)})
+                        "cannot_share": sorted(sorted(p) for p in tp.cannot),
+                        "progress": progress_view(tp)})
         return out
 
     def stats(self) -> dict[str, int]:
@@ -328,6 +380,8 @@ class PairLearner:
                     "pairs": len(self._stats), "groups": len(self._groups),
                     "inferred_pairs": sum(len(p) for p in (self._solved or (0, 0, {}))[2].values()),
                     "cannot_share": len(self._cannot),
+                    "progress_samples": self.progress_samples_total,
+                    "losing": len(self._estimates[2].losing) if self._estimates else 0,
                     "prior_pairs": sum(len(logs) for logs, _ in self._prior.values())}
 
     # ---- persistence ---------------------------------------------------------------
@@ -384,22 +438,3 @@ def _modelled(p: Placement | None, node: str, index: int) -> tuple[str, int, flo
         else float(p.util_percent)
     return model, int(batch) if batch.isdigit() else 32, placed
 
-
-def _prior_logs(tables: Mapping[str, PairTable]
-                ) -> dict[str, tuple[dict[tuple[str, str], float], frozenset[frozenset[str]]]]:
-    """Per listed GPU type its log slowdowns and cannot-share pairs."""
-    return {gpu_type: ({(a, b): min(MAX_LOG, math.log(table.listed(a, b) or 1.0))
-                        for a, row in table.slowdown.items() for b in row},
-                       frozenset(table.cannot_share))
-            for gpu_type, table in tables.items()}
-
-
-def _pooled_logs(prior: Mapping[str, tuple[dict[tuple[str, str], float], Any]]
-                 ) -> dict[tuple[str, str], float]:
-    """The mean log slowdown of each pair over the types that list it (memory facts, the
-    cannot-share pairs, do not carry over to another GPU type)."""
-    values: dict[tuple[str, str], list[float]] = {}
-    for logs, _ in prior.values():
-        for pair, value in logs.items():
-            values.setdefault(pair, []).append(value)
-    return {pair: sum(v) / len(v) for pair, v in values.items()}

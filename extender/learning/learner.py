@@ -244,6 +244,7 @@ class Learner:
         points.refit(self.prior)
         if self.cfg.enabled and self.cfg.pairs:
             self.pairs.observe(report, placement_of, self._trusted_alone)
+            self.pairs.observe_progress(report, placement_of)
         self.maybe_persist()
         return taken
 

@@ -17,6 +17,7 @@ import numpy as np
 from scipy.sparse import csr_matrix, identity
 from scipy.sparse.linalg import cg, spsolve
 
+from contracts.interferencefile import PairTable
 from extender.core.pairs import MATRIX, PairModel, TypePairs
 
 MAX_LOG = math.log(20.0)
@@ -186,3 +187,23 @@ def calibrate(seen: Mapping[tuple[str, str], tuple[float, int]],
     penalty = CALIBRATION_RIDGE * np.eye(2)
     alpha, beta = np.linalg.solve(x.T @ x + penalty, x.T @ y + penalty @ np.array([0.0, 1.0]))
     return float(alpha), max(0.0, float(beta))
+
+
+def prior_logs(tables: Mapping[str, PairTable]
+                ) -> dict[str, tuple[dict[tuple[str, str], float], frozenset[frozenset[str]]]]:
+    """Per listed GPU type its log slowdowns and cannot-share pairs."""
+    return {gpu_type: ({(a, b): min(MAX_LOG, math.log(table.listed(a, b) or 1.0))
+                        for a, row in table.slowdown.items() for b in row},
+                       frozenset(table.cannot_share))
+            for gpu_type, table in tables.items()}
+
+
+def pooled_logs(prior: Mapping[str, tuple[dict[tuple[str, str], float], Any]]
+                 ) -> dict[tuple[str, str], float]:
+    """The mean log slowdown of each pair over the types that list it (memory facts, the
+    cannot-share pairs, do not carry over to another GPU type)."""
+    values: dict[tuple[str, str], list[float]] = {}
+    for logs, _ in prior.values():
+        for pair, value in logs.items():
+            values.setdefault(pair, []).append(value)
+    return {pair: sum(v) / len(v) for pair, v in values.items()}

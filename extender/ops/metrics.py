@@ -130,13 +130,20 @@ class LearnerCollector(Collector):
                 "tandem_learning_interference_pairs",
                 "Pairwise interference kept: directed pairs seen, pairs that cannot share, "
                 "pairs the measured matrix (learning.pair_prior) lists, group samples kept "
-                "(a model beside a set of others), pairs solved from them",
+                "(a model beside a set of others), pairs solved from them, pairs refused "
+                "because their measured progress lost to taking turns",
                 labels=["kind"])
             pairs.add_metric(["seen"], float(s["pairs"]["pairs"]))
             pairs.add_metric(["cannot_share"], float(s["pairs"]["cannot_share"]))
             pairs.add_metric(["prior"], float(s["pairs"].get("prior_pairs", 0)))
             pairs.add_metric(["groups"], float(s["pairs"].get("groups", 0)))
             pairs.add_metric(["inferred"], float(s["pairs"].get("inferred_pairs", 0)))
+            pairs.add_metric(["refused_losing"], float(s["pairs"].get("losing", 0)))
+            progress = CounterMetricFamily("tandem_learning_interference_progress_samples",
+                                           "Progress samples (step time beside one other pod "
+                                           "over its step time alone) taken")
+            progress.add_metric([], float(s["pairs"].get("progress_samples", 0)))
+            yield progress
             samples = CounterMetricFamily("tandem_learning_interference_samples",
                                           "Pair and group slowdown samples taken from shared "
                                           "GPUs")

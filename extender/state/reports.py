@@ -17,7 +17,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from contracts.agentreport import AgentReport, ReportedProcess, ReportedSession, ReportError
+from contracts.agentreport import (
+    AgentReport,
+    ReportedProcess,
+    ReportedProgress,
+    ReportedSession,
+    ReportError,
+)
 from contracts.agentreport import decode_report as contract_decode
 from contracts.tokens import bearer_of, same_token, token_or_none
 from extender.config.sections import ReportsConfig
@@ -38,6 +44,8 @@ class DecodedReport:
     """Per GPU (same order as ``gpus``), the processes the agent saw on it."""
     sessions: tuple[tuple[ReportedSession, ...], ...] = ()
     """Per GPU, the best-effort sessions its inference server runs (GPU time used)."""
+    progress: tuple[tuple[ReportedProgress, ...], ...] = ()
+    """Per GPU, the progress of its pods that expose a step counter."""
 
     @classmethod
     def of(cls, report: AgentReport) -> DecodedReport:
@@ -48,7 +56,8 @@ class DecodedReport:
             tuple(_nan(g.utilization_percent) for g in report.gpus),
             tuple(_nan(g.memory_used_mib) for g in report.gpus),
             tuple(g.processes for g in report.gpus),
-            tuple(g.sessions for g in report.gpus))
+            tuple(g.sessions for g in report.gpus),
+            tuple(g.progress for g in report.gpus))
 
 
 def _nan(value: float | None) -> float:

@@ -1,0 +1,165 @@
+"""Who slows whom, from the jobs' own progress (docs/interference.md).
+
+A sample is ``log(step_time_shared / step_time_alone)`` of one pod over one window on a
+GPU shared with exactly one other pod: how many times slower its steps ran beside that
+pod (:mod:`extender.learning.step_times` gives the alone step time). Per GPU type and
+directed pair it keeps the count, mean and spread of the samples (Welford).
+
+**Noise, estimated.** The variance of one sample is the spread within pairs seen twice or
+more, pooled (each pair's own mean taken out); until :data:`MIN_NOISE_DOF` degrees of
+freedom are pooled it is :data:`DEFAULT_NOISE_VAR`.
+
+**Figures.** Every pair's figure comes from the low-rank completion over every GPU type
+(:mod:`extender.learning.completion`: the pairs seen here, measured matrices given as
+priors, the jobs' features), whose out-of-sample error is the variance ``tau2`` of a
+figure not seen; a pair seen ``n`` times with mean ``m`` reads ``(n m / noise + c / tau2) /
+(n / noise + 1 / tau2)`` with variance ``1 / (n / noise + 1 / tau2)``: its own samples,
+shrunk toward the completion as far as they are noisy.
+
+**Deciding.** Two jobs share a GPU only where their predicted combined normalised progress
+``1/s_ab + 1/s_ba`` beats ``1 + margin`` by ``z`` standard deviations (the delta method on
+the two figures' variances; :func:`extender.core.pairs.shares`): otherwise they take
+turns, which is worth 1. A pair whose
+own samples, both ways, put its combined progress below 1 is refused from then on
+(:meth:`ProgressPairs.losing`), however the completion reads it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from extender.core.pairs import SHARE_MARGIN, SHARE_Z, TypePairs, combined, shares
+from extender.learning.completion import MATRIX_SAMPLES, Completed, Entry, complete
+
+DEFAULT_NOISE_VAR = 0.1 ** 2
+"""A sample's variance until enough pairs were seen twice (the H100 retest: sd 0.066 per
+measurement, 0.093 with the alone run's drift)."""
+MIN_NOISE_DOF = 5
+MAX_LOG = math.log(20.0)
+
+Key = tuple[str, str, str]
+"""(GPU type, a, b): a beside b."""
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One directed pair's predicted log slowdown, its variance and where it came from."""
+
+    log: float
+    var: float
+    source: str
+    """``progress:<n>`` (its own samples), ``completed`` (the completion from other pairs)
+    or ``features`` (a job never seen: its features alone)."""
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """Every pair's figure on the GPU types learned, and the pairs refused as losing."""
+
+    figures: Mapping[Key, Figure]
+    losing: frozenset[tuple[str, frozenset[str]]] = frozenset()
+    noise_var: float = DEFAULT_NOISE_VAR
+
+    def figure(self, gpu_type: str, a: str, b: str) -> Figure | None:
+        return self.figures.get((gpu_type, a, b))
+
+    def combined(self, gpu_type: str, a: str, b: str) -> tuple[float, float] | None:
+        """Predicted ``1/s_ab + 1/s_ba`` and its standard deviation (None: unknown pair)."""
+        ab, ba = self.figure(gpu_type, a, b), self.figure(gpu_type, b, a)
+        if ab is None or ba is None:
+            return None
+        return combined((ab.log, ab.var), (ba.log, ba.var))
+
+    def shares(self, gpu_type: str, a: str, b: str, margin: float = SHARE_MARGIN,
+               z: float = SHARE_Z) -> bool:
+        """True where ``a`` and ``b`` should share a GPU (module docstring)."""
+        if (gpu_type, frozenset((a, b))) in self.losing:
+            return False
+        ab, ba = self.figure(gpu_type, a, b), self.figure(gpu_type, b, a)
+        return ab is not None and ba is not None and shares(
+            (ab.log, ab.var), (ba.log, ba.var), margin, z)
+
+    def type_figures(self, gpu_type: str) -> dict[tuple[str, str], tuple[float, float, str]]:
+        """One GPU type's figures as :class:`extender.core.pairs.TypePairs` takes them."""
+        return {(a, b): (f.log, f.var, f.source) for (t, a, b), f in self.figures.items()
+                if t == gpu_type}
+
+
+@dataclass
+class ProgressPairs:
+    """Progress samples per directed pair and what they, with priors, predict."""
+
+    priors: Mapping[str, Mapping[tuple[str, str], float]] = field(default_factory=dict)
+    """Measured matrices: GPU type -> (a, b) -> log slowdown (``learning.pair_prior``)."""
+    features: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    stats: dict[Key, list[float]] = field(default_factory=dict)
+    """key -> [count, mean, m2] of the log samples."""
+
+    def add(self, gpu_type: str, a: str, b: str, log_ratio: float) -> None:
+        """One progress sample: ``a``'s steps took ``exp(log_ratio)`` times as long beside ``b``."""
+        if not math.isfinite(log_ratio):
+            return
+        x = min(MAX_LOG, max(-MAX_LOG, log_ratio))
+        st = self.stats.setdefault((gpu_type, a, b), [0.0, 0.0, 0.0])
+        st[0] += 1
+        delta = x - st[1]
+        st[1] += delta / st[0]
+        st[2] += delta * (x - st[1])
+
+    def noise_var(self) -> float:
+        """The pooled within-pair variance of one sample (module docstring)."""
+        dof = sum(st[0] - 1 for st in self.stats.values())
+        if dof < MIN_NOISE_DOF:
+            return DEFAULT_NOISE_VAR
+        return max(1e-6, sum(st[2] for st in self.stats.values()) / dof)
+
+    def estimate(self, jobs: Sequence[str] = (), gpu_types: Sequence[str] = ()) -> Estimates:
+        """Every pair's figure (module docstring) over the jobs seen, ``jobs`` and the
+        priors' jobs, on every GPU type seen, listed or in ``gpu_types``."""
+        noise = self.noise_var()
+        learned = sorted({t for t, _, _ in self.stats})
+        types = sorted(set(learned) | set(self.priors) | set(gpu_types))
+        names = sorted({m for _, a, b in self.stats for m in (a, b)} | set(jobs)
+                       | {m for logs in self.priors.values() for pair in logs for m in pair})
+        entries: list[Entry] = [(t, a, b, st[1], st[0] * DEFAULT_NOISE_VAR / noise)
+                                for (t, a, b), st in self.stats.items()]
+        entries += [(t, a, b, v, MATRIX_SAMPLES) for t, logs in self.priors.items()
+                    for (a, b), v in logs.items() if (t, a, b) not in self.stats]
+        done: Completed = complete(entries, names, types, noise, self.features, learned)
+        seen_jobs = {m for _, a, b in self.stats for m in (a, b)} | {
+            m for logs in self.priors.values() for pair in logs for m in pair}
+        figures: dict[Key, Figure] = {}
+        losing = set()
+        for (t, a, b), c in done.logs.items():
+            tau2 = done.variance[t]
+            st = self.stats.get((t, a, b))
+            if st is None:
+                source = "completed" if a in seen_jobs and b in seen_jobs else "features"
+                figures[(t, a, b)] = Figure(c, tau2, source)
+                continue
+            precision = st[0] / noise + 1.0 / tau2
+            figures[(t, a, b)] = Figure((st[0] * st[1] / noise + c / tau2) / precision,
+                                        1.0 / precision, f"progress:{int(st[0])}")
+        for (t, a, b), st in self.stats.items():
+            back = self.stats.get((t, b, a))
+            if a < b and back is not None and math.exp(-st[1]) + math.exp(-back[1]) < 1.0:
+                losing.add((t, frozenset((a, b))))
+        return Estimates(figures, frozenset(losing), noise)
+
+
+def progress_view(tp: TypePairs) -> dict[str, Any]:
+    """Where the progress figures came from: pairs by source, and the pairs refused as
+    losing (measured worse than taking turns)."""
+    sources: dict[str, int] = {}
+    for _log, _var, source in tp.progress.values():
+        kind = source.partition(":")[0]
+        sources[kind] = sources.get(kind, 0) + 1
+    measured = [{"model": a, "beside": b, "slowdown": round(math.exp(log), 3),
+                 "log_stderr": round(math.sqrt(var), 3), "source": source}
+                for (a, b), (log, var, source) in sorted(tp.progress.items())
+                if source.startswith("progress:")]
+    return {"sources": sources, "measured": measured,
+            "refused_losing": sorted(sorted(p) for p in tp.losing)}

@@ -1,0 +1,122 @@
+"""Progress samples from agent reports: each pod's step time alone, and its slowdown beside
+one other pod as ``log(step_time_shared / step_time_alone)`` (docs/interference.md).
+
+**Alone.** A window in which a pod is the only process-holding pod on its GPU (every
+process there attributed to it) and reports progress is one of its *exclusive* windows.
+Its alone step time on that GPU type is the mean over its newest :data:`ALONE_WINDOWS`
+exclusive windows no older than ``max_age_s``: re-measured whenever it runs alone, because
+it drifts (the H100 retest: +9.5% between two runs of the same job). Without a fresh one,
+a profile of its model on that GPU type (``profile``) stands in; without either, the
+pod's shared windows give no sample (reason ``no-alone-time``).
+
+**Shared.** A window in which a GPU holds exactly two such pods, each placed by this
+extender with a model, both reporting progress, gives each a sample for the directed pair
+(its model, the other's). A GPU with a process no pod owns, or three pods or more, gives
+none (``not-a-pair``): a sample must name the one pod that slowed it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Callable
+
+from contracts.agentreport import ReportedProgress
+from extender.core.snapshot import gpu_type_of
+from extender.state.reports import DecodedReport
+
+ALONE_WINDOWS = 5
+MAX_AGE_S = 1800.0
+MAX_TRACKED_PODS = 100_000
+
+Sample = tuple[str, str, str, float]
+"""(GPU type, model, beside model, log of the step-time ratio)."""
+
+
+class AloneSteps:
+    """Per pod and GPU type, its recent exclusive step times; per model, profiles."""
+
+    def __init__(self, max_age_s: float = MAX_AGE_S):
+        self.max_age_s = max_age_s
+        self._windows: OrderedDict[tuple[str, str], list[tuple[float, float]]] = OrderedDict()
+        """(pod uid, GPU type) -> [(when, step time)], newest last."""
+        self._profiles: dict[tuple[str, str], float] = {}
+        self.skipped: dict[str, int] = {}
+
+    def record(self, uid: str, gpu_type: str, steps_per_s: float, now: float) -> None:
+        """One exclusive window of ``uid``."""
+        if not (math.isfinite(steps_per_s) and steps_per_s > 0):
+            return
+        key = (uid, gpu_type)
+        windows = self._windows.pop(key, [])
+        windows.append((now, 1.0 / steps_per_s))
+        self._windows[key] = windows[-ALONE_WINDOWS:]
+        while len(self._windows) > MAX_TRACKED_PODS:
+            self._windows.popitem(last=False)
+
+    def profile(self, model: str, gpu_type: str, step_time_s: float) -> None:
+        """A profiled alone step time of ``model`` on ``gpu_type``."""
+        if math.isfinite(step_time_s) and step_time_s > 0:
+            self._profiles[(model, gpu_type)] = step_time_s
+
+    def alone(self, uid: str, model: str, gpu_type: str, now: float) -> float | None:
+        """The pod's alone step time (module docstring), or None."""
+        fresh = [t for when, t in self._windows.get((uid, gpu_type), ())
+                 if now - when <= self.max_age_s]
+        if fresh:
+            return sum(fresh) / len(fresh)
+        return self._profiles.get((model, gpu_type))
+
+    def skip(self, reason: str, count: int = 1) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + count
+
+
+def progress_samples(report: DecodedReport, model_of: Callable[[str, int], str | None],
+                     alone: AloneSteps, now: float) -> list[Sample]:
+    """Record the report's exclusive windows in ``alone`` and return its pair samples.
+
+    ``model_of(uid, gpu index)``: the model of a training pod this extender placed on that
+    GPU of the report's node, else None."""
+    out: list[Sample] = []
+    for gpu, procs, progress in zip(report.gpus, report.processes, report.progress,
+                                    strict=False):
+        if not progress:
+            continue
+        gpu_type = gpu_type_of(gpu.product)
+        owners = {p.pod_uid for p in procs}
+        rates = {p.pod_uid: p for p in progress}
+        if None in owners or not owners <= set(rates):
+            alone.skip("not-a-pair", len(rates))  # an unattributed or silent process there
+            continue
+        if len(owners) == 1:
+            (uid,) = owners
+            alone.record(uid, gpu_type, rates[uid].steps_per_s, now)
+            continue
+        out += _pair(gpu_type, gpu.index, [rates[u] for u in sorted(owners)], model_of,
+                     alone, now)
+    return out
+
+
+def _pair(gpu_type: str, index: int, pods: list[ReportedProgress],
+          model_of: Callable[[str, int], str | None], alone: AloneSteps,
+          now: float) -> list[Sample]:
+    """Both samples of a GPU shared by exactly two placed, modelled pods."""
+    if len(pods) != 2:
+        alone.skip("not-a-pair", len(pods))
+        return []
+    models = [model_of(p.pod_uid, index) for p in pods]
+    if None in models:
+        alone.skip("not-placed", 2)
+        return []
+    out = []
+    for i, p in enumerate(pods):
+        model, other = str(models[i]), str(models[1 - i])
+        base = alone.alone(p.pod_uid, model, gpu_type, now)
+        if base is None:
+            alone.skip("no-alone-time")
+            continue
+        if p.steps_per_s <= 0:
+            alone.skip("no-steps")  # stalled or stopped: a ratio would be infinite
+            continue
+        out.append((gpu_type, model, other, math.log((1.0 / p.steps_per_s) / base)))
+    return out

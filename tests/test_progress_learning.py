@@ -1,0 +1,97 @@
+"""Progress samples from agent reports (extender.learning.step_times) and what the pair
+learner makes of them: figures, the share threshold and losing pairs refused."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from extender_builders import A100, placement
+
+from contracts.agentreport import ReportedProgress
+from contracts.annotations import MODEL
+from extender.core.pairs import shares
+from extender.core.snapshot import GpuSpec
+from extender.learning.interference import PairLearner
+from extender.learning.step_times import AloneSteps, progress_samples
+from extender.state.reports import DecodedReport, ReportedProcess
+
+
+def _report(steps: dict[str, float], procs: tuple[str | None, ...] | None = None
+            ) -> DecodedReport:
+    g = GpuSpec(0, "GPU-n1-0", A100, 40960)
+    owners = tuple(steps) if procs is None else procs
+    return DecodedReport(node="n1", gpus=(g,), util_percent=(90.0,), memory_used_mib=(2000.0,),
+                         processes=(tuple(ReportedProcess(uid, 1000.0, None) for uid in owners),),
+                         progress=(tuple(ReportedProgress(uid, rate, 10.0)
+                                         for uid, rate in steps.items()),))
+
+
+def _placed(models: dict[str, str]) -> Any:
+    return {uid: placement(uid, util=60.0, annotations=((MODEL, m),))
+            for uid, m in models.items()}.get
+
+
+def _model_of(models: dict[str, str]) -> Any:
+    return lambda uid, index: models.get(uid)
+
+
+def test_a_shared_window_is_the_step_time_ratio_to_the_pods_own_alone_time() -> None:
+    alone = AloneSteps()
+    models = _model_of({"a": "lm", "b": "resnet"})
+    assert progress_samples(_report({"a": 10.0}), models, alone, 0.0) == []  # alone: 0.1 s
+    assert progress_samples(_report({"b": 4.0}), models, alone, 0.0) == []  # alone: 0.25 s
+    got = progress_samples(_report({"a": 5.0, "b": 3.2}), models, alone, 10.0)
+    assert [(a, b) for _, a, b, _ in got] == [("lm", "resnet"), ("resnet", "lm")]
+    assert got[0][3] == pytest.approx(math.log(2.0))  # 0.2 s a step beside resnet
+    assert got[1][3] == pytest.approx(math.log(1.25))
+
+
+def test_the_alone_time_is_re_measured_and_goes_stale() -> None:
+    alone = AloneSteps(max_age_s=100.0)
+    alone.record("a", A100, 10.0, 0.0)
+    alone.record("a", A100, 5.0, 50.0)
+    assert alone.alone("a", "lm", A100, 60.0) == pytest.approx(0.15)
+    assert alone.alone("a", "lm", A100, 1000.0) is None  # stale, no profile
+    alone.profile("lm", A100, 0.12)
+    assert alone.alone("a", "lm", A100, 1000.0) == 0.12
+
+
+@pytest.mark.parametrize("report, reason", [
+    (_report({"a": 5.0, "b": 3.0}, ("a", "b", None)), "not-a-pair"),  # an unattributed process
+    (_report({"a": 5.0}, ("a", "b")), "not-a-pair"),  # b holds the GPU, counts nothing
+    (_report({"a": 5.0, "c": 3.0}), "not-placed"),
+    (_report({"a": 5.0, "b": 3.0}), "no-alone-time"),
+])
+def test_no_sample_is_guessed(report: DecodedReport, reason: str) -> None:
+    alone = AloneSteps()
+    assert progress_samples(report, _model_of({"a": "lm", "b": "resnet"}), alone, 0.0) == []
+    assert alone.skipped.get(reason)
+
+
+def test_the_learner_learns_from_progress_and_refuses_a_pair_measured_to_lose() -> None:
+    learner = PairLearner(group_refit_seconds=0.0)
+    placed = _placed({"a": "lm", "b": "resnet", "c": "bert", "d": "gpt"})
+    for uid in "abcd":
+        learner.observe_progress(_report({uid: 10.0}), placed)
+    # lm and resnet: 1.25x each (combined 1.6); bert and gpt: 2.5x each (combined 0.8)
+    assert learner.observe_progress(_report({"a": 8.0, "b": 8.0}), placed) == 2
+    assert learner.observe_progress(_report({"c": 4.0, "d": 4.0}), placed) == 2
+    model = learner.current()
+    assert model is not None
+    value, source = model.figure(A100, "lm", "resnet", 1.0)
+    assert source == "progress:1" and 1.1 < value < 1.4
+    assert model.can_share(A100, "lm", "resnet")
+    assert not model.can_share(A100, "bert", "gpt")
+    view = learner.view()[0]["progress"]
+    assert view["refused_losing"] == [["bert", "gpt"]]
+    assert view["sources"]["progress"] == 4
+    assert learner.stats()["progress_samples"] == 4 and learner.stats()["losing"] == 1
+
+
+def test_the_threshold_counts_the_uncertainty() -> None:
+    sure, unsure = 0.01, 0.3
+    assert shares((math.log(1.8), sure), (math.log(1.8), sure))  # combined 1.11
+    assert not shares((math.log(1.8), unsure), (math.log(1.8), unsure))
+    assert shares((math.log(1.8), unsure), (math.log(1.8), unsure), z=-1.0)  # while exploring
