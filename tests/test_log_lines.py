@@ -46,6 +46,7 @@ def parse_lines(text: str) -> list[dict]:
 
 PROVOKE = textwrap.dedent("""
     import gc, logging, threading, warnings
+    import typer  # first, as in the CLI: it keeps the excepthook of that moment as its own
     from cheroot import wsgi
     from contracts.httpserve import harden
     from contracts.logs import setup_logging
@@ -66,7 +67,14 @@ PROVOKE = textwrap.dedent("""
         raise OSError("a worker's socket error")
     except OSError:
         server.error_log("socket.error", level=logging.WARNING, traceback=True)
-    raise SystemError("uncaught in the main thread")
+    cli = typer.Typer(pretty_exceptions_enable=False)
+
+    @cli.command()  # typer installs its excepthook before the command runs
+    def serve() -> None:
+        setup_logging("info")  # as every tandem command does first
+        raise SystemError("uncaught in the main thread")
+
+    cli()
 """)
 
 
