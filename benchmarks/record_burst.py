@@ -70,11 +70,13 @@ def ms(values: list[float], q: float) -> float:
     return round(1000 * ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))], 3)
 
 
-def measure(port: int, spreads: list[int], bursts: int, concurrency: int) -> dict[int, dict]:
-    """Bursts interleaved over the spreads (load from elsewhere hits each alike)."""
+def measure(port: int, spreads: list[int], bursts: int, concurrency: int,
+            source_class: type[KubeSource] = KubeSource) -> dict[int, dict]:
+    """Bursts interleaved over the spreads (load from elsewhere hits each alike), through
+    ``source_class`` (scheduler_pattern.py compares bind orders with it)."""
     api = client.CoreV1Api(client.ApiClient(client.Configuration(
         host=f"http://127.0.0.1:{port}")))
-    source = KubeSource(api, background_events=False, records_namespace="tandem-system")
+    source = source_class(api, background_events=False, records_namespace="tandem-system")
     source.records.load_all()
     writes = {s: 0 for s in spreads}
     real_put, current = source.records._put, [spreads[0]]

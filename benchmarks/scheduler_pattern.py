@@ -399,13 +399,17 @@ PAIRED = {"single_bind_p50": ("single", "bind_ms", "p50"),
           "pipeline_pods_per_second": ("pipeline", "pods_per_second")}
 
 
-def paired(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+PAIRED_BINDS = {k: v for k, v in PAIRED.items() if k != "pipeline_pods_per_second"}
+
+
+def paired(runs: list[dict[str, Any]], figures: dict[str, tuple[str, ...]] = PAIRED,
+           ) -> dict[str, dict[str, Any]]:
     """Per figure, binding-first over record-first in each repeat (both orders measured back
     to back, so load from elsewhere hits them alike): the ratios, their mean and a 95%
     t-interval of the mean (needs 2 repeats or more)."""
     t95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
     out = {}
-    for name, path in PAIRED.items():
+    for name, path in figures.items():
         def value(r: dict[str, Any], path: tuple[str, ...] = path) -> float:
             for key in path:
                 r = r[key]
@@ -423,7 +427,7 @@ def paired(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def main() -> None:
     """Both bind orders, the trivial extender and the floor, interleaved per repeat."""
     from benchmarks import extender_latency as world
-    from benchmarks import trivial_extender
+    from benchmarks import fake_kube_api, record_burst, trivial_extender
     from extender.config.loader import load_config
     from extender.config.sections import StateConfig
 
@@ -462,8 +466,25 @@ def main() -> None:
         finally:
             api_stop()
 
-    runs = []
+    def api_part(order: str) -> dict[str, Any]:
+        """The bind path's API part alone (``KubeSource.bind`` in this process, the API
+        server in its own): binds one at a time, then bursts of ``concurrency``."""
+        c, n = opts.concurrency, opts.single
+        api = fake_kube_api.FakeKubeApi([{"metadata": {"name": f"node-{i}"}} for i in range(c)],
+                                        record_burst.pods([1], n, 1)
+                                        + record_burst.pods([c], n // 4, c), record=False)
+        api_port, _, api_stop = world.serve_in_child(lambda: (api.start(), api.stop))
+        try:
+            one_at_a_time = record_burst.measure(api_port, [1], n, 1, ORDERS[order])[1]
+            bursts = record_burst.measure(api_port, [c], n // 4, c, ORDERS[order])[c]
+        finally:
+            api_stop()
+        return {"single": {"bind_ms": one_at_a_time["bind_ms"]},
+                "burst": {"bind_ms": bursts["bind_ms"]}}
+
+    runs, api_runs = [], []
     for _ in range(opts.repeats):
+        api_runs.append({order: api_part(order) for order in ORDERS})
         run = {name: one(name) for name in (*ORDERS, "trivial")}
         port, stop = serve_floor(cfg.server.threads)
         try:
@@ -480,6 +501,12 @@ def main() -> None:
         for kind in ("single", "burst")} for order in ORDERS}
     doc = {"benchmark": "scheduler_pattern", "pods": opts.pods, "single_pods": opts.single,
            "binding_first_over_record_first": paired(runs),
+           "bind_path_api_part": {
+               "what": "KubeSource.bind alone against the loopback API server: --single "
+                       "binds one at a time, then --single/4 bursts of --concurrency binds "
+                       "over as many nodes",
+               "binding_first_over_record_first": paired(api_runs, PAIRED_BINDS),
+               "runs": api_runs},
            "concurrency": opts.concurrency, "repeats": opts.repeats, "goals": PATTERN_GOALS,
            "cluster": "extender_latency.py's: 1,000 nodes x 8 A100-40GB, 8,000 bound pods "
                       "with their placement records, 500 candidates per filter",

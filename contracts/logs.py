@@ -145,10 +145,10 @@ def _route_uncaught() -> None:
             "where": args.err_msg or "Exception ignored in", "object": repr(args.object)[:300]},
             exc_info=(args.exc_type, value, args.exc_traceback) if value is not None else None)
 
-    # Only Python's own hooks (or ours, from an earlier setup) are replaced: a hook someone
-    # else installed on purpose (a test runner's) stays.
-    if getattr(sys.excepthook, "_tandem", False) or sys.excepthook is sys.__excepthook__:
-        sys.excepthook = _mark(main_hook)
+    # sys.excepthook always: the CLI framework installs its own, which prints the raw
+    # traceback. The other two only when they are Python's own (or ours, from an earlier
+    # setup): a hook someone else installed on purpose (a test runner's) stays.
+    sys.excepthook = _mark(main_hook)
     if getattr(threading.excepthook, "_tandem", False) \
             or threading.excepthook is threading.__excepthook__:
         threading.excepthook = _mark(thread_hook)

@@ -19,7 +19,9 @@ app.command("webhook")(webhook)
 @app.command("serve")
 def serve(
     config: Path | None = typer.Option(None, "--config", help="YAML config (default: packaged)"),
-    cluster: str = typer.Option("kube", "--cluster", help="kube | sim:FILE"),
+    cluster: str = typer.Option(
+        "kube", "--cluster", help="kube | sim:FILE (a simulated cluster: binds the pods the "
+        "file declares under pending: and those POSTed to /v1/sim/pods from this machine)"),
     port: int | None = typer.Option(None, "--port", help="override server.port"),
     leadership: str = typer.Option(
         "single", "--leadership",

@@ -59,3 +59,47 @@ def test_record_burst_binds_every_pod_and_counts_record_writes(monkeypatch):
                for s in (1, 4) for b in range(2) for i in range(4))
     record = api.configmaps[("tandem-system", "tandem-placements-node-0")]["data"]
     assert {f"u1-{b}-{i}" for b in range(2) for i in range(4)} <= set(record)
+
+
+def test_the_two_bind_orders_compared_write_in_their_order(monkeypatch):
+    """scheduler_pattern.py's before and after: record then Binding on the scheduler's path,
+    against the Binding alone with the record written after it."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
+    from kubernetes import client
+
+    from extender.core import Placement, PodRef, Workload
+
+    fake_kube_api = load("fake_kube_api")
+    pods = [{"metadata": {"name": f"p{i}", "namespace": "ml", "uid": f"u{i}"},
+             "spec": {"containers": []}, "status": {"phase": "Pending"}} for i in range(2)]
+    api = fake_kube_api.FakeKubeApi([{"metadata": {"name": "n"}}], pods)
+    api.start()
+    try:
+        core = client.CoreV1Api(client.ApiClient(client.Configuration(host=api.url)))
+        order = {}
+        for i, (name, cls) in enumerate(pattern.ORDERS.items()):
+            source = cls(core, background_events=False)
+            source.records.load_all()
+            api.requests.clear()
+            source.bind(PodRef("ml", f"p{i}", f"u{i}"), "n", {},
+                        Placement(f"u{i}", f"ml/p{i}", "n", (0,), 10.0, 100.0,
+                                  Workload.TRAINING))
+            source.stop()  # writes what is queued
+            order[name] = [r.path.rsplit("/", 1)[-1] for r in api.requests]
+    finally:
+        api.stop()
+    assert order == {"record-first": ["configmaps", "binding"],
+                     "binding-first": ["binding", "tandem-placements-n"]}
+
+
+def test_paired_ratios_carry_an_interval():
+    def run(before: float, after: float) -> dict:
+        def one(ms: float) -> dict:
+            return {"single": {"bind_ms": {"p50": ms, "p90": ms}},
+                    "burst": {"bind_ms": {"p50": ms, "p90": ms}},
+                    "pipeline": {"pods_per_second": 1000 / ms}}
+        return {"record-first": one(before), "binding-first": one(after)}
+    out = pattern.paired([run(10, 5), run(20, 10), run(8, 4)])
+    assert out["burst_bind_p50"] == {"ratios": [0.5, 0.5, 0.5], "mean": 0.5,
+                                     "interval_95": [0.5, 0.5]}
+    assert out["pipeline_pods_per_second"]["mean"] == 2.0

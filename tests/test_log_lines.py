@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,8 +24,8 @@ import httpx
 import pytest
 from bench_modules import fake_kube_api
 from fault_cluster import k8s_node, k8s_pod
+from tandem_process import TandemProcess, free_port, kubeconfig
 
-TANDEM = Path(sys.executable).with_name("tandem")
 RAW = "Traceback (most recent call last):"
 
 
@@ -46,6 +44,7 @@ def parse_lines(text: str) -> list[dict]:
 
 PROVOKE = textwrap.dedent("""
     import gc, logging, threading, warnings
+    import typer  # first, as in the CLI: it keeps the excepthook of that moment as its own
     from cheroot import wsgi
     from contracts.httpserve import harden
     from contracts.logs import setup_logging
@@ -66,7 +65,14 @@ PROVOKE = textwrap.dedent("""
         raise OSError("a worker's socket error")
     except OSError:
         server.error_log("socket.error", level=logging.WARNING, traceback=True)
-    raise SystemError("uncaught in the main thread")
+    cli = typer.Typer(pretty_exceptions_enable=False)
+
+    @cli.command()  # typer installs its excepthook before the command runs
+    def serve() -> None:
+        setup_logging("info")  # as every tandem command does first
+        raise SystemError("uncaught in the main thread")
+
+    cli()
 """)
 
 
@@ -91,60 +97,35 @@ def test_everything_python_prints_by_itself_comes_out_as_json() -> None:
 
 # ---- a real extender under hostile scenarios ---------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class Extender:
-    """``tandem extender serve`` against the loopback API server; its stderr kept."""
+    """``tandem extender serve`` against the loopback API server, started and stopped as many
+    times as a test likes (one port); ``stderr``: every line of every run."""
 
     def __init__(self, api_url: str, tmp_path: Path):
-        self.port = _free_port()
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": api_url}}],
-            "users": [{"name": "u", "user": {"token": "t"}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}]}))
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "KUBECONFIG": str(kubeconfig),
+        self.port = free_port()
+        self.env = {"KUBECONFIG": str(kubeconfig(tmp_path / "kubeconfig", api_url)),
                     "POD_NAMESPACE": "tandem-system", "TANDEM_AGENT_TOKEN": "agent-token",
                     "TANDEM_SIGNING_KEY": "log-lines-test-signing-key-0123",
                     "TANDEM__HANDOFF__MODE": "env"}
-        self.stderr: list[str] = []
-        self.popen: subprocess.Popen[str] | None = None
+        self.runs: list[TandemProcess] = []
 
     def start(self) -> None:
-        self.popen = subprocess.Popen(
-            [str(TANDEM), "extender", "serve", "--port", str(self.port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=self.env)
-        serving = threading.Event()
-
-        def read(pipe=self.popen.stderr) -> None:
-            for line in pipe:
-                self.stderr.append(line)
-                if '"msg": "serving"' in line:
-                    serving.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        assert serving.wait(60), "".join(self.stderr)
+        self.runs.append(TandemProcess(["extender", "serve", "--port", str(self.port)],
+                                       self.env))
+        self.runs[-1].wait_for("serving")
 
     def stop(self) -> int:
-        assert self.popen is not None
-        self.popen.send_signal(signal.SIGTERM)
-        code = self.popen.wait(timeout=30)
-        time.sleep(0.2)  # the reader takes the last lines
-        if self.popen.stderr is not None:
-            self.popen.stderr.close()
+        code, _ = self.runs[-1].terminate(30)
+        self.runs[-1].close()
         return code
 
     def kill(self) -> None:
-        if self.popen is not None and self.popen.poll() is None:
-            self.popen.kill()
-            self.popen.wait(timeout=5)
-        if self.popen is not None and self.popen.stderr is not None:
-            self.popen.stderr.close()
+        for run in self.runs:
+            run.close()
+
+    @property
+    def stderr(self) -> list[str]:
+        return [line for run in self.runs for line in run.lines]
 
     @property
     def url(self) -> str:
@@ -153,8 +134,6 @@ class Extender:
 
 @pytest.fixture()
 def world(tmp_path: Path) -> Iterator[tuple[object, Extender]]:
-    if not TANDEM.is_file():
-        pytest.skip("the tandem console script is not installed beside this Python")
     fake = fake_kube_api.FakeKubeApi(nodes=[k8s_node("gpu-0")], record=False)
     fake.start()
     ext = Extender(fake.url, tmp_path)

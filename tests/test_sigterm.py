@@ -10,34 +10,17 @@ the queue gate.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from bench_modules import fake_kube_api
+from tandem_process import TandemProcess, kubeconfig
 
 ROOT = Path(__file__).resolve().parents[1]
-TANDEM = Path(sys.executable).with_name("tandem")
 SIM_GPUS = ROOT / "tests" / "data" / "agent" / "sim_cluster.yaml"
 EXIT_SECONDS = 10.0
 """Well inside the 30 s terminationGracePeriodSeconds of manifests/, on a busy 2-core machine."""
-START_SECONDS = 60.0
-
-
-def _kubeconfig(tmp_path: Path, url: str) -> Path:
-    path = tmp_path / "kubeconfig"
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": url}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}]}))
-    return path
 
 
 @pytest.fixture()
@@ -54,42 +37,13 @@ def _run_until_ready_then_term(args: list[str], ready: str, env: dict[str, str])
         int, float, list[str]]:
     """Start ``tandem ARGS``, wait for the log line whose msg is ``ready``, send SIGTERM;
     (exit code, seconds from SIGTERM to exit, stderr lines)."""
-    if not TANDEM.is_file():
-        pytest.skip("the tandem console script is not installed beside this Python")
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
-    popen = subprocess.Popen([str(TANDEM), *args], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True, env=full_env)
-    lines: list[str] = []
-    seen = threading.Event()
-
-    def read() -> None:
-        assert popen.stderr is not None
-        for line in popen.stderr:
-            lines.append(line)
-            if line.startswith("{") and json.loads(line).get("msg") == ready:
-                seen.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    proc = TandemProcess(args, env)
     try:
-        if not seen.wait(START_SECONDS):
-            raise AssertionError(f"no {ready!r} line; stderr: {''.join(lines)}")
-        popen.send_signal(signal.SIGTERM)
-        sent = time.monotonic()
-        try:
-            code = popen.wait(timeout=EXIT_SECONDS)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"{args[:2]} still running {EXIT_SECONDS} s after SIGTERM; "
-                                 f"stderr: {''.join(lines)}") from None
-        took = time.monotonic() - sent
+        proc.wait_for(ready)
+        code, took = proc.terminate(EXIT_SECONDS)
     finally:
-        if popen.poll() is None:
-            popen.kill()
-            popen.wait(timeout=5)
-        reader.join(timeout=5)
-        if popen.stderr is not None:
-            popen.stderr.close()
-    return code, took, lines
+        proc.close()
+    return code, took, proc.lines
 
 
 def _assert_clean(code: int, took: float, lines: list[str], last: str) -> None:
@@ -113,7 +67,8 @@ def test_simulated_extender_exits_on_sigterm() -> None:
 
 
 def test_kube_extender_exits_on_sigterm(api: str, tmp_path: Path) -> None:
-    env = {"KUBECONFIG": str(_kubeconfig(tmp_path, api)), "POD_NAMESPACE": "tandem-system",
+    env = {"KUBECONFIG": str(kubeconfig(tmp_path / "kubeconfig", api)),
+           "POD_NAMESPACE": "tandem-system",
            "TANDEM_SIGNING_KEY": "sigterm-test-signing-key-0123456",
            "TANDEM_AGENT_TOKEN": "agent-token"}
     result = _run_until_ready_then_term(["extender", "serve", "--port", "0"], "serving", env)
@@ -121,7 +76,8 @@ def test_kube_extender_exits_on_sigterm(api: str, tmp_path: Path) -> None:
 
 
 def test_queue_gate_exits_on_sigterm(api: str, tmp_path: Path) -> None:
-    env = {"KUBECONFIG": str(_kubeconfig(tmp_path, api)), "POD_NAMESPACE": "tandem-system"}
+    env = {"KUBECONFIG": str(kubeconfig(tmp_path / "kubeconfig", api)),
+           "POD_NAMESPACE": "tandem-system"}
     result = _run_until_ready_then_term(
         ["extender", "queue-gate", "--metrics-port", "0", "--interval-seconds", "0.2"],
         "queue gate running", env)

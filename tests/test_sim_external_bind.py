@@ -9,19 +9,13 @@ process for the route's refusals.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
+from tandem_process import TandemProcess, free_port
 
 from contracts.clusterfile import ClusterFileError, parse_cluster_file
 from extender.cluster.sim import SIM_PODS_PATH, SimSource
@@ -29,7 +23,6 @@ from extender.config.loader import ConfigHolder
 from extender.config.schema import build_config
 from extender.wiring import create_app
 
-TANDEM = Path(sys.executable).with_name("tandem")
 DEMAND = {"tandem.io/gpu-util": "30", "tandem.io/gpu-mem-mib": "8000"}
 CLUSTER = {
     "nodes": [{"name": "n1", "gpus": [{"product": "NVIDIA-A100-SXM4-40GB",
@@ -59,45 +52,18 @@ def schedule(http: httpx.Client, pod: dict, nodes: list[str]) -> dict:
         "Node": best}).json()}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture()
 def extender(tmp_path: Path) -> Iterator[str]:
-    if not TANDEM.is_file():
-        pytest.skip("the tandem console script is not installed beside this Python")
     (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(CLUSTER))
-    port = _free_port()
-    popen = subprocess.Popen(
-        [str(TANDEM), "extender", "serve", "--cluster", f"sim:{tmp_path / 'cluster.yaml'}",
-         "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    serving, lines = threading.Event(), []
-
-    def read() -> None:
-        assert popen.stderr is not None
-        for line in popen.stderr:
-            lines.append(line)
-            if json.loads(line).get("msg") == "serving":
-                serving.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    port = free_port()
+    proc = TandemProcess(["extender", "serve", "--cluster", f"sim:{tmp_path / 'cluster.yaml'}",
+                          "--port", str(port)])
     try:
-        assert serving.wait(60), "".join(lines)
+        proc.wait_for("serving")
         yield f"http://127.0.0.1:{port}"
-        popen.send_signal(signal.SIGTERM)
-        assert popen.wait(timeout=15) == 0
+        assert proc.terminate(15)[0] == 0
     finally:
-        if popen.poll() is None:
-            popen.kill()
-            popen.wait(timeout=5)
-        reader.join(timeout=5)
-        if popen.stderr is not None:
-            popen.stderr.close()
+        proc.close()
 
 
 def test_an_external_client_schedules_declared_and_registered_pods(extender: str) -> None:
