@@ -12,7 +12,7 @@ import time
 
 import pytest
 from bench_modules import fake_kube_api
-from extender_builders import placement
+from extender_builders import placement, state_view
 from fault_cluster import cluster, k8s_pod, ledger
 from kubernetes import client
 
@@ -177,14 +177,14 @@ def test_a_crash_between_binding_and_record_loses_nothing(edited):
         refusing.times = 0
         restarted = c.replica()
         assert restarted.source.record_writer.flush(5)
-        gpus = [g["reserved_mib"] for g in restarted.state.view()["nodes"]["gpu-0"]["gpus"]]
+        gpus = [g["reserved_mib"] for g in state_view(restarted.state)["nodes"]["gpu-0"]["gpus"]]
         if edited:
-            assert gpus == [40960, 40960] and restarted.state.view()["untrusted"] == 1
+            assert gpus == [40960, 40960] and state_view(restarted.state)["untrusted"] == 1
             assert RECORD not in c.fake.configmaps
         else:
             assert ledger(restarted.state) == held and sorted(gpus) == [0, 20000]
             assert set(c.fake.configmaps[RECORD]["data"]) == {"uid-a"}
-            assert restarted.state.view()["untrusted"] == 0
+            assert state_view(restarted.state)["untrusted"] == 0
 
 
 def test_stopping_writes_what_is_queued(fake, source):
