@@ -5,6 +5,7 @@ alike on one snapshot."""
 from __future__ import annotations
 
 import inspect
+import weakref
 
 import numpy as np
 import pytest
@@ -79,6 +80,14 @@ def test_a_snapshot_never_changes_under_later_writes():
     latest = state.snapshot()  # a report copied the observations only
     assert latest.table.reserved_mib is after.table.reserved_mib
     assert latest.table.observed_mib is not after.table.observed_mib
+    gpus = latest.table.gpus
+    table, observed = weakref.ref(latest.table), weakref.ref(latest.table.observed_mib)
+    del before, after, latest  # no snapshot alive: the next writes copy nothing
+    state.report("n1", gpus, [70.0, 70.0], [9900.0, 9900.0])
+    state.confirm(placement("c", gpus=(0,), mem=100.0))
+    now = state.snapshot()
+    assert now.table is table() and now.table.observed_mib is observed()
+    assert now.table.observed_mib[0] == 9900 and now.placement_of("c") is not None
 
 
 def test_assume_refuses_a_decision_taken_on_a_node_that_changed_since():
