@@ -120,16 +120,15 @@ class ClusterState:
                             self._generations, self._epoch, self._synced,
                             self._source_types)
 
-    def assume(self, snapshot: Snapshot, placement: Placement, replacing: str | None = None,
-               ) -> bool:
-        """Reserve ``placement`` (bind decided it on ``snapshot``) unless its node changed
-        since; False when it did (decide again on a fresh snapshot). ``replacing``: a
-        reservation of the same pod (preemption's) dropped in the same step. BindConflict
-        when the pod is already placed or assumed."""
+    def assume(self, stamp: tuple[int, int], placement: Placement,
+               replacing: str | None = None) -> bool:
+        """Reserve ``placement`` unless its node changed since the snapshot it was decided
+        on (``stamp``: ``Snapshot.stamp(node)``); False when it did (decide again on a fresh
+        snapshot). ``replacing``: a reservation of the same pod (preemption's) dropped in
+        the same step. BindConflict when the pod is already placed or assumed."""
         node = placement.node
         with self._lock:
-            if snapshot.epoch != self._epoch or \
-                    snapshot.generations.get(node, 0) != self._generations.get(node, 0):
+            if stamp != (self._epoch, self._generations.get(node, 0)):
                 return False
             if self._ledger.is_known(placement.pod_uid):
                 raise BindConflict(f"pod {placement.pod} is already bound or being bound", None)
