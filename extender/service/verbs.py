@@ -5,8 +5,8 @@ cache (:mod:`extender.service.demand_cache`), bind outcomes
 (:mod:`extender.service.bind_outcomes`), the agents' reports and state reads
 (:mod:`extender.service.agents`) and preemption. Each verb takes one snapshot of the
 state and decides on it with the core's entry points, holding no lock. Bind decides
-on a fresh snapshot and assumes if the node did not change since (else once more on
-a newer one), writes the record and the Binding, then confirms or starts the expiry
+on a fresh snapshot and assumes if the node did not change since (else again on a
+newer one, while other writers change the node), writes the record and the Binding, then confirms or starts the expiry
 clock.
 """
 
@@ -54,6 +54,9 @@ from extender.transport.wire import (
     encode_host_priorities,
     filter_result,
 )
+
+ASSUME_ATTEMPTS = 64
+"""Most decisions bind makes for one pod while its node keeps changing under it."""
 
 
 def _handoff_busy(node: str, pod: str) -> BindConflict:
@@ -251,12 +254,13 @@ class Extender:
                 inputs: tuple[tuple[str, str], ...], container_gpus: Any,
                 ) -> tuple[Decision, str]:
         """Decide the GPUs on ``node`` on a fresh snapshot and assume them if the node did not
-        change since; once more on a newer snapshot if it did. A preemptor's own reservation
+        change since; again on a newer snapshot while it did (each change is another
+        writer's progress: 50 binds racing for one node all settle). A preemptor's own reservation
         on ``node`` is set aside for the decision and replaced by the placement. Returns the
         decision and where its numbers came from (``tandem.io/...-source``)."""
         uid = ref.uid or ref.key
         held = self.preemptor.reservation(ref.uid, node) if self.preemptor else None
-        for _ in range(2):
+        for _ in range(ASSUME_ATTEMPTS):
             snap = self.state.snapshot()
             reserved = snap.placement_of(held) if held is not None else None
             view = snap if reserved is None else without(snap, [reserved], observed=False)
@@ -273,7 +277,7 @@ class Extender:
                 if reserved is not None and self.preemptor is not None:
                     self.preemptor.bound(ref.uid)  # its nomination ends with the reservation
                 return decided, source_on
-        raise BindConflict(f"{node} changed twice while pod {ref.key} was being placed; "
+        raise BindConflict(f"{node} kept changing while pod {ref.key} was being placed; "
                            "retry", None)
 
     def _pod_for(self, args: BindingArgs) -> Mapping[str, Any]:
