@@ -6,8 +6,8 @@ cache (:mod:`extender.service.demand_cache`), bind outcomes
 (:mod:`extender.service.agents`) and preemption. Each verb takes one snapshot of the
 state and decides on it with the core's entry points, holding no lock. Bind decides
 on a fresh snapshot and assumes if the node did not change since (else again on a
-newer one, while other writers change the node), writes the record and the Binding, then confirms or starts the expiry
-clock.
+newer one, while other writers change the node), writes the record and the Binding,
+then confirms or starts the expiry clock.
 """
 
 from __future__ import annotations
