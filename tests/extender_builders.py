@@ -338,6 +338,6 @@ def assume_best(state: Any, node: str, resolved: ResolvedDemand, inference: Any,
     decided = place(snap, node, resolved, inference, uid, pod_key)
     if decided.placement is None:
         raise BindConflict(f"node {node} no longer fits pod {pod_key}", decided.rejection)
-    assert state.assume(snap, decided.placement)
+    assert state.assume(snap.stamp(node), decided.placement)
     return (decided.placement, decided.plan, decided.cost, list(decided.gpu_uuids),
             decided.interference)

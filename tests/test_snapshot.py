@@ -5,6 +5,7 @@ alike on one snapshot."""
 from __future__ import annotations
 
 import inspect
+import weakref
 
 import numpy as np
 import pytest
@@ -79,6 +80,14 @@ def test_a_snapshot_never_changes_under_later_writes():
     latest = state.snapshot()  # a report copied the observations only
     assert latest.table.reserved_mib is after.table.reserved_mib
     assert latest.table.observed_mib is not after.table.observed_mib
+    gpus = latest.table.gpus
+    table, observed = weakref.ref(latest.table), weakref.ref(latest.table.observed_mib)
+    del before, after, latest  # no snapshot alive: the next writes copy nothing
+    state.report("n1", gpus, [70.0, 70.0], [9900.0, 9900.0])
+    state.confirm(placement("c", gpus=(0,), mem=100.0))
+    now = state.snapshot()
+    assert now.table is table() and now.table.observed_mib is observed()
+    assert now.table.observed_mib[0] == 9900 and now.placement_of("c") is not None
 
 
 def test_assume_refuses_a_decision_taken_on_a_node_that_changed_since():
@@ -88,16 +97,17 @@ def test_assume_refuses_a_decision_taken_on_a_node_that_changed_since():
     first = place(snap, "n1", d, None, "u1", "ns/one").placement
     second = place(snap, "n1", d, None, "u2", "ns/two").placement
     other = place(snap, "n2", d, None, "u3", "ns/three").placement
-    assert state.assume(snap, first)
-    assert not state.assume(snap, second)  # n1 changed: both saw the same free memory
-    assert state.assume(snap, other)  # n2 did not change
+    assert state.assume(snap.stamp("n1"), first)
+    assert not state.assume(snap.stamp("n1"), second)  # n1 changed: both saw its free memory
+    assert state.assume(snap.stamp("n2"), other)  # n2 did not change
     with pytest.raises(BindConflict):
-        state.assume(state.snapshot(), first)  # already assumed
+        state.assume(state.snapshot().stamp("n1"), first)  # already assumed
     state.report("n2", snap.table.gpus[1:], [0.0], [0.0])
     fresh = state.snapshot()
     state.report("n2", snap.table.gpus[1:], [1.0], [10.0])  # an agent report bumps it too
     small = demand(10, 1000, list(snap.table.type_names))
-    assert not state.assume(fresh, place(fresh, "n2", small, None, "u4", "ns/four").placement)
+    late = place(fresh, "n2", small, None, "u4", "ns/four").placement
+    assert not state.assume(fresh.stamp("n2"), late)
 
 
 def test_bind_decides_again_on_a_fresh_snapshot_when_the_node_changed():
@@ -107,16 +117,16 @@ def test_bind_decides_again_on_a_fresh_snapshot_when_the_node_changed():
     real = ext.state.assume
     calls = []
 
-    def racing(snap, placement, replacing=None):  # another bind lands first, once
+    def racing(stamp, placement, replacing=None):  # another bind lands first, once
         if not calls:
             ext.state.confirm(type(placement)(**{**placement.__dict__, "pod_uid": "other",
                                                  "pod": "ns/other"}))
-        calls.append(snap)
-        return real(snap, placement, replacing)
+        calls.append(stamp)
+        return real(stamp, placement, replacing)
 
     ext.state.assume = racing
     assert app.test_client().post("/bind", json=binding(pod, "n1")).get_json() == {"Error": ""}
-    assert len(calls) == 2 and calls[0] is not calls[1]
+    assert len(calls) == 2 and calls[0] != calls[1]
     gpus = state_view(ext.state)["nodes"]["n1"]["gpus"]
     assert sorted(len(g["pods"]) for g in gpus) == [1, 1]  # not both on one GPU's view
 

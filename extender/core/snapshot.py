@@ -165,3 +165,8 @@ class Snapshot:
         """The pod's placement (placed or assumed) in this snapshot."""
         return self.placements.get(uid)
 
+    def stamp(self, node: str) -> tuple[int, int]:
+        """What ``node`` was in this snapshot, as ``ClusterState.assume`` checks it (epoch,
+        generation): a decision carries it instead of the snapshot, which it may let go."""
+        return self.epoch, self.generations.get(node, 0)
+

@@ -305,7 +305,7 @@ class Preemptor:
                 "pod": nom.ref.key, "node": nom.node,
                 "error": decided.rejection.message() if decided.rejection else ""})
             return
-        if not self.state.assume(snap, decided.placement):
+        if not self.state.assume(snap.stamp(nom.node), decided.placement):
             return  # the node changed since the snapshot: the next tick decides again
         self.state.finish_binding(nom.reservation)
         with self._lock:

@@ -5,9 +5,9 @@ cache (:mod:`extender.service.demand_cache`), bind outcomes
 (:mod:`extender.service.bind_outcomes`), the agents' reports and state reads
 (:mod:`extender.service.agents`) and preemption. Each verb takes one snapshot of the
 state and decides on it with the core's entry points, holding no lock. Bind decides
-on a fresh snapshot and assumes if the node did not change since (else once more on
-a newer one), writes the record and the Binding, then confirms or starts the expiry
-clock.
+on a fresh snapshot and assumes if the node did not change since (else again on a
+newer one, while other writers change the node), writes the record and the Binding,
+then confirms or starts the expiry clock.
 """
 
 from __future__ import annotations
@@ -54,6 +54,9 @@ from extender.transport.wire import (
     encode_host_priorities,
     filter_result,
 )
+
+ASSUME_ATTEMPTS = 64
+"""Most decisions bind makes for one pod while its node keeps changing under it."""
 
 
 def _handoff_busy(node: str, pod: str) -> BindConflict:
@@ -194,6 +197,7 @@ class Extender:
             raise _handoff_busy(args.node, waiting.pod)
         pod = self._pod_for(args)
         ref, demand = self.demand(pod, snap)
+        del snap  # a live snapshot makes the writes below copy what it holds
         ref = PodRef(args.pod_namespace, args.pod_name, args.pod_uid or ref.uid)
         self._refuse_if_held(args.node, ref.uid)
         gated = self._handoff_gated(handoff)
@@ -206,15 +210,12 @@ class Extender:
                 raise _handoff_busy(args.node, waiting.pod)
         try:
             inputs = tandem_annotations(annotations_of(pod))
-            decided, snap = self._assume(args.node, demand, ref, inputs,
-                                         container_gpu_counts(pod))
+            decided, source_on = self._assume(args.node, demand, ref, inputs,
+                                              container_gpu_counts(pod))
             placement = decided.placement
             assert placement is not None
             annotations = output_annotations(placement, list(decided.gpu_uuids), decided.cost,
-                                             decided.plan,
-                                             self._source_on(snap, demand, args.node,
-                                                             tuple(placement.gpu_indices)),
-                                             decided.interference)
+                                             decided.plan, source_on, decided.interference)
             try:
                 confirmed = self.source.bind(ref, args.node, annotations, placement)
             except BindOutcomeUnknown as exc:  # maybe applied: the GPUs stay reserved
@@ -251,13 +252,15 @@ class Extender:
 
     def _assume(self, node: str, demand: ResolvedDemand, ref: PodRef,
                 inputs: tuple[tuple[str, str], ...], container_gpus: Any,
-                ) -> tuple[Decision, Snapshot]:
+                ) -> tuple[Decision, str]:
         """Decide the GPUs on ``node`` on a fresh snapshot and assume them if the node did not
-        change since; once more on a newer snapshot if it did. A preemptor's own reservation
-        on ``node`` is set aside for the decision and replaced by the placement."""
+        change since; again on a newer snapshot while it did (each change is another
+        writer's progress: 50 binds racing for one node all settle). A preemptor's own reservation
+        on ``node`` is set aside for the decision and replaced by the placement. Returns the
+        decision and where its numbers came from (``tandem.io/...-source``)."""
         uid = ref.uid or ref.key
         held = self.preemptor.reservation(ref.uid, node) if self.preemptor else None
-        for _ in range(2):
+        for _ in range(ASSUME_ATTEMPTS):
             snap = self.state.snapshot()
             reserved = snap.placement_of(held) if held is not None else None
             view = snap if reserved is None else without(snap, [reserved], observed=False)
@@ -266,12 +269,15 @@ class Extender:
             if decided.placement is None:
                 raise BindConflict(f"node {node} no longer fits pod {ref.key}",
                                    decided.rejection)
-            if self.state.assume(snap, decided.placement,
+            stamp = snap.stamp(node)
+            source_on = self._source_on(snap, demand, node, decided.placement.gpu_indices)
+            del snap, view  # let the snapshot go: the reservation below then copies nothing
+            if self.state.assume(stamp, decided.placement,
                                  held if reserved is not None else None):
                 if reserved is not None and self.preemptor is not None:
                     self.preemptor.bound(ref.uid)  # its nomination ends with the reservation
-                return decided, snap
-        raise BindConflict(f"{node} changed twice while pod {ref.key} was being placed; "
+                return decided, source_on
+        raise BindConflict(f"{node} kept changing while pod {ref.key} was being placed; "
                            "retry", None)
 
     def _pod_for(self, args: BindingArgs) -> Mapping[str, Any]:

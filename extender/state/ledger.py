@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
@@ -70,14 +71,14 @@ from extender.state.inventory import Inventory, NodeReport
 from extender.state.placements import PlacementLedger
 
 Clock = Callable[[], float]
-_COLUMNS = {
-    "observed": ("observed_util", "observed_mib", "observed_at", "observed_gen", "since_mib",
-                 "since_util"),
-    "placed": ("reserved_mib", "reserved_util", "pod_count", "training_count", "training_width",
-               "serving_count", "best_effort_weight", "newer", "sessions", "row_models"),
-}
-"""What a report changes in the table (observed) and what a placement changes besides."""
-_ALL_PARTS = frozenset({*_COLUMNS, "ledger", "generations"})
+_OBSERVED = ("observed_util", "observed_mib", "observed_at", "observed_gen", "since_mib",
+             "since_util")
+"""The table's columns an agent report changes."""
+_PLACED = ("reserved_mib", "reserved_util", "pod_count", "training_count", "training_width",
+           "serving_count", "best_effort_weight", "newer", "sessions", "row_models")
+"""The columns a placement changes besides those."""
+_OWNED = 2
+"""``sys.getrefcount`` of a part only the state holds: its own reference and the call's."""
 
 
 class BeliefsLike(Protocol):
@@ -103,9 +104,6 @@ class ClusterState:
         self._generations: dict[str, int] = {}
         self._epoch = 0
         self._source_types: dict[str, frozenset[str]] = {}
-        self._shared: frozenset[str] = frozenset()
-        """The parts a snapshot holds (``_COLUMNS``' keys, the ledger, the generations): a
-        writer copies those it changes first."""
         self._synced = False
         self.handoffs = HandoffGate(clock)
         """Pods waiting for the device plugin's hand-off (``handoff.mode: device-plugin``)."""
@@ -118,21 +116,19 @@ class ClusterState:
             now = self.now()
             for uid in self._ledger.expired(now):
                 self._drop(uid)
-            self._shared = _ALL_PARTS
             return Snapshot(self._table, policy, now, self._ledger, knowledge,
                             self._generations, self._epoch, self._synced,
                             self._source_types)
 
-    def assume(self, snapshot: Snapshot, placement: Placement, replacing: str | None = None,
-               ) -> bool:
-        """Reserve ``placement`` (bind decided it on ``snapshot``) unless its node changed
-        since; False when it did (decide again on a fresh snapshot). ``replacing``: a
-        reservation of the same pod (preemption's) dropped in the same step. BindConflict
-        when the pod is already placed or assumed."""
+    def assume(self, stamp: tuple[int, int], placement: Placement,
+               replacing: str | None = None) -> bool:
+        """Reserve ``placement`` unless its node changed since the snapshot it was decided
+        on (``stamp``: ``Snapshot.stamp(node)``); False when it did (decide again on a fresh
+        snapshot). ``replacing``: a reservation of the same pod (preemption's) dropped in
+        the same step. BindConflict when the pod is already placed or assumed."""
         node = placement.node
         with self._lock:
-            if snapshot.epoch != self._epoch or \
-                    snapshot.generations.get(node, 0) != self._generations.get(node, 0):
+            if stamp != (self._epoch, self._generations.get(node, 0)):
                 return False
             if self._ledger.is_known(placement.pod_uid):
                 raise BindConflict(f"pod {placement.pod} is already bound or being bound", None)
@@ -164,22 +160,23 @@ class ClusterState:
 
     # ---- copy on write ---------------------------------------------------------------
     def _writable(self, placements: bool = True) -> None:
-        """Copy the parts a snapshot shares that this write changes, and only those: an
-        agent report copies the observation columns (a few arrays), a placement also the
-        reservation columns, their per-row maps and the ledger."""
-        shared = self._shared
-        if not shared:
-            return
-        parts = {"observed", "generations", *(("placed", "ledger") if placements else ())}
-        copied = {f: getattr(self._table, f).copy() for part in parts & shared
-                  for f in _COLUMNS.get(part, ())}
-        if copied:
-            self._table = dataclasses.replace(self._table, **copied)
-        if "ledger" in parts & shared:
+        """Copy what a live snapshot still holds of the parts this write changes, and only
+        that: an agent report the observation columns (a few arrays), a placement also the
+        reservation columns, their per-row maps and the ledger's entries. A part nobody
+        else holds any more (its snapshots are gone: CPython's reference count says so) is
+        written in place, so a write between two decisions copies nothing."""
+        fields = _OBSERVED + (_PLACED if placements else ())
+        if sys.getrefcount(self._table) > _OWNED:  # a snapshot holds this table object
+            self._table = dataclasses.replace(
+                self._table, **{f: getattr(self._table, f).copy() for f in fields})
+        else:  # an older table object (in a snapshot) may still share some columns
+            for f in fields:
+                if sys.getrefcount(getattr(self._table, f)) > _OWNED:
+                    setattr(self._table, f, getattr(self._table, f).copy())
+        if placements and sys.getrefcount(self._ledger) > _OWNED:
             self._ledger = self._ledger.copy()
-        if "generations" in shared:
+        if sys.getrefcount(self._generations) > _OWNED:
             self._generations = dict(self._generations)
-        self._shared = shared - parts
 
     def _bump(self, node: str) -> None:
         self._generations[node] = self._generations.get(node, 0) + 1
