@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import random
 import subprocess
 import sys
@@ -48,7 +47,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from agent.inference.tensors import encode_npy
-from benchmarks.serving_http import Server, batch1_ms
+from benchmarks.serving_http import Server, batch1_ms, client_records, cpu_hogs
 from benchmarks.serving_ort import mlp
 
 TRIO = [("c50", 2048, 3, 50.0), ("c150", 2048, 4, 150.0), ("c250", 2048, 5, 250.0)]
@@ -197,10 +196,7 @@ def summarise(records: list, sessions: list[dict], seconds: float) -> dict:
 def scenario(server_args: tuple[str, ...], kind: str, hog: bool, store: Path,
              bodies: list[dict], seconds: float, root: Path = _common.ROOT) -> dict:
     """Register ``bodies`` in order, offer each session's load, read the server back."""
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-            for _ in range(os.cpu_count() or 1)] if hog else []
-    try:
-        time.sleep(0.5 if hog else 0)
+    with cpu_hogs(hog) as hogs:
         load_before = _common.load_average()
         server = Server(kind, store, root, extra=server_args)
         try:
@@ -211,28 +207,18 @@ def scenario(server_args: tuple[str, ...], kind: str, hog: bool, store: Path,
                                   (b["_rps"] if registered[b["name"]]["status"] == 201 else 0))}
                         for b in bodies]
             spec = {"port": server.port, "seconds": seconds, "sessions": sessions}
-            client = subprocess.run(
-                [sys.executable, str(Path(__file__)), "--client", json.dumps(spec)],
-                capture_output=True, text=True, timeout=seconds + 180,
-                env={**os.environ, "PYTHONPATH": str(_common.ROOT)})
-            if client.returncode != 0:
-                raise RuntimeError(f"client failed: {client.stderr[-2000:]}")
-            records = json.loads(client.stdout)["records"]
+            records = client_records(str(Path(__file__)), spec, seconds)
             _status, snap = server.call("GET", "/v1/sessions")
             errors = server.errors()
         finally:
             server.stop()
-    finally:
-        for p in hogs:
-            p.kill()
-            p.wait()
     keep = ("kind", "arrived", "served", "good", "late", "dropped", "drop_reasons", "batch",
             "held", "promised", "throttle")
     for b in bodies:
         registered[b["name"]]["registration_body"] = {k: v for k, v in b.items()
                                                       if not k.startswith("_")}
     return {
-        "cpu_hog_processes": len(hogs), "load_average_before": load_before,
+        "cpu_hog_processes": hogs, "load_average_before": load_before,
         "load_average_after": _common.load_average(),
         "registration": registered,
         "client": summarise(records, sessions, seconds),
@@ -240,7 +226,9 @@ def scenario(server_args: tuple[str, ...], kind: str, hog: bool, store: Path,
                                 for s in snap["sessions"]},
                    "request_path": snap.get("request_path"), "log_errors": errors,
                    "latency_margin": snap.get("latency_margin"),
-                   "duty_cycle_ms": snap.get("duty_cycle_ms"), "overruns": snap.get("overruns")},
+                   "duty_cycle_ms": snap.get("duty_cycle_ms"), "overruns": snap.get("overruns"),
+                   "best_effort_throttle": snap.get("best_effort_throttle"),
+                   "executor_nice": snap.get("executor_nice")},
     }
 
 
@@ -291,6 +279,8 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, default=None,
                         help="another checkout whose server runs the same scenarios too "
                              "(first executor only)")
+    parser.add_argument("--root", type=Path, default=_common.ROOT,
+                        help="the checkout whose server runs (default: this one)")
     parser.add_argument("--note", action="append", default=[], help="kept in the result")
     parser.add_argument("--client", help=argparse.SUPPRESS)
     _common.add_out_option(parser, "serving_clients_cpu")
@@ -324,8 +314,8 @@ def main() -> None:
                 for hog in [h == "yes" for h in args.hog.split(",")]:
                     label = f"{which}/{'cpu_hog' if hog else 'as_is'}"
                     first = kind == args.executors.split(",")[0]
-                    roots = [("", _common.ROOT)] + ([("baseline/", args.baseline)]
-                                                    if args.baseline and first else [])
+                    roots = [("", args.root)] + ([("baseline/", args.baseline)]
+                                                 if args.baseline and first else [])
                     for prefix, root in roots:
                         result = scenario(extra, kind, hog, store, bodies, args.seconds, root)
                         result["met"] = met(result, which, hog)

@@ -30,6 +30,7 @@ per core, started before the server so its start-up measurement sees it):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -39,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -241,12 +243,35 @@ def summarise(records: list, sessions: list[dict], seconds: float) -> dict:
     return out
 
 
+@contextlib.contextmanager
+def cpu_hogs(on: bool) -> Iterator[int]:
+    """One busy-looping process per core while inside (none unless ``on``); yields
+    how many."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(os.cpu_count() or 1)] if on else []
+    try:
+        time.sleep(0.5 if on else 0)
+        yield len(hogs)
+    finally:
+        for p in hogs:
+            p.kill()
+            p.wait()
+
+
+def client_records(script: str, spec: dict, seconds: float) -> list:
+    """Run ``script --client SPEC`` in another process; the records it printed."""
+    client = subprocess.run(
+        [sys.executable, script, "--client", json.dumps(spec)],
+        capture_output=True, text=True, timeout=seconds + 180,
+        env={**os.environ, "PYTHONPATH": str(_common.ROOT)})
+    if client.returncode != 0:
+        raise RuntimeError(f"client failed: {client.stderr[-2000:]}")
+    return json.loads(client.stdout)["records"]
+
+
 def scenario(kind: str, hog: bool, store: Path, rates: dict[str, float],
              seconds: float, root: Path = _common.ROOT) -> dict:
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-            for _ in range(os.cpu_count() or 1)] if hog else []
-    try:
-        time.sleep(0.5 if hog else 0)
+    with cpu_hogs(hog) as hogs:
         load_before = _common.load_average()
         server = Server(kind, store, root)
         try:
@@ -256,27 +281,17 @@ def scenario(kind: str, hog: bool, store: Path, rates: dict[str, float],
                                 "rate": OFFERED * admitted[n]["admitted_rps"]}
                                for n, w, _l, slo in SESSIONS]
             spec = {"port": server.port, "seconds": seconds, "sessions": client_sessions}
-            client = subprocess.run(
-                [sys.executable, str(Path(__file__)), "--client", json.dumps(spec)],
-                capture_output=True, text=True, timeout=seconds + 120,
-                env={**os.environ, "PYTHONPATH": str(_common.ROOT)})
-            if client.returncode != 0:
-                raise RuntimeError(f"client failed: {client.stderr[-2000:]}")
-            records = json.loads(client.stdout)["records"]
+            records = client_records(str(Path(__file__)), spec, seconds)
             _status, snap = server.call("GET", "/v1/sessions")
             server_errors = server.errors()
         finally:
             server.stop()
-    finally:
-        for p in hogs:
-            p.kill()
-            p.wait()
     server_view = {s["name"]: {k: s.get(k) for k in ("arrived", "served", "good", "late",
                                                       "dropped", "drop_reasons", "batch",
                                                       "held")}
                    for s in snap["sessions"]}
     return {
-        "cpu_hog_processes": len(hogs), "load_average_before": load_before,
+        "cpu_hog_processes": hogs, "load_average_before": load_before,
         "load_average_after": _common.load_average(),
         "admission": admitted,
         "client": summarise(records, client_sessions, seconds),

@@ -240,3 +240,32 @@ def test_a_cpu_executor_yields_the_cpu_to_the_request_path() -> None:
             rt.stop()
         process = os.getpriority(os.PRIO_PROCESS, 0)
         assert nice == (min(process + EXECUTOR_NICE, 19) if raised else 0)
+
+
+def test_best_effort_requests_do_not_set_the_slo_request_path() -> None:
+    """Regression (issue #43): a best-effort job's requests (large bodies, no SLO) were
+    timed as the request path, so their front and back set the figures the SLO
+    sessions were planned and admitted with; the server then refused or shed the SLO
+    sessions for work it had admitted without a promise."""
+    import httpx
+    from server_helpers import served_over_http
+
+    from agent.inference.clock import MonotonicClock
+    from agent.inference.tensors import encode_npy
+
+    clock = MonotonicClock()
+    rt = ServingRuntime(SimExecutor(PROFILES, clock, "sim"), clock, RuntimeConfig("sim"),
+                        post_workers=1)
+    rt.add_slo_session("s", "tiny", 1000, 5)
+    rt.add_best_effort_session("batch", "conv")
+    npy = {"Content-Type": "application/x-npy"}
+    with served_over_http(rt, threads=4) as url:
+        for _ in range(3):
+            answer = httpx.post(f"{url}/v1/sessions/batch/infer", headers=npy, timeout=10,
+                                content=encode_npy(np.zeros((1, 3, 64, 64), np.float32)))
+            assert answer.status_code == 200
+        for _ in range(2):
+            answer = httpx.post(f"{url}/v1/sessions/s/infer", headers=npy, timeout=10,
+                                content=encode_npy(np.zeros((1, 2), np.float32)))
+            assert answer.status_code == 200
+        assert rt.snapshot()["request_path"]["observed_requests"] == 2

@@ -66,8 +66,12 @@ def answer_infer(runtime: ServingRuntime, name: str, request: Request,
     slo = runtime.slo_ms(name)
     limits = [b for b in (slo, budget) if b is not None]
     deadline = arrival + min(limits) if limits else None
+    # The request path's figures are what SLO requests meet: a best-effort job's requests
+    # (bodies of any size, no SLO) must not set what the SLO sessions are planned with.
+    path = runtime.path_cost if slo is not None else None
     if deadline is not None and began >= deadline:  # it waited for a worker past its deadline
-        runtime.path_cost.observe_front(began - arrival)
+        if path is not None:
+            path.observe_front(began - arrival)
         # A deadline that passed before the request arrived says nothing of this server.
         runtime.note_answer(name, DropReason.DEADLINE_EXPIRED, counted=False,
                             held=deadline > arrival)
@@ -75,7 +79,8 @@ def answer_infer(runtime: ServingRuntime, name: str, request: Request,
     as_json = request.mimetype == "application/json"
     tensor = coerce_input(_decode(request, dtype, as_json), dtype, shape, single)
     submitted = clock.now_ms()
-    runtime.path_cost.observe_front(submitted - arrival)
+    if path is not None:
+        path.observe_front(submitted - arrival)
     future = runtime.submit_future(name, tensor, arrival,
                                    None if budget is None else arrival + budget, late_ok)
     if deadline is None or late_ok:
@@ -106,9 +111,9 @@ def answer_infer(runtime: ServingRuntime, name: str, request: Request,
     runtime.note_answer(name, None)
     if late:
         response.headers[LATE_HEADER] = "true"
-    finished = arrival + outcome.latency_ms
-    runtime.path_cost.observe(back_ms=done - finished,
-                              cpu_ms=(submitted - began) + (done - resumed))
+    if path is not None:
+        path.observe(back_ms=done - (arrival + outcome.latency_ms),
+                     cpu_ms=(submitted - began) + (done - resumed))
     return response
 
 
