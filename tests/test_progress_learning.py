@@ -98,3 +98,19 @@ def test_the_threshold_counts_the_uncertainty() -> None:
     assert shares((math.log(1.8), sure), (math.log(1.8), sure))  # combined 1.11
     assert not shares((math.log(1.8), unsure), (math.log(1.8), unsure))
     assert shares((math.log(1.8), unsure), (math.log(1.8), unsure), z=-1.0)  # while exploring
+
+
+def test_status_says_how_many_pairs_came_from_progress_and_were_refused() -> None:
+    from contracts.state import StateDocument
+    from extender.ops.status import summarize
+    from extender.ops.status_render import render
+
+    learner = PairLearner(progress_refit_seconds=0.0)
+    placed = _placed({"c": "bert", "d": "gpt"})
+    for uid in "cd":
+        learner.observe_progress(_report({uid: 10.0}), placed)
+    learner.observe_progress(_report({"c": 4.0, "d": 4.0}), placed)
+    doc = summarize(StateDocument(nodes=(), learning={"pairs": learner.view()}), "test", None)
+    assert doc["interference"][0]["progress_pairs"] == 2
+    assert doc["interference"][0]["refused_losing"] == 1
+    assert "2 from progress (1 refused as losing)" in render(doc)
