@@ -44,6 +44,7 @@ import json
 import math
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -277,10 +278,21 @@ def h100(seeds: int, sd: float) -> dict[str, Any]:
     truth = np.array([[table.slowdown.get(a, {}).get(b, 1.0) for b in jobs] for a in jobs])
     out = one_gpu(jobs, truth, None, seeds, sd)
     best, random = out["best"], out["random"]["mean"]
-    out["no_harm_points"] = {m: round(100 * (out[m]["k=3"]["value"]["mean"] - random) / best, 2)
+    out["no_harm_points"] = {m: round(float(100 * (out[m]["k=3"]["value"]["mean"] - random)
+                                            / best), 2)
                              for m in ("calibration_line_no_prior", "progress_no_prior")}
-    out["goal_no_harm"] = {m: v >= -0.5 for m, v in out["no_harm_points"].items()}
+    out["goal_no_harm"] = {m: bool(v >= -0.5) for m, v in out["no_harm_points"].items()}
     return out
+
+
+def _one(raw: dict[str, Any], seeds: int, sd: float, gpu: str) -> dict[str, Any]:
+    """One GPU's figures (the H100's, or a Gavel GPU's with the other's matrix)."""
+    if gpu == "h100":
+        return h100(seeds, sd)
+    jobs, truth = _gavel.matrix(raw, gpu)
+    other_jobs, other = _gavel.matrix(raw, _gavel.OTHER[gpu])
+    assert other_jobs == jobs
+    return one_gpu(jobs, truth, other, seeds, sd)
 
 
 def main() -> None:
@@ -290,6 +302,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--noise-sd", type=float, default=NOISE_SD)
     parser.add_argument("--gpus", default="p100,k80,h100")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="processes for the GPUs (each GPU's figures are the same however "
+                        "many)")
     _common.add_out_option(parser, "interference_decisions")
     args = parser.parse_args()
     raw = json.loads(args.data.read_text())
@@ -298,16 +313,13 @@ def main() -> None:
         "benchmark": "interference_decisions",
         "kind": "offline decisions on measured matrices (values are measured throughputs)",
         "setup": {"seeds": args.seeds, "noise_sd_log": args.noise_sd, "ks": list(KS),
-                  "optimism_sd": OPTIMISM},
+                  "optimism_sd": OPTIMISM, "decide_sd": DECIDE_Z,
+                  "processes": args.processes},
         "gpus": {}}
-    for gpu in args.gpus.split(","):
-        if gpu == "h100":
-            report["gpus"][gpu] = h100(args.seeds, args.noise_sd)
-            continue
-        jobs, truth = _gavel.matrix(raw, gpu)
-        other_jobs, other = _gavel.matrix(raw, _gavel.OTHER[gpu])
-        assert other_jobs == jobs
-        report["gpus"][gpu] = one_gpu(jobs, truth, other, args.seeds, args.noise_sd)
+    gpus = args.gpus.split(",")
+    results = _common.map_tasks(partial(_one, raw, args.seeds, args.noise_sd), gpus,
+                                args.processes)
+    report["gpus"] = dict(zip(gpus, results, strict=True))
     report["total_wall_s"] = round(time.perf_counter() - started, 1)
     report.update(_common.context(("numpy", "scipy", "networkx")))
     _common.write_result(report, args.out)
