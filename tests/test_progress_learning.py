@@ -50,9 +50,12 @@ def test_a_shared_window_is_the_step_time_ratio_to_the_pods_own_alone_time() -> 
 
 def test_the_alone_time_is_re_measured_and_goes_stale() -> None:
     alone = AloneSteps(max_age_s=100.0)
-    alone.record("a", A100, 10.0, 0.0)
-    alone.record("a", A100, 5.0, 50.0)
+    alone.record("a", "lm", A100, 10.0, 0.0)
+    alone.record("a", "lm", A100, 5.0, 50.0)
     assert alone.alone("a", "lm", A100, 60.0) == pytest.approx(0.15)
+    alone.record("b", "lm", A100, 4.0, 70.0)  # another pod of lm, seen alone later
+    assert alone.alone("c", "lm", A100, 80.0) == pytest.approx((0.1 + 0.2 + 0.25) / 3)
+    assert alone.alone("a", "lm", A100, 60.0) == pytest.approx(0.15)  # its own first
     assert alone.alone("a", "lm", A100, 1000.0) is None  # stale, no profile
     alone.profile("lm", A100, 0.12)
     assert alone.alone("a", "lm", A100, 1000.0) == 0.12
@@ -71,7 +74,7 @@ def test_no_sample_is_guessed(report: DecodedReport, reason: str) -> None:
 
 
 def test_the_learner_learns_from_progress_and_refuses_a_pair_measured_to_lose() -> None:
-    learner = PairLearner(group_refit_seconds=0.0)
+    learner = PairLearner(progress_refit_seconds=0.0)
     placed = _placed({"a": "lm", "b": "resnet", "c": "bert", "d": "gpt"})
     for uid in "abcd":
         learner.observe_progress(_report({uid: 10.0}), placed)
@@ -95,3 +98,19 @@ def test_the_threshold_counts_the_uncertainty() -> None:
     assert shares((math.log(1.8), sure), (math.log(1.8), sure))  # combined 1.11
     assert not shares((math.log(1.8), unsure), (math.log(1.8), unsure))
     assert shares((math.log(1.8), unsure), (math.log(1.8), unsure), z=-1.0)  # while exploring
+
+
+def test_status_says_how_many_pairs_came_from_progress_and_were_refused() -> None:
+    from contracts.state import StateDocument
+    from extender.ops.status import summarize
+    from extender.ops.status_render import render
+
+    learner = PairLearner(progress_refit_seconds=0.0)
+    placed = _placed({"c": "bert", "d": "gpt"})
+    for uid in "cd":
+        learner.observe_progress(_report({uid: 10.0}), placed)
+    learner.observe_progress(_report({"c": 4.0, "d": 4.0}), placed)
+    doc = summarize(StateDocument(nodes=(), learning={"pairs": learner.view()}), "test", None)
+    assert doc["interference"][0]["progress_pairs"] == 2
+    assert doc["interference"][0]["refused_losing"] == 1
+    assert "2 from progress (1 refused as losing)" in render(doc)

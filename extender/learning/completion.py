@@ -69,6 +69,15 @@ def fit(entries: Sequence[Entry], jobs: Sequence[str], types: Sequence[str],
         features: Mapping[str, Sequence[float]] | None = None, rank: int = RANK,
         ridge: float = RIDGE) -> dict[tuple[str, str, str], float]:
     """The fitted log slowdown of every (type, a, b) over ``jobs`` and ``types``."""
+    return _fit(entries, jobs, types, features, rank, ridge)[0]
+
+
+def _fit(entries: Sequence[Entry], jobs: Sequence[str], types: Sequence[str],
+         features: Mapping[str, Sequence[float]] | None, rank: int = RANK,
+         ridge: float = RIDGE, start: np.ndarray | None = None
+         ) -> tuple[dict[tuple[str, str, str], float], np.ndarray]:
+    """:func:`fit` and its parameters; from ``start`` (a fit's parameters over the same
+    jobs and types: the folds of :func:`complete` start from the full fit's)."""
     ji = {j: i for i, j in enumerate(jobs)}
     ti = {t: i for i, t in enumerate(types)}
     n, k = len(jobs), len(types)
@@ -123,6 +132,8 @@ def fit(entries: Sequence[Entry], jobs: Sequence[str], types: Sequence[str],
     x0 = np.random.default_rng(0).normal(0.0, INIT, sum(sizes))
     x0[:k] = [float(np.average(y[t_idx == t], weights=w[t_idx == t])) if (t_idx == t).any()
               else float(np.mean(y)) if len(y) else 0.0 for t in range(k)]
+    if start is not None and start.shape == x0.shape:
+        x0 = start.copy()
     if len(y):
         x0 = minimize(loss, x0, jac=True, method="L-BFGS-B",
                       options={"maxiter": 300}).x
@@ -133,7 +144,7 @@ def fit(entries: Sequence[Entry], jobs: Sequence[str], types: Sequence[str],
             + np.einsum("tar,br->tab", p["P"], p["Q"])
             + (p["bv0"][:, None] + p["ba0"][None, :] + p["U"] @ p["V0"].T + p["E"])[None])
     return {(t, a, b): float(full[ti[t], ji[a], ji[b]])
-            for t in types for a in jobs for b in jobs}
+            for t in types for a in jobs for b in jobs}, x0
 
 
 def _sum(index: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
@@ -165,7 +176,7 @@ def complete(entries: Sequence[Entry], jobs: Sequence[str], types: Sequence[str]
     """:func:`fit` on every entry, and per type in ``learned`` the variance of a completed
     figure measured out of sample (module docstring); a type with fewer than
     :data:`MIN_HELD_OUT` entries seen takes :data:`DEFAULT_VAR`."""
-    logs = fit(entries, jobs, types, features)
+    logs, params = _fit(entries, jobs, types, features)
     variance = {t: DEFAULT_VAR for t in types}
     for t in learned:
         own = [i for i, e in enumerate(entries) if e[0] == t]
@@ -176,7 +187,7 @@ def complete(entries: Sequence[Entry], jobs: Sequence[str], types: Sequence[str]
         for fold in range(FOLDS):
             held = set(order[fold::FOLDS].tolist())
             rest = [e for i, e in enumerate(entries) if i not in held]
-            predicted = fit(rest, jobs, types, features)
+            predicted = _fit(rest, jobs, types, features, start=params)[0]
             for i in held:
                 e = entries[i]
                 errors.append((predicted[(e[0], e[1], e[2])] - e[3]) ** 2)

@@ -88,6 +88,8 @@ from extender.state.reports import DecodedReport
 
 MAX_TRACKED_PODS = 100_000
 GROUP_REFIT_SECONDS = 60.0
+PROGRESS_REFIT_SECONDS = 600.0
+"""How often the progress estimates (a low-rank completion) are refitted at most."""
 DOCUMENT_KEY = "pairs"
 
 
@@ -98,11 +100,13 @@ class PairLearner:
                  prior_weight: float = 0.5, warmup_seconds: float = 0.0,
                  clock: Callable[[], float] = time.time,
                  prior: Mapping[str, PairTable] | None = None,
-                 groups: bool = True, group_refit_seconds: float = GROUP_REFIT_SECONDS):
+                 groups: bool = True, group_refit_seconds: float = GROUP_REFIT_SECONDS,
+                 progress_refit_seconds: float = PROGRESS_REFIT_SECONDS):
         self.max_entries = max_entries
         self.groups = groups
         """Take group samples (``learning.pair_groups``)."""
         self.group_refit_seconds = group_refit_seconds
+        self.progress_refit_seconds = progress_refit_seconds
         self._prior = prior_logs(prior or {})
         """Listed GPU type -> ((a, b) -> log slowdown, cannot-share pairs)."""
         self._pooled = pooled_logs(self._prior)
@@ -254,13 +258,14 @@ class PairLearner:
         return len(samples)
 
     def _progress_estimates(self, now: float) -> Estimates | None:
-        """What the progress samples predict, refitted at most every group_refit_seconds
-        (the completion is the costly part); None before any sample."""
+        """What the progress samples predict, refitted at most every
+        ``progress_refit_seconds`` (the completion is the costly part); None before any."""
         count = self.progress_samples_total
         if not count:
             return None
         done = self._estimates
-        if done is None or (done[1] != count and now - done[0] >= self.group_refit_seconds):
+        if done is None or (done[1] != count
+                            and now - done[0] >= self.progress_refit_seconds):
             done = (now, count, self.progress.estimate())
             self._estimates = done
         return done[2]

@@ -5,9 +5,11 @@ one other pod as ``log(step_time_shared / step_time_alone)`` (docs/interference.
 process there attributed to it) and reports progress is one of its *exclusive* windows.
 Its alone step time on that GPU type is the mean over its newest :data:`ALONE_WINDOWS`
 exclusive windows no older than ``max_age_s``: re-measured whenever it runs alone, because
-it drifts (the H100 retest: +9.5% between two runs of the same job). Without a fresh one,
-a profile of its model on that GPU type (``profile``) stands in; without either, the
-pod's shared windows give no sample (reason ``no-alone-time``).
+it drifts (the H100 retest: +9.5% between two runs of the same job). Without a fresh one
+(a pod that started beside another), its model's: the same mean over the newest
+exclusive windows of any pod of that model on that GPU type; then a profile of the model
+there (``profile``); without any, the pod's shared windows give no sample (reason
+``no-alone-time``).
 
 **Shared.** A window in which a GPU holds exactly two such pods, each placed by this
 extender with a model, both reporting progress, gives each a sample for the directed pair
@@ -38,19 +40,22 @@ class AloneSteps:
 
     def __init__(self, max_age_s: float = MAX_AGE_S):
         self.max_age_s = max_age_s
-        self._windows: OrderedDict[tuple[str, str], list[tuple[float, float]]] = OrderedDict()
-        """(pod uid, GPU type) -> [(when, step time)], newest last."""
+        self._windows: OrderedDict[tuple[str, str, str], list[tuple[float, float]]] = \
+            OrderedDict()
+        """("pod", uid, GPU type) or ("model", model, GPU type) -> [(when, step time)],
+        newest last."""
         self._profiles: dict[tuple[str, str], float] = {}
         self.skipped: dict[str, int] = {}
 
-    def record(self, uid: str, gpu_type: str, steps_per_s: float, now: float) -> None:
-        """One exclusive window of ``uid``."""
+    def record(self, uid: str, model: str | None, gpu_type: str, steps_per_s: float,
+               now: float) -> None:
+        """One exclusive window of pod ``uid`` (of ``model``, when placed with one)."""
         if not (math.isfinite(steps_per_s) and steps_per_s > 0):
             return
-        key = (uid, gpu_type)
-        windows = self._windows.pop(key, [])
-        windows.append((now, 1.0 / steps_per_s))
-        self._windows[key] = windows[-ALONE_WINDOWS:]
+        for key in [("pod", uid, gpu_type)] + ([("model", model, gpu_type)] if model else []):
+            windows = self._windows.pop(key, [])
+            windows.append((now, 1.0 / steps_per_s))
+            self._windows[key] = windows[-ALONE_WINDOWS:]
         while len(self._windows) > MAX_TRACKED_PODS:
             self._windows.popitem(last=False)
 
@@ -61,10 +66,10 @@ class AloneSteps:
 
     def alone(self, uid: str, model: str, gpu_type: str, now: float) -> float | None:
         """The pod's alone step time (module docstring), or None."""
-        fresh = [t for when, t in self._windows.get((uid, gpu_type), ())
-                 if now - when <= self.max_age_s]
-        if fresh:
-            return sum(fresh) / len(fresh)
+        for key in (("pod", uid, gpu_type), ("model", model, gpu_type)):
+            fresh = [t for when, t in self._windows.get(key, ()) if now - when <= self.max_age_s]
+            if fresh:
+                return sum(fresh) / len(fresh)
         return self._profiles.get((model, gpu_type))
 
     def skip(self, reason: str, count: int = 1) -> None:
@@ -90,7 +95,8 @@ def progress_samples(report: DecodedReport, model_of: Callable[[str, int], str |
             continue
         if len(owners) == 1:
             (uid,) = owners
-            alone.record(uid, gpu_type, rates[uid].steps_per_s, now)
+            alone.record(str(uid), model_of(str(uid), gpu.index), gpu_type,
+                         rates[uid].steps_per_s, now)
             continue
         out += _pair(gpu_type, gpu.index, [rates[u] for u in sorted(owners)], model_of,
                      alone, now)

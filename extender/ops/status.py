@@ -210,7 +210,11 @@ def summarize(state: StateDocument, origin: str,
                                 "profiled_models": len(t["profiles"]),
                                 "cannot_share": len(t["cannot_share"]),
                                 "prior_pairs": (t.get("prior") or {}).get("pairs", 0),
-                                "inferred_pairs": len(t.get("inferred") or [])}
+                                "inferred_pairs": len(t.get("inferred") or []),
+                                "progress_pairs": len((t.get("progress") or {}).get("measured")
+                                                      or []),
+                                "refused_losing": len((t.get("progress") or {}).get(
+                                    "refused_losing") or [])}
                                for t in learned]
     return doc
 

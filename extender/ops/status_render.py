@@ -65,6 +65,9 @@ def render(doc: dict[str, Any]) -> str:
         lines.append(f"interference learned on {t['gpu_type']}: {t['pairs']} pairs{inferred}, "
                      f"{t['profiled_models']} models profiled, {t['cannot_share']} cannot share"
                      f"{prior}"[:WIDTH])
+        if t.get("progress_pairs"):
+            lines.append(f"  {t['progress_pairs']} from progress ({t.get('refused_losing', 0)} "
+                         "refused as losing)")
     if doc.get("redacted"):
         lines.append("pod names hidden: pass --token-file with the agent token to see them")
     for node in doc["nodes"]:

@@ -15,7 +15,9 @@ by its own true slowdown through the truth's signal model
 (:mod:`extender.simulator.signal`: proportional or sub-proportional, with a
 warm-up ramp; the extender's learners are never told which).
 Then seeded Gaussian measurement noise (``Truth.util_stddev_percent``), clipped to
-0..100.
+0..100. Under ``signal: progress`` each report also gives every pod's steps per second
+(a step a second alone, over its true slowdown, times lognormal noise: what the real
+agents scrape from ``tandem.io/progress``), drawn from a noise stream of its own.
 
 The reports go through the extender's own :meth:`extender.learning.learner.Learner.observe`
 (a :class:`extender.state.reports.DecodedReport` and the placements the scheduler made),
@@ -33,10 +35,12 @@ from dataclasses import replace
 
 import numpy as np
 
+from contracts.agentreport import ReportedProgress
 from contracts.annotations import BATCH_SIZE, DEFAULT_BATCH_SIZE, MODEL, TRAINING
 from extender.core import Placement
 from extender.learning.learner import Learner
 from extender.simulator.engine import Engine, JobRun
+from extender.simulator.signal import PROGRESS_NOISE_SD
 from extender.simulator.truth import Phases, Truth
 from extender.state.reports import DecodedReport, ReportedProcess
 
@@ -76,6 +80,8 @@ class SimAgents:
         self.on_completed: Callable[[int], None] | None = None
         """Called with the number of completed jobs after each completion."""
         self._rng = np.random.default_rng(truth.seed)
+        self._progress_rng = np.random.default_rng([truth.seed, 1])
+        """The progress signal's noise (its own stream: the utilisation noise is unchanged)."""
         self._placements: dict[str, Placement] = {}
         self._engine: Engine | None = None
         self._window = (0.0, 0.0)
@@ -133,7 +139,9 @@ class SimAgents:
                     util_percent=tuple(min(100.0, float(engine.util_true[r]))
                                        for r in node_rows),
                     memory_used_mib=tuple(float(engine.mem_true[r]) for r in node_rows),
-                    processes=tuple(self._processes(engine, r) for r in node_rows))
+                    processes=tuple(self._processes(engine, r) for r in node_rows),
+                    progress=tuple(self._progress(engine, r, at - before) for r in node_rows)
+                    if self.truth.signal.progress else ())
                 self.reports += 1
                 self.samples += self.learner.observe(report, self._placements.get)
         self.clock.now_s = now_s
@@ -164,6 +172,22 @@ class SimAgents:
                     min(100.0, total))
                 util = min(100.0, max(0.0, shown * self._phase(run) + noise))
                 out.append(ReportedProcess(p.pod_uid, run.mem_rows[k], util))
+        return tuple(out)
+
+
+    def _progress(self, engine: Engine, r: int, window_s: float) -> tuple[ReportedProgress, ...]:
+        """Each pod's steps per second on GPU row ``r`` (``signal: progress``): a step a
+        second alone, over its true slowdown, times lognormal noise."""
+        shared = engine.jobs_on[r] >= 2
+        node, index = self._node[r], engine.table.gpus[r].index
+        out = []
+        for run in engine.runs_on(r):
+            slowdown = engine.job_slowdown(run.idx, r) if shared else 1.0
+            for p in run.placements:
+                if p.node == node and index in p.gpu_indices:
+                    rate = math.exp(self._progress_rng.normal(0.0, PROGRESS_NOISE_SD)) \
+                        / max(slowdown, 1e-6)
+                    out.append(ReportedProgress(p.pod_uid, rate, max(window_s, 1e-3)))
         return tuple(out)
 
 

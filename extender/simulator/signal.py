@@ -12,6 +12,13 @@ learners are never told)::
     signal:
       model: proportional      # util / slowdown (default) | sub-proportional: util / sqrt(slowdown)
                                # | time-sliced: the GPU's utilisation, for every process on it
+                               # | progress: time-sliced, and each pod's steps per second
+
+``progress`` is what real GPUs give a tandem that reads the jobs' own counters
+(``tandem.io/progress``): NVML as ``time-sliced``, and per pod its step rate, its
+alone rate over its true slowdown times lognormal noise of :data:`PROGRESS_NOISE_SD` on
+the log (the H100 retest's spread of one measurement). ``proportional`` and
+``sub-proportional`` are counterfactuals: no measured GPU shows per-process shares.
 
 The reported figure is ``util / slowdown ** p`` (``p`` 1 or 0.5) on a shared GPU, or the
 GPU's utilisation (``time-sliced``),
@@ -27,8 +34,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-SIGNAL_MODELS = {"proportional": 1.0, "sub-proportional": 0.5, "time-sliced": 0.0}
-"""Each model's ``p`` in ``util / slowdown ** p`` (``time-sliced`` shows the GPU's figure)."""
+SIGNAL_MODELS = {"proportional": 1.0, "sub-proportional": 0.5, "time-sliced": 0.0,
+                 "progress": 0.0}
+"""Each model's ``p`` in ``util / slowdown ** p`` (``time-sliced`` and ``progress`` show
+the GPU's figure)."""
+PROGRESS_NOISE_SD = 0.066
+"""Spread of one progress measurement's log step time (the H100 retest,
+``benchmarks/results/h100_pairs_retest/``)."""
+TIME_SLICED = ("time-sliced", "progress")
 SIGNAL_KEYS = ("model",)
 
 
@@ -50,12 +63,17 @@ class SignalModel:
         ``scale``: the job's share when its GPU's jobs together ask for more than 100%
         (used alone); ``shared_slowdown``: its slowdown on a shared GPU (None: alone);
         ``gpu_util_percent``: the shared GPU's utilisation (``time-sliced``)."""
-        if shared_slowdown is not None and self.model == "time-sliced":
+        if shared_slowdown is not None and self.model in TIME_SLICED:
             return gpu_util_percent
         if shared_slowdown is not None:
             s = max(shared_slowdown, 1.0)
             scale = 1.0 / s if self.exponent == 1.0 else 1.0 / math.sqrt(s)
         return util_percent * scale
+
+    @property
+    def progress(self) -> bool:
+        """True when the agents report each pod's steps per second."""
+        return self.model == "progress"
 
 
 def parse_signal(raw: Any, path: str, problems: list[str]) -> SignalModel:
