@@ -15,6 +15,7 @@ import numpy as np
 
 from extender.core.cost import scores_from_costs
 from extender.core.demand import ResolvedDemand
+from extender.core.packing import PackingTerms
 from extender.core.reasons import Rejection
 from extender.core.session_rules import session_util_percent
 from extender.core.snapshot import NodeName, Placement, PodUid, Workload
@@ -41,6 +42,9 @@ class Evaluation:
     """Table row -> where its pairwise interference figure came from (``pair:<n>``,
     ``group:<n>``, ``matrix``, ``profile``, ``curve``); rows judged by the curve alone are
     absent."""
+    packing: PackingTerms | None = None
+    """The packing score's terms per candidate row (:mod:`extender.core.packing`); None
+    when training pods were costed by Horus alone."""
 
     @property
     def feasible(self) -> np.ndarray:

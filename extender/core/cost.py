@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from extender.core.packing import PackingPolicy
 from extender.core.pairs import PairModel
 from predictor.curves import InterferenceCurve, coefficient_table, curve_costs
 
@@ -79,6 +80,9 @@ class CostPolicy:
     already runs training jobs takes another only up to this total. None = no cap."""
     pairs: PairModel | None = None
     """Learned pairwise interference (:mod:`extender.core.pairs`); None = the curve only."""
+    packing: PackingPolicy = PackingPolicy()
+    """The packing score (:mod:`extender.core.packing`), used where the workload's shapes
+    are known (``DecisionContext.packing``)."""
 
     def curve_for(self, gpu_type: str) -> InterferenceCurve:
         """The curve configured for ``gpu_type``, else the default."""
