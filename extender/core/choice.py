@@ -59,7 +59,7 @@ class Evaluation:
         """Integer 0..10 per name; infeasible nodes score 0."""
         ok = self.feasible
         out = np.zeros(len(self.names), dtype=np.int64)
-        out[ok] = scores_from_costs(self.node_cost[ok])
+        out[ok] = scores_from_costs(self.node_cost[ok], best_alone=self.packing is not None)
         return out.tolist()  # Python ints: the wire needs JSON integers
 
     def chosen_rows(self, position: int) -> list[int]:
