@@ -99,6 +99,9 @@ def run_seed(task: tuple[Path, Path, int, tuple[str, ...]]) -> dict[str, Any]:
         out[name] = {"alloc_at": result.alloc_at, "failed_by_gpus": result.failed_by_gpus,
                      "free_whole_gpus": result.free_whole_gpus, "arrived": result.arrived,
                      "cpu_s": round(time.process_time() - started, 2)}
+        decided = getattr(getattr(policy, "gpu", policy), "decided", None)
+        if decided is not None:  # tandem: which term decided each placement
+            out[name]["decided_by"] = dict(sorted(decided.items()))
     return out
 
 
@@ -120,6 +123,10 @@ def summarise(per_seed: list[dict[str, Any]], names: tuple[str, ...]) -> dict[st
                             for p in runs[0]["alloc_at"]},
             "cpu_s_per_run": round(statistics.fmean(r["cpu_s"] for r in runs), 2),
         }
+        if "decided_by" in runs[0]:
+            terms = sorted({t for r in runs for t in r["decided_by"]})
+            policies[name]["decided_by"] = {t: round(statistics.fmean(
+                r["decided_by"].get(t, 0) for r in runs), 1) for t in terms}
     return policies
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from extender.core.cost import scores_from_costs
 from extender.core.demand import ResolvedDemand
-from extender.core.packing import PackingTerms
+from extender.core.packing import PackingPolicy, PackingTerms, decisive_term
 from extender.core.reasons import Rejection
 from extender.core.session_rules import session_util_percent
 from extender.core.snapshot import NodeName, Placement, PodUid, Workload
@@ -45,6 +45,8 @@ class Evaluation:
     packing: PackingTerms | None = None
     """The packing score's terms per candidate row (:mod:`extender.core.packing`); None
     when training pods were costed by Horus alone."""
+    policy_packing: PackingPolicy = PackingPolicy()
+    """The weights the packing terms were summed with."""
 
     @property
     def feasible(self) -> np.ndarray:
@@ -68,6 +70,26 @@ class Evaluation:
             return []
         return sorted(self.selected_rows[self.selected_owner == position].tolist())
 
+
+
+def decided_by(evaluation: Evaluation, position: int) -> str | None:
+    """Which packing term chose candidate ``position`` over the next best node.
+
+    ``fit``, ``fragmentation`` or ``interference`` (:func:`extender.core.packing.decisive_term`);
+    ``only`` when no other node was feasible; None when the packing score was not used.
+    """
+    terms = evaluation.packing
+    if terms is None or terms.rows is None or not np.isfinite(evaluation.node_cost[position]):
+        return None
+    others = np.flatnonzero(evaluation.feasible)
+    others = others[others != position]
+    if others.size == 0:
+        return "only"
+    runner = int(others[np.argmin(evaluation.node_cost[others])])
+    at = {int(r): i for i, r in enumerate(terms.rows.tolist())}
+    chosen = np.array([at[r] for r in evaluation.chosen_rows(position)])
+    second = np.array([at[r] for r in evaluation.chosen_rows(runner)])
+    return decisive_term(terms, evaluation.policy_packing, chosen, second)
 
 
 def best_gpus(owner: np.ndarray, rows: np.ndarray, cost: np.ndarray, need: int,

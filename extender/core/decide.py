@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import repeat
 
 import numpy as np
@@ -124,6 +124,7 @@ def evaluate(table: GpuTable, names: Sequence[str], demand: ResolvedDemand,
                 terms = packing_terms(load.free_mib, load.capacity_mib, owner,
                                       np.maximum(ids, 0), code == 0, float(np.max(job_mem)),
                                       need, packing, cost)
+                terms = replace(terms, rows=rows)
                 cost = packing_cost(terms, policy.packing)
         else:
             cost = np.zeros(rows.size)
@@ -138,7 +139,8 @@ def evaluate(table: GpuTable, names: Sequence[str], demand: ResolvedDemand,
     rejections = {} if purpose is Purpose.PLACE else _rejections(
         table, names, ids, rows, owner, code, load.free_mib, demand, node_cost, notes)
     return Evaluation(tuple(names), node_cost, rejections, rows[sel], owner[sel], table, plans,
-                      demand, shares, pairs.sources if pairs is not None else {}, terms)
+                      demand, shares, pairs.sources if pairs is not None else {}, terms,
+                      policy.packing)
 
 
 def _candidate_rows(table: GpuTable, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

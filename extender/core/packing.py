@@ -85,6 +85,8 @@ class PackingTerms:
     fragmentation: np.ndarray
     fit: np.ndarray
     interference: np.ndarray
+    rows: np.ndarray | None = None
+    """The table row of each entry (set by the caller that knows them)."""
 
 
 def _host(values: np.ndarray | None, ids: np.ndarray) -> np.ndarray:

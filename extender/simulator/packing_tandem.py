@@ -23,7 +23,7 @@ import numpy as np
 from contracts.annotations import PodInputs
 from contracts.gpus import GpuSpec
 from extender.core import CostPolicy
-from extender.core.choice import choose
+from extender.core.choice import choose, decided_by
 from extender.core.decide import DecisionContext, Purpose, evaluate
 from extender.core.demand import JobDemand, ResolvedDemand, resolve_demand
 from extender.core.fragmentation import ShapeStats
@@ -91,6 +91,8 @@ class TandemCore:
         placement = choose(ev, position, f"p{pod.index}", f"trace/{pod.index}")
         if placement is None:
             return None
+        term = decided_by(ev, position) or "interference"
+        self.decided[term] = self.decided.get(term, 0) + 1
         self.table.place(placement)
         return self.table.node_index[placement.node], placement.gpu_indices
 
@@ -100,4 +102,5 @@ class TandemCore:
                                state.nodes.cpu_milli, state.nodes.memory_mib, shapes,
                                pod.cpu, pod.mem, GPU_MIB, self.policy.packing)
         cost = np.where(ok, cost, np.inf)
+        self.decided["cpu-only"] = self.decided.get("cpu-only", 0) + 1
         return int(np.argmin(cost)), ()
