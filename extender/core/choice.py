@@ -86,10 +86,14 @@ def decided_by(evaluation: Evaluation, position: int) -> str | None:
     if others.size == 0:
         return "only"
     runner = int(others[np.argmin(evaluation.node_cost[others])])
-    at = {int(r): i for i, r in enumerate(terms.rows.tolist())}
-    chosen = np.array([at[r] for r in evaluation.chosen_rows(position)])
-    second = np.array([at[r] for r in evaluation.chosen_rows(runner)])
-    return decisive_term(terms, evaluation.policy_packing, chosen, second)
+    order = np.argsort(terms.rows, kind="stable")
+    ranked = terms.rows[order]
+
+    def at(rows: list[int]) -> np.ndarray:
+        return order[np.searchsorted(ranked, rows)]
+
+    return decisive_term(terms, evaluation.policy_packing, at(evaluation.chosen_rows(position)),
+                         at(evaluation.chosen_rows(runner)))
 
 
 def best_gpus(owner: np.ndarray, rows: np.ndarray, cost: np.ndarray, need: int,

@@ -169,12 +169,11 @@ def placement_deltas(free: np.ndarray, fits: np.ndarray, cpu: np.ndarray, mem: n
     enough = np.flatnonzero(fits.sum(axis=1) >= pod.gpus)
     if enough.size == 0:
         return out
-    before = fragmentation(free[enough], cpu[enough], mem[enough], shapes)
     if pod.gpus == 1:
-        out[enough] = _one_gpu_deltas(np.maximum(free[enough], 0.0), fits[enough],
-                                      cpu_after[enough], mem_after[enough], shapes,
-                                      pod.per_gpu, before)
+        out[enough] = _one_gpu_deltas(np.maximum(free[enough], 0.0), fits[enough], cpu[enough],
+                                      mem[enough], pod, shapes)
         return out
+    before = fragmentation(free[enough], cpu[enough], mem[enough], shapes)
     taken = tightest(free[enough], fits[enough], pod.gpus)
     states = free[enough] - pod.per_gpu * taken
     after = fragmentation(states, cpu_after[enough], mem_after[enough], shapes)
@@ -183,18 +182,19 @@ def placement_deltas(free: np.ndarray, fits: np.ndarray, cpu: np.ndarray, mem: n
     return out
 
 
-def _one_gpu_deltas(free: np.ndarray, fits: np.ndarray, cpu_after: np.ndarray,
-                    mem_after: np.ndarray, shapes: Shapes, need: float,
-                    before: np.ndarray) -> np.ndarray:
+def _one_gpu_deltas(free: np.ndarray, fits: np.ndarray, cpu: np.ndarray, mem: np.ndarray,
+                    pod: Pod, shapes: Shapes) -> np.ndarray:
     """Growth of ``F`` per (node, GPU) for a 1-GPU pod: only the chosen GPU's free changes,
     so each candidate is its node's usable figures corrected for that one GPU."""
     out = np.full(free.shape, np.inf)
     node_of, gpu_of = np.nonzero(fits)
+    need = pod.per_gpu
     if not shapes.group_need.size:
         out[node_of, gpu_of] = -need * shapes.weight.sum()
         return out
     count, usable = gpu_usable(free, shapes)
-    weights = host_weights(cpu_after, mem_after, shapes)
+    before = _expected(free.sum(axis=1), host_weights(cpu, mem, shapes), count, usable, shapes)
+    weights = host_weights(cpu - pod.cpu, mem - pod.mem, shapes)
     # GPUs of one node with equal free space give equal states: cost each once.
     free_of = free[node_of, gpu_of]
     _, first, inverse = np.unique(node_of * (free.max() + 1.0) + free_of, return_index=True,
