@@ -48,7 +48,7 @@ class PackingPolicy:
     """False: training pods are costed by Horus alone, as before."""
     w_fragmentation: float = 1.0
     """Weight of the fragmentation growth (GPUs of capacity the arrived shapes lose)."""
-    w_fit: float = 0.5
+    w_fit: float = 0.1
     """Weight of best fit (free share left on the GPU and its node, 0..1)."""
     w_interference: float = 0.02
     """Weight of the Horus cost among packing-equal placements."""
