@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,38 +38,15 @@ import _common
 import numpy as np
 
 from extender.core import CostPolicy
-from extender.simulator.inflation import PackPolicy, arrival_order, run_inflation
-from extender.simulator.packing_policies import BestFit, Fgd, KubeDefault, RandomFit, Split
-from extender.simulator.packing_tandem import TandemCore
+from extender.simulator.inflation import arrival_order, run_inflation
+from extender.simulator.packing_command import packing_policies
 from extender.simulator.policies import tandem_cost
-from extender.simulator.trace_csv import TraceNodes, read_nodes, read_pods
+from extender.simulator.trace_csv import read_nodes, read_pods
 
 ARRIVAL_SHARE = 1.3
 REPORTED = ("100", "130")
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
        9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 19: 2.093, 29: 2.045}
-
-
-def _tandem(name: str, nodes: TraceNodes, policy: CostPolicy, packing: bool,
-            cpu_only: bool, rng: np.random.Generator) -> PackPolicy:
-    core = TandemCore(name, nodes, policy, packing=packing, cpu_only=cpu_only)
-    return core if cpu_only else Split(name, core, KubeDefault(rng))
-
-
-def factories(policy: CostPolicy) -> dict[str, Callable[[TraceNodes, np.random.Generator],
-                                                        PackPolicy]]:
-    """Each policy by name, built fresh per run from the nodes and the run's generator."""
-    return {
-        "random": lambda n, r: RandomFit(r),
-        "bestfit": lambda n, r: BestFit(),
-        "bestfit-gpu-only": lambda n, r: Split("bestfit-gpu-only", BestFit(), KubeDefault(r)),
-        "fgd": lambda n, r: Fgd(r),
-        "tandem": lambda n, r: _tandem("tandem", n, policy, True, True, r),
-        "tandem-gpu-only": lambda n, r: _tandem("tandem-gpu-only", n, policy, True, False, r),
-        "tandem-horus": lambda n, r: _tandem("tandem-horus", n, policy, False, True, r),
-        "tandem-horus-gpu-only":
-            lambda n, r: _tandem("tandem-horus-gpu-only", n, policy, False, False, r),
-    }
 
 
 def interval(values: list[float]) -> list[float]:
@@ -90,7 +66,7 @@ def run_seed(task: tuple[Path, Path, int, tuple[str, ...]]) -> dict[str, Any]:
     nodes, pods = read_nodes(nodes_path), read_pods(pods_path)
     order = arrival_order(pods, nodes.gpu_capacity_milli, ARRIVAL_SHARE,
                           np.random.default_rng(seed))
-    build = factories(tandem_cost())
+    build = packing_policies(tandem_cost())
     out: dict[str, Any] = {}
     for k, name in enumerate(names):
         started = time.process_time()
@@ -153,14 +129,14 @@ def main() -> None:
     parser.add_argument("--pods", type=Path, required=True, help="pod list CSV")
     parser.add_argument("--nodes", type=Path, required=True, help="node list CSV")
     parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--policies", default=",".join(factories(CostPolicy())),
+    parser.add_argument("--policies", default=",".join(packing_policies(CostPolicy())),
                         help="comma-separated subset")
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print the JSON (always written)")
     _common.add_out_option(parser, "packing")
     args = parser.parse_args()
     names = tuple(n.strip() for n in args.policies.split(",") if n.strip())
-    unknown = [n for n in names if n not in factories(CostPolicy())]
+    unknown = [n for n in names if n not in packing_policies(CostPolicy())]
     if unknown or args.seeds < 1:
         parser.error(f"unknown policies {unknown} or --seeds < 1")
     read_nodes(args.nodes), read_pods(args.pods)  # bad files fail before any run

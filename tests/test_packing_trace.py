@@ -105,7 +105,6 @@ def test_fgd_keeps_the_whole_gpus_the_workload_needs(tmp_path):
     # Shares of 600 arrive among whole-GPU pods: best fit puts the second 600 beside the
     # first's leftover 400? It cannot; FGD must not open the 2-GPU node's whole pair.
     nodes = read_nodes(nodes_csv(tmp_path, [(64000, 262144, 1, "T4"), (64000, 262144, 2, "T4")]))
-    pods = read_pods(pods_csv(tmp_path, [(1000, 1000, 2, 1000), (1000, 1000, 1, 600)]))
     state = PackState(nodes)
     fgd = Fgd(np.random.default_rng(0))
     fgd.stats.observe(fgd_shape(2, 1000.0))  # the workload: 2-GPU pods come
@@ -121,7 +120,6 @@ def fgd_shape(gpus: int, milli: float):
 
 def test_kube_default_spreads_cpu_only_pods_to_the_least_allocated_node(tmp_path):
     nodes = read_nodes(nodes_csv(tmp_path, [(10000, 100000, 1, "T4"), (10000, 100000, 1, "T4")]))
-    pods = read_pods(pods_csv(tmp_path, [(4000, 1000, 0, 0), (4000, 1000, 0, 0)]))
     split = Split("bf", BestFit(), KubeDefault(np.random.default_rng(0)))
     state = PackState(nodes)
     from extender.simulator.inflation import PodView
@@ -148,3 +146,29 @@ def test_tandem_core_packs_shares_instead_of_spreading_them(tmp_path):
     spread = run_inflation(nodes, pods, np.arange(6),
                            TandemCore("h", nodes, tandem_cost(), packing=False))
     assert spread.failed_by_gpus == {"1": 2}  # Horus alone opens a fresh GPU per share
+
+
+def test_simulate_runs_the_protocol_on_a_trace_and_sweeps_the_packing_weights(tmp_path):
+    from typer.testing import CliRunner
+
+    from tandem.cli import app
+
+    nodes = nodes_csv(tmp_path, [(64000, 262144, 2, "T4"), (64000, 262144, 2, "T4")])
+    pods = pods_csv(tmp_path, [(1000, 1000, 1, 500)] * 4 + [(1000, 1000, 1, 1000)] * 4)
+    runner = CliRunner()
+    done = runner.invoke(app, ["simulate", "--pods", str(pods), "--nodes", str(nodes),
+                               "--policy", "bestfit", "--policy", "tandem", "--json"])
+    assert done.exit_code == 0, done.output
+    import json
+    doc = json.loads(done.output)
+    assert doc["policies"]["tandem"]["alloc_at"]["100"] == 100.0
+    swept = runner.invoke(app, ["simulate", "--pods", str(pods), "--nodes", str(nodes),
+                                "--sweep", "--grid", "w_fit=0,0.1", "--json"])
+    assert swept.exit_code == 0, swept.output
+    assert [r["setting"]["w_fit"] for r in json.loads(swept.output)["sweep"]] in ([0, 0.1],
+                                                                                  [0.1, 0])
+    bad = runner.invoke(app, ["simulate", "--pods", str(pods)])
+    assert bad.exit_code == 2 and "give both --pods and --nodes" in bad.output
+    grid = runner.invoke(app, ["simulate", "--pods", str(pods), "--nodes", str(nodes),
+                               "--sweep", "--grid", "max_pods_per_gpu=2"])
+    assert grid.exit_code == 2 and "expected KEY=V1,V2" in grid.output

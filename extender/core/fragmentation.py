@@ -127,7 +127,7 @@ def _expected(total: np.ndarray, weights: np.ndarray, count: np.ndarray, usable:
 
 def fragmentation(free: np.ndarray, cpu: np.ndarray, mem: np.ndarray,
                   shapes: Shapes) -> np.ndarray:
-    """Expected fragmentation ``F`` per state: ``free`` (states, GPUs), ``cpu``, ``mem`` (states,)."""
+    """Expected fragmentation ``F`` per state: ``free`` (states, GPUs); ``cpu``, ``mem``."""
     free = np.maximum(free, 0.0)
     if not shapes.group_need.size:
         return free.sum(axis=1) * shapes.weight.sum()
