@@ -135,14 +135,8 @@ def fragmentation(free: np.ndarray, cpu: np.ndarray, mem: np.ndarray,
                      *gpu_usable(free, shapes), shapes)
 
 
-@dataclass(frozen=True)
-class Pod:
-    """The pod being placed: ``gpus`` GPUs of ``per_gpu`` each, ``cpu`` and ``mem`` on the host."""
-
-    gpus: int
-    per_gpu: float
-    cpu: float = 0.0
-    mem: float = 0.0
+Pod = Shape
+"""The pod being placed has a shape too: ``gpus`` GPUs of ``per_gpu`` each, ``cpu``, ``mem``."""
 
 
 def placement_deltas(free: np.ndarray, fits: np.ndarray, cpu: np.ndarray, mem: np.ndarray,
