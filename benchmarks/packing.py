@@ -29,6 +29,7 @@ Usage: ``.venv/bin/python benchmarks/packing.py --pods openb_pod_list_default.cs
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from pathlib import Path
@@ -60,9 +61,14 @@ def interval(values: list[float]) -> list[float]:
     return [round(mean - half, 2), round(mean + half, 2)]
 
 
-def run_seed(task: tuple[Path, Path, int, tuple[str, ...]]) -> dict[str, Any]:
-    """Every policy on one seed's arrival order."""
-    pods_path, nodes_path, seed, names = task
+def run_seed(task: tuple[Path, Path, int, tuple[str, ...], Path | None]) -> dict[str, Any]:
+    """Every policy on one seed's arrival order (kept in ``seed_dir`` when given)."""
+    pods_path, nodes_path, seed, names, seed_dir = task
+    kept = seed_dir / f"seed-{seed}.json" if seed_dir is not None else None
+    if kept is not None and kept.exists():
+        found = json.loads(kept.read_text())
+        if set(found) == set(names):
+            return found
     nodes, pods = read_nodes(nodes_path), read_pods(pods_path)
     order = arrival_order(pods, nodes.gpu_capacity_milli, ARRIVAL_SHARE,
                           np.random.default_rng(seed))
@@ -78,6 +84,8 @@ def run_seed(task: tuple[Path, Path, int, tuple[str, ...]]) -> dict[str, Any]:
         decided = getattr(getattr(policy, "gpu", policy), "decided", None)
         if decided is not None:  # tandem: which term decided each placement
             out[name]["decided_by"] = dict(sorted(decided.items()))
+    if kept is not None:
+        kept.write_text(json.dumps(out))
     return out
 
 
@@ -133,6 +141,8 @@ def main() -> None:
                         help="comma-separated subset")
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print the JSON (always written)")
+    parser.add_argument("--seed-dir", type=Path, default=None,
+                        help="keep each seed's results here and reuse them (resumable runs)")
     _common.add_out_option(parser, "packing")
     args = parser.parse_args()
     names = tuple(n.strip() for n in args.policies.split(",") if n.strip())
@@ -141,7 +151,9 @@ def main() -> None:
         parser.error(f"unknown policies {unknown} or --seeds < 1")
     read_nodes(args.nodes), read_pods(args.pods)  # bad files fail before any run
     started = time.perf_counter()
-    per_seed = _common.map_tasks(run_seed, [(args.pods, args.nodes, s, names)
+    if args.seed_dir is not None:
+        args.seed_dir.mkdir(parents=True, exist_ok=True)
+    per_seed = _common.map_tasks(run_seed, [(args.pods, args.nodes, s, names, args.seed_dir)
                                             for s in range(args.seeds)], args.processes)
     policies = summarise(per_seed, names)
     report = {"benchmark": "packing", "protocol": {
