@@ -172,3 +172,28 @@ def test_simulate_runs_the_protocol_on_a_trace_and_sweeps_the_packing_weights(tm
     grid = runner.invoke(app, ["simulate", "--pods", str(pods), "--nodes", str(nodes),
                                "--sweep", "--grid", "max_pods_per_gpu=2"])
     assert grid.exit_code == 2 and "expected KEY=V1,V2" in grid.output
+
+
+def test_the_benchmark_prints_the_issues_keys_and_resumes_from_kept_seeds(tmp_path):
+    from tests.bench_modules import load
+
+    packing = load("packing")
+    nodes = nodes_csv(tmp_path, [(64000, 262144, 2, "T4"), (64000, 262144, 2, "T4")])
+    pods = pods_csv(tmp_path, [(1000, 1000, 1, 500)] * 4 + [(1000, 1000, 1, 1000)] * 4
+                    + [(2000, 1000, 0, 0)])
+    names = ("bestfit", "tandem")
+    seeds = [packing.run_seed((pods, nodes, s, names, tmp_path)) for s in range(2)]
+    assert (tmp_path / "seed-1.json").exists()
+    assert packing.run_seed((pods, nodes, 1, names, tmp_path)) == json_of(tmp_path / "seed-1.json")
+    policies = packing.summarise(seeds, names)
+    for name in names:
+        assert set(policies[name]) >= {"alloc_at", "failed_by_gpus", "free_whole_gpus"}
+        assert set(policies[name]["alloc_at"]) == {"100", "130"}
+    assert 50.0 <= policies["tandem"]["alloc_at"]["130"] <= 100.0
+    assert sum(policies["tandem"]["decided_by"].values()) > 0
+    assert set(packing.goals(policies)["tandem_above_bestfit_every_seed"]) == {"100", "130"}
+
+
+def json_of(path: Path):
+    import json
+    return json.loads(path.read_text())
