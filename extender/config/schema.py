@@ -29,6 +29,8 @@ from extender.config.sections import (
 )
 from extender.core import CostPolicy, gpu_type_of
 from extender.core.cost import MAX_PODS_RANGE
+from extender.core.fragmentation import WEIGHTINGS
+from extender.core.packing import PackingPolicy
 from extender.queue.fair import BETA_RANGE, K_RANGE, QueueConfig
 from predictor.curves import (
     CurveFileError,
@@ -93,6 +95,15 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool]
                "max_colocated_util_percent": ((int, float, type(None)),
                                               lambda v: v is None or 0 < v <= 10000,
                                               "must be null or in (0, 10000]")},
+    "packing": {"enabled": (bool, None, ""),
+                "w_fragmentation": ((int, float), lambda v: 0 <= v <= 1000, "must be in [0, 1000]"),
+                "w_fit": ((int, float), lambda v: 0 <= v <= 1000, "must be in [0, 1000]"),
+                "w_interference": ((int, float), lambda v: 0 <= v <= 1000,
+                                   "must be in [0, 1000]"),
+                "weighting": (str, lambda v: v in WEIGHTINGS,
+                              f"must be one of {', '.join(WEIGHTINGS)}"),
+                "max_shapes": (int, lambda v: 1 <= v <= 10_000, "must be in 1..10000"),
+                "window": (int, lambda v: 1 <= v <= 10_000_000, "must be in 1..10000000")},
     "profiles": {"files": (list, None, ""), "nexus": (list, None, "")},
     "predictor": {"enabled": (bool, None, ""), "artifacts_dir": ((str, type(None)), None, ""),
                   "model_store": ((str, type(None)), None, ""),
@@ -290,6 +301,8 @@ def build_config(raw: Any, source_path: str | None = None) -> ExtenderConfig:
         max_colocated_util_percent=_optional_float(
             sections["limits"].get("max_colocated_util_percent")),
         staleness_seconds=float(reports.staleness_seconds),
+        packing=PackingPolicy(**{k: float(v) if isinstance(v, int) and k.startswith("w_") else v
+                                 for k, v in sections["packing"].items()}),
     )
     return ExtenderConfig(
         server=_server(sections["server"]), state=StateConfig(**sections["state"]),

@@ -15,6 +15,7 @@ import numpy as np
 
 from extender.core.cost import scores_from_costs
 from extender.core.demand import ResolvedDemand
+from extender.core.packing import PackingPolicy, PackingTerms, decisive_term
 from extender.core.reasons import Rejection
 from extender.core.session_rules import session_util_percent
 from extender.core.snapshot import NodeName, Placement, PodUid, Workload
@@ -41,6 +42,11 @@ class Evaluation:
     """Table row -> where its pairwise interference figure came from (``pair:<n>``,
     ``group:<n>``, ``matrix``, ``profile``, ``curve``); rows judged by the curve alone are
     absent."""
+    packing: PackingTerms | None = None
+    """The packing score's terms per candidate row (:mod:`extender.core.packing`); None
+    when training pods were costed by Horus alone."""
+    policy_packing: PackingPolicy = PackingPolicy()
+    """The weights the packing terms were summed with."""
 
     @property
     def feasible(self) -> np.ndarray:
@@ -55,7 +61,7 @@ class Evaluation:
         """Integer 0..10 per name; infeasible nodes score 0."""
         ok = self.feasible
         out = np.zeros(len(self.names), dtype=np.int64)
-        out[ok] = scores_from_costs(self.node_cost[ok])
+        out[ok] = scores_from_costs(self.node_cost[ok], best_alone=self.packing is not None)
         return out.tolist()  # Python ints: the wire needs JSON integers
 
     def chosen_rows(self, position: int) -> list[int]:
@@ -64,6 +70,30 @@ class Evaluation:
             return []
         return sorted(self.selected_rows[self.selected_owner == position].tolist())
 
+
+
+def decided_by(evaluation: Evaluation, position: int) -> str | None:
+    """Which packing term chose candidate ``position`` over the next best node.
+
+    ``fit``, ``fragmentation`` or ``interference`` (:func:`extender.core.packing.decisive_term`);
+    ``only`` when no other node was feasible; None when the packing score was not used.
+    """
+    terms = evaluation.packing
+    if terms is None or terms.rows is None or not np.isfinite(evaluation.node_cost[position]):
+        return None
+    others = np.flatnonzero(evaluation.feasible)
+    others = others[others != position]
+    if others.size == 0:
+        return "only"
+    runner = int(others[np.argmin(evaluation.node_cost[others])])
+    order = np.argsort(terms.rows, kind="stable")
+    ranked = terms.rows[order]
+
+    def at(rows: list[int]) -> np.ndarray:
+        return order[np.searchsorted(ranked, rows)]
+
+    return decisive_term(terms, evaluation.policy_packing, at(evaluation.chosen_rows(position)),
+                         at(evaluation.chosen_rows(runner)))
 
 
 def best_gpus(owner: np.ndarray, rows: np.ndarray, cost: np.ndarray, need: int,

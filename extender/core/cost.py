@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from extender.core.packing import PackingPolicy
 from extender.core.pairs import PairModel
 from predictor.curves import InterferenceCurve, coefficient_table, curve_costs
 
@@ -79,6 +80,9 @@ class CostPolicy:
     already runs training jobs takes another only up to this total. None = no cap."""
     pairs: PairModel | None = None
     """Learned pairwise interference (:mod:`extender.core.pairs`); None = the curve only."""
+    packing: PackingPolicy = PackingPolicy()
+    """The packing score (:mod:`extender.core.packing`), used where the workload's shapes
+    are known (``DecisionContext.packing``)."""
 
     def curve_for(self, gpu_type: str) -> InterferenceCurve:
         """The curve configured for ``gpu_type``, else the default."""
@@ -180,12 +184,16 @@ def horus_cost(
     return policy.w_mem * c_mem + policy.w_util * c_util
 
 
-def scores_from_costs(costs: np.ndarray, max_score: int = 10) -> list[int]:
+def scores_from_costs(costs: np.ndarray, max_score: int = 10, *,
+                      best_alone: bool = False) -> list[int]:
     """Min-max map node costs onto integers 0..max_score (lowest cost = max_score).
 
     Relative to the candidates of this call, like kube-scheduler's default score
     normalisation: the extender's preference is the ordering, and the full 0..10
     range makes it visible beside the in-tree plugins. Equal costs all get the max.
+    ``best_alone``: only the cheapest nodes get ``max_score``, the others at most one
+    less, so a small but real difference still decides (the packing score: the tightest
+    node among many nearly as tight ones is the point).
     """
     if costs.size == 0:
         return []
@@ -193,4 +201,8 @@ def scores_from_costs(costs: np.ndarray, max_score: int = 10) -> list[int]:
     if not math.isfinite(worst) or worst - best <= 1e-12:
         return [max_score] * int(costs.size)
     fraction = np.clip((worst - costs) / (worst - best), 0.0, 1.0)
-    return np.rint(fraction * max_score).astype(np.int64).tolist()  # tolist: Python ints
+    if not best_alone:
+        return np.rint(fraction * max_score).astype(np.int64).tolist()  # tolist: Python ints
+    top = costs <= best + 1e-12
+    return np.where(top, max_score, np.floor(fraction * (max_score - 1))).astype(
+        np.int64).tolist()

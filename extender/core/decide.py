@@ -27,7 +27,7 @@ import dataclasses
 import enum
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import repeat
 from typing import Any
 
@@ -36,6 +36,7 @@ import numpy as np
 from extender.core.choice import Evaluation, best_gpus, choose
 from extender.core.cost import CostPolicy, horus_cost
 from extender.core.demand import ResolvedDemand
+from extender.core.packing import PackingInput, PackingTerms, packing_cost, packing_terms
 from extender.core.pair_cost import pair_cost, pair_rule, pair_terms
 from extender.core.reasons import REASON_BY_CODE, Reason, Rejection, is_unresolvable
 from extender.core.rules import GpuLoad, colocation_rule_on, first_reasons, gpu_checks
@@ -58,6 +59,9 @@ class DecisionContext:
     """The clock the table's observations are stamped with (freshness of agent reports)."""
     inference: InferenceContext | None = None
     """None: inference sessions are rejected as SLO unreachable (no planner)."""
+    packing: PackingInput | None = None
+    """The workload's shapes and the nodes' free CPU and memory: training pods are then
+    costed by the packing score (:mod:`extender.core.packing`); None: Horus alone."""
 
 
 class Purpose(enum.Enum):
@@ -107,6 +111,7 @@ def evaluate(table: GpuTable, names: Sequence[str], demand: ResolvedDemand,
         code = pair_rule(code, pairs, policy)
 
     gaps = {t: f"demand unknown: {why}" for t, why in demand.gaps.items()}
+    terms: PackingTerms | None = None
     if inferring:
         found = (best_effort_costs(table, rows, code, demand, context.inference,
                                    policy.min_best_effort_slack_percent)
@@ -122,6 +127,13 @@ def evaluate(table: GpuTable, names: Sequence[str], demand: ResolvedDemand,
                               job_util, load.coeffs)
             if pairs is not None:
                 cost = pair_cost(cost, pairs, policy, load, job_mem)
+            packing = context.packing
+            if packing is not None and policy.packing.enabled and not packing.shapes.empty:
+                terms = packing_terms(load.free_mib, load.capacity_mib, owner,
+                                      np.maximum(ids, 0), code == 0, float(np.max(job_mem)),
+                                      need, packing, cost)
+                terms = replace(terms, rows=rows)
+                cost = packing_cost(terms, policy.packing)
         else:
             cost = np.zeros(rows.size)
     cost = np.where(code == 0, cost, np.inf)
@@ -135,7 +147,8 @@ def evaluate(table: GpuTable, names: Sequence[str], demand: ResolvedDemand,
     rejections = {} if purpose is Purpose.PLACE else _rejections(
         table, names, ids, rows, owner, code, load.free_mib, demand, node_cost, notes)
     return Evaluation(tuple(names), node_cost, rejections, rows[sel], owner[sel], table, plans,
-                      demand, shares, pairs.sources if pairs is not None else {})
+                      demand, shares, pairs.sources if pairs is not None else {}, terms,
+                      policy.packing)
 
 
 def _candidate_rows(table: GpuTable, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -269,3 +269,26 @@ def _sweep(job_list: list[Any], nodes: list[Any], label: str, options: PolicyOpt
                          for row in rows], "snippet_file": str(out)}
     return {"json": body, "text": "\n".join(lines) + f"\nbest setting written to {out}\n"
             + snippet}
+
+
+def run_trace_command(*, pods: Path | None, nodes: Path | None, policies: Sequence[str],
+                      seeds: int, config: Path | None, sweep: bool,
+                      grid: str | None) -> dict[str, Any]:
+    """``--pods``/``--nodes``: the inflation protocol on a trace (``packing_command``)."""
+    from extender.simulator.packing_command import render, run_packing
+    from extender.simulator.policies import tandem_cost
+    from extender.simulator.trace_csv import TraceError
+
+    if pods is None or nodes is None:
+        raise CommandError("give both --pods and --nodes (the trace's pod and node lists)")
+    if seeds < 1:
+        raise CommandError("--seeds must be at least 1")
+    policy = _options(config).cost or tandem_cost()
+    try:
+        doc = run_packing(pods, nodes, policies, seeds, policy, sweep, grid)
+    except TraceError as exc:
+        raise CommandError(str(exc)) from None
+    except ValueError as exc:
+        raise CommandError(f"--grid/--policy: {exc}") from None
+    return {"json": doc, "text": render(doc)}
+

@@ -47,16 +47,27 @@ def simulate_command(
     knowledge: Annotated[str, typer.Option(
         help="With --truth, what tandem knows of modelled jobs: online | prior | oracle.")]
     = "online",
+    pods: Annotated[Path | None, typer.Option(
+        help="A pod list in the public GPU-sharing trace format (with --nodes): run the "
+             "inflation protocol (docs/tuning.md#packing-a-production-trace).")] = None,
+    nodes: Annotated[Path | None, typer.Option(
+        help="The trace's node list (with --pods).")] = None,
+    seeds: Annotated[int, typer.Option(help="With --pods: arrival orders (seeds 0..N-1).")]
+    = 1,
 ) -> None:
     """Simulate a GPU cluster replaying the extender's filter/score/bind under each policy."""
-    from extender.simulator.cli_support import CommandError, run_command
+    from extender.simulator.cli_support import CommandError, run_command, run_trace_command
 
     try:
-        output = run_command(trace=trace, workload=workload, policies=policy or [],
-                             cluster=cluster, config=config, interference=interference,
-                             jobs=jobs, seed=seed, plots=plots, timeline=timeline, sweep=sweep,
-                             grid=grid, sweep_out=sweep_out, progress=not json_out,
-                             truth=truth, models=models, knowledge=knowledge)
+        if pods is not None or nodes is not None:
+            output = run_trace_command(pods=pods, nodes=nodes, policies=policy or [],
+                                       seeds=seeds, config=config, sweep=sweep, grid=grid)
+        else:
+            output = run_command(trace=trace, workload=workload, policies=policy or [],
+                                 cluster=cluster, config=config, interference=interference,
+                                 jobs=jobs, seed=seed, plots=plots, timeline=timeline, sweep=sweep,
+                                 grid=grid, sweep_out=sweep_out, progress=not json_out,
+                                 truth=truth, models=models, knowledge=knowledge)
     except CommandError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -1,0 +1,162 @@
+"""The inflation protocol (FGD, USENIX ATC'23): how well a placement policy packs a trace.
+
+Pods are drawn from the pod list in a seeded order (a random permutation, then
+draws with replacement once the list is used up) until their GPU demand reaches a
+given share of the cluster's GPU capacity. They are placed one by one in that
+order, each once: a pod that fits nowhere fails and is skipped; nothing departs.
+The metric is the share of GPU capacity allocated as the arrived demand grows
+(``alloc_at``: arrival share in percent -> allocated share).
+
+Nodes have their CPU and memory as kube-scheduler's NodeResourcesFit filter sees
+them (requests against allocatable), and a pod may only use nodes of the GPU
+models its ``gpu_spec`` names. GPU capacity is in thousandths of a GPU: a 1-GPU pod
+takes ``gpu_milli`` of one GPU, a pod of several GPUs whole GPUs. A policy only
+chooses among what :meth:`PackState.fits` allows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from extender.simulator.trace_csv import WHOLE_GPU_MILLI, TraceNodes, TracePods
+
+DEFAULT_CHECKPOINTS = tuple(range(5, 135, 5))
+"""Arrival shares (percent of GPU capacity) where the allocated share is recorded."""
+
+
+class PackState:
+    """Free GPU, CPU and memory per node (GPUs padded to the widest node with capacity 0)."""
+
+    def __init__(self, nodes: TraceNodes):
+        self.nodes = nodes
+        width = int(nodes.gpus.max())
+        self.valid = np.arange(width)[None, :] < nodes.gpus[:, None]
+        self.gpu_free = np.where(self.valid, float(WHOLE_GPU_MILLI), 0.0)
+        self.cpu_free = nodes.cpu_milli.astype(np.float64)
+        self.mem_free = nodes.memory_mib.astype(np.float64)
+        self.model_names = sorted(set(nodes.models))
+        lookup = {m: i for i, m in enumerate(self.model_names)}
+        self.model_id = np.array([lookup[m] for m in nodes.models], dtype=np.int64)
+        self.allocated_milli = 0.0
+
+    @property
+    def capacity_milli(self) -> float:
+        """The cluster's GPU capacity."""
+        return float(self.nodes.gpu_capacity_milli)
+
+    def host_fits(self, cpu: float, mem: float, spec: frozenset[str] = frozenset()) -> np.ndarray:
+        """Nodes whose CPU, memory and GPU model admit the pod (NodeResourcesFit, gpu_spec)."""
+        ok = (self.cpu_free >= cpu) & (self.mem_free >= mem)
+        if spec:
+            allowed = [i for i, m in enumerate(self.model_names) if m in spec]
+            ok &= np.isin(self.model_id, allowed)
+        return ok
+
+    def gpu_fits(self, num_gpu: int, milli: float) -> np.ndarray:
+        """(nodes, GPUs): GPUs with room for one of the pod's GPUs (whole GPUs need all 1000)."""
+        return self.valid & (self.gpu_free >= milli) if num_gpu else np.zeros_like(self.valid)
+
+    def fits(self, cpu: float, mem: float, num_gpu: int, milli: float,
+             spec: frozenset[str] = frozenset()) -> tuple[np.ndarray, np.ndarray]:
+        """Feasible nodes and, per node, the GPUs the pod may use."""
+        gpus = self.gpu_fits(num_gpu, milli) & self.host_fits(cpu, mem, spec)[:, None]
+        if num_gpu == 0:
+            return self.host_fits(cpu, mem, spec), gpus
+        return gpus.sum(axis=1) >= num_gpu, gpus
+
+    def place(self, node: int, gpus: Sequence[int], cpu: float, mem: float,
+              milli: float) -> None:
+        """Take a pod's resources on ``node`` (``gpus``: slots, each giving ``milli``)."""
+        self.cpu_free[node] -= cpu
+        self.mem_free[node] -= mem
+        for g in gpus:
+            self.gpu_free[node, g] -= milli
+        self.allocated_milli += milli * len(gpus)
+
+    def free_whole_gpus(self) -> int:
+        """GPUs nobody uses at all."""
+        return int((self.valid & (self.gpu_free >= WHOLE_GPU_MILLI)).sum())
+
+
+@dataclass(frozen=True)
+class PodView:
+    """One arriving pod as policies see it."""
+
+    index: int
+    cpu: float
+    mem: float
+    num_gpu: int
+    milli: float
+    spec: frozenset[str]
+
+
+class PackPolicy(Protocol):
+    """Chooses a node and GPU slots for a pod, or None: the pod fails."""
+
+    name: str
+
+    def choose(self, state: PackState, pod: PodView) -> tuple[int, tuple[int, ...]] | None: ...
+
+
+def arrival_order(pods: TracePods, capacity_milli: float, share: float,
+                  rng: np.random.Generator) -> np.ndarray:
+    """Pod indices arriving until their GPU demand reaches ``share`` of the capacity."""
+    demand = pods.gpu_demand_milli.astype(np.float64)
+    if demand.sum() <= 0:
+        raise ValueError("the pod list asks for no GPU: no arrival share to reach")
+    target = share * capacity_milli
+    order = rng.permutation(len(pods))
+    while demand[order].sum() < target:
+        extra = rng.integers(0, len(pods), size=max(len(pods) // 4, 1))
+        order = np.concatenate([order, extra])
+    cumulative = np.cumsum(demand[order])
+    return order[: int(np.searchsorted(cumulative, target)) + 1]
+
+
+@dataclass
+class PackResult:
+    """What one run of the protocol measured."""
+
+    policy: str
+    alloc_at: dict[str, float]
+    """Arrival share (percent) -> allocated share of the GPU capacity (percent)."""
+    failed_by_gpus: dict[str, int]
+    """GPUs the failed pods asked for ("0" = CPU-only) -> how many failed."""
+    free_whole_gpus: int
+    arrived: int
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+def run_inflation(nodes: TraceNodes, pods: TracePods, order: np.ndarray, policy: PackPolicy,
+                  checkpoints: Sequence[int] = DEFAULT_CHECKPOINTS) -> PackResult:
+    """Place ``pods[order]`` one by one under ``policy``; record ``alloc_at`` each checkpoint."""
+    state = PackState(nodes)
+    capacity = state.capacity_milli
+    marks = sorted(checkpoints)
+    alloc_at: dict[str, float] = {}
+    failed: dict[str, int] = {}
+    arrived_milli = 0.0
+    demand = pods.gpu_demand_milli
+    for i in order.tolist():
+        pod = PodView(i, float(pods.cpu_milli[i]), float(pods.memory_mib[i]),
+                      int(pods.num_gpu[i]), float(pods.gpu_milli[i]), pods.gpu_spec[i])
+        choice = policy.choose(state, pod)
+        if choice is None:
+            key = str(pod.num_gpu)
+            failed[key] = failed.get(key, 0) + 1
+        else:
+            node, gpus = choice
+            if len(gpus) != pod.num_gpu:
+                raise RuntimeError(f"{policy.name} gave {len(gpus)} GPUs for {pod.num_gpu}")
+            state.place(node, gpus, pod.cpu, pod.mem, pod.milli)
+        arrived_milli += float(demand[i])
+        while marks and arrived_milli >= marks[0] / 100.0 * capacity:
+            alloc_at[str(marks.pop(0))] = 100.0 * state.allocated_milli / capacity
+    for mark in marks:  # the order ended first: the state it ended in
+        alloc_at[str(mark)] = 100.0 * state.allocated_milli / capacity
+    by_gpus = dict(sorted(failed.items(), key=lambda kv: int(kv[0])))
+    return PackResult(policy.name, alloc_at, by_gpus, state.free_whole_gpus(), int(order.size))
