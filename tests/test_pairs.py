@@ -224,7 +224,8 @@ def test_status_shows_pair_sources_and_what_was_learned() -> None:
     assert doc["nodes"][0]["gpus"][0]["pods"][0]["interference"] == "pair:3"
     assert doc["interference"] == [{"gpu_type": A100, "pairs": 1, "profiled_models": 2,
                                     "cannot_share": 0, "prior_pairs": 0,
-                                    "inferred_pairs": 0}]
+                                    "inferred_pairs": 0, "progress_pairs": 0,
+                                    "refused_losing": 0}]
     text = render(doc)
     assert "interference pair:3" in text and "1 pairs, 2 models profiled" in text
     assert "interference" not in summarize(decode_state({"nodes": {}}), "http://x", None)
