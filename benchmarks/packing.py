@@ -40,12 +40,10 @@ import numpy as np
 
 from extender.core import CostPolicy
 from extender.simulator.inflation import arrival_order, run_inflation
-from extender.simulator.packing_command import packing_policies
+from extender.simulator.packing_command import ARRIVAL_SHARE, REPORTED, packing_policies
 from extender.simulator.policies import tandem_cost
 from extender.simulator.trace_csv import read_nodes, read_pods
 
-ARRIVAL_SHARE = 1.3
-REPORTED = ("100", "130")
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
        9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 19: 2.093, 29: 2.045}
 
