@@ -269,3 +269,38 @@ def test_best_effort_requests_do_not_set_the_slo_request_path() -> None:
                                 content=encode_npy(np.zeros((1, 2), np.float32)))
             assert answer.status_code == 200
         assert rt.snapshot()["request_path"]["observed_requests"] == 2
+
+
+class _OnePieceSim(SimExecutor):
+    """The sim executor with ``huge`` uncut, as a model with no valid cut is."""
+
+    def load(self, ref: str):
+        loaded = super().load(ref)
+        if ref == "huge":
+            loaded.segment_fractions = (1.0,)
+        return loaded
+
+
+def test_a_job_an_slo_session_leaves_no_slot_is_stopped_with_its_reason() -> None:
+    """Regression (issue #43, ONNX Runtime): a best-effort job registered first, then an
+    SLO session whose plan leaves its one long piece neither slack nor headroom: the
+    job could never run, and its waiting requests held the HTTP workers. It is stopped
+    with its reason while that plan stands, and runs again once the session is gone."""
+    profiles = {**PROFILES, "huge": BatchingProfile.linear("huge", "sim", 200.0, 1.0,
+                                                           max_batch=1)}
+    clock = VirtualClock()
+    rt = ServingRuntime(_OnePieceSim(profiles, clock, "sim"), clock, RuntimeConfig("sim"))
+    assert rt.add_best_effort_session("batch", "huge")["promised"]["share"] == 1.0
+    rt.add_slo_session("s", "tiny", 50, 40)
+    throttle = rt.snapshot()["best_effort_throttle"]
+    assert throttle["share"] == 0.0 and throttle["throttled"]
+    assert throttle["reason"].startswith("NoBestEffortSlack: best-effort job batch's longest "
+                                         "piece takes 201 ms")
+    got: list[Outcome] = []
+    rt.submit("batch", np.zeros((1, 2), np.float32), got.append)
+    assert got[0].reason is DropReason.THROTTLED
+    rt.remove_session("s")
+    assert rt.snapshot()["best_effort_throttle"] == {
+        "share": 1.0, "reason": None, "throttled": False, "throttles": 0}
+    rt.submit("batch", np.zeros((1, 2), np.float32), got.append)
+    assert len(got) == 1  # queued, to run

@@ -49,6 +49,7 @@ from agent.inference.session_state import (
     profile_json,
 )
 from planner import GpuPlan, Infeasible, SessionError, SessionSpec
+from planner.overrun import slack_ms
 from predictor.batching import BatchingProfile
 
 
@@ -124,6 +125,7 @@ class Registration:
                                  priority=priority)
                 p.sessions.add_slo(state)
                 p.adopt(plan)
+                self.check_best_effort()
                 p.lock.notify_all()
                 alloc = plan.allocation(name)
                 return {
@@ -250,6 +252,7 @@ class Registration:
                     plan = self._replan()
                     if isinstance(plan, GpuPlan):
                         p.adopt(plan)
+                self.check_best_effort()
                 p.lock.notify_all()
                 in_force = p.planning.plan
             return {
@@ -261,6 +264,24 @@ class Registration:
                 "profile": profile_json(profile),
                 "promised": p.planning.sacrifice.best_effort.promised(),
             }  # fmt: skip
+
+    def check_best_effort(self) -> None:
+        """Under the lock, after a plan changed: block best effort while a job's longest
+        piece fits neither the plan's slack nor its overrun headroom (the executor loop
+        would never start it: an SLO session admitted after the job can leave it none)."""
+        p = self._p
+        plan, why = p.planning.plan, None
+        target = p.quanta.quantum_ms * p.config.segment_fraction_of_quantum
+        for job in p.sessions.best_effort.values() if plan and plan.allocations else ():
+            piece = max(job.loaded.segment_costs_ms(job.profile.latency_ms(1), target))
+            piece *= job.cost_scale
+            if piece > slack_ms(plan) + 1e-6 and piece > p.planning.overrun_headroom_ms + 1e-6:
+                why = (f"NoBestEffortSlack: best-effort job {job.job.name}'s longest piece "
+                       f"takes {piece:.4g} ms, more than the SLO sessions' slack "
+                       f"({slack_ms(plan):.4g} ms a duty cycle) and than the headroom an "
+                       f"overrun has ({p.planning.overrun_headroom_ms:.4g} ms)")
+                break
+        p.planning.sacrifice.best_effort.block(why)
 
     def _refuse_unrunnable(self, name: str, loaded: LoadedModel, profile: BatchingProfile,
                            target_ms: float) -> None:
@@ -298,5 +319,6 @@ class Registration:
                     if isinstance(plan, GpuPlan):
                         p.adopt(plan)
                 pending = gone.abandon()
+            self.check_best_effort()
             p.lock.notify_all()
         return [(r, DropReason.SESSION_REMOVED) for r in pending]

@@ -302,6 +302,7 @@ class ServingRuntime:
                                          bool(self.sessions.best_effort))
             if plan is not None:
                 self._adopt(plan)
+                self._registration.check_best_effort()
             if self.planning.sacrifice.best_effort.stopped:
                 self._delivery.drop_later(self._throttled_best_effort())
             decision = self.cycle.decide(now, self._view())

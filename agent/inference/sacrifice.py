@@ -47,6 +47,8 @@ class BestEffortThrottle:
         self.reason: str | None = None
         """Why the share is below 1 (None: it is not)."""
         self.throttles = 0
+        self.blocked: str | None = None
+        """Why best effort cannot run at all beside the SLO sessions (None: it can)."""
         self.changed_ms = -math.inf
         self._budget_ms = 0.0
         self._accrued_at_ms: float | None = None
@@ -68,7 +70,13 @@ class BestEffortThrottle:
 
     @property
     def stopped(self) -> bool:
-        return self.share <= 0.0
+        return self.share <= 0.0 or self.blocked is not None
+
+    def block(self, reason: str | None) -> None:
+        """Hold best effort at none while a job's piece can never run beside the SLO
+        sessions' plan (None: it can); waiting for a slot that never comes would only
+        hold HTTP workers the SLO sessions need."""
+        self.blocked = reason
 
     def cut(self, now_ms: float, reason: str, to_none: bool) -> None:
         """Halve the share (below ``FLOOR``: none), or stop it outright."""
@@ -89,11 +97,13 @@ class BestEffortThrottle:
 
     def promised(self) -> dict[str, Any]:
         """What a best-effort job is promised now: this share of the executor, at most."""
+        if self.blocked is not None:
+            return {"share": 0.0, "reason": self.blocked}
         return {"share": self.share, "reason": self.reason}
 
     def to_json(self) -> dict[str, Any]:
-        return {"share": self.share, "throttled": self.reason is not None,
-                "reason": self.reason, "throttles": self.throttles}
+        return {**self.promised(), "throttled": self.stopped or self.reason is not None,
+                "throttles": self.throttles}
 
 
 @dataclass(frozen=True)
