@@ -17,7 +17,7 @@ from extender.ops.status import status_command
 from extender.simulator.commands import import_interference_command, simulate_command
 from planner.commands import plan_command
 from predictor.commands import app as predictor_app
-from predictor.profiling.commands import profile_command
+from predictor.profiling.commands import profile_app
 from tandem.demo import demo_command
 from tandem.errors import DEBUG_KEY, TandemGroup
 
@@ -60,7 +60,7 @@ app.command("status")(status_command)
 app.add_typer(extender_app, name="extender", help="The kube-scheduler extender service.")
 app.add_typer(agent_app, name="agent", help="Node agent and per-GPU inference server.")
 app.add_typer(predictor_app, name="predictor", help="Graph features, prediction, training.")
-app.command("profile")(profile_command)
+app.add_typer(profile_app, name="profile", help="Profiling campaigns on a GPU (or a sim: backend).")
 app.command("plan")(plan_command)
 app.command("simulate")(simulate_command)
 app.command("import-interference")(import_interference_command)

@@ -38,3 +38,14 @@ def test_help_fits_80_columns_without_placeholders_on_flags(path: tuple[str, ...
     assert all(len(line) <= 80 for line in lines), [ln for ln in lines if len(ln) > 80]
     assert "<bool>" not in result.output
     assert "…" not in result.output  # nothing cut short
+
+
+def test_profile_takes_subcommands_like_the_other_groups() -> None:
+    # `tandem profile run|plan` were one command with a positional action; now a group whose
+    # two subcommands share one option list.
+    assert ("profile", "run") in PATHS and ("profile", "plan") in PATHS
+    run, plan = (CliRunner().invoke(app, ["profile", name, "--help"]).output
+                 for name in ("run", "plan"))
+    options = [[ln.split()[0] for ln in text.splitlines() if ln.strip().startswith("--")]
+               for text in (run, plan)]
+    assert options[0] == options[1] and "--json" in options[0] and "--backend" in options[0]

@@ -5,16 +5,12 @@ dependencies), ``PYTHONPATH=. python3 -m predictor.profiling run --backend cuda`
 is the same command as ``tandem profile run --backend cuda``.
 """
 
-import typer
-
-from predictor.profiling.commands import profile_command
+from predictor.profiling.commands import profile_app
 
 
 def main() -> None:
-    """Run ``profile_command`` as a one-command Typer app."""
-    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    app.command()(profile_command)
-    app()
+    """Run ``tandem profile``'s subcommands without the root CLI."""
+    profile_app(prog_name="python -m predictor.profiling")
 
 
 if __name__ == "__main__":

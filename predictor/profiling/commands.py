@@ -7,9 +7,11 @@ Imports only Typer at module level (the root CLI stays fast); the work is in
 from __future__ import annotations
 
 import enum
+import inspect
 import json
 import shlex
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +112,32 @@ def profile_command(
         typer.echo(json.dumps(result, sort_keys=True))
     else:
         typer.echo(_human(action, result))
+
+
+def _subcommand(action: Action, doc: str):
+    """``profile_command`` with ``action`` fixed: ``tandem profile run`` and ``plan`` are
+    subcommands with the same options (one signature, so the two never drift)."""
+    params = [p for p in inspect.signature(profile_command).parameters.values()
+              if p.name != "action"]
+
+    def command(**options: Any) -> None:
+        profile_command(action, **options)
+
+    hints = typing.get_type_hints(profile_command)
+    command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [p.replace(annotation=hints[p.name]) for p in params])
+    command.__annotations__ = {p.name: hints[p.name] for p in params}
+    command.__doc__ = doc
+    command.__name__ = action.value
+    return command
+
+
+profile_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                          help="Profiling campaigns on a GPU; they write training_data/<gpu>/.")
+profile_app.command("run")(_subcommand(
+    Action.run, "Profile models in isolation and co-located; write training_data/<gpu>/."))
+profile_app.command("plan")(_subcommand(
+    Action.plan, "Print what a run would profile and about how long it takes."))
 
 
 def _command_line(argv: list[str]) -> str:
