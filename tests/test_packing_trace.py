@@ -175,7 +175,7 @@ def test_simulate_runs_the_protocol_on_a_trace_and_sweeps_the_packing_weights(tm
 
 
 def test_the_benchmark_prints_the_issues_keys_and_resumes_from_kept_seeds(tmp_path):
-    from tests.bench_modules import load
+    from bench_modules import load
 
     packing = load("packing")
     nodes = nodes_csv(tmp_path, [(64000, 262144, 2, "T4"), (64000, 262144, 2, "T4")])
