@@ -25,9 +25,12 @@ class SlowClients:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
+        self._opened = threading.Semaphore(0)
+        """Released once per connection when it first opened and sent its first byte."""
 
     def _one(self) -> None:
         end = time.monotonic() + self.seconds
+        begun = False
         while not self._stop.is_set() and time.monotonic() < end:
             try:  # a dropped connection is opened again, as an attacker would
                 sock = socket.create_connection(("127.0.0.1", self.port), timeout=5)
@@ -40,6 +43,9 @@ class SlowClients:
                         return
                     if not self.silent:
                         sock.sendall(self.HEAD[i:i + 1])
+                    if i == 0 and not begun:
+                        begun = True
+                        self._opened.release()
                     if self._stop.wait(self.interval):
                         return
                 return  # the whole head went through (never, at these intervals)
@@ -55,7 +61,12 @@ class SlowClients:
             t = threading.Thread(target=self._one, daemon=True)
             t.start()
             self._threads.append(t)
-        time.sleep(min(0.3, self.interval))  # every connection is open and has begun
+        # Every connection is open and has begun (waited for, not assumed after a fixed
+        # sleep: on a busy machine the threads may start late), within a bound.
+        deadline = time.monotonic() + 10
+        for _ in range(self.count):
+            if not self._opened.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                break
         return self
 
     def __exit__(self, *exc: object) -> None:

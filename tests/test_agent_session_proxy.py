@@ -239,15 +239,24 @@ def test_forwards_what_is_left_of_the_deadline(upstream: Upstream, link: Session
                                                proxy: Any) -> None:
     link.ensure()
     x = npy(np.ones((1, 2), np.float32))
+    # What is forwarded is the budget less the time spent here and less the hop's answer
+    # reserve (learned from earlier answers' writes, each inside an earlier call): bounded
+    # by the calls' times measured around them, not by a fixed allowance a busy machine
+    # can exceed.
+    began = time.monotonic()
     answer = proxy.post("/infer", data=x, content_type=NPY,
-                        headers={"X-Tandem-Timeout-Ms": "50", "X-Tandem-Late": "accept"})
+                        headers={"X-Tandem-Timeout-Ms": "500", "X-Tandem-Late": "accept"})
+    first_ms = spent_ms = (time.monotonic() - began) * 1000
     assert answer.status_code == 200
     sent = upstream.infer_environs[-1]
-    assert 0 < float(sent["HTTP_X_TANDEM_TIMEOUT_MS"]) <= 50  # less the time spent here
+    assert max(0.0, 500 - spent_ms) <= float(sent["HTTP_X_TANDEM_TIMEOUT_MS"]) <= 500
     assert sent["HTTP_X_TANDEM_LATE"] == "accept"
     # Without a client budget, the session's SLO (2000 ms) is the budget forwarded.
+    began = time.monotonic()
     proxy.post("/infer", data=x, content_type=NPY)
-    assert 1900 < float(upstream.infer_environs[-1]["HTTP_X_TANDEM_TIMEOUT_MS"]) <= 2000
+    spent_ms = (time.monotonic() - began) * 1000
+    forwarded = float(upstream.infer_environs[-1]["HTTP_X_TANDEM_TIMEOUT_MS"])
+    assert 2000 - spent_ms - first_ms <= forwarded <= 2000
     # A request that waited past its deadline here is not forwarded at all.
     forwarded = len(upstream.infer_environs)
     late = proxy.post("/infer", data=x, content_type=NPY,
