@@ -31,13 +31,11 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import random
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +45,13 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from agent.inference.tensors import encode_npy
-from benchmarks.serving_http import Server, batch1_ms, client_records, cpu_hogs
+from benchmarks.serving_http import (
+    Server,
+    batch1_ms,
+    client_records,
+    cpu_hogs,
+    offer_poisson,
+)
 from benchmarks.serving_ort import mlp
 
 TRIO = [("c50", 2048, 3, 50.0), ("c150", 2048, 4, 150.0), ("c250", 2048, 5, 250.0)]
@@ -117,7 +121,6 @@ def run_client(spec: dict) -> dict:
               for s in spec["sessions"]}
     records: list[tuple[str, int, float, str, float]] = []
     lock = threading.Lock()
-    pool = ThreadPoolExecutor(256)
     began = time.monotonic()
 
     def one(name: str, slo: float | None) -> None:
@@ -142,25 +145,7 @@ def run_client(spec: dict) -> dict:
         with lock:
             records.append((name, status, (done - start) * 1000, why, done - began))
 
-    def offer(name: str, rate: float, slo: float | None, seed: int) -> None:
-        rng = random.Random(seed)
-        t = began
-        while True:
-            t += rng.expovariate(rate)
-            if t - began > seconds:
-                return
-            delay = t - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            pool.submit(one, name, slo)
-
-    threads = [threading.Thread(target=offer, args=(s["name"], s["rate"], s.get("slo_ms"), i))
-               for i, s in enumerate(spec["sessions"]) if s["rate"] > 0]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    pool.shutdown(wait=True)
+    offer_poisson(spec["sessions"], seconds, one, began)
     return {"records": records}
 
 

@@ -150,6 +150,34 @@ def register(server: Server, name: str, model: str, slo: float, rate: float) -> 
     return {**out, "admitted_rps": 0.0}
 
 
+def offer_poisson(sessions: list[dict], seconds: float, one: Any,
+                  began: float | None = None) -> None:
+    """Poisson arrivals for ``seconds`` at each session's ``rate`` (seeded by its position),
+    each request ``one(name, slo_ms)`` on a pool of threads; returns when all are answered."""
+    pool = ThreadPoolExecutor(256)
+    began = time.monotonic() if began is None else began
+
+    def offer(name: str, rate: float, slo: float | None, seed: int) -> None:
+        rng = random.Random(seed)
+        t = began
+        while True:
+            t += rng.expovariate(rate)
+            if t - began > seconds:
+                return
+            delay = t - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            pool.submit(one, name, slo)
+
+    threads = [threading.Thread(target=offer, args=(s["name"], s["rate"], s.get("slo_ms"), i))
+               for i, s in enumerate(sessions) if s["rate"] > 0]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    pool.shutdown(wait=True)
+
+
 def run_client(spec: dict) -> dict:
     """Poisson clients for every session, a new connection per request (client process)."""
     port, seconds = spec["port"], spec["seconds"]
@@ -157,7 +185,6 @@ def run_client(spec: dict) -> dict:
               for s in spec["sessions"]}
     records: list[tuple[str, int, float, str, float, float]] = []
     lock = threading.Lock()
-    pool = ThreadPoolExecutor(256)
 
     def one(name: str, slo: float) -> None:
         start, wall = time.monotonic(), time.time() * 1000.0
@@ -187,25 +214,7 @@ def run_client(spec: dict) -> dict:
             records.append((name, status, (time.monotonic() - start) * 1000, why, connected,
                             server_ms))
 
-    def offer(name: str, rate: float, slo: float, seed: int) -> None:
-        rng = random.Random(seed)
-        t = start = time.monotonic()
-        while True:
-            t += rng.expovariate(rate)
-            if t - start > seconds:
-                return
-            delay = t - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            pool.submit(one, name, slo)
-
-    threads = [threading.Thread(target=offer, args=(s["name"], s["rate"], s["slo_ms"], i))
-               for i, s in enumerate(spec["sessions"]) if s["rate"] > 0]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    pool.shutdown(wait=True)
+    offer_poisson(spec["sessions"], seconds, one)
     return {"records": records}
 
 
