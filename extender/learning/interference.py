@@ -66,7 +66,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from contracts.annotations import BATCH_SIZE, GPU_UTIL, MODEL, PREDICTION_SOURCE
+from contracts.annotations import GPU_UTIL, MODEL, PREDICTION_SOURCE, read_bound_inputs
 from contracts.interferencefile import PairTable
 from extender.core import Placement
 from extender.core.pairs import PairModel, TypePairs
@@ -435,11 +435,10 @@ def _modelled(p: Placement | None, node: str, index: int) -> tuple[str, int, flo
     model = ann.get(MODEL)
     if not model:
         return None
-    batch = ann.get(BATCH_SIZE, "")
     # Only a prediction stands in for the alone figure: not what the pod owner asserted
     # (an owner could skew its partners' figures), nor the cold-start whole-GPU figure.
     source = ann.get(PREDICTION_SOURCE, "")
     placed = 0.0 if GPU_UTIL in ann or source.startswith(("asserted", "cold-start")) \
         else float(p.util_percent)
-    return model, int(batch) if batch.isdigit() else 32, placed
+    return model, read_bound_inputs(ann).batch, placed  # the one batch reader and default
 
