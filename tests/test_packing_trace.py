@@ -108,8 +108,8 @@ def test_fgd_keeps_the_whole_gpus_the_workload_needs(tmp_path):
     state = PackState(nodes)
     fgd = Fgd(np.random.default_rng(0))
     fgd.stats.observe(fgd_shape(2, 1000.0))  # the workload: 2-GPU pods come
-    from extender.simulator.inflation import PodView
-    choice = fgd.choose(state, PodView(1, 1000.0, 1000.0, 1, 600.0, frozenset()))
+    from extender.simulator.inflation import TracePod
+    choice = fgd.choose(state, TracePod(1, 1000.0, 1000.0, 1, 600.0, frozenset()))
     assert choice is not None and choice[0] == 0  # the 1-GPU node, keeping the pair whole
 
 
@@ -122,11 +122,11 @@ def test_kube_default_spreads_cpu_only_pods_to_the_least_allocated_node(tmp_path
     nodes = read_nodes(nodes_csv(tmp_path, [(10000, 100000, 1, "T4"), (10000, 100000, 1, "T4")]))
     split = Split("bf", BestFit(), KubeDefault(np.random.default_rng(0)))
     state = PackState(nodes)
-    from extender.simulator.inflation import PodView
-    first = split.choose(state, PodView(0, 4000.0, 1000.0, 0, 0.0, frozenset()))
+    from extender.simulator.inflation import TracePod
+    first = split.choose(state, TracePod(0, 4000.0, 1000.0, 0, 0.0, frozenset()))
     assert first is not None
     state.place(first[0], (), 4000.0, 1000.0, 0.0)
-    second = split.choose(state, PodView(1, 4000.0, 1000.0, 0, 0.0, frozenset()))
+    second = split.choose(state, TracePod(1, 4000.0, 1000.0, 0, 0.0, frozenset()))
     assert second is not None and second[0] != first[0]
 
 

@@ -83,7 +83,7 @@ class PackState:
 
 
 @dataclass(frozen=True)
-class PodView:
+class TracePod:
     """One arriving pod as policies see it."""
 
     index: int
@@ -99,7 +99,7 @@ class PackPolicy(Protocol):
 
     name: str
 
-    def choose(self, state: PackState, pod: PodView) -> tuple[int, tuple[int, ...]] | None: ...
+    def choose(self, state: PackState, pod: TracePod) -> tuple[int, tuple[int, ...]] | None: ...
 
 
 def arrival_order(pods: TracePods, capacity_milli: float, share: float,
@@ -142,7 +142,7 @@ def run_inflation(nodes: TraceNodes, pods: TracePods, order: np.ndarray, policy:
     arrived_milli = 0.0
     demand = pods.gpu_demand_milli
     for i in order.tolist():
-        pod = PodView(i, float(pods.cpu_milli[i]), float(pods.memory_mib[i]),
+        pod = TracePod(i, float(pods.cpu_milli[i]), float(pods.memory_mib[i]),
                       int(pods.num_gpu[i]), float(pods.gpu_milli[i]), pods.gpu_spec[i])
         choice = policy.choose(state, pod)
         if choice is None:

@@ -21,13 +21,13 @@ from __future__ import annotations
 import numpy as np
 
 from extender.core.fragmentation import Pod, Shape, ShapeStats, placement_deltas, tightest
-from extender.simulator.inflation import PackPolicy, PackState, PodView
+from extender.simulator.inflation import PackPolicy, PackState, TracePod
 
 Choice = tuple[int, tuple[int, ...]] | None
 _TIE = 1e-9
 
 
-def shape_of(pod: PodView) -> Shape:
+def shape_of(pod: TracePod) -> Shape:
     """The pod's shape as the fragmentation measure counts it."""
     return Shape(pod.num_gpu, pod.milli, pod.cpu, pod.mem)
 
@@ -50,7 +50,7 @@ class RandomFit:
     def __init__(self, rng: np.random.Generator):
         self.rng = rng
 
-    def choose(self, state: PackState, pod: PodView) -> Choice:
+    def choose(self, state: PackState, pod: TracePod) -> Choice:
         ok, gpus = state.fits(pod.cpu, pod.mem, pod.num_gpu, pod.milli, pod.spec)
         nodes = np.flatnonzero(ok)
         if nodes.size == 0:
@@ -64,7 +64,7 @@ class BestFit:
 
     name = "bestfit"
 
-    def choose(self, state: PackState, pod: PodView) -> Choice:
+    def choose(self, state: PackState, pod: TracePod) -> Choice:
         ok, gpus = state.fits(pod.cpu, pod.mem, pod.num_gpu, pod.milli, pod.spec)
         nodes = np.flatnonzero(ok)
         if nodes.size == 0:
@@ -88,7 +88,7 @@ class Fgd:
         self.rng = rng
         self.stats = stats or ShapeStats(max_shapes=100_000, window=10**9)
 
-    def choose(self, state: PackState, pod: PodView) -> Choice:
+    def choose(self, state: PackState, pod: TracePod) -> Choice:
         self.stats.observe(shape_of(pod))
         ok, gpus = state.fits(pod.cpu, pod.mem, pod.num_gpu, pod.milli, pod.spec)
         if not ok.any():
@@ -119,7 +119,7 @@ class KubeDefault:
     def __init__(self, rng: np.random.Generator):
         self.rng = rng
 
-    def choose(self, state: PackState, pod: PodView) -> Choice:
+    def choose(self, state: PackState, pod: TracePod) -> Choice:
         ok = state.host_fits(pod.cpu, pod.mem, pod.spec)
         nodes = np.flatnonzero(ok)
         if nodes.size == 0 or pod.num_gpu:
@@ -141,7 +141,7 @@ class Split:
     def __init__(self, name: str, gpu: PackPolicy, cpu_only: PackPolicy):
         self.name, self.gpu, self.cpu_only = name, gpu, cpu_only
 
-    def choose(self, state: PackState, pod: PodView) -> Choice:
+    def choose(self, state: PackState, pod: TracePod) -> Choice:
         observe = getattr(self.gpu, "observe", None)
         if pod.num_gpu == 0:
             if observe is not None:  # the GPU policy still learns the workload's shapes

@@ -30,7 +30,7 @@ from extender.core.fragmentation import ShapeStats
 from extender.core.packing import PackingInput, host_only_costs
 from extender.core.snapshot import NodeName, NodeSpec
 from extender.core.table import GpuTable
-from extender.simulator.inflation import PackState, PodView
+from extender.simulator.inflation import PackState, TracePod
 from extender.simulator.packing_policies import Choice, shape_of
 from extender.simulator.trace_csv import WHOLE_GPU_MILLI, TraceNodes
 
@@ -59,11 +59,11 @@ class TandemCore:
         self.decided: dict[str, int] = {}
         """How many placements each packing term decided (:func:`decisive_term`)."""
 
-    def observe(self, pod: PodView) -> None:
+    def observe(self, pod: TracePod) -> None:
         """Learn the pod's shape (it arrived, whoever places it)."""
         self.stats.observe(shape_of(pod))
 
-    def _demand(self, pod: PodView) -> ResolvedDemand:
+    def _demand(self, pod: TracePod) -> ResolvedDemand:
         key = (pod.num_gpu, pod.milli)
         found = self._demands.get(key)
         if found is None:
@@ -72,7 +72,7 @@ class TandemCore:
             found = self._demands[key] = resolve_demand(job, self.table.type_names, None)
         return found
 
-    def choose(self, state: PackState, pod: PodView) -> Choice:
+    def choose(self, state: PackState, pod: TracePod) -> Choice:
         self.observe(pod)
         ok = state.host_fits(pod.cpu, pod.mem, pod.spec)
         if not ok.any():
@@ -96,7 +96,7 @@ class TandemCore:
         self.table.place(placement)
         return self.table.node_index[placement.node], placement.gpu_indices
 
-    def _cpu_only(self, state: PackState, pod: PodView, ok: np.ndarray) -> Choice:
+    def _cpu_only(self, state: PackState, pod: TracePod, ok: np.ndarray) -> Choice:
         shapes = self.stats.shapes(self.policy.packing.weighting)
         cost = host_only_costs(state.gpu_free, state.valid, state.cpu_free, state.mem_free,
                                state.nodes.cpu_milli, state.nodes.memory_mib, shapes,
