@@ -40,7 +40,12 @@ import numpy as np
 
 from extender.core import CostPolicy
 from extender.simulator.inflation import arrival_order, run_inflation
-from extender.simulator.packing_command import ARRIVAL_SHARE, REPORTED, packing_policies
+from extender.simulator.packing_command import (
+    ARRIVAL_SHARE,
+    REPORTED,
+    packing_policies,
+    policy_rng,
+)
 from extender.simulator.policies import tandem_cost
 from extender.simulator.trace_csv import read_nodes, read_pods
 
@@ -72,9 +77,9 @@ def run_seed(task: tuple[Path, Path, int, tuple[str, ...], Path | None]) -> dict
                           np.random.default_rng(seed))
     build = packing_policies(tandem_cost())
     out: dict[str, Any] = {}
-    for k, name in enumerate(names):
+    for name in names:
         started = time.process_time()
-        policy = build[name](nodes, np.random.default_rng([seed, k]))
+        policy = build[name](nodes, policy_rng(seed, name))
         result = run_inflation(nodes, pods, order, policy)
         out[name] = {"alloc_at": result.alloc_at, "failed_by_gpus": result.failed_by_gpus,
                      "free_whole_gpus": result.free_whole_gpus, "arrived": result.arrived,

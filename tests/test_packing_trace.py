@@ -197,3 +197,18 @@ def test_the_benchmark_prints_the_issues_keys_and_resumes_from_kept_seeds(tmp_pa
 def json_of(path: Path):
     import json
     return json.loads(path.read_text())
+
+
+def test_a_policys_draws_do_not_depend_on_the_policies_beside_it(tmp_path):
+    # Random tie-breaks are keyed by the policy's name: FGD on a seed packs the same whether
+    # it runs alone or after others (they were keyed by its position in the list).
+    from extender.simulator.packing_command import packing_policies, run_policies
+
+    nodes = read_nodes(nodes_csv(tmp_path, [(64000, 262144, 4, "T4")] * 6))
+    pods = read_pods(pods_csv(tmp_path, [(1000, 1000, 1, m) for m in (300, 500, 700)] * 12
+                              + [(1000, 1000, 2, 1000)] * 3))
+    build = packing_policies(tandem_cost())
+    alone = run_policies(nodes, pods, [0, 1], {"random": build["random"], "fgd": build["fgd"]})
+    beside = run_policies(nodes, pods, [0, 1], {"bestfit": build["bestfit"],
+                                                "random": build["random"], "fgd": build["fgd"]})
+    assert alone["fgd"] == beside["fgd"] and alone["random"] == beside["random"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -54,6 +55,12 @@ def packing_policies(policy: CostPolicy) -> dict[str, Factory]:
     }
 
 
+def policy_rng(seed: int, name: str) -> np.random.Generator:
+    """A policy's own random stream on a seed, keyed by its name: what it draws does not
+    depend on which other policies run beside it, or in which order."""
+    return np.random.default_rng([seed, zlib.crc32(name.encode())])
+
+
 def run_policies(nodes: TraceNodes, pods: TracePods, seeds: Sequence[int],
                  build: Mapping[str, Factory]) -> dict[str, list[dict[str, Any]]]:
     """Per policy, one result per seed (every policy on each seed's arrival order)."""
@@ -61,9 +68,8 @@ def run_policies(nodes: TraceNodes, pods: TracePods, seeds: Sequence[int],
     for seed in seeds:
         order = arrival_order(pods, nodes.gpu_capacity_milli, ARRIVAL_SHARE,
                               np.random.default_rng(seed))
-        for k, (name, factory) in enumerate(build.items()):
-            result = run_inflation(nodes, pods, order, factory(nodes,
-                                                               np.random.default_rng([seed, k])))
+        for name, factory in build.items():
+            result = run_inflation(nodes, pods, order, factory(nodes, policy_rng(seed, name)))
             out[name].append({"alloc_at": {p: round(result.alloc_at[p], 2) for p in REPORTED},
                               "failed_by_gpus": result.failed_by_gpus,
                               "free_whole_gpus": result.free_whole_gpus})
