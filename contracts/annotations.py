@@ -7,7 +7,7 @@ server (session registration) all use, so whatever binds can run. A rejection
 is an :class:`AnnotationError` naming the field, the value and the problem.
 
 Outputs (what bind writes) are encoded by :func:`encode_outputs` and read back by
-:func:`decode_outputs` when the ledger is rebuilt from bound pods.
+:func:`decode_outputs` when the ledger is rebuilt from bound pods; ``decided-by`` is for people.
 
 The ranges are the ones every consumer can honour. ``weight`` and ``priority``
 come from the inference server's Olympian quanta: a job of weight ``w`` holds
@@ -63,6 +63,7 @@ seen n times), ``group:<n>`` (solved from n samples of GPUs the two shared with 
 the GPU type), ``profile`` (the models' learned sensitivity and aggressiveness), ``curve``
 (the GPU type's curve, beside learned pairs); absent where the curve alone decided."""
 _MAX_SOURCE = 253  # an annotation value for people; longer text is cut, never refused
+DECIDED_BY = PREFIX + "decided-by"  # fit, fragmentation, interference, only or scheduler
 CONTAINER_GPUS = PREFIX + "container-gpus"
 """Which container gets which bound GPU: ``c1=2;c2=3`` (GPU indices), for people; the
 device plugin reads the same from the extender's state, never from the pod."""

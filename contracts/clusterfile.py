@@ -19,6 +19,8 @@ accepts the others accept too, and they name every GPU the same way::
 Rules, the same for every reader:
 
 - unknown keys are errors that list the valid keys, so typos surface;
+- a node's ``cpu`` and ``memory`` (optional) are its allocatable Kubernetes quantities
+  (``64``, ``500m``, ``256Gi``), read by ``contracts.resources``;
 - ``memory_mib`` is a positive integer, as NVML reports it (the agent's reports carry
   whole MiB; a fractional size would never match them);
 - ``count`` is an integer in 1..64 (``MAX_GPUS_PER_ENTRY``); ``index`` and ``uuid`` are
@@ -45,12 +47,13 @@ from typing import Any
 import yaml
 
 from contracts.gpus import GpuRef
+from contracts.resources import QuantityError, cpu_milli, memory_mib
 
 MAX_GPUS_PER_ENTRY = 64
 WORKLOADS = ("training", "inference")
 
 _TOP_KEYS = ("nodes", "pending", "pods")
-_NODE_KEYS = ("gpus", "name")
+_NODE_KEYS = ("cpu", "gpus", "memory", "name")
 _GPU_KEYS = ("count", "index", "memory_mib", "product", "uuid")
 _PENDING_KEYS = ("annotations", "gpus", "name", "namespace", "uid")
 _POD_KEYS = ("annotations", "gpu_index", "mem_mib", "name", "namespace", "node", "uid",
@@ -84,6 +87,10 @@ class SimNode:
 
     name: str
     gpus: tuple[SimGpu, ...]
+    cpu_milli: float | None = None
+    """Allocatable CPU (``cpu``, a Kubernetes quantity); None: not modelled."""
+    memory_mib: float | None = None
+    """Allocatable host memory (``memory``, a Kubernetes quantity); None: not modelled."""
 
 
 @dataclass(frozen=True)
@@ -224,10 +231,23 @@ def _nodes(raw: list[Any], problems: list[str]) -> tuple[list[SimNode], set[str]
             if gpu.uuid in uuid_at:
                 problems.append(f"{where}.gpus: uuid {gpu.uuid!r} repeats ({uuid_at[gpu.uuid]})")
             uuid_at.setdefault(gpu.uuid, f"{name} GPU {gpu.index}")
-        nodes.append(SimNode(name, gpus))
+        nodes.append(SimNode(name, gpus, *_host(entry, where, problems)))
     if len(problems) == before and not any(n.gpus for n in nodes):
         problems.append("nodes: the cluster has no GPUs")
     return nodes, incomplete
+
+
+def _host(entry: Mapping[str, Any], where: str, problems: list[str],
+          ) -> tuple[float | None, float | None]:
+    """A node's allocatable ``cpu`` (millicores) and ``memory`` (MiB), each None when absent."""
+    out: list[float | None] = []
+    for key, read in (("cpu", cpu_milli), ("memory", memory_mib)):
+        try:
+            out.append(None if entry.get(key) is None else read(entry[key]))
+        except QuantityError as exc:
+            problems.append(f"{where}.{key}: {exc}")
+            out.append(None)
+    return out[0], out[1]
 
 
 def _gpus(node: str, raw: Any, path: str, problems: list[str]) -> tuple[SimGpu, ...]:

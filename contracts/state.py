@@ -47,7 +47,7 @@ STATE_ANNOTATION_KEYS: frozenset[str] = frozenset({
     keys.WORKLOAD, keys.MODEL, keys.BATCH_SIZE, keys.GPU_UTIL, keys.GPU_MEM_MIB, keys.SLO_MS,
     keys.RATE_RPS, keys.WEIGHT, keys.PRIORITY, keys.GPU_INDEX, keys.GPU_UUID,
     keys.PREDICTED_UTIL, keys.PREDICTED_MEM_MIB, keys.COST, keys.BATCH, keys.DUTY_CYCLE_MS,
-    keys.PREDICTION_SOURCE, keys.INTERFERENCE_SOURCE, keys.PROGRESS,
+    keys.PREDICTION_SOURCE, keys.INTERFERENCE_SOURCE, keys.PROGRESS, keys.DECIDED_BY,
 })
 """The ``tandem.io/*`` keys a pod's entry repeats: the inputs its readers parse and the
 outputs bind wrote. Anything else a pod owner adds stays on the pod only."""

@@ -51,6 +51,8 @@ from extender.cluster.records import (
 from extender.cluster.source import (
     DONE_PHASES,
     PendingPods,
+    host_of,
+    observe_host,
     placement_from_pod,
     requests_gpus,
     same_decision,
@@ -100,11 +102,12 @@ def node_spec(node: Mapping[str, Any]) -> NodeSpec:
         count = int(labels.get(GFD_COUNT, "0"))
         memory = float(labels.get(GFD_MEMORY, "0"))
     except (TypeError, ValueError):
-        return NodeSpec(name, ())
+        return NodeSpec(name, (), host_of(node))
     product = labels.get(GFD_PRODUCT)
     if count <= 0 or memory <= 0 or not product or count > 64:
-        return NodeSpec(name, ())
-    return NodeSpec(name, tuple(GpuSpec(i, str(i), str(product), memory) for i in range(count)))
+        return NodeSpec(name, (), host_of(node))
+    return NodeSpec(name, tuple(GpuSpec(i, str(i), str(product), memory) for i in range(count)),
+                    host_of(node))
 
 
 class KubeSource:
@@ -185,6 +188,7 @@ class KubeSource:
         bound: set[str] = set()
         for pod in pods:
             state.handoffs.observe(pod)
+            observe_host(state, pod)
             uid = self._observe_bound(state, pod)
             if uid is not None:
                 bound.add(uid)
@@ -193,6 +197,7 @@ class KubeSource:
         self._pending.reset(self._list(self.api.list_pod_for_all_namespaces,
                                        field_selector="spec.nodeName=")[0])
         # A relist is the truth: pods deleted or finished while no watch ran are released.
+        state.hosts.retain({str((p.get("metadata") or {}).get("uid")) for p in pods})
         for gone in state.retain_placed(bound, listed_at):
             self._distrusted.discard(gone.pod_uid)
             self._log.info("released on relist", extra={"pod": gone.pod})
@@ -219,9 +224,11 @@ class KubeSource:
         state.handoffs.observe(pod, deleted=kind == "DELETED")
         self._pending.observe(pod, kind == "DELETED")
         if kind == "DELETED" or phase in DONE_PHASES:
+            state.hosts.gone(uid)
             state.forget(uid)
             self._distrusted.discard(uid)
             return
+        observe_host(state, pod)
         self._observe_bound(state, pod)
 
     def _observe_bound(self, state: Any, pod: Mapping[str, Any]) -> str | None:
@@ -379,19 +386,18 @@ class KubeSource:
     def bind(self, pod: PodRef, node: str, annotations: Mapping[str, str],
              placement: Placement | None = None) -> bool:
         """Create the binding with the UID precondition and the signed annotations, then
-        queue the placement for the node's record (written in the background);
-        confirmation arrives through the pod watch, so this returns False."""
+        queue the placement for the node's record (written in the background; a pod of no
+        GPU has none); confirmation arrives through the pod watch, so this returns False."""
         if not pod.uid:
             # without a UID the API server cannot tell a recreated pod from this one
             raise ValueError(f"bind of {pod.key} needs the pod UID")
-        if placement is None:
-            raise ValueError(f"bind of {pod.key} needs the placement to record")
-        entry = encode_entry(placement)
+        entry = None if placement is None else encode_entry(placement)  # None: a pod of no GPU
         try:
-            check_entry(entry)  # a record could never hold it: refuse before binding
+            if entry is not None:
+                check_entry(entry)  # a record could never hold it: refuse before binding
         except RecordError as exc:
             raise SourceError(str(exc)) from None
-        if self._signer is not None:
+        if self._signer is not None and entry is not None:
             annotations = self._signer.sign(pod.uid, node, annotations)
         body = {"apiVersion": "v1", "kind": "Binding",
                 "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid,
@@ -419,10 +425,12 @@ class KubeSource:
         self._record_later(node, pod.uid, entry)
         return False
 
-    def _record_later(self, node: str, uid: str, entry: str) -> None:
+    def _record_later(self, node: str, uid: str, entry: str | None) -> None:
         """Queue ``uid``'s entry for ``node``'s record (an entry of a pod that turns out
-        not bound is harmless: a later write drops it once it is old)."""
+        not bound is harmless: a later write drops it once it is old; None: nothing)."""
         state = self._state
+        if entry is None:
+            return
         self.record_writer.submit(node, uid, entry, lambda other: other == uid or state is None
                                   or state.is_known(other))
 

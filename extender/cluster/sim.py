@@ -33,7 +33,7 @@ from contracts.clusterfile import (
     load_cluster_file,
     parse_cluster_file,
 )
-from extender.cluster.source import placement_from_pod
+from extender.cluster.source import observe_host, placement_from_pod
 from extender.core import DemandError, GpuSpec, NodeSpec, PodRef, pod_ref
 from extender.errors import BindConflict
 
@@ -63,7 +63,9 @@ class SimEvent:
 def node_specs(cluster: ClusterFile) -> list[NodeSpec]:
     """The core's view of the file's nodes (memory as the core's float MiB)."""
     return [NodeSpec(n.name, tuple(GpuSpec(g.index, g.uuid, g.product, float(g.memory_mib))
-                                   for g in n.gpus))
+                                   for g in n.gpus),
+                     None if n.cpu_milli is None or n.memory_mib is None
+                     else (n.cpu_milli, n.memory_mib))
             for n in cluster.nodes]
 
 
@@ -173,6 +175,7 @@ class SimSource:
         """Load nodes and bound pods into ``state`` and mark it synced."""
         state.set_nodes(self.nodes)
         for pod in self.pods():
+            observe_host(state, pod)
             placement = placement_from_pod(pod)
             if placement is not None:
                 state.confirm(placement)

@@ -27,6 +27,7 @@ from contracts.annotations import (
     tandem_annotations,
 )
 from contracts.pod import PodView
+from contracts.resources import QuantityError, cpu_milli, memory_mib, pod_requests
 from extender.core import (
     DemandError,
     GpuSpec,
@@ -141,6 +142,33 @@ def requests_gpus(pod: Mapping[str, Any]) -> bool:
     return PodView.of(pod).requests_gpus
 
 
+def host_of(node: Mapping[str, Any]) -> tuple[float, float] | None:
+    """A Node object's allocatable (CPU millicores, memory MiB); None when it gives none
+    that parse (the node's host is then not known, never short)."""
+    status = node.get("status")
+    alloc = status.get("allocatable") if isinstance(status, Mapping) else None
+    if not isinstance(alloc, Mapping):
+        return None
+    try:
+        return cpu_milli(alloc["cpu"]), memory_mib(alloc["memory"])
+    except (KeyError, QuantityError):
+        return None
+
+
+def observe_host(state: Any, pod: Mapping[str, Any]) -> None:
+    """A bound, unfinished pod's CPU and memory requests count on its node
+    (``ClusterState.hosts``); a finished one's no longer do."""
+    meta = pod.get("metadata")
+    spec = pod.get("spec")
+    if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
+        return
+    uid, node = str(meta.get("uid") or ""), spec.get("nodeName")
+    if (pod.get("status") or {}).get("phase") in DONE_PHASES:
+        state.hosts.gone(uid)
+    elif isinstance(node, str) and node:
+        state.hosts.bound(uid, node, *pod_requests(spec))
+
+
 def untrusted_placement(uid: str, pod: str, node: str, gpus: list[GpuSpec],
                         annotations: tuple[tuple[str, str], ...]) -> Placement:
     """What a bound pod with no placement record holds: every GPU of its node, whatever
@@ -222,13 +250,16 @@ def same_decision(a: Placement, b: Placement) -> bool:
 
 
 def output_annotations(p: Placement, uuids: list[str], cost: float, plan: Any,
-                       source: str = "", interference: str = "") -> dict[str, str]:
-    """The annotations bind writes (DESIGN outputs plus batch and duty cycle for sessions)."""
+                       source: str = "", interference: str = "",
+                       decided: str = "") -> dict[str, str]:
+    """The annotations bind writes (DESIGN outputs plus batch and duty cycle for sessions;
+    ``decided``: the term that chose the node, ``tandem.io/decided-by``)."""
     batch = duty_cycle_ms = None
     if plan is not None and p.session is not None:
         alloc = plan.allocation(p.session.name)
         batch = alloc.batch if alloc else 0
         duty_cycle_ms = plan.duty_cycle_ms
-    return encode_outputs(BindOutputs(tuple(p.gpu_indices), tuple(uuids), p.util_percent,
-                                      p.mem_mib, cost, batch, duty_cycle_ms, source or None,
-                                      p.containers, interference_source=interference or None))
+    out = encode_outputs(BindOutputs(tuple(p.gpu_indices), tuple(uuids), p.util_percent,
+                                     p.mem_mib, cost, batch, duty_cycle_ms, source or None,
+                                     p.containers, interference_source=interference or None))
+    return {**out, ann_contract.DECIDED_BY: decided} if decided else out

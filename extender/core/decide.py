@@ -36,6 +36,7 @@ import numpy as np
 from extender.core.choice import Evaluation, best_gpus, choose
 from extender.core.cost import CostPolicy, horus_cost
 from extender.core.demand import ResolvedDemand
+from extender.core.fragmentation import Shapes
 from extender.core.packing import PackingInput, PackingTerms, packing_cost, packing_terms
 from extender.core.pair_cost import pair_cost, pair_rule, pair_terms
 from extender.core.reasons import REASON_BY_CODE, Reason, Rejection, is_unresolvable
@@ -216,8 +217,27 @@ def _rejections(
 # ---- entry points over a snapshot ----------------------------------------------------------
 
 
-def _context(snap: Snapshot, inference: InferenceContext | None) -> DecisionContext:
-    return DecisionContext(snap.policy, snap.now, inference)
+def learned_shapes(snap: Snapshot) -> Shapes | None:
+    """The workload's shapes the snapshot's knowledge holds, when the packing score is on
+    and they weigh something; None otherwise (Horus alone)."""
+    packing = snap.policy.packing
+    read = getattr(snap.knowledge, "shapes", None)
+    shapes = read(packing.weighting) if packing.enabled and read is not None else None
+    return None if shapes is None or shapes.empty else shapes
+
+
+def _context(snap: Snapshot, inference: InferenceContext | None,
+             demand: ResolvedDemand | None = None) -> DecisionContext:
+    """The decision's context; a training pod gets the packing score's input where shapes
+    were learned (the nodes' free CPU and memory per table node, the pod's requests)."""
+    shapes = learned_shapes(snap) if demand is not None and \
+        demand.job.workload is Workload.TRAINING else None
+    if shapes is None:
+        return DecisionContext(snap.policy, snap.now, inference)
+    assert demand is not None
+    cpu_free, mem_free, _, _ = snap.hosts.arrays(snap.table.node_names)
+    packing = PackingInput(shapes, cpu_free, mem_free, *demand.job.host)
+    return DecisionContext(snap.policy, snap.now, inference, packing)
 
 
 def filter_nodes(snap: Snapshot, names: Sequence[str], demand: ResolvedDemand,
@@ -229,8 +249,9 @@ def filter_nodes(snap: Snapshot, names: Sequence[str], demand: ResolvedDemand,
 def score_nodes(snap: Snapshot, names: Sequence[str], demand: ResolvedDemand,
                 inference: InferenceContext | None = None,
                 purpose: Purpose = Purpose.SCORE) -> Evaluation:
-    """``/prioritize`` and the simulator's node choice (``Purpose.PLACE``: no reasons)."""
-    return evaluate(snap.table, names, demand, _context(snap, inference), purpose)
+    """``/prioritize`` and the simulator's node choice (``Purpose.PLACE``: no reasons); a
+    training pod costed by the packing score where shapes were learned."""
+    return evaluate(snap.table, names, demand, _context(snap, inference, demand), purpose)
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,7 @@ from contracts.annotations import (
     parse_integer,
 )
 from contracts.pod import PodView
+from contracts.resources import containers_requests
 from extender.core.profile_index import ProfileIndex, profile_keys  # noqa: F401 - re-exported
 from extender.core.snapshot import SessionSpec, Workload
 from extender.core.whole_gpu import COLD_START, modelless_numbers
@@ -155,6 +156,8 @@ class JobDemand:
 
     gpu_count: int
     inputs: PodInputs = PodInputs()
+    host: tuple[float, float] = (0.0, 0.0)
+    """The pod's CPU (millicores) and memory (MiB) requests (the packing score's host terms)."""
 
     @property
     def workload(self) -> Workload:
@@ -265,7 +268,8 @@ def parse_demand(pod: Mapping[str, Any] | PodView) -> JobDemand:
     # The default batch size is stored, so a pod that asserts it reads the same as one
     # that leaves it out.
     inputs = replace(inputs, batch_size=inputs.batch)
-    job = JobDemand(gpu_count_of(pod), inputs)
+    job = JobDemand(gpu_count_of(pod), inputs,
+                    containers_requests((c.init, c.resources) for c in pod.containers))
     if workload is Workload.INFERENCE and job.gpu_count != 1:
         raise DemandError(GPU_RESOURCE, job.gpu_count, "an inference session takes 1 GPU")
     return job

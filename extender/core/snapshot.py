@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NewType, Protocol
 
 from contracts.gpus import GpuRef, GpuSpec, gpu_type_of, refs_of
+from extender.core.hosts import HostView
 from planner.types import SessionSpec
 
 if TYPE_CHECKING:
@@ -47,6 +48,9 @@ class NodeSpec:
 
     name: NodeName
     gpus: tuple[GpuSpec, ...]
+    host: tuple[float, float] | None = field(default=None, compare=False)
+    """Allocatable (CPU millicores, memory MiB) when the source knows them; not part of the
+    GPU inventory (a change rebuilds no GPU table)."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +164,8 @@ class Snapshot:
     """False until the cluster source's first full sync is in."""
     source_types: Mapping[str, frozenset[str]] = field(default_factory=dict)
     """Per node, the GPU types the cluster source lists (not what its agent reports)."""
+    hosts: HostView = field(default_factory=HostView)
+    """Each node's host CPU and memory, free and allocatable (the packing score's host terms)."""
 
     def placement_of(self, uid: str) -> Placement | None:
         """The pod's placement (placed or assumed) in this snapshot."""

@@ -4,8 +4,9 @@
 something it holds changed (a curve refit, a new pair model, another learning config),
 never per call: the learned interference curves, the learned pairs, and the
 utilisation estimates with their bias as the resolution hook
-(:class:`extender.core.UtilKnowledge`). A new learned signal (a workload shape
-distribution, job progress) is a new field here, read by whoever decides with it.
+(:class:`extender.core.UtilKnowledge`), and the workload's pod shapes as the packing
+score's hook (read once per decision by ``extender.core.decide``). A new learned
+signal (job progress) is a new field here, read by whoever decides with it.
 
 :class:`Beliefs` is the door: the configured policy in force and the learner's
 knowledge, merged once per reload or refit into the policy decisions use. It hands
@@ -26,6 +27,7 @@ from typing import Any, Protocol
 
 from extender.config.sections import LearningConfig
 from extender.core import CostPolicy, UtilKnowledge
+from extender.core.fragmentation import Shapes
 from extender.core.pairs import PairModel
 from predictor.curves import InterferenceCurve
 
@@ -49,6 +51,13 @@ class Knowledge:
     util_of: UtilFn | None = None
     """The utilisation estimates and bias, as the resolution hook; None: cold start only."""
     cfg: LearningConfig = field(default_factory=LearningConfig)
+    shapes_of: Callable[[str], Shapes] | None = None
+    """The pod shapes bound so far (``extender.learning.shapes``), weighted as
+    ``packing.weighting`` says; None: none learned (the packing score stays off)."""
+
+    def shapes(self, weighting: str) -> Shapes | None:
+        """The workload's shapes now, or None when nothing was learned."""
+        return None if self.shapes_of is None else self.shapes_of(weighting)
 
     def util(self, gpus: int = 1, namespace: str | None = None) -> UtilKnowledge:
         """What resolution knows of a pod of ``gpus`` GPUs in ``namespace``."""

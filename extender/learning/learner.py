@@ -69,6 +69,8 @@ from extender.learning.persistence import (
     encode,
 )
 from extender.learning.readings import shares_only
+from extender.learning.shapes import DOCUMENT_KEY as SHAPES_KEY
+from extender.learning.shapes import ShapeLearner
 from extender.learning.store import ObservationStore
 from extender.state.reports import DecodedReport
 from predictor.curves import InterferenceCurve
@@ -104,6 +106,8 @@ class Learner:
                                  warmup_seconds=cfg.warmup_seconds, clock=wall_clock,
                                  prior=cfg.pair_prior_tables, groups=cfg.pair_groups)
         """Who slows whom (:mod:`extender.learning.interference`)."""
+        self.shapes = ShapeLearner()
+        """The pod shapes bound so far (:mod:`extender.learning.shapes`)."""
         self.persistence = persistence
         self._may_persist = may_persist
         self._clock = clock
@@ -158,6 +162,8 @@ class Learner:
         if doc.get(PAIRS_KEY) is not None and not (merge and self.pairs.samples_total):
             # merging keeps this replica's pairs once it learned some (the leader's own)
             loaded += self.pairs.load_document(doc[PAIRS_KEY])
+        if doc.get(SHAPES_KEY) is not None:  # older documents have none
+            loaded += self.shapes.load_document(doc[SHAPES_KEY], merge=merge)
         return loaded
 
     def use_wall_clock(self, wall_clock: Callable[[], float]) -> None:
@@ -165,8 +171,10 @@ class Learner:
         self._wall = self.store.clock = self.curves.clock = self.pairs.clock = wall_clock
 
     def use_prior(self, policy: CostPolicy) -> None:
-        """The configured curves from now on: where each GPU type's first refit starts."""
+        """The configured curves from now on: where each GPU type's first refit starts (and
+        the packing section's bounds on the learned shapes)."""
         self._prior = policy
+        self.shapes.bounds(policy.packing)
 
     def prior(self, gpu_type: str) -> InterferenceCurve:
         """The configured curve of ``gpu_type`` (the default curve without a config)."""
@@ -183,7 +191,7 @@ class Learner:
         if cached is not None and cached[0][0] is cfg and cached[0][1:] == key[1:]:
             return cached[1]
         curves = self.curves.curves() if curves_on and self.curves.version else {}
-        built = Knowledge(curves, pairs, self._util_of(cfg), cfg)
+        built = Knowledge(curves, pairs, self._util_of(cfg), cfg, self.shapes.shapes)
         self._knowledge = (key, built)
         return built
 
@@ -260,15 +268,18 @@ class Learner:
         # bounded by learning.pair_max_entries, and to half the document: long model
         # references in many group samples must not crowd out every estimate
         pairs = self.pairs.to_document(max_bytes=limit // 2)
+        shapes = self.shapes.to_document()
         if self.persistence is not None:
             fixed = len(encode({**self.store.to_document(empty=True), "curves": curves,
-                                PAIRS_KEY: pairs}))
+                                PAIRS_KEY: pairs, SHAPES_KEY: shapes}))
             self.store.fit_bytes(limit - fixed)
-        return {**self.store.to_document(), "curves": curves, PAIRS_KEY: pairs}
+        return {**self.store.to_document(), "curves": curves, PAIRS_KEY: pairs,
+                SHAPES_KEY: shapes}
 
     def view(self) -> dict[str, Any]:
         """For ``/v1/state``: the estimates, the learned curves and the learned pairs."""
-        return {**self.store.view(), "curves": self.curves.view(), PAIRS_KEY: self.pairs.view()}
+        return {**self.store.view(), "curves": self.curves.view(), PAIRS_KEY: self.pairs.view(),
+                SHAPES_KEY: self.shapes.view()}
 
     def maybe_persist(self, force: bool = False) -> bool:
         """Write the ConfigMap if this replica leads, something changed and it is due.
@@ -292,7 +303,8 @@ class Learner:
                 self._synced = self._reload(merge=True)
                 if not self._synced:
                     return False
-            if not (self.store.dirty or self.curves.dirty or self.pairs.dirty) or \
+            if not (self.store.dirty or self.curves.dirty or self.pairs.dirty
+                    or self.shapes.dirty) or \
                     not force and now - self._last_save < self.cfg.persist_interval_seconds:
                 return False
             self._last_save = now
@@ -316,7 +328,7 @@ class Learner:
             self.persist_writes += 1
             self.persisted_at = self._wall()
             self.store.mark_synced()
-            self.store.dirty = self.curves.dirty = self.pairs.dirty = False
+            self.store.dirty = self.curves.dirty = self.pairs.dirty = self.shapes.dirty = False
             return True
         self.persist_failures += 1
         return False

@@ -45,7 +45,9 @@ from extender.learning.learner import Learner
 from extender.preemption.executor import build_preemptor
 from extender.service.agents import AgentService
 from extender.service.bind_outcomes import BindOutcomes
+from extender.service.decided import DecidedBy
 from extender.service.demand_cache import DemandCache, DemandPredictor
+from extender.service.host_only import HostOnlyPods, gpu_pod
 from extender.state.ledger import ClusterState
 from extender.transport.wire import (
     BindingArgs,
@@ -98,6 +100,10 @@ class Extender:
         """Agent reports and ``/v1/state`` reads."""
         self.outcomes = BindOutcomes(state, source, config)
         """Failed binds and binds that got no answer."""
+        self.decided = DecidedBy()
+        """Which term put each pod's node first, from prioritize to bind."""
+        self.host_only = HostOnlyPods(state, source, learner)
+        """Pods of no GPU routed to tandem's profile; the shapes and host requests of binds."""
         self.preemptor = build_preemptor(source, state, self.demand, self._inference, may_bind,
                                          clock)
         """Preemption for GPU shortages (``extender.preemption``); None without an API server."""
@@ -132,6 +138,11 @@ class Extender:
         """Hard constraints; every rejected node gets a precise reason."""
         names = args.candidate_names()
         snap = self._require_synced(self.state.snapshot())
+        if not gpu_pod(args.pod):  # routed to tandem's profile: filtered on CPU and memory
+            verdict = self.host_only.verdict(snap, names, args.pod)
+            return dict(filter_result(args, [n for n, ok in zip(
+                names, verdict.feasible.tolist(), strict=True) if ok], verdict.reasons, {})), \
+                FilterOutcome(int(verdict.feasible.sum()), {})
         try:
             ref, demand = self.demand(args.pod, snap)
         except PodRejected as exc:
@@ -167,10 +178,15 @@ class Extender:
         names = args.candidate_names()
         try:
             snap = self._require_synced(self.state.snapshot())
-            _, demand = self.demand(args.pod, snap)
+            if not gpu_pod(args.pod):
+                verdict = self.host_only.verdict(snap, names, args.pod)
+                return encode_host_priorities(names, list(verdict.scores))
+            ref, demand = self.demand(args.pod, snap)
         except (PodRejected, NotReady):
             return encode_host_priorities(names, [0] * len(names))
         ev = score_nodes(snap, names, demand, self._inference)
+        if demand.job.workload is Workload.TRAINING:
+            self.decided.note(ref.uid or ref.key, ev)
         return encode_host_priorities(names, ev.scores())
 
     def _handoff_gated(self, handoff: Any) -> bool:
@@ -190,12 +206,14 @@ class Extender:
             if bound_to == args.node:
                 return {"Error": ""}  # a retried bind that already went through
             raise BindConflict(f"pod already bound to {bound_to}", None)
+        pod = self._pod_for(args)
+        if not gpu_pod(pod):
+            return self.host_only.bind(args, pod, snap)
         handoff = self.config.current().handoff
         waiting = self.state.handoffs.holder(args.node, args.pod_uid) \
             if self._handoff_gated(handoff) else None
         if waiting is not None:
             raise _handoff_busy(args.node, waiting.pod)
-        pod = self._pod_for(args)
         ref, demand = self.demand(pod, snap)
         del snap  # a live snapshot makes the writes below copy what it holds
         ref = PodRef(args.pod_namespace, args.pod_name, args.pod_uid or ref.uid)
@@ -214,8 +232,10 @@ class Extender:
                                               container_gpu_counts(pod))
             placement = decided.placement
             assert placement is not None
+            term = self.decided.term(ref.uid or ref.key, args.node) \
+                if placement.workload is Workload.TRAINING else ""
             annotations = output_annotations(placement, list(decided.gpu_uuids), decided.cost,
-                                             decided.plan, source_on, decided.interference)
+                                             decided.plan, source_on, decided.interference, term)
             try:
                 confirmed = self.source.bind(ref, args.node, annotations, placement)
             except BindOutcomeUnknown as exc:  # maybe applied: the GPUs stay reserved
@@ -230,6 +250,8 @@ class Extender:
             raise
         if self.preemptor is not None:
             self.preemptor.bound(ref.uid)
+        self.host_only.learn(ref.uid, args.node, demand.job.gpu_count, placement.mem_mib,
+                             demand.job.host)
         if confirmed:
             self.state.confirm(dataclasses.replace(
                 placement, annotations=tuple(sorted({**dict(inputs), **annotations}.items()))))
@@ -302,6 +324,8 @@ class Extender:
         proposed evictions would not free enough GPU memory or co-location slots.
         """
         snap = self._require_synced(self.state.snapshot())
+        if not gpu_pod(pod):
+            return dict(victims)  # no GPU asked for: tandem has nothing to add
         try:
             _, demand = self.demand(pod, snap)
         except PodRejected:

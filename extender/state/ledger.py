@@ -67,6 +67,7 @@ from extender.core import (
 )
 from extender.errors import BindConflict
 from extender.state.handoff import HandoffGate
+from extender.state.hosts import HostLedger
 from extender.state.inventory import Inventory, NodeReport
 from extender.state.placements import PlacementLedger
 
@@ -106,6 +107,8 @@ class ClusterState:
         self._source_types: dict[str, frozenset[str]] = {}
         self._synced = False
         self.handoffs = HandoffGate(clock)
+        self.hosts = HostLedger()
+        """Each node's host CPU and memory (allocatable, requested by bound pods)."""
         """Pods waiting for the device plugin's hand-off (``handoff.mode: device-plugin``)."""
 
     # ---- snapshot and assume ---------------------------------------------------------
@@ -118,7 +121,7 @@ class ClusterState:
                 self._drop(uid)
             return Snapshot(self._table, policy, now, self._ledger, knowledge,
                             self._generations, self._epoch, self._synced,
-                            self._source_types)
+                            self._source_types, self.hosts.view())
 
     def assume(self, stamp: tuple[int, int], placement: Placement,
                replacing: str | None = None) -> bool:
@@ -189,18 +192,22 @@ class ClusterState:
 
     def set_nodes(self, nodes: Iterable[NodeSpec]) -> None:
         """Replace the source's node list (initial sync or relist)."""
+        nodes = list(nodes)
+        self.hosts.set_nodes(nodes)
         with self._lock:
             self._inventory.set_nodes(nodes)
             self._rebuild()
 
     def upsert_node(self, node: NodeSpec) -> None:
         """Add or update one node from the source."""
+        self.hosts.upsert_node(node)
         with self._lock:
             if self._inventory.upsert_node(node):
                 self._rebuild()
 
     def delete_node(self, name: str) -> None:
         """Forget a node the source no longer has."""
+        self.hosts.delete_node(name)
         with self._lock:
             if self._inventory.delete_node(name):
                 self._rebuild()

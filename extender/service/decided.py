@@ -1,0 +1,54 @@
+"""Which term decided a pod's node (``tandem.io/decided-by``), from ``/prioritize`` to bind.
+
+Bind decides on one node, the one kube-scheduler chose; which term set that node
+apart from the others is known only where they were all scored, in ``/prioritize``.
+It notes, per pod, the node tandem ranked first and the packing term that put it
+there (:func:`extender.core.choice.decided_by`; ``interference`` where the Horus cost
+alone ranked the nodes). Bind then writes that term when the scheduler took tandem's
+node, ``scheduler`` when its own plugins outweighed tandem's score, and ``only``
+when no ranking was asked for (a single feasible node).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from extender.core.choice import Evaluation, decided_by
+
+LIMIT = 20_000
+"""Pods remembered between prioritize and bind (oldest forgotten first)."""
+ONLY = "only"
+SCHEDULER = "scheduler"
+
+
+class DecidedBy:
+    """Per pod UID, tandem's first node and its deciding term; bounded, thread-safe."""
+
+    def __init__(self, limit: int = LIMIT):
+        self._lock = threading.Lock()
+        self._noted: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        self._limit = limit
+
+    def note(self, uid: str, evaluation: Evaluation) -> None:
+        """Remember the node ``evaluation`` ranks first for pod ``uid`` and why."""
+        scores = evaluation.scores()
+        if not uid or not evaluation.feasible.any():
+            return
+        best = int(np.argmax(np.array(scores)))  # kube-scheduler's tie rule: the first best
+        term = decided_by(evaluation, best) or "interference"
+        with self._lock:
+            self._noted[uid] = (evaluation.names[best], term)
+            self._noted.move_to_end(uid)
+            while len(self._noted) > self._limit:
+                self._noted.popitem(last=False)
+
+    def term(self, uid: str, node: str) -> str:
+        """What bind writes for pod ``uid`` bound to ``node`` (kept for a retried bind)."""
+        with self._lock:
+            noted = self._noted.get(uid)
+        if noted is None:
+            return ONLY
+        return noted[1] if noted[0] == node else SCHEDULER
