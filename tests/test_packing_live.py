@@ -12,6 +12,7 @@ from extender.learning.learner import Learner
 from extender.learning.shapes import ShapeLearner
 
 GIB = 1024.0
+LIVE = {"packing": {"live": True}}
 
 
 def host_node(name: str, cpu_milli: float, mem_mib: float, gpus: int = 1) -> NodeSpec:
@@ -41,7 +42,7 @@ def bind(client, source, pod, node_name):
 @pytest.fixture
 def live():
     nodes = [node(f"n{i}", count=1) for i in range(1, 6)]
-    app, ext, source, clock = make_app(nodes)
+    app, ext, source, clock = make_app(nodes, LIVE)
     return app.test_client(), ext, source
 
 
@@ -76,14 +77,21 @@ def test_scheduler_choice_and_a_single_node_are_named(live):
     assert source.read_pod("default", "a")["metadata"]["annotations"][DECIDED_BY] == "only"
 
 
-def test_packing_off_leaves_horus_alone():
+@pytest.mark.parametrize("packing", [{"enabled": False, "live": True}, {}])
+def test_packing_off_or_not_live_leaves_horus_alone(packing):
     nodes = [node(f"n{i}", count=1) for i in range(1, 6)]
-    app, ext, source, _ = make_app(nodes, {"packing": {"enabled": False}})
+    app, ext, source, _ = make_app(nodes, {"packing": packing})
     client = app.test_client()
     bind(client, source, training("a", util=10, mem=20000), "n1")
     for i in (3, 4, 5):
         bind(client, source, training(f"w{i}", util=10, mem=40960), f"n{i}")
-    assert best(client, training("x", util=10, mem=10000), ["n1", "n2"]) == "n2"
+    probe = training("x", util=10, mem=10000)
+    assert best(client, probe, ["n1", "n2"]) == "n2"
+    source.create_pod(probe)
+    assert client.post("/bind", json=binding(probe, "n2")).get_json() == {"Error": ""}
+    assert source.read_pod("default", "x")["metadata"]["annotations"][DECIDED_BY] == \
+        "interference"
+    assert ext.learner.shapes.count == 3  # learned all the same, for when it is turned on
 
 
 def test_a_gpu_whose_host_is_full_is_stranded():
@@ -91,7 +99,7 @@ def test_a_gpu_whose_host_is_full_is_stranded():
     # seen so far (2 CPUs each) could no longer use what is left of n1's GPU.
     nodes = [host_node("n1", 4000, 64 * GIB), host_node("n2", 64000, 64 * GIB),
              host_node("n3", 64000, 64 * GIB)]
-    app, ext, source, _ = make_app(nodes)
+    app, ext, source, _ = make_app(nodes, LIVE)
     client = app.test_client()
     whole = training("w", util=10, mem=20000)
     whole["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "2", "memory": "8Gi"}
@@ -106,7 +114,7 @@ def test_a_gpu_whose_host_is_full_is_stranded():
 def test_pods_of_no_gpu_are_filtered_scored_and_bound_on_the_host():
     nodes = [host_node("n1", 8000, 32 * GIB), host_node("n2", 64000, 256 * GIB),
              host_node("n3", 1000, 4 * GIB)]
-    app, ext, source, _ = make_app(nodes)
+    app, ext, source, _ = make_app(nodes, LIVE)
     client = app.test_client()
     whole = training("w", util=10, mem=40960)
     whole["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "8", "memory": "16Gi"}

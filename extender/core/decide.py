@@ -219,10 +219,12 @@ def _rejections(
 
 def learned_shapes(snap: Snapshot) -> Shapes | None:
     """The workload's shapes the snapshot's knowledge holds, when the packing score is on
-    and they weigh something; None otherwise (Horus alone)."""
+    in the extender (``packing.enabled`` and ``packing.live``) and they weigh something;
+    None otherwise (Horus alone)."""
     packing = snap.policy.packing
     read = getattr(snap.knowledge, "shapes", None)
-    shapes = read(packing.weighting) if packing.enabled and read is not None else None
+    on = packing.enabled and packing.live and read is not None
+    shapes = read(packing.weighting) if on else None
     return None if shapes is None or shapes.empty else shapes
 
 

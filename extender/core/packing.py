@@ -58,6 +58,9 @@ class PackingPolicy:
     """Distinct shapes remembered; past it the least seen is forgotten."""
     window: int = 10_000
     """Pods after which every shape's count is halved (recent pods weigh more)."""
+    live: bool = False
+    """True: the extender service costs training pods (and scores pods of no GPU) with the
+    shapes it learned from the pods it bound (``extender.core.decide.learned_shapes``)."""
 
     def __post_init__(self) -> None:
         if self.weighting not in WEIGHTINGS:
