@@ -1,10 +1,13 @@
 """What the admission webhook changes in a pod, as an AdmissionReview v1 JSONPatch.
 
 For a pod the MutatingWebhookConfiguration selected (by namespace or pod label):
-``nvidia.com/gpu`` becomes ``tandem.io/gpu`` where the admin opted in, a pod that
-then asks for ``tandem.io/gpu`` gets ``schedulerName`` (unless it names another
-scheduler) and the default tandem annotations it does not set itself. A pod that
-names another scheduler is left alone. Pure: no I/O.
+``nvidia.com/gpu`` becomes ``tandem.io/gpu`` where the admin opted in, and so do the
+GPU shares other sharing schedulers' users declare (``extender.webhook.shares``); a
+pod that then asks for ``tandem.io/gpu`` gets ``schedulerName`` (unless it names
+another scheduler) and the default tandem annotations it does not set itself. A pod
+of no GPU gets ``schedulerName`` where the admin routes it to tandem's profile
+(``route_namespaces``, ``route_node_label``). A pod that names another scheduler is
+left alone. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contracts import annotations as ann
+from extender.webhook.shares import MEMORY_UNITS, ShareError, ShareSources, Translated
+from extender.webhook.shares import translate as translate_shares
 
 NVIDIA_GPU = "nvidia.com/gpu"
 DEFAULT_SCHEDULERS = ("", "default-scheduler")
@@ -23,7 +28,9 @@ DEFAULTABLE = (ann.WORKLOAD, ann.MODEL, ann.BATCH_SIZE, ann.GPU_UTIL, ann.GPU_ME
                ann.SLO_MS, ann.RATE_RPS, ann.WEIGHT, ann.PRIORITY)
 """Input annotations a default may fill; outputs are bind's alone."""
 _KEYS = ("scheduler_name", "translate_nvidia_gpu", "translate_namespaces",
-         "default_annotations", "tolerations")
+         "default_annotations", "tolerations", "translate_gpushare", "gpushare_memory_unit",
+         "translate_hami", "translate_gpu_milli", "gpu_milli_memory_mib", "route_namespaces",
+         "route_node_label")
 _TOLERATION_KEYS = ("key", "operator", "value", "effect", "tolerationSeconds")
 
 
@@ -51,6 +58,13 @@ class WebhookSettings:
     default_annotations: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
     """Added to the pods moved to tandem that lack them (e.g. for a tainted tandem pool)."""
+    shares: ShareSources = ShareSources()
+    """Declared shares of other GPU-sharing schedulers to translate (``shares.py``)."""
+    route_namespaces: tuple[str, ...] = ()
+    """Pods of no GPU in these namespaces go to tandem's profile too (scored there)."""
+    route_node_label: str = ""
+    """Pods of no GPU whose nodeSelector or required node affinity names this label key
+    (one the GPU nodes carry) go to tandem's profile too."""
 
 
 def parse_settings(raw: Any) -> WebhookSettings:
@@ -89,9 +103,37 @@ def parse_settings(raw: Any) -> WebhookSettings:
         except ann.AnnotationError as exc:
             problems.append(f"default_annotations: {exc}")
     tolerations = _tolerations(raw.get("tolerations") or [], problems)
+    shares = _shares(raw, problems)
+    route = raw.get("route_namespaces") or []
+    if not isinstance(route, list) or not all(isinstance(n, str) and n for n in route):
+        problems.append("route_namespaces: must be a list of namespace names")
+    label = raw.get("route_node_label") or ""
+    if not isinstance(label, str):
+        problems.append("route_node_label: must be a node label key")
     if problems:
         raise WebhookConfigError(problems)
-    return WebhookSettings(name, translate, tuple(namespaces), dict(defaults), tolerations)
+    return WebhookSettings(name, translate, tuple(namespaces), dict(defaults), tolerations,
+                           shares, tuple(route), label)
+
+
+def _shares(raw: Mapping[str, Any], problems: list[str]) -> ShareSources:
+    flags = {}
+    for key in ("translate_gpushare", "translate_hami", "translate_gpu_milli"):
+        flags[key] = raw.get(key, False)
+        if not isinstance(flags[key], bool):
+            problems.append(f"{key}: must be true or false")
+    unit = raw.get("gpushare_memory_unit", "GiB")
+    if unit not in MEMORY_UNITS:
+        problems.append(f"gpushare_memory_unit: must be one of {', '.join(MEMORY_UNITS)}")
+    mib = raw.get("gpu_milli_memory_mib")
+    if mib is not None and (not isinstance(mib, int) or isinstance(mib, bool) or mib <= 0):
+        problems.append("gpu_milli_memory_mib: must be a positive integer (MiB)")
+    elif mib is None and flags["translate_gpu_milli"] is True:
+        problems.append("gpu_milli_memory_mib: required with translate_gpu_milli (the GPU "
+                        "memory that 1000 milli stand for, MiB)")
+    return ShareSources(flags["translate_gpushare"] is True, unit if unit in MEMORY_UNITS
+                        else "GiB", flags["translate_hami"] is True,
+                        flags["translate_gpu_milli"] is True, mib if isinstance(mib, int) else None)
 
 
 def _tolerations(raw: Any, problems: list[str]) -> tuple[Mapping[str, Any], ...]:
@@ -124,7 +166,11 @@ def review(body: Any, settings: WebhookSettings) -> dict[str, Any]:
     if (isinstance(pod, Mapping) and isinstance(kind, Mapping) and kind.get("kind") == "Pod"
             and request.get("operation", "CREATE") == "CREATE"):
         namespace = request.get("namespace") or (pod.get("metadata") or {}).get("namespace")
-        patch = pod_patch(pod, settings, str(namespace or ""))
+        try:
+            patch = pod_patch(pod, settings, str(namespace or ""))
+        except (ShareError, ann.AnnotationError) as exc:  # the owner fixes the spec
+            response.update(allowed=False, status={"code": 400, "message": f"tandem: {exc}"})
+            patch = []
         if patch:
             response["patchType"] = "JSONPatch"
             response["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
@@ -143,30 +189,60 @@ def pod_patch(pod: Mapping[str, Any], settings: WebhookSettings,
     if not isinstance(scheduler, str) or \
             scheduler not in (*DEFAULT_SCHEDULERS, settings.scheduler_name):
         return ops  # another scheduler's pod: its GPUs are not tandem's to hand out
-    translate = settings.translate_nvidia_gpu and (
-        not settings.translate_namespaces or namespace in settings.translate_namespaces)
+    in_scope = not settings.translate_namespaces or namespace in settings.translate_namespaces
+    translate = settings.translate_nvidia_gpu and in_scope
+    metadata = pod.get("metadata")
+    metadata = metadata if isinstance(metadata, Mapping) else {}
+    shared = translate_shares(spec, metadata, settings.shares) \
+        if settings.shares.any and in_scope else Translated({}, {})
     wants_tandem = False
     for group in ("initContainers", "containers"):
         items = spec.get(group)
         for i, container in enumerate(items if isinstance(items, list) else []):
             resources = container.get("resources") if isinstance(container, Mapping) else None
-            if not isinstance(resources, Mapping):
+            if (group, i) in shared.resources:
+                resources, new = None, shared.resources[(group, i)]
+            elif not isinstance(resources, Mapping):
                 continue
-            new = _translated(resources) if translate else resources
-            if new is not resources:
-                ops.append({"op": "replace", "path": f"/spec/{group}/{i}/resources",
-                            "value": new})
+            else:
+                new = _translated(resources) if translate else resources
+            if new is not resources:  # add: a container may have had no resources at all
+                ops.append({"op": "add" if resources is None else "replace",
+                            "path": f"/spec/{group}/{i}/resources", "value": new})
             wants_tandem |= any(isinstance(v, Mapping) and ann.GPU_RESOURCE in v
                                 for v in new.values())
     if not wants_tandem:
+        if scheduler in DEFAULT_SCHEDULERS and routed(spec, namespace, settings):
+            ops.append({"op": "add", "path": "/spec/schedulerName",
+                        "value": settings.scheduler_name})
         return ops
     if scheduler in DEFAULT_SCHEDULERS:
         ops.append({"op": "add", "path": "/spec/schedulerName", "value": settings.scheduler_name})
     ops.extend(_toleration_ops(spec.get("tolerations"), settings.tolerations))
-    metadata = pod.get("metadata")
-    ops.extend(_annotation_ops(metadata if isinstance(metadata, Mapping) else {},
-                               settings.default_annotations))
+    ops.extend(_annotation_ops(metadata, {**settings.default_annotations, **shared.annotations}))
     return ops
+
+
+def routed(spec: Mapping[str, Any], namespace: str, settings: WebhookSettings) -> bool:
+    """Whether a pod of no GPU goes to tandem's profile: its namespace is routed, or it is
+    bound for nodes with ``route_node_label`` (nodeSelector or required node affinity)."""
+    if namespace in settings.route_namespaces:
+        return True
+    label = settings.route_node_label
+    if not label:
+        return False
+    selector = spec.get("nodeSelector")
+    if isinstance(selector, Mapping) and label in selector:
+        return True
+    terms: Any = spec
+    for key in ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution",
+                "nodeSelectorTerms"):
+        terms = terms.get(key) if isinstance(terms, Mapping) else None
+    return isinstance(terms, list) and bool(terms) and all(
+        isinstance(t, Mapping) and isinstance(t.get("matchExpressions"), list)
+        and any(isinstance(e, Mapping) and e.get("key") == label
+                and e.get("operator") in ("In", "Exists") for e in t["matchExpressions"])
+        for t in terms)
 
 
 def _translated(resources: Mapping[str, Any]) -> Mapping[str, Any]:
