@@ -88,10 +88,10 @@ def test_gpu_milli_annotation_is_a_share_of_one_gpu():
 
 def test_each_source_is_off_by_default():
     plain = parse_settings({})
-    for resources, annotations in (({"limits": {"aliyun.com/gpu-mem": "3"}}, {}),
-                                   ({"limits": {"nvidia.com/gpumem": "3"}}, {}),
-                                   ({}, {"alibabacloud.com/gpu-milli": "250"})):
-        response, pod = apply(body_with(resources, annotations), plain)
+    for resources, declared in (({"limits": {"aliyun.com/gpu-mem": "3"}}, {}),
+                                ({"limits": {"nvidia.com/gpumem": "3"}}, {}),
+                                ({}, {"alibabacloud.com/gpu-milli": "250"})):
+        response, pod = apply(body_with(resources, declared), plain)
         assert "patch" not in response and response["allowed"] is True
 
 
