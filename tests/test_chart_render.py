@@ -331,3 +331,23 @@ def test_a_measured_matrix_reaches_the_extender_beside_its_config(tmp_path: Path
         result = helm_template(*sets, check=False)
         assert result.returncode != 0 and "pairPrior and config.learning.pair_prior" in \
             result.stderr
+
+
+def test_scoring_pods_without_gpu_drops_the_managed_resource() -> None:
+    """scorePodsWithoutGpu: the extender is called for every pod of the profile, and
+    NodeResourcesFit ignores tandem.io/gpu instead of the extender entry."""
+    objects = render("kubeScheduler.scorePodsWithoutGpu=true", "webhook.enabled=true",
+                     "webhook.settings.route_namespaces={web}")
+    scheduler = _config(objects, "tandem-scheduler-config", "kube-scheduler-config.yaml")
+    assert "managedResources" not in scheduler["extenders"][0]
+    assert scheduler["profiles"][0]["pluginConfig"] == [
+        {"name": "NodeResourcesFit", "args": {"ignoredResources": ["tandem.io/gpu"]}}]
+    default = _config(render(), "tandem-scheduler-config", "kube-scheduler-config.yaml")
+    assert default["extenders"][0]["managedResources"] == [
+        {"name": "tandem.io/gpu", "ignoredByScheduler": True}]
+    assert "pluginConfig" not in default["profiles"][0]
+    webhook = next(o for o in objects if o["kind"] == "ConfigMap" and "webhook" in
+                   o["metadata"]["name"])
+    from extender.webhook.mutate import parse_settings
+    settings = parse_settings(yaml.safe_load(next(iter(webhook["data"].values()))))
+    assert settings.route_namespaces == ("web",) and not settings.shares.any
