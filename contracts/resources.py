@@ -40,7 +40,7 @@ def parse_quantity(raw: object) -> Decimal:
     number, suffix = found.group(1), found.group(2) or ""
     try:
         value = Decimal(number)
-        value *= Decimal(f"1{suffix}") if suffix[:1] in ("e", "E") else _SUFFIX[suffix]
+        value *= _SUFFIX[suffix] if suffix in _SUFFIX else Decimal(f"1{suffix}")  # 1e3
     except InvalidOperation as exc:
         raise QuantityError(f"{text!r} is not a quantity") from exc
     if value < 0:
