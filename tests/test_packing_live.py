@@ -7,9 +7,12 @@ import pytest
 from extender_builders import AGENT_AUTH, args, binding, make_app, node, training
 
 from contracts.annotations import DECIDED_BY
+from contracts.state import decode_state
 from extender.core import NodeSpec
 from extender.learning.learner import Learner
 from extender.learning.shapes import ShapeLearner
+from extender.ops.status import summarize
+from extender.ops.status_render import render
 
 GIB = 1024.0
 LIVE = {"packing": {"live": True}}
@@ -64,6 +67,12 @@ def test_learned_shapes_change_the_placement_and_say_why(live):
     assert pods["default/x"]["annotations"][DECIDED_BY] == "fragmentation"
     shapes = state["learning"]["shapes"]
     assert shapes["count"] == 3 and shapes["top"][0]["gpu_mem_mib"] == 40960
+    status = summarize(decode_state(state), "http://extender", None)
+    (entry,) = [p for n in status["nodes"] for g in n["gpus"] for p in g["pods"]
+                if p["pod"] == "default/x"]
+    assert entry["decided_by"] == "fragmentation"
+    assert "default/x 10% 10000 MiB [asserted; decided by fragmentation]" in \
+        " ".join(render(status).split())
 
 
 def test_scheduler_choice_and_a_single_node_are_named(live):

@@ -28,7 +28,13 @@ from typing import Any
 
 import typer
 
-from contracts.annotations import GPU_UTIL, INTERFERENCE_SOURCE, MODEL, PREDICTION_SOURCE
+from contracts.annotations import (
+    DECIDED_BY,
+    GPU_UTIL,
+    INTERFERENCE_SOURCE,
+    MODEL,
+    PREDICTION_SOURCE,
+)
 from contracts.jsonbody import parse_json
 from contracts.state import STATE_PATH, StateDocument, decode_state
 from extender.cluster.source import ClusterSource
@@ -183,7 +189,7 @@ def summarize(state: StateDocument, origin: str,
             pods = [{"pod": p.pod or HIDDEN, "state": p.state, "workload": p.workload,
                      "util_percent": p.util_percent, "mem_mib": p.mem_mib,
                      "source": pod_source(dict(p.annotations)) if p.pod else "unknown",
-                     **_interference(dict(p.annotations))}
+                     **_interference(dict(p.annotations)), **_decided(dict(p.annotations))}
                     for p in g.pods]
             fresh = g.observed_util is not None
             gpus.append({
@@ -223,6 +229,12 @@ def _interference(annotations: Mapping[str, str]) -> dict[str, str]:
     """``{"interference": <tandem.io/interference-source>}`` where bind recorded one."""
     recorded = annotations.get(INTERFERENCE_SOURCE)
     return {"interference": recorded} if isinstance(recorded, str) and recorded else {}
+
+
+def _decided(annotations: Mapping[str, str]) -> dict[str, str]:
+    """``{"decided_by": <tandem.io/decided-by>}`` where bind recorded one."""
+    recorded = annotations.get(DECIDED_BY)
+    return {"decided_by": recorded} if isinstance(recorded, str) and recorded else {}
 
 
 def collect(extender: str | None, cluster: str | None, scheduler_name: str = "tandem",

@@ -6,6 +6,7 @@ import textwrap
 from typing import Any
 
 WIDTH = 80
+PACKING_TERMS = ("fit", "fragmentation")
 HEADER = f"{'GPU':<4}{'role':<9}{'product':<19}{'reserved MiB':>12}  {'predicted':>9}  observed"
 
 
@@ -34,8 +35,10 @@ def _fold(prefix: str, items: list[str], indent: int = 5) -> list[str]:
 def _pod(p: dict[str, Any]) -> str:
     flag = "" if p["state"] == "placed" else f" {p['state']}"
     pair = f"; interference {p['interference']}" if p.get("interference") else ""
+    # the packing score's own terms (the others say what the Horus cost always did)
+    why = f"; decided by {p['decided_by']}" if p.get("decided_by") in PACKING_TERMS else ""
     return (f"{p['pod']} {_pct(p['util_percent'])} {p['mem_mib']:.0f} MiB "
-            f"[{p['source']}{pair}]{flag}")
+            f"[{p['source']}{pair}{why}]{flag}")
 
 
 def _node(node: dict[str, Any]) -> list[str]:
