@@ -32,9 +32,9 @@ class DecidedBy:
         self._noted: OrderedDict[str, tuple[str, str]] = OrderedDict()
         self._limit = limit
 
-    def note(self, uid: str, evaluation: Evaluation) -> None:
-        """Remember the node ``evaluation`` ranks first for pod ``uid`` and why."""
-        scores = evaluation.scores()
+    def note(self, uid: str, evaluation: Evaluation, scores: list[int]) -> None:
+        """Remember the node ``evaluation`` ranks first (by its ``scores()``) for pod ``uid``
+        and why."""
         if not uid or not evaluation.feasible.any():
             return
         best = int(np.argmax(np.array(scores)))  # kube-scheduler's tie rule: the first best

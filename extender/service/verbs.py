@@ -185,9 +185,10 @@ class Extender:
         except (PodRejected, NotReady):
             return encode_host_priorities(names, [0] * len(names))
         ev = score_nodes(snap, names, demand, self._inference)
+        scores = ev.scores()
         if demand.job.workload is Workload.TRAINING:
-            self.decided.note(ref.uid or ref.key, ev)
-        return encode_host_priorities(names, ev.scores())
+            self.decided.note(ref.uid or ref.key, ev, scores)
+        return encode_host_priorities(names, scores)
 
     def _handoff_gated(self, handoff: Any) -> bool:
         """Whether bind waits for the device plugin's hand-off (a kubelet admits the pod)."""
