@@ -29,6 +29,13 @@ def cpu_pod(name: str, cpu: str, memory: str) -> dict:
                 "requests": {"cpu": cpu, "memory": memory}}}]}}
 
 
+def trained(name: str, mem: float, cpu: str, memory: str) -> dict:
+    """A 1-GPU training pod asserting ``mem`` MiB that requests ``cpu`` and ``memory``."""
+    pod = training(name, util=10, mem=mem)
+    pod["spec"]["containers"][0]["resources"]["requests"] = {"cpu": cpu, "memory": memory}
+    return pod
+
+
 def best(client, pod, names):
     body = client.post("/prioritize", json=args(pod, names)).get_json()
     scores = {e["Host"]: e["Score"] for e in body}
@@ -110,12 +117,8 @@ def test_a_gpu_whose_host_is_full_is_stranded():
              host_node("n3", 64000, 64 * GIB)]
     app, ext, source, _ = make_app(nodes, LIVE)
     client = app.test_client()
-    whole = training("w", util=10, mem=20000)
-    whole["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "2", "memory": "8Gi"}
-    bind(client, source, whole, "n3")
-    probe = training("x", util=10, mem=10000)
-    probe["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "3", "memory": "1Gi"}
-    assert best(client, probe, ["n1", "n2"]) == "n2"
+    bind(client, source, trained("w", 20000, "2", "8Gi"), "n3")
+    assert best(client, trained("x", 10000, "3", "1Gi"), ["n1", "n2"]) == "n2"
     free = ext.state.snapshot().hosts.free("n3")
     assert free == (62000.0, 56 * GIB)
 
@@ -125,9 +128,8 @@ def test_pods_of_no_gpu_are_filtered_scored_and_bound_on_the_host():
              host_node("n3", 1000, 4 * GIB)]
     app, ext, source, _ = make_app(nodes, LIVE)
     client = app.test_client()
-    whole = training("w", util=10, mem=40960)
-    whole["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "8", "memory": "16Gi"}
-    bind(client, source, whole, "n2")  # a whole-GPU shape that needs 8 CPUs is learned
+    # a whole-GPU shape that needs 8 CPUs is learned
+    bind(client, source, trained("w", 40960, "8", "16Gi"), "n2")
     web = cpu_pod("web", "2", "4Gi")
     body = client.post("/filter", json=args(web, ["n1", "n2", "n3"])).get_json()
     assert body["NodeNames"] == ["n1", "n2"]
