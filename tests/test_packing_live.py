@@ -139,6 +139,11 @@ def test_pods_of_no_gpu_are_filtered_scored_and_bound_on_the_host():
     source.create_pod(web)
     assert client.post("/bind", json=binding(web, "n2")).get_json() == {"Error": ""}
     assert source.read_pod("default", "web")["spec"]["nodeName"] == "n2"
+    binds = source.binds
+    assert client.post("/bind", json=binding(web, "n2")).get_json() == {"Error": ""}
+    assert "already bound to n2" in client.post("/bind", json=binding(web, "n1")).get_json()[
+        "Error"]
+    assert source.binds == binds  # a retried bind writes nothing again
     assert ext.state.snapshot().hosts.free("n2") == (54000.0, 236 * GIB)
     assert ext.learner.shapes.count == 2  # the pod of no GPU is a shape too
     assert ext.state.snapshot().placement_of("uid-web") is None  # it holds no GPU

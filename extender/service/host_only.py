@@ -54,11 +54,16 @@ class HostOnlyPods:
     def bind(self, args: BindingArgs, pod: Mapping[str, Any], snap: Snapshot,
              ) -> dict[str, str]:
         """A plain Binding, if the node still holds the pod's CPU and memory."""
+        uid = args.pod_uid or PodView.of(pod).uid
+        bound_to = self.state.hosts.node_of(uid)
+        if bound_to == args.node:
+            return {"Error": ""}  # a retried bind that already went through
+        if bound_to is not None:
+            raise BindConflict(f"pod already bound to {bound_to}", None)
         cpu, mem = host_requests(pod)
         if not host_only_verdict(snap, [args.node], cpu, mem, None).feasible[0]:
             raise BindConflict(f"node {args.node} no longer has the CPU and memory of pod "
                                f"{args.pod_namespace}/{args.pod_name}", None)
-        uid = args.pod_uid or PodView.of(pod).uid
         self.source.bind(PodRef(args.pod_namespace, args.pod_name, uid), args.node, {}, None)
         self.learn(uid, args.node, 0, 0.0, (cpu, mem))
         return {"Error": ""}

@@ -56,6 +56,12 @@ class HostLedger:
                 self._pods[uid] = entry
                 self._view = None
 
+    def node_of(self, uid: str) -> str | None:
+        """The node pod ``uid`` is bound to, as far as this ledger knows."""
+        with self._lock:
+            entry = self._pods.get(uid)
+        return None if entry is None else entry[0]
+
     def gone(self, uid: str) -> None:
         """Pod ``uid`` finished or was deleted: its requests are free again."""
         with self._lock:
