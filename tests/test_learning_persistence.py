@@ -122,3 +122,25 @@ def test_an_unreachable_api_server_is_read_again_once_per_interval_not_per_repor
     now[0] += 1.0  # learning.persist_interval_seconds later: read, merged, written
     assert learner.maybe_persist()
     assert samples(stored(server), KEY) == 1
+
+
+def test_learned_shapes_survive_a_failover_through_the_configmap(kube_api) -> None:
+    server, api = kube_api
+    now = [0.0]
+    a_leads, b_leads = [True], [False]
+    a = replica(api, a_leads, now)
+    for _ in range(3):
+        a.shapes.observe(1, 40960, 8000, 16384)
+    a.shapes.observe(0, 0, 2000, 4096)
+    now[0] += 2.0
+    assert a.maybe_persist()  # shapes alone make the document due
+    assert sorted(map(tuple, stored(server)["shapes"]["rows"])) == [
+        (0, 0.0, 2000.0, 4096.0, 1.0), (1, 40960.0, 8000.0, 16384.0, 3.0)]
+    b = replica(api, b_leads, now)  # a new replica reloads them at start
+    assert b.shapes.to_document() == a.shapes.to_document()
+    b.shapes.observe(1, 40960, 8000, 16384)
+    a_leads[0], b_leads[0] = False, True
+    now[0] += 10.0
+    assert b.maybe_persist()
+    rows = {tuple(r[:4]): r[4] for r in stored(server)["shapes"]["rows"]}
+    assert rows[(1, 40960.0, 8000.0, 16384.0)] == 4.0  # counted once, not twice
