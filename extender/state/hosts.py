@@ -24,7 +24,17 @@ class HostLedger:
         self._allocatable: dict[str, tuple[float, float]] = {}
         self._pods: dict[str, tuple[str, float, float]] = {}
         """Per pod UID: (node, CPU millicores, memory MiB)."""
+        self._requested: dict[str, tuple[float, float]] = {}
+        """Per node, the sum of its pods' requests (kept as pods come and go: a view is
+        O(nodes), not O(pods))."""
         self._view: HostView | None = HostView()
+
+    def _count(self, entry: tuple[str, float, float], sign: float) -> None:
+        """Add (``sign`` 1) or take off (-1) one pod's requests on its node."""
+        node, cpu, mem = entry
+        have = self._requested.get(node, (0.0, 0.0))
+        self._requested[node] = (max(have[0] + sign * cpu, 0.0), max(have[1] + sign * mem, 0.0))
+        self._view = None
 
     def set_nodes(self, nodes: Iterable[NodeSpec]) -> None:
         """The source's node list (a relist): nodes without figures are not known."""
@@ -52,9 +62,12 @@ class HostLedger:
         """Pod ``uid`` is bound to ``node`` and requests this much (idempotent)."""
         entry = (node, float(cpu_milli), float(mem_mib))
         with self._lock:
-            if uid and self._pods.get(uid) != entry:
+            held = self._pods.get(uid)
+            if uid and held != entry:
+                if held is not None:
+                    self._count(held, -1.0)
                 self._pods[uid] = entry
-                self._view = None
+                self._count(entry, 1.0)
 
     def node_of(self, uid: str) -> str | None:
         """The node pod ``uid`` is bound to, as far as this ledger knows."""
@@ -65,25 +78,19 @@ class HostLedger:
     def gone(self, uid: str) -> None:
         """Pod ``uid`` finished or was deleted: its requests are free again."""
         with self._lock:
-            if self._pods.pop(uid, None) is not None:
-                self._view = None
+            held = self._pods.pop(uid, None)
+            if held is not None:
+                self._count(held, -1.0)
 
     def retain(self, uids: set[str]) -> None:
         """A relist: only the pods it shows bound still request anything."""
         with self._lock:
-            stale = self._pods.keys() - uids
-            for uid in stale:
-                del self._pods[uid]
-            if stale:
-                self._view = None
+            for uid in self._pods.keys() - uids:
+                self._count(self._pods.pop(uid), -1.0)
 
     def view(self) -> HostView:
         """What decisions read now (the same object until something changes)."""
         with self._lock:
             if self._view is None:
-                requested: dict[str, tuple[float, float]] = {}
-                for node, cpu, mem in self._pods.values():
-                    have = requested.get(node, (0.0, 0.0))
-                    requested[node] = (have[0] + cpu, have[1] + mem)
-                self._view = HostView(dict(self._allocatable), requested)
+                self._view = HostView(dict(self._allocatable), dict(self._requested))
             return self._view
