@@ -207,17 +207,22 @@ def calibrate(repeats: int = 40, quantile: float = 0.9,
     A request crosses threads four times (the accept loop to a worker, the worker to
     the executor, the executor to a post-processing thread, that thread back to the
     worker); on a busy host each crossing waits for a core, so the tail of one
-    crossing (99th percentile of 5x ``repeats``) is counted four times."""
+    crossing (99th percentile of 5x ``repeats``) is counted four times. The tail is
+    timed with one interpreter thread busy beside the waiter, as an HTTP worker
+    decoding a body is while serving: a woken thread then also waits for the
+    interpreter lock (up to ``sys.getswitchinterval()``), which an idle process
+    never shows (0.04 ms idle against 8-15 ms observed crossings on a 2-core host)."""
     connect = _connections(repeats)
     small, large = 64, 256 * 1024
     decode_small = _codec(small // 4, repeats)
     decode_large = _codec(large // 4, max(repeats // 4, 5))
-    wake = _wakeups(5 * repeats)
+    wake = _wakeups(repeats)
+    loaded = _wakeups(5 * repeats, busy=1)
     body = encode_npy(np.zeros((1, small // 4), np.float32))
     framework = _timed(lambda: probe(body), repeats) if probe else [0.0]
     per_kib = max(0.0, (_median(decode_large) - _median(decode_small)) / ((large - small) / 1024))
     q = lambda xs: _quantile(deque(xs), quantile)  # noqa: E731
-    tail = _quantile(deque(wake), 0.99)
+    tail = _quantile(deque(loaded), 0.99)
     return PathFigures(front_ms=q(connect) + q(framework) + q(decode_small) + 2 * tail,
                        back_ms=2 * tail + q(decode_small) / 2,
                        cpu_ms=_median(connect) + _median(framework) + _median(decode_small)
@@ -291,10 +296,19 @@ def _codec(floats: int, repeats: int) -> list[float]:
     return took
 
 
-def _wakeups(repeats: int) -> list[float]:
-    """How long a thread waiting on an event takes to run once it is set (ms each)."""
-    go, back = threading.Event(), threading.Event()
+def _wakeups(repeats: int, busy: int = 0) -> list[float]:
+    """How long a thread waiting on an event takes to run once it is set (ms each),
+    with ``busy`` other threads of this process running Python meanwhile."""
+    go, back, done = threading.Event(), threading.Event(), threading.Event()
     woke: list[float] = []
+
+    def spin() -> None:
+        while not done.is_set():
+            sum(range(100))
+
+    spinners = [threading.Thread(target=spin, daemon=True) for _ in range(busy)]
+    for spinner in spinners:
+        spinner.start()
 
     def waiter() -> None:
         for _ in range(repeats):
@@ -313,7 +327,12 @@ def _wakeups(repeats: int) -> list[float]:
             break
         back.clear()
         took.append((woke[-1] - set_at) * 1000)
+        if busy:
+            time.sleep(0.0005)  # let a spinner hold the lock again, as between requests
+    done.set()
     thread.join(timeout=5)
+    for spinner in spinners:
+        spinner.join(timeout=5)
     return took
 
 
