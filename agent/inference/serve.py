@@ -16,6 +16,7 @@ from agent.inference.auth import ADMIN_TOKEN_ENV, AdminGuard, AdminToken, is_loo
 from agent.inference.batch_formation import DropPolicy
 from agent.inference.batching_profiles import load_profiles
 from agent.inference.clock import MonotonicClock
+from agent.inference.executor_tail import start_delay_ms
 from agent.inference.executors import Executor, ModelLimits, OrtExecutor, SimExecutor
 from agent.inference.pathcost import (
     HostLimits,
@@ -172,6 +173,9 @@ def serve_forever(runtime: ServingRuntime, options: ServeOptions,
     server = http_server(app, options)
     sys.setswitchinterval(GIL_SWITCH_S)  # before calibrating: the path it measures
     runtime.path_cost.recalibrate(calibrate(probe=framework_probe(app)))
+    if runtime.config.learn_latency_margin and getattr(runtime.executor, "device", None) == "cpu":
+        runtime.margin.start_delay_ms = start_delay_ms(runtime.executor,
+                                                       runtime.config.latency_quantile)
     settle_heap()
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
