@@ -208,16 +208,16 @@ def calibrate(repeats: int = 40, quantile: float = 0.9,
     the executor, the executor to a post-processing thread, that thread back to the
     worker); on a busy host each crossing waits for a core, so the tail of one
     crossing (99th percentile of 5x ``repeats``) is counted four times. The tail is
-    timed with one interpreter thread busy beside the waiter, as an HTTP worker
-    decoding a body is while serving: a woken thread then also waits for the
-    interpreter lock (up to ``sys.getswitchinterval()``), which an idle process
-    never shows (0.04 ms idle against 8-15 ms observed crossings on a 2-core host)."""
+    timed with the setter still running Python, as a worker or the executor loop is
+    after a hand-off while serving: the woken thread then also waits for the
+    interpreter lock (up to ``sys.getswitchinterval()``), which an idle hand-off
+    never shows (0.04 ms idle against 8-28 ms observed crossings on a 2-core host)."""
     connect = _connections(repeats)
     small, large = 64, 256 * 1024
     decode_small = _codec(small // 4, repeats)
     decode_large = _codec(large // 4, max(repeats // 4, 5))
     wake = _wakeups(repeats)
-    loaded = _wakeups(5 * repeats, busy=1)
+    loaded = _wakeups(5 * repeats, busy=True)
     body = encode_npy(np.zeros((1, small // 4), np.float32))
     framework = _timed(lambda: probe(body), repeats) if probe else [0.0]
     per_kib = max(0.0, (_median(decode_large) - _median(decode_small)) / ((large - small) / 1024))
@@ -296,19 +296,13 @@ def _codec(floats: int, repeats: int) -> list[float]:
     return took
 
 
-def _wakeups(repeats: int, busy: int = 0) -> list[float]:
-    """How long a thread waiting on an event takes to run once it is set (ms each),
-    with ``busy`` other threads of this process running Python meanwhile."""
-    go, back, done = threading.Event(), threading.Event(), threading.Event()
+def _wakeups(repeats: int, busy: bool = False) -> list[float]:
+    """How long a thread waiting on an event takes to run once it is set (ms each).
+    ``busy``: the setter goes on running Python, as a worker or the executor loop does
+    after handing a result over, so the woken thread also waits for the interpreter
+    lock (up to ``sys.getswitchinterval()``)."""
+    go, back = threading.Event(), threading.Event()
     woke: list[float] = []
-
-    def spin() -> None:
-        while not done.is_set():
-            sum(range(100))
-
-    spinners = [threading.Thread(target=spin, daemon=True) for _ in range(busy)]
-    for spinner in spinners:
-        spinner.start()
 
     def waiter() -> None:
         for _ in range(repeats):
@@ -323,16 +317,13 @@ def _wakeups(repeats: int, busy: int = 0) -> list[float]:
     for _ in range(repeats):
         set_at = time.perf_counter()
         go.set()
+        while busy and not back.is_set() and time.perf_counter() - set_at < 5.0:
+            sum(range(100))
         if not back.wait(timeout=5):
             break
         back.clear()
         took.append((woke[-1] - set_at) * 1000)
-        if busy:
-            time.sleep(0.0005)  # let a spinner hold the lock again, as between requests
-    done.set()
     thread.join(timeout=5)
-    for spinner in spinners:
-        spinner.join(timeout=5)
     return took
 
 
