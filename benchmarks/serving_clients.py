@@ -2,6 +2,9 @@
 
 Run (CPU; about 4 minutes on 2 cores):
     .venv/bin/python benchmarks/serving_clients.py --seconds 15
+The issue's check on ONNX Runtime alone (four scenarios, about 2 minutes; add
+``--baseline PATH`` for another checkout's server beside it, about 4):
+    .venv/bin/python benchmarks/serving_clients.py --executors onnxruntime --seconds 15
 
 Every scenario runs ``tandem agent serve`` as its own process and its clients in
 another process, each request on a new connection, on both executors

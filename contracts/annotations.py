@@ -256,8 +256,8 @@ class PodInputs:
     @property
     def share_weight(self) -> int:
         """Weight used to spread best-effort sessions (priority sessions count 1)."""
-        return self.weight if self.weight is not None and self.priority is None \
-            else DEFAULT_WEIGHT
+        return self.weight if self.weight is not None and (
+            self.priority is None or not self.best_effort) else DEFAULT_WEIGHT
 
 
 def parse_inputs(ann: Mapping[str, object]) -> PodInputs:
@@ -293,8 +293,8 @@ def parse_inputs(ann: Mapping[str, object]) -> PodInputs:
             raise AnnotationError(missing, None,
                                   "an SLO session needs both tandem.io/slo-ms and "
                                   "tandem.io/rate-rps (give neither for best effort)")
-        if inputs.best_effort:  # only quanta read a priority; elsewhere it is ignored
-            inputs = replace(inputs, priority=integer(PRIORITY, PRIORITY_RANGE))
+        # Quanta order best-effort jobs by it; the server's order of sacrifice, SLO sessions.
+        inputs = replace(inputs, priority=integer(PRIORITY, PRIORITY_RANGE))
     # A training pod may give nothing but its GPU count: what it does not state is
     # resolved by the cold-start rule (extender.core.demand), as nvidia.com/gpu users expect.
     return inputs

@@ -52,9 +52,9 @@ PARSED = [
                  PodInputs(model="m", batch_size=64, util_percent=10.0), id="spaces-and-exponent"),
     pytest.param(notes(**INF, slo_ms="100", rate_rps="200"),
                  PodInputs("inference", "tiny", slo_ms=100.0, rate_rps=200.0), id="slo-session"),
-    pytest.param(notes(**INF, slo_ms="100", rate_rps="200", priority="high"),
-                 PodInputs("inference", "tiny", slo_ms=100.0, rate_rps=200.0),
-                 id="slo-session-ignores-priority"),
+    pytest.param(notes(**INF, slo_ms="100", rate_rps="200", priority="3"),
+                 PodInputs("inference", "tiny", slo_ms=100.0, rate_rps=200.0, priority=3),
+                 id="slo-session-keeps-priority"),
     pytest.param(notes(**INF), PodInputs("inference", "tiny"), id="best-effort-default"),
     pytest.param(notes(**INF, weight="1000"), PodInputs("inference", "tiny", weight=1000),
                  id="weight-at-quanta-limit"),
@@ -87,6 +87,8 @@ REJECTED = [
     pytest.param(notes(**INF, priority="²"), "tandem.io/priority", id="priority-superscript"),
     pytest.param(notes(**INF, priority="high"), "tandem.io/priority", id="priority-word"),
     pytest.param(notes(**INF, priority="2000000"), "tandem.io/priority", id="priority-huge"),
+    pytest.param(notes(**INF, slo_ms="100", rate_rps="200", priority="high"),
+                 "tandem.io/priority", id="slo-priority-word"),
 ]
 
 

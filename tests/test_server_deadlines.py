@@ -204,6 +204,22 @@ def test_calibration_measures_this_host() -> None:
     assert slow.cpu_ms >= figures.cpu_ms - 1.0 and slow.cpu_ms >= 5.0
 
 
+def test_calibration_times_a_wake_up_with_the_interpreter_busy() -> None:
+    """Regression (issue #43): the wake-up tail was timed in an idle process (0.04 ms)
+    while serving showed 8-15 ms crossings: a woken worker waits for the interpreter
+    lock that another worker holds. The start-up figure now sees that wait."""
+    import sys
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.02)  # a lock held 20 ms at a time: the wait is unmistakable
+    try:
+        figures = calibrate(repeats=10)
+    finally:
+        sys.setswitchinterval(before)
+    assert figures.wake_ms >= 5.0
+    assert figures.back_ms >= 2 * figures.wake_ms
+
+
 def test_the_server_measures_its_own_framework_at_start() -> None:
     from agent.inference.serve import framework_probe
 
@@ -284,3 +300,37 @@ def test_the_executor_deadline_keeps_the_typical_time_back() -> None:
         cost.observe_front(1.0)
         cost.observe(back_ms=40.0 if i % 50 == 0 else 1.0, cpu_ms=0.1)
     assert cost.figures().back_ms == 40.0 and cost.back_reserve_ms() == 1.0
+
+
+def test_the_server_switches_the_interpreter_lock_often() -> None:
+    """Regression (issue #43): with Python's 5 ms switch interval every thread crossing
+    of a request could wait 5 ms for the lock an HTTP worker held (8-28 ms crossing
+    tails on a 2-core host); the server runs at ``GIL_SWITCH_S`` and calibrates so."""
+    import dataclasses
+    import sys
+    import threading
+
+    from agent.inference.serve import GIL_SWITCH_S, ServeOptions, serve_forever
+
+    fields = {f.name: None for f in dataclasses.fields(ServeOptions)}
+    options = ServeOptions(**{**fields, "host": "127.0.0.1", "port": 0, "http_threads": 2,
+                              "max_body_bytes": 1 << 20, "read_deadline_seconds": 30.0})
+    clock = MonotonicClock()
+    rt = ServingRuntime(SimExecutor({}, clock, "sim"), clock, RuntimeConfig("sim"))
+    before, stop = sys.getswitchinterval(), threading.Event()
+    sys.setswitchinterval(0.005)
+    served = threading.Thread(target=serve_forever, args=(rt, options, None, stop), daemon=True)
+    try:
+        served.start()
+        for _ in range(300):
+            if rt.is_running():
+                break
+            time.sleep(0.02)
+        assert rt.is_running()
+        assert sys.getswitchinterval() == pytest.approx(GIL_SWITCH_S)
+        assert rt.path_cost.startup.wake_ms > 0  # calibrated once the interval was set
+    finally:
+        stop.set()
+        served.join(timeout=15)
+        sys.setswitchinterval(before)
+    assert not served.is_alive()

@@ -127,9 +127,15 @@ def test_hold_scales_down_on_misses_and_back_up() -> None:
     rule = HoldRule(window=100, cooldown_ms=1000.0, min_rps=1.0)
     hold = Hold(40.0, 0.0, rule)
     for i in range(50):
-        hold.outcome(i % 10 == 0)  # 10% missed
+        hold.outcome(i % 10 == 0)  # 10% missed: each dropped alone, the rate is kept
+    assert not hold.review(1000.0, "busy") and hold.reason is None
+    for i in range(50):
+        hold.outcome(i % 10 != 0)  # 90% of the next 50: 50 of 100, not more than half
+    assert not hold.review(1000.0, "busy")
+    hold.outcome(True)
+    hold.outcome(True)  # the window keeps the last 100: 51 of them missed
     assert hold.review(1000.0, "busy")
-    assert hold.rate_rps == 20.0 and "HostBusier: 5 of the last 50" in (hold.reason or "")
+    assert hold.rate_rps == 20.0 and "HostBusier: 51 of the last 100" in (hold.reason or "")
     # Above the held rate, requests are shed: a burst of 40 at once gets ~10 through.
     taken = sum(hold.take(1000.0) for _ in range(40))
     assert taken == 10 and hold.shed == 30

@@ -44,15 +44,20 @@ def test_best_effort_gives_way_before_any_slo_session() -> None:
     assert "10 of the last 50 requests of vip" in (sac.best_effort.reason or "")
     assert "best effort gives way first" in (sac.best_effort.reason or "")
     assert all(h.hold.rate_rps == 40.0 and h.hold.reason is None for h in held)
-    # Still missing with best effort at none: the lowest priority registered last gives way,
-    # not the session that missed (a busy host is shared).
+    # Still missing a few with best effort at none: each is dropped where it cannot meet
+    # its deadline, and no session is scaled down (that would shed half to save 20%).
     _miss(vip.hold, 10)
-    assert sac.review(2000.0, held, best_effort=True, why="host now")
+    assert not sac.review(2000.0, held, best_effort=True, why="host now")
+    assert all(h.hold.rate_rps == 40.0 and h.hold.reason is None for h in held)
+    # Losing most of a window: the host cannot serve the rate. The lowest priority
+    # registered last gives way, not the session that missed (a busy host is shared).
+    _miss(vip.hold, 50)
+    assert sac.review(2500.0, held, best_effort=True, why="host now")
     assert last.hold.rate_rps == 20.0 and first.hold.rate_rps == 40.0
     assert vip.hold.rate_rps == 40.0
     assert "last gives way first" in (last.hold.reason or "")
-    assert "HostBusier: 10 of the last 50 requests of vip" in (last.hold.reason or "")
-    _miss(vip.hold, 10)
+    assert "HostBusier: 60 of the last 100 requests of vip" in (last.hold.reason or "")
+    _miss(vip.hold, 30)
     sac.review(3000.0, held, best_effort=True, why="")
     assert last.hold.rate_rps == 10.0 and first.hold.rate_rps == 40.0
 
@@ -64,7 +69,7 @@ def test_slo_sessions_give_way_lowest_priority_then_missed_then_latest() -> None
     order = []
     for _ in range(14):
         now += 1000.0
-        _miss(first.hold, 10)
+        _miss(first.hold, 30)
         sac.review(now, held, best_effort=False, why="")
         order.append((first.hold.rate_rps, vip.hold.rate_rps, last.hold.rate_rps))
     # ``first`` (lowest priority, and it missed) halves to none (40, 20, 10, 5, 2.5,
@@ -80,7 +85,7 @@ def test_back_up_in_the_reverse_order_after_quiet_cool_downs() -> None:
     first, vip, last = held = _sessions()
     _miss(vip.hold, 10)
     sac.review(1000.0, held, best_effort=True, why="")  # best effort to none
-    _miss(vip.hold, 10)
+    _miss(vip.hold, 30)
     sac.review(2000.0, held, best_effort=True, why="")  # ``last`` to 20
     assert not sac.review(2500.0, held, best_effort=True, why="")  # within the cool-down
     _miss(last.hold, 0, of=30)

@@ -4,7 +4,8 @@
   reports its time over the profiled ``l(b)``; the margin is the ``quantile`` of
   those ratios over a window, minus 1. Planning scales every profile by
   ``1 + margin`` (``scaled_profile``), so what is admitted is what this device,
-  as loaded now, can serve.
+  as loaded now, can serve. Until it has samples, every batch time carries the
+  delay measured at start-up (``executor_tail``).
 - ``plan_with_headroom``: a best-effort segment that found no room for N cycles
   overruns one (the runtime's rule), moving the SLO sessions' next slot back by up
   to its length. Where such a segment exists the plan is made again with every SLO
@@ -32,6 +33,8 @@ class LatencyMargin:
         self.quantile = quantile
         self.min_samples = min_samples
         self.margin = 0.0
+        self.start_delay_ms = 0.0
+        """Added to every batch time until the margin is learned (``executor_tail``)."""
         self._ratios: deque[float] = deque(maxlen=window)
 
     def observe(self, measured_ms: float, profiled_ms: float) -> None:
@@ -40,25 +43,30 @@ class LatencyMargin:
             self._ratios.append(measured_ms / profiled_ms)
 
     def refresh(self) -> bool:
-        """Recompute from the window; True when the margin moved enough to replan."""
+        """Recompute from the window; True when the margin moved enough to replan (or
+        the start-up delay gave way to it)."""
         if len(self._ratios) < self.min_samples:
             return False
+        started, self.start_delay_ms = self.start_delay_ms, 0.0
         ratios = sorted(self._ratios)
         value = ratios[min(len(ratios) - 1, int(self.quantile * len(ratios)))]
         margin = max(0.0, value - 1.0)
         # Small moves are noise: replanning for them would only churn batch sizes.
         if abs(margin - self.margin) <= 0.02 + 0.1 * self.margin:
-            return False
+            return started > 0
         self.margin = margin
         return True
 
 
-def scaled_profile(profile: BatchingProfile, margin: float) -> BatchingProfile:
-    """``profile`` with every batch's latency multiplied by ``1 + margin``."""
-    if margin <= 0:
+def scaled_profile(profile: BatchingProfile, margin: float,
+                   delay_ms: float = 0.0) -> BatchingProfile:
+    """``profile`` with every batch's latency multiplied by ``1 + margin``, plus
+    ``delay_ms``."""
+    if margin <= 0 and delay_ms <= 0:
         return profile
-    factor = 1.0 + margin
-    rows = [(b, profile.latency_ms(b) * factor) for b in range(1, profile.max_batch + 1)]
+    factor = 1.0 + max(margin, 0.0)
+    rows = [(b, profile.latency_ms(b) * factor + max(delay_ms, 0.0))
+            for b in range(1, profile.max_batch + 1)]
     return BatchingProfile.from_table(profile.model, profile.gpu_type, rows, profile.memory_mib)
 
 

@@ -11,11 +11,16 @@ which relieves the executor and the request path for the rest.
 The rule, reviewed once per rate window from the session's own outcomes at the
 server (not from a model of the host, so whatever made the host busier counts):
 
-- more than ``1 - target`` of the last ``window`` requests missed: halve the held
-  rate (below ``min_rps``: hold none) and start a new window;
-- no miss since the last change, at least ``cooldown_ms`` ago, over a quarter
-  window of requests (or none held): raise the held rate by half (at least to
-  ``min_rps``), up to the admitted rate.
+- more than ``overload`` (half) of the window's requests missed: the host cannot
+  serve this rate at all, so halve the held rate (below ``min_rps``: hold none)
+  and start a new window. A scale-down sheds half of the session's requests, so
+  it pays only where more than that are lost anyway; fewer misses (a noisy host
+  makes a few requests late) are each dropped where they cannot meet their
+  deadline, and cost the session nothing else (best effort gives way for them
+  first, ``sacrifice.py``);
+- misses within ``1 - target`` since the last change, at least ``cooldown_ms``
+  ago, over a quarter window of requests (or none held): raise the held rate by
+  half (at least to ``min_rps``), up to the admitted rate.
 
 The held rate is enforced by a token bucket (``burst_s`` seconds of tokens).
 Not thread-safe: the runtime calls it under its lock.
@@ -43,6 +48,8 @@ class HoldRule:
     min_rps: float = 1.0
     cooldown_ms: float = 5000.0
     burst_s: float = 0.5
+    overload: float = 0.5
+    """Share of a window missed beyond which the rate cannot be held (scale down)."""
 
 
 class Hold:
@@ -100,11 +107,18 @@ class Hold:
         rule, seen = self.rule, self._outcomes
         return len(seen) >= rule.window * 0.25 and sum(seen) > (1.0 - rule.target) * rule.window
 
+    def overloaded(self) -> bool:
+        """More than ``overload`` of the window missed (over at least a quarter of it):
+        the host cannot serve this rate, and shedding half saves more than it costs."""
+        rule, seen = self.rule, self._outcomes
+        return len(seen) >= rule.window * 0.25 and sum(seen) > rule.overload * len(seen)
+
     def may_raise(self, now_ms: float) -> bool:
-        """Scaled down, no miss since the last change, the cool-down passed, and a quarter
-        window answered (or none held, so none could be)."""
+        """Scaled down, misses within the target since the last change, the cool-down
+        passed, and a quarter window answered (or none held, so none could be)."""
         seen = self._outcomes
-        return (self.reason is not None and not any(seen)
+        return (self.reason is not None
+                and sum(seen) <= (1.0 - self.rule.target) * self.rule.window
                 and now_ms - self._changed_ms >= self.rule.cooldown_ms
                 and (len(seen) >= self.rule.window * 0.25 or self.rate_rps == 0.0))
 
@@ -134,7 +148,7 @@ class Hold:
         """Scale down or back up by the rule, this session alone; True when the held rate
         changed. ``why``: the host's state now, for the reason shown with a scale-down.
         (A server with several sessions decides who gives way: ``sacrifice.py``.)"""
-        if self.over_target():
+        if self.overloaded():
             self.scale_down(now_ms, f"HostBusier: {self.missed()} of the last "
                                     f"{len(self._outcomes)} requests missed their deadline "
                                     f"at the server ({why})")

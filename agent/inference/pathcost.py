@@ -207,17 +207,22 @@ def calibrate(repeats: int = 40, quantile: float = 0.9,
     A request crosses threads four times (the accept loop to a worker, the worker to
     the executor, the executor to a post-processing thread, that thread back to the
     worker); on a busy host each crossing waits for a core, so the tail of one
-    crossing (99th percentile of 5x ``repeats``) is counted four times."""
+    crossing (99th percentile of 5x ``repeats``) is counted four times. The tail is
+    timed with the setter still running Python, as a worker or the executor loop is
+    after a hand-off while serving: the woken thread then also waits for the
+    interpreter lock (up to ``sys.getswitchinterval()``), which an idle hand-off
+    never shows (0.04 ms idle against 8-28 ms observed crossings on a 2-core host)."""
     connect = _connections(repeats)
     small, large = 64, 256 * 1024
     decode_small = _codec(small // 4, repeats)
     decode_large = _codec(large // 4, max(repeats // 4, 5))
-    wake = _wakeups(5 * repeats)
+    wake = _wakeups(repeats)
+    loaded = _wakeups(5 * repeats, busy=True)
     body = encode_npy(np.zeros((1, small // 4), np.float32))
     framework = _timed(lambda: probe(body), repeats) if probe else [0.0]
     per_kib = max(0.0, (_median(decode_large) - _median(decode_small)) / ((large - small) / 1024))
     q = lambda xs: _quantile(deque(xs), quantile)  # noqa: E731
-    tail = _quantile(deque(wake), 0.99)
+    tail = _quantile(deque(loaded), 0.99)
     return PathFigures(front_ms=q(connect) + q(framework) + q(decode_small) + 2 * tail,
                        back_ms=2 * tail + q(decode_small) / 2,
                        cpu_ms=_median(connect) + _median(framework) + _median(decode_small)
@@ -291,8 +296,11 @@ def _codec(floats: int, repeats: int) -> list[float]:
     return took
 
 
-def _wakeups(repeats: int) -> list[float]:
-    """How long a thread waiting on an event takes to run once it is set (ms each)."""
+def _wakeups(repeats: int, busy: bool = False) -> list[float]:
+    """How long a thread waiting on an event takes to run once it is set (ms each).
+    ``busy``: the setter goes on running Python, as a worker or the executor loop does
+    after handing a result over, so the woken thread also waits for the interpreter
+    lock (up to ``sys.getswitchinterval()``)."""
     go, back = threading.Event(), threading.Event()
     woke: list[float] = []
 
@@ -309,6 +317,8 @@ def _wakeups(repeats: int) -> list[float]:
     for _ in range(repeats):
         set_at = time.perf_counter()
         go.set()
+        while busy and not back.is_set() and time.perf_counter() - set_at < 5.0:
+            sum(range(100))
         if not back.wait(timeout=5):
             break
         back.clear()

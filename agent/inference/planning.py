@@ -48,7 +48,7 @@ class Planning:
 
     def planned(self, profile: BatchingProfile) -> BatchingProfile:
         """The profile as planning sees it: scaled by the learned latency margin."""
-        return scaled_profile(profile, self.margin.margin)
+        return scaled_profile(profile, self.margin.margin, self.margin.start_delay_ms)
 
     def profile_map(self, sessions: Iterable[SloState]) -> dict[tuple[str, str], BatchingProfile]:
         return {(s.spec.model, self._config.gpu_type): self.planned(s.profile) for s in sessions}

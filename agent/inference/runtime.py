@@ -425,6 +425,7 @@ class ServingRuntime:
                 "probe_slices": exe.probe_slices,
                 "probe_max_ms": exe.probe_max_ms,
                 "latency_margin": pl.margin.margin,
+                "latency_start_delay_ms": pl.margin.start_delay_ms,
                 "replans_refused": pl.replans_refused,
                 "overrun_headroom_ms": pl.overrun_headroom_ms,
                 "best_effort_throttle": pl.sacrifice.best_effort.to_json(),

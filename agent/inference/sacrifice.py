@@ -9,12 +9,16 @@ a whole (a busy host is shared: whichever session missed, any load shed relieves
    ``MIN_REQUESTS``), the share of executor time best-effort segments may take halves;
    a session's misses beyond the hold target (``Hold.over_target``) cut it to none,
    and the SLO sessions lose nothing;
-2. only with best effort at none are SLO sessions scaled down, lowest ``priority``
+2. only with best effort at none, and only where a session lost more than half of
+   its window (``Hold.overloaded``: the host cannot serve the rate, so shedding half
+   saves more than it costs), are SLO sessions scaled down, lowest ``priority``
    first; among equals one that missed, else the one registered last (what the
    server admitted first comes first), each with the reason: who missed, and the
-   host then;
-3. back up in the reverse order, one step per cool-down with no new miss anywhere:
-   SLO sessions highest priority first, then best effort's share doubles to all.
+   host then. Fewer misses shed nothing more: each request is dropped only where it
+   cannot meet its deadline;
+3. back up in the reverse order, one step per cool-down while no session misses
+   beyond the target: SLO sessions highest priority first, then best effort's
+   share doubles to all.
 
 Olympian's priority and Nexus's admission exist to keep the work a server admitted
 with a promise from being shed for work it admitted without one. Pure: the
@@ -132,19 +136,22 @@ class Sacrifice:
     def review(self, now_ms: float, slo: Sequence[Held], best_effort: bool, why: str) -> bool:
         """One rate window's decision; True when a promise changed. ``best_effort``:
         whether a best-effort job is registered; ``why``: the host now, for reasons."""
-        new = self._count(slo)
+        self._count(slo)
         over = [h for h in slo if h.hold.over_target()]
-        if over:
-            text = "HostBusier: " + ", ".join(
-                f"{h.hold.missed()} of the last {h.hold.window_seen()} requests of {h.name}"
-                for h in over) + f" missed their deadline at the server ({why})"
+        if over and best_effort and not self.best_effort.stopped:
+            text = _busier(over, why)
             for h in over:
                 h.hold.restart(now_ms)
             self._changed_ms = now_ms
-            if best_effort and not self.best_effort.stopped:
-                self.best_effort.cut(now_ms, f"{text}: best effort gives way first", True)
-                self._since.clear()
-                return True
+            self.best_effort.cut(now_ms, f"{text}: best effort gives way first", True)
+            self._since.clear()
+            return True
+        over = [h for h in over if h.hold.overloaded()]
+        if over:
+            text = _busier(over, why)
+            for h in over:
+                h.hold.restart(now_ms)
+            self._changed_ms = now_ms
             victim = self._lowest(slo, over)
             if victim is None:
                 return False
@@ -162,13 +169,12 @@ class Sacrifice:
             self._changed_ms = now_ms
             self._since.clear()
             return True
-        if any(new):
+        if any(h.hold.over_target() for h in slo):
             return False
         return self._recover(now_ms, slo, best_effort)
 
-    def _count(self, slo: Sequence[Held]) -> list[str]:
-        """The sessions with misses since the last review; what came since is added up."""
-        new = []
+    def _count(self, slo: Sequence[Held]) -> None:
+        """Add up each session's misses and outcomes since the last review."""
         for h in slo:
             misses, outcomes = self._seen.get(h.name, (0, 0))
             dm, do = h.hold.misses_total - misses, h.hold.outcomes_total - outcomes
@@ -176,9 +182,6 @@ class Sacrifice:
             since = self._since.setdefault(h.name, [0, 0])
             since[0] += dm
             since[1] += do
-            if dm:
-                new.append(h.name)
-        return new
 
     def _recover(self, now_ms: float, slo: Sequence[Held], best_effort: bool) -> bool:
         if now_ms - self._changed_ms < self.cooldown_ms:
@@ -207,3 +210,10 @@ class Sacrifice:
         if not holding:
             return None
         return min(holding, key=lambda ih: (ih[1].priority, ih[1] not in over, -ih[0]))[1]
+
+
+def _busier(over: Sequence[Held], why: str) -> str:
+    """The reason a review gives: who missed how much, and the host then."""
+    return "HostBusier: " + ", ".join(
+        f"{h.hold.missed()} of the last {h.hold.window_seen()} requests of {h.name}"
+        for h in over) + f" missed their deadline at the server ({why})"

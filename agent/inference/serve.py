@@ -16,6 +16,7 @@ from agent.inference.auth import ADMIN_TOKEN_ENV, AdminGuard, AdminToken, is_loo
 from agent.inference.batch_formation import DropPolicy
 from agent.inference.batching_profiles import load_profiles
 from agent.inference.clock import MonotonicClock
+from agent.inference.executor_tail import start_delay_ms
 from agent.inference.executors import Executor, ModelLimits, OrtExecutor, SimExecutor
 from agent.inference.pathcost import (
     HostLimits,
@@ -60,6 +61,12 @@ class ServeOptions:
     max_tensor_bytes: int = ModelLimits.max_tensor_bytes
     """a model's largest tensor (shape inference) at the largest batch, checked likewise"""
 
+
+GIL_SWITCH_S = 0.001
+"""How long one thread of the server may hold the interpreter lock while another waits
+(Python's default is 5 ms). Every request crosses threads four times; with HTTP workers
+busy, each crossing waited up to the 5 ms for the lock (8-15 ms crossing tails on a
+2-core host), more than a tight SLO's slack. 1 ms trades a few more switches for it."""
 
 _POLL_SECONDS = 0.2
 _JOIN_SECONDS = 10.0
@@ -164,7 +171,11 @@ def serve_forever(runtime: ServingRuntime, options: ServeOptions,
     app = create_app(runtime, max_body_bytes=options.max_body_bytes, admin=admin,
                      freeze_gc=True)
     server = http_server(app, options)
+    sys.setswitchinterval(GIL_SWITCH_S)  # before calibrating: the path it measures
     runtime.path_cost.recalibrate(calibrate(probe=framework_probe(app)))
+    if runtime.config.learn_latency_margin and getattr(runtime.executor, "device", None) == "cpu":
+        runtime.margin.start_delay_ms = start_delay_ms(runtime.executor,
+                                                       runtime.config.latency_quantile)
     settle_heap()
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():

@@ -10,8 +10,9 @@ administrative client, so a session no pod asks for is removed. With an
 servers answer 401 without it); the listing is open and sent without it.
 
 Session name: ``<namespace>.<pod name>`` (namespaces have no dots, so it is
-unambiguous and URL-safe). Body: ``{"name", "model", "slo_ms", "rate_rps"}`` when
-the pod has ``tandem.io/slo-ms`` and ``tandem.io/rate-rps``, else the best-effort
+unambiguous and URL-safe). Body: ``{"name", "model", "slo_ms", "rate_rps"}`` (and
+``"priority"`` where given) when the pod has ``tandem.io/slo-ms`` and
+``tandem.io/rate-rps``, else the best-effort
 ``{"name", "model", "priority"}`` or ``{"name", "model", "weight"}`` (default 1).
 The annotations are read by :func:`contracts.annotations.parse_inputs`, the
 extender's validator: a pod it would reject (an SLO without a rate, a weight
@@ -84,6 +85,8 @@ def session_spec(pod: PodPlacement) -> SessionSpec:
     body: dict[str, Any] = {"name": session_name(pod), "model": inputs.model}
     if inputs.slo_ms is not None and inputs.rate_rps is not None:
         body.update(slo_ms=inputs.slo_ms, rate_rps=inputs.rate_rps)
+        if inputs.priority is not None:  # the server's order of sacrifice reads it
+            body["priority"] = inputs.priority
     elif inputs.priority is not None:
         body["priority"] = inputs.priority
     else:
