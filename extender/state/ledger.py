@@ -105,20 +105,38 @@ class ClusterState:
         self._epoch = 0
         self._source_types: dict[str, frozenset[str]] = {}
         self._synced = False
+        self._published: tuple | None = None
+        """The parts the last snapshot handed out; None once a writer changed any (it drops
+        the tuple first, so the reference counts below count live snapshots only)."""
+        self._next_expiry = float("inf")
+        """The earliest deadline of an assumed placement (snapshot() drops it once passed)."""
         self.handoffs = HandoffGate(clock)
         """Pods waiting for the device plugin's hand-off (``handoff.mode: device-plugin``)."""
 
     # ---- snapshot and assume ---------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        """The cluster as it is now, frozen (assumed placements past their deadline dropped)."""
+        """The cluster as it is now, frozen (assumed placements past their deadline dropped).
+
+        Lock-free unless a writer ran since the last snapshot or a deadline passed: the parts
+        are published as one tuple (a single attribute read under the GIL), so decisions,
+        agent reports and ``/v1/state`` never queue behind a writer for their snapshot."""
         policy, knowledge = self.beliefs.current()
-        with self._lock:
-            now = self.now()
-            for uid in self._ledger.expired(now):
-                self._drop(uid)
-            return Snapshot(self._table, policy, now, self._ledger, knowledge,
-                            self._generations, self._epoch, self._synced,
-                            self._source_types)
+        now = self.now()
+        parts = self._published
+        if parts is None or now >= self._next_expiry:
+            with self._lock:
+                now = self.now()
+                if now >= self._next_expiry:
+                    for uid in self._ledger.expired(now):
+                        self._drop(uid)
+                    self._next_expiry = self._ledger.next_deadline()
+                parts = self._published
+                if parts is None:
+                    parts = self._published = (self._table, self._ledger, self._generations,
+                                               self._epoch, self._synced, self._source_types)
+        table, ledger, generations, epoch, synced, source_types = parts
+        return Snapshot(table, policy, now, ledger, knowledge, generations, epoch, synced,
+                        source_types)
 
     def assume(self, stamp: tuple[int, int], placement: Placement,
                replacing: str | None = None) -> bool:
@@ -159,14 +177,18 @@ class ClusterState:
         return [t.gpus[row] for row in t.node_rows(node)]
 
     # ---- copy on write ---------------------------------------------------------------
-    def _writable(self, placements: bool = True) -> None:
+    def _writable(self, placements: bool = True, table: bool = True) -> None:
         """Copy what a live snapshot still holds of the parts this write changes, and only
         that: an agent report the observation columns (a few arrays), a placement also the
-        reservation columns, their per-row maps and the ledger's entries. A part nobody
-        else holds any more (its snapshots are gone: CPython's reference count says so) is
-        written in place, so a write between two decisions copies nothing."""
-        fields = _OBSERVED + (_PLACED if placements else ())
-        if sys.getrefcount(self._table) > _OWNED:  # a snapshot holds this table object
+        reservation columns, their per-row maps and the ledger's entries, a deadline only the
+        ledger. A part nobody else holds any more (its snapshots are gone: CPython's
+        reference count says so) is written in place, so a write between two decisions
+        copies nothing."""
+        self._published = None  # first: the published tuple is not a live snapshot
+        fields = (_OBSERVED + (_PLACED if placements else ())) if table else ()
+        if not fields:
+            pass
+        elif sys.getrefcount(self._table) > _OWNED:  # a snapshot holds this table object
             self._table = dataclasses.replace(
                 self._table, **{f: getattr(self._table, f).copy() for f in fields})
         else:  # an older table object (in a snapshot) may still share some columns
@@ -175,7 +197,7 @@ class ClusterState:
                     setattr(self._table, f, getattr(self._table, f).copy())
         if placements and sys.getrefcount(self._ledger) > _OWNED:
             self._ledger = self._ledger.copy()
-        if sys.getrefcount(self._generations) > _OWNED:
+        if table and sys.getrefcount(self._generations) > _OWNED:
             self._generations = dict(self._generations)
 
     def _bump(self, node: str) -> None:
@@ -185,6 +207,7 @@ class ClusterState:
     def mark_synced(self) -> None:
         """The source finished its first full sync (nodes and bound pods are in)."""
         with self._lock:
+            self._published = None
             self._synced = True
 
     def set_nodes(self, nodes: Iterable[NodeSpec]) -> None:
@@ -212,7 +235,7 @@ class ClusterState:
         for report in self._inventory.reports():
             if report.node in table.node_index:
                 table.observe(report.node, report.observations())
-        self._writable()  # the new table is this writer's own; the ledger may be shared
+        self._published = None  # a new table: nothing of the old one is written again
         for p in self._ledger.all():  # after the samples: each is stamped against them
             try:
                 table.place(p, self._ledger.applied_at(p.pod_uid))
@@ -272,14 +295,18 @@ class ClusterState:
     def finish_binding(self, uid: str) -> None:
         """The bind call returned: start the assumed placement's expiry clock."""
         with self._lock:
-            self._writable()
-            self._ledger.start_deadline(uid, self.now())
+            self._writable(table=False)  # a deadline: the ledger's entries only
+            deadline = self._ledger.start_deadline(uid, self.now())
+            if deadline is not None:
+                self._next_expiry = min(self._next_expiry, deadline)
 
     def expire(self) -> list[Placement]:
         """Drop assumed placements whose deadline passed without confirmation."""
         with self._lock:
             gone = self._ledger.expired(self.now())
-            return [p for p in (self._drop(uid) for uid in gone) if p is not None]
+            dropped = [p for p in (self._drop(uid) for uid in gone) if p is not None]
+            self._next_expiry = self._ledger.next_deadline()
+            return dropped
 
     # ---- agent reports ---------------------------------------------------------------
     def report(self, node: str, gpus: Sequence[GpuSpec], util_percent: Sequence[float],

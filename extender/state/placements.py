@@ -23,6 +23,11 @@ class PlacementLedger:
         self._applied_at: dict[str, float] = {}
         """When each entry was first applied: a rebuild re-stamps it, so placements newer
         than an agent's sample still count on top of it (``extender.core.cost``)."""
+        self._by_node: dict[str, tuple[str, ...]] = {}
+        """Per node, the UIDs of its entries (tuples, replaced rather than changed, so that
+        :meth:`copy` may share them): ``/v1/state?node=`` reads one node's, not all."""
+        self._untrusted = 0
+        """Placed entries without a recorded decision (``Placement.trusted`` False)."""
 
     def copy(self) -> PlacementLedger:
         """A copy for the writer when a snapshot holds this ledger. The first-applied times
@@ -30,6 +35,7 @@ class PlacementLedger:
         other = PlacementLedger(self.ttl)
         other._placed, other._assumed = dict(self._placed), dict(self._assumed)
         other._applied_at = self._applied_at
+        other._by_node, other._untrusted = dict(self._by_node), self._untrusted
         return other
 
     # ---- reads ---------------------------------------------------------------------
@@ -48,6 +54,21 @@ class PlacementLedger:
     def counts(self) -> tuple[int, int]:
         """(placed, assumed)."""
         return len(self._placed), len(self._assumed)
+
+    def untrusted(self) -> int:
+        """Placed entries without a recorded decision."""
+        return self._untrusted
+
+    def on_node(self, node: str) -> list[tuple[str, Placement]]:
+        """("placed" or "assumed", placement) of the entries on ``node``: O(its entries)."""
+        out = []
+        for uid in self._by_node.get(node, ()):
+            p = self._placed.get(uid)
+            if p is not None:
+                out.append(("placed", p))
+            elif uid in self._assumed:
+                out.append(("assumed", self._assumed[uid][0]))
+        return out
 
     def applied_at(self, uid: str) -> float | None:
         """When the pod's entry was first applied (None: unknown pod)."""
@@ -85,24 +106,46 @@ class PlacementLedger:
     def drop(self, uid: str) -> Placement | None:
         """Forget the pod; returns what it held."""
         p = self._placed.pop(uid, None)
-        if p is None:
+        if p is not None:
+            self._untrusted -= not p.trusted
+        else:
             entry = self._assumed.pop(uid, None)
             p = entry[0] if entry else None
         self._applied_at.pop(uid, None)
+        if p is not None:
+            rest = tuple(u for u in self._by_node.get(p.node, ()) if u != uid)
+            if rest:
+                self._by_node[p.node] = rest
+            else:
+                self._by_node.pop(p.node, None)
         return p
+
+    def _index(self, p: Placement) -> None:
+        self._by_node[p.node] = (*self._by_node.get(p.node, ()), p.pod_uid)
 
     def place(self, p: Placement, applied_at: float) -> None:
         """Record a confirmed placement (the caller dropped any earlier entry)."""
         self._placed[p.pod_uid] = p
         self._applied_at[p.pod_uid] = applied_at
+        self._untrusted += not p.trusted
+        self._index(p)
 
     def assume(self, p: Placement, applied_at: float) -> None:
         """Record a placement whose bind is in flight (no deadline yet)."""
         self._assumed[p.pod_uid] = (p, None)
         self._applied_at[p.pod_uid] = applied_at
+        self._index(p)
 
-    def start_deadline(self, uid: str, now: float) -> None:
-        """The bind call returned: the assumed entry expires ``ttl`` after ``now``."""
+    def start_deadline(self, uid: str, now: float) -> float | None:
+        """The bind call returned: the assumed entry expires ``ttl`` after ``now`` (returned;
+        None for a pod not assumed)."""
         entry = self._assumed.get(uid)
-        if entry is not None:
-            self._assumed[uid] = (entry[0], now + self.ttl)
+        if entry is None:
+            return None
+        self._assumed[uid] = (entry[0], now + self.ttl)
+        return now + self.ttl
+
+    def next_deadline(self) -> float:
+        """The earliest deadline of an assumed entry (infinity when none has one)."""
+        return min((d for _, d in self._assumed.values() if d is not None),
+                   default=float("inf"))
