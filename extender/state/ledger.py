@@ -122,21 +122,26 @@ class ClusterState:
         agent reports and ``/v1/state`` never queue behind a writer for their snapshot."""
         policy, knowledge = self.beliefs.current()
         now = self.now()
-        parts = self._published
-        if parts is None or now >= self._next_expiry:
-            with self._lock:
-                now = self.now()
-                if now >= self._next_expiry:
-                    for uid in self._ledger.expired(now):
-                        self._drop(uid)
-                    self._next_expiry = self._ledger.next_deadline()
-                parts = self._published
-                if parts is None:
-                    parts = self._published = (self._table, self._ledger, self._generations,
-                                               self._epoch, self._synced, self._source_types)
-        table, ledger, generations, epoch, synced, source_types = parts
+        table, ledger, generations, epoch, synced, source_types = self._parts(now)
         return Snapshot(table, policy, now, ledger, knowledge, generations, epoch, synced,
                         source_types)
+
+    def _parts(self, now: float) -> tuple:
+        """The published parts (table, ledger, generations, epoch, synced, source types),
+        published again under the lock after a write or once a deadline passed."""
+        parts = self._published
+        if parts is not None and now < self._next_expiry:
+            return parts
+        with self._lock:
+            if now >= self._next_expiry:
+                for uid in self._ledger.expired(now):
+                    self._drop(uid)
+                self._next_expiry = self._ledger.next_deadline()
+            parts = self._published
+            if parts is None:
+                parts = self._published = (self._table, self._ledger, self._generations,
+                                           self._epoch, self._synced, self._source_types)
+            return parts
 
     def assume(self, stamp: tuple[int, int], placement: Placement,
                replacing: str | None = None) -> bool:
@@ -160,9 +165,9 @@ class ClusterState:
 
     # ---- reads the cluster source uses -----------------------------------------------
     def placement_of(self, uid: str) -> Placement | None:
-        """The pod's placement, placed or assumed."""
-        with self._lock:
-            return self._ledger.get(uid)
+        """The pod's placement, placed or assumed (from the published parts: no lock while
+        nothing changed; the record writer asks this for every entry it keeps)."""
+        return self._parts(self.now())[1].get(uid)
 
     def is_known(self, uid: str) -> bool:
         """True when the pod is placed or assumed."""
