@@ -273,3 +273,27 @@ def test_one_node_state_lists_what_the_full_document_lists_for_it():
     assert (full.placed, full.assumed, full.untrusted) == (2, 1, 1)
     assert document(state.snapshot(), node="n2").nodes[0].gpus[0].pods[0].pod is not None
     assert document(state.snapshot(), node="n9").nodes == ()
+
+
+def test_confirming_what_bind_assumed_changes_only_the_ledger():
+    state = state_with([node("n1", 2)])
+    snap = state.snapshot()
+    p = place(snap, "n1", demand(10, 5000, list(snap.table.type_names)), None, "u1",
+              "ns/one").placement
+    assert state.assume(snap.stamp("n1"), p)
+    state.finish_binding("u1")
+    held = state.snapshot()  # a live snapshot (a filter's): a table write would copy
+    state.confirm(dataclasses.replace(p, annotations=(("tandem.io/gpu-index", "0"),)))
+    after = state.snapshot()
+    assert after.table is held.table and after.stamp("n1") == held.stamp("n1")
+    assert after.placement_of("u1").annotations == (("tandem.io/gpu-index", "0"),)
+    assert held.placement_of("u1").annotations == p.annotations  # the old one unchanged
+    state.expire()
+    assert state.snapshot().placement_of("u1") is not None  # placed: no deadline any more
+    q = dataclasses.replace(p, pod_uid="u2", pod="ns/two")
+    assert state.assume(state.snapshot().stamp("n1"), q)
+    other = 1 - q.gpu_indices[0]
+    state.confirm(dataclasses.replace(q, gpu_indices=(other,), gpu_uuids=()))  # not as assumed
+    assert state.snapshot().table.reserved_mib[other] == 5000
+    assert state.snapshot().table.reserved_mib.sum() == 10000
+    assert state.snapshot().stamp("n1") != held.stamp("n1")

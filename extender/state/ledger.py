@@ -56,6 +56,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
+from contracts.annotations import MODEL
 from extender.core import (
     CostPolicy,
     GpuSpec,
@@ -271,6 +272,13 @@ class ClusterState:
     def confirm(self, p: Placement) -> None:
         """The source shows the pod bound with these annotations: it is placed."""
         with self._lock:
+            if _same_on_gpus(self._ledger.assumed_as(p.pod_uid), p):
+                # What bind assumed, as the watch shows it bound: the table already holds
+                # it, so only the ledger's entries change (no column copied, no generation
+                # bumped: binds racing for the node keep their decisions).
+                self._writable(table=False)
+                self._ledger.settle(p)
+                return
             # An assumed pod keeps its bind time: a sample taken since then may show it.
             applied_at = self._ledger.applied_at(p.pod_uid)
             self._writable()
@@ -298,9 +306,9 @@ class ClusterState:
             return [p for p in (self._drop(uid) for uid in gone) if p is not None]
 
     def finish_binding(self, uid: str) -> None:
-        """The bind call returned: start the assumed placement's expiry clock."""
+        """The bind call returned: start the assumed placement's expiry clock (only the
+        writer reads deadlines: nothing a snapshot holds changes, nothing is copied)."""
         with self._lock:
-            self._writable(table=False)  # a deadline: the ledger's entries only
             deadline = self._ledger.start_deadline(uid, self.now())
             if deadline is not None:
                 self._next_expiry = min(self._next_expiry, deadline)
@@ -326,3 +334,11 @@ class ClusterState:
                 self._writable(placements=False)
                 self._bump(node)
                 self._table.observe(node, report.observations())
+
+
+def _same_on_gpus(assumed: Placement | None, p: Placement) -> bool:
+    """Whether confirming ``p`` leaves the GPU table as ``assumed`` left it: same decision
+    (GPUs with their UUIDs, demand, kind), both trusted, same model (pairwise rows)."""
+    return assumed is not None and assumed == p and assumed.gpus == p.gpus \
+        and assumed.trusted and p.trusted \
+        and dict(assumed.annotations).get(MODEL) == dict(p.annotations).get(MODEL)

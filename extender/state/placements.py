@@ -19,7 +19,10 @@ class PlacementLedger:
     def __init__(self, assume_ttl_seconds: float):
         self.ttl = assume_ttl_seconds
         self._placed: dict[str, Placement] = {}
-        self._assumed: dict[str, tuple[Placement, float | None]] = {}
+        self._assumed: dict[str, Placement] = {}
+        self._deadlines: dict[str, float] = {}
+        """Per assumed pod whose bind call returned, when it expires unless confirmed: only
+        the writer reads them, so copies share them and starting one copies nothing."""
         self._applied_at: dict[str, float] = {}
         """When each entry was first applied: a rebuild re-stamps it, so placements newer
         than an agent's sample still count on top of it (``extender.core.cost``)."""
@@ -31,10 +34,11 @@ class PlacementLedger:
 
     def copy(self) -> PlacementLedger:
         """A copy for the writer when a snapshot holds this ledger. The first-applied times
-        stay shared: only the writer reads them (a snapshot reads the entries alone)."""
+        and the deadlines stay shared: only the writer reads them (a snapshot reads the
+        entries alone)."""
         other = PlacementLedger(self.ttl)
         other._placed, other._assumed = dict(self._placed), dict(self._assumed)
-        other._applied_at = self._applied_at
+        other._applied_at, other._deadlines = self._applied_at, self._deadlines
         other._by_node, other._untrusted = dict(self._by_node), self._untrusted
         return other
 
@@ -45,7 +49,7 @@ class PlacementLedger:
 
     def assumed(self) -> list[Placement]:
         """Placements whose bind is in flight or awaiting confirmation."""
-        return [p for p, _ in self._assumed.values()]
+        return list(self._assumed.values())
 
     def all(self) -> list[Placement]:
         """Placed, then assumed."""
@@ -67,7 +71,7 @@ class PlacementLedger:
             if p is not None:
                 out.append(("placed", p))
             elif uid in self._assumed:
-                out.append(("assumed", self._assumed[uid][0]))
+                out.append(("assumed", self._assumed[uid]))
         return out
 
     def applied_at(self, uid: str) -> float | None:
@@ -78,28 +82,29 @@ class PlacementLedger:
         """Placed or assumed."""
         return uid in self._placed or uid in self._assumed
 
+    def assumed_as(self, uid: str) -> Placement | None:
+        """The pod's assumed placement (None: not assumed)."""
+        return self._assumed.get(uid)
+
     def is_assumed(self, uid: str) -> bool:
         """Assumed (not yet confirmed)."""
         return uid in self._assumed
 
     def get(self, uid: str) -> Placement | None:
         """The pod's placement, placed or assumed."""
-        entry = self._assumed.get(uid)
-        return self._placed.get(uid) or (entry[0] if entry else None)
+        return self._placed.get(uid) or self._assumed.get(uid)
 
     def expired(self, now: float) -> list[str]:
         """Assumed pods whose deadline passed without confirmation."""
-        return [uid for uid, (_, deadline) in self._assumed.items()
-                if deadline is not None and deadline <= now]
+        return [uid for uid, deadline in self._deadlines.items() if deadline <= now]
 
     def missing_from(self, uids: set[str], listed_at: float | None) -> list[str]:
         """Pods a relist showing ``uids`` bound at ``listed_at`` proves gone: placed ones,
         and assumed ones whose bind call had returned before the list was taken."""
         gone = [uid for uid in self._placed if uid not in uids]
         if listed_at is not None:
-            gone += [uid for uid, (_, deadline) in self._assumed.items()
-                     if uid not in uids and deadline is not None
-                     and deadline - self.ttl < listed_at]
+            gone += [uid for uid, deadline in self._deadlines.items()
+                     if uid not in uids and deadline - self.ttl < listed_at]
         return gone
 
     # ---- writes --------------------------------------------------------------------
@@ -109,9 +114,9 @@ class PlacementLedger:
         if p is not None:
             self._untrusted -= not p.trusted
         else:
-            entry = self._assumed.pop(uid, None)
-            p = entry[0] if entry else None
+            p = self._assumed.pop(uid, None)
         self._applied_at.pop(uid, None)
+        self._deadlines.pop(uid, None)
         if p is not None:
             rest = tuple(u for u in self._by_node.get(p.node, ()) if u != uid)
             if rest:
@@ -130,22 +135,28 @@ class PlacementLedger:
         self._untrusted += not p.trusted
         self._index(p)
 
+    def settle(self, p: Placement) -> None:
+        """The assumed entry of ``p``'s pod is confirmed as ``p`` (same GPUs and demand):
+        placed, keeping when it was first applied."""
+        del self._assumed[p.pod_uid]
+        self._deadlines.pop(p.pod_uid, None)
+        self._placed[p.pod_uid] = p
+        self._untrusted += not p.trusted
+
     def assume(self, p: Placement, applied_at: float) -> None:
         """Record a placement whose bind is in flight (no deadline yet)."""
-        self._assumed[p.pod_uid] = (p, None)
+        self._assumed[p.pod_uid] = p
         self._applied_at[p.pod_uid] = applied_at
         self._index(p)
 
     def start_deadline(self, uid: str, now: float) -> float | None:
         """The bind call returned: the assumed entry expires ``ttl`` after ``now`` (returned;
         None for a pod not assumed)."""
-        entry = self._assumed.get(uid)
-        if entry is None:
+        if uid not in self._assumed:
             return None
-        self._assumed[uid] = (entry[0], now + self.ttl)
+        self._deadlines[uid] = now + self.ttl
         return now + self.ttl
 
     def next_deadline(self) -> float:
         """The earliest deadline of an assumed entry (infinity when none has one)."""
-        return min((d for _, d in self._assumed.values() if d is not None),
-                   default=float("inf"))
+        return min(self._deadlines.values(), default=float("inf"))
