@@ -280,7 +280,9 @@ def test_confirming_what_bind_assumed_changes_only_the_ledger():
     snap = state.snapshot()
     p = place(snap, "n1", demand(10, 5000, list(snap.table.type_names)), None, "u1",
               "ns/one").placement
-    assert state.assume(snap.stamp("n1"), p)
+    placed = state.snapshot().placements._placed  # type: ignore[attr-defined]
+    assert state.assume(snap.stamp("n1"), p)  # beside a live snapshot: ...
+    assert state.snapshot().placements._placed is placed  # ... the placed entries not copied
     state.finish_binding("u1")
     held = state.snapshot()  # a live snapshot (a filter's): a table write would copy
     state.confirm(dataclasses.replace(p, annotations=(("tandem.io/gpu-index", "0"),)))

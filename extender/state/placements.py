@@ -8,6 +8,7 @@ applies each change to the GPU table. Not thread-safe on its own.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 
 from extender.core import Placement
@@ -37,10 +38,20 @@ class PlacementLedger:
         and the deadlines stay shared: only the writer reads them (a snapshot reads the
         entries alone)."""
         other = PlacementLedger(self.ttl)
-        other._placed, other._assumed = dict(self._placed), dict(self._assumed)
+        # The entry maps stay shared until the copy writes one (:meth:`_own`): a bind's
+        # assume copies the few assumed entries, not every placed one.
+        other._placed, other._assumed, other._by_node = self._placed, self._assumed, \
+            self._by_node
         other._applied_at, other._deadlines = self._applied_at, self._deadlines
-        other._by_node, other._untrusted = dict(self._by_node), self._untrusted
+        other._untrusted = self._untrusted
         return other
+
+    def _own(self, *names: str) -> None:
+        """Copy the maps among ``names`` that another ledger (or a reader) still holds before
+        this one writes them (CPython's reference count: this attribute and the call's)."""
+        for name in names:
+            if sys.getrefcount(getattr(self, name)) > 2:
+                setattr(self, name, dict(getattr(self, name)))
 
     # ---- reads ---------------------------------------------------------------------
     def placed(self) -> Iterable[Placement]:
@@ -110,6 +121,11 @@ class PlacementLedger:
     # ---- writes --------------------------------------------------------------------
     def drop(self, uid: str) -> Placement | None:
         """Forget the pod; returns what it held."""
+        if not self.is_known(uid):
+            self._applied_at.pop(uid, None)
+            self._deadlines.pop(uid, None)
+            return None
+        self._own("_placed" if uid in self._placed else "_assumed", "_by_node")
         p = self._placed.pop(uid, None)
         if p is not None:
             self._untrusted -= not p.trusted
@@ -126,10 +142,12 @@ class PlacementLedger:
         return p
 
     def _index(self, p: Placement) -> None:
+        self._own("_by_node")
         self._by_node[p.node] = (*self._by_node.get(p.node, ()), p.pod_uid)
 
     def place(self, p: Placement, applied_at: float) -> None:
         """Record a confirmed placement (the caller dropped any earlier entry)."""
+        self._own("_placed")
         self._placed[p.pod_uid] = p
         self._applied_at[p.pod_uid] = applied_at
         self._untrusted += not p.trusted
@@ -138,6 +156,7 @@ class PlacementLedger:
     def settle(self, p: Placement) -> None:
         """The assumed entry of ``p``'s pod is confirmed as ``p`` (same GPUs and demand):
         placed, keeping when it was first applied."""
+        self._own("_assumed", "_placed")
         del self._assumed[p.pod_uid]
         self._deadlines.pop(p.pod_uid, None)
         self._placed[p.pod_uid] = p
@@ -145,6 +164,7 @@ class PlacementLedger:
 
     def assume(self, p: Placement, applied_at: float) -> None:
         """Record a placement whose bind is in flight (no deadline yet)."""
+        self._own("_assumed")
         self._assumed[p.pod_uid] = p
         self._applied_at[p.pod_uid] = applied_at
         self._index(p)
