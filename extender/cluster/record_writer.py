@@ -2,7 +2,9 @@
 
 Bind creates the Binding (one API round trip the scheduler waits for) and hands
 the decision's record entry to :class:`RecordWriter`, which writes it into the
-node's record (:mod:`extender.cluster.records`) in the background: all entries
+node's record (:mod:`extender.cluster.records`) in the background, after a pause
+in binding (:mod:`extender.cluster.traffic`: a burst's binds do not wait behind
+its records): all entries
 waiting for one node go out in one PUT, at most one PUT per node is in flight, and
 a failed write is retried with backoff until it lands (entries of pods that are
 gone meanwhile are dropped by the record's ``keep`` rule, as on every write).
