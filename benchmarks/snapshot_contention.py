@@ -142,6 +142,19 @@ def _stats(ms: list[float]) -> dict:
             "mean_ms": round(statistics.fmean(ordered), 3)}
 
 
+def paired_ratios(runs: dict[str, list[dict]]) -> dict[str, dict]:
+    """Per phase, verb and p50/p99, this checkout's figure over the other's in each repeat
+    (measured back to back), their mean and 95% interval (``scheduler_pattern.paired``)."""
+    from benchmarks.scheduler_pattern import paired
+
+    figures = {f"{phase}_{verb}_{q}": (phase, verb, f"{q}_ms")
+               for phase in ("idle", "busy") for verb in runs["branch"][0][phase]
+               for q in ("p50", "p99")}
+    return paired([{"branch": b, "against": a} for b, a in zip(runs["branch"],
+                                                                runs["against"], strict=True)],
+                  figures, "branch", "against")
+
+
 def _child(tree: Path, opts: argparse.Namespace) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run([sys.executable, __file__, "--child", str(tree), "--seconds",
@@ -164,6 +177,7 @@ def main() -> None:
         sys.path.insert(0, str(opts.child))
         print(json.dumps(_measure(opts.seconds, opts.filters)))
         return
+    load_before = _common.load_average()
     trees = {"branch": HERE.parent, **({"against": opts.against} if opts.against else {})}
     runs: dict[str, list[dict]] = {label: [] for label in trees}
     for _ in range(opts.repeats):  # interleaved: load from elsewhere hits both alike
@@ -178,7 +192,9 @@ def main() -> None:
     doc = {"benchmark": "snapshot_contention", "seconds_per_phase": opts.seconds,
            "repeats": opts.repeats, "filter_threads": opts.filters,
            "trees": {k: str(v) for k, v in trees.items()},
-           "median_over_repeats": summary, "runs": runs,
+           "median_over_repeats": summary,
+           **({"branch_over_against": paired_ratios(runs)} if opts.against else {}),
+           "runs": runs, "load_average_1_5_15_at_start": load_before,
            **_common.context(("numpy", "flask"))}
     _common.write_result(doc, opts.out)
 
