@@ -76,8 +76,9 @@ _OBSERVED = ("observed_util", "observed_mib", "observed_at", "observed_gen", "si
              "since_util")
 """The table's columns an agent report changes."""
 _PLACED = ("reserved_mib", "reserved_util", "pod_count", "training_count", "training_width",
-           "serving_count", "best_effort_weight", "newer", "sessions", "row_models")
-"""The columns a placement changes besides those."""
+           "serving_count", "best_effort_weight", "since_mib", "since_util", "newer",
+           "sessions", "row_models")
+"""The columns and per-row maps a placement changes (not the observations: only since_*)."""
 _OWNED = 2
 """``sys.getrefcount`` of a part only the state holds: its own reference and the call's."""
 
@@ -185,13 +186,13 @@ class ClusterState:
     # ---- copy on write ---------------------------------------------------------------
     def _writable(self, placements: bool = True, table: bool = True) -> None:
         """Copy what a live snapshot still holds of the parts this write changes, and only
-        that: an agent report the observation columns (a few arrays), a placement also the
-        reservation columns, their per-row maps and the ledger's entries, a deadline only the
-        ledger. A part nobody else holds any more (its snapshots are gone: CPython's
+        that: an agent report the observation columns (a few arrays), a placement the
+        reservation columns and per-row maps (the ledger copies an entry map when it first
+        writes one). A part nobody else holds any more (its snapshots are gone: CPython's
         reference count says so) is written in place, so a write between two decisions
         copies nothing."""
         self._published = None  # first: the published tuple is not a live snapshot
-        fields = (_OBSERVED + (_PLACED if placements else ())) if table else ()
+        fields = (_PLACED if placements else _OBSERVED) if table else ()
         if not fields:
             pass
         elif sys.getrefcount(self._table) > _OWNED:  # a snapshot holds this table object
