@@ -8,9 +8,10 @@ pods), the columnar ``GpuTable`` the decisions read and the device-plugin
 :meth:`ClusterState.assume` (and three reads the cluster source uses).
 
 Decisions never run under its lock (kube-scheduler's plugins get a ``Snapshot``,
-never the cache): :meth:`~ClusterState.snapshot` is O(1) under the lock, the table
+never the cache): :meth:`~ClusterState.snapshot` is O(1) and takes no lock while no
+writer ran since the last one (the parts are published as one tuple), the table
 and the ledger it hands out are never written again (copy on write: the next
-writer copies them first), and every evaluation runs on the snapshot with the
+writer copies what it changes of them first), and every evaluation runs on the snapshot with the
 core's entry points (``extender.core.decide``). Bind decides on a snapshot and
 :meth:`~ClusterState.assume` applies the decision only if the node's generation is
 still the snapshot's (any change to the node's GPUs bumps it); otherwise bind decides
