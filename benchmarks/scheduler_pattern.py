@@ -403,10 +403,11 @@ PAIRED_BINDS = {k: v for k, v in PAIRED.items() if k != "pipeline_pods_per_secon
 
 
 def paired(runs: list[dict[str, Any]], figures: dict[str, tuple[str, ...]] = PAIRED,
+           new: str = "binding-first", old: str = "record-first",
            ) -> dict[str, dict[str, Any]]:
-    """Per figure, binding-first over record-first in each repeat (both orders measured back
-    to back, so load from elsewhere hits them alike): the ratios, their mean and a 95%
-    t-interval of the mean (needs 2 repeats or more)."""
+    """Per figure, ``new`` over ``old`` in each repeat (both measured back to back, so load
+    from elsewhere hits them alike): the ratios, their mean and a 95% t-interval of the
+    mean (needs 2 repeats or more)."""
     t95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
     out = {}
     for name, path in figures.items():
@@ -414,7 +415,7 @@ def paired(runs: list[dict[str, Any]], figures: dict[str, tuple[str, ...]] = PAI
             for key in path:
                 r = r[key]
             return float(r)  # type: ignore[arg-type]
-        ratios = [value(r["binding-first"]) / value(r["record-first"]) for r in runs]
+        ratios = [value(r[new]) / value(r[old]) for r in runs]
         mean = statistics.fmean(ratios)
         half = t95.get(len(ratios) - 1, 2.0) * statistics.stdev(ratios) / len(ratios) ** 0.5 \
             if len(ratios) > 1 else None

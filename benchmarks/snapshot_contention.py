@@ -8,7 +8,9 @@ report replaces its inventory, a rebuild of the whole table), a reader
 thread asks ``/v1/state?node=`` every 5 ms, a binder binds a new pod every 20 ms,
 each timed; for ``--seconds`` with nothing else running (``idle``), then as long
 with ``--filters`` threads sending ``/filter`` with 500 candidate nodes back to
-back (``busy``). The extender's own decisions are what is measured, not HTTP.
+back (``busy``). The extender's own decisions are what is measured, not HTTP. Each
+call's wall-clock time is kept with the CPU its thread spent (``cpu_*``), which
+other processes' load does not change: the work a call does, apart from its waits.
 
 ``--against TREE`` runs the same program over another checkout (``PYTHONPATH``
 set to it, e.g. an export of ``main``) in a child process, interleaved with this
@@ -79,13 +81,15 @@ def _measure(seconds: float, filters: int) -> dict:
                           "memory_total_mib": MIB, "memory_used_mib": 5000,
                           "utilization_percent": 30.0, "processes": []} for g in range(GPUS)]}
 
-    def timed(stop: threading.Event, period: float, call, out: list[float]) -> None:
+    def timed(stop: threading.Event, period: float, call, out: list[tuple[float, float]],
+              ) -> None:
         client = app.test_client()
         k = 0
         while not stop.is_set():
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.thread_time()
             call(client, k)
-            out.append((time.perf_counter() - started) * 1e3)
+            out.append(((time.perf_counter() - started) * 1e3,
+                        (time.thread_time() - cpu) * 1e3))
             k += 1
             stop.wait(max(0.0, period - (time.perf_counter() - started)))
 
@@ -119,7 +123,8 @@ def _measure(seconds: float, filters: int) -> dict:
     phases = {}
     for phase, n_filters in (("idle", 0), ("busy", filters)):
         stop = threading.Event()
-        series: dict[str, list[float]] = {"report": [], "state": [], "bind": [], "filter": []}
+        series: dict[str, list[tuple[float, float]]] = {
+            "report": [], "state": [], "bind": [], "filter": []}
         threads = [threading.Thread(target=timed, args=(stop, 0.005, agent, series["report"])),
                    threading.Thread(target=timed, args=(stop, 0.005, reader, series["state"])),
                    threading.Thread(target=timed, args=(stop, 0.02, binder, series["bind"]))]
@@ -135,11 +140,29 @@ def _measure(seconds: float, filters: int) -> dict:
     return phases
 
 
-def _stats(ms: list[float]) -> dict:
-    ordered = sorted(ms)
-    return {"count": len(ms), "p50_ms": round(statistics.median(ordered), 3),
+def _stats(timings: list[tuple[float, float]]) -> dict:
+    """Wall-clock figures, and the CPU the calling thread spent (``cpu_*``: the work each
+    call did, without its waits for the lock, the GIL or the machine's other load)."""
+    ordered = sorted(wall for wall, _ in timings)
+    cpu = [c for _, c in timings]
+    return {"count": len(ordered), "p50_ms": round(statistics.median(ordered), 3),
             "p99_ms": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 3),
-            "mean_ms": round(statistics.fmean(ordered), 3)}
+            "mean_ms": round(statistics.fmean(ordered), 3),
+            "cpu_p50_ms": round(statistics.median(cpu), 3),
+            "cpu_mean_ms": round(statistics.fmean(cpu), 3)}
+
+
+def paired_ratios(runs: dict[str, list[dict]]) -> dict[str, dict]:
+    """Per phase, verb and p50/p99, this checkout's figure over the other's in each repeat
+    (measured back to back), their mean and 95% interval (``scheduler_pattern.paired``)."""
+    from benchmarks.scheduler_pattern import paired
+
+    figures = {f"{phase}_{verb}_{q}": (phase, verb, f"{q}_ms")
+               for phase in ("idle", "busy") for verb in runs["branch"][0][phase]
+               for q in ("p50", "p99", "cpu_p50") if f"{q}_ms" in runs["branch"][0][phase][verb]}
+    return paired([{"branch": b, "against": a} for b, a in zip(runs["branch"],
+                                                                runs["against"], strict=True)],
+                  figures, "branch", "against")
 
 
 def _child(tree: Path, opts: argparse.Namespace) -> dict:
@@ -164,6 +187,7 @@ def main() -> None:
         sys.path.insert(0, str(opts.child))
         print(json.dumps(_measure(opts.seconds, opts.filters)))
         return
+    load_before = _common.load_average()
     trees = {"branch": HERE.parent, **({"against": opts.against} if opts.against else {})}
     runs: dict[str, list[dict]] = {label: [] for label in trees}
     for _ in range(opts.repeats):  # interleaved: load from elsewhere hits both alike
@@ -171,14 +195,17 @@ def main() -> None:
             runs[label].append(_child(tree, opts))
     summary = {label: {phase: {verb: {k: round(statistics.median(r[phase][verb][k]
                                                               for r in rs), 3)
-                                      for k in ("p50_ms", "p99_ms", "mean_ms", "count")}
+                                      for k in ("p50_ms", "p99_ms", "mean_ms", "count",
+                                                "cpu_p50_ms", "cpu_mean_ms")}
                                for verb in rs[0][phase]}
                        for phase in ("idle", "busy")}
                for label, rs in runs.items()}
     doc = {"benchmark": "snapshot_contention", "seconds_per_phase": opts.seconds,
            "repeats": opts.repeats, "filter_threads": opts.filters,
            "trees": {k: str(v) for k, v in trees.items()},
-           "median_over_repeats": summary, "runs": runs,
+           "median_over_repeats": summary,
+           **({"branch_over_against": paired_ratios(runs)} if opts.against else {}),
+           "runs": runs, "load_average_1_5_15_at_start": load_before,
            **_common.context(("numpy", "flask"))}
     _common.write_result(doc, opts.out)
 

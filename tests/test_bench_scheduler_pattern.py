@@ -103,3 +103,17 @@ def test_paired_ratios_carry_an_interval():
     assert out["burst_bind_p50"] == {"ratios": [0.5, 0.5, 0.5], "mean": 0.5,
                                      "interval_95": [0.5, 0.5]}
     assert out["pipeline_pods_per_second"]["mean"] == 2.0
+
+
+def test_snapshot_contention_pairs_each_repeat_of_the_two_checkouts():
+    contention = load("snapshot_contention")
+
+    def phases(bind_p50: float) -> dict:
+        verbs = {"bind": {"p50_ms": bind_p50, "p99_ms": 2 * bind_p50}}
+        return {"idle": verbs, "busy": verbs}
+    out = contention.paired_ratios({"branch": [phases(2.0), phases(3.0)],
+                                    "against": [phases(4.0), phases(3.0)]})
+    assert out["busy_bind_p50"]["ratios"] == [0.5, 1.0]
+    assert out["busy_bind_p50"]["mean"] == 0.75
+    low, high = out["busy_bind_p50"]["interval_95"]
+    assert low < 0.75 < high

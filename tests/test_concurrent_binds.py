@@ -13,7 +13,7 @@ from extender_builders import placement
 from kubernetes import client
 
 from extender.cluster.kube import KubeSource
-from extender.cluster.record_writer import WORKERS
+from extender.cluster.record_writer import WORKERS, RecordWriter
 from extender.cluster.traffic import BindTraffic
 from extender.config.sections import ServerConfig
 from extender.core import PodRef
@@ -106,6 +106,34 @@ def test_events_wait_for_binds_in_flight():
         assert released == []
     waiter.join(5.0)
     assert released == [True]
+
+
+def test_writers_wait_for_a_quiet_moment_after_the_last_binding():
+    traffic = BindTraffic()
+    with traffic.binding():
+        pass
+    assert not traffic.wait_idle(0.0)  # one just ended: the burst's next may follow
+    start = time.monotonic()
+    assert traffic.wait_idle(1.0) and time.monotonic() - start < 0.5
+
+
+def test_record_writes_wait_for_the_bind_burst_and_gather_its_entries():
+    class Written:  # the record store: what each PUT would carry
+        def __init__(self):
+            self.puts: list[tuple[str, dict[str, str]]] = []
+
+        def write_batch(self, node, entries, keeps):
+            self.puts.append((node, dict(entries)))
+    traffic, records = BindTraffic(), Written()
+    writer = RecordWriter(records, workers=1, traffic=traffic)  # type: ignore[arg-type]
+    with traffic.binding():
+        writer.submit("n1", "u1", "e1", lambda uid: True)
+        time.sleep(0.2)
+        assert records.puts == []  # held back while a binding is in flight
+        writer.submit("n1", "u2", "e2", lambda uid: True)
+    assert writer.flush(5)
+    assert records.puts == [("n1", {"u1": "e1", "u2": "e2"})]  # one PUT after the burst
+    writer.stop()
 
 
 def test_event_worker_posts_after_the_bind_burst(fake):

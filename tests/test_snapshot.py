@@ -4,7 +4,9 @@ alike on one snapshot."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import threading
 import weakref
 
 import numpy as np
@@ -49,6 +51,7 @@ from extender.simulator.engine import JobRun
 from extender.simulator.horus import FreeView, HorusSettings, place_with_core
 from extender.simulator.jobs import SimJob
 from extender.state.ledger import ClusterState
+from extender.state.view import document
 
 A100 = "NVIDIA-A100-SXM4-40GB"
 
@@ -220,3 +223,79 @@ def test_the_service_and_the_simulator_decide_alike_on_one_snapshot():
                        simulated.pod_uid, simulated.pod).placement
         assert (simulated.node, simulated.gpu_indices) == (best, served.gpu_indices)
         assert state.snapshot().table is snap.table  # nothing written: no copy was made
+
+
+def test_a_snapshot_takes_no_lock_until_a_writer_ran_and_drops_what_expired():
+    clock = [100.0]
+    state = state_with([node("n1", 2)], clock=lambda: clock[0])
+    p = placement("a", gpus=(0,), mem=5000.0)
+    assert state.assume(state.snapshot().stamp("n1"), p)
+    state.finish_binding("a")  # expires TTL seconds from now
+    first = state.snapshot()
+    held, release = threading.Event(), threading.Event()
+
+    def writer_stalled():  # a thread holding the lock (as a slow writer would)
+        with state._lock:
+            held.set()
+            release.wait(10)
+    t = threading.Thread(target=writer_stalled)
+    t.start()
+    held.wait(10)
+    got: list[Snapshot] = []
+    reader = threading.Thread(target=lambda: got.append(state.snapshot()))
+    reader.start()
+    reader.join(2)
+    release.set()
+    t.join()
+    assert got and got[0].table is first.table  # nothing changed: answered without the lock
+    clock[0] += TTL - 1
+    assert state.snapshot().placement_of("a") is not None
+    clock[0] += 2  # past the deadline: the next snapshot drops it
+    after = state.snapshot()
+    assert after.placement_of("a") is None and after.table.reserved_mib.tolist() == [0, 0]
+    assert first.placement_of("a") is not None  # the old snapshot is untouched
+
+
+def test_one_node_state_lists_what_the_full_document_lists_for_it():
+    state = state_with([node("n1", 2), node("n2", 2), node("n3", 1)])
+    state.confirm(placement("a", node="n1", gpus=(0,), mem=1000.0))
+    state.confirm(placement("b", node="n2", gpus=(1,), mem=2000.0))
+    state.confirm(placement("c", node="n2", gpus=(0,), mem=3000.0))
+    assert state.assume(state.snapshot().stamp("n2"), placement("d", node="n2", gpus=(0,),
+                                                                mem=500.0))
+    state.confirm(dataclasses.replace(placement("e", node="n3", gpus=(0,), mem=100.0),
+                                      trusted=False))  # bound without a record
+    state.forget("b")
+    full = document(state.snapshot())
+    for name in ("n1", "n2", "n3"):
+        one = document(state.snapshot(), node=name)
+        assert one.nodes == tuple(n for n in full.nodes if n.name == name)
+    assert (full.placed, full.assumed, full.untrusted) == (2, 1, 1)
+    assert document(state.snapshot(), node="n2").nodes[0].gpus[0].pods[0].pod is not None
+    assert document(state.snapshot(), node="n9").nodes == ()
+
+
+def test_confirming_what_bind_assumed_changes_only_the_ledger():
+    state = state_with([node("n1", 2)])
+    snap = state.snapshot()
+    p = place(snap, "n1", demand(10, 5000, list(snap.table.type_names)), None, "u1",
+              "ns/one").placement
+    placed = state.snapshot().placements._placed  # type: ignore[attr-defined]
+    assert state.assume(snap.stamp("n1"), p)  # beside a live snapshot: ...
+    assert state.snapshot().placements._placed is placed  # ... the placed entries not copied
+    state.finish_binding("u1")
+    held = state.snapshot()  # a live snapshot (a filter's): a table write would copy
+    state.confirm(dataclasses.replace(p, annotations=(("tandem.io/gpu-index", "0"),)))
+    after = state.snapshot()
+    assert after.table is held.table and after.stamp("n1") == held.stamp("n1")
+    assert after.placement_of("u1").annotations == (("tandem.io/gpu-index", "0"),)
+    assert held.placement_of("u1").annotations == p.annotations  # the old one unchanged
+    state.expire()
+    assert state.snapshot().placement_of("u1") is not None  # placed: no deadline any more
+    q = dataclasses.replace(p, pod_uid="u2", pod="ns/two")
+    assert state.assume(state.snapshot().stamp("n1"), q)
+    other = 1 - q.gpu_indices[0]
+    state.confirm(dataclasses.replace(q, gpu_indices=(other,), gpu_uuids=()))  # not as assumed
+    assert state.snapshot().table.reserved_mib[other] == 5000
+    assert state.snapshot().table.reserved_mib.sum() == 10000
+    assert state.snapshot().stamp("n1") != held.stamp("n1")

@@ -144,7 +144,7 @@ class KubeSource:
                                         self._poster)
         """Where bind records its decisions: the install's namespace, resolved as for
         everything tandem stores (``extender.cluster.namespace``)."""
-        self.record_writer = RecordWriter(self.records)
+        self.record_writer = RecordWriter(self.records, traffic=self._traffic)
         """Writes them after the Binding, off the bind path."""
         self._pending = PendingPods()
         """Pods waiting for a node, as the pod watch last delivered them (bind reads here)."""

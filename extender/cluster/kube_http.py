@@ -108,13 +108,14 @@ class LeanPoster:
         return _Connection(sock)
 
     def _take(self) -> _Connection:
-        with self._lock:
-            while self._idle:
-                conn = self._idle.pop()
-                if not conn.stale():
-                    return conn
-                conn.close()
-        return self._connect()
+        while True:
+            with self._lock:  # the pop only: a select() under it would hold the lock without
+                conn = self._idle.pop() if self._idle else None  # the GIL (a convoy)
+            if conn is None:
+                return self._connect()
+            if not conn.stale():
+                return conn
+            conn.close()
 
     def _give(self, conn: _Connection) -> None:
         with self._lock:

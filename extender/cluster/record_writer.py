@@ -2,7 +2,9 @@
 
 Bind creates the Binding (one API round trip the scheduler waits for) and hands
 the decision's record entry to :class:`RecordWriter`, which writes it into the
-node's record (:mod:`extender.cluster.records`) in the background: all entries
+node's record (:mod:`extender.cluster.records`) in the background, after a pause
+in binding (:mod:`extender.cluster.traffic`: a burst's binds do not wait behind
+its records): all entries
 waiting for one node go out in one PUT, at most one PUT per node is in flight, and
 a failed write is retried with backoff until it lands (entries of pods that are
 gone meanwhile are dropped by the record's ``keep`` rule, as on every write).
@@ -28,9 +30,12 @@ from collections.abc import Callable
 
 from contracts.logs import get_logger
 from extender.cluster.records import PlacementRecords
+from extender.cluster.traffic import BindTraffic
 
 WORKERS = 4
 """Nodes whose records are written at once (one PUT in flight per node)."""
+DEFER_SECONDS = 1.0
+"""Longest a record write waits for a pause in binding (``extender.cluster.traffic``)."""
 RETRY_SECONDS = (0.2, 10.0)
 """First and longest pause before a failed node's record is written again."""
 
@@ -39,8 +44,11 @@ class RecordWriter:
     """Queued record entries per node, written by a few background threads."""
 
     def __init__(self, records: PlacementRecords, workers: int = WORKERS,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 traffic: BindTraffic | None = None):
         self.records = records
+        self._traffic = traffic
+        """Bindings in flight: a write waits for a pause in them (binds first)."""
         self._workers = workers
         self._clock = clock
         self._cond = threading.Condition()
@@ -126,6 +134,12 @@ class RecordWriter:
                              if n in self._pending and n not in self._in_flight]
                     self._cond.wait(max(0.0, min(waits) - self._clock()) if waits else None)
                     node = self._next()
+            if self._traffic is not None and not self._stopping:
+                self._traffic.wait_idle(DEFER_SECONDS)  # binds first; more entries gather
+            with self._cond:
+                node = self._next()  # another worker may have taken it meanwhile
+                if node is None:
+                    continue
                 batch = self._pending.pop(node)
                 self._in_flight.add(node)
             self._write(node, batch)

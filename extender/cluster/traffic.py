@@ -1,10 +1,13 @@
-"""Binds first: events wait while bindings are in flight to the API server.
+"""Binds first: events and placement records wait while bindings are in flight.
 
 kube-scheduler binds concurrently (a burst of pods, one goroutine each). Every
-bind also queues a pod event; posted at once, the events double the API
-server's writes during the burst and the binds wait behind them. The event
-worker therefore waits until no binding is in flight (at most ``max_wait``, so
-a steady stream of binds never starves events), then posts what gathered.
+bind also queues a pod event and its node's placement record; written at once,
+they triple the API server's writes during the burst (and the extender's own
+work beside the binds), and the binds wait behind them. The event worker and the
+record writer therefore wait until no binding is in flight and none ended in the
+last ``QUIET_SECONDS`` (a burst's binds arrive a few milliseconds apart), at most
+``max_wait`` so a steady stream of binds never starves them, then write what
+gathered.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ import threading
 import time
 from collections.abc import Iterator
 
+QUIET_SECONDS = 0.02
+"""How long after the last binding ended the writers still wait (the burst's next bind)."""
+
 
 class BindTraffic:
     """Counts bindings in flight; lets the event worker wait for a pause."""
@@ -21,6 +27,7 @@ class BindTraffic:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._in_flight = 0
+        self._last_end = float("-inf")
 
     @contextlib.contextmanager
     def binding(self) -> Iterator[None]:
@@ -32,16 +39,20 @@ class BindTraffic:
         finally:
             with self._cond:
                 self._in_flight -= 1
+                self._last_end = time.monotonic()
                 if not self._in_flight:
                     self._cond.notify_all()
 
-    def wait_idle(self, max_wait: float) -> bool:
-        """Wait until no binding is in flight, at most ``max_wait`` s; True when idle."""
+    def wait_idle(self, max_wait: float, quiet: float = QUIET_SECONDS) -> bool:
+        """Wait until no binding is in flight and none ended in the last ``quiet`` s, at most
+        ``max_wait`` s; True when idle."""
         deadline = time.monotonic() + max_wait
         with self._cond:
-            while self._in_flight:
-                left = deadline - time.monotonic()
-                if left <= 0:
+            while True:
+                now = time.monotonic()
+                calm = 0.0 if self._in_flight else self._last_end + quiet - now
+                if not self._in_flight and calm <= 0:
+                    return True
+                if now >= deadline:
                     return False
-                self._cond.wait(left)
-            return True
+                self._cond.wait(min(deadline - now, calm) if calm > 0 else deadline - now)

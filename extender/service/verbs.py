@@ -109,7 +109,7 @@ class Extender:
         """Preemption for GPU shortages (``extender.preemption``); None without an API server."""
 
     # ---- demand --------------------------------------------------------------------
-    def demand(self, pod: Mapping[str, Any], snap: Snapshot | None = None,
+    def demand(self, pod: Mapping[str, Any] | PodView, snap: Snapshot | None = None,
                ) -> tuple[PodRef, ResolvedDemand]:
         """The pod's resolved demand on ``snap`` (default: a fresh one) (:class:`DemandCache`);
         PodRejected if bad."""
@@ -303,18 +303,18 @@ class Extender:
         raise BindConflict(f"{node} kept changing while pod {ref.key} was being placed; "
                            "retry", None)
 
-    def _pod_for(self, args: BindingArgs) -> Mapping[str, Any]:
+    def _pod_for(self, args: BindingArgs) -> PodView:
         """The pod as the cluster has it (the API server, or the simulated registry), never a
         /filter body: anyone who reaches the extender can send one. The demand cache still
         saves the prediction when the contents are those filter saw (same digest)."""
         pod = self.source.current_pod(args.pod_namespace, args.pod_name)
         if pod is None:
             raise BindConflict(f"pod {args.pod_namespace}/{args.pod_name} not found", None)
-        uid = PodView.of(pod).uid
-        if args.pod_uid and uid != args.pod_uid:
-            raise BindConflict(f"pod {args.pod_namespace}/{args.pod_name} has UID {uid}, "
+        view = PodView.of(pod)  # read once: the demand, annotations and containers use it
+        if args.pod_uid and view.uid != args.pod_uid:
+            raise BindConflict(f"pod {args.pod_namespace}/{args.pod_name} has UID {view.uid}, "
                                f"not {args.pod_uid} (recreated?)", None)
-        return pod
+        return view
 
     def preempt(self, pod: Mapping[str, Any], victims: Mapping[str, list[str]],
                 ) -> dict[str, list[str]]:

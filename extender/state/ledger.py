@@ -8,9 +8,10 @@ pods), the columnar ``GpuTable`` the decisions read and the device-plugin
 :meth:`ClusterState.assume` (and three reads the cluster source uses).
 
 Decisions never run under its lock (kube-scheduler's plugins get a ``Snapshot``,
-never the cache): :meth:`~ClusterState.snapshot` is O(1) under the lock, the table
+never the cache): :meth:`~ClusterState.snapshot` is O(1) and takes no lock while no
+writer ran since the last one (the parts are published as one tuple), the table
 and the ledger it hands out are never written again (copy on write: the next
-writer copies them first), and every evaluation runs on the snapshot with the
+writer copies what it changes of them first), and every evaluation runs on the snapshot with the
 core's entry points (``extender.core.decide``). Bind decides on a snapshot and
 :meth:`~ClusterState.assume` applies the decision only if the node's generation is
 still the snapshot's (any change to the node's GPUs bumps it); otherwise bind decides
@@ -56,6 +57,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
+from contracts.annotations import MODEL
 from extender.core import (
     CostPolicy,
     GpuSpec,
@@ -76,8 +78,9 @@ _OBSERVED = ("observed_util", "observed_mib", "observed_at", "observed_gen", "si
              "since_util")
 """The table's columns an agent report changes."""
 _PLACED = ("reserved_mib", "reserved_util", "pod_count", "training_count", "training_width",
-           "serving_count", "best_effort_weight", "newer", "sessions", "row_models")
-"""The columns a placement changes besides those."""
+           "serving_count", "best_effort_weight", "since_mib", "since_util", "newer",
+           "sessions", "row_models")
+"""The columns and per-row maps a placement changes (not the observations: only since_*)."""
 _OWNED = 2
 """``sys.getrefcount`` of a part only the state holds: its own reference and the call's."""
 
@@ -106,22 +109,46 @@ class ClusterState:
         self._epoch = 0
         self._source_types: dict[str, frozenset[str]] = {}
         self._synced = False
+        self._published: tuple | None = None
+        """The parts the last snapshot handed out; None once a writer changed any (it drops
+        the tuple first, so the reference counts below count live snapshots only)."""
+        self._next_expiry = float("inf")
+        """The earliest deadline of an assumed placement (snapshot() drops it once passed)."""
         self.handoffs = HandoffGate(clock)
-        self.hosts = HostLedger()
-        """Each node's host CPU and memory (allocatable, requested by bound pods)."""
         """Pods waiting for the device plugin's hand-off (``handoff.mode: device-plugin``)."""
+        self.hosts = HostLedger()
+        """Each node's host CPU and memory (allocatable, requested by bound pods; its own
+        lock, so the snapshot reads its view beside the published parts)."""
 
     # ---- snapshot and assume ---------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        """The cluster as it is now, frozen (assumed placements past their deadline dropped)."""
+        """The cluster as it is now, frozen (assumed placements past their deadline dropped).
+
+        Lock-free unless a writer ran since the last snapshot or a deadline passed: the parts
+        are published as one tuple (a single attribute read under the GIL), so decisions,
+        agent reports and ``/v1/state`` never queue behind a writer for their snapshot."""
         policy, knowledge = self.beliefs.current()
+        now = self.now()
+        table, ledger, generations, epoch, synced, source_types = self._parts(now)
+        return Snapshot(table, policy, now, ledger, knowledge, generations, epoch, synced,
+                        source_types, self.hosts.view())
+
+    def _parts(self, now: float) -> tuple:
+        """The published parts (table, ledger, generations, epoch, synced, source types),
+        published again under the lock after a write or once a deadline passed."""
+        parts = self._published
+        if parts is not None and now < self._next_expiry:
+            return parts
         with self._lock:
-            now = self.now()
-            for uid in self._ledger.expired(now):
-                self._drop(uid)
-            return Snapshot(self._table, policy, now, self._ledger, knowledge,
-                            self._generations, self._epoch, self._synced,
-                            self._source_types, self.hosts.view())
+            if now >= self._next_expiry:
+                for uid in self._ledger.expired(now):
+                    self._drop(uid)
+                self._next_expiry = self._ledger.next_deadline()
+            parts = self._published
+            if parts is None:
+                parts = self._published = (self._table, self._ledger, self._generations,
+                                           self._epoch, self._synced, self._source_types)
+            return parts
 
     def assume(self, stamp: tuple[int, int], placement: Placement,
                replacing: str | None = None) -> bool:
@@ -145,9 +172,9 @@ class ClusterState:
 
     # ---- reads the cluster source uses -----------------------------------------------
     def placement_of(self, uid: str) -> Placement | None:
-        """The pod's placement, placed or assumed."""
-        with self._lock:
-            return self._ledger.get(uid)
+        """The pod's placement, placed or assumed (from the published parts: no lock while
+        nothing changed; the record writer asks this for every entry it keeps)."""
+        return self._parts(self.now())[1].get(uid)
 
     def is_known(self, uid: str) -> bool:
         """True when the pod is placed or assumed."""
@@ -162,14 +189,18 @@ class ClusterState:
         return [t.gpus[row] for row in t.node_rows(node)]
 
     # ---- copy on write ---------------------------------------------------------------
-    def _writable(self, placements: bool = True) -> None:
+    def _writable(self, placements: bool = True, table: bool = True) -> None:
         """Copy what a live snapshot still holds of the parts this write changes, and only
-        that: an agent report the observation columns (a few arrays), a placement also the
-        reservation columns, their per-row maps and the ledger's entries. A part nobody
-        else holds any more (its snapshots are gone: CPython's reference count says so) is
-        written in place, so a write between two decisions copies nothing."""
-        fields = _OBSERVED + (_PLACED if placements else ())
-        if sys.getrefcount(self._table) > _OWNED:  # a snapshot holds this table object
+        that: an agent report the observation columns (a few arrays), a placement the
+        reservation columns and per-row maps (the ledger copies an entry map when it first
+        writes one). A part nobody else holds any more (its snapshots are gone: CPython's
+        reference count says so) is written in place, so a write between two decisions
+        copies nothing."""
+        self._published = None  # first: the published tuple is not a live snapshot
+        fields = (_PLACED if placements else _OBSERVED) if table else ()
+        if not fields:
+            pass
+        elif sys.getrefcount(self._table) > _OWNED:  # a snapshot holds this table object
             self._table = dataclasses.replace(
                 self._table, **{f: getattr(self._table, f).copy() for f in fields})
         else:  # an older table object (in a snapshot) may still share some columns
@@ -178,7 +209,7 @@ class ClusterState:
                     setattr(self._table, f, getattr(self._table, f).copy())
         if placements and sys.getrefcount(self._ledger) > _OWNED:
             self._ledger = self._ledger.copy()
-        if sys.getrefcount(self._generations) > _OWNED:
+        if table and sys.getrefcount(self._generations) > _OWNED:
             self._generations = dict(self._generations)
 
     def _bump(self, node: str) -> None:
@@ -188,6 +219,7 @@ class ClusterState:
     def mark_synced(self) -> None:
         """The source finished its first full sync (nodes and bound pods are in)."""
         with self._lock:
+            self._published = None
             self._synced = True
 
     def set_nodes(self, nodes: Iterable[NodeSpec]) -> None:
@@ -219,7 +251,7 @@ class ClusterState:
         for report in self._inventory.reports():
             if report.node in table.node_index:
                 table.observe(report.node, report.observations())
-        self._writable()  # the new table is this writer's own; the ledger may be shared
+        self._published = None  # a new table: nothing of the old one is written again
         for p in self._ledger.all():  # after the samples: each is stamped against them
             try:
                 table.place(p, self._ledger.applied_at(p.pod_uid))
@@ -250,6 +282,13 @@ class ClusterState:
     def confirm(self, p: Placement) -> None:
         """The source shows the pod bound with these annotations: it is placed."""
         with self._lock:
+            if _same_on_gpus(self._ledger.assumed_as(p.pod_uid), p):
+                # What bind assumed, as the watch shows it bound: the table already holds
+                # it, so only the ledger's entries change (no column copied, no generation
+                # bumped: binds racing for the node keep their decisions).
+                self._writable(table=False)
+                self._ledger.settle(p)
+                return
             # An assumed pod keeps its bind time: a sample taken since then may show it.
             applied_at = self._ledger.applied_at(p.pod_uid)
             self._writable()
@@ -277,16 +316,20 @@ class ClusterState:
             return [p for p in (self._drop(uid) for uid in gone) if p is not None]
 
     def finish_binding(self, uid: str) -> None:
-        """The bind call returned: start the assumed placement's expiry clock."""
+        """The bind call returned: start the assumed placement's expiry clock (only the
+        writer reads deadlines: nothing a snapshot holds changes, nothing is copied)."""
         with self._lock:
-            self._writable()
-            self._ledger.start_deadline(uid, self.now())
+            deadline = self._ledger.start_deadline(uid, self.now())
+            if deadline is not None:
+                self._next_expiry = min(self._next_expiry, deadline)
 
     def expire(self) -> list[Placement]:
         """Drop assumed placements whose deadline passed without confirmation."""
         with self._lock:
             gone = self._ledger.expired(self.now())
-            return [p for p in (self._drop(uid) for uid in gone) if p is not None]
+            dropped = [p for p in (self._drop(uid) for uid in gone) if p is not None]
+            self._next_expiry = self._ledger.next_deadline()
+            return dropped
 
     # ---- agent reports ---------------------------------------------------------------
     def report(self, node: str, gpus: Sequence[GpuSpec], util_percent: Sequence[float],
@@ -301,3 +344,11 @@ class ClusterState:
                 self._writable(placements=False)
                 self._bump(node)
                 self._table.observe(node, report.observations())
+
+
+def _same_on_gpus(assumed: Placement | None, p: Placement) -> bool:
+    """Whether confirming ``p`` leaves the GPU table as ``assumed`` left it: same decision
+    (GPUs with their UUIDs, demand, kind), both trusted, same model (pairwise rows)."""
+    return assumed is not None and assumed == p and assumed.gpus == p.gpus \
+        and assumed.trusted and p.trusted \
+        and dict(assumed.annotations).get(MODEL) == dict(p.annotations).get(MODEL)

@@ -8,6 +8,7 @@ applies each change to the GPU table. Not thread-safe on its own.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 
 from extender.core import Placement
@@ -19,18 +20,38 @@ class PlacementLedger:
     def __init__(self, assume_ttl_seconds: float):
         self.ttl = assume_ttl_seconds
         self._placed: dict[str, Placement] = {}
-        self._assumed: dict[str, tuple[Placement, float | None]] = {}
+        self._assumed: dict[str, Placement] = {}
+        self._deadlines: dict[str, float] = {}
+        """Per assumed pod whose bind call returned, when it expires unless confirmed: only
+        the writer reads them, so copies share them and starting one copies nothing."""
         self._applied_at: dict[str, float] = {}
         """When each entry was first applied: a rebuild re-stamps it, so placements newer
         than an agent's sample still count on top of it (``extender.core.cost``)."""
+        self._by_node: dict[str, tuple[str, ...]] = {}
+        """Per node, the UIDs of its entries (tuples, replaced rather than changed, so that
+        :meth:`copy` may share them): ``/v1/state?node=`` reads one node's, not all."""
+        self._untrusted = 0
+        """Placed entries without a recorded decision (``Placement.trusted`` False)."""
 
     def copy(self) -> PlacementLedger:
         """A copy for the writer when a snapshot holds this ledger. The first-applied times
-        stay shared: only the writer reads them (a snapshot reads the entries alone)."""
+        and the deadlines stay shared: only the writer reads them (a snapshot reads the
+        entries alone)."""
         other = PlacementLedger(self.ttl)
-        other._placed, other._assumed = dict(self._placed), dict(self._assumed)
-        other._applied_at = self._applied_at
+        # The entry maps stay shared until the copy writes one (:meth:`_own`): a bind's
+        # assume copies the few assumed entries, not every placed one.
+        other._placed, other._assumed, other._by_node = self._placed, self._assumed, \
+            self._by_node
+        other._applied_at, other._deadlines = self._applied_at, self._deadlines
+        other._untrusted = self._untrusted
         return other
+
+    def _own(self, *names: str) -> None:
+        """Copy the maps among ``names`` that another ledger (or a reader) still holds before
+        this one writes them (CPython's reference count: this attribute and the call's)."""
+        for name in names:
+            if sys.getrefcount(getattr(self, name)) > 2:
+                setattr(self, name, dict(getattr(self, name)))
 
     # ---- reads ---------------------------------------------------------------------
     def placed(self) -> Iterable[Placement]:
@@ -39,7 +60,7 @@ class PlacementLedger:
 
     def assumed(self) -> list[Placement]:
         """Placements whose bind is in flight or awaiting confirmation."""
-        return [p for p, _ in self._assumed.values()]
+        return list(self._assumed.values())
 
     def all(self) -> list[Placement]:
         """Placed, then assumed."""
@@ -49,6 +70,21 @@ class PlacementLedger:
         """(placed, assumed)."""
         return len(self._placed), len(self._assumed)
 
+    def untrusted(self) -> int:
+        """Placed entries without a recorded decision."""
+        return self._untrusted
+
+    def on_node(self, node: str) -> list[tuple[str, Placement]]:
+        """("placed" or "assumed", placement) of the entries on ``node``: O(its entries)."""
+        out = []
+        for uid in self._by_node.get(node, ()):
+            p = self._placed.get(uid)
+            if p is not None:
+                out.append(("placed", p))
+            elif uid in self._assumed:
+                out.append(("assumed", self._assumed[uid]))
+        return out
+
     def applied_at(self, uid: str) -> float | None:
         """When the pod's entry was first applied (None: unknown pod)."""
         return self._applied_at.get(uid)
@@ -57,52 +93,90 @@ class PlacementLedger:
         """Placed or assumed."""
         return uid in self._placed or uid in self._assumed
 
+    def assumed_as(self, uid: str) -> Placement | None:
+        """The pod's assumed placement (None: not assumed)."""
+        return self._assumed.get(uid)
+
     def is_assumed(self, uid: str) -> bool:
         """Assumed (not yet confirmed)."""
         return uid in self._assumed
 
     def get(self, uid: str) -> Placement | None:
         """The pod's placement, placed or assumed."""
-        entry = self._assumed.get(uid)
-        return self._placed.get(uid) or (entry[0] if entry else None)
+        return self._placed.get(uid) or self._assumed.get(uid)
 
     def expired(self, now: float) -> list[str]:
         """Assumed pods whose deadline passed without confirmation."""
-        return [uid for uid, (_, deadline) in self._assumed.items()
-                if deadline is not None and deadline <= now]
+        return [uid for uid, deadline in self._deadlines.items() if deadline <= now]
 
     def missing_from(self, uids: set[str], listed_at: float | None) -> list[str]:
         """Pods a relist showing ``uids`` bound at ``listed_at`` proves gone: placed ones,
         and assumed ones whose bind call had returned before the list was taken."""
         gone = [uid for uid in self._placed if uid not in uids]
         if listed_at is not None:
-            gone += [uid for uid, (_, deadline) in self._assumed.items()
-                     if uid not in uids and deadline is not None
-                     and deadline - self.ttl < listed_at]
+            gone += [uid for uid, deadline in self._deadlines.items()
+                     if uid not in uids and deadline - self.ttl < listed_at]
         return gone
 
     # ---- writes --------------------------------------------------------------------
     def drop(self, uid: str) -> Placement | None:
         """Forget the pod; returns what it held."""
+        if not self.is_known(uid):
+            self._applied_at.pop(uid, None)
+            self._deadlines.pop(uid, None)
+            return None
+        self._own("_placed" if uid in self._placed else "_assumed", "_by_node")
         p = self._placed.pop(uid, None)
-        if p is None:
-            entry = self._assumed.pop(uid, None)
-            p = entry[0] if entry else None
+        if p is not None:
+            self._untrusted -= not p.trusted
+        else:
+            p = self._assumed.pop(uid, None)
         self._applied_at.pop(uid, None)
+        self._deadlines.pop(uid, None)
+        if p is not None:
+            rest = tuple(u for u in self._by_node.get(p.node, ()) if u != uid)
+            if rest:
+                self._by_node[p.node] = rest
+            else:
+                self._by_node.pop(p.node, None)
         return p
+
+    def _index(self, p: Placement) -> None:
+        self._own("_by_node")
+        self._by_node[p.node] = (*self._by_node.get(p.node, ()), p.pod_uid)
 
     def place(self, p: Placement, applied_at: float) -> None:
         """Record a confirmed placement (the caller dropped any earlier entry)."""
+        self._own("_placed")
         self._placed[p.pod_uid] = p
         self._applied_at[p.pod_uid] = applied_at
+        self._untrusted += not p.trusted
+        self._index(p)
+
+    def settle(self, p: Placement) -> None:
+        """The assumed entry of ``p``'s pod is confirmed as ``p`` (same GPUs and demand):
+        placed, keeping when it was first applied."""
+        self._own("_assumed", "_placed")
+        del self._assumed[p.pod_uid]
+        self._deadlines.pop(p.pod_uid, None)
+        self._placed[p.pod_uid] = p
+        self._untrusted += not p.trusted
 
     def assume(self, p: Placement, applied_at: float) -> None:
         """Record a placement whose bind is in flight (no deadline yet)."""
-        self._assumed[p.pod_uid] = (p, None)
+        self._own("_assumed")
+        self._assumed[p.pod_uid] = p
         self._applied_at[p.pod_uid] = applied_at
+        self._index(p)
 
-    def start_deadline(self, uid: str, now: float) -> None:
-        """The bind call returned: the assumed entry expires ``ttl`` after ``now``."""
-        entry = self._assumed.get(uid)
-        if entry is not None:
-            self._assumed[uid] = (entry[0], now + self.ttl)
+    def start_deadline(self, uid: str, now: float) -> float | None:
+        """The bind call returned: the assumed entry expires ``ttl`` after ``now`` (returned;
+        None for a pod not assumed)."""
+        if uid not in self._assumed:
+            return None
+        self._deadlines[uid] = now + self.ttl
+        return now + self.ttl
+
+    def next_deadline(self) -> float:
+        """The earliest deadline of an assumed entry (infinity when none has one)."""
+        return min(self._deadlines.values(), default=float("inf"))

@@ -46,21 +46,20 @@ def state_document(table: GpuTable, ledger: PlacementLedger, staleness_seconds: 
     """The ``GET /v1/state`` document; with ``node``, that node only (O(its GPUs))."""
     t = table
     pods_by_row: dict[int, list[StatePod]] = {}
-    for state, placements in (("placed", ledger.placed()), ("assumed", ledger.assumed())):
-        for p in placements:
-            if node is not None and p.node != node:
-                continue
-            try:
-                rows = t.rows_of(p)
-            except PlacementError:
-                continue
-            notes, omitted = bounded_annotations(p.annotations)
-            owner = {i: c for c, indices in p.containers for i in indices}
-            for row, index in zip(rows, p.gpu_indices, strict=False):
-                pods_by_row.setdefault(row, []).append(StatePod(
-                    state if p.trusted else "untrusted", p.workload.value, p.util_percent,
-                    p.mem_mib, p.pod, p.pod_uid, notes, omitted,
-                    container=owner.get(index) if p.trusted else None))
+    entries = ledger.on_node(node) if node is not None else \
+        [*(("placed", p) for p in ledger.placed()), *(("assumed", p) for p in ledger.assumed())]
+    for state, p in entries:
+        try:
+            rows = t.rows_of(p)
+        except PlacementError:
+            continue
+        notes, omitted = bounded_annotations(p.annotations)
+        owner = {i: c for c, indices in p.containers for i in indices}
+        for row, index in zip(rows, p.gpu_indices, strict=False):
+            pods_by_row.setdefault(row, []).append(StatePod(
+                state if p.trusted else "untrusted", p.workload.value, p.util_percent,
+                p.mem_mib, p.pod, p.pod_uid, notes, omitted,
+                container=owner.get(index) if p.trusted else None))
     nodes = []
     names = t.node_names if node is None else [n for n in (node,) if n in t.node_index]
     for name in names:
@@ -79,7 +78,7 @@ def state_document(table: GpuTable, ledger: PlacementLedger, staleness_seconds: 
             ))
         nodes.append(StateNode(name, tuple(gpus)))
     placed, assumed = ledger.counts()
-    untrusted = sum(not p.trusted for p in ledger.placed())
+    untrusted = ledger.untrusted()
     return StateDocument(tuple(nodes), synced, placed - untrusted, assumed, learning,
                          untrusted=untrusted)
 
