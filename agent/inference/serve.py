@@ -16,7 +16,8 @@ from agent.inference.auth import ADMIN_TOKEN_ENV, AdminGuard, AdminToken, is_loo
 from agent.inference.batch_formation import DropPolicy
 from agent.inference.batching_profiles import load_profiles
 from agent.inference.clock import MonotonicClock
-from agent.inference.executors import Executor, ModelLimits, OrtExecutor, SimExecutor
+from agent.inference.executors import Executor, OrtExecutor, SimExecutor
+from agent.inference.limits import ModelLimits
 from agent.inference.pathcost import (
     HostLimits,
     RequestPathCost,

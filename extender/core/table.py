@@ -29,7 +29,7 @@ import numpy as np
 
 from contracts.annotations import MODEL
 from contracts.gpus import find_gpus
-from extender.core.snapshot import (
+from extender.core.values import (
     GpuObservation,
     GpuSpec,
     NodeSpec,
