@@ -65,7 +65,7 @@ from contracts.annotations import (
 )
 from contracts.pod import PodView
 from extender.core.profile_index import ProfileIndex, profile_keys  # noqa: F401 - re-exported
-from extender.core.values import SessionSpec, Workload
+from extender.core.snapshot import SessionSpec, Workload
 from extender.core.whole_gpu import COLD_START, modelless_numbers
 
 DemandError = AnnotationError  # the pod's request cannot be understood; ``field`` names it

@@ -29,7 +29,7 @@ import numpy as np
 
 from contracts.annotations import MODEL
 from contracts.gpus import find_gpus
-from extender.core.values import (
+from extender.core.snapshot import (
     GpuObservation,
     GpuSpec,
     NodeSpec,

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contracts import annotations as ann
-from contracts.pod import CONTAINER_KINDS, PodView
 
 NVIDIA_GPU = "nvidia.com/gpu"
 DEFAULT_SCHEDULERS = ("", "default-scheduler")
@@ -146,24 +145,27 @@ def pod_patch(pod: Mapping[str, Any], settings: WebhookSettings,
         return ops  # another scheduler's pod: its GPUs are not tandem's to hand out
     translate = settings.translate_nvidia_gpu and (
         not settings.translate_namespaces or namespace in settings.translate_namespaces)
-    view = PodView.of(pod)
-    wants_tandem = view.requests_gpus
-    for container in view.containers:
-        resources = container.resources
-        if not translate or not isinstance(resources, Mapping):
-            continue
-        new = _translated(resources)
-        if new is not resources:
-            group = CONTAINER_KINDS[0] if container.init else CONTAINER_KINDS[1]
-            ops.append({"op": "replace", "path": f"/spec/{group}/{container.index}/resources",
-                        "value": new})
-            wants_tandem = True  # nvidia.com/gpu became tandem.io/gpu
+    wants_tandem = False
+    for group in ("initContainers", "containers"):
+        items = spec.get(group)
+        for i, container in enumerate(items if isinstance(items, list) else []):
+            resources = container.get("resources") if isinstance(container, Mapping) else None
+            if not isinstance(resources, Mapping):
+                continue
+            new = _translated(resources) if translate else resources
+            if new is not resources:
+                ops.append({"op": "replace", "path": f"/spec/{group}/{i}/resources",
+                            "value": new})
+            wants_tandem |= any(isinstance(v, Mapping) and ann.GPU_RESOURCE in v
+                                for v in new.values())
     if not wants_tandem:
         return ops
     if scheduler in DEFAULT_SCHEDULERS:
         ops.append({"op": "add", "path": "/spec/schedulerName", "value": settings.scheduler_name})
     ops.extend(_toleration_ops(spec.get("tolerations"), settings.tolerations))
-    ops.extend(_annotation_ops(view.annotations, settings.default_annotations))
+    metadata = pod.get("metadata")
+    ops.extend(_annotation_ops(metadata if isinstance(metadata, Mapping) else {},
+                               settings.default_annotations))
     return ops
 
 
@@ -191,12 +193,14 @@ def _toleration_ops(present: Any, wanted: tuple[Mapping[str, Any], ...],
     return [{"op": "add", "path": "/spec/tolerations/-", "value": t} for t in missing]
 
 
-def _annotation_ops(present: Mapping[str, Any],
+def _annotation_ops(metadata: Mapping[str, Any],
                     defaults: Mapping[str, str]) -> list[dict[str, Any]]:
-    missing = {k: v for k, v in defaults.items() if k not in present}
+    present = metadata.get("annotations")
+    present = present if isinstance(present, Mapping) else None
+    missing = {k: v for k, v in defaults.items() if present is None or k not in present}
     if not missing:
         return []
-    if not present:  # absent, empty or not a map: the whole map is written
+    if present is None:
         return [{"op": "add", "path": "/metadata/annotations", "value": missing}]
     return [{"op": "add", "path": f"/metadata/annotations/{_pointer(k)}", "value": v}
             for k, v in missing.items()]
