@@ -49,7 +49,8 @@ import _common
 import numpy as np
 import onnx
 
-from agent.inference.executors import ModelLimits, OrtExecutor
+from agent.inference.executors import OrtExecutor
+from agent.inference.limits import ModelLimits
 from agent.inference.tensors import encode_npy
 from benchmarks.serving_ort import mlp
 

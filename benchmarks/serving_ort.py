@@ -37,7 +37,8 @@ from onnx import TensorProto, helper, numpy_helper, save
 
 from agent.inference.clock import MonotonicClock
 from agent.inference.errors import AdmissionRefused, SessionNotFound
-from agent.inference.executors import Executor, ModelLimits, OrtExecutor
+from agent.inference.executors import Executor, OrtExecutor
+from agent.inference.limits import ModelLimits
 from agent.inference.quanta import jain_index, weighted_share_errors
 from agent.inference.replay import merge, poisson_arrivals
 from agent.inference.runtime import RuntimeConfig, ServingRuntime

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import errno
-import os
 import signal
 import threading
 from pathlib import Path
@@ -34,108 +32,14 @@ def serve(
         help="serve on a non-loopback server.host without TLS or an agent token"),
 ) -> None:
     """Run the kube-scheduler extender on cheroot until SIGTERM/SIGINT."""
-    from contracts.clusterfile import ClusterFileError
-    from contracts.logs import setup_logging
-    from extender.config.loader import ConfigHolder, load_config
-    from extender.config.schema import ConfigError
-    from extender.exposure import exposure_problem
-    from extender.ha.lifecycle import (
-        Draining,
-        GracefulShutdown,
-        LeadershipSetupError,
-        setup_leadership,
-    )
-    from extender.inference_profiles import ProfileFileError, load_profiles
-    from extender.ops.metrics import Metrics
-    from extender.queue import QueueError
-    from extender.queue.metrics import QueueMetrics
-    from extender.scheduler_auth import ask_for_client_certificates, scheduler_only
-    from extender.transport.server import make_server, reload_loop
-    from extender.wiring import (
-        PredictorSetupError,
-        QueueGateThread,
-        SourceSpecError,
-        build_predictor,
-        build_queue_gate,
-        build_source,
-        create_app,
-        default_planner,
-        predictor_demand_fn,
-    )
+    from extender.wiring import assemble_extender, setup_errors
 
-    gate = None
     try:
-        cfg = load_config(config)
-        log = setup_logging(cfg.log_level)
-        exposed = exposure_problem(cfg, os.environ)
-        if exposed and not insecure:
-            raise ConfigError([exposed])
-        if exposed:
-            log.warning("serving without TLS or an agent token (--insecure)",
-                        extra={"path": cfg.server.host})
-        if cfg.queue.enabled and cluster != "kube":
-            raise SourceSpecError("queue.enabled needs --cluster kube (the gate patches real pods)")
-        leader, loop = setup_leadership(leadership, lease_name)
-        source = build_source(cluster)  # before the predictor, which may log a warning
-        predictor = build_predictor(cfg.predictor)
-        profiles = load_profiles(cfg.profile_files, cfg.nexus_profiles)
-        if cfg.queue.enabled:
-            gate = build_queue_gate(cfg.queue, demand_fn=predictor_demand_fn(predictor))
-    except (ConfigError, ClusterFileError, SourceSpecError, ProfileFileError,
-            LeadershipSetupError, PredictorSetupError, QueueError) as exc:
+        process = assemble_extender(config, cluster, port, leadership, lease_name, insecure)
+    except setup_errors() as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    holder = ConfigHolder(cfg, loader=lambda: load_config(config))
-    draining = Draining()
-    metrics = Metrics()
-    app_ = create_app(holder, source, predictor=predictor,
-                      profiles=profiles, planner=default_planner(), readiness=[draining],
-                      may_bind=leader.is_leader, metrics=metrics)
-    mutual_tls = bool(cfg.server.tls_client_ca_file and cfg.server.tls_cert_file)
-    if mutual_tls:
-        app_ = scheduler_only(app_, cfg.server.scheduler_client_names)
-    server = make_server(app_, cfg.server, port)
-    if mutual_tls:
-        try:
-            ask_for_client_certificates(server.ssl_adapter, cfg.server.tls_client_ca_file)
-        except ConfigError as exc:
-            source.stop()
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2) from None
-    address = f"{cfg.server.host}:{port or cfg.server.port}"
-    try:
-        server.prepare()  # bind now, so a busy port fails before we claim to serve
-    except OSError as exc:
-        source.stop()
-        # cheroot re-raises bind failures without errno; its message keeps the cause.
-        code = exc.errno or next((c for c in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL)
-                                  if os.strerror(c) in str(exc)), None)
-        reason = os.strerror(code) if code else str(exc)
-        raise OSError(code, f"cannot listen on {address}: {reason}") from exc
-    stop = threading.Event()
-    reload_loop(holder, stop)
-    shutdown = GracefulShutdown(draining, server, loop, stop)
-    signal.signal(signal.SIGTERM, shutdown.on_signal)
-    if loop is not None:
-        loop.start()
-    # The gate shares `stop` with the shutdown sequence and releases only while
-    # this replica leads, so standbys never release pods.
-    gate_thread = QueueGateThread(
-        gate, leader.is_leader, stop, on_round=QueueMetrics(metrics.registry).observe,
-    ).start() if gate else None
-    log.info("serving", extra={"path": address,
-                               "leadership": leadership, "queue_gate": gate is not None})
-    try:
-        server.serve()
-    finally:
-        if draining.active:
-            # cheroot's accept loop returns as soon as stop() begins; wait for the drain.
-            shutdown.wait(shutdown.shutdown_timeout_seconds + 5)
-        else:
-            shutdown.run()
-        if gate_thread is not None:
-            gate_thread.stop()
-        source.stop()
+    process.run()
 
 
 @app.command("queue-gate")

@@ -1,15 +1,20 @@
 """Wiring shared by ``tandem extender serve``, ``queue-gate`` and ``tandem demo``.
 
-The one place an extender process is assembled (:func:`create_app`: learner,
-state, verbs, signer, metrics, routes, then the source starts), sources, the
-predictor (with the guard against simulated artifacts), the planner, and the
-weighted-fair queue gate's controller thread.
+The one place an extender process is assembled: :func:`assemble_extender` (what
+``tandem extender serve`` runs: config, exposure check, leadership, source,
+predictor, profiles, queue gate, the app from :func:`create_app`, the server bound,
+then :meth:`ExtenderProcess.run`), :func:`create_app` (learner, state, verbs, signer,
+metrics, routes, then the source starts), the predictor (with the guard against
+simulated artifacts), the planner, and the weighted-fair queue gate's controller thread.
 """
 
 from __future__ import annotations
 
+import errno
 import importlib
 import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -19,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from contracts.logs import get_logger
 from extender.cluster.source import ClusterSource
+from extender.cluster.spec import SourceSpecError, build_source
 from extender.config.loader import ConfigHolder
 from extender.config.sections import PredictorConfig, QueueSettings
 from extender.core.session_rules import PlannerFn
@@ -66,23 +72,6 @@ def create_app(
     if start_source:
         source.start(state)
     return app
-
-
-class SourceSpecError(ValueError):
-    """``--cluster`` is neither ``kube`` nor ``sim:FILE``."""
-
-
-def build_source(spec: str) -> ClusterSource:
-    """The cluster source for ``--cluster kube|sim:FILE``."""
-    if spec == "kube":
-        from extender.cluster.kube import KubeSource
-
-        return KubeSource.from_environment()
-    if spec.startswith("sim:") and len(spec) > 4:
-        from extender.cluster.sim import SimSource
-
-        return SimSource.from_file(spec[4:])
-    raise SourceSpecError(f"--cluster must be 'kube' or 'sim:FILE', got {spec!r}")
 
 
 def default_planner() -> PlannerFn | None:
@@ -243,3 +232,129 @@ class QueueGateThread:
         self.stop_event.set()
         if self._thread.is_alive():
             self._thread.join(timeout_seconds)
+
+
+def setup_errors() -> tuple[type[Exception], ...]:
+    """What :func:`assemble_extender` raises for a configuration the operator must fix."""
+    from contracts.clusterfile import ClusterFileError
+    from extender.config.schema import ConfigError
+    from extender.ha.lifecycle import LeadershipSetupError
+    from extender.inference_profiles import ProfileFileError
+    from extender.queue import QueueError
+
+    return (ConfigError, ClusterFileError, SourceSpecError, ProfileFileError,
+            LeadershipSetupError, PredictorSetupError, QueueError)
+
+
+
+class ExtenderProcess:
+    """A bound, not yet serving extender and what its shutdown stops."""
+
+    def __init__(self, holder: ConfigHolder, source: ClusterSource, server: Any, address: str,
+                 leadership: str, leader: Any, loop: Any, gate: Any, draining: Any,
+                 metrics: Metrics):
+        self.holder, self.source, self.server, self.address = holder, source, server, address
+        self.leadership, self.leader, self.loop, self.gate = leadership, leader, loop, gate
+        self.draining, self.metrics = draining, metrics
+
+    def run(self) -> None:
+        """Serve until SIGTERM/SIGINT, then drain, stop the gate and the source."""
+        from extender.ha.lifecycle import GracefulShutdown
+        from extender.queue.metrics import QueueMetrics
+        from extender.transport.server import reload_loop
+
+        stop = threading.Event()
+        reload_loop(self.holder, stop)
+        shutdown = GracefulShutdown(self.draining, self.server, self.loop, stop)
+        signal.signal(signal.SIGTERM, shutdown.on_signal)
+        if self.loop is not None:
+            self.loop.start()
+        # The gate shares `stop` with the shutdown sequence and releases only while
+        # this replica leads, so standbys never release pods.
+        gate_thread = QueueGateThread(
+            self.gate, self.leader.is_leader, stop,
+            on_round=QueueMetrics(self.metrics.registry).observe,
+        ).start() if self.gate else None
+        get_logger().info("serving", extra={"path": self.address, "leadership": self.leadership,
+                                            "queue_gate": self.gate is not None})
+        try:
+            self.server.serve()
+        finally:
+            if self.draining.active:
+                # cheroot's accept loop returns as soon as stop() begins; wait for the drain.
+                shutdown.wait(shutdown.shutdown_timeout_seconds + 5)
+            else:
+                shutdown.run()
+            if gate_thread is not None:
+                gate_thread.stop()
+            self.source.stop()
+
+
+def assemble_extender(config_path: Path | None, cluster: str, port: int | None,
+                      leadership: str, lease_name: str | None,
+                      insecure: bool) -> ExtenderProcess:
+    """``tandem extender serve``'s process, bound to its address; raises one of
+    :func:`setup_errors` for a configuration to fix, OSError when it cannot listen."""
+    from contracts.logs import setup_logging
+    from extender.config.loader import load_config
+    from extender.config.schema import ConfigError
+    from extender.exposure import exposure_problem
+    from extender.ha.lifecycle import Draining, setup_leadership
+    from extender.inference_profiles import load_profiles
+    from extender.ops.metrics import Metrics
+
+    cfg = load_config(config_path)
+    log = setup_logging(cfg.log_level)
+    exposed = exposure_problem(cfg, os.environ)
+    if exposed and not insecure:
+        raise ConfigError([exposed])
+    if exposed:
+        log.warning("serving without TLS or an agent token (--insecure)",
+                    extra={"path": cfg.server.host})
+    if cfg.queue.enabled and cluster != "kube":
+        raise SourceSpecError("queue.enabled needs --cluster kube (the gate patches real pods)")
+    leader, loop = setup_leadership(leadership, lease_name)
+    source = build_source(cluster)  # before the predictor, which may log a warning
+    predictor = build_predictor(cfg.predictor)
+    profiles = load_profiles(cfg.profile_files, cfg.nexus_profiles)
+    gate = (build_queue_gate(cfg.queue, demand_fn=predictor_demand_fn(predictor))
+            if cfg.queue.enabled else None)
+    holder = ConfigHolder(cfg, loader=lambda: load_config(config_path))
+    draining, metrics = Draining(), Metrics()
+    app = create_app(holder, source, predictor=predictor, profiles=profiles,
+                     planner=default_planner(), readiness=[draining],
+                     may_bind=leader.is_leader, metrics=metrics)
+    address = f"{cfg.server.host}:{port or cfg.server.port}"
+    server = _bound_server(app, cfg.server, port, source, address)
+    return ExtenderProcess(holder, source, server, address, leadership, leader, loop, gate,
+                           draining, metrics)
+
+
+def _bound_server(app: Flask, server_cfg: Any, port: int | None, source: ClusterSource,
+                  address: str) -> Any:
+    """The cheroot server over ``app`` (scheduler-only behind mutual TLS), bound now so a
+    busy port fails before we claim to serve; the source is stopped on failure."""
+    from extender.config.schema import ConfigError
+    from extender.scheduler_auth import ask_for_client_certificates, scheduler_only
+    from extender.transport.server import make_server
+
+    mutual_tls = bool(server_cfg.tls_client_ca_file and server_cfg.tls_cert_file)
+    if mutual_tls:
+        app = scheduler_only(app, server_cfg.scheduler_client_names)
+    server = make_server(app, server_cfg, port)
+    if mutual_tls:
+        try:
+            ask_for_client_certificates(server.ssl_adapter, server_cfg.tls_client_ca_file)
+        except ConfigError:
+            source.stop()
+            raise
+    try:
+        server.prepare()
+    except OSError as exc:
+        source.stop()
+        # cheroot re-raises bind failures without errno; its message keeps the cause.
+        code = exc.errno or next((c for c in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL)
+                                  if os.strerror(c) in str(exc)), None)
+        reason = os.strerror(code) if code else str(exc)
+        raise OSError(code, f"cannot listen on {address}: {reason}") from exc
+    return server

@@ -39,8 +39,8 @@ from planner.options import GpuType
 from planner.types import SessionSpec
 from predictor.batching import BatchingProfile
 
-if TYPE_CHECKING:  # merge imports this module; the types are for annotations only
-    from planner.merge import Item, ItemFit
+if TYPE_CHECKING:
+    from planner.nodes import Item, ItemFit
 
 _EPS = 1e-9
 

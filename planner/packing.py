@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from planner.duty_cycle import batch_for, max_duty_cycle_ms, plan_shares
-from planner.merge import Item, ItemFit, TypeNodes, merge_best
+from planner.merge import merge_best
+from planner.nodes import Item, ItemFit, TypeNodes
 from planner.options import GpuType, HarpagonOptions
 from planner.saturate import ConfigPlanner, ProfileIndex, SessionConfig, Tier
 from planner.types import (

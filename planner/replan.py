@@ -28,7 +28,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from planner.duty_cycle import plan_shares
-from planner.merge import Item, Packing
+from planner.merge import Packing
+from planner.nodes import Item
 from planner.options import GpuType, HarpagonOptions
 from planner.packing import (
     ClusterPlan,

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from planner.merge import ItemFit, TypeNodes
+    from planner.nodes import ItemFit, TypeNodes
 
 _EPS = 1e-9
 

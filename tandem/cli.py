@@ -8,14 +8,15 @@ cause are turned into one line by :class:`tandem.errors.TandemGroup`.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+
 import typer
 
 from agent.commands import app as agent_app
 from contracts.version import DISTRIBUTION, version
 from extender.commands import app as extender_app
 from extender.ops.status import status_command
-from extender.simulator.commands import import_interference_command, simulate_command
-from planner.commands import plan_command
 from predictor.commands import app as predictor_app
 from predictor.profiling.commands import profile_app
 from tandem.demo import demo_command
@@ -61,9 +62,17 @@ app.add_typer(extender_app, name="extender", help="The kube-scheduler extender s
 app.add_typer(agent_app, name="agent", help="Node agent and per-GPU inference server.")
 app.add_typer(predictor_app, name="predictor", help="Graph features, prediction, training.")
 app.add_typer(profile_app, name="profile", help="Profiling campaigns on a GPU (or a sim: backend).")
-app.command("plan")(plan_command)
-app.command("simulate")(simulate_command)
-app.command("import-interference")(import_interference_command)
+
+# The offline tools' commands, by module: the images carry only the deployables, and
+# there (where the tools' package is not installed) these commands are absent.
+OFFLINE_COMMANDS = (
+    ("plan", "planner.commands", "plan_command"),
+    ("simulate", "extender.simulator.commands", "simulate_command"),
+    ("import-interference", "extender.simulator.commands", "import_interference_command"),
+)
+for _name, _module, _command in OFFLINE_COMMANDS:
+    if importlib.util.find_spec(_module.split(".")[0]) is not None:
+        app.command(_name)(getattr(importlib.import_module(_module), _command))
 
 
 def main() -> None:

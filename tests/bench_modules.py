@@ -26,7 +26,8 @@ def load(name: str) -> ModuleType:
     return _common.sibling(name)
 
 
-load("fake_kube_policy")  # fake_kube_api imports it by name
+load("fake_kube_policy")  # fake_kube_api and fake_kube_http import it by name
+load("fake_kube_http")  # fake_kube_api imports it by name
 fake_kube_api = load("fake_kube_api")
 
 

@@ -85,7 +85,8 @@ def one_matmul(rows: int, width: int) -> onnx.ModelProto:
 def ort_runtimes(store: Path, **limits) -> Iterator:
     """Yields ``make(profiles=None, **config)``: started CPU ONNX Runtime serving runtimes
     over ``store`` (one core, no re-plan timer), all stopped at the end."""
-    from agent.inference.executors import ModelLimits, OrtExecutor
+    from agent.inference.executors import OrtExecutor
+    from agent.inference.limits import ModelLimits
 
     started: list[ServingRuntime] = []
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from extender_builders import TOKEN, MemoryOnlyPredictor, args, binding, make_app, node, pod
-from nvml_fakes import NOT_FOUND, FakeNvml
+from fakes.nvml import NOT_FOUND, FakeNvml
 
 from agent.inference.auth import AdminGuard, AdminToken
 from agent.inference.errors import Unauthorized as ServerUnauthorized
@@ -249,9 +249,10 @@ def test_one_reader_of_nvml_samples_for_the_agent_and_the_profiler() -> None:
     import agent.node.nvml
     import predictor.profiling.nvml
 
-    fake = FakeNvml(samples=[[(30, 7), (10, 5), (20, 6)], NOT_FOUND])
-    assert read_samples(fake, "h0", 1, 10) == [(20, 6.0), (30, 7.0)]  # newer only, in order
-    assert read_samples(fake, "h0", 1, 30) == []  # NOT_FOUND: nothing new yet
+    fake = FakeNvml.scripted(samples=[[(30, 7), (10, 5), (20, 6)], NOT_FOUND])
+    handle = fake.nvmlDeviceGetHandleByIndex(0)
+    assert read_samples(fake, handle, 1, 10) == [(20, 6.0), (30, 7.0)]  # newer only, in order
+    assert read_samples(fake, handle, 1, 30) == []  # NOT_FOUND: nothing new yet
     for module in (agent.node.nvml, predictor.profiling.nvml):
         calls = inspect.getsource(module).count(".nvmlDeviceGetSamples(")
         assert calls == (1 if module is predictor.profiling.nvml else 0), module

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import sys
-from types import SimpleNamespace
 
 import pytest
-from nvml_fakes import (
+from fakes.nvml import (
     DRIVER_NOT_LOADED,
     GPU_IS_LOST,
     NOT_FOUND,
@@ -22,12 +21,13 @@ from predictor.profiling.nvml import UtilizationSampler, open_device
 
 
 def _sampler(nvml: FakeNvml, now: list[int], pids: tuple[int, ...] = ()) -> UtilizationSampler:
-    return UtilizationSampler(nvml, "h0", 200, pids, wallclock_us=lambda: now[0])
+    return UtilizationSampler(nvml, nvml.nvmlDeviceGetHandleByIndex(0), 200, pids,
+                              wallclock_us=lambda: now[0])
 
 
 def test_samples_after_prime_are_collected_once_each_and_windowed():
     warmup = [(100, 5), (200, 7)]
-    nvml = FakeNvml(
+    nvml = FakeNvml.scripted(
         samples=[
             warmup,
             warmup + [(1100, 40), (1200, 60)],
@@ -44,13 +44,13 @@ def test_samples_after_prime_are_collected_once_each_and_windowed():
     s._window = (s._window[0], now[0])
     s.poll()
     assert s.result.values_percent == [40.0, 60.0, 80.0]
-    assert nvml.calls == [0, 200, 1200, 1200]  # asks only for samples newer than the last seen
+    assert nvml.sample_calls == [0, 200, 1200, 1200]  # only samples newer than the last seen
     assert s.result.stats() == pytest.approx((60.0, 60.0, 76.0))
     assert s.result.error == "" and s.result.source == "samples"
 
 
 def test_not_supported_falls_back_to_utilization_rates():
-    nvml = FakeNvml(samples=[NOT_SUPPORTED, NOT_SUPPORTED], rates=[30, 50])
+    nvml = FakeNvml.scripted(samples=[NOT_SUPPORTED, NOT_SUPPORTED], rates=[30, 50])
     s = _sampler(nvml, [0])
     s.prime()
     s.poll()
@@ -60,7 +60,7 @@ def test_not_supported_falls_back_to_utilization_rates():
 
 
 def test_gpu_lost_mid_window_marks_the_window_unusable():
-    nvml = FakeNvml(samples=[[(1, 1)], [(5, 50)], GPU_IS_LOST])
+    nvml = FakeNvml.scripted(samples=[[(1, 1)], [(5, 50)], GPU_IS_LOST])
     s = _sampler(nvml, [0])
     s.prime()
     s.poll()
@@ -70,13 +70,13 @@ def test_gpu_lost_mid_window_marks_the_window_unusable():
 
 
 def test_memory_is_the_max_over_ticks_per_process_and_device():
-    proc = SimpleNamespace(pid=42, usedGpuMemory=2048 * 1024 * 1024)
-    other = SimpleNamespace(pid=7, usedGpuMemory=9999 * 1024 * 1024)
-    nvml = FakeNvml(processes=[proc, other])
+    other = (7, 9999 * 1024 * 1024)
+    nvml = FakeNvml.scripted(processes=[(42, 2048 * 1024 * 1024), other])
     s = _sampler(nvml, [0], pids=(42,))
     s.poll()
-    proc.usedGpuMemory = 1024 * 1024 * 1024
-    nvml.used = 3 * 1024**3
+    gpu = nvml.gpus[0]
+    gpu.processes = [(42, 1024 * 1024 * 1024), other]
+    gpu.memory_used_bytes = 3 * 1024**3
     s.poll()
     assert s.result.process_used_max_mib == {42: 2048.0}
     assert s.result.device_used_max_mib == 3072.0
@@ -85,12 +85,12 @@ def test_memory_is_the_max_over_ticks_per_process_and_device():
 def test_each_watched_process_gets_its_own_utilisation_in_the_window():
     # What a node agent sees of each pod: SM samples per PID, only the watched
     # workers', only inside the measured window, each sample once.
-    nvml = FakeNvml(process_util=[
+    nvml = FakeNvml.scripted(process_util=[
         [(900, 42, 99)],                                # before the window opened
         [(1100, 42, 30), (1100, 7, 80), (1150, 43, 60)],
         NOT_FOUND,                                       # nothing new since: not an error
         [(1300, 42, 50), (2500, 43, 90)],                # 2500 is after the window closed
-    ], processes=[SimpleNamespace(pid=42, usedGpuMemory=0)])  # fmt: skip
+    ], processes=[(42, 0)])  # fmt: skip
     now = [1000]
     s = _sampler(nvml, now, pids=(42, 43))
     s.prime()
@@ -104,8 +104,8 @@ def test_each_watched_process_gets_its_own_utilisation_in_the_window():
 
 
 def test_per_process_utilisation_unsupported_leaves_the_rest_of_the_window_intact():
-    nvml = FakeNvml(samples=[[(1, 1)], [(5, 50)]], process_util=[NOT_SUPPORTED],
-                    processes=[SimpleNamespace(pid=42, usedGpuMemory=1024 * 1024)])  # fmt: skip
+    nvml = FakeNvml.scripted(samples=[[(1, 1)], [(5, 50)]], process_util=[NOT_SUPPORTED],
+                             processes=[(42, 1024 * 1024)])  # fmt: skip
     s = _sampler(nvml, [0], pids=(42,))
     s.prime()
     s.poll()
@@ -118,11 +118,11 @@ def test_per_process_utilisation_unsupported_leaves_the_rest_of_the_window_intac
 @pytest.mark.parametrize("code", [DRIVER_NOT_LOADED, 12], ids=["driver-not-loaded", "no-library"])
 def test_driver_not_loaded_is_a_clear_backend_error(code):
     with pytest.raises(BackendUnavailable, match="NVML cannot start"):
-        open_device(FakeNvml(init_error=code), 0)
+        open_device(FakeNvml.scripted(init_error=code), 0)
 
 
 def test_device_description_decodes_nvml_values():
-    d = open_device(FakeNvml(), 0)
+    d = open_device(FakeNvml.scripted(), 0)
     assert (d.product, d.driver_version, d.cuda_driver_version, d.uuid) == (
         "NVIDIA H100 80GB HBM3",
         "580.159.04",
@@ -130,7 +130,7 @@ def test_device_description_decodes_nvml_values():
         "GPU-1234",
     )
     with pytest.raises(BackendUnavailable, match="out of range"):
-        open_device(FakeNvml(), 3)
+        open_device(FakeNvml.scripted(), 3)
 
 
 def test_cuda_backend_end_to_end_with_cpu_workers_and_fake_nvml():
@@ -142,7 +142,7 @@ def test_cuda_backend_end_to_end_with_cpu_workers_and_fake_nvml():
     )
     argv = [sys.executable, "-m", "predictor.profiling.worker", "--device", "cpu"]
     backend = CudaBackend(
-        settings, nvml=FakeNvml(), worker_argv=argv, sampler_factory=ScriptedSampler
+        settings, nvml=FakeNvml.scripted(), worker_argv=argv, sampler_factory=ScriptedSampler
     )
     try:
         env = backend.environment()

@@ -301,7 +301,7 @@ def test_cuda_backend_runs_a_user_torch_model_beside_a_user_onnx_model(nets: Pat
                                                                        tmp_path: Path) -> None:
     """Real CPU worker processes: both kinds of user model, co-located."""
     import onnx
-    from nvml_fakes import FakeNvml, ScriptedSampler
+    from fakes.nvml import FakeNvml, ScriptedSampler
     from onnx import TensorProto, helper
 
     from predictor.profiling.cuda import CudaBackend
@@ -318,7 +318,7 @@ def test_cuda_backend_runs_a_user_torch_model_beside_a_user_onnx_model(nets: Pat
     settings = MeasureSettings(warmup_seconds=0.0, measure_seconds=0.05, min_steps=2,
                                timeout_seconds=60.0)  # fmt: skip
     argv = [sys.executable, "-m", "predictor.profiling.worker", "--device", "cpu"]
-    backend = CudaBackend(settings, nvml=FakeNvml(), worker_argv=argv,
+    backend = CudaBackend(settings, nvml=FakeNvml.scripted(), worker_argv=argv,
                           sampler_factory=ScriptedSampler)  # fmt: skip
     try:
         pair = backend.measure([

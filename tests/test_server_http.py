@@ -17,7 +17,8 @@ from server_helpers import chain_model, save
 
 from agent.inference.app import create_app
 from agent.inference.clock import MonotonicClock
-from agent.inference.executors import ModelLimits, OrtExecutor, SimExecutor
+from agent.inference.executors import OrtExecutor, SimExecutor
+from agent.inference.limits import ModelLimits
 from agent.inference.runtime import RuntimeConfig, ServingRuntime
 from predictor.batching import BatchingProfile
 

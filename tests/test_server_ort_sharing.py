@@ -18,7 +18,8 @@ from bench_modules import load
 from server_helpers import one_matmul, ort_runtimes
 
 from agent.inference.clock import MonotonicClock
-from agent.inference.executors import ModelLimits, OrtExecutor
+from agent.inference.executors import OrtExecutor
+from agent.inference.limits import ModelLimits
 from agent.inference.runtime import RuntimeConfig, ServingRuntime
 from predictor.batching import BatchingProfile
 

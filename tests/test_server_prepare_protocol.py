@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from agent.inference.errors import ModelRejected
-from agent.inference.executors import ModelLimits
+from agent.inference.limits import ModelLimits
 from agent.inference.prepare import (
     WorkerProtocolError,
     _limits_from_json,

@@ -23,7 +23,8 @@ from server_helpers import onnx_model
 from agent.inference.app import create_app
 from agent.inference.clock import MonotonicClock
 from agent.inference.errors import ModelRejected
-from agent.inference.executors import ModelLimits, OrtExecutor
+from agent.inference.executors import OrtExecutor
+from agent.inference.limits import ModelLimits
 from agent.inference.runtime import RuntimeConfig, ServingRuntime
 
 mlp = load("serving_ort").mlp  # the benchmark's MatMul+Relu chain

@@ -11,7 +11,8 @@ import pytest
 from server_helpers import chain_model, save
 
 from agent.inference.errors import ModelRejected
-from agent.inference.executors import ModelLimits, OrtExecutor
+from agent.inference.executors import OrtExecutor
+from agent.inference.limits import ModelLimits
 from agent.inference.quanta import group_segments
 from agent.inference.segments import (
     Cut,

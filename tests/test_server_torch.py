@@ -18,7 +18,8 @@ from test_predictor_zoo import FAMILY_REPRESENTATIVES, _small_inputs
 from typer.testing import CliRunner
 
 from agent.inference.errors import ModelRejected
-from agent.inference.executors import ModelLimits, OrtExecutor
+from agent.inference.executors import OrtExecutor
+from agent.inference.limits import ModelLimits
 from predictor.zoo import ZOO, export_onnx
 
 torch = pytest.importorskip("torch")

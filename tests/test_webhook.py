@@ -80,6 +80,21 @@ def test_opted_in_translation_moves_the_gpu_to_tandem() -> None:
     assert pod["metadata"]["annotations"] == {"tandem.io/gpu-mem-mib": "8192"}
 
 
+def test_an_init_containers_gpu_is_translated_where_it_is() -> None:
+    """The patch names the init container's own path (the kubelet admits it first)."""
+    body = copy.deepcopy(REVIEW)
+    pod = body["request"]["object"]
+    pod["spec"]["initContainers"] = [{"name": "warm", "resources": {}},
+                                     {"name": "load", "resources": {"limits": {
+                                         "nvidia.com/gpu": "1"}}}]
+    pod["spec"]["containers"] = [c for c in pod["spec"]["containers"] if c["name"] == "logger"]
+    _, out = mutated(body, TRANSLATE)
+    assert [c["resources"] for c in out["spec"]["initContainers"]] == [
+        {}, {"limits": {"tandem.io/gpu": "1"}}]
+    assert out["spec"]["containers"] == pod["spec"]["containers"]  # untouched
+    assert out["spec"]["schedulerName"] == "tandem"
+
+
 def test_without_opt_in_an_nvidia_pod_is_left_alone() -> None:
     response, pod = mutated(REVIEW, parse_settings({}))
     assert "patch" not in response and pod == REVIEW["request"]["object"]

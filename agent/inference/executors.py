@@ -30,6 +30,7 @@ import numpy as np
 from agent.inference.batching_profiles import fit_linear_profile
 from agent.inference.clock import Clock
 from agent.inference.errors import ModelRejected
+from agent.inference.limits import ModelLimits
 from agent.inference.quanta import OverheadCurve, group_segments
 from predictor.batching import BatchingProfile
 
@@ -194,22 +195,6 @@ class _OrtHandle:
     boundary_cost_ms: float = 0.0
     whole_ms: float = 0.0
     segments: list[Any] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class ModelLimits:
-    """Where models may come from and how big they may be."""
-
-    store_root: Path | None = None
-    """If set, model paths must resolve inside this directory."""
-    max_model_bytes: int = 2 * 2**30
-    max_input_bytes: int = 2**30
-    """Declared input of one batch of ``max_batch`` samples (static dims only)."""
-    max_tensor_bytes: int = 4 * 2**30
-    """Largest tensor ONNX shape inference finds at ``max_batch`` (inputs and intermediates)."""
-    profile_batches: tuple[int, ...] = (1, 2, 4, 8)
-    max_batch: int = 64
-    profile_repeats: int = 3
 
 
 class MeasuredExecutor:

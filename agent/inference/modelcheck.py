@@ -42,7 +42,7 @@ from predictor.shape_inference import largest_tensor
 from predictor.store import ModelStore, StoreConfig
 
 if TYPE_CHECKING:
-    from agent.inference.executors import ModelLimits
+    from agent.inference.limits import ModelLimits
 
 
 def resolve_model_path(ref: str, limits: ModelLimits) -> Path:

@@ -36,7 +36,7 @@ import numpy as np
 from agent.inference.errors import BadRequest, ModelRejected, ServerError
 
 if TYPE_CHECKING:
-    from agent.inference.executors import ModelLimits
+    from agent.inference.limits import ModelLimits
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ def _limits_to_json(limits: ModelLimits) -> dict[str, Any]:
 
 
 def _limits_from_json(values: dict[str, Any]) -> ModelLimits:
-    from agent.inference.executors import ModelLimits
+    from agent.inference.limits import ModelLimits
 
     root = values.get("store_root")
     return ModelLimits(**{**values, "store_root": None if root is None else Path(root),

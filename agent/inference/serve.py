@@ -17,7 +17,8 @@ from agent.inference.batch_formation import DropPolicy
 from agent.inference.batching_profiles import load_profiles
 from agent.inference.clock import MonotonicClock
 from agent.inference.executor_tail import start_delay_ms
-from agent.inference.executors import Executor, ModelLimits, OrtExecutor, SimExecutor
+from agent.inference.executors import Executor, OrtExecutor, SimExecutor
+from agent.inference.limits import ModelLimits
 from agent.inference.pathcost import (
     HostLimits,
     RequestPathCost,

@@ -32,8 +32,8 @@ from agent.inference.executors import (
     Feed,
     LoadedModel,
     MeasuredExecutor,
-    ModelLimits,
 )
+from agent.inference.limits import ModelLimits
 from agent.inference.quanta import group_segments
 from predictor.batching import BatchingProfile
 
@@ -69,7 +69,7 @@ def require_torch_device(device: str, gpu_index: int) -> Any:
 
 @dataclass
 class _TorchHandle:
-    graph: Any  # onnx_torch.TorchGraph
+    graph: Any  # onnx_torch_graph.TorchGraph
     bounds: list[int]
     """Atom boundaries as node indices: atom i is nodes [bounds[i], bounds[i + 1])."""
     atom_costs_ms: list[float] = field(default_factory=list)
@@ -153,7 +153,8 @@ class TorchExecutor(MeasuredExecutor):
         """Check and fold (model worker), compile to torch, time the atoms; ModelRejected."""
         import onnx
 
-        from agent.inference.onnx_torch import TorchGraph, UnsupportedGraph
+        from agent.inference.onnx_torch import UnsupportedGraph
+        from agent.inference.onnx_torch_graph import TorchGraph
 
         prepared = self.preparer.prepare(ref, self.limits)
         proto = onnx.ModelProto()

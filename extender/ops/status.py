@@ -243,7 +243,7 @@ def collect(extender: str | None, cluster: str | None, scheduler_name: str = "ta
     if extender is None and cluster is None:
         raise StatusError("say where to look: --extender URL (a port-forwarded extender) "
                           "or --cluster kube|sim:FILE", usage=True)
-    from extender.wiring import build_source
+    from extender.cluster.spec import build_source
 
     source = build_source(cluster) if cluster is not None else None
     if extender is not None:
@@ -273,8 +273,8 @@ def status_command(
 ) -> None:
     """Per node and GPU: role, pods, reserved memory, predicted and observed load; pending pods."""
     from contracts.clusterfile import ClusterFileError
+    from extender.cluster.spec import SourceSpecError
     from extender.ops.status_render import render
-    from extender.wiring import SourceSpecError
 
     try:
         token = read_token(token_file) if extender is not None else None
