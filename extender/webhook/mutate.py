@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contracts import annotations as ann
+from contracts.pod import CONTAINER_KINDS, PodView
 from extender.webhook.shares import MEMORY_UNITS, ShareError, ShareSources, Translated
 from extender.webhook.shares import translate as translate_shares
 
@@ -196,21 +197,20 @@ def pod_patch(pod: Mapping[str, Any], settings: WebhookSettings,
     shared = translate_shares(spec, metadata, settings.shares) \
         if settings.shares.any and in_scope else Translated({}, {})
     wants_tandem = False
-    for group in ("initContainers", "containers"):
-        items = spec.get(group)
-        for i, container in enumerate(items if isinstance(items, list) else []):
-            resources = container.get("resources") if isinstance(container, Mapping) else None
-            if (group, i) in shared.resources:
-                resources, new = None, shared.resources[(group, i)]
-            elif not isinstance(resources, Mapping):
-                continue
-            else:
-                new = _translated(resources) if translate else resources
-            if new is not resources:  # add: a container may have had no resources at all
-                ops.append({"op": "add" if resources is None else "replace",
-                            "path": f"/spec/{group}/{i}/resources", "value": new})
-            wants_tandem |= any(isinstance(v, Mapping) and ann.GPU_RESOURCE in v
-                                for v in new.values())
+    for container in PodView.of(pod).containers:
+        group = CONTAINER_KINDS[0] if container.init else CONTAINER_KINDS[1]
+        resources = container.resources
+        if (group, container.index) in shared.resources:
+            resources, new = None, shared.resources[(group, container.index)]
+        elif not isinstance(resources, Mapping):
+            continue
+        else:
+            new = _translated(resources) if translate else resources
+        if new is not resources:  # add: a container may have had no resources at all
+            ops.append({"op": "add" if resources is None else "replace",
+                        "path": f"/spec/{group}/{container.index}/resources", "value": new})
+        wants_tandem |= any(isinstance(v, Mapping) and ann.GPU_RESOURCE in v
+                            for v in new.values())
     if not wants_tandem:
         if scheduler in DEFAULT_SCHEDULERS and routed(spec, namespace, settings):
             ops.append({"op": "add", "path": "/spec/schedulerName",
