@@ -302,15 +302,15 @@ def test_the_executor_deadline_keeps_the_typical_time_back() -> None:
     assert cost.figures().back_ms == 40.0 and cost.back_reserve_ms() == 1.0
 
 
-def test_the_server_switches_the_interpreter_lock_often() -> None:
-    """Regression (issue #43): with Python's 5 ms switch interval every thread crossing
-    of a request could wait 5 ms for the lock an HTTP worker held (8-28 ms crossing
-    tails on a 2-core host); the server runs at ``GIL_SWITCH_S`` and calibrates so."""
+def test_the_server_keeps_the_interpreter_lock_switch_interval() -> None:
+    """Regression (issue #43): a 1 ms switch interval set by the server made the request
+    path's p99 four times longer for clients in another process on a 2-core host; the
+    server leaves the process's interval as it found it and calibrates under it."""
     import dataclasses
     import sys
     import threading
 
-    from agent.inference.serve import GIL_SWITCH_S, ServeOptions, serve_forever
+    from agent.inference.serve import ServeOptions, serve_forever
 
     fields = {f.name: None for f in dataclasses.fields(ServeOptions)}
     options = ServeOptions(**{**fields, "host": "127.0.0.1", "port": 0, "http_threads": 2,
@@ -318,7 +318,6 @@ def test_the_server_switches_the_interpreter_lock_often() -> None:
     clock = MonotonicClock()
     rt = ServingRuntime(SimExecutor({}, clock, "sim"), clock, RuntimeConfig("sim"))
     before, stop = sys.getswitchinterval(), threading.Event()
-    sys.setswitchinterval(0.005)
     served = threading.Thread(target=serve_forever, args=(rt, options, None, stop), daemon=True)
     try:
         served.start()
@@ -327,10 +326,9 @@ def test_the_server_switches_the_interpreter_lock_often() -> None:
                 break
             time.sleep(0.02)
         assert rt.is_running()
-        assert sys.getswitchinterval() == pytest.approx(GIL_SWITCH_S)
-        assert rt.path_cost.startup.wake_ms > 0  # calibrated once the interval was set
+        assert sys.getswitchinterval() == pytest.approx(before)
+        assert rt.path_cost.startup.wake_ms > 0  # calibrated before serving
     finally:
         stop.set()
         served.join(timeout=15)
-        sys.setswitchinterval(before)
     assert not served.is_alive()
