@@ -79,7 +79,7 @@ def run_seed(task: tuple[Path, Path, int, tuple[str, ...], Path | None]) -> dict
     out: dict[str, Any] = {}
     for name in names:
         started = time.process_time()
-        policy = build[name](nodes, policy_rng(seed, name))
+        policy = build[name](nodes, pods, policy_rng(seed, name))
         result = run_inflation(nodes, pods, order, policy)
         out[name] = {"alloc_at": result.alloc_at, "failed_by_gpus": result.failed_by_gpus,
                      "free_whole_gpus": result.free_whole_gpus, "arrived": result.arrived,
