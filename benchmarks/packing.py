@@ -39,7 +39,7 @@ import _common
 import numpy as np
 
 from extender.core import CostPolicy
-from extender.simulator.inflation import arrival_order, run_inflation
+from extender.simulator.inflation import arrival_order, run_inflation, tie_order
 from extender.simulator.packing_command import (
     ARRIVAL_SHARE,
     REPORTED,
@@ -80,7 +80,7 @@ def run_seed(task: tuple[Path, Path, int, tuple[str, ...], Path | None]) -> dict
     for name in names:
         started = time.process_time()
         policy = build[name](nodes, pods, policy_rng(seed, name))
-        result = run_inflation(nodes, pods, order, policy)
+        result = run_inflation(nodes, pods, order, policy, rank=tie_order(len(nodes.names), seed))
         out[name] = {"alloc_at": result.alloc_at, "failed_by_gpus": result.failed_by_gpus,
                      "free_whole_gpus": result.free_whole_gpus, "arrived": result.arrived,
                      "cpu_s": round(time.process_time() - started, 2)}

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from extender.core.fragmentation import Shape, Shapes
-from extender.simulator.inflation import PackState, arrival_order, run_inflation
+from extender.simulator.inflation import PackState, arrival_order, run_inflation, tie_order
 from extender.simulator.packing_policies import (
     BestFit,
     Fgd,
@@ -144,16 +144,19 @@ def test_fgd_scores_are_the_artifacts_integers():
     assert scores.tolist() == [[50.0, 49.0, 73.0, -1.0]]
 
 
-def test_equal_scores_go_to_the_first_node_by_name(tmp_path):
-    # Two empty nodes listed "n1" first: every policy of the artifact takes "n0" on a tie.
-    path = write(tmp_path, "nodes.csv", NODE_HEAD + "n1,64000,262144,2,T4\n"
-                 "n0,64000,262144,2,T4\n")
-    nodes = read_nodes(path)
+def test_equal_scores_go_to_the_first_node_in_tie_order(tmp_path):
+    # Two empty nodes, the second first in tie order: best fit and FGD take it on a tie.
+    nodes = read_nodes(nodes_csv(tmp_path, [(64000, 262144, 2, "T4")] * 2))
     from extender.simulator.inflation import TracePod
     pod = TracePod(0, 1000.0, 1000.0, 1, 500.0, frozenset())
-    assert BestFit().choose(PackState(nodes), pod) == (1, (0,))
+    rank = np.array([1, 0])
+    assert BestFit().choose(PackState(nodes, rank), pod) == (1, (0,))
     fgd = Fgd(Shapes.of({fgd_shape(1, 500.0): 1.0}))
-    assert fgd.choose(PackState(nodes), pod) == (1, (0,))
+    assert fgd.choose(PackState(nodes, rank), pod) == (1, (0,))
+    assert fgd.choose(PackState(nodes), pod) == (0, (0,))
+    # one order per seed, the same for every policy, a permutation of the nodes
+    assert sorted(tie_order(50, 3).tolist()) == list(range(50))
+    assert tie_order(50, 3).tolist() == tie_order(50, 3).tolist() != tie_order(50, 4).tolist()
 
 
 def test_alloc_at_is_the_mean_over_the_pods_whose_arrival_rounds_to_it(tmp_path):

@@ -34,7 +34,7 @@ DEFAULT_CHECKPOINTS = tuple(range(5, 135, 5))
 class PackState:
     """Free GPU, CPU and memory per node (GPUs padded to the widest node with capacity 0)."""
 
-    def __init__(self, nodes: TraceNodes):
+    def __init__(self, nodes: TraceNodes, rank: np.ndarray | None = None):
         self.nodes = nodes
         width = int(nodes.gpus.max())
         self.valid = np.arange(width)[None, :] < nodes.gpus[:, None]
@@ -45,8 +45,8 @@ class PackState:
         lookup = {m: i for i, m in enumerate(self.model_names)}
         self.model_id = np.array([lookup[m] for m in nodes.models], dtype=np.int64)
         self.allocated_milli = 0.0
-        self.name_rank = np.argsort(np.argsort(np.array(nodes.names)))
-        """Each node's place in name order (the artifact scheduler's tie-break)."""
+        self.rank = np.arange(len(nodes.names)) if rank is None else rank
+        """Each node's place in the order ties are broken in (:func:`tie_order`)."""
 
     @property
     def capacity_milli(self) -> float:
@@ -85,6 +85,13 @@ class PackState:
     def free_whole_gpus(self) -> int:
         """GPUs nobody uses at all."""
         return int((self.valid & (self.gpu_free >= WHOLE_GPU_MILLI)).sum())
+
+
+def tie_order(count: int, seed: int) -> np.ndarray:
+    """Each node's rank on one seed: the artifact's scheduler breaks ties by node name,
+    and names each node with a random prefix per run, so ties go by a random order of
+    the nodes drawn once per run (the same for every policy on the seed)."""
+    return np.random.default_rng([seed, 0x7E]).permutation(count)
 
 
 @dataclass(frozen=True)
@@ -137,14 +144,16 @@ class PackResult:
 
 
 def run_inflation(nodes: TraceNodes, pods: TracePods, order: np.ndarray, policy: PackPolicy,
-                  checkpoints: Sequence[int] = DEFAULT_CHECKPOINTS) -> PackResult:
+                  checkpoints: Sequence[int] = DEFAULT_CHECKPOINTS,
+                  rank: np.ndarray | None = None) -> PackResult:
     """Place ``pods[order]`` one by one under ``policy``; ``alloc_at`` each checkpoint.
 
     A checkpoint no pod's arrived share rounds to takes the pods within a point of it,
     as the artifact's analysis does; one a single pod jumped past, the state after that
-    pod; one beyond the arrivals, the state at the end.
+    pod; one beyond the arrivals, the state at the end. ``rank``: the nodes' tie order
+    (:func:`tie_order`; file order without it).
     """
-    state = PackState(nodes)
+    state = PackState(nodes, rank)
     capacity = state.capacity_milli
     marks = sorted(checkpoints)
     near: dict[int, list[float]] = {m: [] for m in marks}

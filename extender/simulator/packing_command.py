@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from extender.core import CostPolicy
-from extender.simulator.inflation import PackPolicy, arrival_order, run_inflation
+from extender.simulator.inflation import PackPolicy, arrival_order, run_inflation, tie_order
 from extender.simulator.packing_policies import (
     BestFit,
     Fgd,
@@ -35,7 +35,7 @@ from extender.simulator.trace_csv import TraceNodes, TracePods, read_nodes, read
 
 ARRIVAL_SHARE = 1.3
 REPORTED = ("100", "130")
-SWEEP_KEYS = ("w_fragmentation", "w_fit", "w_interference")
+SWEEP_KEYS = ("w_fragmentation", "w_fit", "w_interference", "w_order")
 DEFAULT_SWEEP_GRID = {"w_fit": (0.05, 0.1, 0.5), "w_fragmentation": (1.0,)}
 MAX_SETTINGS = 50
 
@@ -77,7 +77,8 @@ def run_policies(nodes: TraceNodes, pods: TracePods, seeds: Sequence[int],
         order = arrival_order(pods, nodes.gpu_capacity_milli, ARRIVAL_SHARE,
                               np.random.default_rng(seed))
         for name, factory in build.items():
-            result = run_inflation(nodes, pods, order, factory(nodes, pods, policy_rng(seed, name)))
+            result = run_inflation(nodes, pods, order, factory(nodes, pods, policy_rng(seed, name)),
+                                   rank=tie_order(len(nodes.names), seed))
             out[name].append({"alloc_at": {p: round(result.alloc_at[p], 2) for p in REPORTED},
                               "failed_by_gpus": result.failed_by_gpus,
                               "free_whole_gpus": result.free_whole_gpus})

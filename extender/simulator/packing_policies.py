@@ -3,7 +3,8 @@
 Baselines as the paper's artifact scores them ("Beware of Fragmentation", USENIX
 ATC'23, and its public simulator): each node gets an integer kube-scheduler score
 0..100, and among the nodes with the top score the artifact's scheduler takes the
-first by name (its kube-scheduler is patched so, "for reproducibility"), so
+first by name (its kube-scheduler is patched so, "for reproducibility"; names get a
+random prefix per run, :func:`~extender.simulator.inflation.tie_order`), so
 near-equal placements tie and go to the first node, not ordered by a float.
 
 - ``random``: a uniformly random feasible node, random fitting GPUs on it;
@@ -75,9 +76,9 @@ class RandomFit:
 
 
 def top_node(state: PackState, nodes: np.ndarray, scores: np.ndarray) -> int:
-    """The artifact scheduler's pick among integer scores: the top one first by name."""
+    """The artifact scheduler's pick among integer scores: the top one first in tie order."""
     top = nodes[scores >= scores.max()]
-    return int(top[np.argmin(state.name_rank[top])])
+    return int(top[np.argmin(state.rank[top])])
 
 
 class BestFit:
