@@ -243,6 +243,11 @@ def test_the_benchmark_prints_the_issues_keys_and_resumes_from_kept_seeds(tmp_pa
     assert 50.0 <= policies["tandem"]["alloc_at"]["130"] <= 100.0
     assert sum(policies["tandem"]["decided_by"].values()) > 0
     assert set(packing.goals(policies)["tandem_above_bestfit_every_seed"]) == {"100", "130"}
+    lead = packing.goals(policies)["tandem_minus_bestfit"]["130"]
+    diffs = [t - b for t, b in zip(policies["tandem"]["alloc_at_seeds"]["130"],
+                                   policies["bestfit"]["alloc_at_seeds"]["130"], strict=True)]
+    assert lead["mean"] == pytest.approx(sum(diffs) / 2, abs=0.01) and lead["seeds"] == 2
+    assert lead["seeds_above"] == sum(d > 0 for d in diffs)
 
 
 def json_of(path: Path):
