@@ -65,19 +65,20 @@ def interval(values: list[float]) -> list[float]:
 
 
 def run_seed(task: tuple[Path, Path, int, tuple[str, ...], Path | None]) -> dict[str, Any]:
-    """Every policy on one seed's arrival order (kept in ``seed_dir`` when given)."""
+    """Every policy on one seed's arrival order (kept in ``seed_dir`` when given: a policy
+    kept there for the seed is read back, the others run and are added)."""
     pods_path, nodes_path, seed, names, seed_dir = task
     kept = seed_dir / f"seed-{seed}.json" if seed_dir is not None else None
-    if kept is not None and kept.exists():
-        found = json.loads(kept.read_text())
-        if set(found) == set(names):
-            return found
+    out: dict[str, Any] = json.loads(kept.read_text()) if kept is not None and kept.exists() \
+        else {}
+    missing = [name for name in names if name not in out]
+    if not missing:
+        return {name: out[name] for name in names}
     nodes, pods = read_nodes(nodes_path), read_pods(pods_path)
     order = arrival_order(pods, nodes.gpu_capacity_milli, ARRIVAL_SHARE,
                           np.random.default_rng(seed))
     build = packing_policies(tandem_cost())
-    out: dict[str, Any] = {}
-    for name in names:
+    for name in missing:
         started = time.process_time()
         policy = build[name](nodes, pods, policy_rng(seed, name))
         result = run_inflation(nodes, pods, order, policy, rank=tie_order(len(nodes.names), seed))
@@ -89,7 +90,7 @@ def run_seed(task: tuple[Path, Path, int, tuple[str, ...], Path | None]) -> dict
             out[name]["decided_by"] = dict(sorted(decided.items()))
     if kept is not None:
         kept.write_text(json.dumps(out))
-    return out
+    return {name: out[name] for name in names}
 
 
 def summarise(per_seed: list[dict[str, Any]], names: tuple[str, ...]) -> dict[str, Any]:
@@ -167,7 +168,8 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print the JSON (always written)")
     parser.add_argument("--seed-dir", type=Path, default=None,
-                        help="keep each seed's results here and reuse them (resumable runs)")
+                        help="keep each seed's results here and reuse them (resumable runs; "
+                             "clear it when the code or configuration changes)")
     _common.add_out_option(parser, "packing")
     args = parser.parse_args()
     names = tuple(n.strip() for n in args.policies.split(",") if n.strip())

@@ -5,6 +5,7 @@ trace is never read by tests."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -236,6 +237,15 @@ def test_the_benchmark_prints_the_issues_keys_and_resumes_from_kept_seeds(tmp_pa
     seeds = [packing.run_seed((pods, nodes, s, names, tmp_path)) for s in range(2)]
     assert (tmp_path / "seed-1.json").exists()
     assert packing.run_seed((pods, nodes, 1, names, tmp_path)) == json_of(tmp_path / "seed-1.json")
+    # a policy kept for the seed is read back, a missing one runs and is added
+    kept = json_of(tmp_path / "seed-1.json")
+    kept["bestfit"]["arrived"] = -1
+    del kept["tandem"]
+    (tmp_path / "seed-1.json").write_text(json.dumps(kept))
+    again = packing.run_seed((pods, nodes, 1, names, tmp_path))
+    assert again["bestfit"]["arrived"] == -1
+    assert again["tandem"]["alloc_at"] == seeds[1]["tandem"]["alloc_at"]
+    assert set(json_of(tmp_path / "seed-1.json")) == {"bestfit", "tandem"}
     policies = packing.summarise(seeds, names)
     for name in names:
         assert set(policies[name]) >= {"alloc_at", "failed_by_gpus", "free_whole_gpus"}
