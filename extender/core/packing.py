@@ -56,13 +56,13 @@ class PackingPolicy:
     """False: training pods are costed by Horus alone, as before."""
     w_fragmentation: float = 1.0
     """Weight of the fragmentation growth (GPUs of capacity the arrived shapes lose)."""
-    w_fit: float = 0.1
+    w_fit: float = 0.02
     """Weight of best fit (free share left on the GPU and its node, 0..1)."""
     w_interference: float = 0.02
     """Weight of the Horus cost among packing-equal placements."""
-    w_order: float = 0.0
+    w_order: float = 0.2
     """Weight of the node's place in a stable order (0..1), a tie-break toward gathering."""
-    weighting: str = "volume"
+    weighting: str = "count"
     """``count``: shapes weigh by how often they arrive (FGD); ``volume``: times GPU demand."""
     max_shapes: int = 256
     """Distinct shapes remembered; past it the least seen is forgotten."""
