@@ -32,12 +32,14 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import _common
 import numpy as np
 
+from extender.config.schema import build_config
 from extender.core import CostPolicy
 from extender.simulator.inflation import arrival_order, run_inflation, tie_order
 from extender.simulator.packing_command import (
@@ -64,10 +66,23 @@ def interval(values: list[float]) -> list[float]:
     return [round(mean - half, 2), round(mean + half, 2)]
 
 
-def run_seed(task: tuple[Path, Path, int, tuple[str, ...], Path | None]) -> dict[str, Any]:
+def tuned(settings: tuple[tuple[str, str], ...]) -> CostPolicy:
+    """The packaged policy with ``packing.KEY=VALUE`` settings (``--set``), checked by the
+    config loader."""
+    policy = tandem_cost()
+    if not settings:
+        return policy
+    values = {k: (v if k == "weighting" else float(v)) for k, v in settings}
+    return replace(policy, packing=build_config({"packing": values}).policy.packing)
+
+
+def run_seed(task: tuple[Path, Path, int, tuple[str, ...], Path | None]
+             | tuple[Path, Path, int, tuple[str, ...], Path | None,
+                     tuple[tuple[str, str], ...]]) -> dict[str, Any]:
     """Every policy on one seed's arrival order (kept in ``seed_dir`` when given: a policy
     kept there for the seed is read back, the others run and are added)."""
-    pods_path, nodes_path, seed, names, seed_dir = task
+    pods_path, nodes_path, seed, names, seed_dir = task[:5]
+    settings = task[5] if len(task) > 5 else ()
     kept = seed_dir / f"seed-{seed}.json" if seed_dir is not None else None
     out: dict[str, Any] = json.loads(kept.read_text()) if kept is not None and kept.exists() \
         else {}
@@ -77,7 +92,7 @@ def run_seed(task: tuple[Path, Path, int, tuple[str, ...], Path | None]) -> dict
     nodes, pods = read_nodes(nodes_path), read_pods(pods_path)
     order = arrival_order(pods, nodes.gpu_capacity_milli, ARRIVAL_SHARE,
                           np.random.default_rng(seed))
-    build = packing_policies(tandem_cost())
+    build = packing_policies(tuned(settings))
     for name in missing:
         started = time.process_time()
         policy = build[name](nodes, pods, policy_rng(seed, name))
@@ -163,6 +178,10 @@ def main() -> None:
     parser.add_argument("--pods", type=Path, required=True, help="pod list CSV")
     parser.add_argument("--nodes", type=Path, required=True, help="node list CSV")
     parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="seeds FIRST..FIRST+N-1 (tune on seeds other than the evaluation's)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a packing: key for tandem (e.g. w_order=0.2), repeatable")
     parser.add_argument("--policies", default=",".join(packing_policies(CostPolicy())),
                         help="comma-separated subset")
     parser.add_argument("--processes", type=int, default=1)
@@ -180,11 +199,17 @@ def main() -> None:
     started = time.perf_counter()
     if args.seed_dir is not None:
         args.seed_dir.mkdir(parents=True, exist_ok=True)
-    per_seed = _common.map_tasks(run_seed, [(args.pods, args.nodes, s, names, args.seed_dir)
-                                            for s in range(args.seeds)], args.processes)
+    settings = tuple(tuple(item.split("=", 1)) for item in args.set)
+    try:
+        tuned(settings)
+    except (ValueError, TypeError) as exc:
+        parser.error(f"--set: {exc}")
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    per_seed = _common.map_tasks(run_seed, [(args.pods, args.nodes, s, names, args.seed_dir,
+                                             settings) for s in seeds], args.processes)
     policies = summarise(per_seed, names)
     report = {"benchmark": "packing", "protocol": {
-        "arrival_share": ARRIVAL_SHARE, "seeds": list(range(args.seeds)),
+        "arrival_share": ARRIVAL_SHARE, "seeds": seeds, "packing_set": dict(settings),
         "pods": args.pods.name, "nodes": args.nodes.name,
         "published": PUBLISHED},
         "policies": policies, "goals": goals(policies),

@@ -253,6 +253,11 @@ def test_the_benchmark_prints_the_issues_keys_and_resumes_from_kept_seeds(tmp_pa
     assert 50.0 <= policies["tandem"]["alloc_at"]["130"] <= 100.0
     assert sum(policies["tandem"]["decided_by"].values()) > 0
     assert set(packing.goals(policies)["tandem_above_bestfit_every_seed"]) == {"100", "130"}
+    settings = (("w_order", "0.5"), ("weighting", "volume"))
+    assert packing.tuned(settings).packing.w_order == 0.5
+    assert packing.tuned(settings).packing.weighting == "volume"
+    with pytest.raises(ValueError, match="packing.w_fit"):
+        packing.tuned((("w_fit", "-1"),))
     lead = packing.goals(policies)["tandem_minus_bestfit"]["130"]
     diffs = [t - b for t, b in zip(policies["tandem"]["alloc_at_seeds"]["130"],
                                    policies["bestfit"]["alloc_at_seeds"]["130"], strict=True)]
