@@ -4,8 +4,10 @@ Runs the named packing policies (:mod:`extender.simulator.packing_policies`,
 :mod:`extender.simulator.packing_tandem`) on one arrival order per seed and
 reports the allocated share of GPU capacity at 100% and 130% arrival. With
 ``--sweep`` the ``tandem`` policy runs once per setting of the packing weights
-(``w_fragmentation``, ``w_fit``, ``w_interference``; e.g. ``--grid
-'w_fit=0.05,0.1,0.5'``), ranked by allocation at 130% arrival, then at 100%.
+(``w_fragmentation``, ``w_fit``, ``w_interference``, ``w_order``; e.g. ``--grid
+'w_order=0.05,0.2;w_fit=0.02,0.1'``), ranked by allocation at 130% arrival, then at
+100%. Each seed breaks the baselines' ties in its own node order
+(:func:`~extender.simulator.inflation.tie_order`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from extender.simulator.trace_csv import TraceNodes, TracePods, read_nodes, read
 ARRIVAL_SHARE = 1.3
 REPORTED = ("100", "130")
 SWEEP_KEYS = ("w_fragmentation", "w_fit", "w_interference", "w_order")
-DEFAULT_SWEEP_GRID = {"w_fit": (0.05, 0.1, 0.5), "w_fragmentation": (1.0,)}
+DEFAULT_SWEEP_GRID = {"w_order": (0.05, 0.2, 0.5), "w_fit": (0.02, 0.1)}
 MAX_SETTINGS = 50
 
 Factory = Callable[[TraceNodes, TracePods, np.random.Generator], PackPolicy]

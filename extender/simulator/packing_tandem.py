@@ -8,7 +8,8 @@ each and a pod of ``gpu_milli`` asserts ``mem_mib = gpu_milli`` and
 ``util_percent = gpu_milli / 10``, so the core's memory rules are the trace's GPU
 shares. The workload's shapes are learned from the pods as they arrive
 (:class:`~extender.core.fragmentation.ShapeStats`, bounded as the policy says)
-and, with the nodes' free CPU and memory, handed to the core as its
+and, with the nodes' free CPU and memory and their stable order (a hash of each
+name, :func:`~extender.core.packing.node_order`), handed to the core as its
 ``DecisionContext.packing``.
 
 ``tandem`` also places the CPU-only pods (the deployment where tandem's profile
