@@ -21,7 +21,7 @@ from extender.core.fragmentation import (
     fragmentation,
     placement_deltas,
 )
-from extender.core.packing import PackingInput
+from extender.core.packing import PackingInput, PackingPolicy, node_order
 from extender.core.snapshot import NodeName, NodeSpec, Placement, PodUid
 from extender.core.table import GpuTable
 
@@ -128,9 +128,43 @@ def test_a_node_whose_cpu_the_pod_would_exhaust_is_avoided():
     assert ev.scores()[1] == 10 and decided_by(ev, 1) == "fragmentation"
 
 
+def test_the_node_order_gathers_equal_placements_on_the_earlier_node():
+    # Two empty nodes, equal in fragmentation and fit: the order decides, and with it off
+    # the table's first node is taken.
+    table = GpuTable.build([node("a", 2), node("b", 2)])
+    shapes = Shapes.of({Shape(1, 1000.0): 1.0})
+    order = np.array([0.9, 0.1])  # "b" first
+    policy = CostPolicy(packing=PackingPolicy(w_order=0.05))
+    ev = evaluate(table, ["a", "b"], demand(table, 400.0), DecisionContext(
+        policy, 0.0, packing=PackingInput(shapes, node_order=order)), Purpose.SCORE)
+    assert ev.scores() == [0, 10] and decided_by(ev, 1) == "fit"
+    off = evaluate(table, ["a", "b"], demand(table, 400.0), DecisionContext(
+        CostPolicy(packing=PackingPolicy(w_order=0.0)), 0.0,
+        packing=PackingInput(shapes, node_order=order)), Purpose.SCORE)
+    assert off.node_cost[0] == off.node_cost[1]
+    # fragmentation still outweighs the order: "a" holds a 600 share, the 400 fills its GPU
+    table.place(Placement(PodUid("u0"), "x", NodeName("a"), (0,), util_percent=60.0,
+                          mem_mib=600.0))
+    ev = evaluate(table, ["a", "b"], demand(table, 400.0), DecisionContext(
+        policy, 0.0, packing=PackingInput(shapes, node_order=order)), Purpose.SCORE)
+    assert ev.scores()[0] == 10
+
+
+def test_node_order_is_a_stable_hash_of_the_names():
+    names = [f"node-{i}" for i in range(200)]
+    order = node_order(names)
+    assert ((order >= 0) & (order < 1)).all() and len(set(order.tolist())) == 200
+    assert node_order(names[::-1]).tolist() == order.tolist()[::-1]  # per name, not position
+    # scattered: the first hundred names are not the first hundred in the order
+    assert 30 < int((np.argsort(order)[:100] < 100).sum()) < 70
+
+
 def test_packing_keys_are_checked():
-    policy = build_config({"packing": {"w_fit": 2, "weighting": "count"}}).policy.packing
-    assert policy.w_fit == 2.0 and policy.weighting == "count"
+    policy = build_config({"packing": {"w_fit": 2, "weighting": "count", "w_order": 1}}
+                          ).policy.packing
+    assert policy.w_fit == 2.0 and policy.weighting == "count" and policy.w_order == 1.0
+    with pytest.raises(ConfigError, match="packing.w_order"):
+        build_config({"packing": {"w_order": -0.5}})
     with pytest.raises(ConfigError, match="packing.weighting"):
         build_config({"packing": {"weighting": "size"}})
     with pytest.raises(ConfigError, match="packing.w_fragmentation"):

@@ -5,13 +5,23 @@ trace is never read by tests."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from extender.simulator.inflation import PackState, arrival_order, run_inflation
-from extender.simulator.packing_policies import BestFit, Fgd, KubeDefault, RandomFit, Split
+from extender.core.fragmentation import Shape, Shapes
+from extender.simulator.inflation import PackState, arrival_order, run_inflation, tie_order
+from extender.simulator.packing_policies import (
+    BestFit,
+    Fgd,
+    KubeDefault,
+    RandomFit,
+    Split,
+    fgd_scores,
+    typical_shapes,
+)
 from extender.simulator.packing_tandem import TandemCore
 from extender.simulator.policies import tandem_cost
 from extender.simulator.trace_csv import TraceError, read_nodes, read_pods
@@ -78,7 +88,8 @@ def test_arrivals_reach_the_share_first_pass_without_repeats(tmp_path):
     order = arrival_order(pods, nodes.gpu_capacity_milli, 1.3, np.random.default_rng(3))
     assert sorted(order[:6].tolist()) == list(range(6))  # a permutation first
     demand = pods.gpu_demand_milli[order]
-    assert demand.sum() >= 1.3 * 4000 > demand[:-1].sum()
+    # as many as stay within 130%: the next draw (500) would pass it
+    assert demand.sum() <= 1.3 * 4000 < demand.sum() + 500
 
 
 def test_inflation_skips_failures_and_counts_them_by_gpus(tmp_path):
@@ -106,16 +117,57 @@ def test_fgd_keeps_the_whole_gpus_the_workload_needs(tmp_path):
     # first's leftover 400? It cannot; FGD must not open the 2-GPU node's whole pair.
     nodes = read_nodes(nodes_csv(tmp_path, [(64000, 262144, 1, "T4"), (64000, 262144, 2, "T4")]))
     state = PackState(nodes)
-    fgd = Fgd(np.random.default_rng(0))
-    fgd.stats.observe(fgd_shape(2, 1000.0))  # the workload: 2-GPU pods come
+    fgd = Fgd(Shapes.of({fgd_shape(2, 1000.0): 1.0}))  # the workload: 2-GPU pods come
     from extender.simulator.inflation import TracePod
     choice = fgd.choose(state, TracePod(1, 1000.0, 1000.0, 1, 600.0, frozenset()))
     assert choice is not None and choice[0] == 0  # the 1-GPU node, keeping the pair whole
 
 
 def fgd_shape(gpus: int, milli: float):
-    from extender.core.fragmentation import Shape
-    return Shape(gpus, milli, 1000.0, 1000.0)
+    return Shape(gpus, milli, 1000.0, 0.0)
+
+
+def test_typical_pods_are_the_most_frequent_shapes_covering_95_percent(tmp_path):
+    # 19 of one share, 1 whole GPU: the share alone covers 95%, memory is no part of a shape
+    rows = [(1000, 100 + i, 1, 500) for i in range(19)] + [(2000, 1000, 1, 1000)]
+    shapes = typical_shapes(read_pods(pods_csv(tmp_path, rows)))
+    assert shapes.per_gpu.tolist() == [500.0] and shapes.weight.tolist() == [1.0]
+    assert shapes.mem.tolist() == [0.0]
+    rows += [(2000, 1000, 1, 1000)]  # now 19 of 21 (90%): the whole GPU joins
+    both = typical_shapes(read_pods(pods_csv(tmp_path, rows)))
+    assert both.per_gpu.tolist() == [500.0, 1000.0]
+    assert both.weight.tolist() == pytest.approx([19 / 21, 2 / 21])
+
+
+def test_fgd_scores_are_the_artifacts_integers():
+    # 100 * sigmoid(-dF / 1000), truncated: no growth 50, 40 thousandths more still 49
+    scores = fgd_scores(np.array([[0.0, 40.0, -1000.0, np.inf]]))
+    assert scores.tolist() == [[50.0, 49.0, 73.0, -1.0]]
+
+
+def test_equal_scores_go_to_the_first_node_in_tie_order(tmp_path):
+    # Two empty nodes, the second first in tie order: best fit and FGD take it on a tie.
+    nodes = read_nodes(nodes_csv(tmp_path, [(64000, 262144, 2, "T4")] * 2))
+    from extender.simulator.inflation import TracePod
+    pod = TracePod(0, 1000.0, 1000.0, 1, 500.0, frozenset())
+    rank = np.array([1, 0])
+    assert BestFit().choose(PackState(nodes, rank), pod) == (1, (0,))
+    fgd = Fgd(Shapes.of({fgd_shape(1, 500.0): 1.0}))
+    assert fgd.choose(PackState(nodes, rank), pod) == (1, (0,))
+    assert fgd.choose(PackState(nodes), pod) == (0, (0,))
+    # one order per seed, the same for every policy, a permutation of the nodes
+    assert sorted(tie_order(50, 3).tolist()) == list(range(50))
+    assert tie_order(50, 3).tolist() == tie_order(50, 3).tolist() != tie_order(50, 4).tolist()
+
+
+def test_alloc_at_is_the_mean_over_the_pods_whose_arrival_rounds_to_it(tmp_path):
+    # 10 GPUs; shares of 40 thousandths: arrivals 0.4%, 0.8%, 1.2% ... 2.0% round to 0, 1, 1,
+    # 2, 2: the mark 1% is the mean of the allocation after the 2nd and 3rd pods
+    nodes = read_nodes(nodes_csv(tmp_path, [(64000, 262144, 10, "T4")]))
+    pods = read_pods(pods_csv(tmp_path, [(1000, 1000, 1, 40)] * 5))
+    result = run_inflation(nodes, pods, np.arange(5), BestFit(), checkpoints=(1, 2))
+    assert result.alloc_at["1"] == pytest.approx((0.8 + 1.2) / 2)
+    assert result.alloc_at["2"] == pytest.approx((1.6 + 2.0) / 2)
 
 
 def test_kube_default_spreads_cpu_only_pods_to_the_least_allocated_node(tmp_path):
@@ -185,6 +237,15 @@ def test_the_benchmark_prints_the_issues_keys_and_resumes_from_kept_seeds(tmp_pa
     seeds = [packing.run_seed((pods, nodes, s, names, tmp_path)) for s in range(2)]
     assert (tmp_path / "seed-1.json").exists()
     assert packing.run_seed((pods, nodes, 1, names, tmp_path)) == json_of(tmp_path / "seed-1.json")
+    # a policy kept for the seed is read back, a missing one runs and is added
+    kept = json_of(tmp_path / "seed-1.json")
+    kept["bestfit"]["arrived"] = -1
+    del kept["tandem"]
+    (tmp_path / "seed-1.json").write_text(json.dumps(kept))
+    again = packing.run_seed((pods, nodes, 1, names, tmp_path))
+    assert again["bestfit"]["arrived"] == -1
+    assert again["tandem"]["alloc_at"] == seeds[1]["tandem"]["alloc_at"]
+    assert set(json_of(tmp_path / "seed-1.json")) == {"bestfit", "tandem"}
     policies = packing.summarise(seeds, names)
     for name in names:
         assert set(policies[name]) >= {"alloc_at", "failed_by_gpus", "free_whole_gpus"}
@@ -192,6 +253,16 @@ def test_the_benchmark_prints_the_issues_keys_and_resumes_from_kept_seeds(tmp_pa
     assert 50.0 <= policies["tandem"]["alloc_at"]["130"] <= 100.0
     assert sum(policies["tandem"]["decided_by"].values()) > 0
     assert set(packing.goals(policies)["tandem_above_bestfit_every_seed"]) == {"100", "130"}
+    settings = (("w_order", "0.5"), ("weighting", "volume"))
+    assert packing.tuned(settings).packing.w_order == 0.5
+    assert packing.tuned(settings).packing.weighting == "volume"
+    with pytest.raises(ValueError, match="packing.w_fit"):
+        packing.tuned((("w_fit", "-1"),))
+    lead = packing.goals(policies)["tandem_minus_bestfit"]["130"]
+    diffs = [t - b for t, b in zip(policies["tandem"]["alloc_at_seeds"]["130"],
+                                   policies["bestfit"]["alloc_at_seeds"]["130"], strict=True)]
+    assert lead["mean"] == pytest.approx(sum(diffs) / 2, abs=0.01) and lead["seeds"] == 2
+    assert lead["seeds_above"] == sum(d > 0 for d in diffs)
 
 
 def json_of(path: Path):

@@ -100,6 +100,7 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool]
                 "w_fit": ((int, float), lambda v: 0 <= v <= 1000, "must be in [0, 1000]"),
                 "w_interference": ((int, float), lambda v: 0 <= v <= 1000,
                                    "must be in [0, 1000]"),
+                "w_order": ((int, float), lambda v: 0 <= v <= 1000, "must be in [0, 1000]"),
                 "weighting": (str, lambda v: v in WEIGHTINGS,
                               f"must be one of {', '.join(WEIGHTINGS)}"),
                 "max_shapes": (int, lambda v: 1 <= v <= 10_000, "must be in 1..10000"),

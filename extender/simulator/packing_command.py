@@ -4,8 +4,10 @@ Runs the named packing policies (:mod:`extender.simulator.packing_policies`,
 :mod:`extender.simulator.packing_tandem`) on one arrival order per seed and
 reports the allocated share of GPU capacity at 100% and 130% arrival. With
 ``--sweep`` the ``tandem`` policy runs once per setting of the packing weights
-(``w_fragmentation``, ``w_fit``, ``w_interference``; e.g. ``--grid
-'w_fit=0.05,0.1,0.5'``), ranked by allocation at 130% arrival, then at 100%.
+(``w_fragmentation``, ``w_fit``, ``w_interference``, ``w_order``; e.g. ``--grid
+'w_order=0.05,0.2;w_fit=0.02,0.1'``), ranked by allocation at 130% arrival, then at
+100%. Each seed breaks the baselines' ties in its own node order
+(:func:`~extender.simulator.inflation.tie_order`).
 """
 
 from __future__ import annotations
@@ -21,33 +23,41 @@ from typing import Any
 import numpy as np
 
 from extender.core import CostPolicy
-from extender.simulator.inflation import PackPolicy, arrival_order, run_inflation
-from extender.simulator.packing_policies import BestFit, Fgd, KubeDefault, RandomFit, Split
+from extender.simulator.inflation import PackPolicy, arrival_order, run_inflation, tie_order
+from extender.simulator.packing_policies import (
+    BestFit,
+    Fgd,
+    KubeDefault,
+    RandomFit,
+    Split,
+    typical_shapes,
+)
 from extender.simulator.packing_tandem import TandemCore
 from extender.simulator.trace_csv import TraceNodes, TracePods, read_nodes, read_pods
 
 ARRIVAL_SHARE = 1.3
 REPORTED = ("100", "130")
-SWEEP_KEYS = ("w_fragmentation", "w_fit", "w_interference")
-DEFAULT_SWEEP_GRID = {"w_fit": (0.05, 0.1, 0.5), "w_fragmentation": (1.0,)}
+SWEEP_KEYS = ("w_fragmentation", "w_fit", "w_interference", "w_order")
+DEFAULT_SWEEP_GRID = {"w_order": (0.05, 0.2, 0.5), "w_fit": (0.02, 0.1)}
 MAX_SETTINGS = 50
 
-Factory = Callable[[TraceNodes, np.random.Generator], PackPolicy]
+Factory = Callable[[TraceNodes, TracePods, np.random.Generator], PackPolicy]
 
 
 def packing_policies(policy: CostPolicy) -> dict[str, Factory]:
-    """Each trace policy by name, built fresh per run from the nodes and the run's generator."""
+    """Each trace policy by name, built fresh per run from the nodes, the pod list (FGD's
+    typical pods) and the run's generator."""
     def tandem(name: str, packing: bool, cpu_only: bool) -> Factory:
-        def build(nodes: TraceNodes, rng: np.random.Generator) -> PackPolicy:
+        def build(nodes: TraceNodes, pods: TracePods, rng: np.random.Generator) -> PackPolicy:
             core = TandemCore(name, nodes, policy, packing=packing, cpu_only=cpu_only)
             return core if cpu_only else Split(name, core, KubeDefault(rng))
         return build
 
     return {
-        "random": lambda n, r: RandomFit(r),
-        "bestfit": lambda n, r: BestFit(),
-        "bestfit-gpu-only": lambda n, r: Split("bestfit-gpu-only", BestFit(), KubeDefault(r)),
-        "fgd": lambda n, r: Fgd(r),
+        "random": lambda n, p, r: RandomFit(r),
+        "bestfit": lambda n, p, r: BestFit(),
+        "bestfit-gpu-only": lambda n, p, r: Split("bestfit-gpu-only", BestFit(), KubeDefault(r)),
+        "fgd": lambda n, p, r: Fgd(typical_shapes(p)),
         "tandem": tandem("tandem", True, True),
         "tandem-gpu-only": tandem("tandem-gpu-only", True, False),
         "tandem-horus": tandem("tandem-horus", False, True),
@@ -69,7 +79,8 @@ def run_policies(nodes: TraceNodes, pods: TracePods, seeds: Sequence[int],
         order = arrival_order(pods, nodes.gpu_capacity_milli, ARRIVAL_SHARE,
                               np.random.default_rng(seed))
         for name, factory in build.items():
-            result = run_inflation(nodes, pods, order, factory(nodes, policy_rng(seed, name)))
+            result = run_inflation(nodes, pods, order, factory(nodes, pods, policy_rng(seed, name)),
+                                   rank=tie_order(len(nodes.names), seed))
             out[name].append({"alloc_at": {p: round(result.alloc_at[p], 2) for p in REPORTED},
                               "failed_by_gpus": result.failed_by_gpus,
                               "free_whole_gpus": result.free_whole_gpus})

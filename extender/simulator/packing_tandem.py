@@ -8,7 +8,8 @@ each and a pod of ``gpu_milli`` asserts ``mem_mib = gpu_milli`` and
 ``util_percent = gpu_milli / 10``, so the core's memory rules are the trace's GPU
 shares. The workload's shapes are learned from the pods as they arrive
 (:class:`~extender.core.fragmentation.ShapeStats`, bounded as the policy says)
-and, with the nodes' free CPU and memory, handed to the core as its
+and, with the nodes' free CPU and memory and their stable order (a hash of each
+name, :func:`~extender.core.packing.node_order`), handed to the core as its
 ``DecisionContext.packing``.
 
 ``tandem`` also places the CPU-only pods (the deployment where tandem's profile
@@ -27,7 +28,7 @@ from extender.core.choice import choose, decided_by
 from extender.core.decide import DecisionContext, Purpose, evaluate
 from extender.core.demand import JobDemand, ResolvedDemand, resolve_demand
 from extender.core.fragmentation import ShapeStats
-from extender.core.packing import PackingInput, host_only_costs
+from extender.core.packing import PackingInput, host_only_costs, node_order
 from extender.core.snapshot import NodeName, NodeSpec
 from extender.core.table import GpuTable
 from extender.simulator.inflation import PackState, TracePod
@@ -54,6 +55,7 @@ class TandemCore:
         self.name, self.policy, self.cpu_only = name, policy, cpu_only
         self.packing = packing and policy.packing.enabled
         self.table = trace_table(nodes)
+        self.order = node_order(self.table.node_names)
         self.stats = ShapeStats(policy.packing.max_shapes, policy.packing.window)
         self._demands: dict[tuple[int, float], ResolvedDemand] = {}
         self.decided: dict[str, int] = {}
@@ -81,7 +83,7 @@ class TandemCore:
             return self._cpu_only(state, pod, ok) if self.cpu_only else None
         names = [self.table.node_names[i] for i in np.flatnonzero(ok).tolist()]
         packing = PackingInput(self.stats.shapes(self.policy.packing.weighting),
-                               state.cpu_free, state.mem_free, pod.cpu, pod.mem) \
+                               state.cpu_free, state.mem_free, pod.cpu, pod.mem, self.order) \
             if self.packing else None
         ev = evaluate(self.table, names, self._demand(pod),
                       DecisionContext(self.policy, 0.0, packing=packing), Purpose.PLACE)
@@ -100,7 +102,7 @@ class TandemCore:
         shapes = self.stats.shapes(self.policy.packing.weighting)
         cost = host_only_costs(state.gpu_free, state.valid, state.cpu_free, state.mem_free,
                                state.nodes.cpu_milli, state.nodes.memory_mib, shapes,
-                               pod.cpu, pod.mem, GPU_MIB, self.policy.packing)
+                               pod.cpu, pod.mem, GPU_MIB, self.policy.packing, self.order)
         cost = np.where(ok, cost, np.inf)
         self.decided["cpu-only"] = self.decided.get("cpu-only", 0) + 1
         return int(np.argmin(cost)), ()
