@@ -71,7 +71,7 @@ from contracts.interferencefile import PairTable
 from extender.core import Placement
 from extender.core.pairs import PairModel, TypePairs
 from extender.core.snapshot import Workload, gpu_type_of
-from extender.learning.pair_document import PairKey, decode, encode
+from extender.learning.pair_document import PairKey, decode, decode_progress, encode
 from extender.learning.pair_fit import (
     MAX_EXTRA,
     MAX_LOG,
@@ -138,7 +138,8 @@ class PairLearner:
         self.dirty = False
         self._cache: tuple[int, int, PairModel] | None = None
         """(version, rebuilds, the model built then)."""
-        self.progress = ProgressPairs(priors={t: logs for t, (logs, _) in self._prior.items()})
+        self.progress = ProgressPairs(priors={t: logs for t, (logs, _) in self._prior.items()},
+                                      max_entries=max_entries)
         """Progress samples (:mod:`extender.learning.progress_pairs`)."""
         self.alone_steps = AloneSteps()
         self._estimates: tuple[float, int, Estimates] | None = None
@@ -394,18 +395,23 @@ class PairLearner:
         """The persisted form (inside the learning document under ``pairs``); within
         ``max_bytes`` of JSON, the least recently seen group samples, then pairs, left out."""
         with self._lock:
-            return encode(self._stats, self._groups, self._cannot, max_bytes)
+            return encode(self._stats, self._groups, self._cannot, max_bytes,
+                          progress=self.progress.stats)
 
     def load_document(self, doc: Any) -> int:
         """Replace what is learned by ``doc`` (as :meth:`to_document` wrote it); ValueError."""
         stats, groups, cannot = decode(doc, self.max_entries)
+        progress = decode_progress(doc, self.max_entries)
         with self._lock:
             self._stats, self._groups, self._cannot = stats, groups, cannot
+            self.progress.stats = progress
+            self.progress_samples_total = int(sum(st[0] for st in progress.values()))
+            self._estimates = None
             self._solved = None
             self._group_version += 1
             self.version += 1
             self._rebuilds += 1
-        return len(stats) + len(groups)
+        return len(stats) + len(groups) + len(progress)
 
     def reset(self) -> None:
         """Forget everything learned about pairs."""
@@ -413,6 +419,9 @@ class PairLearner:
             self._stats.clear()
             self._groups.clear()
             self._cannot.clear()
+            self.progress.stats.clear()
+            self.progress_samples_total = 0
+            self._estimates = None
             self._solved = None
             self._group_version += 1
             self.version += 1

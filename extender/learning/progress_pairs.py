@@ -27,18 +27,19 @@ own samples, both ways, put its combined progress below 1 is refused from then o
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from extender.core.pairs import SHARE_MARGIN, SHARE_Z, TypePairs, combined, shares
 from extender.learning.completion import MATRIX_SAMPLES, Completed, Entry, complete
+from extender.learning.pair_fit import MAX_LOG
 
 DEFAULT_NOISE_VAR = 0.1 ** 2
 """A sample's variance until enough pairs were seen twice (the H100 retest: sd 0.066 per
 measurement, 0.093 with the alone run's drift)."""
 MIN_NOISE_DOF = 5
-MAX_LOG = math.log(20.0)
 
 Key = tuple[str, str, str]
 """(GPU type, a, b): a beside b."""
@@ -95,15 +96,20 @@ class ProgressPairs:
     priors: Mapping[str, Mapping[tuple[str, str], float]] = field(default_factory=dict)
     """Measured matrices: GPU type -> (a, b) -> log slowdown (``learning.pair_prior``)."""
     features: Mapping[str, Sequence[float]] = field(default_factory=dict)
-    stats: dict[Key, list[float]] = field(default_factory=dict)
-    """key -> [count, mean, m2] of the log samples."""
+    stats: OrderedDict[Key, list[float]] = field(default_factory=OrderedDict)
+    """key -> [count, mean, m2] of the log samples, least recently seen first."""
+    max_entries: int = 100_000
+    """The most directed pairs kept (the least recently seen dropped)."""
 
     def add(self, gpu_type: str, a: str, b: str, log_ratio: float) -> None:
         """One progress sample: ``a``'s steps took ``exp(log_ratio)`` times as long beside ``b``."""
         if not math.isfinite(log_ratio):
             return
         x = min(MAX_LOG, max(-MAX_LOG, log_ratio))
-        st = self.stats.setdefault((gpu_type, a, b), [0.0, 0.0, 0.0])
+        st = self.stats.pop((gpu_type, a, b), None) or [0.0, 0.0, 0.0]
+        self.stats[(gpu_type, a, b)] = st
+        while len(self.stats) > self.max_entries:
+            self.stats.popitem(last=False)
         st[0] += 1
         delta = x - st[1]
         st[1] += delta / st[0]
