@@ -66,7 +66,6 @@ OPTIMISM = EXPLORE_Z
 """Standard deviations added to a figure's combined progress while learning (as placements)."""
 DECIDE_Z = SHARE_Z
 """Standard deviations the final decision's combined progress must clear ``1 + margin`` by."""
-"""Standard deviations added to a figure's combined progress while learning."""
 GPU_TYPE = "gpu"
 OTHER_TYPE = "other"
 Matching = list[tuple[int, int]]
@@ -112,10 +111,14 @@ Decide = Callable[[bool], tuple[np.ndarray, np.ndarray]]
 
 
 def run_rounds(truth: np.ndarray, k: int, decide: Decide, learn: Callable[[int, int, float,
-               float], None], rng: np.random.Generator, sd: float) -> list[dict[str, Any]]:
+               float], None], rng: np.random.Generator, sd: float,
+               refused: Callable[[], set[tuple[int, int]]] | None = None
+               ) -> list[dict[str, Any]]:
     """``k`` rounds of choosing, measuring and learning; after each (and before the
-    first) the final decision's value, the mean value of the rounds run so far and the
-    losing pairs placed once measured, in them and in that decision."""
+    first) the final decision's value, the mean value of the rounds run so far, the
+    losing pairs placed once measured, in them and in that decision, and (with
+    ``refused``: the pairs the learner refuses as measured losers) the winning pairs
+    refused."""
     c = combined(truth)
     measured: set[tuple[int, int]] = set()
     ran: list[float] = []
@@ -132,7 +135,9 @@ def run_rounds(truth: np.ndarray, k: int, decide: Decide, learn: Callable[[int, 
         pairs, shared, losing = placed(False)
         final = value(pairs, shared, truth)
         out.append({"value": final, "while_learning": float(np.mean(ran)) if ran else final,
-                    "losing_placed": losing + losing_learning})
+                    "losing_placed": losing + losing_learning,
+                    "winning_refused": sum(1 for p in refused() if c[p] > 1.0)
+                    if refused is not None else 0})
         if round_ == k:
             break
         pairs, shared, losing = placed(True)
@@ -213,7 +218,12 @@ def progress(jobs: list[str], truth: np.ndarray, prior: dict[str, Any] | None, k
         learner.add(GPU_TYPE, jobs[i], jobs[j], x_ij)
         learner.add(GPU_TYPE, jobs[j], jobs[i], x_ji)
 
-    return run_rounds(truth, k, decide, learn, rng, sd)
+    def refused() -> set[tuple[int, int]]:
+        index = {j: i for i, j in enumerate(jobs)}
+        return {tuple(sorted(index[m] for m in pair))  # type: ignore[misc]
+                for _t, pair in learner.losing()}
+
+    return run_rounds(truth, k, decide, learn, rng, sd, refused)
 
 
 def _logs(truth: np.ndarray, jobs: list[str]) -> dict[tuple[str, str], float]:
@@ -264,7 +274,8 @@ def one_gpu(jobs: list[str], truth: np.ndarray, other: np.ndarray | None, seeds:
                 "while_learning_capture": interval([capture(r["while_learning"])
                                                     for r in runs]),
                 "losing_placed": interval([float(r["losing_placed"]) for r in runs]),
-                "losing_placed_total": int(sum(r["losing_placed"] for r in runs))}
+                "losing_placed_total": int(sum(r["losing_placed"] for r in runs)),
+                "winning_refused": interval([float(r["winning_refused"]) for r in runs])}
         out[name] = per_k
     out["goal_50pct_by_k3"] = {m: bool(out[m]["k=3"]["capture"]["mean"] >= 0.5)
                                for m in methods}

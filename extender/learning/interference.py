@@ -83,6 +83,7 @@ from extender.learning.pair_fit import (
     solve_group_types,
 )
 from extender.learning.progress_pairs import Estimates, ProgressPairs, progress_view
+from extender.learning.revert import newest_of_losing
 from extender.learning.step_times import AloneSteps, progress_samples
 from extender.state.reports import DecodedReport
 
@@ -267,20 +268,49 @@ class PairLearner:
         done = self._estimates
         if done is None or (done[1] != count
                             and now - done[0] >= self.progress_refit_seconds):
-            done = (now, count, self.progress.estimate())
+            with self._lock:  # a copy: reports add samples while the completion runs
+                now_seen = replace(self.progress, stats=OrderedDict(
+                    (k, list(v)) for k, v in self.progress.stats.items()))
+            done = (now, count, now_seen.estimate())
             self._estimates = done
         return done[2]
 
     def _warming(self, uid: str, node: str, index: int) -> bool:
         """True during the pod's first ``warmup_seconds`` on this GPU (as the store rules)."""
-        now = self.clock()
+        return self.clock() - self._first(uid, node, index) < self.warmup_seconds
+
+    def _first(self, uid: str, node: str, index: int) -> float:
+        """When the pod was first reported on this GPU (now, the first time asked)."""
         key = (uid, node, index)
         with self._lock:
-            first = self._first_seen.pop(key, now)
+            first = self._first_seen.pop(key, None)
+            first = self.clock() if first is None else first
             self._first_seen[key] = first
             while len(self._first_seen) > MAX_TRACKED_PODS:
                 self._first_seen.popitem(last=False)
-        return now - first < self.warmup_seconds
+        return first
+
+    def to_revert(self, report: DecodedReport, placement_of: Callable[[str], Placement | None],
+                  window_s: float) -> list[str]:
+        """The pods of ``report`` to move (``learning.revert_losing_seconds``,
+        :func:`extender.learning.revert.newest_of_losing`): per GPU shared by a pair refused
+        as measured to lose, the one that arrived last, within ``window_s`` of arriving."""
+        for gpu, procs in zip(report.gpus, report.processes, strict=False):
+            for p in procs:  # every pod's arrival noted, whether its pair loses or not
+                if p.pod_uid:
+                    self._first(str(p.pod_uid), report.node, gpu.index)
+        with self._lock:
+            losing = self.progress.losing() if self.progress.stats else frozenset()
+        if not losing:
+            return []
+
+        def model_of(uid: str, index: int) -> str | None:
+            found = _modelled(placement_of(uid), report.node, index)
+            return None if found is None else found[0]
+
+        return newest_of_losing(report, model_of, losing,
+                                lambda uid, index: self._first(uid, report.node, index),
+                                self.clock(), window_s)
 
     # ---- answers -------------------------------------------------------------------
     def current(self) -> PairModel | None:
@@ -333,10 +363,11 @@ class PairLearner:
         if progress is not None:
             for t in {t for t, _a, _b in progress.figures}:
                 fitted.setdefault(t, TypePairs())
+        with self._lock:
+            losing = self.progress.losing() if progress is not None else frozenset()
         built = PairModel({t: replace(tp, inferred=inferred.get(t, {}),
                                       progress=progress.type_figures(t) if progress else {},
-                                      losing=frozenset(p for tt, p in progress.losing
-                                                       if tt == t) if progress else frozenset())
+                                      losing=frozenset(p for tt, p in losing if tt == t))
                            for t, tp in fitted.items()},
                           self.prior_weight, self.explore_bonus,
                           TypePairs(prior=self._pooled) if self._pooled else None)
@@ -387,7 +418,7 @@ class PairLearner:
                     "inferred_pairs": sum(len(p) for p in (self._solved or (0, 0, {}))[2].values()),
                     "cannot_share": len(self._cannot),
                     "progress_samples": self.progress_samples_total,
-                    "losing": len(self._estimates[2].losing) if self._estimates else 0,
+                    "losing": len(self.progress.losing()) if self.progress.stats else 0,
                     "prior_pairs": sum(len(logs) for logs, _ in self._prior.values())}
 
     # ---- persistence ---------------------------------------------------------------

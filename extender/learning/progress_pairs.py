@@ -40,6 +40,10 @@ DEFAULT_NOISE_VAR = 0.1 ** 2
 """A sample's variance until enough pairs were seen twice (the H100 retest: sd 0.066 per
 measurement, 0.093 with the alone run's drift)."""
 MIN_NOISE_DOF = 5
+REFUSE_Z = 1.0
+"""A pair measured both ways is refused unless its own samples put its combined progress
+above ``1 + margin`` by this many of their standard deviations: one noisy measurement of a
+pair that loses must not read as a win."""
 
 Key = tuple[str, str, str]
 """(GPU type, a, b): a beside b."""
@@ -138,7 +142,6 @@ class ProgressPairs:
         seen_jobs = {m for _, a, b in self.stats for m in (a, b)} | {
             m for logs in self.priors.values() for pair in logs for m in pair}
         figures: dict[Key, Figure] = {}
-        losing = set()
         for (t, a, b), c in done.logs.items():
             tau2 = done.variance[t]
             st = self.stats.get((t, a, b))
@@ -149,11 +152,20 @@ class ProgressPairs:
             precision = st[0] / noise + 1.0 / tau2
             figures[(t, a, b)] = Figure((st[0] * st[1] / noise + c / tau2) / precision,
                                         1.0 / precision, f"progress:{int(st[0])}")
+        return Estimates(figures, self.losing(noise), noise)
+
+    def losing(self, noise: float | None = None) -> frozenset[tuple[str, frozenset[str]]]:
+        """The pairs measured both ways whose own samples do not show them beating
+        ``1 + margin`` by :data:`REFUSE_Z` standard deviations of those samples (module
+        docstring): refused from then on. Cheap: read at every decision, not refitted."""
+        noise = self.noise_var() if noise is None else noise
+        out = set()
         for (t, a, b), st in self.stats.items():
             back = self.stats.get((t, b, a))
-            if a < b and back is not None and math.exp(-st[1]) + math.exp(-back[1]) < 1.0:
-                losing.add((t, frozenset((a, b))))
-        return Estimates(figures, frozenset(losing), noise)
+            if a < b and back is not None and not shares(
+                    (st[1], noise / st[0]), (back[1], noise / back[0]), SHARE_MARGIN, REFUSE_Z):
+                out.add((t, frozenset((a, b))))
+        return frozenset(out)
 
 
 def progress_view(tp: TypePairs) -> dict[str, Any]:
