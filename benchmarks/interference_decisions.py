@@ -232,8 +232,9 @@ def _logs(truth: np.ndarray, jobs: list[str]) -> dict[tuple[str, str], float]:
 
 
 def one_gpu(jobs: list[str], truth: np.ndarray, other: np.ndarray | None, seeds: int,
-            sd: float) -> dict[str, Any]:
-    """Every learner and ``k`` over ``seeds`` seeds on one GPU's matrix."""
+            sd: float, only: frozenset[str] | None = None) -> dict[str, Any]:
+    """Every learner (or those in ``only``) and ``k`` over ``seeds`` seeds on one GPU's
+    matrix."""
     c = combined(truth)
     n = len(jobs)
     best_pairs = match(np.maximum(np.where(_fit_mask(truth), c, 0.0), 1.0))
@@ -254,6 +255,8 @@ def one_gpu(jobs: list[str], truth: np.ndarray, other: np.ndarray | None, seeds:
         methods["calibration_line"] = lambda k, r: calibration_line(
             jobs, truth, {OTHER_TYPE: table}, k, r, sd)
         methods["progress"] = lambda k, r: progress(jobs, truth, {OTHER_TYPE: logs}, k, r, sd)
+    if only is not None:
+        methods = {m: run for m, run in methods.items() if m in only}
     capture = lambda v: (v - random) / (best - random)  # noqa: E731
     out: dict[str, Any] = {"jobs": n, "best": round(best, 4),
                            "best_turns": sum(1 for p in best_pairs if c[p] <= 1.0),
@@ -282,28 +285,49 @@ def one_gpu(jobs: list[str], truth: np.ndarray, other: np.ndarray | None, seeds:
     return out
 
 
-def h100(seeds: int, sd: float) -> dict[str, Any]:
+def h100(seeds: int, sd: float, only: frozenset[str] | None = None) -> dict[str, Any]:
     """The twelve H100 jobs (no other GPU's matrix)."""
     _, table, models = import_profiled(CAMPAIGN)
     jobs = sorted(models)
     truth = np.array([[table.slowdown.get(a, {}).get(b, 1.0) for b in jobs] for a in jobs])
-    out = one_gpu(jobs, truth, None, seeds, sd)
+    out = one_gpu(jobs, truth, None, seeds, sd, only)
     best, random = out["best"], out["random"]["mean"]
     out["no_harm_points"] = {m: round(float(100 * (out[m]["k=3"]["value"]["mean"] - random)
                                             / best), 2)
-                             for m in ("calibration_line_no_prior", "progress_no_prior")}
+                             for m in ("calibration_line_no_prior", "progress_no_prior")
+                             if m in out}
     out["goal_no_harm"] = {m: bool(v >= -0.5) for m, v in out["no_harm_points"].items()}
     return out
 
 
-def _one(raw: dict[str, Any], seeds: int, sd: float, gpu: str) -> dict[str, Any]:
+def _one(raw: dict[str, Any], seeds: int, sd: float, only: frozenset[str] | None, gpu: str
+         ) -> dict[str, Any]:
     """One GPU's figures (the H100's, or a Gavel GPU's with the other's matrix)."""
     if gpu == "h100":
-        return h100(seeds, sd)
+        return h100(seeds, sd, only)
     jobs, truth = _gavel.matrix(raw, gpu)
     other_jobs, other = _gavel.matrix(raw, _gavel.OTHER[gpu])
     assert other_jobs == jobs
-    return one_gpu(jobs, truth, other, seeds, sd)
+    return one_gpu(jobs, truth, other, seeds, sd, only)
+
+
+def _kept(report: dict[str, Any], earlier: Path, ran: frozenset[str]) -> None:
+    """Every other learner's figures from ``earlier`` (a result of this benchmark), each
+    GPU's and the goal verdicts, so that one file compares them: what ``--methods`` skipped
+    (its code unchanged since) is not rerun."""
+    old = json.loads(earlier.read_text())
+    report["setup"]["kept_from_earlier_run"] = {"file": earlier.name,
+                                                "date": old.get("date"),
+                                                "command": old.get("command")}
+    for gpu, figures in report["gpus"].items():
+        before = old["gpus"].get(gpu) or {}
+        for name, entry in before.items():
+            if isinstance(entry, dict) and "k=3" in entry and name not in ran:
+                figures[name] = entry
+        for verdicts in ("goal_50pct_by_k3", "no_harm_points", "goal_no_harm"):
+            if verdicts in before:
+                figures[verdicts] = {**{m: v for m, v in before[verdicts].items()
+                                        if m not in ran}, **figures.get(verdicts, {})}
 
 
 def main() -> None:
@@ -313,6 +337,11 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--noise-sd", type=float, default=NOISE_SD)
     parser.add_argument("--gpus", default="p100,k80,h100")
+    parser.add_argument("--methods", default=None,
+                        help="comma-separated learners to run (default: all)")
+    parser.add_argument("--keep-from", type=Path, default=None,
+                        help="with --methods: the other learners' figures from this earlier "
+                        "result")
     parser.add_argument("--processes", type=int, default=1,
                         help="processes for the GPUs (each GPU's figures are the same however "
                         "many)")
@@ -328,9 +357,12 @@ def main() -> None:
                   "processes": args.processes},
         "gpus": {}}
     gpus = args.gpus.split(",")
-    results = _common.map_tasks(partial(_one, raw, args.seeds, args.noise_sd), gpus,
+    only = frozenset(args.methods.split(",")) if args.methods else None
+    results = _common.map_tasks(partial(_one, raw, args.seeds, args.noise_sd, only), gpus,
                                 args.processes)
     report["gpus"] = dict(zip(gpus, results, strict=True))
+    if only is not None and args.keep_from is not None:
+        _kept(report, args.keep_from, only)
     report["total_wall_s"] = round(time.perf_counter() - started, 1)
     report.update(_common.context(("numpy", "scipy", "networkx")))
     _common.write_result(report, args.out)

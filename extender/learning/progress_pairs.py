@@ -40,7 +40,7 @@ DEFAULT_NOISE_VAR = 0.1 ** 2
 """A sample's variance until enough pairs were seen twice (the H100 retest: sd 0.066 per
 measurement, 0.093 with the alone run's drift)."""
 MIN_NOISE_DOF = 5
-REFUSE_Z = 1.0
+REFUSE_Z = 1.5
 """A pair measured both ways is refused unless its own samples put its combined progress
 above ``1 + margin`` by this many of their standard deviations: one noisy measurement of a
 pair that loses must not read as a win."""
@@ -104,6 +104,10 @@ class ProgressPairs:
     """key -> [count, mean, m2] of the log samples, least recently seen first."""
     max_entries: int = 100_000
     """The most directed pairs kept (the least recently seen dropped)."""
+    warm: dict[tuple[tuple[str, ...], tuple[str, ...]], Any] = field(
+        default_factory=dict, repr=False, compare=False)
+    """(jobs, types) -> the last completion's parameters there: a refit starts from them
+    (far fewer iterations than from the seeded start)."""
 
     def add(self, gpu_type: str, a: str, b: str, log_ratio: float) -> None:
         """One progress sample: ``a``'s steps took ``exp(log_ratio)`` times as long beside ``b``."""
@@ -138,7 +142,11 @@ class ProgressPairs:
                                 for (t, a, b), st in self.stats.items()]
         entries += [(t, a, b, v, MATRIX_SAMPLES) for t, logs in self.priors.items()
                     for (a, b), v in logs.items() if (t, a, b) not in self.stats]
-        done: Completed = complete(entries, names, types, noise, self.features, learned)
+        shape = (tuple(names), tuple(types))
+        done: Completed = complete(entries, names, types, noise, self.features, learned,
+                                   start=self.warm.get(shape))
+        self.warm.clear()
+        self.warm[shape] = done.params
         seen_jobs = {m for _, a, b in self.stats for m in (a, b)} | {
             m for logs in self.priors.values() for pair in logs for m in pair}
         figures: dict[Key, Figure] = {}
