@@ -290,6 +290,8 @@ def h100(seeds: int, sd: float, only: frozenset[str] | None = None) -> dict[str,
     _, table, models = import_profiled(CAMPAIGN)
     jobs = sorted(models)
     truth = np.array([[table.slowdown.get(a, {}).get(b, 1.0) for b in jobs] for a in jobs])
+    if only is not None:  # no other GPU's matrix here: a learner runs as its no-prior self
+        only = frozenset(m if m.endswith("_no_prior") else f"{m}_no_prior" for m in only)
     out = one_gpu(jobs, truth, None, seeds, sd, only)
     best, random = out["best"], out["random"]["mean"]
     out["no_harm_points"] = {m: round(float(100 * (out[m]["k=3"]["value"]["mean"] - random)
@@ -312,9 +314,9 @@ def _one(raw: dict[str, Any], seeds: int, sd: float, only: frozenset[str] | None
 
 
 def _kept(report: dict[str, Any], earlier: Path, ran: frozenset[str]) -> None:
-    """Every other learner's figures from ``earlier`` (a result of this benchmark), each
-    GPU's and the goal verdicts, so that one file compares them: what ``--methods`` skipped
-    (its code unchanged since) is not rerun."""
+    """The earlier learners' figures (``calibration_line*``, code unchanged) from
+    ``earlier`` (a result of this benchmark), each GPU's and their goal verdicts, so that
+    one file compares them without rerunning them."""
     old = json.loads(earlier.read_text())
     report["setup"]["kept_from_earlier_run"] = {"file": earlier.name,
                                                 "date": old.get("date"),
@@ -322,12 +324,14 @@ def _kept(report: dict[str, Any], earlier: Path, ran: frozenset[str]) -> None:
     for gpu, figures in report["gpus"].items():
         before = old["gpus"].get(gpu) or {}
         for name, entry in before.items():
-            if isinstance(entry, dict) and "k=3" in entry and name not in ran:
+            if isinstance(entry, dict) and "k=3" in entry and name not in ran \
+                    and name.startswith("calibration_line"):
                 figures[name] = entry
         for verdicts in ("goal_50pct_by_k3", "no_harm_points", "goal_no_harm"):
             if verdicts in before:
                 figures[verdicts] = {**{m: v for m, v in before[verdicts].items()
-                                        if m not in ran}, **figures.get(verdicts, {})}
+                                        if m.startswith("calibration_line")},
+                                     **figures.get(verdicts, {})}
 
 
 def main() -> None:
