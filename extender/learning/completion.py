@@ -159,15 +159,19 @@ def _fit(entries: Sequence[Entry], jobs: Sequence[str], types: Sequence[str],
     if len(y):
         x0 = minimize(loss, x0, jac=True, method="L-BFGS-B",
                       options={"maxiter": maxiter}).x
-    p = unpack(x0)
-    full = (p["mu"][:, None, None] + np.einsum("ad,td->ta", feats, p["wv"])[:, :, None]
+    full = _every_pair(unpack(x0), feats)
+    return {(t, a, b): float(full[ti[t], ji[a], ji[b]])
+            for t in types for a in jobs for b in jobs}, x0
+
+
+def _every_pair(p: Mapping[str, np.ndarray], feats: np.ndarray) -> np.ndarray:
+    """The fitted ``y[t][a][b]`` of every type and pair (the model of the module docstring)."""
+    return (p["mu"][:, None, None] + np.einsum("ad,td->ta", feats, p["wv"])[:, :, None]
             + np.einsum("bd,td->tb", feats, p["wa"])[:, None, :] + p["bv"][:, :, None]
             + p["ba"][:, None, :] + np.einsum("ar,tbr->tab", p["U"], p["V"])
             + np.einsum("tar,br->tab", p["P"], p["Q"])
             + p["g"][:, None, None]
             * (p["bv0"][:, None] + p["ba0"][None, :] + p["U"] @ p["V0"].T + p["E"])[None])
-    return {(t, a, b): float(full[ti[t], ji[a], ji[b]])
-            for t in types for a in jobs for b in jobs}, x0
 
 
 def _sum(index: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:

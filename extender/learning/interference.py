@@ -66,11 +66,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from contracts.annotations import GPU_UTIL, MODEL, PREDICTION_SOURCE, read_bound_inputs
 from contracts.interferencefile import PairTable
 from extender.core import Placement
 from extender.core.pairs import PairModel, TypePairs
-from extender.core.snapshot import Workload, gpu_type_of
+from extender.core.snapshot import gpu_type_of
 from extender.learning.pair_document import PairKey, decode, decode_progress, encode
 from extender.learning.pair_fit import (
     MAX_EXTRA,
@@ -82,9 +81,9 @@ from extender.learning.pair_fit import (
     prior_logs,
     solve_group_types,
 )
+from extender.learning.pair_progress import ProgressLearning, modelled_pod
 from extender.learning.progress_pairs import Estimates, ProgressPairs, progress_view
-from extender.learning.revert import newest_of_losing
-from extender.learning.step_times import AloneSteps, progress_samples
+from extender.learning.step_times import AloneSteps
 from extender.state.reports import DecodedReport
 
 MAX_TRACKED_PODS = 100_000
@@ -94,7 +93,7 @@ PROGRESS_REFIT_SECONDS = 600.0
 DOCUMENT_KEY = "pairs"
 
 
-class PairLearner:
+class PairLearner(ProgressLearning):
     """Directed pair statistics, per-model profiles and refused pairs (module docstring)."""
 
     def __init__(self, max_entries: int = 4000, explore_bonus: float = 0.05,
@@ -214,7 +213,7 @@ class PairLearner:
             if len(pods) < 2 or (len(pods) > 2 and not self.groups):
                 continue
             gpu_type = gpu_type_of(gpu.product)
-            found = [_modelled(placement_of(uid), report.node, gpu.index) for uid in pods]
+            found = [modelled_pod(placement_of(uid), report.node, gpu.index) for uid in pods]
             warming = [self._warming(uid, report.node, gpu.index) for uid in pods]
             if any(f is None for f in found) or any(warming):
                 continue  # a pod loading or compiling shows no steady utilisation yet
@@ -238,46 +237,10 @@ class PairLearner:
         self.model()
         return taken
 
-    def observe_progress(self, report: DecodedReport,
-                         placement_of: Callable[[str], Placement | None]) -> int:
-        """Progress samples from ``report`` (:mod:`extender.learning.step_times`): the
-        pods' exclusive windows, and ``log(step time shared / alone)`` for each of two
-        placed, modelled pods sharing a GPU."""
-        def model_of(uid: str, index: int) -> str | None:
-            found = _modelled(placement_of(uid), report.node, index)
-            return None if found is None else found[0]
-
-        samples = progress_samples(report, model_of, self.alone_steps, self.clock())
-        with self._lock:
-            for gpu_type, a, b, x in samples:
-                self.progress.add(gpu_type, a, b, x)
-            if samples:
-                self.version += 1
-                self.progress_samples_total += len(samples)
-                self.dirty = True
-        if samples:
-            self.model()
-        return len(samples)
-
-    def _progress_estimates(self, now: float) -> Estimates | None:
-        """What the progress samples predict, refitted at most every
-        ``progress_refit_seconds`` (the completion is the costly part); None before any."""
-        count = self.progress_samples_total
-        if not count:
-            return None
-        done = self._estimates
-        if done is None or (done[1] != count
-                            and now - done[0] >= self.progress_refit_seconds):
-            with self._lock:  # a copy: reports add samples while the completion runs
-                now_seen = replace(self.progress, stats=OrderedDict(
-                    (k, list(v)) for k, v in self.progress.stats.items()))
-            done = (now, count, now_seen.estimate())
-            self._estimates = done
-        return done[2]
-
     def _warming(self, uid: str, node: str, index: int) -> bool:
         """True during the pod's first ``warmup_seconds`` on this GPU (as the store rules)."""
-        return self.clock() - self._first(uid, node, index) < self.warmup_seconds
+        first = self._first(uid, node, index)  # before now: a first sighting is at age 0
+        return self.clock() - first < self.warmup_seconds
 
     def _first(self, uid: str, node: str, index: int) -> float:
         """When the pod was first reported on this GPU (now, the first time asked)."""
@@ -289,28 +252,6 @@ class PairLearner:
             while len(self._first_seen) > MAX_TRACKED_PODS:
                 self._first_seen.popitem(last=False)
         return first
-
-    def to_revert(self, report: DecodedReport, placement_of: Callable[[str], Placement | None],
-                  window_s: float) -> list[str]:
-        """The pods of ``report`` to move (``learning.revert_losing_seconds``,
-        :func:`extender.learning.revert.newest_of_losing`): per GPU shared by a pair refused
-        as measured to lose, the one that arrived last, within ``window_s`` of arriving."""
-        for gpu, procs in zip(report.gpus, report.processes, strict=False):
-            for p in procs:  # every pod's arrival noted, whether its pair loses or not
-                if p.pod_uid:
-                    self._first(str(p.pod_uid), report.node, gpu.index)
-        with self._lock:
-            losing = self.progress.losing() if self.progress.stats else frozenset()
-        if not losing:
-            return []
-
-        def model_of(uid: str, index: int) -> str | None:
-            found = _modelled(placement_of(uid), report.node, index)
-            return None if found is None else found[0]
-
-        return newest_of_losing(report, model_of, losing,
-                                lambda uid, index: self._first(uid, report.node, index),
-                                self.clock(), window_s)
 
     # ---- answers -------------------------------------------------------------------
     def current(self) -> PairModel | None:
@@ -464,21 +405,3 @@ def _stderr(n: float, m2: float) -> float:
     """Standard error of a pair's mean log slowdown (0.1 per sample's spread until 2 seen)."""
     sd = math.sqrt(m2 / (n - 1)) if n >= 2 else 0.1
     return sd / math.sqrt(n)
-
-
-def _modelled(p: Placement | None, node: str, index: int) -> tuple[str, int, float] | None:
-    """(model, batch size, per-GPU utilisation placed with) of a modelled training pod."""
-    if p is None or p.node != node or index not in p.gpu_indices \
-            or p.workload is not Workload.TRAINING:
-        return None
-    ann = dict(p.annotations)
-    model = ann.get(MODEL)
-    if not model:
-        return None
-    # Only a prediction stands in for the alone figure: not what the pod owner asserted
-    # (an owner could skew its partners' figures), nor the cold-start whole-GPU figure.
-    source = ann.get(PREDICTION_SOURCE, "")
-    placed = 0.0 if GPU_UTIL in ann or source.startswith(("asserted", "cold-start")) \
-        else float(p.util_percent)
-    return model, read_bound_inputs(ann).batch, placed  # the one batch reader and default
-
