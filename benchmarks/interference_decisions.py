@@ -66,7 +66,6 @@ OPTIMISM = EXPLORE_Z
 """Standard deviations added to a figure's combined progress while learning (as placements)."""
 DECIDE_Z = SHARE_Z
 """Standard deviations the final decision's combined progress must clear ``1 + margin`` by."""
-"""Standard deviations added to a figure's combined progress while learning."""
 GPU_TYPE = "gpu"
 OTHER_TYPE = "other"
 Matching = list[tuple[int, int]]
@@ -112,10 +111,14 @@ Decide = Callable[[bool], tuple[np.ndarray, np.ndarray]]
 
 
 def run_rounds(truth: np.ndarray, k: int, decide: Decide, learn: Callable[[int, int, float,
-               float], None], rng: np.random.Generator, sd: float) -> list[dict[str, Any]]:
+               float], None], rng: np.random.Generator, sd: float,
+               refused: Callable[[], set[tuple[int, int]]] | None = None
+               ) -> list[dict[str, Any]]:
     """``k`` rounds of choosing, measuring and learning; after each (and before the
-    first) the final decision's value, the mean value of the rounds run so far and the
-    losing pairs placed once measured, in them and in that decision."""
+    first) the final decision's value, the mean value of the rounds run so far, the
+    losing pairs placed once measured, in them and in that decision, and (with
+    ``refused``: the pairs the learner refuses as measured losers) the winning pairs
+    refused."""
     c = combined(truth)
     measured: set[tuple[int, int]] = set()
     ran: list[float] = []
@@ -132,7 +135,9 @@ def run_rounds(truth: np.ndarray, k: int, decide: Decide, learn: Callable[[int, 
         pairs, shared, losing = placed(False)
         final = value(pairs, shared, truth)
         out.append({"value": final, "while_learning": float(np.mean(ran)) if ran else final,
-                    "losing_placed": losing + losing_learning})
+                    "losing_placed": losing + losing_learning,
+                    "winning_refused": sum(1 for p in refused() if c[p] > 1.0)
+                    if refused is not None else 0})
         if round_ == k:
             break
         pairs, shared, losing = placed(True)
@@ -213,7 +218,12 @@ def progress(jobs: list[str], truth: np.ndarray, prior: dict[str, Any] | None, k
         learner.add(GPU_TYPE, jobs[i], jobs[j], x_ij)
         learner.add(GPU_TYPE, jobs[j], jobs[i], x_ji)
 
-    return run_rounds(truth, k, decide, learn, rng, sd)
+    def refused() -> set[tuple[int, int]]:
+        index = {j: i for i, j in enumerate(jobs)}
+        return {tuple(sorted(index[m] for m in pair))  # type: ignore[misc]
+                for _t, pair in learner.losing()}
+
+    return run_rounds(truth, k, decide, learn, rng, sd, refused)
 
 
 def _logs(truth: np.ndarray, jobs: list[str]) -> dict[tuple[str, str], float]:
@@ -222,8 +232,9 @@ def _logs(truth: np.ndarray, jobs: list[str]) -> dict[tuple[str, str], float]:
 
 
 def one_gpu(jobs: list[str], truth: np.ndarray, other: np.ndarray | None, seeds: int,
-            sd: float) -> dict[str, Any]:
-    """Every learner and ``k`` over ``seeds`` seeds on one GPU's matrix."""
+            sd: float, only: frozenset[str] | None = None) -> dict[str, Any]:
+    """Every learner (or those in ``only``) and ``k`` over ``seeds`` seeds on one GPU's
+    matrix."""
     c = combined(truth)
     n = len(jobs)
     best_pairs = match(np.maximum(np.where(_fit_mask(truth), c, 0.0), 1.0))
@@ -244,6 +255,8 @@ def one_gpu(jobs: list[str], truth: np.ndarray, other: np.ndarray | None, seeds:
         methods["calibration_line"] = lambda k, r: calibration_line(
             jobs, truth, {OTHER_TYPE: table}, k, r, sd)
         methods["progress"] = lambda k, r: progress(jobs, truth, {OTHER_TYPE: logs}, k, r, sd)
+    if only is not None:
+        methods = {m: run for m, run in methods.items() if m in only}
     capture = lambda v: (v - random) / (best - random)  # noqa: E731
     out: dict[str, Any] = {"jobs": n, "best": round(best, 4),
                            "best_turns": sum(1 for p in best_pairs if c[p] <= 1.0),
@@ -264,35 +277,61 @@ def one_gpu(jobs: list[str], truth: np.ndarray, other: np.ndarray | None, seeds:
                 "while_learning_capture": interval([capture(r["while_learning"])
                                                     for r in runs]),
                 "losing_placed": interval([float(r["losing_placed"]) for r in runs]),
-                "losing_placed_total": int(sum(r["losing_placed"] for r in runs))}
+                "losing_placed_total": int(sum(r["losing_placed"] for r in runs)),
+                "winning_refused": interval([float(r["winning_refused"]) for r in runs])}
         out[name] = per_k
     out["goal_50pct_by_k3"] = {m: bool(out[m]["k=3"]["capture"]["mean"] >= 0.5)
                                for m in methods}
     return out
 
 
-def h100(seeds: int, sd: float) -> dict[str, Any]:
+def h100(seeds: int, sd: float, only: frozenset[str] | None = None) -> dict[str, Any]:
     """The twelve H100 jobs (no other GPU's matrix)."""
     _, table, models = import_profiled(CAMPAIGN)
     jobs = sorted(models)
     truth = np.array([[table.slowdown.get(a, {}).get(b, 1.0) for b in jobs] for a in jobs])
-    out = one_gpu(jobs, truth, None, seeds, sd)
+    if only is not None:  # no other GPU's matrix here: a learner runs as its no-prior self
+        only = frozenset(m if m.endswith("_no_prior") else f"{m}_no_prior" for m in only)
+    out = one_gpu(jobs, truth, None, seeds, sd, only)
     best, random = out["best"], out["random"]["mean"]
     out["no_harm_points"] = {m: round(float(100 * (out[m]["k=3"]["value"]["mean"] - random)
                                             / best), 2)
-                             for m in ("calibration_line_no_prior", "progress_no_prior")}
+                             for m in ("calibration_line_no_prior", "progress_no_prior")
+                             if m in out}
     out["goal_no_harm"] = {m: bool(v >= -0.5) for m, v in out["no_harm_points"].items()}
     return out
 
 
-def _one(raw: dict[str, Any], seeds: int, sd: float, gpu: str) -> dict[str, Any]:
+def _one(raw: dict[str, Any], seeds: int, sd: float, only: frozenset[str] | None, gpu: str
+         ) -> dict[str, Any]:
     """One GPU's figures (the H100's, or a Gavel GPU's with the other's matrix)."""
     if gpu == "h100":
-        return h100(seeds, sd)
+        return h100(seeds, sd, only)
     jobs, truth = _gavel.matrix(raw, gpu)
     other_jobs, other = _gavel.matrix(raw, _gavel.OTHER[gpu])
     assert other_jobs == jobs
-    return one_gpu(jobs, truth, other, seeds, sd)
+    return one_gpu(jobs, truth, other, seeds, sd, only)
+
+
+def _kept(report: dict[str, Any], earlier: Path, ran: frozenset[str]) -> None:
+    """The earlier learners' figures (``calibration_line*``, code unchanged) from
+    ``earlier`` (a result of this benchmark), each GPU's and their goal verdicts, so that
+    one file compares them without rerunning them."""
+    old = json.loads(earlier.read_text())
+    report["setup"]["kept_from_earlier_run"] = {"file": earlier.name,
+                                                "date": old.get("date"),
+                                                "command": old.get("command")}
+    for gpu, figures in report["gpus"].items():
+        before = old["gpus"].get(gpu) or {}
+        for name, entry in before.items():
+            if isinstance(entry, dict) and "k=3" in entry and name not in ran \
+                    and name.startswith("calibration_line"):
+                figures[name] = entry
+        for verdicts in ("goal_50pct_by_k3", "no_harm_points", "goal_no_harm"):
+            if verdicts in before:
+                figures[verdicts] = {**{m: v for m, v in before[verdicts].items()
+                                        if m.startswith("calibration_line")},
+                                     **figures.get(verdicts, {})}
 
 
 def main() -> None:
@@ -302,6 +341,11 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--noise-sd", type=float, default=NOISE_SD)
     parser.add_argument("--gpus", default="p100,k80,h100")
+    parser.add_argument("--methods", default=None,
+                        help="comma-separated learners to run (default: all)")
+    parser.add_argument("--keep-from", type=Path, default=None,
+                        help="with --methods: the other learners' figures from this earlier "
+                        "result")
     parser.add_argument("--processes", type=int, default=1,
                         help="processes for the GPUs (each GPU's figures are the same however "
                         "many)")
@@ -317,9 +361,12 @@ def main() -> None:
                   "processes": args.processes},
         "gpus": {}}
     gpus = args.gpus.split(",")
-    results = _common.map_tasks(partial(_one, raw, args.seeds, args.noise_sd), gpus,
+    only = frozenset(args.methods.split(",")) if args.methods else None
+    results = _common.map_tasks(partial(_one, raw, args.seeds, args.noise_sd, only), gpus,
                                 args.processes)
     report["gpus"] = dict(zip(gpus, results, strict=True))
+    if only is not None and args.keep_from is not None:
+        _kept(report, args.keep_from, only)
     report["total_wall_s"] = round(time.perf_counter() - started, 1)
     report.update(_common.context(("numpy", "scipy", "networkx")))
     _common.write_result(report, args.out)

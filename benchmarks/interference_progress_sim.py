@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import time
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -47,10 +48,14 @@ KEYS = ("avg_jct_s", "finished_in_window", "makespan_s")
 WINDOW_OF_MAKESPAN = 0.5
 
 
-def _seed_runs(raw: dict[str, Any], task: tuple[str, str, str, int]) -> dict[str, Any]:
-    """One seed of one GPU, workload and signal: every mode's figures."""
+def _seed_runs(raw: dict[str, Any], jobs: int | None, task: tuple[str, str, str, int]
+               ) -> dict[str, Any]:
+    """One seed of one GPU, workload and signal: every mode's figures (the workload's
+    first ``jobs`` arrivals where given)."""
     gpu, workload, signal, seed = task
     here = _gavel.setting(raw, workload, gpu, signal, seed)
+    if jobs is not None:
+        here = replace(here, jobs=sorted(here.jobs, key=lambda j: j.arrival_s)[:jobs])
     first = min(j.arrival_s for j in here.jobs)
     out: dict[str, Any] = {}
     finishes: dict[str, np.ndarray] = {}
@@ -74,11 +79,12 @@ def _seed_runs(raw: dict[str, Any], task: tuple[str, str, str, int]) -> dict[str
     return out
 
 
-def run(raw: dict[str, Any], seeds: int, processes: int) -> dict[str, Any]:
+def run(raw: dict[str, Any], seeds: int, processes: int, jobs: int | None = None
+        ) -> dict[str, Any]:
     """Every GPU, workload and signal over ``seeds`` paired seeds."""
     tasks = [(gpu, workload, signal, seed) for gpu in GPUS for workload in WORKLOADS
              for signal in MODES for seed in range(1, seeds + 1)]
-    results = _common.map_tasks(partial(_seed_runs, raw), tasks, processes)
+    results = _common.map_tasks(partial(_seed_runs, raw, jobs), tasks, processes)
     out: dict[str, Any] = {}
     for gpu in GPUS:
         for workload in WORKLOADS:
@@ -119,6 +125,8 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=_gavel.DATA, help="Gavel measurements JSON")
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="each workload's first JOBS arrivals (default: all 100)")
     _common.add_out_option(parser, "interference_progress_sim")
     args = parser.parse_args()
     raw = json.loads(args.data.read_text())
@@ -129,8 +137,9 @@ def main() -> None:
         "setup": {"seeds": args.seeds, "gpus": list(GPUS), "workloads": list(WORKLOADS),
                   "modes": {s: list(m) for s, m in MODES.items()}, "cluster": "3 x 4 GPUs",
                   "policy": "tandem (packaged config)", "processes": args.processes,
-                  "window": f"{WINDOW_OF_MAKESPAN} x curve-only's makespan per seed"},
-        "results": run(raw, args.seeds, args.processes)}
+                  "window": f"{WINDOW_OF_MAKESPAN} x curve-only's makespan per seed",
+                  "jobs_per_workload": args.jobs or 100},
+        "results": run(raw, args.seeds, args.processes, args.jobs)}
     report["total_wall_s"] = round(time.perf_counter() - started, 1)
     report.update(_common.context(("numpy", "scipy")))
     _common.write_result(report, args.out)

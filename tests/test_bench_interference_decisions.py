@@ -48,5 +48,6 @@ def test_the_progress_learner_refuses_the_measured_loser() -> None:
     jobs = ["a", "b", "c", "d"]
     rounds = bench.progress(jobs, TRUTH, None, 3, np.random.default_rng(1), 0.066)
     assert rounds[-1]["losing_placed"] == 0
+    assert rounds[-1]["winning_refused"] == 0  # (0, 1) at 1.6 is measured to win
     assert rounds[-1]["value"] >= 1.0  # never below exclusive GPUs
     assert math.isfinite(rounds[-1]["while_learning"])

@@ -93,6 +93,18 @@ def test_a_pair_that_cannot_share_is_refused_and_a_losing_pair_fails_the_rule() 
     assert ev.feasible[0]
 
 
+def test_with_only_refusals_known_the_curve_judges_and_the_refusals_stand() -> None:
+    only_refused = _pairs({}, bonus=0.05, cannot=frozenset({frozenset(("new", "resnet"))}))
+    table = _table({0: "resnet", 1: "bert"})
+    assert _choose(table, "new", GAIN_ON)[0] == [0]  # the curve: the first GPU
+    rows, ev = _choose(table, "new", GAIN_ON.with_pairs(only_refused))
+    assert rows == [1] and ev.interference_sources == {}  # beside resnet: seen not to fit
+    bert = _table({0: "bert"})
+    _, plain = _choose(bert, "new", GAIN_ON, Purpose.SCORE)
+    _, ev = _choose(bert, "new", GAIN_ON.with_pairs(only_refused), Purpose.SCORE)
+    assert np.array_equal(ev.node_cost, plain.node_cost)  # the curve's cost, no bonus
+
+
 @pytest.mark.parametrize("gap", [0.03, 0.08])
 def test_exploration_gives_up_at_most_the_bonus(gap: float) -> None:
     """An untried pair wins over a known one only when its predicted loss is within the bonus."""

@@ -114,3 +114,37 @@ def test_status_says_how_many_pairs_came_from_progress_and_were_refused() -> Non
     assert doc["interference"][0]["progress_pairs"] == 2
     assert doc["interference"][0]["refused_losing"] == 1
     assert "2 from progress (1 refused as losing)" in render(doc)
+
+
+def test_progress_samples_are_persisted_and_read_back() -> None:
+    learner = PairLearner(progress_refit_seconds=0.0)
+    placed = _placed({"c": "bert", "d": "gpt", "a": "lm"})
+    for uid in "cda":
+        learner.observe_progress(_report({uid: 10.0}), placed)
+    learner.observe_progress(_report({"c": 4.0, "d": 4.0}), placed)  # losing
+    learner.observe_progress(_report({"a": 8.0, "c": 9.0}), placed)
+    learner.observe_progress(_report({"a": 7.0, "c": 9.0}), placed)
+    doc = learner.to_document()
+    assert len(doc["progress"]) == 4
+    back = PairLearner(progress_refit_seconds=0.0)
+    assert back.load_document(doc) == 4
+    assert list(back.progress.stats) == list(learner.progress.stats)  # oldest first
+    for key, st in learner.progress.stats.items():
+        assert back.progress.stats[key] == pytest.approx(st, abs=1e-6)
+    assert back.stats()["progress_samples"] == 6
+    model = back.current()
+    assert model is not None and not model.can_share(A100, "bert", "gpt")  # still refused
+    assert model.figure(A100, "lm", "bert", 1.0)[1] == "progress:2"
+    back.reset()
+    assert back.progress.stats == {} and back.to_document()["progress"] == []
+
+
+@pytest.mark.parametrize("row", [
+    [A100, "a", "b", 0, 0.1, 0.0], [A100, "a", "b", 1, 9.0, 0.0], [A100, "a", "b", 1, 0.1, -1],
+    [A100, "a", "b", 1.5, 0.1, 0.0], [A100, "a"], "junk"])
+def test_a_bad_progress_row_is_refused_and_nothing_is_replaced(row: Any) -> None:
+    learner = PairLearner()
+    learner.progress.add(A100, "x", "y", 0.3)
+    with pytest.raises(ValueError, match="progress row|pairs:"):
+        learner.load_document({"pairs": [], "progress": [row]})
+    assert learner.progress.stats[(A100, "x", "y")][0] == 1

@@ -120,3 +120,31 @@ def test_bad_samples_are_ignored() -> None:
     pairs.add("t", "a", "b", math.nan)
     pairs.add("t", "a", "b", math.inf)
     assert pairs.stats == {}
+
+
+def test_one_noisy_measurement_of_a_pair_must_show_it_winning_by_its_noise() -> None:
+    pairs = ProgressPairs()
+    for a, b, each in (("a", "b", 1.9), ("c", "d", 1.4)):  # combined 1.05 and 1.43
+        pairs.add("t", a, b, math.log(each))
+        pairs.add("t", b, a, math.log(each))
+    losing = pairs.losing()
+    assert ("t", frozenset(("a", "b"))) in losing  # within its noise of taking turns
+    assert ("t", frozenset(("c", "d"))) not in losing
+    assert pairs.estimate().losing == losing
+    pairs.add("t", "e", "f", math.log(1.9))  # measured one way only: not judged yet
+    assert ("t", frozenset(("e", "f"))) not in pairs.losing()
+
+
+def test_a_type_learns_how_strongly_it_shows_another_types_pairs() -> None:
+    there = _additive(4)
+    mean = float(np.mean(list(there.values())))
+    here = {k: 0.3 + 0.5 * (v - mean) for k, v in there.items()}  # half as spread out
+    rng = np.random.default_rng(0)
+    seen = [k for k in sorted(here) if rng.random() < 0.3]
+    entries = [("here", a, b, here[k], 1.0) for k in seen for a, b in [k]]
+    logs = fit(entries + [("there", a, b, v, 2.0) for (a, b), v in there.items()], JOBS,
+               ["here", "there"])
+    unseen = [k for k in sorted(here) if k not in seen]
+    slope = np.polyfit([there[k] for k in unseen], [logs[("here", *k)] for k in unseen], 1)[0]
+    assert 0.35 < slope < 0.7  # not the other type's pairs one for one
+    assert np.mean([abs(logs[("here", *k)] - here[k]) for k in unseen]) < 0.05

@@ -141,6 +141,8 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool]
         "pair_groups": (bool, None, ""),
         "pair_prior": ((str, type(None)), lambda v: v is None or bool(v.strip()),
                        "must be a path string or null"),
+        "revert_losing_seconds": ((int, float), lambda v: 0 <= v <= 86_400,
+                                  "must be in [0, 86400]"),
     },
     "queue": {"enabled": (bool, None, ""),
               "k": (int, lambda v: K_RANGE[0] <= v <= K_RANGE[1],
@@ -359,7 +361,7 @@ def _learning(section: Mapping[str, Any], prior: Mapping[str, Any]) -> LearningC
     for key in ("cold_start_util_percent", "ewma_alpha", "persist_interval_seconds",
                 "min_observed_seconds", "warmup_seconds", "spread_margin",
                 "curve_max_step", "curve_outlier_mads", "curve_refit_interval_seconds",
-                "pair_explore_bonus"):
+                "pair_explore_bonus", "revert_losing_seconds"):
         if key in values:
             values[key] = float(values[key])
     return LearningConfig(**values)

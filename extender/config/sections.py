@@ -164,6 +164,9 @@ class LearningConfig:
     config file; null = none (docs/interference.md)."""
     pair_prior_tables: Mapping[str, PairTable] = field(default_factory=dict)
     """That file's tables keyed by canonical GPU type (read when the config is loaded)."""
+    revert_losing_seconds: float = 0.0
+    """Evict the newest pod of a GPU whose pair was measured to lose (progress) if it arrived
+    there at most this many seconds ago, through the Eviction API; 0 = never (the default)."""
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,9 @@ def pair_terms(table: GpuTable, rows: np.ndarray, model_name: str | None, policy
         here = table.row_models.get(r, ())
         if any(not m for m, _, _ in here):
             continue  # a pod without a model: the curve judges this GPU
+        if not model.has_figures(gpu_type):  # only refusals known: the curve judges the rest
+            refused[i] = not all(model.can_share(gpu_type, model_name, m) for m, _, _ in here)
+            continue
         u_job = float(job_util[i if job_util.size > 1 else 0])
         row_coeffs = coeffs[i if coeffs.shape[0] > 1 else 0]
         alone = float(curve_costs(np.array([u_job]), row_coeffs[None, :])[0])
@@ -74,7 +77,7 @@ def pair_terms(table: GpuTable, rows: np.ndarray, model_name: str | None, policy
         gain[i] = verdict.gain
         refused[i] = not verdict.fits
         sources[r] = verdict.source
-    if np.isnan(c_util).all():
+    if np.isnan(c_util).all() and not refused.any():
         return None
     return PairTerms(c_util, gain, refused, sources)
 

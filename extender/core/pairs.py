@@ -107,6 +107,14 @@ class PairModel:
     def _type(self, gpu_type: str) -> TypePairs | None:
         return self.types.get(gpu_type) or self.default
 
+    def has_figures(self, gpu_type: str) -> bool:
+        """True when something beyond refusals is known on ``gpu_type`` (pairs seen, a
+        matrix, progress, group solves, profiles); with only pairs seen not to fit, the
+        curve judges its GPUs and only the refusals stand."""
+        t = self._type(gpu_type)
+        return t is not None and bool(t.pairs or t.prior or t.progress or t.inferred
+                                      or t.sens or t.aggr)
+
     def figure(self, gpu_type: str, a: str, b: str, curve: float) -> tuple[float, str]:
         """``(slowdown of a beside b, source)``; ``curve`` is the curve's figure for the pair."""
         t = self._type(gpu_type)

@@ -4,11 +4,17 @@ Every GPU type's matrix of log slowdowns ``y[t][a][b]`` (job ``a`` beside job ``
 fitted at once by
 
     y[t][a][b] ~ mu[t] + f[a].wv[t] + f[b].wa[t] + bv[t][a] + ba[t][b]
-                 + U[a].V[t][b] + P[t][a].Q[b]
+                 + U[a].V[t][b] + P[t][a].Q[b] + g[t] S[a][b]
+    S[a][b] = bv0[a] + ba0[b] + U[a].V0[b] + E[a][b]
 
 ``U`` (how a job suffers) and ``Q`` (how it harms) are shared by every GPU type, so a
 matrix measured on another GPU type, or the pairs seen on any type, inform the pairs of
-a type seen little; ``V`` and ``P`` say how each type reads them. ``f`` are a job's
+a type seen little; ``V`` and ``P`` say how each type reads them. ``S`` is what every
+type shares, pair by pair, and ``g[t]`` how strongly type ``t`` shows it (1 on the type
+with the most weight of entries, the others pulled toward 1 with weight
+:data:`SCALE_RIDGE`): log slowdowns measured on one GPU are not those of
+another one for one (Gavel's K80 against its P100: slope 0.56, correlation 0.64), so a
+type's own pairs set how far the others' figures carry over. ``f`` are a job's
 features (its alone utilisation and memory, its graph's size: whatever the caller has,
 standardised here), so a job never seen still gets the figure of jobs like it. Every
 parameter but ``mu`` is pulled toward 0 with weight :data:`RIDGE`: with few entries the
@@ -42,6 +48,8 @@ FACTOR_RIDGE = 0.3
 INIT = 0.3
 """Spread of the factors' seeded start (a start at 0 is a saddle the fit stays on)."""
 FACTORS = ("U", "V", "P", "Q", "V0")
+SCALE_RIDGE = 5.0
+"""Weight pulling each type's scale of the shared part, ``g[t]``, toward 1 (in samples)."""
 MATRIX_SAMPLES = 2.0
 MAX_WEIGHT = 10.0
 """The most samples an entry counts for (a long-seen pair does not drown the rest)."""
@@ -51,6 +59,9 @@ MIN_VAR = 0.05 ** 2
 DEFAULT_VAR = 0.3 ** 2
 """A completed figure's variance where too few entries were seen to measure it."""
 MIN_HELD_OUT = 8
+MAX_ITERATIONS = 300
+FOLD_ITERATIONS = 100
+"""A fold starts from the full fit, a few entries away: it needs far fewer steps."""
 
 Entry = tuple[str, str, str, float, float]
 """(GPU type, a, b, mean log slowdown of a beside b, weight in samples)."""
@@ -63,6 +74,8 @@ class Completed:
 
     logs: Mapping[tuple[str, str, str], float]
     variance: Mapping[str, float]
+    params: np.ndarray | None = None
+    """The fit's parameters: the next fit over the same jobs and types starts there."""
 
 
 def fit(entries: Sequence[Entry], jobs: Sequence[str], types: Sequence[str],
@@ -74,7 +87,7 @@ def fit(entries: Sequence[Entry], jobs: Sequence[str], types: Sequence[str],
 
 def _fit(entries: Sequence[Entry], jobs: Sequence[str], types: Sequence[str],
          features: Mapping[str, Sequence[float]] | None, rank: int = RANK,
-         ridge: float = RIDGE, start: np.ndarray | None = None
+         ridge: float = RIDGE, start: np.ndarray | None = None, maxiter: int = MAX_ITERATIONS
          ) -> tuple[dict[tuple[str, str, str], float], np.ndarray]:
     """:func:`fit` and its parameters; from ``start`` (a fit's parameters over the same
     jobs and types: the folds of :func:`complete` start from the full fit's)."""
@@ -91,7 +104,7 @@ def _fit(entries: Sequence[Entry], jobs: Sequence[str], types: Sequence[str],
     ta, tb = t_idx * n + a_idx, t_idx * n + b_idx
     shapes = [("mu", (k,)), ("wv", (k, d)), ("wa", (k, d)), ("bv", (k, n)), ("ba", (k, n)),
               ("U", (n, rank)), ("V", (k, n, rank)), ("P", (k, n, rank)), ("Q", (n, rank)),
-              ("bv0", (n,)), ("ba0", (n,)), ("V0", (n, rank)), ("E", (n, n))]
+              ("bv0", (n,)), ("ba0", (n,)), ("V0", (n, rank)), ("E", (n, n)), ("g", (k,))]
     sizes = [int(np.prod(s)) for _, s in shapes]
 
     def unpack(x: np.ndarray) -> dict[str, np.ndarray]:
@@ -106,45 +119,59 @@ def _fit(entries: Sequence[Entry], jobs: Sequence[str], types: Sequence[str],
         fa, fb = feats[a_idx], feats[b_idx]
         u, v = p["U"][a_idx], p["V"][t_idx, b_idx]
         pp, q = p["P"][t_idx, a_idx], p["Q"][b_idx]
+        v0 = p["V0"][b_idx]
+        shared = (p["bv0"][a_idx] + p["ba0"][b_idx] + np.einsum("ij,ij->i", u, v0)
+                  + p["E"][a_idx, b_idx])
+        scale = p["g"][t_idx]
         pred = (p["mu"][t_idx] + np.einsum("ij,ij->i", fa, p["wv"][t_idx])
                 + np.einsum("ij,ij->i", fb, p["wa"][t_idx]) + p["bv"][t_idx, a_idx]
                 + p["ba"][t_idx, b_idx] + np.einsum("ij,ij->i", u, v)
-                + np.einsum("ij,ij->i", pp, q) + p["bv0"][a_idx] + p["ba0"][b_idx]
-                + np.einsum("ij,ij->i", u, p["V0"][b_idx]) + p["E"][a_idx, b_idx])
+                + np.einsum("ij,ij->i", pp, q) + scale * shared)
         r = w * (pred - y)
-        v0 = p["V0"][b_idx]
+        rs = r * scale
         g = {"mu": _sum(t_idx, r, k), "wv": _sum(t_idx, r[:, None] * fa, k),
              "wa": _sum(t_idx, r[:, None] * fb, k), "bv": _sum(ta, r, k * n),
-             "ba": _sum(tb, r, k * n), "U": _sum(a_idx, r[:, None] * (v + v0), n),
+             "ba": _sum(tb, r, k * n), "U": _sum(a_idx, r[:, None] * v + rs[:, None] * v0, n),
              "V": _sum(tb, r[:, None] * u, k * n), "P": _sum(ta, r[:, None] * q, k * n),
-             "Q": _sum(b_idx, r[:, None] * pp, n), "bv0": _sum(a_idx, r, n),
-             "ba0": _sum(b_idx, r, n), "V0": _sum(b_idx, r[:, None] * u, n),
-             "E": _sum(a_idx * n + b_idx, r, n * n)}
+             "Q": _sum(b_idx, r[:, None] * pp, n), "bv0": _sum(a_idx, rs, n),
+             "ba0": _sum(b_idx, rs, n), "V0": _sum(b_idx, rs[:, None] * u, n),
+             "E": _sum(a_idx * n + b_idx, rs, n * n), "g": _sum(t_idx, r * shared, k)}
         g = {name: g[name].reshape(shape) for name, shape in shapes}
         value = 0.5 * float(np.sum(w * (pred - y) ** 2))
-        for name, _ in shapes[1:]:  # every parameter but the per-type mean
+        for name, _ in shapes[1:-1]:  # every parameter but the per-type mean and scale
             weight = ridge * (PAIR_RIDGE if name == "E" else FACTOR_RIDGE if name in FACTORS
                               else 1.0)
             value += 0.5 * weight * float(np.sum(p[name] ** 2))
             g[name] += weight * p[name]
+        value += 0.5 * SCALE_RIDGE * float(np.sum((p["g"] - 1.0) ** 2))
+        g["g"] += SCALE_RIDGE * (p["g"] - 1.0)
+        g["g"][reference] = 0.0  # the reference type's scale stays 1 (else g and S trade)
         return value, np.concatenate([g[name].ravel() for name, _ in shapes])
 
     x0 = np.random.default_rng(0).normal(0.0, INIT, sum(sizes))
     x0[:k] = [float(np.average(y[t_idx == t], weights=w[t_idx == t])) if (t_idx == t).any()
               else float(np.mean(y)) if len(y) else 0.0 for t in range(k)]
+    x0[-k:] = 1.0  # each type's scale of the shared part
+    weights = _sum(t_idx, w, k)
+    reference = int(np.argmax(weights)) if len(y) else 0
     if start is not None and start.shape == x0.shape:
         x0 = start.copy()
     if len(y):
         x0 = minimize(loss, x0, jac=True, method="L-BFGS-B",
-                      options={"maxiter": 300}).x
-    p = unpack(x0)
-    full = (p["mu"][:, None, None] + np.einsum("ad,td->ta", feats, p["wv"])[:, :, None]
+                      options={"maxiter": maxiter}).x
+    full = _every_pair(unpack(x0), feats)
+    return {(t, a, b): float(full[ti[t], ji[a], ji[b]])
+            for t in types for a in jobs for b in jobs}, x0
+
+
+def _every_pair(p: Mapping[str, np.ndarray], feats: np.ndarray) -> np.ndarray:
+    """The fitted ``y[t][a][b]`` of every type and pair (the model of the module docstring)."""
+    return (p["mu"][:, None, None] + np.einsum("ad,td->ta", feats, p["wv"])[:, :, None]
             + np.einsum("bd,td->tb", feats, p["wa"])[:, None, :] + p["bv"][:, :, None]
             + p["ba"][:, None, :] + np.einsum("ar,tbr->tab", p["U"], p["V"])
             + np.einsum("tar,br->tab", p["P"], p["Q"])
-            + (p["bv0"][:, None] + p["ba0"][None, :] + p["U"] @ p["V0"].T + p["E"])[None])
-    return {(t, a, b): float(full[ti[t], ji[a], ji[b]])
-            for t in types for a in jobs for b in jobs}, x0
+            + p["g"][:, None, None]
+            * (p["bv0"][:, None] + p["ba0"][None, :] + p["U"] @ p["V0"].T + p["E"])[None])
 
 
 def _sum(index: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
@@ -172,11 +199,12 @@ def _standardised(jobs: Sequence[str], features: Mapping[str, Sequence[float]] |
 
 def complete(entries: Sequence[Entry], jobs: Sequence[str], types: Sequence[str],
              noise_var: float, features: Mapping[str, Sequence[float]] | None = None,
-             learned: Sequence[str] = ()) -> Completed:
-    """:func:`fit` on every entry, and per type in ``learned`` the variance of a completed
-    figure measured out of sample (module docstring); a type with fewer than
-    :data:`MIN_HELD_OUT` entries seen takes :data:`DEFAULT_VAR`."""
-    logs, params = _fit(entries, jobs, types, features)
+             learned: Sequence[str] = (), start: np.ndarray | None = None) -> Completed:
+    """:func:`fit` on every entry (from ``start``, an earlier fit's parameters, when they
+    fit), and per type in ``learned`` the variance of a completed figure measured out of
+    sample (module docstring); a type with fewer than :data:`MIN_HELD_OUT` entries seen
+    takes :data:`DEFAULT_VAR`."""
+    logs, params = _fit(entries, jobs, types, features, start=start)
     variance = {t: DEFAULT_VAR for t in types}
     for t in learned:
         own = [i for i, e in enumerate(entries) if e[0] == t]
@@ -187,10 +215,11 @@ def complete(entries: Sequence[Entry], jobs: Sequence[str], types: Sequence[str]
         for fold in range(FOLDS):
             held = set(order[fold::FOLDS].tolist())
             rest = [e for i, e in enumerate(entries) if i not in held]
-            predicted = _fit(rest, jobs, types, features, start=params)[0]
+            predicted = _fit(rest, jobs, types, features, start=params,
+                             maxiter=FOLD_ITERATIONS)[0]
             for i in held:
                 e = entries[i]
                 errors.append((predicted[(e[0], e[1], e[2])] - e[3]) ** 2)
                 noise.append(noise_var / max(e[4], 1.0))
         variance[t] = max(MIN_VAR, float(np.mean(errors) - np.mean(noise)))
-    return Completed(logs, variance)
+    return Completed(logs, variance, params)

@@ -66,12 +66,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from contracts.annotations import GPU_UTIL, MODEL, PREDICTION_SOURCE, read_bound_inputs
 from contracts.interferencefile import PairTable
 from extender.core import Placement
 from extender.core.pairs import PairModel, TypePairs
-from extender.core.snapshot import Workload, gpu_type_of
-from extender.learning.pair_document import PairKey, decode, encode
+from extender.core.snapshot import gpu_type_of
+from extender.learning.pair_document import PairKey, decode, decode_progress, encode
 from extender.learning.pair_fit import (
     MAX_EXTRA,
     MAX_LOG,
@@ -82,8 +81,9 @@ from extender.learning.pair_fit import (
     prior_logs,
     solve_group_types,
 )
+from extender.learning.pair_progress import ProgressLearning, modelled_pod
 from extender.learning.progress_pairs import Estimates, ProgressPairs, progress_view
-from extender.learning.step_times import AloneSteps, progress_samples
+from extender.learning.step_times import AloneSteps
 from extender.state.reports import DecodedReport
 
 MAX_TRACKED_PODS = 100_000
@@ -93,7 +93,7 @@ PROGRESS_REFIT_SECONDS = 600.0
 DOCUMENT_KEY = "pairs"
 
 
-class PairLearner:
+class PairLearner(ProgressLearning):
     """Directed pair statistics, per-model profiles and refused pairs (module docstring)."""
 
     def __init__(self, max_entries: int = 4000, explore_bonus: float = 0.05,
@@ -138,7 +138,8 @@ class PairLearner:
         self.dirty = False
         self._cache: tuple[int, int, PairModel] | None = None
         """(version, rebuilds, the model built then)."""
-        self.progress = ProgressPairs(priors={t: logs for t, (logs, _) in self._prior.items()})
+        self.progress = ProgressPairs(priors={t: logs for t, (logs, _) in self._prior.items()},
+                                      max_entries=max_entries)
         """Progress samples (:mod:`extender.learning.progress_pairs`)."""
         self.alone_steps = AloneSteps()
         self._estimates: tuple[float, int, Estimates] | None = None
@@ -212,7 +213,7 @@ class PairLearner:
             if len(pods) < 2 or (len(pods) > 2 and not self.groups):
                 continue
             gpu_type = gpu_type_of(gpu.product)
-            found = [_modelled(placement_of(uid), report.node, gpu.index) for uid in pods]
+            found = [modelled_pod(placement_of(uid), report.node, gpu.index) for uid in pods]
             warming = [self._warming(uid, report.node, gpu.index) for uid in pods]
             if any(f is None for f in found) or any(warming):
                 continue  # a pod loading or compiling shows no steady utilisation yet
@@ -236,50 +237,21 @@ class PairLearner:
         self.model()
         return taken
 
-    def observe_progress(self, report: DecodedReport,
-                         placement_of: Callable[[str], Placement | None]) -> int:
-        """Progress samples from ``report`` (:mod:`extender.learning.step_times`): the
-        pods' exclusive windows, and ``log(step time shared / alone)`` for each of two
-        placed, modelled pods sharing a GPU."""
-        def model_of(uid: str, index: int) -> str | None:
-            found = _modelled(placement_of(uid), report.node, index)
-            return None if found is None else found[0]
-
-        samples = progress_samples(report, model_of, self.alone_steps, self.clock())
-        with self._lock:
-            for gpu_type, a, b, x in samples:
-                self.progress.add(gpu_type, a, b, x)
-            if samples:
-                self.version += 1
-                self.progress_samples_total += len(samples)
-                self.dirty = True
-        if samples:
-            self.model()
-        return len(samples)
-
-    def _progress_estimates(self, now: float) -> Estimates | None:
-        """What the progress samples predict, refitted at most every
-        ``progress_refit_seconds`` (the completion is the costly part); None before any."""
-        count = self.progress_samples_total
-        if not count:
-            return None
-        done = self._estimates
-        if done is None or (done[1] != count
-                            and now - done[0] >= self.progress_refit_seconds):
-            done = (now, count, self.progress.estimate())
-            self._estimates = done
-        return done[2]
-
     def _warming(self, uid: str, node: str, index: int) -> bool:
         """True during the pod's first ``warmup_seconds`` on this GPU (as the store rules)."""
-        now = self.clock()
+        first = self._first(uid, node, index)  # before now: a first sighting is at age 0
+        return self.clock() - first < self.warmup_seconds
+
+    def _first(self, uid: str, node: str, index: int) -> float:
+        """When the pod was first reported on this GPU (now, the first time asked)."""
         key = (uid, node, index)
         with self._lock:
-            first = self._first_seen.pop(key, now)
+            first = self._first_seen.pop(key, None)
+            first = self.clock() if first is None else first
             self._first_seen[key] = first
             while len(self._first_seen) > MAX_TRACKED_PODS:
                 self._first_seen.popitem(last=False)
-        return now - first < self.warmup_seconds
+        return first
 
     # ---- answers -------------------------------------------------------------------
     def current(self) -> PairModel | None:
@@ -332,10 +304,11 @@ class PairLearner:
         if progress is not None:
             for t in {t for t, _a, _b in progress.figures}:
                 fitted.setdefault(t, TypePairs())
+        with self._lock:
+            losing = self.progress.losing() if progress is not None else frozenset()
         built = PairModel({t: replace(tp, inferred=inferred.get(t, {}),
                                       progress=progress.type_figures(t) if progress else {},
-                                      losing=frozenset(p for tt, p in progress.losing
-                                                       if tt == t) if progress else frozenset())
+                                      losing=frozenset(p for tt, p in losing if tt == t))
                            for t, tp in fitted.items()},
                           self.prior_weight, self.explore_bonus,
                           TypePairs(prior=self._pooled) if self._pooled else None)
@@ -386,7 +359,7 @@ class PairLearner:
                     "inferred_pairs": sum(len(p) for p in (self._solved or (0, 0, {}))[2].values()),
                     "cannot_share": len(self._cannot),
                     "progress_samples": self.progress_samples_total,
-                    "losing": len(self._estimates[2].losing) if self._estimates else 0,
+                    "losing": len(self.progress.losing()) if self.progress.stats else 0,
                     "prior_pairs": sum(len(logs) for logs, _ in self._prior.values())}
 
     # ---- persistence ---------------------------------------------------------------
@@ -394,18 +367,23 @@ class PairLearner:
         """The persisted form (inside the learning document under ``pairs``); within
         ``max_bytes`` of JSON, the least recently seen group samples, then pairs, left out."""
         with self._lock:
-            return encode(self._stats, self._groups, self._cannot, max_bytes)
+            return encode(self._stats, self._groups, self._cannot, max_bytes,
+                          progress=self.progress.stats)
 
     def load_document(self, doc: Any) -> int:
         """Replace what is learned by ``doc`` (as :meth:`to_document` wrote it); ValueError."""
         stats, groups, cannot = decode(doc, self.max_entries)
+        progress = decode_progress(doc, self.max_entries)
         with self._lock:
             self._stats, self._groups, self._cannot = stats, groups, cannot
+            self.progress.stats = progress
+            self.progress_samples_total = int(sum(st[0] for st in progress.values()))
+            self._estimates = None
             self._solved = None
             self._group_version += 1
             self.version += 1
             self._rebuilds += 1
-        return len(stats) + len(groups)
+        return len(stats) + len(groups) + len(progress)
 
     def reset(self) -> None:
         """Forget everything learned about pairs."""
@@ -413,6 +391,9 @@ class PairLearner:
             self._stats.clear()
             self._groups.clear()
             self._cannot.clear()
+            self.progress.stats.clear()
+            self.progress_samples_total = 0
+            self._estimates = None
             self._solved = None
             self._group_version += 1
             self.version += 1
@@ -424,21 +405,3 @@ def _stderr(n: float, m2: float) -> float:
     """Standard error of a pair's mean log slowdown (0.1 per sample's spread until 2 seen)."""
     sd = math.sqrt(m2 / (n - 1)) if n >= 2 else 0.1
     return sd / math.sqrt(n)
-
-
-def _modelled(p: Placement | None, node: str, index: int) -> tuple[str, int, float] | None:
-    """(model, batch size, per-GPU utilisation placed with) of a modelled training pod."""
-    if p is None or p.node != node or index not in p.gpu_indices \
-            or p.workload is not Workload.TRAINING:
-        return None
-    ann = dict(p.annotations)
-    model = ann.get(MODEL)
-    if not model:
-        return None
-    # Only a prediction stands in for the alone figure: not what the pod owner asserted
-    # (an owner could skew its partners' figures), nor the cold-start whole-GPU figure.
-    source = ann.get(PREDICTION_SOURCE, "")
-    placed = 0.0 if GPU_UTIL in ann or source.startswith(("asserted", "cold-start")) \
-        else float(p.util_percent)
-    return model, read_bound_inputs(ann).batch, placed  # the one batch reader and default
-

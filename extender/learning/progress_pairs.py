@@ -27,18 +27,23 @@ own samples, both ways, put its combined progress below 1 is refused from then o
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from extender.core.pairs import SHARE_MARGIN, SHARE_Z, TypePairs, combined, shares
 from extender.learning.completion import MATRIX_SAMPLES, Completed, Entry, complete
+from extender.learning.pair_fit import MAX_LOG
 
 DEFAULT_NOISE_VAR = 0.1 ** 2
 """A sample's variance until enough pairs were seen twice (the H100 retest: sd 0.066 per
 measurement, 0.093 with the alone run's drift)."""
 MIN_NOISE_DOF = 5
-MAX_LOG = math.log(20.0)
+REFUSE_Z = 1.5
+"""A pair measured both ways is refused unless its own samples put its combined progress
+above ``1 + margin`` by this many of their standard deviations: one noisy measurement of a
+pair that loses must not read as a win."""
 
 Key = tuple[str, str, str]
 """(GPU type, a, b): a beside b."""
@@ -95,15 +100,24 @@ class ProgressPairs:
     priors: Mapping[str, Mapping[tuple[str, str], float]] = field(default_factory=dict)
     """Measured matrices: GPU type -> (a, b) -> log slowdown (``learning.pair_prior``)."""
     features: Mapping[str, Sequence[float]] = field(default_factory=dict)
-    stats: dict[Key, list[float]] = field(default_factory=dict)
-    """key -> [count, mean, m2] of the log samples."""
+    stats: OrderedDict[Key, list[float]] = field(default_factory=OrderedDict)
+    """key -> [count, mean, m2] of the log samples, least recently seen first."""
+    max_entries: int = 100_000
+    """The most directed pairs kept (the least recently seen dropped)."""
+    warm: dict[tuple[tuple[str, ...], tuple[str, ...]], Any] = field(
+        default_factory=dict, repr=False, compare=False)
+    """(jobs, types) -> the last completion's parameters there: a refit starts from them
+    (far fewer iterations than from the seeded start)."""
 
     def add(self, gpu_type: str, a: str, b: str, log_ratio: float) -> None:
         """One progress sample: ``a``'s steps took ``exp(log_ratio)`` times as long beside ``b``."""
         if not math.isfinite(log_ratio):
             return
         x = min(MAX_LOG, max(-MAX_LOG, log_ratio))
-        st = self.stats.setdefault((gpu_type, a, b), [0.0, 0.0, 0.0])
+        st = self.stats.pop((gpu_type, a, b), None) or [0.0, 0.0, 0.0]
+        self.stats[(gpu_type, a, b)] = st
+        while len(self.stats) > self.max_entries:
+            self.stats.popitem(last=False)
         st[0] += 1
         delta = x - st[1]
         st[1] += delta / st[0]
@@ -128,11 +142,14 @@ class ProgressPairs:
                                 for (t, a, b), st in self.stats.items()]
         entries += [(t, a, b, v, MATRIX_SAMPLES) for t, logs in self.priors.items()
                     for (a, b), v in logs.items() if (t, a, b) not in self.stats]
-        done: Completed = complete(entries, names, types, noise, self.features, learned)
+        shape = (tuple(names), tuple(types))
+        done: Completed = complete(entries, names, types, noise, self.features, learned,
+                                   start=self.warm.get(shape))
+        self.warm.clear()
+        self.warm[shape] = done.params
         seen_jobs = {m for _, a, b in self.stats for m in (a, b)} | {
             m for logs in self.priors.values() for pair in logs for m in pair}
         figures: dict[Key, Figure] = {}
-        losing = set()
         for (t, a, b), c in done.logs.items():
             tau2 = done.variance[t]
             st = self.stats.get((t, a, b))
@@ -143,11 +160,20 @@ class ProgressPairs:
             precision = st[0] / noise + 1.0 / tau2
             figures[(t, a, b)] = Figure((st[0] * st[1] / noise + c / tau2) / precision,
                                         1.0 / precision, f"progress:{int(st[0])}")
+        return Estimates(figures, self.losing(noise), noise)
+
+    def losing(self, noise: float | None = None) -> frozenset[tuple[str, frozenset[str]]]:
+        """The pairs measured both ways whose own samples do not show them beating
+        ``1 + margin`` by :data:`REFUSE_Z` standard deviations of those samples (module
+        docstring): refused from then on. Cheap: read at every decision, not refitted."""
+        noise = self.noise_var() if noise is None else noise
+        out = set()
         for (t, a, b), st in self.stats.items():
             back = self.stats.get((t, b, a))
-            if a < b and back is not None and math.exp(-st[1]) + math.exp(-back[1]) < 1.0:
-                losing.add((t, frozenset((a, b))))
-        return Estimates(figures, frozenset(losing), noise)
+            if a < b and back is not None and not shares(
+                    (st[1], noise / st[0]), (back[1], noise / back[0]), SHARE_MARGIN, REFUSE_Z):
+                out.add((t, frozenset((a, b))))
+        return frozenset(out)
 
 
 def progress_view(tp: TypePairs) -> dict[str, Any]:

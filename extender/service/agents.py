@@ -3,12 +3,14 @@ reports (soft state and learning), and ``/v1/state`` reads."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from contracts.state import StateDocument
 from extender.cluster.source import ClusterSource
 from extender.config.loader import ConfigHolder
+from extender.core.snapshot import Placement
 from extender.learning.learner import Learner
+from extender.preemption.revert import LosingPairReverter
 from extender.state.ledger import ClusterState
 from extender.state.node_identity import agent_identity, check_node, may_read_full, speaks_for
 from extender.state.reports import DecodedReport
@@ -27,6 +29,8 @@ class AgentService:
         """Where ``reports.token_env`` is looked up (None: the process environment)."""
         self._identity = agent_identity(source)
         """Reviews agents' pod tokens (``reports.identity: service-account``)."""
+        self.reverter: LosingPairReverter | None = None
+        """Evicts pods of pairs measured to lose (the ``kube`` source; set by the verbs)."""
 
     def authorize(self, authorization: str | None) -> str | None:
         """The node an agent's report may be about: with ``reports.identity:
@@ -46,7 +50,19 @@ class AgentService:
         snap = self.state.snapshot()  # the placements the report is about, read without a lock
         samples = self.learner.observe(report, snap.placement_of,
                                        snap.source_types.get(report.node))
+        self._revert(report, snap.placement_of)
         return {"accepted": len(report.gpus), "samples": samples}
+
+    def _revert(self, report: DecodedReport, placement_of: Callable[[str], Placement | None]
+                ) -> None:
+        """Opt-in (``learning.revert_losing_seconds``): evict the newest pod of each GPU
+        of ``report`` shared by a pair measured to lose (docs/interference.md)."""
+        cfg = self.config.current().learning
+        if self.reverter is None or self.learner is None or not cfg.pairs \
+                or cfg.revert_losing_seconds <= 0:
+            return
+        uids = self.learner.pairs.to_revert(report, placement_of, cfg.revert_losing_seconds)
+        self.reverter.revert(uids, placement_of)
 
     def read_state(self, authorization: str | None, node: str | None = None,
                    ) -> StateDocument:

@@ -43,6 +43,7 @@ from extender.core.session_rules import PlannerFn
 from extender.errors import BindConflict, BindOutcomeUnknown, NotLeader, NotReady, PodRejected
 from extender.learning.learner import Learner
 from extender.preemption.executor import build_preemptor
+from extender.preemption.revert import build_reverter
 from extender.service.agents import AgentService
 from extender.service.bind_outcomes import BindOutcomes
 from extender.service.decided import DecidedBy
@@ -107,6 +108,7 @@ class Extender:
         self.preemptor = build_preemptor(source, state, self.demand, self._inference, may_bind,
                                          clock)
         """Preemption for GPU shortages (``extender.preemption``); None without an API server."""
+        self.agents.reverter = build_reverter(source, may_bind, clock)
 
     # ---- demand --------------------------------------------------------------------
     def demand(self, pod: Mapping[str, Any] | PodView, snap: Snapshot | None = None,
