@@ -37,7 +37,13 @@ from extender.core.choice import Evaluation, best_gpus, choose
 from extender.core.cost import CostPolicy, horus_cost
 from extender.core.demand import ResolvedDemand
 from extender.core.fragmentation import Shapes
-from extender.core.packing import PackingInput, PackingTerms, packing_cost, packing_terms
+from extender.core.packing import (
+    PackingInput,
+    PackingTerms,
+    node_order,
+    packing_cost,
+    packing_terms,
+)
 from extender.core.pair_cost import pair_cost, pair_rule, pair_terms
 from extender.core.reasons import REASON_BY_CODE, Reason, Rejection, is_unresolvable
 from extender.core.rules import GpuLoad, colocation_rule_on, first_reasons, gpu_checks
@@ -238,7 +244,8 @@ def _context(snap: Snapshot, inference: InferenceContext | None,
         return DecisionContext(snap.policy, snap.now, inference)
     assert demand is not None
     cpu_free, mem_free, _, _ = snap.hosts.arrays(snap.table.node_names)
-    packing = PackingInput(shapes, cpu_free, mem_free, *demand.job.host)
+    packing = PackingInput(shapes, cpu_free, mem_free, *demand.job.host,
+                           node_order=node_order(snap.table.node_names))
     return DecisionContext(snap.policy, snap.now, inference, packing)
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from extender.core.cost import scores_from_costs
 from extender.core.fragmentation import Shapes, padded
-from extender.core.packing import host_only_costs
+from extender.core.packing import host_only_costs, node_order
 from extender.core.rules import GpuLoad
 from extender.core.snapshot import Snapshot
 
@@ -57,7 +57,7 @@ def host_only_verdict(snap: Snapshot, names: Sequence[str], pod_cpu: float, pod_
             cpu_free, mem_free, cpu_total, mem_total))
         cost = host_only_costs(free, valid, cpu_free, mem_free, cpu_total, mem_total, shapes,
                                pod_cpu, pod_mem, float(snap.table.capacity_mib.max(initial=1.0)),
-                               snap.policy.packing)
+                               snap.policy.packing, node_order(names))
         cost = np.where(ok, cost, np.inf)
         fine = np.isfinite(cost)
         if fine.any():

@@ -31,6 +31,7 @@ which of the three separated the chosen node from the next best.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -97,8 +98,16 @@ class PackingInput:
 def node_order(names: Sequence[str]) -> np.ndarray:
     """A stable order of nodes, 0..1 each: a hash of the name (CRC-32), the same on every
     restart and scattered over GPU types and racks, so the nodes that gather shares are
-    a mix of the cluster's, not the first rack of one type."""
-    return np.array([zlib.crc32(n.encode()) for n in names], dtype=np.float64) / 2.0**32
+    a mix of the cluster's, not the first rack of one type (cached: the extender asks
+    per decision for a node list that changes rarely)."""
+    return _node_order(tuple(names))
+
+
+@functools.lru_cache(maxsize=8)
+def _node_order(names: tuple[str, ...]) -> np.ndarray:
+    order = np.array([zlib.crc32(n.encode()) for n in names], dtype=np.float64) / 2.0**32
+    order.flags.writeable = False  # shared by every caller of the cache
+    return order
 
 
 @dataclass(frozen=True)
