@@ -17,7 +17,7 @@
 #
 # Both run as a non-root user, write nothing outside /tmp, and so suit
 # readOnlyRootFilesystem: true (the manifests mount an emptyDir at /tmp).
-# tests/test_dockerfile_replay.py replays the pip steps below without Docker.
+# tests/deploy/test_dockerfile_replay.py replays the pip steps below without Docker.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG CUDA_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04

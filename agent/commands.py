@@ -127,7 +127,7 @@ def session_command(
         "the session (else $TANDEM_ADMIN_TOKEN)."),
 ) -> None:
     """Register this pod's session with its GPU's server and forward requests to it."""
-    from agent.inference.auth import AdminToken, AdminTokenError
+    from agent.inference.http.auth import AdminToken, AdminTokenError
     from agent.session.http import ProxyConfig, ProxyServer, serve_forever
     from agent.session.proxy import (
         ProxyConfigError,

@@ -113,7 +113,7 @@ wait "$AGENT_PID"; echo "agent exit on SIGTERM: $?" >> "$DEST/agent-stderr.log"
 wait "$LOAD_PID" || echo "load: exit $?" >> "$DEST/errors.txt"
 trap - EXIT
 step nvidia-smi-after smi "$DEST/nvidia-smi-after.csv"
-step pytest-gpu "$PY" -m pytest -q -p no:cacheprovider tests/test_agent_sources.py -m gpu \
+step pytest-gpu "$PY" -m pytest -q -p no:cacheprovider tests/agent/test_agent_sources.py -m gpu \
   > "$DEST/pytest-gpu.txt" 2>&1
 step summary "$PY" benchmarks/agent_gpu_capture_summary.py "$DEST"
 

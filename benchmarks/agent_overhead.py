@@ -30,7 +30,7 @@ from agent.node.reporter import Reporter, TokenSource
 from agent.node.runner import Agent, AgentConfig
 from agent.node.sim_gpus import SimGpuSource, SimGpuSpec
 from contracts.state import StateDocument, StateGpu, StateNode, StatePod, encode_state
-from tests.fakes.nvml import FakeGpu, FakeNvml
+from lab.fakes.nvml import FakeGpu, FakeNvml
 
 PROC = _common.ROOT / "tests" / "data" / "agent" / "proc"
 NODE = "bench-node"

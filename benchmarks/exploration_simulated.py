@@ -23,9 +23,9 @@ from typing import Any
 import _common
 
 from extender.config.loader import load_config
-from extender.simulator.belief import SimWorld
-from extender.simulator.policies import PolicyOptions, tandem_cost
-from extender.simulator.runner import simulate
+from lab.simulator.belief import SimWorld
+from lab.simulator.policies import PolicyOptions, tandem_cost
+from lab.simulator.runner import simulate
 
 _gavel = _common.sibling("interference")  # its data, worlds and cluster sizes
 BONUSES = (0.0, 0.05, 0.3)

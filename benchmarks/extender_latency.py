@@ -7,7 +7,7 @@ interleaved, ``--repeats`` times each:
 
 - ``sim``: tandem over its ``sim:`` cluster source (no API server);
 - ``kube``: tandem over its ``kube`` source, talking real HTTP to
-  ``fake_kube_api.py`` in a process of its own: lists and watches through the
+  ``lab/fakes/kube_api.py`` in a process of its own: lists and watches through the
   official ``kubernetes`` client, bindings and events through tandem's lean client
   built from that client's configuration (``extender/cluster/kube_http.py``);
 - ``trivial``: ``trivial_extender.py`` (Flask on cheroot, GPU memory check only,
@@ -61,7 +61,7 @@ from collections.abc import Callable
 import _common
 from kubernetes import client
 
-from benchmarks import fake_kube_api, scheduler_pattern, trivial_extender
+from benchmarks import scheduler_pattern, trivial_extender
 from benchmarks.scheduler_pattern import RawClient, pattern_summary
 from extender.cluster.kube import KubeSource
 from extender.cluster.sim import SimSource
@@ -71,6 +71,7 @@ from extender.core import GpuSpec, NodeSpec
 from extender.state.signing import PlacementSigner
 from extender.transport.server import start_background
 from extender.wiring import create_app
+from lab.fakes import kube_api as fake_kube_api
 
 NODES, GPUS, CANDIDATES = 1000, 8, 500
 GPU_PRODUCT, GPU_MIB = "NVIDIA-A100-SXM4-40GB", 40960

@@ -10,7 +10,7 @@ Two parts, both in process on loopback:
   property violations (5xx, traceback, 4xx without reason, state changed by a
   rejected request).
 - **Fault campaign.** Two extender replicas (``kube`` source, real watches) on the
-  loopback API server (benchmarks/fake_kube_api.py) bind ``--binds`` pods while
+  loopback API server (lab/fakes/kube_api.py) bind ``--binds`` pods while
   faults are injected at random: bind answered 500/503/429/409 or lost after it
   was applied or stalled past the client timeout, event posts failing, pod watch
   history compacted (410) while pods end, the leader crashing mid-bind (a standby

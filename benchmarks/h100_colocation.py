@@ -31,7 +31,7 @@ from scipy.optimize import least_squares
 from scipy.stats import pearsonr, spearmanr
 
 from contracts.interferencefile import PairTable
-from extender.simulator.pairwise import job_slowdowns
+from lab.simulator.pairwise import job_slowdowns
 from predictor.curves import InterferenceCurve, fit_curve
 from predictor.dataset import load_gpu_dir
 
@@ -375,7 +375,7 @@ def features(campaign: Campaign) -> dict[str, Any]:
 
 def triples(campaign: Campaign) -> dict[str, Any]:
     """tandem predicts a job's slowdown among several from its pairs (1 + the sum of the
-    extras: ``extender.simulator.pairwise.job_slowdowns``, called here, which holds each
+    extras: ``lab.simulator.pairwise.job_slowdowns``, called here, which holds each
     pair at >= 1); the measured triples test that rule against the product and the max
     of the same pair figures."""
     table = PairTable({a: {b: r["slowdown"] for (x, b), r in campaign.pairs.items() if x == a}

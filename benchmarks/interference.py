@@ -82,15 +82,15 @@ from extender.core.pairs import UNTRIED, PairModel, TypePairs
 from extender.core.snapshot import NodeSpec
 from extender.learning.interference import PairLearner
 from extender.learning.pair_fit import MAX_LOG
-from extender.simulator.belief import SimKnowledge, SimWorld, oracle_pairs
-from extender.simulator.cluster import uniform_cluster
-from extender.simulator.jobs import SimJob
-from extender.simulator.pairwise import GAVEL_GPUS, gavel_model_name, import_gavel
-from extender.simulator.policies import PolicyOptions, tandem_cost
-from extender.simulator.runner import simulate
-from extender.simulator.signal import SignalModel
-from extender.simulator.truth import Truth
-from extender.simulator.workloads import generate, with_named_models
+from lab.simulator.belief import SimKnowledge, SimWorld, oracle_pairs
+from lab.simulator.cluster import uniform_cluster
+from lab.simulator.jobs import SimJob
+from lab.simulator.pairwise import GAVEL_GPUS, gavel_model_name, import_gavel
+from lab.simulator.policies import PolicyOptions, tandem_cost
+from lab.simulator.runner import simulate
+from lab.simulator.signal import SignalModel
+from lab.simulator.truth import Truth
+from lab.simulator.workloads import generate, with_named_models
 
 _DATA = Path("shared") / "data" / "interference" / "gavel-p100-k80.json"
 DATA = next((base / _DATA for base in (_common.ROOT, *_common.ROOT.parents)

@@ -55,7 +55,7 @@ import numpy as np
 from extender.core.pairs import EXPLORE_Z, SHARE_Z, UNTRIED
 from extender.learning.interference import PairLearner
 from extender.learning.progress_pairs import ProgressPairs
-from extender.simulator.profiled import import_profiled
+from lab.simulator.profiled import import_profiled
 
 _gavel = _common.sibling("interference")
 interval = _gavel.interval

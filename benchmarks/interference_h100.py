@@ -44,13 +44,13 @@ import _common
 import numpy as np
 
 from contracts.interferencefile import PairTable
-from extender.simulator.cluster import uniform_cluster
-from extender.simulator.policies import PolicyOptions, tandem_cost
-from extender.simulator.profiled import import_profiled
-from extender.simulator.runner import simulate
-from extender.simulator.signal import SignalModel
-from extender.simulator.truth import Truth
-from extender.simulator.workloads import generate, with_named_models
+from lab.simulator.cluster import uniform_cluster
+from lab.simulator.policies import PolicyOptions, tandem_cost
+from lab.simulator.profiled import import_profiled
+from lab.simulator.runner import simulate
+from lab.simulator.signal import SignalModel
+from lab.simulator.truth import Truth
+from lab.simulator.workloads import generate, with_named_models
 
 _gavel = _common.sibling("interference")  # the Gavel benchmark's worlds and intervals
 _world, _paired, interval = _gavel._world, _gavel._paired, _gavel.interval

@@ -3,7 +3,7 @@
 The imported Gavel truths (P100 and K80, ``shared/data/interference/``) on 3 x 4 GPUs of
 each type, the w-small and w-large workloads with each job's model drawn from the truth's
 26 (as ``interference.py`` (b)), the tandem policy. Signals
-(:mod:`extender.simulator.signal`):
+(:mod:`lab.simulator.signal`):
 
 - ``progress``: NVML as an H100 shows it (each co-located process reads the GPU's
   figure), and each pod's steps per second (its true slowdown times lognormal noise of sd
@@ -35,8 +35,8 @@ from typing import Any
 import _common
 import numpy as np
 
-from extender.simulator.policies import PolicyOptions, tandem_cost
-from extender.simulator.runner import simulate
+from lab.simulator.policies import PolicyOptions, tandem_cost
+from lab.simulator.runner import simulate
 
 _gavel = _common.sibling("interference")
 interval = _gavel.interval

@@ -1,7 +1,7 @@
 """Benchmark: online learning of utilisation against fixed priors and oracle knowledge.
 
 The world differs from what the extender believes. Each workload's jobs are
-grouped into models (``extender.simulator.workloads.with_models``: by
+grouped into models (``lab.simulator.workloads.with_models``: by
 utilisation, each model's prior the mean of its jobs). Three truths, each with
 its own interference curve per GPU type (so the curve error is reported under
 every truth):
@@ -9,7 +9,7 @@ every truth):
 - ``random`` (per-model error of both signs): each model's true utilisation is
   its prior times a factor drawn uniformly in [0.5, 1.5], and each GPU type's
   true curve is the configured curve with every coefficient times a factor drawn
-  in the same range (seeded; ``extender.simulator.truth.factor_truth``).
+  in the same range (seeded; ``lab.simulator.truth.factor_truth``).
 - ``systematic`` (far from the priors in the direction that matters for
   placement): every model really uses half the utilisation its prior says and
   each GPU type's true curve is the configured one with every coefficient halved,
@@ -23,7 +23,7 @@ Every truth also has the phases a real job shows the agent (``PHASES``): its fir
 at 20% every 600 s. The simulated agents report what a 1 Hz agent would: one
 report a minute of constant load, each weighed by the time it covers (the
 learner's estimates and curve points are the same as at 1 Hz; see
-``extender/simulator/agents.py``), with Gaussian noise (sd 2 points; on a shared
+``lab/simulator/agents.py``), with Gaussian noise (sd 2 points; on a shared
 GPU a job's utilisation over the GPU's true slowdown, the signal curve learning
 reads; ``--signal time-sliced``: the GPU's utilisation, as an H100 time-slicing
 two jobs showed, which the learner sets aside, so that only pods alone on a GPU
@@ -79,15 +79,15 @@ from scipy import stats
 
 from extender.config.loader import load_config
 from extender.learning import bias
-from extender.simulator.belief import MODES, SimKnowledge, SimWorld
-from extender.simulator.cluster import builtin_cluster
-from extender.simulator.engine import JobRun
-from extender.simulator.jobs import SimJob
-from extender.simulator.policies import tandem_cost
-from extender.simulator.runner import simulate
-from extender.simulator.signal import SIGNAL_MODELS, SignalModel
-from extender.simulator.truth import Phases, Truth, factor_truth, truth_document
-from extender.simulator.workloads import generate, production, with_models
+from lab.simulator.belief import MODES, SimKnowledge, SimWorld
+from lab.simulator.cluster import builtin_cluster
+from lab.simulator.engine import JobRun
+from lab.simulator.jobs import SimJob
+from lab.simulator.policies import tandem_cost
+from lab.simulator.runner import simulate
+from lab.simulator.signal import SIGNAL_MODELS, SignalModel
+from lab.simulator.truth import Phases, Truth, factor_truth, truth_document
+from lab.simulator.workloads import generate, production, with_models
 from predictor.curves import InterferenceCurve
 
 CHECKPOINTS = (50, 100, 200, 500)
@@ -171,7 +171,7 @@ def scenario(name: str, jobs: list[SimJob], cluster: str, seed: int,
              truth_kind: str = "random", prior_correction: bool = True,
              signal: str = "proportional") -> dict[str, Any]:
     """The three runs on one workload under one truth, with the online run's learning curve
-    (``signal``: what the agents show of a shared GPU's jobs, :mod:`extender.simulator.signal`)."""
+    (``signal``: what the agents show of a shared GPU's jobs, :mod:`lab.simulator.signal`)."""
     nodes = builtin_cluster(cluster)
     types = sorted({g.gpu_type for n in nodes for g in n.gpus})
     reps = _representatives(jobs)

@@ -1,7 +1,7 @@
 """Benchmark: how well tandem packs a production GPU-sharing trace, beside Random, BestFit, FGD.
 
 The inflation protocol of "Beware of Fragmentation" (USENIX ATC'23) on the public
-trace format (:mod:`extender.simulator.inflation`, :mod:`extender.simulator.trace_csv`):
+trace format (:mod:`lab.simulator.inflation`, :mod:`lab.simulator.trace_csv`):
 per seed one arrival order, every policy on it; pods arrive until 130% of the GPU
 capacity has been asked for, each placed once or failed, nothing departs; CPU and
 memory filtered as kube-scheduler's NodeResourcesFit does. Policies:
@@ -41,15 +41,15 @@ import numpy as np
 
 from extender.config.schema import build_config
 from extender.core import CostPolicy
-from extender.simulator.inflation import arrival_order, run_inflation, tie_order
-from extender.simulator.packing_command import (
+from lab.simulator.inflation import arrival_order, run_inflation, tie_order
+from lab.simulator.packing_command import (
     ARRIVAL_SHARE,
     REPORTED,
     packing_policies,
     policy_rng,
 )
-from extender.simulator.policies import tandem_cost
-from extender.simulator.trace_csv import read_nodes, read_pods
+from lab.simulator.policies import tandem_cost
+from lab.simulator.trace_csv import read_nodes, read_pods
 
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
        9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 19: 2.093, 29: 2.045}

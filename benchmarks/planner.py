@@ -18,15 +18,15 @@ import time
 
 import _common
 
+from lab.planning.bounds import gpu_lower_bound
+from lab.planning.exact import exact_pack
+from lab.planning.options import SWITCHES, GpuType, HarpagonOptions
+from lab.planning.packing import pack
+from lab.planning.plan import plan, split_query
+from lab.planning.query import QueryError, QueryModule, QuerySpec
+from lab.planning.replan import replan
+from lab.planning.saturate import ConfigPlanner, ProfileIndex
 from planner import SessionSpec
-from planner.bounds import gpu_lower_bound
-from planner.exact import exact_pack
-from planner.options import SWITCHES, GpuType, HarpagonOptions
-from planner.packing import pack
-from planner.plan import plan, split_query
-from planner.query import QueryError, QueryModule, QuerySpec
-from planner.replan import replan
-from planner.saturate import ConfigPlanner, ProfileIndex
 from predictor.batching import BatchingProfile
 from predictor.profiles import load_nexus_dir
 

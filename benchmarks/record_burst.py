@@ -26,10 +26,10 @@ import time
 import _common
 from kubernetes import client
 
-from benchmarks import fake_kube_api
 from benchmarks.extender_latency import serve_in_child
 from extender.cluster.kube import KubeSource
 from extender.core import Placement, PodRef, Workload
+from lab.fakes import kube_api as fake_kube_api
 
 GOAL = 1.0
 """Burst bind p50 on shared nodes at most this times the fully spread burst's."""
@@ -124,7 +124,7 @@ def main() -> None:
               for s in spreads if s != opts.concurrency for q in ("p50", "p90")}
     doc = {"benchmark": "record_burst", "concurrency": opts.concurrency,
            "bursts_per_spread": opts.bursts,
-           "server": "the loopback API server (fake_kube_api.py) in a process of its own; "
+           "server": "the loopback API server (lab/fakes/kube_api.py) in a process of its own; "
                      "binds through KubeSource (the lean keep-alive client) in this one",
            "spreads": list(results.values()), "goal_vs_spread": GOAL,
            "checks": {**ratios, "ok": all(v <= GOAL for k, v in ratios.items()

@@ -428,9 +428,10 @@ def paired(runs: list[dict[str, Any]], figures: dict[str, tuple[str, ...]] = PAI
 def main() -> None:
     """Both bind orders, the trivial extender and the floor, interleaved per repeat."""
     from benchmarks import extender_latency as world
-    from benchmarks import fake_kube_api, record_burst, trivial_extender
+    from benchmarks import record_burst, trivial_extender
     from extender.config.loader import load_config
     from extender.config.sections import StateConfig
+    from lab.fakes import kube_api as fake_kube_api
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pods", type=int, default=416, help="pods per server and repeat")

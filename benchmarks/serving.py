@@ -51,15 +51,15 @@ from pathlib import Path
 import _common
 import numpy as np
 
-from agent.inference.batch_formation import DropPolicy
-from agent.inference.batching_profiles import load_nexus
 from agent.inference.clock import MonotonicClock, VirtualClock
 from agent.inference.errors import AdmissionRefused
-from agent.inference.executors import SimExecutor
+from agent.inference.executors.executors import SimExecutor
+from agent.inference.preparation.batching_profiles import load_nexus
 from agent.inference.quanta import jain_index, weighted_share_errors
-from agent.inference.replay import Arrival, merge, poisson_arrivals, replay
-from agent.inference.runtime import RuntimeConfig, ServingRuntime
+from agent.inference.runtime.batch_formation import DropPolicy
+from agent.inference.runtime.runtime import RuntimeConfig, ServingRuntime
 from benchmarks.serving_ort import onnxruntime_sections
+from lab.replay import Arrival, merge, poisson_arrivals, replay
 from planner import GpuPlan, SessionSpec, plan_gpu, saturated_config
 from predictor.batching import BatchingProfile
 from predictor.profiles import NEXUS_MARGIN, NO_MARGIN

@@ -47,7 +47,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from agent.inference.tensors import encode_npy
+from agent.inference.runtime.tensors import encode_npy
 from benchmarks.serving_http import (
     Server,
     batch1_ms,

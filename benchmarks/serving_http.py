@@ -49,9 +49,9 @@ import _common
 import numpy as np
 import onnx
 
-from agent.inference.executors import OrtExecutor
-from agent.inference.limits import ModelLimits
-from agent.inference.tensors import encode_npy
+from agent.inference.executors.executors import OrtExecutor
+from agent.inference.preparation.limits import ModelLimits
+from agent.inference.runtime.tensors import encode_npy
 from benchmarks.serving_ort import mlp
 
 SESSIONS = [("s50", 256, 4, 50.0), ("s150", 512, 4, 150.0), ("s250", 512, 8, 250.0)]
@@ -67,7 +67,7 @@ def batch1_ms(kind: str, path: Path, width: int, repeats: int = 200) -> float:
     """Median batch-1 latency of the model on this executor, in this process."""
     limits = ModelLimits(store_root=path.parent)
     if kind == "torch":
-        from agent.inference.torch_executor import TorchExecutor
+        from agent.inference.executors.torch_executor import TorchExecutor
 
         executor: Any = TorchExecutor("cpu", limits=limits, intra_op_threads=1)
     else:

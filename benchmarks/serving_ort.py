@@ -37,15 +37,15 @@ from onnx import TensorProto, helper, numpy_helper, save
 
 from agent.inference.clock import MonotonicClock
 from agent.inference.errors import AdmissionRefused, SessionNotFound
-from agent.inference.executors import Executor, OrtExecutor
-from agent.inference.limits import ModelLimits
+from agent.inference.executors.executors import Executor, OrtExecutor
+from agent.inference.preparation.limits import ModelLimits
 from agent.inference.quanta import jain_index, weighted_share_errors
-from agent.inference.replay import merge, poisson_arrivals
-from agent.inference.runtime import RuntimeConfig, ServingRuntime
+from agent.inference.runtime.runtime import RuntimeConfig, ServingRuntime
+from lab.replay import merge, poisson_arrivals
 from planner import GpuPlan, SessionSpec, plan_gpu
 
 if TYPE_CHECKING:
-    from agent.inference.torch_executor import TorchExecutor
+    from agent.inference.executors.torch_executor import TorchExecutor
 
 SHARE_GOAL = 0.05
 """Largest relative error of a job's executor-time share against its weight's."""
@@ -84,7 +84,7 @@ def _runtime(device: str, store: Path, kind: str = "onnxruntime"
     threads = 1 if device == "cpu" else 0  # one core on the CPU, as a device of its own
     executor: OrtExecutor | TorchExecutor
     if kind == "torch":
-        from agent.inference.torch_executor import TorchExecutor
+        from agent.inference.executors.torch_executor import TorchExecutor
 
         executor = TorchExecutor(device, limits=limits, intra_op_threads=threads or None)
     else:

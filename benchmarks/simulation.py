@@ -29,11 +29,11 @@ import time
 
 import _common
 
-from extender.simulator.cluster import builtin_cluster
-from extender.simulator.engine import EngineConfig
-from extender.simulator.policies import POLICIES
-from extender.simulator.runner import simulate
-from extender.simulator.workloads import generate, production
+from lab.simulator.cluster import builtin_cluster
+from lab.simulator.engine import EngineConfig
+from lab.simulator.policies import POLICIES
+from lab.simulator.runner import simulate
+from lab.simulator.workloads import generate, production
 
 CO_LOCATORS = ("horus", "horus-f", "tandem")
 

@@ -128,7 +128,7 @@ def measure_agent_side(opts: argparse.Namespace, target: str) -> dict:
 
     from test_agent_session_proxy import SLO, Loopback, Upstream
 
-    from agent.inference.serve import ServeOptions, http_server
+    from agent.inference.http.serve import ServeOptions, http_server
     from agent.session.http import ProxyConfig, ProxyServer
     from agent.session.proxy import SessionLink
 

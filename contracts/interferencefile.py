@@ -10,7 +10,7 @@ which pairs cannot share a GPU at all::
           ResNet-50-bs64: {LM-bs5: 1.25}
         cannot_share: [[LM-bs80, CycleGAN]]   # the pair does not fit together (out of memory)
 
-Two readers take it: the simulator's truth file (``extender.simulator.truth``,
+Two readers take it: the simulator's truth file (``lab.simulator.truth``,
 where it is the world's interference) and the extender's ``learning.pair_prior``
 (``extender.learning.interference``, where it is what decisions assume of a pair
 until the cluster shows otherwise). ``tandem import-interference`` writes it.

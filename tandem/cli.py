@@ -66,9 +66,9 @@ app.add_typer(profile_app, name="profile", help="Profiling campaigns on a GPU (o
 # The offline tools' commands, by module: the images carry only the deployables, and
 # there (where the tools' package is not installed) these commands are absent.
 OFFLINE_COMMANDS = (
-    ("plan", "planner.commands", "plan_command"),
-    ("simulate", "extender.simulator.commands", "simulate_command"),
-    ("import-interference", "extender.simulator.commands", "import_interference_command"),
+    ("plan", "lab.planning.commands", "plan_command"),
+    ("simulate", "lab.simulator.commands", "simulate_command"),
+    ("import-interference", "lab.simulator.commands", "import_interference_command"),
 )
 for _name, _module, _command in OFFLINE_COMMANDS:
     if importlib.util.find_spec(_module.split(".")[0]) is not None:

@@ -3,6 +3,7 @@ the baseline extender), loaded once by file path: benchmarks/ is not a package."
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,9 +27,7 @@ def load(name: str) -> ModuleType:
     return _common.sibling(name)
 
 
-load("fake_kube_policy")  # fake_kube_api and fake_kube_http import it by name
-load("fake_kube_http")  # fake_kube_api imports it by name
-fake_kube_api = load("fake_kube_api")
+fake_kube_api = importlib.import_module("lab.fakes.kube_api")
 
 
 @contextmanager

@@ -5,7 +5,7 @@ misspelt key such as ``mps.enabeld`` fails ``helm install``/``template``; each
 value's type is the default's. The keys in :data:`FREE_FORM` hold what Kubernetes
 or the extender's own config checks (affinity, resources, the extender's
 ``tandem.yaml``), so they are left open. ``python tests/chart_schema.py`` rewrites
-the file; ``tests/test_chart_schema.py`` checks it is up to date.
+the file; ``tests/deploy/test_chart_schema.py`` checks it is up to date.
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench_modules import fake_kube_api
 from kubernetes import client
 
 from extender.cluster.kube import KubeSource, PlainWatch
@@ -23,6 +22,7 @@ from extender.config.loader import ConfigHolder
 from extender.config.schema import build_config
 from extender.state.view import encoded
 from extender.wiring import create_app
+from lab.fakes import kube_api as fake_kube_api
 
 GPUS_PER_NODE = 2
 GPU_MIB = 40960

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from server_helpers import running_tiny_runtime
 
-from agent.inference.app import create_app as server_app
+from agent.inference.http.app import create_app as server_app
 from agent.session.http import ProxyConfig, create_proxy_app
 from agent.session.proxy import SessionLink, session_request
 

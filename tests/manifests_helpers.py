@@ -5,7 +5,7 @@ The resolver understands exactly what tandem's kustomizations use (``resources``
 ``components`` whose ``patches`` are strategic-merge files: ``$patch: delete`` of
 one object, or a merge into the objects a ``target`` names, lists of named items
 merged by name) and fails loudly on anything else, so a new kustomize feature
-cannot slip in untested; tests/test_manifests_validate.py compares it with
+cannot slip in untested; tests/deploy/test_manifests_validate.py compares it with
 ``kubectl kustomize`` where kubectl is installed.
 """
 

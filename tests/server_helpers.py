@@ -13,8 +13,8 @@ from cheroot import wsgi
 from onnx import TensorProto, helper, numpy_helper
 
 from agent.inference.clock import MonotonicClock
-from agent.inference.executors import SimExecutor
-from agent.inference.runtime import RuntimeConfig, ServingRuntime
+from agent.inference.executors.executors import SimExecutor
+from agent.inference.runtime.runtime import RuntimeConfig, ServingRuntime
 from predictor.batching import BatchingProfile
 
 
@@ -85,8 +85,8 @@ def one_matmul(rows: int, width: int) -> onnx.ModelProto:
 def ort_runtimes(store: Path, **limits) -> Iterator:
     """Yields ``make(profiles=None, **config)``: started CPU ONNX Runtime serving runtimes
     over ``store`` (one core, no re-plan timer), all stopped at the end."""
-    from agent.inference.executors import OrtExecutor
-    from agent.inference.limits import ModelLimits
+    from agent.inference.executors.executors import OrtExecutor
+    from agent.inference.preparation.limits import ModelLimits
 
     started: list[ServingRuntime] = []
 
@@ -112,7 +112,7 @@ def ort_runtimes(store: Path, **limits) -> Iterator:
 def served_over_http(rt: ServingRuntime, threads: int) -> Iterator[str]:
     """``rt`` started behind a real hardened cheroot server with ``threads`` workers;
     yields its URL, and stops both afterwards."""
-    from agent.inference.app import create_app
+    from agent.inference.http.app import create_app
     from contracts.httpserve import harden
 
     rt.start()

@@ -47,7 +47,7 @@ def test_simulate_plots_fails_before_simulating(no_matplotlib: None, tmp_path: P
     def never(*_: Any, **__: Any) -> None:
         raise AssertionError("the simulation ran")
 
-    monkeypatch.setattr("extender.simulator.cli_support._simulate", never)
+    monkeypatch.setattr("lab.simulator.cli_support._simulate", never)
     result = CliRunner().invoke(app, ["simulate", "--workload", "w-small", "--policy", "fifo",
                                       "--plots", str(tmp_path / "plots")])
     assert result.exit_code == 2

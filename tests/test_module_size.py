@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("extender", "agent", "contracts", "planner", "predictor", "tandem")
+PACKAGES = ("extender", "agent", "contracts", "planner", "predictor", "tandem", "lab")
 REQUEST_PATH_PACKAGES = ("extender", "agent")
 MAX_MODULE_LINES = 450
 MAX_FUNCTION_LINES = 80

@@ -50,7 +50,7 @@ def serve_command(
     ),
 ) -> None:
     """Run the per-GPU inference server: Nexus duty cycles and Olympian quanta."""
-    from agent.inference.serve import ServeOptions, admin_guard, build_runtime, serve_forever
+    from agent.inference.http.serve import ServeOptions, admin_guard, build_runtime, serve_forever
 
     options = ServeOptions(
         gpu_index=gpu,

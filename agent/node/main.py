@@ -13,7 +13,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, start_http_server
 
 from agent.errors import ConfigError
-from agent.inference.auth import AdminToken, AdminTokenError, is_loopback
+from agent.inference.http.auth import AdminToken, AdminTokenError, is_loopback
 from agent.node.attribution import ProcAttributor
 from agent.node.extender_view import PlacedJobs, StateClient, ViewHolder
 from agent.node.gpus import GpuSource, parse_gpu_source

@@ -29,7 +29,7 @@ from urllib.parse import quote
 
 import httpx
 
-from agent.inference.auth import AdminToken, AdminTokenError
+from agent.inference.http.auth import AdminToken, AdminTokenError
 from agent.node.extender_view import NodeView, PodPlacement
 from contracts.annotations import (
     DEFAULT_WEIGHT,

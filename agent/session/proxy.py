@@ -50,7 +50,7 @@ from urllib.parse import quote
 
 import httpx
 
-from agent.inference.auth import AdminToken, AdminTokenError
+from agent.inference.http.auth import AdminToken, AdminTokenError
 from agent.node.extender_view import PodPlacement
 from agent.node.sessions import session_spec
 from contracts.annotations import (

@@ -42,7 +42,7 @@ curve; when its figure comes from there, its loss is lowered by ``explore_bonus`
 that, never below zero), so an untried pair wins over a known one only when
 their predicted losses are within ``explore_bonus``: a choice made for
 exploration costs at most ``explore_bonus`` of predicted progress more than the
-greedy one (``tests/test_pairs.py`` checks the bound). Pairs known not to fit
+greedy one (``tests/extender/learning/test_pairs.py`` checks the bound). Pairs known not to fit
 together (``cannot_share``) are refused.
 """
 

@@ -4,7 +4,7 @@
 each hard constraint as a (mask, reason) pair in precedence order, and
 :func:`first_reasons` turns the list into one code per GPU (0 when it fits).
 :func:`extender.core.decide.evaluate` calls them on a request's candidate rows;
-the simulator's pre-filter (``extender.simulator.horus.FreeView``) calls them on
+the simulator's pre-filter (``lab.simulator.horus.FreeView``) calls them on
 every row once per round, so the two cannot disagree.
 
 Hard constraints, in the order they are checked per GPU (first one wins):
@@ -49,7 +49,7 @@ passes the rule is still only scored.
 
 Every rule is monotone in the job's demand: a GPU that rejects a job rejects
 every job needing at least as much memory and utilisation. The simulator's
-pre-filter relies on it (``tests/test_simulator_prefilter.py`` checks it).
+pre-filter relies on it (``tests/lab/simulator/test_simulator_prefilter.py`` checks it).
 """
 
 from __future__ import annotations

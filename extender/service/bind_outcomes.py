@@ -17,7 +17,7 @@ from extender.config.loader import ConfigHolder
 from extender.core import PodRef
 from extender.errors import BindConflict, BindOutcomeUnknown, SourceError
 from extender.state.ledger import ClusterState
-from extender.transport.wire import BindingArgs
+from extender.wire import BindingArgs
 
 UNKNOWN_LIMIT = 20_000
 """Most pods whose last bind got no answer that are remembered (oldest forgotten first)."""

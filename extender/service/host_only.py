@@ -27,7 +27,7 @@ from extender.core.host_only import HostOnlyVerdict, host_only_verdict
 from extender.errors import BindConflict
 from extender.learning.learner import Learner
 from extender.state.ledger import ClusterState
-from extender.transport.wire import BindingArgs
+from extender.wire import BindingArgs
 
 
 def gpu_pod(pod: Mapping[str, Any]) -> bool:

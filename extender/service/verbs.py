@@ -50,7 +50,7 @@ from extender.service.decided import DecidedBy
 from extender.service.demand_cache import DemandCache, DemandPredictor
 from extender.service.host_only import HostOnlyPods, gpu_pod
 from extender.state.ledger import ClusterState
-from extender.transport.wire import (
+from extender.wire import (
     BindingArgs,
     EncodedJson,
     ExtenderArgs,

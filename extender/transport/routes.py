@@ -32,7 +32,7 @@ from extender.errors import BadRequest, ExtenderError
 from extender.ops.metrics import Metrics
 from extender.service.verbs import Extender
 from extender.state.reports import decode_report
-from extender.transport.wire import (
+from extender.wire import (
     decode_binding_args,
     decode_extender_args,
     decode_preemption_args,

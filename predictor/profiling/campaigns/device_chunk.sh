@@ -13,7 +13,7 @@
 #   $OUT/<gpu-slug>/   isolated.csv, colocated.csv, batching.csv, provenance.json
 # Only directories whose provenance says "simulated": false come back.
 # BACKEND (default cuda) and DATA_ROOT (default training_data) exist so that
-# tests/test_profiling_device_chunk.py can run this script without a GPU.
+# tests/predictor/profiling/test_profiling_device_chunk.py can run this script without a GPU.
 set -uo pipefail
 budget="${1:-480}"
 spec="${2:-predictor/profiling/campaigns/hopper.yaml}"

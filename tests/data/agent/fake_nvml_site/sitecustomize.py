@@ -1,6 +1,6 @@
 """Test-only: makes ``pynvml`` answer from a FakeNvml fixture in every Python process.
 
-``tests/test_agent_gpu_capture.py`` puts this folder first on PYTHONPATH and names
+``tests/agent/test_agent_gpu_capture.py`` puts this folder first on PYTHONPATH and names
 the fixture in TANDEM_FAKE_NVML, so the capture script's subprocesses (agent,
 summary, inner pytest) see the scripted GPUs of that file through the real
 module's names. Nothing outside that test puts this folder on the path.
@@ -12,7 +12,8 @@ import os
 fixture = os.environ.get("TANDEM_FAKE_NVML")
 if fixture:
     import pynvml
-    from fakes.nvml import FakeNvml
+
+    from lab.fakes.nvml import FakeNvml
 
     with open(fixture, encoding="utf-8") as fh:
         _fake = FakeNvml.from_json(json.load(fh))

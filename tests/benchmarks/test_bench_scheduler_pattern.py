@@ -1,0 +1,120 @@
+"""The scheduler-pattern ratios of benchmarks/extender_latency.py (#28): tandem's burst
+waiting is reported beside the floor's and the trivial extender's, and normalised by the
+floor's (what queueing on the machine's cores costs whatever the server does); and
+record_burst.py, concurrent binds sharing nodes."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from bench_modules import load
+
+pattern = load("scheduler_pattern")
+
+
+def run(single_ms: float, burst_ms: float, pods_per_second: float) -> dict:
+    return {"single": {"bind_ms": {"p50": single_ms}, "pods_per_second": pods_per_second},
+            "burst": {"bind_ms": {"p50": burst_ms}},
+            "pipeline": {"pods_per_second": pods_per_second}}
+
+
+def test_burst_ratios_are_normalised_by_the_floor_of_the_same_run():
+    out = pattern.checks({"kube": run(2.0, 26.0, 150), "trivial": run(1.0, 15.0, 250),
+                          "floor": run(0.2, 2.6, 500)}, pattern.PATTERN_GOALS)
+    assert out["kube_burst_bind_p50_vs_single"] == 13.0
+    assert out["floor_burst_bind_p50_vs_single"] == 13.0
+    assert out["kube_burst_bind_p50_vs_single_over_floors"] == 1.0
+    assert out["trivial_burst_bind_p50_vs_single_over_floors"] == 1.15
+    assert out["kube_burst_bind_p50_vs_floor_burst"] == 10.0
+    assert out["trivial_burst_bind_p50_vs_floor_burst"] == 5.77
+    assert out["kube_burst_bind_ok"] is False and out["kube_burst_bind_ok_over_floors"] is True
+    assert out["kube_pipeline_pods_per_second_vs_trivial"] == 0.6
+
+
+def test_without_the_floor_no_normalised_ratio_is_claimed():
+    out = pattern.checks({"kube": run(2.0, 26.0, 150)}, pattern.PATTERN_GOALS)
+    assert not [k for k in out if "floor" in k]
+    assert out["kube_burst_bind_ok"] is False
+
+
+def test_record_burst_binds_every_pod_and_counts_record_writes(monkeypatch):
+    """benchmarks/record_burst.py on the loopback API server: every bind lands, with its
+    entry in its node's record, and a fully spread burst takes one write per bind."""
+    load("_common")  # the benchmark's own first import, found beside it when run as a script
+    # ... and the repository root, which _common puts first when it runs as a script
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))
+    fake_kube_api = importlib.import_module("lab.fakes.kube_api")
+    record_burst = load("record_burst")
+    api = fake_kube_api.FakeKubeApi([{"metadata": {"name": f"node-{i}"}} for i in range(4)],
+                                    record_burst.pods([1, 4], 2, 4), record=False)
+    port = api.start()
+    try:
+        out = record_burst.measure(port, [1, 4], 2, 4)
+    finally:
+        api.stop()
+    assert [out[s]["binds"] for s in (1, 4)] == [8, 8]
+    assert out[4]["record_writes_per_bind"] == 1.0
+    assert 0 < out[1]["record_writes_per_bind"] <= 1.0
+    assert all(api.pod("bench", f"p{s}-{b}-{i}")["spec"]["nodeName"] == f"node-{i % s}"
+               for s in (1, 4) for b in range(2) for i in range(4))
+    record = api.configmaps[("tandem-system", "tandem-placements-node-0")]["data"]
+    assert {f"u1-{b}-{i}" for b in range(2) for i in range(4)} <= set(record)
+
+
+def test_the_two_bind_orders_compared_write_in_their_order(monkeypatch):
+    """scheduler_pattern.py's before and after: record then Binding on the scheduler's path,
+    against the Binding alone with the record written after it."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))
+    from kubernetes import client
+
+    from extender.core import Placement, PodRef, Workload
+
+    fake_kube_api = importlib.import_module("lab.fakes.kube_api")
+    pods = [{"metadata": {"name": f"p{i}", "namespace": "ml", "uid": f"u{i}"},
+             "spec": {"containers": []}, "status": {"phase": "Pending"}} for i in range(2)]
+    api = fake_kube_api.FakeKubeApi([{"metadata": {"name": "n"}}], pods)
+    api.start()
+    try:
+        core = client.CoreV1Api(client.ApiClient(client.Configuration(host=api.url)))
+        order = {}
+        for i, (name, cls) in enumerate(pattern.ORDERS.items()):
+            source = cls(core, background_events=False)
+            source.records.load_all()
+            api.requests.clear()
+            source.bind(PodRef("ml", f"p{i}", f"u{i}"), "n", {},
+                        Placement(f"u{i}", f"ml/p{i}", "n", (0,), 10.0, 100.0,
+                                  Workload.TRAINING))
+            source.stop()  # writes what is queued
+            order[name] = [r.path.rsplit("/", 1)[-1] for r in api.requests]
+    finally:
+        api.stop()
+    assert order == {"record-first": ["configmaps", "binding"],
+                     "binding-first": ["binding", "tandem-placements-n"]}
+
+
+def test_paired_ratios_carry_an_interval():
+    def run(before: float, after: float) -> dict:
+        def one(ms: float) -> dict:
+            return {"single": {"bind_ms": {"p50": ms, "p90": ms}},
+                    "burst": {"bind_ms": {"p50": ms, "p90": ms}},
+                    "pipeline": {"pods_per_second": 1000 / ms}}
+        return {"record-first": one(before), "binding-first": one(after)}
+    out = pattern.paired([run(10, 5), run(20, 10), run(8, 4)])
+    assert out["burst_bind_p50"] == {"ratios": [0.5, 0.5, 0.5], "mean": 0.5,
+                                     "interval_95": [0.5, 0.5]}
+    assert out["pipeline_pods_per_second"]["mean"] == 2.0
+
+
+def test_snapshot_contention_pairs_each_repeat_of_the_two_checkouts():
+    contention = load("snapshot_contention")
+
+    def phases(bind_p50: float) -> dict:
+        verbs = {"bind": {"p50_ms": bind_p50, "p99_ms": 2 * bind_p50}}
+        return {"idle": verbs, "busy": verbs}
+    out = contention.paired_ratios({"branch": [phases(2.0), phases(3.0)],
+                                    "against": [phases(4.0), phases(3.0)]})
+    assert out["busy_bind_p50"]["ratios"] == [0.5, 1.0]
+    assert out["busy_bind_p50"]["mean"] == 0.75
+    low, high = out["busy_bind_p50"]["interval_95"]
+    assert low < 0.75 < high

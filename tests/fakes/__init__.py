@@ -1,1 +1,0 @@
-"""Test fakes, kept out of the shipped packages."""

@@ -1,0 +1,61 @@
+"""The simulator's ``progress`` signal: NVML as time-sliced GPUs show it, each pod's steps
+per second from its true slowdown with the measured noise, and the extender's learner
+learning who slows whom from it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from test_simulator_pairwise import DOC, P100, FirstGpu
+
+from extender.config.sections import LearningConfig
+from extender.learning.learner import Learner
+from lab.simulator.agents import SimAgents, SimClock
+from lab.simulator.cluster import uniform_cluster
+from lab.simulator.engine import Engine
+from lab.simulator.jobs import SimJob
+from lab.simulator.signal import SignalModel, parse_signal
+from lab.simulator.truth import parse_truth
+
+
+def test_progress_shows_nvml_as_time_sliced_and_parses() -> None:
+    signal = SignalModel("progress")
+    assert signal.progress and not SignalModel("time-sliced").progress
+    assert signal.shown(20.0, 1.0, 4.0, 93.0) == pytest.approx(93.0)
+    problems: list[str] = []
+    assert parse_signal({"model": "progress"}, "signal", problems) == signal and not problems
+
+
+def _run(signal: str) -> Learner:
+    truth = replace(parse_truth({**DOC, "noise": {"util_stddev_percent": 0}}),
+                    signal=SignalModel(signal))
+    clock = SimClock()
+    learner = Learner(LearningConfig(pairs=True), clock=clock, wall_clock=clock)
+    agents = SimAgents(truth, learner, clock)
+    jobs = [SimJob("lm-alone", 0.0, 400.0, util_percent=40.0, model="LM-bs5"),
+            SimJob("rn-alone", 500.0, 400.0, util_percent=60.0, model="ResNet-50-bs64"),
+            SimJob("lm", 1000.0, 3000.0, util_percent=40.0, model="LM-bs5"),
+            SimJob("rn", 1000.0, 3000.0, util_percent=60.0, model="ResNet-50-bs64")]
+    Engine(uniform_cluster(1, 1, P100, 16384), jobs, FirstGpu(), truth=truth,
+           agents=agents).run()
+    return learner
+
+
+def test_the_learner_learns_each_jobs_own_slowdown_from_progress() -> None:
+    learner = _run("progress")
+    assert learner.pairs.stats()["samples"] == 0  # the NVML figures teach nothing
+    assert learner.pairs.stats()["progress_samples"] >= 10
+    model = learner.pairs.model()
+    assert model is not None
+    lm, source = model.figure(P100, "LM-bs5", "ResNet-50-bs64", 1.0)
+    resnet, _ = model.figure(P100, "ResNet-50-bs64", "LM-bs5", 1.0)
+    assert source.startswith("progress:")
+    assert lm == pytest.approx(3.56, rel=0.1)  # the truth's figures, within the noise
+    assert resnet == pytest.approx(1.25, rel=0.1)
+
+
+def test_without_progress_time_sliced_gpus_teach_no_pairs() -> None:
+    learner = _run("time-sliced")
+    assert learner.pairs.stats()["progress_samples"] == 0
+    assert learner.pairs.model() is None
