@@ -126,11 +126,10 @@ def measure_agent_side(opts: argparse.Namespace, target: str) -> dict:
     import dataclasses
     import threading
 
-    from test_agent_session_proxy import SLO, Loopback, Upstream
-
     from agent.inference.http.serve import ServeOptions, http_server
     from agent.session.http import ProxyConfig, ProxyServer
     from agent.session.proxy import SessionLink
+    from lab.fakes.session_upstream import SLO, Loopback, Upstream
 
     upstream = Upstream()
     stops = [upstream.runtime.stop]

@@ -12,20 +12,13 @@ import io
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
-from cheroot import wsgi
-from flask import Flask
 
-from agent.inference.clock import MonotonicClock
-from agent.inference.executors.executors import SimExecutor
-from agent.inference.http.app import create_app
-from agent.inference.runtime.runtime import RuntimeConfig, ServingRuntime
 from agent.node.extender_view import PodPlacement
 from agent.node.sessions import session_spec
 from agent.session.http import ProxyConfig, ProxyServer, create_proxy_app
@@ -37,62 +30,16 @@ from agent.session.proxy import (
     server_url,
     session_request,
 )
-from predictor.batching import BatchingProfile
+from lab.fakes.session_upstream import SLO, Loopback, Upstream
 
 NPY = "application/x-npy"
 SERVER = "http://node-local:8700"
-SLO = session_request("default.web-abc12", "tiny", 0, slo_ms=2000, rate_rps=100)
 
 
 def npy(array: np.ndarray) -> bytes:
     buf = io.BytesIO()
     np.save(buf, array, allow_pickle=False)
     return buf.getvalue()
-
-
-def make_runtime(max_queue: int = 10_000) -> ServingRuntime:
-    clock = MonotonicClock()
-    profiles = {
-        "tiny": BatchingProfile.linear("tiny", "sim", 0.01, 0.05, max_batch=32),
-        "heavy": BatchingProfile.linear("heavy", "sim", 50.0, 100.0, max_batch=8),
-    }
-    runtime = ServingRuntime(SimExecutor(profiles, clock, "sim"), clock,
-                             RuntimeConfig("sim", quantum_ms=1.0, max_queue=max_queue),
-                             post_workers=1)
-    runtime.start()
-    return runtime
-
-
-@dataclass
-class Upstream:
-    """The inference server; ``restart()`` replaces it with a fresh, empty one."""
-
-    max_queue: int = 10_000
-    runtime: ServingRuntime = field(init=False)
-    app: Flask = field(init=False)
-    posts: int = 0
-    infer_environs: list[dict[str, Any]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.runtime = make_runtime(self.max_queue)
-        self.app = create_app(self.runtime, max_body_bytes=1 << 20)
-
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
-        if environ["REQUEST_METHOD"] == "POST" and environ["PATH_INFO"] == "/v1/sessions":
-            self.posts += 1
-        if environ["PATH_INFO"].endswith("/infer"):
-            self.infer_environs.append(dict(environ))
-        return self.app(environ, start_response)
-
-    def restart(self) -> None:
-        self.runtime.stop()
-        self.__post_init__()
-
-    def names(self) -> list[str]:
-        return [s["name"] for s in self.runtime.snapshot()["sessions"]]
-
-    def entry(self, name: str) -> dict[str, Any]:
-        return next(s for s in self.runtime.snapshot()["sessions"] if s["name"] == name)
 
 
 @pytest.fixture
@@ -336,21 +283,6 @@ def test_unregistered_session_is_not_retried_forever(upstream: Upstream) -> None
     assert answer.status_code == 404 and answer.json["error"] == "SessionNotFound"
     assert upstream.posts == 1  # one registration attempt, one retry of the request
     ln.close()
-
-
-class Loopback:
-    """A WSGI app on loopback cheroot (port 0)."""
-
-    def __init__(self, app: Any) -> None:
-        self.server = wsgi.Server(("127.0.0.1", 0), app, numthreads=4)
-        self.server.prepare()
-        self.thread = threading.Thread(target=self.server.serve, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.bind_addr[1]}"
-
-    def stop(self) -> None:
-        self.server.stop()
-        self.thread.join(timeout=5)
 
 
 def test_end_to_end_over_loopback_then_clean_shutdown_deregisters(upstream: Upstream) -> None:

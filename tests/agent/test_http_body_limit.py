@@ -9,7 +9,6 @@ import time
 
 import pytest
 from extender_builders import node
-from test_agent_session_proxy import SLO, Loopback, Upstream
 from test_http_hardening import serve_inference
 
 from agent.session.http import ProxyConfig, ProxyServer
@@ -20,6 +19,7 @@ from extender.config.loader import ConfigHolder
 from extender.config.schema import build_config
 from extender.transport.server import start_background
 from extender.wiring import create_app
+from lab.fakes.session_upstream import SLO, Loopback, Upstream
 
 DEADLINE = 10.0
 """Each server's read deadline: the old code held such a request this long."""

@@ -13,7 +13,6 @@ import httpx
 import pytest
 from extender_builders import TOKEN, node
 from slow_loris import SlowClients
-from test_agent_session_proxy import SLO, Loopback, Upstream
 
 from agent.inference.http.serve import ServeOptions, http_server
 from agent.session.http import ProxyConfig, ProxyServer
@@ -23,6 +22,7 @@ from extender.config.loader import ConfigHolder
 from extender.config.schema import build_config
 from extender.transport.server import start_background
 from extender.wiring import create_app
+from lab.fakes.session_upstream import SLO, Loopback, Upstream
 
 BODY = b'{"Pod": {"metadata": {"name": "p"}}, "NodeNames": []}'
 MALFORMED = {
