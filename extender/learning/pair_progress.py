@@ -36,11 +36,9 @@ class ProgressLearning:
     version: int
     dirty: bool
 
-    def model(self) -> Any:
-        raise NotImplementedError
-
-    def _first(self, uid: str, node: str, index: int) -> float:
-        raise NotImplementedError
+    # the learner's own (InterferenceLearner), declared here for the reader and the checker
+    model: Callable[[], Any]
+    _first: Callable[[str, str, int], float]
 
     def observe_progress(self, report: DecodedReport,
                          placement_of: Callable[[str], Placement | None]) -> int:
