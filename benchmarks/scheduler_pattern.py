@@ -13,16 +13,28 @@ busy. Three measurements per extender, all on one server instance:
   after another, each bind handed to a pool of ``concurrency`` binders; pods per
   second counted until the last bind answered.
 
-Run on its own (``main``), it compares the two orders of a bind's API writes on the
-``kube`` source in one run, on the cluster of ``extender_latency.py`` behind the loopback
-API server (its bound pods with their placement records): ``record-first`` (the node's
-placement record, then the Binding: two writes the scheduler waits for, the order before
-#40, kept here as :class:`RecordFirstSource`) and ``binding-first`` (the Binding, the
-record written in the background: ``extender/cluster/record_writer.py``), beside the
-trivial extender and the floor; ``--repeats`` rounds, interleaved::
+Run on its own (``main``), it measures tandem (the ``kube`` source: the Binding on the
+scheduler's path, the placement record written after it), the trivial extender and the
+floor on the cluster of ``extender_latency.py``, each behind a loopback API server of its
+own, once per ``--api-latency-ms``: every write to the API server waits that long before
+it is applied and answered (``lab/fakes/kube_api.py``; by default none, then
+``REAL_WRITE_LATENCY_S``, what a real API server with etcd on SSD takes, cited there), and
+the floor waits it once per bind. Without the wait a bind is pure CPU, and 16 of them queue
+on a small machine's cores whatever the server does; with it, binds that overlap their waits
+on the API server add about one wait to the burst, binds serialised on it about eight
+(``write_wait_in_burst``). In each of ``--repeats`` repeats the three servers run one after
+the other (the order reversed every other repeat), each on pods of its own; the ratios are
+taken per repeat (tandem's pods/s over the trivial extender's: paired), then reported as
+median and distribution-free 95% interval::
 
-    .venv/bin/python benchmarks/scheduler_pattern.py [--pods 416] [--single 96]
-        [--concurrency 16] [--repeats 3]
+    .venv/bin/python benchmarks/scheduler_pattern.py [--api-latency-ms 0 5] [--repeats 10]
+        [--single 32] [--burst 64] [--concurrency 16]
+
+``--compare-orders`` runs the comparison of the two orders of a bind's API writes instead
+(``results/scheduler_pattern_orders.json``): ``record-first`` (the node's placement record,
+then the Binding: two writes the scheduler waits for, the order before #40, kept here as
+:class:`RecordFirstSource`) against ``binding-first`` (``extender/cluster/record_writer.py``),
+beside the trivial extender and the floor, on an API server that answers at once.
 
 ``serve_floor`` is the floor: a cheroot server that parses each body and answers
 what an extender must (every node passes, score 0, bound) with no work, so its
@@ -37,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import queue
 import random
@@ -269,8 +282,10 @@ def measure(connect: Callable[[], Client], jobs: list[Job], concurrency: int,
             "pipeline": pipeline(connect, rest[half:], concurrency)}
 
 
-def floor_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
-    """The least an extender answers: every node passes, score 0, bound."""
+def floor_app(environ: dict[str, Any], start_response: Callable[..., Any],
+              bind_seconds: float = 0.0) -> list[bytes]:
+    """The least an extender answers: every node passes, score 0, bound (after
+    ``bind_seconds``: the one API write a bind cannot do without, waited for and no more)."""
     length = int(environ.get("CONTENT_LENGTH") or 0)
     body = json.loads(environ["wsgi.input"].read(length) or b"{}")
     path = environ.get("PATH_INFO", "")
@@ -280,6 +295,8 @@ def floor_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> li
     elif path == "/prioritize":
         answer = [{"Host": n, "Score": 0} for n in body.get("NodeNames") or []]
     else:
+        if bind_seconds > 0:
+            time.sleep(bind_seconds)
         answer = {"Error": ""}
     data = json.dumps(answer).encode()
     start_response("200 OK", [("Content-Type", "application/json"),
@@ -287,9 +304,12 @@ def floor_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> li
     return [data]
 
 
-def serve_floor(threads: int) -> tuple[int, Callable[[], None]]:
-    """The floor server on cheroot (the extenders' server): (port, stop)."""
-    server = wsgi.Server(("127.0.0.1", 0), floor_app, numthreads=threads,
+def serve_floor(threads: int, bind_seconds: float = 0.0) -> tuple[int, Callable[[], None]]:
+    """The floor server on cheroot (the extenders' server), each bind answered after
+    ``bind_seconds``: (port, stop)."""
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        return floor_app(environ, start_response, bind_seconds)
+    server = wsgi.Server(("127.0.0.1", 0), app, numthreads=threads,
                          server_name="floor", request_queue_size=LISTEN_BACKLOG)
     server.keep_alive_conn_limit = KEEP_ALIVE_CONNECTIONS
     server.prepare()
@@ -425,21 +445,22 @@ def paired(runs: list[dict[str, Any]], figures: dict[str, tuple[str, ...]] = PAI
     return out
 
 
-def main() -> None:
-    """Both bind orders, the trivial extender and the floor, interleaved per repeat."""
+def compare_orders(argv: list[str] | None = None) -> None:
+    """Both bind orders, the trivial extender and the floor, interleaved per repeat
+    (``--compare-orders``: the comparison of #40's bind order)."""
     from benchmarks import extender_latency as world
     from benchmarks import record_burst, trivial_extender
     from extender.config.loader import load_config
     from extender.config.sections import StateConfig
     from lab.fakes import kube_api as fake_kube_api
 
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=compare_orders.__doc__)
     parser.add_argument("--pods", type=int, default=416, help="pods per server and repeat")
     parser.add_argument("--single", type=int, default=96, help="of them bound one at a time")
     parser.add_argument("--concurrency", type=int, default=16, help="binds in flight")
     parser.add_argument("--repeats", type=int, default=3)
-    _common.add_out_option(parser, "scheduler_pattern")
-    opts = parser.parse_args()
+    _common.add_out_option(parser, "scheduler_pattern_orders")
+    opts = parser.parse_args(argv)
     load_before = _common.load_average()
     os.environ[StateConfig.signing_key_env] = world.SIGNING_KEY  # the forked extenders'
     cfg = load_config(None, environ={"TANDEM__LOGGING__LEVEL": "warning",
@@ -520,6 +541,157 @@ def main() -> None:
            "checks_per_run": per_run, "runs": runs, "load_average_1_5_15_at_start": load_before,
            **_common.context(("cheroot", "kubernetes", "urllib3"))}
     _common.write_result(doc, opts.out)
+
+
+def median_interval(values: list[float]) -> dict[str, Any]:
+    """The median with a distribution-free 95% interval: the order statistics the binomial
+    puts at least 95% around it (6 values or more; fewer give none)."""
+    n, ordered = len(values), sorted(values)
+    k, below = 0, 0.0  # k values left out on each side, below: P(Binomial(n, 1/2) < k)
+    while below + math.comb(n, k) / 2 ** n <= 0.025:
+        below += math.comb(n, k) / 2 ** n
+        k += 1
+    return {"median": round(statistics.median(values), 3),
+            "interval_95": [round(ordered[k - 1], 3), round(ordered[n - k], 3)] if k else None,
+            "values": [round(v, 3) for v in values]}
+
+
+SERVERS = ("tandem", "trivial", "floor")
+
+
+def latency_checks(runs: list[dict[str, dict]]) -> dict[str, Any]:
+    """Per server the burst/single bind p50 ratio, and tandem's pods/s over the trivial
+    extender's (paired: both in the same repeat), as medians with 95% intervals."""
+    out: dict[str, Any] = {}
+    for name in SERVERS:
+        out[f"{name}_burst_bind_p50_vs_single"] = median_interval(
+            [r[name]["burst"]["bind_ms"]["p50"] / r[name]["single"]["bind_ms"]["p50"]
+             for r in runs])
+    for base in ("trivial", "floor"):
+        out[f"tandem_pipeline_pods_per_second_vs_{base}"] = median_interval(
+            [r["tandem"]["pipeline"]["pods_per_second"] / r[base]["pipeline"]["pods_per_second"]
+             for r in runs])
+    out["tandem_burst_bind_ok"] = out["tandem_burst_bind_p50_vs_single"]["median"] \
+        <= PATTERN_GOALS["burst_bind_p50_vs_single"]
+    out["tandem_pipeline_ok"] = out["tandem_pipeline_pods_per_second_vs_trivial"]["median"] \
+        >= PATTERN_GOALS["pipeline_vs_trivial"]
+    return out
+
+
+def write_wait_in_burst(passes: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per server and write latency L (against the pass without one): how much the burst
+    bind p50 grew, in units of L. Binds that overlap their waits on the API server grow by
+    about one L; binds serialised on it, by about half the burst's L's (8 of 16)."""
+    base = next((p for p in passes if p["api_write_latency_ms"] == 0), None)
+    out: dict[str, dict[str, float]] = {}
+    for p in passes:
+        latency = p["api_write_latency_ms"]
+        if base is None or latency == 0:
+            continue
+        out[f"{latency:g}ms"] = {name: round(
+            (p["bind_ms_median_of_repeats"][name]["burst"]["p50"]
+             - base["bind_ms_median_of_repeats"][name]["burst"]["p50"]) / latency, 2)
+            for name in SERVERS}
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    """tandem, the trivial extender and the floor behind an API server whose writes wait
+    each ``--api-latency-ms`` in turn, interleaved per repeat."""
+    import sys
+    args = sys.argv[1:] if argv is None else argv
+    if "--compare-orders" in args:
+        return compare_orders([a for a in args if a != "--compare-orders"])
+    from benchmarks import extender_latency as world
+    from benchmarks import trivial_extender
+    from extender.config.loader import load_config
+    from extender.config.sections import StateConfig
+    from lab.fakes.kube_api import REAL_WRITE_LATENCY_S
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--api-latency-ms", type=float, nargs="+",
+                        default=[0.0, 1000 * REAL_WRITE_LATENCY_S],
+                        help="each write's wait on the loopback API server, one pass each "
+                             "(default: none, and a real API server's with etcd on SSD)")
+    parser.add_argument("--single", type=int, default=32, help="pods bound one at a time, "
+                        "per server and repeat")
+    parser.add_argument("--burst", type=int, default=64, help="pods bound in bursts of "
+                        "--concurrency, per server and repeat; as many pipelined")
+    parser.add_argument("--concurrency", type=int, default=16, help="binds in flight")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--compare-orders", action="store_true",
+                        help="compare the two orders of a bind's writes instead (#40)")
+    _common.add_out_option(parser, "scheduler_pattern")
+    opts = parser.parse_args(args)
+    load_before = _common.load_average()
+    os.environ[StateConfig.signing_key_env] = world.SIGNING_KEY  # the forked extenders'
+    cfg = load_config(None, environ={"TANDEM__LOGGING__LEVEL": "warning",
+                                     "TANDEM__HANDOFF__MODE": "env"})
+    rng = random.Random(42)
+    placed = world.placed_pods(rng)
+    per_repeat = opts.single + 2 * opts.burst
+    jobs = world.workload(rng, world.node_names(), per_repeat * opts.repeats, "pat")
+
+    def api_server(latency_s: float) -> tuple[int, Callable[[], None]]:
+        api = world.fake_api(placed, jobs)
+        api.write_latency_s = latency_s
+        port, _, stop = world.serve_in_child(lambda: (api.start(), api.stop))
+        return port, stop
+
+    passes = []
+    for latency_ms in opts.api_latency_ms:
+        latency_s = latency_ms / 1000
+        stops: list[Callable[[], None]] = []
+        try:
+            api_port, api_stop = api_server(latency_s)
+            stops.append(api_stop)
+            port, _, stop = world.serve_in_child(world.tandem_starter(
+                cfg, lambda port=api_port: KubeSource(world.kube_client(port))))
+            stops.append(stop)
+            ports = {"tandem": port}
+            api_port, api_stop = api_server(latency_s)
+            stops.append(api_stop)
+
+            def trivial(port: int = api_port) -> tuple[int, Callable[[], None]]:
+                return trivial_extender.serve(trivial_extender.create_trivial_app(
+                    world.kube_client(port)), cfg.server.threads)
+            ports["trivial"], _, stop = world.serve_in_child(trivial)
+            stops.append(stop)
+            ports["floor"], _, stop = world.serve_in_child(
+                lambda latency_s=latency_s: serve_floor(cfg.server.threads, latency_s))
+            stops.append(stop)
+            runs = []
+            for r in range(opts.repeats):
+                mine = jobs[r * per_repeat:(r + 1) * per_repeat]
+                order = SERVERS if r % 2 == 0 else SERVERS[::-1]  # neither always first
+                runs.append({name: measure(lambda p=ports[name]: RawClient(p), list(mine),
+                                           opts.concurrency, opts.single) for name in order})
+        finally:
+            for stop in reversed(stops):
+                stop()
+        passes.append({"api_write_latency_ms": latency_ms, "checks": latency_checks(runs),
+                       "bind_ms_median_of_repeats": {name: {kind: {q: round(statistics.median(
+                           r[name][kind]["bind_ms"][q] for r in runs), 3) for q in ("p50", "p90")}
+                           for kind in ("single", "burst")} for name in SERVERS},
+                       "runs": runs})
+    doc = {"benchmark": "scheduler_pattern", "goals": PATTERN_GOALS,
+           "write_wait_in_burst": write_wait_in_burst(passes),
+           "api_write_latency": "every write (any verb but GET) to the loopback API server "
+                                "waits this long before it is applied and answered; the floor "
+                                "waits it once per bind (lab/fakes/kube_api.py "
+                                "REAL_WRITE_LATENCY_S cites the realistic figure)",
+           "per_repeat": {"single": opts.single, "burst": opts.burst, "pipeline": opts.burst},
+           "concurrency": opts.concurrency, "repeats": opts.repeats,
+           "order": "the three servers measured one after the other in each repeat, the order "
+                    "reversed every other repeat; ratios are per repeat, then median and a "
+                    "distribution-free 95% interval",
+           "cluster": "extender_latency.py's: 1,000 nodes x 8 A100-40GB, 8,000 bound pods "
+                      "with their placement records, 500 candidates per filter",
+           "server": "each extender and each loopback API server in a process of its own",
+           "passes": passes, "load_average_1_5_15_at_start": load_before,
+           **_common.context(("cheroot", "kubernetes", "urllib3"))}
+    _common.write_result(doc, opts.out)
+    return None
 
 
 if __name__ == "__main__":

@@ -70,6 +70,10 @@ def handler(api: Any) -> type[BaseHTTPRequestHandler]:
                 self._send(400, status(400, "BadRequest", "body is not JSON"))
                 return
             api.record_request(self.command, url.path, query, body)
+            if api.write_latency_s > 0 and self.command != "GET":
+                # the storage write's wait (etcd's commit), on this request's thread only:
+                # concurrent writes wait together, as etcd batches them into one commit
+                time.sleep(api.write_latency_s)
             fault = api._take_fault(self.command, self.path)  # the query too: watch=true
             if fault is not None and isinstance(fault.kind, int):
                 code = fault.kind  # refused before anything is applied

@@ -6,6 +6,7 @@ record_burst.py, concurrent binds sharing nodes."""
 from __future__ import annotations
 
 import importlib
+import time
 from pathlib import Path
 
 from bench_modules import load
@@ -118,3 +119,49 @@ def test_snapshot_contention_pairs_each_repeat_of_the_two_checkouts():
     assert out["busy_bind_p50"]["mean"] == 0.75
     low, high = out["busy_bind_p50"]["interval_95"]
     assert low < 0.75 < high
+
+
+def test_median_interval_takes_the_binomial_order_statistics():
+    out = pattern.median_interval([float(v) for v in range(10, 0, -1)])
+    assert out["median"] == 5.5
+    assert out["interval_95"] == [2.0, 9.0]  # 2nd and 9th of 10: 97.9% coverage
+    assert pattern.median_interval([1.0, 2.0, 3.0, 4.0, 5.0])["interval_95"] is None  # 93.8%
+    assert pattern.median_interval([float(v) for v in range(6)])["interval_95"] == [0.0, 5.0]
+
+
+def test_latency_pass_ratios_and_the_write_wait_in_the_burst():
+    def repeat(scale: float) -> dict:
+        return {"tandem": run(10.0, 30.0 * scale, 60), "trivial": run(8.0, 16.0, 100),
+                "floor": run(5.0, 8.0, 300)}
+    checks = pattern.latency_checks([repeat(s) for s in (1.0, 1.0, 0.5, 1.0, 1.0, 1.0)])
+    assert checks["tandem_burst_bind_p50_vs_single"]["median"] == 3.0
+    assert checks["tandem_burst_bind_p50_vs_single"]["interval_95"] == [1.5, 3.0]
+    assert checks["trivial_burst_bind_p50_vs_single"]["median"] == 2.0
+    assert checks["tandem_pipeline_pods_per_second_vs_trivial"]["median"] == 0.6
+    assert checks["tandem_burst_bind_ok"] is False and checks["tandem_pipeline_ok"] is True
+
+    def bind_ms(burst: dict) -> dict:
+        return {n: {"burst": {"p50": v}} for n, v in burst.items()}
+    passes = [{"api_write_latency_ms": 0.0,
+               "bind_ms_median_of_repeats": bind_ms({"tandem": 40, "trivial": 30, "floor": 9})},
+              {"api_write_latency_ms": 5.0,
+               "bind_ms_median_of_repeats": bind_ms({"tandem": 45, "trivial": 70, "floor": 14})}]
+    assert pattern.write_wait_in_burst(passes) == {
+        "5ms": {"tandem": 1.0, "trivial": 8.0, "floor": 1.0}}
+
+
+def test_floor_bind_waits_its_write_and_filter_does_not():
+    port, stop = pattern.serve_floor(4, bind_seconds=0.5)
+    try:
+        client = pattern.RawClient(port)
+        t0 = time.perf_counter()
+        pattern._call(client, "/filter", {"Pod": {}, "NodeNames": ["a"]})
+        filtered = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        assert pattern._bind(client, {"metadata": {"name": "p", "namespace": "n", "uid": "u"}},
+                             "a")[1]
+        bound = time.perf_counter() - t0
+        client.close()
+    finally:
+        stop()
+    assert bound >= 0.5 and filtered < 0.5
