@@ -38,6 +38,9 @@ DEFER_SECONDS = 1.0
 """Longest a record write waits for a pause in binding (``extender.cluster.traffic``)."""
 RETRY_SECONDS = (0.2, 10.0)
 """First and longest pause before a failed node's record is written again."""
+STOP_SECONDS = 15.0
+"""Longest :meth:`RecordWriter.stop` waits for a write already sent (the API client's own
+timeout ends one sooner)."""
 
 
 class RecordWriter:
@@ -58,7 +61,8 @@ class RecordWriter:
         self._retry_at: dict[str, tuple[float, float]] = {}
         """node -> (when it may be written again, the pause after that)."""
         self._threads: list[threading.Thread] = []
-        self._stopping = False
+        self._generation = 0
+        """Bumped by stop: workers of an older generation take no more writes and end."""
         self.written = 0
         """Entries written so far (tests and benchmarks)."""
         self._log = get_logger()
@@ -73,7 +77,8 @@ class RecordWriter:
 
     def _start(self) -> None:
         for i in range(self._workers):
-            thread = threading.Thread(target=self._run, name=f"tandem-records-{i}", daemon=True)
+            thread = threading.Thread(target=self._run, args=(self._generation,),
+                                      name=f"tandem-records-{i}", daemon=True)
             thread.start()
             self._threads.append(thread)
 
@@ -99,17 +104,20 @@ class RecordWriter:
 
     def stop(self, timeout_seconds: float = 5.0) -> None:
         """Write what is queued (up to ``timeout_seconds``), then end the threads (a later
-        :meth:`submit` starts new ones)."""
+        :meth:`submit` starts new ones). Once it returns, nothing more is sent: no worker
+        takes another write, and one already sent has been answered (what is still queued
+        stays queued, as in a process that died)."""
         written = self.flush(timeout_seconds)
         with self._cond:
             left = sum(len(v) for v in self._pending.values())
-            self._stopping = True
+            self._generation += 1  # a worker slow to see it must not write after we return
             self._cond.notify_all()
             threads, self._threads = self._threads, []
+            deadline = self._clock() + STOP_SECONDS
+            while self._in_flight and self._clock() < deadline:
+                self._cond.wait(0.05)
         for thread in threads:
             thread.join(timeout=1.0)
-        with self._cond:
-            self._stopping = False
         if not written:
             self._log.warning("placement records not written before stopping; a restart "
                               "takes those pods from their signed annotations",
@@ -123,20 +131,22 @@ class RecordWriter:
                 return node
         return None
 
-    def _run(self) -> None:
+    def _run(self, generation: int) -> None:
         while True:
             with self._cond:
                 node = self._next()
                 while node is None:
-                    if self._stopping:
+                    if generation != self._generation:
                         return
                     waits = [at for n, (at, _) in self._retry_at.items()
                              if n in self._pending and n not in self._in_flight]
                     self._cond.wait(max(0.0, min(waits) - self._clock()) if waits else None)
                     node = self._next()
-            if self._traffic is not None and not self._stopping:
+            if self._traffic is not None:
                 self._traffic.wait_idle(DEFER_SECONDS)  # binds first; more entries gather
             with self._cond:
+                if generation != self._generation:
+                    return  # stopped meanwhile: the batch stays queued
                 node = self._next()  # another worker may have taken it meanwhile
                 if node is None:
                     continue

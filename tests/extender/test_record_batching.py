@@ -199,3 +199,33 @@ def test_stopping_writes_what_is_queued(fake, source):
     source.stop()
     assert errors == {} and source.record_writer.pending() == 0
     assert set(fake.configmaps[RECORD]["data"]) == {"u0", "u1", "u2"}
+
+
+def test_nothing_is_sent_once_stop_returns(fake, source):
+    """The crash the test above plays: stop returns only once the write already sent has its
+    answer, and no worker takes another one after it (a worker slower than the join used to
+    stay alive and write the record once the API server took writes again)."""
+    refusing = fake.inject("POST", "/configmaps$", 503, times=1000)
+    real, calls = source.records.write_batch, []
+    entered, answered = threading.Event(), threading.Event()
+
+    def slow_write(*args):
+        calls.append(args)
+        if len(calls) == 1:
+            entered.set()
+            time.sleep(1.5)  # longer than stop's join of a worker
+        try:
+            real(*args)
+        finally:
+            answered.set()
+    source.records.write_batch = slow_write
+    errors: dict[int, str] = {}
+    bind_all(source, [0], errors)[0].join(10)
+    assert entered.wait(10) and errors == {}
+    source.record_writer.stop(0)
+    assert answered.is_set()  # the write in flight was answered (refused) before stop returned
+    sent = len(calls)
+    refusing.times = 0
+    time.sleep(0.5)  # past the first retry pause (0.2 s) of a worker still running
+    assert len(calls) == sent and RECORD not in fake.configmaps
+    assert source.record_writer.pending() == 1  # still queued, as in a process that died
