@@ -36,6 +36,16 @@ def kubeconfig(path: Path, url: str) -> Path:
     return path
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU seconds of a running process, from /proc (None without it)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class TandemProcess:
     """``tandem ARGS`` with ``env`` over this process's environment; ``lines``: its stderr."""
 
@@ -46,6 +56,7 @@ class TandemProcess:
             [str(TANDEM), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
         self.lines: list[str] = []
+        self.exit_cpu_seconds: float | None = None
         self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -74,16 +85,25 @@ class TandemProcess:
 
     def terminate(self, seconds: float) -> tuple[int, float]:
         """SIGTERM, then (exit code, seconds it took to exit); AssertionError when it is
-        still running after ``seconds`` (it is then killed)."""
+        still running after ``seconds`` (it is then killed). ``exit_cpu_seconds``: the CPU
+        time it spent from SIGTERM to its exit (None where /proc is not there), which,
+        unlike the wall time, a loaded machine's run queue does not stretch."""
+        before = _cpu_seconds(self.popen.pid)
         self.popen.send_signal(signal.SIGTERM)
         sent = time.monotonic()
-        try:
-            code = self.popen.wait(timeout=seconds)
-        except subprocess.TimeoutExpired:
-            self.close()
-            raise AssertionError(f"still running {seconds} s after SIGTERM; "
-                                 f"stderr: {self.text}") from None
+        while True:  # os.wait4, not Popen.wait: the child's CPU time comes with its status
+            pid, status, usage = os.wait4(self.popen.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() - sent > seconds:
+                self.close()
+                raise AssertionError(f"still running {seconds} s after SIGTERM; "
+                                     f"stderr: {self.text}")
+            time.sleep(0.01)
         took = time.monotonic() - sent
+        code = self.popen.returncode = os.waitstatus_to_exitcode(status)
+        self.exit_cpu_seconds = None if before is None else \
+            usage.ru_utime + usage.ru_stime - before
         self._reader.join(timeout=5)  # the last lines
         return code, took
 
