@@ -445,13 +445,25 @@ def paired(runs: list[dict[str, Any]], figures: dict[str, tuple[str, ...]] = PAI
     return out
 
 
+def _setting() -> tuple[Any, random.Random, list[dict]]:
+    """The extenders' configuration (the signing key in the environment the forked ones
+    read), the workload's random draws and the cluster's bound pods."""
+    from benchmarks import extender_latency as world
+    from extender.config.loader import load_config
+    from extender.config.sections import StateConfig
+
+    os.environ[StateConfig.signing_key_env] = world.SIGNING_KEY  # the forked extenders'
+    cfg = load_config(None, environ={"TANDEM__LOGGING__LEVEL": "warning",
+                                     "TANDEM__HANDOFF__MODE": "env"})
+    rng = random.Random(42)
+    return cfg, rng, world.placed_pods(rng)
+
+
 def compare_orders(argv: list[str] | None = None) -> None:
     """Both bind orders, the trivial extender and the floor, interleaved per repeat
     (``--compare-orders``: the comparison of #40's bind order)."""
     from benchmarks import extender_latency as world
     from benchmarks import record_burst, trivial_extender
-    from extender.config.loader import load_config
-    from extender.config.sections import StateConfig
     from lab.fakes import kube_api as fake_kube_api
 
     parser = argparse.ArgumentParser(description=compare_orders.__doc__)
@@ -462,11 +474,7 @@ def compare_orders(argv: list[str] | None = None) -> None:
     _common.add_out_option(parser, "scheduler_pattern_orders")
     opts = parser.parse_args(argv)
     load_before = _common.load_average()
-    os.environ[StateConfig.signing_key_env] = world.SIGNING_KEY  # the forked extenders'
-    cfg = load_config(None, environ={"TANDEM__LOGGING__LEVEL": "warning",
-                                     "TANDEM__HANDOFF__MODE": "env"})
-    rng = random.Random(42)
-    placed = world.placed_pods(rng)
+    cfg, rng, placed = _setting()
     jobs = world.workload(rng, world.node_names(), opts.pods, "pat")
 
     def one(name: str) -> dict[str, Any]:
@@ -604,8 +612,6 @@ def main(argv: list[str] | None = None) -> None:
         return compare_orders([a for a in args if a != "--compare-orders"])
     from benchmarks import extender_latency as world
     from benchmarks import trivial_extender
-    from extender.config.loader import load_config
-    from extender.config.sections import StateConfig
     from lab.fakes.kube_api import REAL_WRITE_LATENCY_S
 
     parser = argparse.ArgumentParser(description=__doc__)
@@ -624,11 +630,7 @@ def main(argv: list[str] | None = None) -> None:
     _common.add_out_option(parser, "scheduler_pattern")
     opts = parser.parse_args(args)
     load_before = _common.load_average()
-    os.environ[StateConfig.signing_key_env] = world.SIGNING_KEY  # the forked extenders'
-    cfg = load_config(None, environ={"TANDEM__LOGGING__LEVEL": "warning",
-                                     "TANDEM__HANDOFF__MODE": "env"})
-    rng = random.Random(42)
-    placed = world.placed_pods(rng)
+    cfg, rng, placed = _setting()
     per_repeat = opts.single + 2 * opts.burst
     jobs = world.workload(rng, world.node_names(), per_repeat * opts.repeats, "pat")
 
