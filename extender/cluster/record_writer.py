@@ -38,9 +38,9 @@ DEFER_SECONDS = 1.0
 """Longest a record write waits for a pause in binding (``extender.cluster.traffic``)."""
 RETRY_SECONDS = (0.2, 10.0)
 """First and longest pause before a failed node's record is written again."""
-STOP_SECONDS = 15.0
-"""Longest :meth:`RecordWriter.stop` waits for a write already sent (the API client's own
-timeout ends one sooner)."""
+STOP_SECONDS = 5.0
+"""Longest :meth:`RecordWriter.stop` waits for a write already sent, after its flush: both
+fit the 30 s termination grace period with the rest of a shutdown."""
 
 
 class RecordWriter:
@@ -116,8 +116,9 @@ class RecordWriter:
             deadline = self._clock() + STOP_SECONDS
             while self._in_flight and self._clock() < deadline:
                 self._cond.wait(0.05)
+        joined_by = time.monotonic() + 1.0  # one second for all: a hung write keeps its own
         for thread in threads:
-            thread.join(timeout=1.0)
+            thread.join(timeout=max(0.0, joined_by - time.monotonic()))
         if not written:
             self._log.warning("placement records not written before stopping; a restart "
                               "takes those pods from their signed annotations",
