@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import signal
-import threading
 from pathlib import Path
 
 import typer
@@ -65,63 +63,20 @@ def queue_gate(
     import json
     from dataclasses import asdict
 
-    from contracts.logs import setup_logging
-    from extender.config.loader import load_config
-    from extender.config.schema import ConfigError
-    from extender.ha.lifecycle import LeadershipSetupError, setup_leadership
-    from extender.queue import QueueError
-    from extender.queue.metrics import QueueMetrics
-    from extender.wiring import (
-        PredictorSetupError,
-        build_predictor,
-        build_queue_gate,
-        predictor_demand_fn,
-    )
+    from extender.wiring import assemble_queue_gate, setup_errors
 
     try:
-        cfg = load_config(config)
-        log = setup_logging(cfg.log_level)
-        predictor = build_predictor(cfg.predictor)
-        leader, loop = setup_leadership(leadership, lease_name)
-        controller = build_queue_gate(
-            cfg.queue, demand_fn=predictor_demand_fn(predictor),
-            k=k, beta=beta, interval_seconds=interval_seconds)
-    except (ConfigError, LeadershipSetupError, PredictorSetupError, QueueError) as exc:
+        process = assemble_queue_gate(config, leadership, lease_name, k=k, beta=beta,
+                                      interval_seconds=interval_seconds)
+    except setup_errors() as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     if once:
-        report = controller.reconcile()
+        report = process.once()
         typer.echo(json.dumps(asdict(report), sort_keys=True))
         raise typer.Exit(1 if report.error else 0)
-    stop = threading.Event()
-
-    def on_signal(*_: object) -> None:
-        stop.set()  # the round in progress finishes; its patches are atomic per pod
-
-    metrics = QueueMetrics()
-    metrics_server = None
-    if metrics_port:
-        from prometheus_client import start_http_server
-
-        try:
-            metrics_server, _ = start_http_server(metrics_port, metrics_addr, metrics.registry)
-        except OSError as exc:
-            typer.echo(f"error: cannot serve /metrics on {metrics_addr}:{metrics_port}: {exc}",
-                       err=True)  # fmt: skip
-            raise typer.Exit(2) from None
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    if loop is not None:
-        loop.start()
-    log.info("queue gate running", extra={"leadership": leadership,
-                                          "gate": controller.config.gate_name,
-                                          "metrics_port": metrics_port})
     try:
-        controller.run(stop, leader.is_leader, metrics.observe)
-    finally:
-        if loop is not None:
-            loop.stop()  # releases an elected Lease so a standby takes over at once
-        if metrics_server is not None:
-            metrics_server.shutdown()
-            metrics_server.server_close()
-        log.info("queue gate stopped")
+        process.run(metrics_port, metrics_addr)
+    except OSError as exc:  # /metrics cannot listen: the message names the address
+        typer.echo(f"error: {exc.strerror}", err=True)
+        raise typer.Exit(2) from None
