@@ -11,20 +11,24 @@ from extender.webhook.commands import webhook
 app = typer.Typer(no_args_is_help=True)
 app.command("webhook")(webhook)
 
+_CONFIG = typer.Option(None, "--config", help="YAML config (default: packaged)")
+_LEADERSHIP = typer.Option(
+    "single", "--leadership",
+    help="single (one replica) | follow-scheduler (beside kube-scheduler: follow its Lease) "
+         "| elect (standalone replicas elect on --lease-name)")
+_LEASE_NAME = typer.Option(
+    None, "--lease-name", help="Lease to follow or elect on (POD_NAMESPACE's)")
+
 
 @app.command("serve")
 def serve(
-    config: Path | None = typer.Option(None, "--config", help="YAML config (default: packaged)"),
+    config: Path | None = _CONFIG,
     cluster: str = typer.Option(
         "kube", "--cluster", help="kube | sim:FILE (a simulated cluster: binds the pods the "
         "file declares under pending: and those POSTed to /v1/sim/pods from this machine)"),
     port: int | None = typer.Option(None, "--port", help="override server.port"),
-    leadership: str = typer.Option(
-        "single", "--leadership",
-        help="single (one replica) | follow-scheduler (sidecar: follow kube-scheduler's Lease) "
-             "| elect (standalone replicas elect on --lease-name)"),
-    lease_name: str | None = typer.Option(
-        None, "--lease-name", help="Lease to follow or elect on (POD_NAMESPACE's)"),
+    leadership: str = _LEADERSHIP,
+    lease_name: str | None = _LEASE_NAME,
     insecure: bool = typer.Option(
         False, "--insecure",
         help="serve on a non-loopback server.host without TLS or an agent token"),
@@ -42,17 +46,13 @@ def serve(
 
 @app.command("queue-gate")
 def queue_gate(
-    config: Path | None = typer.Option(None, "--config", help="YAML config (default: packaged)"),
+    config: Path | None = _CONFIG,
     interval_seconds: float | None = typer.Option(
         None, "--interval-seconds", help="override queue.interval_seconds"),
     beta: int | None = typer.Option(None, "--beta", help="override queue.beta"),
     k: int | None = typer.Option(None, "--k", help="override queue.k"),
-    leadership: str = typer.Option(
-        "single", "--leadership",
-        help="single (one replica) | elect (replicas elect on --lease-name) | "
-             "follow-scheduler (beside kube-scheduler: follow its Lease)"),
-    lease_name: str | None = typer.Option(
-        None, "--lease-name", help="Lease to elect on or follow (POD_NAMESPACE's)"),
+    leadership: str = _LEADERSHIP,
+    lease_name: str | None = _LEASE_NAME,
     once: bool = typer.Option(
         False, "--once", help="run one round, print its report as JSON, exit"),
     metrics_port: int = typer.Option(
