@@ -192,8 +192,8 @@ class ClusterState:
     def _writable(self, placements: bool = True, table: bool = True) -> None:
         """Copy what a live snapshot still holds of the parts this write changes, and only
         that: an agent report the observation columns (a few arrays), a placement the
-        reservation columns and per-row maps (the ledger copies an entry map when it first
-        writes one). A part nobody else holds any more (its snapshots are gone: CPython's
+        reservation columns and the per-row and per-pod maps (sharded: their copy shares the
+        shards and a write copies the one it changes; the ledger's entry maps alike). A part nobody else holds any more (its snapshots are gone: CPython's
         reference count says so) is written in place, so a write between two decisions
         copies nothing."""
         self._published = None  # first: the published tuple is not a live snapshot
