@@ -83,14 +83,14 @@ class PodView:
         """Whether a container names ``tandem.io/gpu`` (set at creation and immutable)."""
         return any(c.names_gpu for c in self.containers)
 
+    def problem(self, *paths: str) -> tuple[str, Any, str] | None:
+        """The first problem at one of ``paths``, if any."""
+        return next((p for p in self.problems if p[0] in paths), None)
+
     @property
     def asks_any_gpu(self) -> bool:
         """Whether a container names ``tandem.io/gpu`` or ``nvidia.com/gpu``."""
         return any(c.names_gpu or c.names_nvidia_gpu for c in self.containers)
-
-    def problem(self, *paths: str) -> tuple[str, Any, str] | None:
-        """The first problem at one of ``paths``, if any."""
-        return next((p for p in self.problems if p[0] in paths), None)
 
     @classmethod
     def of(cls, pod: Mapping[str, Any] | PodView) -> PodView:
