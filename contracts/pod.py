@@ -18,6 +18,8 @@ from typing import Any
 
 from contracts.annotations import GPU_RESOURCE
 
+NVIDIA_GPU = "nvidia.com/gpu"
+"""The device plugin's GPU resource, which the admission webhook may rename to tandem's."""
 CONTAINER_KINDS = ("initContainers", "containers")
 """In the kubelet's admission order: init containers first."""
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -42,6 +44,8 @@ class ContainerView:
     ``contracts.annotations.parse_integer`` reads a count)."""
     names_gpu: bool = False
     """Whether the container names ``tandem.io/gpu`` in its resources at all."""
+    names_nvidia_gpu: bool = False
+    """Whether it names ``nvidia.com/gpu`` (before the webhook's rename, where it renames)."""
 
     @property
     def path(self) -> str:
@@ -82,6 +86,11 @@ class PodView:
     def problem(self, *paths: str) -> tuple[str, Any, str] | None:
         """The first problem at one of ``paths``, if any."""
         return next((p for p in self.problems if p[0] in paths), None)
+
+    @property
+    def asks_any_gpu(self) -> bool:
+        """Whether a container names ``tandem.io/gpu`` or ``nvidia.com/gpu``."""
+        return any(c.names_gpu or c.names_nvidia_gpu for c in self.containers)
 
     @classmethod
     def of(cls, pod: Mapping[str, Any] | PodView) -> PodView:
@@ -134,8 +143,8 @@ def _container(c: object, init: bool, index: int) -> ContainerView:
     values = tuple(amounts[GPU_RESOURCE] for amounts in
                    (res.get("limits") or {}, res.get("requests") or {})
                    if isinstance(amounts, Mapping) and amounts.get(GPU_RESOURCE) is not None)
-    named = any(isinstance(amounts, Mapping) and GPU_RESOURCE in amounts
-                for amounts in (res.get("limits"), res.get("requests")))
+    amounts = [a for a in (res.get("limits"), res.get("requests")) if isinstance(a, Mapping)]
     name = body.get("name")
     return ContainerView(name if isinstance(name, str) else str(name), init, index, resources,
-                         values, named)
+                         values, any(GPU_RESOURCE in a for a in amounts),
+                         any(NVIDIA_GPU in a for a in amounts))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import signal
-import threading
 from pathlib import Path
 
 import typer
@@ -13,20 +11,24 @@ from extender.webhook.commands import webhook
 app = typer.Typer(no_args_is_help=True)
 app.command("webhook")(webhook)
 
+_CONFIG = typer.Option(None, "--config", help="YAML config (default: packaged)")
+_LEADERSHIP = typer.Option(
+    "single", "--leadership",
+    help="single (one replica) | follow-scheduler (beside kube-scheduler: follow its Lease) "
+         "| elect (standalone replicas elect on --lease-name)")
+_LEASE_NAME = typer.Option(
+    None, "--lease-name", help="Lease to follow or elect on (POD_NAMESPACE's)")
+
 
 @app.command("serve")
 def serve(
-    config: Path | None = typer.Option(None, "--config", help="YAML config (default: packaged)"),
+    config: Path | None = _CONFIG,
     cluster: str = typer.Option(
         "kube", "--cluster", help="kube | sim:FILE (a simulated cluster: binds the pods the "
         "file declares under pending: and those POSTed to /v1/sim/pods from this machine)"),
     port: int | None = typer.Option(None, "--port", help="override server.port"),
-    leadership: str = typer.Option(
-        "single", "--leadership",
-        help="single (one replica) | follow-scheduler (sidecar: follow kube-scheduler's Lease) "
-             "| elect (standalone replicas elect on --lease-name)"),
-    lease_name: str | None = typer.Option(
-        None, "--lease-name", help="Lease to follow or elect on (POD_NAMESPACE's)"),
+    leadership: str = _LEADERSHIP,
+    lease_name: str | None = _LEASE_NAME,
     insecure: bool = typer.Option(
         False, "--insecure",
         help="serve on a non-loopback server.host without TLS or an agent token"),
@@ -44,17 +46,13 @@ def serve(
 
 @app.command("queue-gate")
 def queue_gate(
-    config: Path | None = typer.Option(None, "--config", help="YAML config (default: packaged)"),
+    config: Path | None = _CONFIG,
     interval_seconds: float | None = typer.Option(
         None, "--interval-seconds", help="override queue.interval_seconds"),
     beta: int | None = typer.Option(None, "--beta", help="override queue.beta"),
     k: int | None = typer.Option(None, "--k", help="override queue.k"),
-    leadership: str = typer.Option(
-        "single", "--leadership",
-        help="single (one replica) | elect (replicas elect on --lease-name) | "
-             "follow-scheduler (beside kube-scheduler: follow its Lease)"),
-    lease_name: str | None = typer.Option(
-        None, "--lease-name", help="Lease to elect on or follow (POD_NAMESPACE's)"),
+    leadership: str = _LEADERSHIP,
+    lease_name: str | None = _LEASE_NAME,
     once: bool = typer.Option(
         False, "--once", help="run one round, print its report as JSON, exit"),
     metrics_port: int = typer.Option(
@@ -65,63 +63,20 @@ def queue_gate(
     import json
     from dataclasses import asdict
 
-    from contracts.logs import setup_logging
-    from extender.config.loader import load_config
-    from extender.config.schema import ConfigError
-    from extender.ha.lifecycle import LeadershipSetupError, setup_leadership
-    from extender.queue import QueueError
-    from extender.queue.metrics import QueueMetrics
-    from extender.wiring import (
-        PredictorSetupError,
-        build_predictor,
-        build_queue_gate,
-        predictor_demand_fn,
-    )
+    from extender.wiring import assemble_queue_gate, setup_errors
 
     try:
-        cfg = load_config(config)
-        log = setup_logging(cfg.log_level)
-        predictor = build_predictor(cfg.predictor)
-        leader, loop = setup_leadership(leadership, lease_name)
-        controller = build_queue_gate(
-            cfg.queue, demand_fn=predictor_demand_fn(predictor),
-            k=k, beta=beta, interval_seconds=interval_seconds)
-    except (ConfigError, LeadershipSetupError, PredictorSetupError, QueueError) as exc:
+        process = assemble_queue_gate(config, leadership, lease_name, k=k, beta=beta,
+                                      interval_seconds=interval_seconds)
+    except setup_errors() as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     if once:
-        report = controller.reconcile()
+        report = process.once()
         typer.echo(json.dumps(asdict(report), sort_keys=True))
         raise typer.Exit(1 if report.error else 0)
-    stop = threading.Event()
-
-    def on_signal(*_: object) -> None:
-        stop.set()  # the round in progress finishes; its patches are atomic per pod
-
-    metrics = QueueMetrics()
-    metrics_server = None
-    if metrics_port:
-        from prometheus_client import start_http_server
-
-        try:
-            metrics_server, _ = start_http_server(metrics_port, metrics_addr, metrics.registry)
-        except OSError as exc:
-            typer.echo(f"error: cannot serve /metrics on {metrics_addr}:{metrics_port}: {exc}",
-                       err=True)  # fmt: skip
-            raise typer.Exit(2) from None
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    if loop is not None:
-        loop.start()
-    log.info("queue gate running", extra={"leadership": leadership,
-                                          "gate": controller.config.gate_name,
-                                          "metrics_port": metrics_port})
     try:
-        controller.run(stop, leader.is_leader, metrics.observe)
-    finally:
-        if loop is not None:
-            loop.stop()  # releases an elected Lease so a standby takes over at once
-        if metrics_server is not None:
-            metrics_server.shutdown()
-            metrics_server.server_close()
-        log.info("queue gate stopped")
+        process.run(metrics_port, metrics_addr)
+    except OSError as exc:  # /metrics cannot listen: the message names the address
+        typer.echo(f"error: {exc.strerror}", err=True)
+        raise typer.Exit(2) from None

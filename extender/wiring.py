@@ -1,9 +1,11 @@
 """Wiring shared by ``tandem extender serve``, ``queue-gate`` and ``tandem demo``.
 
-The one place an extender process is assembled: :func:`assemble_extender` (what
+The one place each extender process is assembled: :func:`assemble_extender` (what
 ``tandem extender serve`` runs: config, exposure check, leadership, source,
 predictor, profiles, queue gate, the app from :func:`create_app`, the server bound,
-then :meth:`ExtenderProcess.run`), :func:`create_app` (learner, state, verbs, signer,
+then :meth:`ExtenderProcess.run`), :func:`assemble_queue_gate` (``tandem extender
+queue-gate``: config, predictor, leadership, the controller, then
+:class:`QueueGateProcess`), :func:`create_app` (learner, state, verbs, signer,
 metrics, routes, then the source starts), the predictor (with the guard against
 simulated artifacts), the planner, and the weighted-fair queue gate's controller thread.
 """
@@ -328,6 +330,75 @@ def assemble_extender(config_path: Path | None, cluster: str, port: int | None,
     server = _bound_server(app, cfg.server, port, source, address)
     return ExtenderProcess(holder, source, server, address, leadership, leader, loop, gate,
                            draining, metrics)
+
+
+class QueueGateProcess:
+    """``tandem extender queue-gate``'s assembled process: one round (``--once``) or rounds
+    until SIGTERM/SIGINT, with ``/metrics`` served beside them."""
+
+    def __init__(self, controller: Any, leadership: str, leader: Any, loop: Any):
+        self.controller, self.leadership, self.leader, self.loop = (
+            controller, leadership, leader, loop)
+
+    def once(self) -> Any:
+        """One round; its report (``error`` set when it failed)."""
+        return self.controller.reconcile()
+
+    def run(self, metrics_port: int, metrics_addr: str) -> None:
+        """Serve ``/metrics`` (port 0: off) and release pods until SIGTERM/SIGINT; OSError
+        (with the address in its message) when ``/metrics`` cannot listen."""
+        from extender.queue.metrics import QueueMetrics
+
+        metrics = QueueMetrics()
+        metrics_server = None
+        if metrics_port:
+            from prometheus_client import start_http_server
+
+            try:
+                metrics_server, _ = start_http_server(metrics_port, metrics_addr,
+                                                      metrics.registry)
+            except OSError as exc:
+                raise OSError(exc.errno, f"cannot serve /metrics on {metrics_addr}:"
+                                         f"{metrics_port}: {exc}") from exc
+        stop = threading.Event()
+
+        def on_signal(*_: object) -> None:
+            stop.set()  # the round in progress finishes; its patches are atomic per pod
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        if self.loop is not None:
+            self.loop.start()
+        log = get_logger()
+        log.info("queue gate running", extra={"leadership": self.leadership,
+                                              "gate": self.controller.config.gate_name,
+                                              "metrics_port": metrics_port})
+        try:
+            self.controller.run(stop, self.leader.is_leader, metrics.observe)
+        finally:
+            if self.loop is not None:
+                self.loop.stop()  # releases an elected Lease so a standby takes over at once
+            if metrics_server is not None:
+                metrics_server.shutdown()
+                metrics_server.server_close()
+            log.info("queue gate stopped")
+
+
+def assemble_queue_gate(config_path: Path | None, leadership: str, lease_name: str | None,
+                        **overrides: Any) -> QueueGateProcess:
+    """``tandem extender queue-gate``'s process (``overrides``: ``k``, ``beta``,
+    ``interval_seconds`` from its flags); raises one of :func:`setup_errors`."""
+    from contracts.logs import setup_logging
+    from extender.config.loader import load_config
+    from extender.ha.lifecycle import setup_leadership
+
+    cfg = load_config(config_path)
+    setup_logging(cfg.log_level)
+    predictor = build_predictor(cfg.predictor)
+    leader, loop = setup_leadership(leadership, lease_name)
+    controller = build_queue_gate(cfg.queue, demand_fn=predictor_demand_fn(predictor),
+                                  **overrides)
+    return QueueGateProcess(controller, leadership, leader, loop)
 
 
 def _bound_server(app: Flask, server_cfg: Any, port: int | None, source: ClusterSource,

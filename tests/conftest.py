@@ -1,4 +1,6 @@
-"""Shared pytest setup: opt-in markers and common fixtures.
+"""Shared pytest setup: opt-in markers and the fixtures tests of several packages use.
+
+A fixture only one package's tests use lives in that folder's ``conftest.py``.
 
 Warnings are errors (pyproject). ``gpu`` tests run only where NVML sees a GPU;
 ``kube`` tests only with ``--with-kube`` (they need a real API server);
@@ -46,11 +48,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_kube)
         if "slow" in item.keywords and not config.getoption("--with-slow"):
             item.add_marker(skip_slow)
-
-
-@pytest.fixture(scope="session")
-def repo_root() -> Path:
-    return REPO_ROOT
 
 
 @pytest.fixture(scope="session")

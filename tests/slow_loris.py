@@ -73,3 +73,24 @@ class SlowClients:
         self._stop.set()
         for t in self._threads:
             t.join(timeout=5)
+
+
+def seconds_until_dropped(port: int, limit: float = 5.0) -> float | None:
+    """Send a request head one byte at a time, never finishing it: the seconds until the
+    server closed the connection (None: still open after ``limit`` seconds)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=0.1)
+    try:
+        sock.sendall(b"GET /livez HTTP/1.1\r\n")
+        start = time.monotonic()
+        while time.monotonic() - start < limit:
+            try:
+                sock.sendall(b"X")
+                if sock.recv(1) == b"":
+                    return time.monotonic() - start
+            except TimeoutError:
+                continue  # still open: the server has nothing to say yet
+            except OSError:
+                return time.monotonic() - start
+        return None
+    finally:
+        sock.close()

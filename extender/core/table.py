@@ -5,7 +5,10 @@ filter over 500 candidate nodes is a handful of numpy operations instead of 4,00
 Python objects. The table is a plain value with explicit mutators (``place``,
 ``remove``, ``observe``, ``observe_rows``) and ``copy()`` for checkpoint/undo; the service's
 ``ClusterState`` is its only writer and holds a lock around every change, the
-simulator owns its own copy. Nothing here reads a clock or does I/O.
+simulator owns its own copy. Nothing here reads a clock or does I/O. The per-row and
+per-pod maps are :class:`~extender.core.cow_map.ShardedMap`: a copy shares their shards
+and a write copies one shard, so a placement beside a live snapshot is O(a shard), not
+O(cluster).
 
 **Reservations newer than the observation.** Besides the reservation totals,
 each row keeps ``since_mib``/``since_util``: the reservations placed *after* the
@@ -29,6 +32,7 @@ import numpy as np
 
 from contracts.annotations import MODEL
 from contracts.gpus import find_gpus
+from extender.core.cow_map import ShardedMap, key_bucket, row_block
 from extender.core.snapshot import (
     GpuObservation,
     GpuSpec,
@@ -78,16 +82,17 @@ class GpuTable:
     """Reserved utilisation placed after the row's observation."""
     observed_gen: np.ndarray
     """Observation generation per row: bumped by every observation of the row."""
-    newer: dict[str, tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]]
+    newer: ShardedMap[str, tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]]
     """Per pod uid: (rows, their generations) of placements counted in ``since_*``; tuples,
     replaced rather than changed, so that :meth:`copy` may share them."""
-    sessions: dict[int, tuple[SessionSpec, ...]]
+    sessions: ShardedMap[int, tuple[SessionSpec, ...]]
     """SLO sessions per row (rows without any are absent)."""
     best_effort_weight: np.ndarray
     """Sum of the share weights of the best-effort sessions per row."""
     vanished: dict[str, frozenset[str]] = field(default_factory=dict)
     """Per node, GPU UUIDs an agent once reported there that its inventory no longer has."""
-    row_models: dict[int, tuple[tuple[str, float, int], ...]] = field(default_factory=dict)
+    row_models: ShardedMap[int, tuple[tuple[str, float, int], ...]] = field(
+        default_factory=lambda: ShardedMap(row_block))
     """Per row, its training pods as (``tandem.io/model`` or "", utilisation, GPU count):
     what pairwise interference (:mod:`extender.core.pairs`) reads."""
 
@@ -123,8 +128,8 @@ class GpuTable:
             since_mib=np.zeros(rows),
             since_util=np.zeros(rows),
             observed_gen=np.zeros(rows, dtype=np.int64),
-            newer={},
-            sessions={},
+            newer=ShardedMap(key_bucket),
+            sessions=ShardedMap(row_block),
             best_effort_weight=np.zeros(rows),
         )
         for placement in placements:
@@ -144,9 +149,9 @@ class GpuTable:
             observed_util=self.observed_util.copy(), observed_mib=self.observed_mib.copy(),
             observed_at=self.observed_at.copy(), since_mib=self.since_mib.copy(),
             since_util=self.since_util.copy(), observed_gen=self.observed_gen.copy(),
-            newer=dict(self.newer),
-            sessions=dict(self.sessions), best_effort_weight=self.best_effort_weight.copy(),
-            vanished=dict(self.vanished), row_models=dict(self.row_models),
+            newer=self.newer.copy(),
+            sessions=self.sessions.copy(), best_effort_weight=self.best_effort_weight.copy(),
+            vanished=dict(self.vanished), row_models=self.row_models.copy(),
         )
 
     @property

@@ -106,24 +106,19 @@ class KubeLeaseApi:
 
     def create(self, namespace: str, name: str, record: LeaseRecord) -> LeaseRecord:
         """Create the Lease; LeaseConflict on 409."""
-        body = _lease_body(namespace, name, record)
-        try:
-            lease = self._api.create_namespaced_lease(
-                namespace, body, _request_timeout=self._timeout
-            )
-        except Exception as exc:
-            raise _api_error("create", exc) from exc
-        return _record_from_lease(lease)
+        return self._write("create", self._api.create_namespaced_lease, namespace,
+                           _lease_body(namespace, name, record))
 
     def replace(self, namespace: str, name: str, record: LeaseRecord) -> LeaseRecord:
         """Replace under optimistic concurrency; LeaseConflict on 409."""
-        body = _lease_body(namespace, name, record)
+        return self._write("replace", self._api.replace_namespaced_lease, name, namespace,
+                           _lease_body(namespace, name, record))
+
+    def _write(self, operation: str, call: Any, *args: Any) -> LeaseRecord:
         try:
-            lease = self._api.replace_namespaced_lease(
-                name, namespace, body, _request_timeout=self._timeout
-            )
+            lease = call(*args, _request_timeout=self._timeout)
         except Exception as exc:
-            raise _api_error("replace", exc) from exc
+            raise _api_error(operation, exc) from exc
         return _record_from_lease(lease)
 
 

@@ -67,6 +67,7 @@ from extender.core import (
     PlacementError,
     Snapshot,
 )
+from extender.core.cow_map import ShardedMap
 from extender.errors import BindConflict
 from extender.state.handoff import HandoffGate
 from extender.state.hosts import HostLedger
@@ -105,7 +106,8 @@ class ClusterState:
         self._inventory = Inventory()
         self._ledger = PlacementLedger(assume_ttl_seconds)
         self._table = GpuTable.build([])
-        self._generations: dict[str, int] = {}
+        self._generations: ShardedMap[str, int] = ShardedMap()
+        """Per node, bumped by every change to its GPUs (sharded like the table's maps)."""
         self._epoch = 0
         self._source_types: dict[str, frozenset[str]] = {}
         self._synced = False
@@ -192,10 +194,11 @@ class ClusterState:
     def _writable(self, placements: bool = True, table: bool = True) -> None:
         """Copy what a live snapshot still holds of the parts this write changes, and only
         that: an agent report the observation columns (a few arrays), a placement the
-        reservation columns and per-row maps (the ledger copies an entry map when it first
-        writes one). A part nobody else holds any more (its snapshots are gone: CPython's
-        reference count says so) is written in place, so a write between two decisions
-        copies nothing."""
+        reservation columns and the per-row and per-pod maps (sharded: their copy shares the
+        shards and a write copies the one it changes; the ledger's entry maps and the
+        generations alike). A part nobody else holds any more (its snapshots are gone:
+        CPython's reference count says so) is written in place, so a write between two
+        decisions copies nothing."""
         self._published = None  # first: the published tuple is not a live snapshot
         fields = (_PLACED if placements else _OBSERVED) if table else ()
         if not fields:
@@ -210,7 +213,7 @@ class ClusterState:
         if placements and sys.getrefcount(self._ledger) > _OWNED:
             self._ledger = self._ledger.copy()
         if table and sys.getrefcount(self._generations) > _OWNED:
-            self._generations = dict(self._generations)
+            self._generations = self._generations.copy()
 
     def _bump(self, node: str) -> None:
         self._generations[node] = self._generations.get(node, 0) + 1

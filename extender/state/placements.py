@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterable
 
 from extender.core import Placement
+from extender.core.cow_map import OrderedShardedMap, ShardedMap
 
 
 class PlacementLedger:
@@ -19,7 +20,9 @@ class PlacementLedger:
 
     def __init__(self, assume_ttl_seconds: float):
         self.ttl = assume_ttl_seconds
-        self._placed: dict[str, Placement] = {}
+        self._placed: OrderedShardedMap[str, Placement] = OrderedShardedMap()
+        """Sharded (a write beside a snapshot copies one shard), in the order placed: a
+        rebuild applies them in it."""
         self._assumed: dict[str, Placement] = {}
         self._deadlines: dict[str, float] = {}
         """Per assumed pod whose bind call returned, when it expires unless confirmed: only
@@ -27,7 +30,7 @@ class PlacementLedger:
         self._applied_at: dict[str, float] = {}
         """When each entry was first applied: a rebuild re-stamps it, so placements newer
         than an agent's sample still count on top of it (``extender.core.cost``)."""
-        self._by_node: dict[str, tuple[str, ...]] = {}
+        self._by_node: ShardedMap[str, tuple[str, ...]] = ShardedMap()
         """Per node, the UIDs of its entries (tuples, replaced rather than changed, so that
         :meth:`copy` may share them): ``/v1/state?node=`` reads one node's, not all."""
         self._untrusted = 0
@@ -51,7 +54,7 @@ class PlacementLedger:
         this one writes them (CPython's reference count: this attribute and the call's)."""
         for name in names:
             if sys.getrefcount(getattr(self, name)) > 2:
-                setattr(self, name, dict(getattr(self, name)))
+                setattr(self, name, getattr(self, name).copy())
 
     # ---- reads ---------------------------------------------------------------------
     def placed(self) -> Iterable[Placement]:

@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contracts import annotations as ann
-from contracts.pod import CONTAINER_KINDS, PodView
+from contracts.pod import CONTAINER_KINDS, NVIDIA_GPU, PodView
 from extender.webhook.shares import MEMORY_UNITS, ShareError, ShareSources, Translated
 from extender.webhook.shares import translate as translate_shares
 
-NVIDIA_GPU = "nvidia.com/gpu"
 DEFAULT_SCHEDULERS = ("", "default-scheduler")
 DEFAULTABLE = (ann.WORKLOAD, ann.MODEL, ann.BATCH_SIZE, ann.GPU_UTIL, ann.GPU_MEM_MIB,
                ann.SLO_MS, ann.RATE_RPS, ann.WEIGHT, ann.PRIORITY)
@@ -194,10 +193,11 @@ def pod_patch(pod: Mapping[str, Any], settings: WebhookSettings,
     translate = settings.translate_nvidia_gpu and in_scope
     metadata = pod.get("metadata")
     metadata = metadata if isinstance(metadata, Mapping) else {}
-    shared = translate_shares(spec, metadata, settings.shares) \
+    view = PodView.of(pod)
+    shared = translate_shares(view, settings.shares) \
         if settings.shares.any and in_scope else Translated({}, {})
     wants_tandem = False
-    for container in PodView.of(pod).containers:
+    for container in view.containers:
         group = CONTAINER_KINDS[0] if container.init else CONTAINER_KINDS[1]
         resources = container.resources
         if (group, container.index) in shared.resources:

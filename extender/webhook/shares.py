@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from contracts import annotations as ann
+from contracts.pod import CONTAINER_KINDS, NVIDIA_GPU, PodView
 
 GPUSHARE_MEM = "aliyun.com/gpu-mem"
 HAMI_MEM = "nvidia.com/gpumem"
 HAMI_CORES = "nvidia.com/gpucores"
 GPU_MILLI = "alibabacloud.com/gpu-milli"
-NVIDIA_GPU = "nvidia.com/gpu"
 MEMORY_UNITS = {"GiB": 1024, "MiB": 1}
 _GPUSHARE_RANGE = ann.IntRange(1, 4_000_000)
 _HAMI_MEM_RANGE = ann.IntRange(1, 4_000_000)
@@ -69,31 +69,26 @@ class Translated:
     annotations: dict[str, str]
 
 
-def translate(spec: Mapping[str, Any], metadata: Mapping[str, Any],
-              sources: ShareSources) -> Translated:
-    """The translation of ``spec``'s declared shares; ShareError if they are bad."""
-    present = metadata.get("annotations")
-    present = present if isinstance(present, Mapping) else {}
+def translate(pod: Mapping[str, Any] | PodView, sources: ShareSources) -> Translated:
+    """The translation of ``pod``'s declared shares; ShareError if they are bad."""
+    view = PodView.of(pod)
+    present = view.annotations
     resources: dict[tuple[str, int], dict[str, Any]] = {}
     found: dict[str, str] = {}
-    for group in ("initContainers", "containers"):
-        items = spec.get(group)
-        for i, container in enumerate(items if isinstance(items, list) else []):
-            res = container.get("resources") if isinstance(container, Mapping) else None
-            if isinstance(res, Mapping):
-                new = _container(res, sources, found, f"{group}[{i}]")
-                if new is not None:
-                    resources[(group, i)] = new
+    for c in view.containers:
+        group = CONTAINER_KINDS[0] if c.init else CONTAINER_KINDS[1]
+        if isinstance(c.resources, Mapping):
+            new = _container(c.resources, sources, found, f"{group}[{c.index}]")
+            if new is not None:
+                resources[(group, c.index)] = new
     if sources.gpu_milli and GPU_MILLI in present:
         if found:
             raise ShareError(f"{GPU_MILLI} and a container's GPU share both declare one: "
                              "give one of them")
         found.update(_milli(present[GPU_MILLI], sources))
-        items = spec.get("containers")
-        if not resources and not _asks_gpu(spec) and isinstance(items, list) and items \
-                and isinstance(items[0], Mapping):
-            res = items[0].get("resources")
-            res = dict(res) if isinstance(res, Mapping) else {}
+        first = next((c for c in view.containers if not c.init), None)
+        if not resources and not view.asks_any_gpu and first is not None:
+            res = dict(first.resources) if isinstance(first.resources, Mapping) else {}
             limits = res.get("limits")
             res["limits"] = {**(limits if isinstance(limits, Mapping) else {}),
                              ann.GPU_RESOURCE: "1"}
@@ -149,11 +144,3 @@ def _milli(raw: object, sources: ShareSources) -> dict[str, str]:
     assert sources.gpu_milli_memory_mib is not None  # parse_settings requires it
     return {ann.GPU_UTIL: f"{milli / 10:g}",
             ann.GPU_MEM_MIB: str(milli * sources.gpu_milli_memory_mib // 1000)}
-
-
-def _asks_gpu(spec: Mapping[str, Any]) -> bool:
-    items = [c for group in ("initContainers", "containers")
-             for c in (spec.get(group) if isinstance(spec.get(group), list) else [])]
-    return any(isinstance(c, Mapping) and isinstance(c.get("resources"), Mapping)
-               and any(isinstance(v, Mapping) and (ann.GPU_RESOURCE in v or NVIDIA_GPU in v)
-                       for v in c["resources"].values()) for c in items)

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 from extender_builders import TOKEN, node
-from slow_loris import SlowClients
+from slow_loris import SlowClients, seconds_until_dropped
 
 from agent.inference.http.serve import ServeOptions, http_server
 from agent.session.http import ProxyConfig, ProxyServer
@@ -163,21 +163,7 @@ def test_session_proxy_keeps_answering_while_32_slow_clients_hold_connections(pr
 
 
 def test_session_proxy_drops_a_request_not_complete_within_its_deadline(proxy):
-    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=0.1)
-    start, closed_after = time.monotonic(), None
-    try:
-        sock.sendall(b"GET /livez HTTP/1.1\r\n")
-        while closed_after is None and time.monotonic() - start < 5:
-            try:
-                sock.sendall(b"X")
-                if sock.recv(1) == b"":
-                    closed_after = time.monotonic() - start
-            except TimeoutError:
-                continue
-            except OSError:
-                closed_after = time.monotonic() - start
-    finally:
-        sock.close()
+    closed_after = seconds_until_dropped(proxy.port)
     assert closed_after is not None and 0.4 < closed_after < 2.0, closed_after
 
 

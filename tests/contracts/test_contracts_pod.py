@@ -29,6 +29,7 @@ def test_a_pod_is_read_once_into_a_typed_view():
         ("init", True, ("1",)), ("a", False, (2, "1")), ("b", False, ())]
     assert view.containers[1].path == "Pod.spec.containers[0].resources.tandem.io/gpu"
     assert view.requests_gpus and view.problems == () and PodView.of(view) is view
+    assert view.asks_any_gpu and not any(c.names_nvidia_gpu for c in view.containers)
     with pytest.raises(TypeError):
         view.annotations["tandem.io/gpu-util"] = "99"  # read-only
     # every reader counts the same containers
@@ -48,3 +49,12 @@ def test_malformed_parts_read_as_absent_and_are_listed_with_their_paths():
     named_none = {"spec": {"containers": [{"resources": {"limits": {"tandem.io/gpu": None}}}]}}
     assert requests_gpus(named_none) and PodView.of(named_none).containers[0].gpu_values == ()
     assert not requests_gpus({"spec": "nope"})
+
+
+def test_a_device_plugin_gpu_is_asked_for_but_not_tandem_s():
+    view = PodView.of({"spec": {"containers": [
+        {"name": "a", "resources": {"limits": {"cpu": "1"}}},
+        {"name": "b", "resources": {"requests": {"nvidia.com/gpu": "1"}}}]}})
+    assert view.asks_any_gpu and not view.requests_gpus
+    assert [c.names_nvidia_gpu for c in view.containers] == [False, True]
+    assert not PodView.of({"spec": {"containers": [{"resources": {"claims": [{}]}}]}}).asks_any_gpu

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bench_modules import running_api
 from extender_builders import (
     AGENT_AUTH,
     TOKEN,
@@ -164,12 +163,6 @@ def test_prediction_source_annotation_round_trips() -> None:
     assert ann["tandem.io/prediction-source"] == "observed:12+mem:fitted"
     assert decode_outputs(ann) == out
     assert decode_outputs({**ann, "tandem.io/prediction-source": "bad\nvalue"}).source is None
-
-
-@pytest.fixture
-def kube_api():
-    with running_api() as server_and_api:
-        yield server_and_api
 
 
 def test_learned_estimates_survive_a_restart_through_the_api_server(kube_api) -> None:

@@ -8,7 +8,7 @@ import time
 
 import httpx
 from extender_builders import node
-from slow_loris import SlowClients
+from slow_loris import SlowClients, seconds_until_dropped
 
 from extender.cluster.sim import SimSource
 from extender.config.loader import ConfigHolder
@@ -50,23 +50,11 @@ def test_slow_clients_do_not_take_the_workers():
 
 def test_a_request_not_complete_within_the_deadline_is_dropped():
     running = serve(deadline=0.5)
-    sock = socket.create_connection(("127.0.0.1", running.port), timeout=0.1)
     try:
-        sock.sendall(b"GET /livez HTTP/1.1\r\n")
-        start, closed_after = time.monotonic(), None
-        while closed_after is None and time.monotonic() - start < 5:
-            try:
-                sock.sendall(b"X")
-                if sock.recv(1) == b"":
-                    closed_after = time.monotonic() - start
-            except TimeoutError:
-                continue  # still open: the server has nothing to say yet
-            except OSError:
-                closed_after = time.monotonic() - start
+        closed_after = seconds_until_dropped(running.port)
         assert closed_after is not None and 0.4 < closed_after < 2.0, closed_after
         assert httpx.get(f"{running.url}/livez", timeout=2.0).status_code == 200
     finally:
-        sock.close()
         running.stop()
 
 

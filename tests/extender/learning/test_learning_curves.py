@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from bench_modules import running_api
 from extender_builders import AGENT_AUTH, TOKEN, args, binding, make_app, node, pod
 
 from extender.config.sections import LearningConfig
@@ -188,12 +187,6 @@ def test_policy_overlay_is_cached_and_replaces_only_learned_types() -> None:
 
 
 # ---- persistence ----------------------------------------------------------------------
-
-@pytest.fixture
-def kube_api():
-    with running_api() as server_and_api:
-        yield server_and_api
-
 
 def test_learned_curves_survive_a_restart_through_the_api_server(kube_api) -> None:
     server, api = kube_api

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-from bench_modules import running_api
-
 from extender.config.sections import LearningConfig
 from extender.learning.learner import ConfigMapPersistence, Learner
 from extender.learning.persistence import DOCUMENT_KEY, MAX_BYTES
@@ -15,12 +12,6 @@ A100 = "NVIDIA-A100-SXM4-40GB"
 KEY = ("m.onnx", 32, "training", A100)
 OTHER = ("n.onnx", 8, "training", A100)
 CM = ("tandem", "tandem-learning")
-
-
-@pytest.fixture
-def kube_api():
-    with running_api() as server_and_api:
-        yield server_and_api
 
 
 def replica(api, leading: list[bool], now: list[float]) -> Learner:
