@@ -99,7 +99,7 @@ def _runtime(device: str, store: Path, kind: str = "onnxruntime"
 
 def _capacity(rt: ServingRuntime, gpu_type: str) -> float:
     """Largest per-session rate at which the mix is feasible (the planner's own answer)."""
-    profiles = {(n, gpu_type): rt.planning_profile(n) for n, *_ in SLO_MIX}
+    profiles = {(n, gpu_type): rt.planning.planned(rt.profile(n)) for n, *_ in SLO_MIX}
     lo, hi = 1.0, 5000.0
     for _ in range(30):
         mid = (lo + hi) / 2

@@ -169,9 +169,10 @@ def serve_forever(runtime: ServingRuntime, options: ServeOptions,
     # Python's own 5 ms interpreter-lock switch interval is kept: 1 ms made the clients'
     # request path p99 235 ms against 55 ms on a 2-core host (issue #43's client check).
     runtime.path_cost.recalibrate(calibrate(probe=framework_probe(app)))
-    if runtime.config.learn_latency_margin and getattr(runtime.executor, "device", None) == "cpu":
-        runtime.margin.start_delay_ms = start_delay_ms(runtime.executor,
-                                                       runtime.config.latency_quantile)
+    executor = runtime.execution.executor
+    if runtime.config.learn_latency_margin and getattr(executor, "device", None) == "cpu":
+        runtime.planning.margin.start_delay_ms = start_delay_ms(executor,
+                                                                runtime.config.latency_quantile)
     settle_heap()
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
@@ -182,7 +183,7 @@ def serve_forever(runtime: ServingRuntime, options: ServeOptions,
     http = threading.Thread(target=server.serve, name="tandem-http", daemon=True)
     http.start()
     _event("serving", host=options.host, port=int(server.bind_addr[1]), gpu=options.gpu_index,
-           executor=runtime.executor.kind, gpu_type=runtime.config.gpu_type,
+           executor=runtime.execution.executor.kind, gpu_type=runtime.config.gpu_type,
            admin_auth=admin is not None)
     # Poll rather than wait forever, so a dead HTTP thread also ends the process.
     while not stop.wait(_POLL_SECONDS) and http.is_alive():

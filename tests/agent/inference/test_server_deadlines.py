@@ -181,15 +181,15 @@ def test_admission_refuses_what_the_workers_cannot_hold() -> None:
 def test_observed_request_path_time_replans() -> None:
     rt = _sim_runtime(PathFigures(0.1, 0.1, 0.0))
     rt.add_slo_session("s", "m", 40, 200)
-    batch_before = rt.plan.allocations[0].batch
+    batch_before = rt.planning.plan.allocations[0].batch
     for _ in range(60):  # serving shows 15 ms per request before the queue
         rt.path_cost.observe_front(15.0)
         rt.path_cost.observe(back_ms=0.5, cpu_ms=0.2)
     assert rt.path_cost.figures().front_ms == pytest.approx(15.0)
     rt.clock.advance_to(2000.0)
     rt.step()
-    assert rt.replans == 1
-    assert rt.plan.allocations[0].batch < batch_before  # less time left: smaller batches
+    assert rt.planning.replans == 1
+    assert rt.planning.plan.allocations[0].batch < batch_before  # less time left: smaller batches
     assert rt.snapshot()["request_path"]["front_ms"] == pytest.approx(15.0)
 
 
