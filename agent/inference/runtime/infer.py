@@ -92,8 +92,8 @@ def answer_infer(runtime: ServingRuntime, name: str, request: Request,
         runtime.note_answer(name, DropReason.TIMEOUT)
         raise RequestDropped(DropReason.TIMEOUT) from None
     resumed = clock.now_ms()
-    if outcome.reason in (None, DropReason.EARLY_DROP):  # from the executor's thread
-        runtime.path_cost.observe_crossing(resumed - arrival - outcome.latency_ms)
+    if path is not None and outcome.reason in (None, DropReason.EARLY_DROP):  # executor's
+        path.observe_crossing(resumed - arrival - outcome.latency_ms)
     if outcome.reason is not None or not outcome.outputs:
         runtime.note_answer(name, outcome.reason or DropReason.EXECUTION_FAILED)
         raise RequestDropped(outcome.reason or DropReason.EXECUTION_FAILED)

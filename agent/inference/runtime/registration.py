@@ -126,6 +126,8 @@ class Registration:
                 p.sessions.add_slo(state)
                 p.adopt(plan)
                 self.check_best_effort()
+                if p.sessions.best_effort:
+                    p.planning.sacrifice.admitted(now, name)
                 p.lock.notify_all()
                 alloc = plan.allocation(name)
                 return {
@@ -137,6 +139,8 @@ class Registration:
                                      "write_reserve_ms": p.planning.path.write_reserve_ms()},
                     "profile": profile_json(profile), "priority": priority,
                     "promised": state.promised(),
+                    "best_effort": (p.planning.sacrifice.best_effort.promised()
+                                    if p.sessions.best_effort else None),
                 }  # fmt: skip
 
     def _rates(self, new: SessionSpec, loaded: LoadedModel) -> list[PathLoad]:
@@ -178,7 +182,7 @@ class Registration:
         tightest = min([s.slo_ms for s in p.sessions.specs()] + [spec.slo_ms])
         if own >= tightest and math.isfinite(own):
             text = (f"RequestPathQueue: a request would spend {own:.3g} ms on the request "
-                    f"path at p99 ({queue:.3g} ms waiting for its CPU, "
+                    f"path at p99 ({queue:.3g} ms waiting for its CPU and the interpreter lock, "
                     f"{p.planning.path.write_reserve_ms():.3g} ms kept back for its answer's "
                     f"write and the client's wake-up), the tightest SLO is {tightest:.3g} ms")
             return text, {"reason": "RequestPathQueue", "required": own,
@@ -319,6 +323,8 @@ class Registration:
                     if isinstance(plan, GpuPlan):
                         p.adopt(plan)
                 pending = gone.abandon()
+            if not p.sessions.slo:  # reviews come from SLO sessions: none is left to wait for
+                p.planning.sacrifice.best_effort.restore(p.clock.now_ms())
             self.check_best_effort()
             p.lock.notify_all()
         return [(r, DropReason.SESSION_REMOVED) for r in pending]
