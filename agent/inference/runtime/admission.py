@@ -35,7 +35,22 @@ class LatencyMargin:
         self.margin = 0.0
         self.start_delay_ms = 0.0
         """Added to every batch time until the margin is learned (``executor_tail``)."""
+        self.share = 1.0
+        """The share of a core the executor's priority got when last measured (start-up,
+        each SLO registration): every batch is planned at ``1 / share`` at least."""
         self._ratios: deque[float] = deque(maxlen=window)
+
+    def observe_host(self, delay_ms: float, share: float) -> None:
+        """The host as ``executor_tail`` measured it now; the delay counts only until
+        served batches taught the margin, which covers it."""
+        self.share = min(1.0, max(share, 0.05))
+        if len(self._ratios) < self.min_samples:
+            self.start_delay_ms = delay_ms
+
+    def planning_margin(self) -> float:
+        """What planning scales profiles by, less 1: the learned margin, or the slow-down
+        the executor's share of a core implies, whichever is larger."""
+        return max(self.margin, 1.0 / self.share - 1.0)
 
     def observe(self, measured_ms: float, profiled_ms: float) -> None:
         """One batch's measured time against its profiled ``l(b)``."""

@@ -38,6 +38,7 @@ from agent.inference.quanta import QuantaScheduler
 from agent.inference.runtime.batch_formation import Request
 from agent.inference.runtime.cycle import DutyCycle, LoopView
 from agent.inference.runtime.execution import Execution, yield_cpu_to_request_path
+from agent.inference.runtime.executor_tail import ExecutorHost
 from agent.inference.runtime.handoff import Delivery, ProbeQueue
 from agent.inference.runtime.holding import MISSES
 from agent.inference.runtime.pathcost import HostLimits, RequestPathCost, RequestPathLimits
@@ -65,11 +66,13 @@ class ServingRuntime:
         timer: Callable[[], float] = time.perf_counter,
         path_cost: RequestPathCost | None = None,
         path_limits: RequestPathLimits | HostLimits | None = None,
+        executor_probe: Callable[[], ExecutorHost] | None = None,
     ):
         """``path_cost``: the request path's own cost, which admission and the plan
         count (none: requests are submitted in-process); ``path_limits``: what the
         request path may hold (its cores and HTTP workers; ``HostLimits``: measured again
-        at each registration)."""
+        at each registration); ``executor_probe``: the host as the executor's priority
+        finds it, measured at each SLO registration (``executor_tail``)."""
         self.clock = clock
         self.config = config
         self._timer = timer
@@ -86,7 +89,7 @@ class ServingRuntime:
         self._probes = ProbeQueue()
         self._registration = Registration(Parts(
             config, clock, executor, self.sessions, self.planning, self.quanta, self._cv,
-            self._adopt, path_limits))
+            self._adopt, path_limits, executor_probe))
         if hasattr(executor, "device_gate"):
             executor.device_gate = self.run_in_slice
         self._thread: threading.Thread | None = None
@@ -381,6 +384,7 @@ class ServingRuntime:
                 "probe_max_ms": exe.probe_max_ms,
                 "latency_margin": pl.margin.margin,
                 "latency_start_delay_ms": pl.margin.start_delay_ms,
+                "executor_share": pl.margin.share,
                 "replans_refused": pl.replans_refused,
                 "overrun_headroom_ms": pl.overrun_headroom_ms,
                 "best_effort_throttle": pl.sacrifice.best_effort.to_json(),
