@@ -194,7 +194,7 @@ class ServingRuntime:
                     on_done(Outcome(None, DropReason.DEADLINE_EXPIRED, self.clock.now_ms() - now))
                     return
                 target.enqueue(Request(name, tensor, now, deadline, on_done, late_ok, inline))
-            elif self.planning.sacrifice.best_effort.stopped:  # answered now, not held
+            elif self.planning.sacrifice.best_effort.refuses(len(target.queue)):  # not held
                 target.stats.record_drop(DropReason.THROTTLED)
                 on_done(Outcome(None, DropReason.THROTTLED, 0.0))
                 return

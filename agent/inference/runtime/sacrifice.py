@@ -40,6 +40,10 @@ FLOOR = 1.0 / 8.0
 """Below this share best effort runs not at all (and back up it starts here)."""
 MIN_REQUESTS = 50
 """SLO requests answered before a share of misses among them halves best effort's."""
+THROTTLED_QUEUE = 8
+"""Requests a best-effort job may keep waiting while its share is below all: each holds
+an HTTP worker the SLO sessions need, and a throttled job's clients send faster than it
+is served, so more are answered ``throttled`` at once."""
 
 
 class BestEffortThrottle:
@@ -77,6 +81,11 @@ class BestEffortThrottle:
     @property
     def stopped(self) -> bool:
         return self.share <= 0.0 or self.blocked is not None
+
+    def refuses(self, waiting: int) -> bool:
+        """Whether a job with ``waiting`` requests queued answers a new one ``throttled``
+        at once: while stopped, or throttled with ``THROTTLED_QUEUE`` already waiting."""
+        return self.stopped or (self.share < 1.0 and waiting >= THROTTLED_QUEUE)
 
     def block(self, reason: str | None) -> None:
         """Hold best effort at none while a job's piece can never run beside the SLO

@@ -124,3 +124,26 @@ def test_best_effort_comes_back_up_while_the_slo_sessions_meet_their_deadlines()
     assert shares[3] == FLOOR  # held through the cool-down
     assert shares[-1] == 1.0 and sac.best_effort.reason is None
     assert math.isclose(min(shares), FLOOR)
+
+
+def test_a_throttled_job_keeps_few_requests_waiting() -> None:
+    """At its floor a job's clients send faster than it is served; every waiting request
+    holds an HTTP worker the SLO session needs, so beyond a few they are answered
+    ``throttled`` at once, and at all of the executor again they wait as before."""
+    import numpy as np
+
+    from agent.inference.errors import DropReason
+    from agent.inference.runtime.sacrifice import THROTTLED_QUEUE
+    from agent.inference.runtime.stats import Outcome
+
+    rt, _clock = _runtime()
+    rt.add_best_effort_session("conv", "conv")
+    rt.add_slo_session("b50", "mlp", 50, 20)
+    got: list[Outcome] = []
+    x = np.zeros((1, 2), np.float32)
+    for _ in range(THROTTLED_QUEUE + 3):
+        rt.submit("conv", x, got.append)
+    assert [o.reason for o in got] == [DropReason.THROTTLED] * 3  # the rest wait
+    rt.remove_session("b50")  # all of it again: requests wait
+    rt.submit("conv", x, got.append)
+    assert len(got) == 3
