@@ -44,13 +44,15 @@ def test_the_start_delay_is_planned_with_until_the_margin_is_learned() -> None:
     profile = BatchingProfile.linear("m", "cpu", 2.0, 1.0, max_batch=4)
     margin = LatencyMargin(0.99, window=100, min_samples=10)
     margin.start_delay_ms = 25.0
+    margin.observe_host(25.0, 0.5)
+    assert margin.planning_margin() == pytest.approx(1.0)  # half a core: twice as long
     planned = scaled_profile(profile, margin.margin, margin.start_delay_ms)
     assert planned.latency_ms(1) == pytest.approx(profile.latency_ms(1) + 25.0)
     assert planned.latency_ms(4) == pytest.approx(profile.latency_ms(4) + 25.0)
     for _ in range(10):
         margin.observe(3.0, 3.0)  # served batches as profiled: the host is quiet now
-    assert margin.refresh()  # the delay gives way: a replan follows
-    assert margin.start_delay_ms == 0.0 and margin.margin == 0.0
+    assert margin.refresh()  # the delay and the share give way: a replan follows
+    assert margin.start_delay_ms == 0.0 and margin.margin == 0.0 and margin.share == 1.0
     assert scaled_profile(profile, margin.margin, margin.start_delay_ms) is profile
 
 
