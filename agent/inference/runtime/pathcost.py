@@ -371,7 +371,10 @@ def queue_tail_ms(loads: list[PathLoad], figures: PathFigures,
     """The 99th percentile of a request's time queued for and served on the request
     path's CPU: M/M/1 with the path as one server of ``limits.cores`` (a share of a
     core), ``S * ln(100) / (1 - rho)``, plus its waits for the interpreter lock at its
-    crossings (``lock_waits``); infinite when the path is saturated."""
+    crossings (``lock_waits``): a crossing finds the lock held while the path is busy
+    (``rho``) or while the host keeps a core from this process (``1 - cores``: the lock's
+    holder is preempted holding it; beside a CPU hog every crossing waited); infinite
+    when the path is saturated."""
     if limits is None or not loads:
         return 0.0
     rate = sum(x.rate_rps for x in loads)
@@ -382,7 +385,8 @@ def queue_tail_ms(loads: list[PathLoad], figures: PathFigures,
     if rho >= 1.0:
         return math.inf
     service_ms = demand * 1000.0 / rate / limits.cores
-    return service_ms * math.log(100.0) / (1.0 - rho) + lock_waits(rho) * figures.lock_ms
+    held = rho + max(0.0, 1.0 - limits.cores)
+    return service_ms * math.log(100.0) / (1.0 - rho) + lock_waits(held) * figures.lock_ms
 
 
 def lock_waits(busy: float, crossings: int = CROSSINGS, quantile: float = 0.99) -> int:

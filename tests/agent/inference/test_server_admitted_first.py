@@ -35,7 +35,7 @@ PROFILES = {"mlp": BatchingProfile.linear("mlp", "sim", 0.1, 0.6, max_batch=16),
 # path of a few ms, and a 10 ms wait whenever another thread holds the interpreter lock.
 HOST = PathFigures(front_ms=2.5, back_ms=1.0, cpu_ms=1.2, wake_ms=0.5, write_ms=0.1,
                    lock_ms=10.0)
-LIMITS = RequestPathLimits(workers=40, cores=0.93)
+LIMITS = RequestPathLimits(workers=40, cores=1.0)  # a quiet host: all of a core
 
 
 def _runtime(figures: PathFigures = HOST) -> tuple[ServingRuntime, VirtualClock]:
@@ -62,9 +62,15 @@ def test_the_queue_tail_counts_the_lock_waits_it_meets() -> None:
     without = queue_tail_ms(load, PathFigures(0, 0, cpu_ms=1.2), LIMITS)
     with_lock = queue_tail_ms(load, HOST, LIMITS)
     assert with_lock == pytest.approx(without + 10.0)  # one wait of 10 ms at 20 rps
-    busy = [PathLoad(300.0, 50.0, 4096.0)]  # 0.39 of the path's share: four at p99
+    busy = [PathLoad(300.0, 50.0, 4096.0)]  # 0.36 of the path's share: four at p99
     assert queue_tail_ms(busy, HOST, LIMITS) == pytest.approx(queue_tail_ms(busy, PathFigures(
         0, 0, cpu_ms=1.2), LIMITS) + 4 * 10.0)
+    # A host that keeps 40% of a core from the server: its lock holders are preempted
+    # holding it, and every crossing waits (what a 50 ms session admitted on the lighter
+    # count met on a host at load 10: 15% missed after admission).
+    shared = RequestPathLimits(workers=40, cores=0.6)
+    assert queue_tail_ms(load, HOST, shared) == pytest.approx(
+        queue_tail_ms(load, PathFigures(0, 0, cpu_ms=1.2), shared) + 5 * 10.0)
 
 
 def test_calibration_times_the_lock_wait_apart_from_the_crossings() -> None:
