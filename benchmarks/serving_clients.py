@@ -113,7 +113,8 @@ def register(server: Server, body: dict) -> dict:
 
 def _brief(answer: dict) -> dict:
     return {k: answer.get(k) for k in ("batch", "duty_cycle_ms", "worst_case_latency_ms",
-                                       "promised", "request_path", "quantum_ms")}
+                                       "promised", "request_path", "quantum_ms",
+                                       "best_effort", "executor_share")}
 
 
 def run_client(spec: dict) -> dict:
@@ -216,7 +217,8 @@ def scenario(server_args: tuple[str, ...], kind: str, hog: bool, store: Path,
                    "latency_margin": snap.get("latency_margin"),
                    "duty_cycle_ms": snap.get("duty_cycle_ms"), "overruns": snap.get("overruns"),
                    "best_effort_throttle": snap.get("best_effort_throttle"),
-                   "executor_nice": snap.get("executor_nice")},
+                   "executor_nice": snap.get("executor_nice"),
+                   "executor_share": snap.get("executor_share")},
     }
 
 

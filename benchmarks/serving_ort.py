@@ -99,7 +99,7 @@ def _runtime(device: str, store: Path, kind: str = "onnxruntime"
 
 def _capacity(rt: ServingRuntime, gpu_type: str) -> float:
     """Largest per-session rate at which the mix is feasible (the planner's own answer)."""
-    profiles = {(n, gpu_type): rt.planning_profile(n) for n, *_ in SLO_MIX}
+    profiles = {(n, gpu_type): rt.planning.planned(rt.profile(n)) for n, *_ in SLO_MIX}
     lo, hi = 1.0, 5000.0
     for _ in range(30):
         mid = (lo + hi) / 2
@@ -167,10 +167,16 @@ def slo_section(device: str, seconds: float, width: int, store: Path,
                 break
             # Refused (the margin grew meanwhile): every session back at a token rate, so
             # that none is missing when the capacity is asked again.
-            for name, _layers, slo in SLO_MIX:
-                with contextlib.suppress(SessionNotFound):
-                    rt.remove_session(name)
-                rt.add_slo_session(name, f"{name}.onnx", slo, 1.0)
+            try:
+                for name, _layers, slo in SLO_MIX:
+                    with contextlib.suppress(SessionNotFound):
+                        rt.remove_session(name)
+                    rt.add_slo_session(name, f"{name}.onnx", slo, 1.0)
+            except AdmissionRefused as exc:  # a host this busy holds none: say so, go on
+                return {"executor": executor_label(kind, device), "skipped": str(exc)}
+        if not placed:
+            return {"executor": executor_label(kind, device),
+                    "skipped": "the planned capacity was refused five times"}
         _keep_backlogged(rt, "be", np.zeros((4, width), np.float32), depth=4)
         rate = 0.9 * capacity
         slos = {n: slo for n, _l, slo in SLO_MIX}

@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +18,7 @@ from agent.inference.http.auth import ADMIN_TOKEN_ENV, AdminGuard, AdminToken, i
 from agent.inference.preparation.batching_profiles import load_profiles
 from agent.inference.preparation.limits import ModelLimits
 from agent.inference.runtime.batch_formation import DropPolicy
-from agent.inference.runtime.executor_tail import start_delay_ms
+from agent.inference.runtime.executor_tail import ExecutorHost, measure_host
 from agent.inference.runtime.pathcost import (
     HostLimits,
     RequestPathCost,
@@ -118,7 +118,17 @@ def build_runtime(options: ServeOptions) -> ServingRuntime:
     )
     return ServingRuntime(executor, clock, config, profiles, post_workers=options.post_workers,
                           path_cost=RequestPathCost(),
-                          path_limits=HostLimits(lambda: path_limits(options)))
+                          path_limits=HostLimits(lambda: path_limits(options)),
+                          executor_probe=executor_probe(executor, config))
+
+
+def executor_probe(executor: Executor, config: RuntimeConfig
+                   ) -> Callable[[], ExecutorHost] | None:
+    """How a CPU executor's priority finds the host (``executor_tail``), for start-up and
+    each SLO registration; None where the executor's time is not this host's CPU."""
+    if not config.learn_latency_margin or getattr(executor, "device", None) != "cpu":
+        return None
+    return lambda: measure_host(executor, config.latency_quantile)
 
 
 def path_limits(options: ServeOptions) -> RequestPathLimits:
@@ -169,9 +179,10 @@ def serve_forever(runtime: ServingRuntime, options: ServeOptions,
     # Python's own 5 ms interpreter-lock switch interval is kept: 1 ms made the clients'
     # request path p99 235 ms against 55 ms on a 2-core host (issue #43's client check).
     runtime.path_cost.recalibrate(calibrate(probe=framework_probe(app)))
-    if runtime.config.learn_latency_margin and getattr(runtime.executor, "device", None) == "cpu":
-        runtime.margin.start_delay_ms = start_delay_ms(runtime.executor,
-                                                       runtime.config.latency_quantile)
+    probe = executor_probe(runtime.execution.executor, runtime.config)
+    if probe is not None:
+        host = probe()
+        runtime.planning.margin.observe_host(host.delay_ms, host.share)
     settle_heap()
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
@@ -182,7 +193,7 @@ def serve_forever(runtime: ServingRuntime, options: ServeOptions,
     http = threading.Thread(target=server.serve, name="tandem-http", daemon=True)
     http.start()
     _event("serving", host=options.host, port=int(server.bind_addr[1]), gpu=options.gpu_index,
-           executor=runtime.executor.kind, gpu_type=runtime.config.gpu_type,
+           executor=runtime.execution.executor.kind, gpu_type=runtime.config.gpu_type,
            admin_auth=admin is not None)
     # Poll rather than wait forever, so a dead HTTP thread also ends the process.
     while not stop.wait(_POLL_SECONDS) and http.is_alive():

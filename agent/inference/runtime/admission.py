@@ -35,25 +35,45 @@ class LatencyMargin:
         self.margin = 0.0
         self.start_delay_ms = 0.0
         """Added to every batch time until the margin is learned (``executor_tail``)."""
+        self.share = 1.0
+        """The share of a core the executor's priority got when last measured (start-up,
+        each SLO registration): every batch is planned at ``1 / share`` at least, until
+        ``min_samples`` batches served since show what the host does to them."""
+        self._since_host = 0
         self._ratios: deque[float] = deque(maxlen=window)
+
+    def observe_host(self, delay_ms: float, share: float) -> None:
+        """The host as ``executor_tail`` measured it now; the delay counts only until
+        served batches taught the margin, which covers it."""
+        self.share, self._since_host = min(1.0, max(share, 0.05)), 0
+        if len(self._ratios) < self.min_samples:
+            self.start_delay_ms = delay_ms
+
+    def planning_margin(self) -> float:
+        """What planning scales profiles by, less 1: the learned margin, or the slow-down
+        the executor's share of a core implies, whichever is larger."""
+        return max(self.margin, 1.0 / self.share - 1.0)
 
     def observe(self, measured_ms: float, profiled_ms: float) -> None:
         """One batch's measured time against its profiled ``l(b)``."""
         if profiled_ms > 0:
             self._ratios.append(measured_ms / profiled_ms)
+            self._since_host += 1
 
     def refresh(self) -> bool:
         """Recompute from the window; True when the margin moved enough to replan (or
-        the start-up delay gave way to it)."""
+        the start-up delay or the measured share gave way to it)."""
         if len(self._ratios) < self.min_samples:
             return False
-        started, self.start_delay_ms = self.start_delay_ms, 0.0
+        gave_way, self.start_delay_ms = self.start_delay_ms > 0, 0.0
+        if self._since_host >= self.min_samples and self.share < 1.0:
+            gave_way, self.share = True, 1.0
         ratios = sorted(self._ratios)
         value = ratios[min(len(ratios) - 1, int(self.quantile * len(ratios)))]
         margin = max(0.0, value - 1.0)
         # Small moves are noise: replanning for them would only churn batch sizes.
         if abs(margin - self.margin) <= 0.02 + 0.1 * self.margin:
-            return started > 0
+            return gave_way
         self.margin = margin
         return True
 

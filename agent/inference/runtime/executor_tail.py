@@ -12,6 +12,14 @@ preemption adds to a batch, which planning adds to every batch time until served
 batches give the learned margin. A delay, not a ratio: a 40 ms preemption
 stretches a 1 ms run 40-fold but a 13 ms batch only 4-fold. A quiet host gives
 about 0.
+
+The same runs give the share of a core the executor's priority gets (its thread's
+CPU time over the time taken): beside a CPU hog the executor's batches ran at 8.7x
+their profile at p99 (a 250 ms session admitted at its full rate lost 17% after
+admission), which a delay alone does not foresee. Planning takes every batch at
+1/share of its profile at least, measured at start-up and again at each SLO
+registration (``measure_host``), so a host that got busier is seen before it is
+promised to.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -38,26 +47,49 @@ def elementwise(floats: int = 1_000_000) -> Callable[[], None]:
     return run
 
 
-def start_delay_ms(executor: Executor, quantile: float, repeats: int = 100,
-                   work: Callable[[], None] | None = None,
-                   timer: Callable[[], float] = time.perf_counter) -> float:
-    """The ``quantile`` of ``repeats`` timed runs of ``work`` (``elementwise``) less
-    their median (ms, never < 0), on a thread at the executor's priority."""
+@dataclass(frozen=True)
+class ExecutorHost:
+    """The host as the executor's priority finds it now."""
+
+    delay_ms: float
+    """The delay a preemption adds to a batch (``quantile`` less median)."""
+    share: float
+    """The share of one core a thread at the executor's priority gets (1: all of it)."""
+
+
+def measure_host(executor: Executor, quantile: float, repeats: int = 100,
+                 work: Callable[[], None] | None = None,
+                 timer: Callable[[], float] = time.perf_counter,
+                 cpu_timer: Callable[[], float] = time.thread_time) -> ExecutorHost:
+    """``repeats`` timed runs of ``work`` (``elementwise``) on a thread at the
+    executor's priority: their ``quantile`` less their median (ms, never < 0), and the
+    thread's CPU time over the time they took (at most 1, at least 0.05)."""
     took: list[float] = []
+    spent: list[float] = []
     run = work or elementwise()
 
     def measure() -> None:
         yield_cpu_to_request_path(executor)  # the executor's own priority
+        cpu = cpu_timer()
         for _ in range(repeats):
             start = timer()
             run()
             took.append(timer() - start)
+        spent.append(cpu_timer() - cpu)
 
     thread = threading.Thread(target=measure, name="tandem-tail", daemon=True)
     thread.start()
     thread.join()
     ordered = sorted(took)
-    if len(ordered) < repeats:
-        return 0.0
+    if len(ordered) < repeats or not spent:
+        return ExecutorHost(0.0, 1.0)
     tail = ordered[min(len(ordered) - 1, int(quantile * len(ordered)))]
-    return max(0.0, tail - ordered[len(ordered) // 2]) * 1000.0
+    share = min(1.0, max(0.05, spent[0] / max(sum(took), 1e-9)))
+    return ExecutorHost(max(0.0, tail - ordered[len(ordered) // 2]) * 1000.0, share)
+
+
+def start_delay_ms(executor: Executor, quantile: float, repeats: int = 100,
+                   work: Callable[[], None] | None = None,
+                   timer: Callable[[], float] = time.perf_counter) -> float:
+    """``measure_host``'s delay alone."""
+    return measure_host(executor, quantile, repeats, work, timer).delay_ms

@@ -62,8 +62,7 @@ def answer_infer(runtime: ServingRuntime, name: str, request: Request,
     if left is not None:  # the absolute deadline as a budget from arrival
         absolute = began + left - arrival
         budget = absolute if budget is None else min(budget, absolute)
-    dtype, shape, single = runtime.input_contract(name)
-    slo = runtime.slo_ms(name)
+    dtype, shape, slo = runtime.input_contract(name)
     limits = [b for b in (slo, budget) if b is not None]
     deadline = arrival + min(limits) if limits else None
     # The request path's figures are what SLO requests meet: a best-effort job's requests
@@ -77,7 +76,7 @@ def answer_infer(runtime: ServingRuntime, name: str, request: Request,
                             held=deadline > arrival)
         raise RequestDropped(DropReason.DEADLINE_EXPIRED)
     as_json = request.mimetype == "application/json"
-    tensor = coerce_input(_decode(request, dtype, as_json), dtype, shape, single)
+    tensor = coerce_input(_decode(request, dtype, as_json), dtype, shape, slo is not None)
     submitted = clock.now_ms()
     if path is not None:
         path.observe_front(submitted - arrival)
@@ -93,8 +92,8 @@ def answer_infer(runtime: ServingRuntime, name: str, request: Request,
         runtime.note_answer(name, DropReason.TIMEOUT)
         raise RequestDropped(DropReason.TIMEOUT) from None
     resumed = clock.now_ms()
-    if outcome.reason in (None, DropReason.EARLY_DROP):  # from the executor's thread
-        runtime.path_cost.observe_crossing(resumed - arrival - outcome.latency_ms)
+    if path is not None and outcome.reason in (None, DropReason.EARLY_DROP):  # executor's
+        path.observe_crossing(resumed - arrival - outcome.latency_ms)
     if outcome.reason is not None or not outcome.outputs:
         runtime.note_answer(name, outcome.reason or DropReason.EXECUTION_FAILED)
         raise RequestDropped(outcome.reason or DropReason.EXECUTION_FAILED)

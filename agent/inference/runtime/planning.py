@@ -47,8 +47,10 @@ class Planning:
         self._last_margin_ms = now_ms
 
     def planned(self, profile: BatchingProfile) -> BatchingProfile:
-        """The profile as planning sees it: scaled by the learned latency margin."""
-        return scaled_profile(profile, self.margin.margin, self.margin.start_delay_ms)
+        """The profile as planning sees it: scaled by the learned latency margin (or the
+        executor's share of a core) plus the start-up delay."""
+        return scaled_profile(profile, self.margin.planning_margin(),
+                              self.margin.start_delay_ms)
 
     def profile_map(self, sessions: Iterable[SloState]) -> dict[tuple[str, str], BatchingProfile]:
         return {(s.spec.model, self._config.gpu_type): self.planned(s.profile) for s in sessions}

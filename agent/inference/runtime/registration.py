@@ -31,6 +31,7 @@ from agent.inference.executors.executors import Executor, LoadedModel
 from agent.inference.quanta import JobSpec, QuantaScheduler, choose_quantum_ms
 from agent.inference.runtime.admission import best_effort_refusal_on
 from agent.inference.runtime.batch_formation import Request
+from agent.inference.runtime.executor_tail import ExecutorHost
 from agent.inference.runtime.holding import Hold
 from agent.inference.runtime.pathcost import (
     HostLimits,
@@ -69,6 +70,9 @@ class Parts:
     path_limits: RequestPathLimits | HostLimits | None = None
     """What the request path may hold (None: in-process use, no HTTP path to count);
     ``HostLimits``: measured again at each registration."""
+    probe_executor: Callable[[], ExecutorHost] | None = None
+    """The host as the executor's priority finds it, measured at each SLO registration
+    (``executor_tail``; None: not measured)."""
 
 
 def request_bytes(loaded: LoadedModel) -> float:
@@ -110,7 +114,10 @@ class Registration:
                 raise BadRequest(str(exc)) from exc
             loaded, profile = p.sessions.load_and_profile(p.executor, model)
             self._limits = current_limits(p.path_limits)  # the host as it is now
+            host = p.probe_executor() if p.probe_executor else None
             with p.lock:
+                if host is not None:
+                    p.planning.margin.observe_host(host.delay_ms, host.share)
                 profiles = {**p.planning.profile_map(p.sessions.slo.values()),
                             (model, p.config.gpu_type): p.planning.planned(profile)}
                 plan = p.planning.propose(p.sessions.specs() + [spec], profiles,
@@ -126,6 +133,8 @@ class Registration:
                 p.sessions.add_slo(state)
                 p.adopt(plan)
                 self.check_best_effort()
+                if p.sessions.best_effort:
+                    p.planning.sacrifice.admitted(now, name)
                 p.lock.notify_all()
                 alloc = plan.allocation(name)
                 return {
@@ -136,7 +145,10 @@ class Registration:
                                      self._limits.cores if self._limits else None,
                                      "write_reserve_ms": p.planning.path.write_reserve_ms()},
                     "profile": profile_json(profile), "priority": priority,
+                    "executor_share": p.planning.margin.share,
                     "promised": state.promised(),
+                    "best_effort": (p.planning.sacrifice.best_effort.promised()
+                                    if p.sessions.best_effort else None),
                 }  # fmt: skip
 
     def _rates(self, new: SessionSpec, loaded: LoadedModel) -> list[PathLoad]:
@@ -178,7 +190,7 @@ class Registration:
         tightest = min([s.slo_ms for s in p.sessions.specs()] + [spec.slo_ms])
         if own >= tightest and math.isfinite(own):
             text = (f"RequestPathQueue: a request would spend {own:.3g} ms on the request "
-                    f"path at p99 ({queue:.3g} ms waiting for its CPU, "
+                    f"path at p99 ({queue:.3g} ms waiting for its CPU and the interpreter lock, "
                     f"{p.planning.path.write_reserve_ms():.3g} ms kept back for its answer's "
                     f"write and the client's wake-up), the tightest SLO is {tightest:.3g} ms")
             return text, {"reason": "RequestPathQueue", "required": own,
@@ -319,6 +331,8 @@ class Registration:
                     if isinstance(plan, GpuPlan):
                         p.adopt(plan)
                 pending = gone.abandon()
+            if not p.sessions.slo:  # reviews come from SLO sessions: none is left to wait for
+                p.planning.sacrifice.best_effort.restore(p.clock.now_ms())
             self.check_best_effort()
             p.lock.notify_all()
         return [(r, DropReason.SESSION_REMOVED) for r in pending]

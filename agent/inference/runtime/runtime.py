@@ -32,13 +32,13 @@ from typing import Any
 import numpy as np
 
 from agent.inference.clock import Clock
-from agent.inference.errors import DropReason, ServerStopping, SessionNotFound
+from agent.inference.errors import DropReason, ServerStopping
 from agent.inference.executors.executors import Executor
 from agent.inference.quanta import QuantaScheduler
-from agent.inference.runtime.admission import LatencyMargin
 from agent.inference.runtime.batch_formation import Request
 from agent.inference.runtime.cycle import DutyCycle, LoopView
 from agent.inference.runtime.execution import Execution, yield_cpu_to_request_path
+from agent.inference.runtime.executor_tail import ExecutorHost
 from agent.inference.runtime.handoff import Delivery, ProbeQueue
 from agent.inference.runtime.holding import MISSES
 from agent.inference.runtime.pathcost import HostLimits, RequestPathCost, RequestPathLimits
@@ -66,11 +66,13 @@ class ServingRuntime:
         timer: Callable[[], float] = time.perf_counter,
         path_cost: RequestPathCost | None = None,
         path_limits: RequestPathLimits | HostLimits | None = None,
+        executor_probe: Callable[[], ExecutorHost] | None = None,
     ):
         """``path_cost``: the request path's own cost, which admission and the plan
         count (none: requests are submitted in-process); ``path_limits``: what the
         request path may hold (its cores and HTTP workers; ``HostLimits``: measured again
-        at each registration)."""
+        at each registration); ``executor_probe``: the host as the executor's priority
+        finds it, measured at each SLO registration (``executor_tail``)."""
         self.clock = clock
         self.config = config
         self._timer = timer
@@ -87,7 +89,7 @@ class ServingRuntime:
         self._probes = ProbeQueue()
         self._registration = Registration(Parts(
             config, clock, executor, self.sessions, self.planning, self.quanta, self._cv,
-            self._adopt, path_limits))
+            self._adopt, path_limits, executor_probe))
         if hasattr(executor, "device_gate"):
             executor.device_gate = self.run_in_slice
         self._thread: threading.Thread | None = None
@@ -96,40 +98,6 @@ class ServingRuntime:
         self.scheduler_seconds = 0.0
         self.executor_nice = 0
         """The executor thread's nice value (above 0: it yields the CPU to the request path)."""
-
-    # ---- what the parts hold, for callers that read it -------------------------------
-
-    @property
-    def executor(self) -> Executor:
-        return self.execution.executor
-
-    @property
-    def plan(self) -> GpuPlan | None:
-        return self.planning.plan
-
-    @property
-    def margin(self) -> LatencyMargin:
-        return self.planning.margin
-
-    @property
-    def overruns(self) -> int:
-        return self.cycle.overruns
-
-    @property
-    def overruns_refused(self) -> int:
-        return self.cycle.overruns_refused
-
-    @property
-    def replans(self) -> int:
-        return self.planning.replans
-
-    @property
-    def probe_slices(self) -> int:
-        return self.execution.probe_slices
-
-    @property
-    def probe_max_ms(self) -> float:
-        return self.execution.probe_max_ms
 
     def _adopt(self, plan: GpuPlan | None) -> None:
         """Make ``plan`` the one in force (under the lock): each part takes its share."""
@@ -163,31 +131,21 @@ class ServingRuntime:
         if self._stopping:
             raise ServerStopping("the server is shutting down; no session changes")
 
-    def planning_profile(self, name: str) -> BatchingProfile:
-        """The SLO session's profile as admission plans with it (margin applied)."""
-        with self._cv:
-            if name not in self.sessions.slo:
-                raise SessionNotFound(f"no SLO session {name!r}")
-            return self.planning.planned(self.sessions.slo[name].profile)
-
     # ---- requests (HTTP threads) -------------------------------------------------------
 
-    def input_contract(self, name: str) -> tuple[np.dtype, tuple[int | None, ...] | None, bool]:
-        """(dtype, per-sample shape, is_slo) the session's requests must match."""
+    def input_contract(self, name: str) -> tuple[np.dtype, tuple[int | None, ...] | None,
+                                                  float | None]:
+        """(dtype, per-sample shape, SLO in ms or None for best effort) of the session's
+        requests; raises SessionNotFound."""
         with self._cv:
             sess = self.sessions.find(name)
-            return sess.loaded.input_dtype, sess.loaded.sample_shape, name in self.sessions.slo
+            slo = sess.spec.slo_ms if isinstance(sess, SloState) else None
+            return sess.loaded.input_dtype, sess.loaded.sample_shape, slo
 
     def profile(self, name: str) -> BatchingProfile:
         """The batching profile a session was planned with; raises SessionNotFound."""
         with self._cv:
             return self.sessions.find(name).profile
-
-    def slo_ms(self, name: str) -> float | None:
-        """The session's SLO (None for best effort); raises SessionNotFound."""
-        with self._cv:
-            sess = self.sessions.find(name)
-            return sess.spec.slo_ms if isinstance(sess, SloState) else None
 
     def submit(
         self,
@@ -236,7 +194,7 @@ class ServingRuntime:
                     on_done(Outcome(None, DropReason.DEADLINE_EXPIRED, self.clock.now_ms() - now))
                     return
                 target.enqueue(Request(name, tensor, now, deadline, on_done, late_ok, inline))
-            elif self.planning.sacrifice.best_effort.stopped:  # answered now, not held
+            elif self.planning.sacrifice.best_effort.refuses(len(target.queue)):  # not held
                 target.stats.record_drop(DropReason.THROTTLED)
                 on_done(Outcome(None, DropReason.THROTTLED, 0.0))
                 return
@@ -337,7 +295,7 @@ class ServingRuntime:
         with self._cv:
             return self.cycle.next_wakeup_ms(self._view())
 
-    def run_forever(self) -> None:
+    def _run_forever(self) -> None:
         """The executor thread's loop; returns after ``stop``."""
         while not self._stopping:
             if self.step():
@@ -350,8 +308,8 @@ class ServingRuntime:
                 self._cv.wait(min(timeout, 0.05))
 
     def _loop(self) -> None:
-        self.executor_nice = yield_cpu_to_request_path(self.executor)
-        self.run_forever()
+        self.executor_nice = yield_cpu_to_request_path(self.execution.executor)
+        self._run_forever()
 
     def is_running(self) -> bool:
         """Whether the executor thread is alive (readiness)."""
@@ -426,6 +384,7 @@ class ServingRuntime:
                 "probe_max_ms": exe.probe_max_ms,
                 "latency_margin": pl.margin.margin,
                 "latency_start_delay_ms": pl.margin.start_delay_ms,
+                "executor_share": pl.margin.share,
                 "replans_refused": pl.replans_refused,
                 "overrun_headroom_ms": pl.overrun_headroom_ms,
                 "best_effort_throttle": pl.sacrifice.best_effort.to_json(),

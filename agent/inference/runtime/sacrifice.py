@@ -16,7 +16,9 @@ a whole (a busy host is shared: whichever session missed, any load shed relieves
    server admitted first comes first), each with the reason: who missed, and the
    host then. Fewer misses shed nothing more: each request is dropped only where it
    cannot meet its deadline;
-3. back up in the reverse order, one step per cool-down while no session misses
+3. an SLO session admitted beside best effort starts it at ``FLOOR`` (``admitted``):
+   what the server promises first comes first, not after it has missed;
+4. back up in the reverse order, one step per cool-down while no session misses
    beyond the target: SLO sessions highest priority first, then best effort's
    share doubles to all.
 
@@ -38,6 +40,10 @@ FLOOR = 1.0 / 8.0
 """Below this share best effort runs not at all (and back up it starts here)."""
 MIN_REQUESTS = 50
 """SLO requests answered before a share of misses among them halves best effort's."""
+THROTTLED_QUEUE = 8
+"""Requests a best-effort job may keep waiting while its share is below all: each holds
+an HTTP worker the SLO sessions need, and a throttled job's clients send faster than it
+is served, so more are answered ``throttled`` at once."""
 
 
 class BestEffortThrottle:
@@ -76,6 +82,11 @@ class BestEffortThrottle:
     def stopped(self) -> bool:
         return self.share <= 0.0 or self.blocked is not None
 
+    def refuses(self, waiting: int) -> bool:
+        """Whether a job with ``waiting`` requests queued answers a new one ``throttled``
+        at once: while stopped, or throttled with ``THROTTLED_QUEUE`` already waiting."""
+        return self.stopped or (self.share < 1.0 and waiting >= THROTTLED_QUEUE)
+
     def block(self, reason: str | None) -> None:
         """Hold best effort at none while a job's piece can never run beside the SLO
         sessions' plan (None: it can); waiting for a slot that never comes would only
@@ -88,6 +99,21 @@ class BestEffortThrottle:
         self._set(0.0 if to_none or half < FLOOR else half, now_ms)
         self.reason = f"{reason}; best effort may take {self.share:.3g} of the executor"
         self.throttles += 1
+
+    def make_room(self, now_ms: float, reason: str) -> bool:
+        """Take at most ``FLOOR`` (where the share is above it); True when it changed."""
+        if self.share <= FLOOR:
+            return False
+        self._set(FLOOR, now_ms)
+        self.reason = f"{reason}; best effort may take {self.share:.3g} of the executor"
+        self.throttles += 1
+        return True
+
+    def restore(self, now_ms: float) -> None:
+        """All of the slack again: no SLO session is left to give way to."""
+        if self.share < 1.0:
+            self._set(1.0, now_ms)
+        self.reason = None
 
     def relax(self, now_ms: float) -> None:
         """Double the share (from none: ``FLOOR``), up to all of the slack."""
@@ -172,6 +198,19 @@ class Sacrifice:
         if any(h.hold.over_target() for h in slo):
             return False
         return self._recover(now_ms, slo, best_effort)
+
+    def admitted(self, now_ms: float, name: str) -> bool:
+        """An SLO session was admitted beside best effort: best effort gives way first,
+        before the new session has missed anything (admission planned the session on
+        that), and comes back up by ``_recover``'s steps while no session misses."""
+        if not self.best_effort.make_room(
+                now_ms, f"SloAdmitted: SLO session {name} was admitted beside best effort, "
+                        "which gives way first and comes back up while the SLO sessions "
+                        "meet their deadlines"):
+            return False
+        self._changed_ms = now_ms
+        self._since.clear()
+        return True
 
     def _count(self, slo: Sequence[Held]) -> None:
         """Add up each session's misses and outcomes since the last review."""

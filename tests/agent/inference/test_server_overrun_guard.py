@@ -88,11 +88,11 @@ def test_overruns_stay_within_the_headroom_and_no_slo_request_misses(make_runtim
     assert be_done == [True] * 6  # best effort progresses
     within = sum(lat <= slo_ms for lat in latencies) / max(1, len(latencies) + len(dropped))
     print(f"long {long_ms:.1f} ms, cycle {plan['duty_cycle_ms']:.1f} ms, headroom "
-          f"{headroom:.1f} ms, overruns {rt.overruns}, SLO {slo_ms:.0f} ms: "
+          f"{headroom:.1f} ms, overruns {rt.cycle.overruns}, SLO {slo_ms:.0f} ms: "
           f"{100 * within:.2f}% within, p100 {max(latencies):.1f} ms")
     assert within >= 0.99, (within, dropped[:3])
     assert long_ms > plan["duty_cycle_ms"] and headroom == pytest.approx(long_ms)
-    assert rt.overruns >= 1  # the piece ran by overrunning, within the headroom
+    assert rt.cycle.overruns >= 1  # the piece ran by overrunning, within the headroom
 
 
 def test_without_headroom_a_piece_gives_way_instead_of_making_an_slo_miss(make_runtime,
@@ -111,7 +111,7 @@ def test_without_headroom_a_piece_gives_way_instead_of_making_an_slo_miss(make_r
     assert rt.snapshot()["best_effort_throttle"]["reason"].startswith("NoBestEffortSlack")
     latencies, dropped, be_done = drive(rt, "slo", (1, 64), 50.0, "be", (1, 8192, 256),
                                         be_count=2, seconds=1.5)
-    assert rt.overruns == 0 and be_done == [False, False]
+    assert rt.cycle.overruns == 0 and be_done == [False, False]
     assert rt.snapshot()["sessions"][1]["drop_reasons"] == {"throttled": 2}
     # No overrun ran, so no miss came from one; the attainment bound is loose because
     # a loaded CI core also delays the SLO session (benchmarks/serving.py measures it).

@@ -66,7 +66,7 @@ def no_sessions(monkeypatch, rt: ServingRuntime) -> None:
     def refuse(*_args):
         raise AssertionError("the executor loaded a model that should have been refused")
 
-    monkeypatch.setattr(rt.executor, "_session", refuse)
+    monkeypatch.setattr(rt.execution.executor, "_session", refuse)
 
 
 @pytest.mark.parametrize(
@@ -91,7 +91,7 @@ def test_oversized_model_gets_422_naming_the_limit_before_any_profiling(
         error = answer.get_json()
         assert error["limit"] == limit and error["reason"] == "too_large"
         assert limit in error["message"] and error["bytes"] > error["limit_bytes"]
-    assert runtime.probe_slices == 0 and runtime.snapshot()["sessions"] == []
+    assert runtime.execution.probe_slices == 0 and runtime.snapshot()["sessions"] == []
 
 
 def test_limits_are_configurable_and_a_model_within_them_loads(tmp_path) -> None:
@@ -153,7 +153,7 @@ def test_registering_a_slow_model_leaves_an_slo_session_p99_within_one_slice(
     for attempt in range(5):
         onnx.save(mlp(384, 24, seed=attempt), str(tmp_path / f"slow{attempt}.onnx"))
         seen = registration_under_load(runtime, f"slow{attempt}.onnx")
-        seen["slice_ms"] = runtime.probe_max_ms
+        seen["slice_ms"] = runtime.execution.probe_max_ms
         tries.append(seen)
         # The profile ran in slices, each far shorter than the whole registration,
         # and the SLO session's p99 moved by at most one of them (2 ms of timer noise).
@@ -162,7 +162,7 @@ def test_registering_a_slow_model_leaves_an_slo_session_p99_within_one_slice(
             break
     else:
         raise AssertionError(f"p99 moved by more than one probe slice: {tries}")
-    assert runtime.probe_slices > 50
+    assert runtime.execution.probe_slices > 50
 
 
 def test_a_worker_that_dies_refuses_that_model_and_the_next_gets_a_fresh_one(
@@ -194,7 +194,8 @@ def test_size_limit_flags_reach_the_executor(tmp_path) -> None:
     options = ServeOptions(0, "onnxruntime", "cpu", 0, "127.0.0.1", None, 1.15, None, 1e12,
                            tmp_path, "early", 2.0, None, 2**20, 1, 1,
                            max_input_bytes=4096, max_tensor_bytes=8192)
-    executor = build_runtime(options).executor  # the model worker is shared: nothing to stop
+    # The model worker is shared: nothing to stop.
+    executor = build_runtime(options).execution.executor
     limits = executor.limits
     assert (limits.max_input_bytes, limits.max_tensor_bytes) == (4096, 8192)
     with pytest.raises(ModelRejected, match="max_input_bytes=4096"):

@@ -85,7 +85,8 @@ def test_adding_and_removing_sessions_under_load_keeps_the_others_served(nexus) 
     a = session(rt, "a")
     assert a["slo_attainment"] >= 0.99
     assert [s["name"] for s in rt.snapshot()["sessions"]] == ["a"]
-    assert rt.plan is not None and [x.session.name for x in rt.plan.allocations] == ["a"]
+    plan = rt.planning.plan
+    assert plan is not None and [x.session.name for x in plan.allocations] == ["a"]
 
 
 def test_refused_session_leaves_state_unchanged(nexus) -> None:
@@ -195,7 +196,7 @@ def test_observed_rate_drift_triggers_a_replan(nexus) -> None:
     rt.add_slo_session("a", "vgg_s", 100.0, 100.0)
     batch_before = session(rt, "a")["batch"]
     replay(rt, clock, poisson_arrivals("a", 400.0, 6_000, seed=5), 6_000)
-    assert rt.replans >= 1
+    assert rt.planning.replans >= 1
     assert session(rt, "a")["batch"] > batch_before
     assert session(rt, "a")["observed_rate_rps"] == pytest.approx(400.0, rel=0.25)
 
@@ -240,12 +241,13 @@ def test_admission_learns_the_latency_margin_the_executor_needs() -> None:
 
     blind, blind_attainment = _margin_run(learn=False)
     rt, attainment = _margin_run(learn=True)
-    assert blind.margin.margin == 0.0
+    assert blind.planning.margin.margin == 0.0
     # p99 of 1.25 x (1 + N(0, 0.03)) is about 1.25 x 1.07: the margin covers it.
-    assert 0.3 <= rt.margin.margin <= 0.4
-    assert rt.replans >= 1
+    assert 0.3 <= rt.planning.margin.margin <= 0.4
+    assert rt.planning.replans >= 1
     base = rt.profile("s").latency_ms(8)
-    assert rt.planning_profile("s").latency_ms(8) == pytest.approx(base * (1 + rt.margin.margin))
+    planned = rt.planning.planned(rt.profile("s")).latency_ms(8)
+    assert planned == pytest.approx(base * (1 + rt.planning.margin.margin))
     assert attainment >= 0.99 and attainment >= blind_attainment
     # A second session the profiled latency has room for is refused: it would not be served.
     plain = {("m", "sim"): rt.profile("s")}
