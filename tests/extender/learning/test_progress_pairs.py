@@ -135,19 +135,6 @@ def test_one_noisy_measurement_of_a_pair_must_show_it_winning_by_its_noise() -> 
     assert ("t", frozenset(("e", "f"))) not in pairs.losing()
 
 
-def test_a_pair_measured_once_to_win_by_one_standard_deviation_is_kept() -> None:
-    """The refusal asks one standard deviation of the samples above ``1 + margin``
-    (REFUSE_Z, chosen on tuning seeds): at 1.5, as before, the K80's pairs, which rarely win
-    by more than 0.1, were refused after their first measurement."""
-    pairs = ProgressPairs()
-    pairs.add("t", "a", "b", math.log(1.79))  # combined 1.117, its sd 0.079 (noise 0.1)
-    pairs.add("t", "b", "a", math.log(1.79))
-    assert ("t", frozenset(("a", "b"))) not in pairs.losing()
-    pairs.add("t", "c", "d", math.log(1.86))  # combined 1.075: within its sd of 1.02
-    pairs.add("t", "d", "c", math.log(1.86))
-    assert ("t", frozenset(("c", "d"))) in pairs.losing()
-
-
 def test_a_type_learns_how_strongly_it_shows_another_types_pairs() -> None:
     there = _additive(4)
     mean = float(np.mean(list(there.values())))
