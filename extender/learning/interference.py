@@ -81,9 +81,8 @@ from extender.learning.pair_fit import (
     prior_logs,
     solve_group_types,
 )
-from extender.learning.pair_progress import ProgressLearning, modelled_pod
-from extender.learning.progress_pairs import Estimates, ProgressPairs, progress_view
-from extender.learning.step_times import AloneSteps
+from extender.learning.progress_pairs import ProgressPairs, progress_view
+from extender.learning.progress_tracker import ProgressTracker, modelled_pod
 from extender.state.reports import DecodedReport
 
 MAX_TRACKED_PODS = 100_000
@@ -93,7 +92,7 @@ PROGRESS_REFIT_SECONDS = 600.0
 DOCUMENT_KEY = "pairs"
 
 
-class PairLearner(ProgressLearning):
+class PairLearner:
     """Directed pair statistics, per-model profiles and refused pairs (module docstring)."""
 
     def __init__(self, max_entries: int = 4000, explore_bonus: float = 0.05,
@@ -138,13 +137,14 @@ class PairLearner(ProgressLearning):
         self.dirty = False
         self._cache: tuple[int, int, PairModel] | None = None
         """(version, rebuilds, the model built then)."""
-        self.progress = ProgressPairs(priors={t: logs for t, (logs, _) in self._prior.items()},
-                                      max_entries=max_entries)
-        """Progress samples (:mod:`extender.learning.progress_pairs`)."""
-        self.alone_steps = AloneSteps()
-        self._estimates: tuple[float, int, Estimates] | None = None
-        """(when, progress samples then, what they predict): refitted as the group solve."""
-        self.progress_samples_total = 0
+        self.tracker = ProgressTracker({t: logs for t, (logs, _) in self._prior.items()},
+                                       max_entries, progress_refit_seconds)
+        """Progress samples and what they predict (:mod:`extender.learning.progress_tracker`)."""
+
+    @property
+    def progress(self) -> ProgressPairs:
+        """The progress samples (:mod:`extender.learning.progress_pairs`)."""
+        return self.tracker.pairs
 
     # ---- learning ------------------------------------------------------------------
     def add(self, gpu_type: str, a: str, b: str, slowdown: float) -> None:
@@ -237,6 +237,25 @@ class PairLearner(ProgressLearning):
         self.model()
         return taken
 
+    def observe_progress(self, report: DecodedReport,
+                         placement_of: Callable[[str], Placement | None]) -> int:
+        """Progress samples from ``report`` (:meth:`ProgressTracker.observe`)."""
+        taken = self.tracker.observe(report, placement_of, self.clock())
+        if taken:
+            with self._lock:
+                self.version += 1
+                self.dirty = True
+            self.model()
+        return taken
+
+    def to_revert(self, report: DecodedReport, placement_of: Callable[[str], Placement | None],
+                  window_s: float) -> list[str]:
+        """The pods of ``report`` to move (``learning.revert_losing_seconds``,
+        :meth:`ProgressTracker.to_revert`)."""
+        return self.tracker.to_revert(report, placement_of, window_s,
+                                      lambda uid, index: self._first(uid, report.node, index),
+                                      self.clock())
+
     def _warming(self, uid: str, node: str, index: int) -> bool:
         """True during the pod's first ``warmup_seconds`` on this GPU (as the store rules)."""
         first = self._first(uid, node, index)  # before now: a first sighting is at age 0
@@ -269,7 +288,7 @@ class PairLearner(ProgressLearning):
         version, the group solve redone when due."""
         with self._lock:
             if not self._stats and not self._groups and not self._cannot and not self._prior \
-                    and not self.progress_samples_total:
+                    and not self.tracker.samples_total:
                 return None
             now = self.clock()
             solved = self._solved
@@ -300,12 +319,11 @@ class PairLearner(ProgressLearning):
                 self._solved = (now, group_version, inferred)
         else:
             inferred = solved[2] if solved else {}
-        progress = self._progress_estimates(now)
+        progress = self.tracker.estimates(now)
         if progress is not None:
             for t in {t for t, _a, _b in progress.figures}:
                 fitted.setdefault(t, TypePairs())
-        with self._lock:
-            losing = self.progress.losing() if progress is not None else frozenset()
+        losing = self.tracker.losing() if progress is not None else frozenset()
         built = PairModel({t: replace(tp, inferred=inferred.get(t, {}),
                                       progress=progress.type_figures(t) if progress else {},
                                       losing=frozenset(p for tt, p in losing if tt == t))
@@ -358,8 +376,8 @@ class PairLearner(ProgressLearning):
                     "pairs": len(self._stats), "groups": len(self._groups),
                     "inferred_pairs": sum(len(p) for p in (self._solved or (0, 0, {}))[2].values()),
                     "cannot_share": len(self._cannot),
-                    "progress_samples": self.progress_samples_total,
-                    "losing": len(self.progress.losing()) if self.progress.stats else 0,
+                    "progress_samples": self.tracker.samples_total,
+                    "losing": len(self.tracker.losing()),
                     "prior_pairs": sum(len(logs) for logs, _ in self._prior.values())}
 
     # ---- persistence ---------------------------------------------------------------
@@ -376,9 +394,7 @@ class PairLearner(ProgressLearning):
         progress = decode_progress(doc, self.max_entries)
         with self._lock:
             self._stats, self._groups, self._cannot = stats, groups, cannot
-            self.progress.stats = progress
-            self.progress_samples_total = int(sum(st[0] for st in progress.values()))
-            self._estimates = None
+            self.tracker.load(progress)
             self._solved = None
             self._group_version += 1
             self.version += 1
@@ -391,9 +407,7 @@ class PairLearner(ProgressLearning):
             self._stats.clear()
             self._groups.clear()
             self._cannot.clear()
-            self.progress.stats.clear()
-            self.progress_samples_total = 0
-            self._estimates = None
+            self.tracker.clear()
             self._solved = None
             self._group_version += 1
             self.version += 1
