@@ -42,7 +42,9 @@ def test_slow_clients_do_not_take_the_workers():
             times = latencies(running.url)
             r = httpx.post(f"{running.url}/filter", timeout=2.0,
                            json={"Pod": {"metadata": {"name": "p"}}, "NodeNames": []})
-        assert times[-1] < 0.5, times  # before: every call waits for a slow client
+        # Taken workers would hold every call until a slow client ends (4 s); a loaded
+        # host may delay one call, not the median.
+        assert times[len(times) // 2] < 0.5 and times[-1] < 2.0, times
         assert r.status_code == 200
     finally:
         running.stop()
