@@ -5,6 +5,10 @@
 its model, and every training pod on the row names one); the other rows keep
 Horus's terms (``nan`` in the returned arrays), so with nothing learned the
 decision is the curve's exactly. See :mod:`extender.core.pairs` for the rules.
+
+Learned figures judge only pods whose progress is measured: where the pod or a training
+pod on the row names no progress counter (``tandem.io/progress``), the row keeps Horus's
+terms and only pairs seen not to fit in memory are refused there.
 """
 
 from __future__ import annotations
@@ -41,8 +45,10 @@ def _curve_pair(row_coeffs: np.ndarray, utils: list[float]) -> Callable[[int, in
 
 
 def pair_terms(table: GpuTable, rows: np.ndarray, model_name: str | None, policy: CostPolicy,
-               job_util: np.ndarray, coeffs: np.ndarray) -> PairTerms | None:
-    """The pair terms of a training pod of ``model_name`` on ``rows`` (None: none apply).
+               job_util: np.ndarray, coeffs: np.ndarray, *, progress: bool
+               ) -> PairTerms | None:
+    """The pair terms of a training pod of ``model_name`` on ``rows`` (None: none apply);
+    ``progress``: the pod names a progress counter (module docstring).
 
     ``job_util`` and ``coeffs`` have one entry (row) per candidate row or one for all."""
     model: PairModel | None = policy.pairs
@@ -59,10 +65,12 @@ def pair_terms(table: GpuTable, rows: np.ndarray, model_name: str | None, policy
         if not model.knows(gpu_type):
             continue
         here = table.row_models.get(r, ())
-        if any(not m for m, _, _ in here):
+        if any(not m for m, *_ in here):
             continue  # a pod without a model: the curve judges this GPU
-        if not model.has_figures(gpu_type):  # only refusals known: the curve judges the rest
-            refused[i] = not all(model.can_share(gpu_type, model_name, m) for m, _, _ in here)
+        measured = progress and all(p for *_, p in here)
+        if not measured or not model.has_figures(gpu_type):  # the curve judges, refusals stand
+            refused[i] = not all(model.can_share(gpu_type, model_name, m, learned=measured)
+                                 for m, *_ in here)
             continue
         u_job = float(job_util[i if job_util.size > 1 else 0])
         row_coeffs = coeffs[i if coeffs.shape[0] > 1 else 0]
@@ -70,9 +78,9 @@ def pair_terms(table: GpuTable, rows: np.ndarray, model_name: str | None, policy
         if not here:
             c_util[i] = alone
             continue
-        utils = [u for _, u, _ in here] + [u_job]
-        verdict = judge_gpu(model, gpu_type, model_name, [m for m, _, _ in here],
-                            [w for _, _, w in here], _curve_pair(row_coeffs, utils))
+        utils = [u for _, u, _, _ in here] + [u_job]
+        verdict = judge_gpu(model, gpu_type, model_name, [m for m, *_ in here],
+                            [w for _, _, w, _ in here], _curve_pair(row_coeffs, utils))
         c_util[i] = alone + verdict.loss
         gain[i] = verdict.gain
         refused[i] = not verdict.fits

@@ -59,3 +59,18 @@ def test_without_progress_time_sliced_gpus_teach_no_pairs() -> None:
     learner = _run("time-sliced")
     assert learner.pairs.stats()["progress_samples"] == 0
     assert learner.pairs.model() is None
+
+
+def test_simulated_pods_name_a_counter_unless_the_gpus_are_time_sliced() -> None:
+    from contracts.annotations import MODEL, PROGRESS
+    from lab.simulator.belief import SimWorld, pod_annotations
+    from lab.simulator.engine import JobRun
+
+    for signal, counted in (("progress", True), ("proportional", True), ("time-sliced", False)):
+        truth = replace(parse_truth(DOC), signal=SignalModel(signal))
+        world = SimWorld.build(truth, "online", LearningConfig(pairs=True), [P100])
+        run = JobRun(0, SimJob("lm", 0.0, 10.0, util_percent=40.0, model="LM-bs5"))
+        demand = world.knowledge.demand(run)
+        assert demand.job.progress is counted
+        assert (PROGRESS in dict(pod_annotations(demand))) is counted
+        assert dict(pod_annotations(demand))[MODEL] == "LM-bs5"
