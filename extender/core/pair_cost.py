@@ -8,7 +8,9 @@ decision is the curve's exactly. See :mod:`extender.core.pairs` for the rules.
 
 Learned figures judge only pods whose progress is measured: where the pod or a training
 pod on the row names no progress counter (``tandem.io/progress``), the row keeps Horus's
-terms and only pairs seen not to fit in memory are refused there.
+terms and only pairs seen not to fit in memory are refused there. So does a row where
+nothing is known of the pod's pairs (its figure there is the curve's): the curve's pair
+figures in the pair formula are not Horus's cost, and mixing the two misjudged GPUs.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from extender.core.cost import CostPolicy, curve_costs
-from extender.core.pairs import PairModel, judge_gpu
+from extender.core.pairs import CURVE, PairModel, judge_gpu
 from extender.core.reasons import Reason
 from extender.core.rules import GpuLoad
 from extender.core.table import GpuTable
@@ -81,6 +83,9 @@ def pair_terms(table: GpuTable, rows: np.ndarray, model_name: str | None, policy
         utils = [u for _, u, _, _ in here] + [u_job]
         verdict = judge_gpu(model, gpu_type, model_name, [m for m, *_ in here],
                             [w for _, _, w, _ in here], _curve_pair(row_coeffs, utils))
+        if verdict.source == CURVE:  # nothing known of the pod's pairs here: Horus judges
+            refused[i] = not verdict.fits
+            continue
         c_util[i] = alone + verdict.loss
         gain[i] = verdict.gain
         refused[i] = not verdict.fits

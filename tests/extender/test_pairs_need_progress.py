@@ -96,3 +96,12 @@ def test_the_flag_is_read_from_a_counter_that_parses() -> None:
     assert not parse_demand(pod("p", 1, model="m.onnx")).progress
     table = _table({0: measured("a"), 1: ((MODEL, "b"), (PROGRESS, "steps=s"))})
     assert [entry[3] for r in (0, 1) for entry in table.row_models[r]] == [True, False]
+
+
+def test_a_gpu_where_nothing_is_known_of_the_pods_pairs_is_judged_by_the_curve() -> None:
+    table = _table({0: measured("resnet"), 1: measured("bert")})
+    known = PairModel({A100: TypePairs(progress={("bert", "gpt"): (0.2, 0.01, "progress:3"),
+                                                  ("gpt", "bert"): (0.2, 0.01, "progress:3")})})
+    ev = _evaluate(table, GAIN_ON.with_pairs(known), progress=True)
+    assert _same(ev, _evaluate(table, GAIN_ON, progress=True))
+    assert ev.interference_sources == {}
