@@ -46,6 +46,11 @@ MODES = {"progress": ("curve-only", "pair-aware", "pair-oracle"),
          "time-sliced": ("curve-only", "pair-aware")}
 KEYS = ("avg_jct_s", "finished_in_window", "makespan_s")
 WINDOW_OF_MAKESPAN = 0.5
+LEARNED = ("progress_samples", "refused_losing", "directed_pairs_measured",
+           "windows_without_alone_time", "windows_of_three_or_more")
+"""What the progress learner had by the end of each run: samples, pairs refused as losing,
+directed pairs with samples, shared windows set aside waiting for an alone time (some
+become samples later) and windows of GPUs held by three pods or more (no sample)."""
 
 
 def _seed_runs(raw: dict[str, Any], jobs: int | None, task: tuple[str, str, str, int]
@@ -68,9 +73,15 @@ def _seed_runs(raw: dict[str, Any], jobs: int | None, task: tuple[str, str, str,
         if result.unfinished == 0:  # runs are in job order: finish = arrival + JCT
             finishes[mode] = np.array([j.arrival_s for j in here.jobs]) + np.array(result.jct_s)
         if mode == "pair-aware":
-            stats = world.knowledge.learner.pairs.stats()
+            pairs = world.knowledge.learner.pairs
+            stats = pairs.stats()
             out[mode].update(progress_samples=stats["progress_samples"],
-                             refused_losing=stats["losing"])
+                             refused_losing=stats["losing"],
+                             directed_pairs_measured=len(pairs.progress.stats),
+                             windows_without_alone_time=pairs.alone_steps.skipped.get(
+                                 "no-alone-time", 0),
+                             windows_of_three_or_more=pairs.alone_steps.skipped.get(
+                                 "not-a-pair", 0))
     window = WINDOW_OF_MAKESPAN * out["curve-only"]["makespan_s"]
     for mode in out:
         done = finishes.get(mode)
@@ -100,7 +111,7 @@ def run(raw: dict[str, Any], seeds: int, processes: int, jobs: int | None = None
                     "per_seed": runs}
                 if "pair-aware" in modes:
                     entry["learned"] = {k: interval([float(r["pair-aware"][k]) for r in per_seed])
-                                        for k in ("progress_samples", "refused_losing")}
+                                        for k in LEARNED}
                 if "pair-oracle" in modes:
                     curve, pair, oracle = (float(np.mean(runs[m]["avg_jct_s"]))
                                            for m in ("curve-only", "pair-aware", "pair-oracle"))

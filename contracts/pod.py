@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from contracts.annotations import GPU_RESOURCE
+from contracts.annotations import GPU_RESOURCE, PROGRESS, AnnotationError, parse_progress
 
 NVIDIA_GPU = "nvidia.com/gpu"
 """The device plugin's GPU resource, which the admission webhook may rename to tandem's."""
@@ -83,6 +83,11 @@ class PodView:
         """Whether a container names ``tandem.io/gpu`` (set at creation and immutable)."""
         return any(c.names_gpu for c in self.containers)
 
+    @property
+    def reports_progress(self) -> bool:
+        """Whether the pod names a readable step counter (:func:`names_progress`)."""
+        return names_progress(self.annotations)
+
     def problem(self, *paths: str) -> tuple[str, Any, str] | None:
         """The first problem at one of ``paths``, if any."""
         return next((p for p in self.problems if p[0] in paths), None)
@@ -134,6 +139,19 @@ class PodView:
                    priority if isinstance(priority, int) else 0,
                    policy if isinstance(policy, str) else None,
                    bool(meta.get("deletionTimestamp")), tuple(problems))
+
+
+def names_progress(annotations: Mapping[str, Any]) -> bool:
+    """Whether ``tandem.io/progress`` parses: only such a pod's progress can be measured, so
+    only it is placed by learned pair figures (``extender.core.pair_cost``). A value that
+    does not parse reads as none (the agent skips it with a reason), never as an error."""
+    if PROGRESS not in annotations:
+        return False
+    try:
+        parse_progress(annotations[PROGRESS])
+    except AnnotationError:
+        return False
+    return True
 
 
 def _container(c: object, init: bool, index: int) -> ContainerView:

@@ -185,6 +185,15 @@ def demand(p: dict[str, Any], gpu_types: Sequence[str], predict: Any = None,
 
 # ---- placements ----------------------------------------------------------------------------
 
+MEASURED = ("tandem.io/progress", "port=9400,steps=steps_total")
+"""A progress counter: learned pair figures place only pods that name one."""
+
+
+def measured(model: str) -> tuple[tuple[str, str], ...]:
+    """The annotations of a training pod of ``model`` whose progress is measured."""
+    return (("tandem.io/model", model), MEASURED)
+
+
 def placement(uid: str = "u", *, pod: str | None = None, node: str = "n1",
               gpus: Iterable[int] = (0,), util: float = 10.0, mem: float = 1000.0,
               workload: Workload | None = None, session: SessionSpec | None = None,

@@ -113,7 +113,8 @@ def evaluate(table: GpuTable, names: Sequence[str], demand: ResolvedDemand,
     code = first_reasons(gpu_checks(load, policy, inferring, job_util, job_mem, unknown),
                          rows.size)
     pairs = None if inferring or load.coeffs is None else pair_terms(
-        table, rows, demand.job.inputs.model, policy, job_util, load.coeffs)
+        table, rows, demand.job.inputs.model, policy, job_util, load.coeffs,
+        progress=demand.job.progress)
     if pairs is not None:  # the learned pair figures judge these rows (extender.core.pairs)
         code = pair_rule(code, pairs, policy)
 

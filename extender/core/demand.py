@@ -158,6 +158,10 @@ class JobDemand:
     inputs: PodInputs = PodInputs()
     host: tuple[float, float] = (0.0, 0.0)
     """The pod's CPU (millicores) and memory (MiB) requests (the packing score's host terms)."""
+    progress: bool = False
+    """The pod names a readable ``tandem.io/progress`` counter (``PodView.reports_progress``):
+    learned pair figures place only such pods; one without is judged by the memory rules
+    and the curve (:mod:`extender.core.pair_cost`)."""
 
     @property
     def workload(self) -> Workload:
@@ -269,7 +273,8 @@ def parse_demand(pod: Mapping[str, Any] | PodView) -> JobDemand:
     # that leaves it out.
     inputs = replace(inputs, batch_size=inputs.batch)
     job = JobDemand(gpu_count_of(pod), inputs,
-                    containers_requests((c.init, c.resources) for c in pod.containers))
+                    containers_requests((c.init, c.resources) for c in pod.containers),
+                    pod.reports_progress)
     if workload is Workload.INFERENCE and job.gpu_count != 1:
         raise DemandError(GPU_RESOURCE, job.gpu_count, "an inference session takes 1 GPU")
     return job

@@ -5,6 +5,12 @@
 its model, and every training pod on the row names one); the other rows keep
 Horus's terms (``nan`` in the returned arrays), so with nothing learned the
 decision is the curve's exactly. See :mod:`extender.core.pairs` for the rules.
+
+Learned figures judge only pods whose progress is measured: where the pod or a training
+pod on the row names no progress counter (``tandem.io/progress``), the row keeps Horus's
+terms and only pairs seen not to fit in memory are refused there. So does a row where
+nothing is known of the pod's pairs (its figure there is the curve's): the curve's pair
+figures in the pair formula are not Horus's cost, and mixing the two misjudged GPUs.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from extender.core.cost import CostPolicy, curve_costs
-from extender.core.pairs import PairModel, judge_gpu
+from extender.core.pairs import CURVE, PairModel, judge_gpu
 from extender.core.reasons import Reason
 from extender.core.rules import GpuLoad
 from extender.core.table import GpuTable
@@ -41,8 +47,10 @@ def _curve_pair(row_coeffs: np.ndarray, utils: list[float]) -> Callable[[int, in
 
 
 def pair_terms(table: GpuTable, rows: np.ndarray, model_name: str | None, policy: CostPolicy,
-               job_util: np.ndarray, coeffs: np.ndarray) -> PairTerms | None:
-    """The pair terms of a training pod of ``model_name`` on ``rows`` (None: none apply).
+               job_util: np.ndarray, coeffs: np.ndarray, *, progress: bool
+               ) -> PairTerms | None:
+    """The pair terms of a training pod of ``model_name`` on ``rows`` (None: none apply);
+    ``progress``: the pod names a progress counter (module docstring).
 
     ``job_util`` and ``coeffs`` have one entry (row) per candidate row or one for all."""
     model: PairModel | None = policy.pairs
@@ -59,10 +67,12 @@ def pair_terms(table: GpuTable, rows: np.ndarray, model_name: str | None, policy
         if not model.knows(gpu_type):
             continue
         here = table.row_models.get(r, ())
-        if any(not m for m, _, _ in here):
+        if any(not m for m, *_ in here):
             continue  # a pod without a model: the curve judges this GPU
-        if not model.has_figures(gpu_type):  # only refusals known: the curve judges the rest
-            refused[i] = not all(model.can_share(gpu_type, model_name, m) for m, _, _ in here)
+        measured = progress and all(p for *_, p in here)
+        if not measured or not model.has_figures(gpu_type):  # the curve judges, refusals stand
+            refused[i] = not all(model.can_share(gpu_type, model_name, m, learned=measured)
+                                 for m, *_ in here)
             continue
         u_job = float(job_util[i if job_util.size > 1 else 0])
         row_coeffs = coeffs[i if coeffs.shape[0] > 1 else 0]
@@ -70,9 +80,12 @@ def pair_terms(table: GpuTable, rows: np.ndarray, model_name: str | None, policy
         if not here:
             c_util[i] = alone
             continue
-        utils = [u for _, u, _ in here] + [u_job]
-        verdict = judge_gpu(model, gpu_type, model_name, [m for m, _, _ in here],
-                            [w for _, _, w in here], _curve_pair(row_coeffs, utils))
+        utils = [u for _, u, _, _ in here] + [u_job]
+        verdict = judge_gpu(model, gpu_type, model_name, [m for m, *_ in here],
+                            [w for _, _, w, _ in here], _curve_pair(row_coeffs, utils))
+        if verdict.source == CURVE:  # nothing known of the pod's pairs here: Horus judges
+            refused[i] = not verdict.fits
+            continue
         c_util[i] = alone + verdict.loss
         gain[i] = verdict.gain
         refused[i] = not verdict.fits

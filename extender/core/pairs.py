@@ -140,16 +140,21 @@ class PairModel:
             return max(1.0, math.exp(value)), f"{PAIR}:{n}"
         return max(1.0, math.exp(prior)), source
 
-    def can_share(self, gpu_type: str, a: str, b: str) -> bool:
-        """False when ``a`` and ``b`` were seen not to fit together on ``gpu_type``, their
-        progress was measured worse than taking turns, or even their optimistic progress
-        figures (:data:`EXPLORE_Z` standard deviations up) do not beat ``1 + SHARE_MARGIN``
-        (:func:`shares`)."""
+    def can_share(self, gpu_type: str, a: str, b: str, learned: bool = True) -> bool:
+        """False when ``a`` and ``b`` were seen not to fit together on ``gpu_type``, or
+        (``learned``) their progress was measured worse than taking turns, or even their
+        optimistic progress figures (:data:`EXPLORE_Z` standard deviations up) do not beat
+        ``1 + SHARE_MARGIN`` (:func:`shares`). ``learned`` False: the memory rule alone
+        (a pod whose progress is not measured)."""
         t = self._type(gpu_type)
         if t is None:
             return True
         pair = frozenset((a, b))
-        if pair in t.cannot or pair in t.losing:
+        if pair in t.cannot:
+            return False
+        if not learned:
+            return True
+        if pair in t.losing:
             return False
         ab, ba = t.progress.get((a, b)), t.progress.get((b, a))
         return ab is None or ba is None or shares(ab[:2], ba[:2], z=-EXPLORE_Z)

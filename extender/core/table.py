@@ -32,6 +32,7 @@ import numpy as np
 
 from contracts.annotations import MODEL
 from contracts.gpus import find_gpus
+from contracts.pod import names_progress
 from extender.core.cow_map import ShardedMap, key_bucket, row_block
 from extender.core.snapshot import (
     GpuObservation,
@@ -91,10 +92,11 @@ class GpuTable:
     """Sum of the share weights of the best-effort sessions per row."""
     vanished: dict[str, frozenset[str]] = field(default_factory=dict)
     """Per node, GPU UUIDs an agent once reported there that its inventory no longer has."""
-    row_models: ShardedMap[int, tuple[tuple[str, float, int], ...]] = field(
+    row_models: ShardedMap[int, tuple[tuple[str, float, int, bool], ...]] = field(
         default_factory=lambda: ShardedMap(row_block))
-    """Per row, its training pods as (``tandem.io/model`` or "", utilisation, GPU count):
-    what pairwise interference (:mod:`extender.core.pairs`) reads."""
+    """Per row, its training pods as (``tandem.io/model`` or "", utilisation, GPU count,
+    whether it names a progress counter): what pairwise interference
+    (:mod:`extender.core.pair_cost`) reads."""
 
     @classmethod
     def build(
@@ -263,7 +265,7 @@ class GpuTable:
         return rows
 
     def _track_model(self, row: int, p: Placement, width: int, sign: int) -> None:
-        entry = (_model_of(p), p.util_percent, width)
+        entry = (_model_of(p), p.util_percent, width, names_progress(dict(p.annotations)))
         current = self.row_models.get(row, ())
         if sign > 0:
             self.row_models[row] = (*current, entry)

@@ -8,8 +8,11 @@ exclusive windows no older than ``max_age_s``: re-measured whenever it runs alon
 it drifts (the H100 retest: +9.5% between two runs of the same job). Without a fresh one
 (a pod that started beside another), its model's: the same mean over the newest
 exclusive windows of any pod of that model on that GPU type; then a profile of the model
-there (``profile``); without any, the pod's shared windows give no sample (reason
-``no-alone-time``).
+there (``profile``). Without any, the pod's shared windows wait (at most
+:data:`MAX_WAITING` per model and GPU type, no older than ``max_age_s``) for an alone time
+of its model to be measured there, then become samples against it: a pod that started
+beside another teaches once it, or a pod of its model, runs alone (reason
+``no-alone-time`` for the windows set aside that way).
 
 **Shared.** A window in which a GPU holds exactly two such pods, each placed by this
 extender with a model, both reporting progress, gives each a sample for the directed pair
@@ -30,6 +33,8 @@ from extender.state.reports import DecodedReport
 ALONE_WINDOWS = 5
 MAX_AGE_S = 1800.0
 MAX_TRACKED_PODS = 100_000
+MAX_WAITING = 64
+"""Shared windows kept per (model, GPU type) while no alone time of it is known."""
 
 Sample = tuple[str, str, str, float]
 """(GPU type, model, beside model, log of the step-time ratio)."""
@@ -46,6 +51,10 @@ class AloneSteps:
         newest last."""
         self._profiles: dict[tuple[str, str], float] = {}
         self.skipped: dict[str, int] = {}
+        self._waiting: OrderedDict[tuple[str, str], list[tuple[str, str, float, float]]] = \
+            OrderedDict()
+        """(model, GPU type) -> [(pod uid, beside model, step time, when)] of shared windows
+        that had no alone time yet, oldest first."""
 
     def record(self, uid: str, model: str | None, gpu_type: str, steps_per_s: float,
                now: float) -> None:
@@ -72,6 +81,26 @@ class AloneSteps:
                 return sum(fresh) / len(fresh)
         return self._profiles.get((model, gpu_type))
 
+    def wait(self, uid: str, model: str, other: str, gpu_type: str, step_time_s: float,
+             now: float) -> None:
+        """Keep a shared window of ``uid`` until an alone time of ``model`` is measured."""
+        key = (model, gpu_type)
+        waiting = self._waiting.pop(key, [])
+        waiting.append((uid, other, step_time_s, now))
+        self._waiting[key] = waiting[-MAX_WAITING:]
+        while len(self._waiting) > MAX_TRACKED_PODS:
+            self._waiting.popitem(last=False)
+
+    def settle(self, model: str | None, gpu_type: str, now: float) -> list[Sample]:
+        """The waiting windows of ``model`` on ``gpu_type`` as samples, now that an alone
+        time is known (those older than ``max_age_s`` dropped)."""
+        out: list[Sample] = []
+        for uid, other, step, when in self._waiting.pop((model, gpu_type), []) if model else ():
+            base = self.alone(uid, str(model), gpu_type, now)
+            if base is not None and now - when <= self.max_age_s:
+                out.append((gpu_type, str(model), other, math.log(step / base)))
+        return out
+
     def skip(self, reason: str, count: int = 1) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + count
 
@@ -95,8 +124,9 @@ def progress_samples(report: DecodedReport, model_of: Callable[[str, int], str |
             continue
         if len(owners) == 1:
             (uid,) = owners
-            alone.record(str(uid), model_of(str(uid), gpu.index), gpu_type,
-                         rates[uid].steps_per_s, now)
+            model = model_of(str(uid), gpu.index)
+            alone.record(str(uid), model, gpu_type, rates[uid].steps_per_s, now)
+            out += alone.settle(model, gpu_type, now)
             continue
         out += _pair(gpu_type, gpu.index, [rates[u] for u in sorted(owners)], model_of,
                      alone, now)
@@ -118,11 +148,12 @@ def _pair(gpu_type: str, index: int, pods: list[ReportedProgress],
     for i, p in enumerate(pods):
         model, other = str(models[i]), str(models[1 - i])
         base = alone.alone(p.pod_uid, model, gpu_type, now)
-        if base is None:
-            alone.skip("no-alone-time")
-            continue
         if p.steps_per_s <= 0:
             alone.skip("no-steps")  # stalled or stopped: a ratio would be infinite
+            continue
+        if base is None:
+            alone.skip("no-alone-time")
+            alone.wait(p.pod_uid, model, other, gpu_type, 1.0 / p.steps_per_s, now)
             continue
         out.append((gpu_type, model, other, math.log((1.0 / p.steps_per_s) / base)))
     return out

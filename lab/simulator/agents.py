@@ -119,6 +119,23 @@ class SimAgents:
 
     def before_change(self, rows: Sequence[int], now_s: float) -> None:
         """Report the interval that ends now on ``rows`` (busy GPUs only)."""
+        self._report(rows, now_s, lambda since: now_s)
+
+    def catch_up(self, now_s: float) -> None:
+        """Report every busy GPU's whole periods since its last report: what a real agent
+        would have pushed by ``now_s``, so decisions see what the learner would know then
+        (not only what the next change of a GPU's jobs would tell it)."""
+        engine = self._engine
+        assert engine is not None, "attach() first"
+        due = np.flatnonzero((engine.jobs_on > 0) & (now_s - self._since >= REPORT_PERIOD_S))
+        if due.size:
+            self._report(due.tolist(), now_s, lambda since: since + REPORT_PERIOD_S * math.floor(
+                (now_s - since) / REPORT_PERIOD_S))
+
+    def _report(self, rows: Sequence[int], now_s: float,
+                until: Callable[[float], float]) -> None:
+        """Report ``rows`` (busy GPUs only) per node from their last report to ``until(the
+        node's last report)``, at most ``now_s``."""
         engine = self._engine
         assert engine is not None, "attach() first"
         by_node: dict[str, list[int]] = {}
@@ -128,9 +145,16 @@ class SimAgents:
                 node = self._node[r]
                 by_node.setdefault(node, []).append(r)
                 since[node] = max(since.get(node, 0.0), float(self._since[r]))
-            self._since[r] = now_s
+            else:
+                self._since[r] = now_s
+        ends = {node: min(now_s, until(start)) for node, start in since.items()}
         for node, node_rows in by_node.items():
-            times = report_times(since[node], now_s)
+            self._since[node_rows] = ends[node]
+        for node, node_rows in by_node.items():
+            end = ends[node]
+            if end <= since[node]:
+                continue
+            times = report_times(since[node], end)
             for before, at in zip([since[node], *times[:-1]], times, strict=True):
                 self.clock.now_s = at
                 self._window = (before, at)

@@ -25,7 +25,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from contracts.annotations import PodInputs
+from contracts.annotations import MODEL, PROGRESS, PodInputs
 from extender.config.sections import LearningConfig
 from extender.core import CostPolicy, JobDemand, ResolvedDemand, UtilKnowledge, resolve_demand
 from extender.core.pairs import PairModel, TypePairs
@@ -36,6 +36,16 @@ from lab.simulator.truth import Truth
 
 MODES = ("online", "prior", "oracle")
 PRIOR_SOURCE = "xgboost:sim-prior+mem:estimate"
+SIM_PROGRESS = "port=9400,steps=tandem_train_steps_total"
+"""The progress counter a simulated pod names where the truth's signal tells its slowdown."""
+
+
+def pod_annotations(demand: ResolvedDemand) -> tuple[tuple[str, str], ...]:
+    """What the ledger would read off a modelled pod of ``demand``: its model, and its
+    progress counter when it names one."""
+    model = demand.job.inputs.model
+    ann = ((MODEL, model),) if model else ()
+    return ann + (((PROGRESS, SIM_PROGRESS),) if demand.job.progress else ())
 
 
 def oracle_pairs(truth: Truth) -> PairModel | None:
@@ -79,7 +89,8 @@ class SimKnowledge:
             if self.mode == "online" \
             else UtilKnowledge()
         return resolve_demand(
-            JobDemand(job.gpus_per_task, PodInputs(model=job.model, batch_size=SIM_BATCH_SIZE)),
+            JobDemand(job.gpus_per_task, PodInputs(model=job.model, batch_size=SIM_BATCH_SIZE),
+                      progress=self.truth.signal.tells_slowdown),
             self.type_names, predict, knowledge=knowledge)
 
     def policy(self, base: CostPolicy) -> CostPolicy:

@@ -28,7 +28,8 @@ type (:mod:`lab.simulator.pairwise`), each job on a shared GPU of that type
 has its own slowdown (asymmetric), and a start beside a model it cannot share
 with fails like an out-of-memory start. Simulated agents (``agents``), when
 given, are told before every change of a GPU's jobs, so they can report the
-interval that ends, and after every completion.
+interval that ends, after every completion, and before each instant's scheduling rounds
+(the periods a real agent would have reported by then).
 """
 
 from __future__ import annotations
@@ -158,6 +159,9 @@ class Agents(Protocol):
     def started(self, run: JobRun) -> None:
         """``run`` now runs on ``run.placements``."""
 
+    def catch_up(self, now_s: float) -> None:
+        """Report what the agents would have pushed by ``now_s`` (before a decision)."""
+
     def finished(self, run: JobRun) -> None:
         """``run`` completed."""
 
@@ -241,6 +245,8 @@ class Engine:
     def _schedule_rounds(self, t: float) -> None:
         ctx = self._ctx
         ctx.now_s = t
+        if self.agents is not None and self.policy.pending():
+            self.agents.catch_up(t)  # the learner knows what a real agent told it by now
         for _ in range(self.config.max_rounds_per_instant):
             if self.policy.pending() == 0:
                 break

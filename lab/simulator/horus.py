@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from contracts.annotations import MODEL, PodInputs
+from contracts.annotations import PodInputs
 from extender.core import (
     CostPolicy,
     JobDemand,
@@ -55,6 +55,7 @@ from extender.core.rules import GpuLoad, colocation_rule_on, gpu_checks, passing
 from extender.core.table import GpuTable
 from extender.queue.fair import FairQueue, QueueConfig, QueueItem
 from lab.simulator.baselines import node_of_rows
+from lab.simulator.belief import pod_annotations
 from lab.simulator.engine import JobRun, SchedulingContext
 
 _KNOWN = np.zeros(1, dtype=bool)  # the simulator asserts demand for every GPU type
@@ -184,7 +185,7 @@ def place_with_core(view: FreeView, run: JobRun, settings: HorusSettings,
         if placement is None:
             return None
         if resolved is not None and run.job.model:  # what the ledger would read off the pod
-            placement = replace(placement, annotations=((MODEL, run.job.model),))
+            placement = replace(placement, annotations=pod_annotations(resolved))
         placements.append(placement)
         if t + 1 < run.job.tasks:
             if work is table:

@@ -71,6 +71,13 @@ class SignalModel:
         return util_percent * scale
 
     @property
+    def tells_slowdown(self) -> bool:
+        """True unless ``time-sliced``: the simulated pods then name a progress counter
+        (``progress``; the per-process counterfactuals stand for one), so decisions may
+        place them by learned pair figures (``extender.core.pair_cost``)."""
+        return self.model != "time-sliced"
+
+    @property
     def progress(self) -> bool:
         """True when the agents report each pod's steps per second."""
         return self.model == "progress"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from extender_builders import A100, node, placement
+from extender_builders import A100, measured, node, placement
 
-from contracts.annotations import MODEL, PodInputs
+from contracts.annotations import PodInputs
 from contracts.interferencefile import (
     InterferenceFileError,
     PairTable,
@@ -143,9 +143,10 @@ def test_placement_follows_the_matrix_from_the_first_pod() -> None:
     table = GpuTable.build([node("n1", count=2)])
     for gpu, model in ((0, "resnet"), (1, "bert")):
         table.place(placement(f"u{gpu}", gpus=(gpu,), util=40.0, mem=1000.0,
-                              annotations=((MODEL, model),)))
+                              annotations=measured(model)))
     demand = resolve_demand(JobDemand(1, PodInputs(model="new", util_percent=40.0,
-                                                   mem_mib=1000.0)), table.type_names, None)
+                                                   mem_mib=1000.0), progress=True),
+                            table.type_names, None)
     ev = evaluate(table, ["n1"], demand, DecisionContext(policy, 0.0), Purpose.PLACE)
     assert ev.chosen_rows(0) == [1]
     assert ev.interference_sources == {0: "matrix", 1: "matrix"}

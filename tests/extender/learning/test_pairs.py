@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from extender_builders import A100, TTL, assume_best, gpu_types, node, placement
+from extender_builders import A100, TTL, assume_best, gpu_types, measured, node, placement
 
 from contracts.annotations import (
     GPU_UTIL,
@@ -38,14 +38,15 @@ def _table(resident: dict[int, str], util: float = 40.0) -> GpuTable:
     table = GpuTable.build([node("n1", count=len(resident))])
     for gpu, model in resident.items():
         table.place(placement(f"u{gpu}", gpus=(gpu,), util=util, mem=1000.0,
-                              annotations=((MODEL, model),)))
+                              annotations=measured(model)))
     return table
 
 
 def _choose(table: GpuTable, model: str, policy: CostPolicy,
-            purpose: Purpose = Purpose.PLACE) -> tuple[list[int], Any]:
+            purpose: Purpose = Purpose.PLACE, progress: bool = True) -> tuple[list[int], Any]:
     demand = resolve_demand(JobDemand(1, PodInputs(model=model, util_percent=40.0,
-                                                   mem_mib=1000.0)), table.type_names, None)
+                                                   mem_mib=1000.0), progress=progress),
+                            table.type_names, None)
     ev = evaluate(table, ["n1"], demand, DecisionContext(policy, 0.0), purpose)
     return ev.chosen_rows(0), ev
 
@@ -199,7 +200,7 @@ def test_no_model_on_a_resident_pod_keeps_the_curve() -> None:
     table.place(placement("u0", util=40.0, mem=1000.0))  # no model annotation
     _, ev = _choose(table, "new", GAIN_ON.with_pairs(_pairs({("new", ""): 3.0})))
     assert ev.interference_sources == {}
-    assert table.row_models[0] == (("", 40.0, 1),)
+    assert table.row_models[0] == (("", 40.0, 1, False),)
 
 
 def test_bind_reports_where_the_interference_figure_came_from() -> None:
@@ -208,9 +209,10 @@ def test_bind_reports_where_the_interference_figure_came_from() -> None:
     model = _pairs({("new", "resnet"): 1.2, ("resnet", "new"): 1.3})
     state = ClusterState(FixedBeliefs(CostPolicy().with_pairs(model)), lambda: 0.0, TTL)
     state.set_nodes([node("n1", 1)])
-    state.confirm(placement("u0", util=40.0, mem=1000.0, annotations=((MODEL, "resnet"),)))
+    state.confirm(placement("u0", util=40.0, mem=1000.0, annotations=measured("resnet")))
     demand = resolve_demand(JobDemand(1, PodInputs(model="new", util_percent=40.0,
-                                                   mem_mib=1000.0)), gpu_types(state), None)
+                                                   mem_mib=1000.0), progress=True),
+                            gpu_types(state), None)
     *_, source = assume_best(state, "n1", demand, None, "u1", "d/p")
     assert source == "pair:3"
     ann = output_annotations(placement("u1"), ["GPU-n1-0"], 0.5, None, "asserted", source)

@@ -59,3 +59,43 @@ def test_without_progress_time_sliced_gpus_teach_no_pairs() -> None:
     learner = _run("time-sliced")
     assert learner.pairs.stats()["progress_samples"] == 0
     assert learner.pairs.model() is None
+
+
+def test_simulated_pods_name_a_counter_unless_the_gpus_are_time_sliced() -> None:
+    from contracts.annotations import MODEL, PROGRESS
+    from lab.simulator.belief import SimWorld, pod_annotations
+    from lab.simulator.engine import JobRun
+
+    for signal, counted in (("progress", True), ("proportional", True), ("time-sliced", False)):
+        truth = replace(parse_truth(DOC), signal=SignalModel(signal))
+        world = SimWorld.build(truth, "online", LearningConfig(pairs=True), [P100])
+        run = JobRun(0, SimJob("lm", 0.0, 10.0, util_percent=40.0, model="LM-bs5"))
+        demand = world.knowledge.demand(run)
+        assert demand.job.progress is counted
+        assert (PROGRESS in dict(pod_annotations(demand))) is counted
+        assert dict(pod_annotations(demand))[MODEL] == "LM-bs5"
+
+
+def test_decisions_see_what_the_agents_reported_by_then() -> None:
+    """The learner has a shared GPU's periods before the next decision, not only once the
+    GPU's jobs change (a real agent reports every interval)."""
+    truth = replace(parse_truth({**DOC, "noise": {"util_stddev_percent": 0}}),
+                    signal=SignalModel("progress"))
+    clock = SimClock()
+    learner = Learner(LearningConfig(pairs=True), clock=clock, wall_clock=clock)
+    seen: list[tuple[float, int]] = []
+
+    class Watching(FirstGpu):
+        def schedule(self, ctx):  # type: ignore[no-untyped-def]
+            seen.append((ctx.now_s, learner.pairs.stats()["progress_samples"]))
+            return super().schedule(ctx)
+
+    jobs = [SimJob("lm-alone", 0.0, 400.0, util_percent=40.0, model="LM-bs5"),
+            SimJob("rn-alone", 500.0, 400.0, util_percent=60.0, model="ResNet-50-bs64"),
+            SimJob("lm", 1000.0, 3000.0, util_percent=40.0, model="LM-bs5"),
+            SimJob("rn", 1000.0, 3000.0, util_percent=60.0, model="ResNet-50-bs64"),
+            SimJob("late", 2000.0, 100.0, util_percent=10.0, model="LM-bs5")]
+    Engine(uniform_cluster(1, 1, P100, 16384), jobs, Watching(),
+           truth=truth, agents=SimAgents(truth, learner, clock)).run()
+    at_late = dict(seen)[2000.0]
+    assert at_late >= 2 * 15  # both pods, a sample a minute for the 1,000 s they shared

@@ -1,0 +1,27 @@
+"""benchmarks/interference_progress_sim.py: one small seed of each signal runs every mode
+and says what the progress learner had by the end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from bench_modules import load
+
+load("_common")
+bench = load("interference_progress_sim")
+
+pytestmark = pytest.mark.skipif(not bench._gavel.DATA.exists(),
+                                reason="shared Gavel data not present")
+
+
+def test_a_seed_runs_every_mode_and_reports_what_was_learned() -> None:
+    raw = json.loads(bench._gavel.DATA.read_text())
+    progress = bench._seed_runs(raw, 8, ("p100", "w-small", "progress", 1))
+    assert set(progress) == set(bench.MODES["progress"])
+    learned = progress["pair-aware"]
+    assert set(bench.LEARNED) <= set(learned)
+    sliced = bench._seed_runs(raw, 8, ("p100", "w-small", "time-sliced", 1))
+    assert sliced["pair-aware"]["progress_samples"] == 0
+    # the signal changes what pair-aware learns from, never curve-only
+    assert sliced["curve-only"]["avg_jct_s"] == progress["curve-only"]["avg_jct_s"]
