@@ -78,9 +78,9 @@ def _seed_runs(raw: dict[str, Any], jobs: int | None, task: tuple[str, str, str,
             out[mode].update(progress_samples=stats["progress_samples"],
                              refused_losing=stats["losing"],
                              directed_pairs_measured=len(pairs.progress.stats),
-                             windows_without_alone_time=pairs.alone_steps.skipped.get(
+                             windows_without_alone_time=pairs.tracker.alone_steps.skipped.get(
                                  "no-alone-time", 0),
-                             windows_of_three_or_more=pairs.alone_steps.skipped.get(
+                             windows_of_three_or_more=pairs.tracker.alone_steps.skipped.get(
                                  "not-a-pair", 0))
     window = WINDOW_OF_MAKESPAN * out["curve-only"]["makespan_s"]
     for mode in out:

@@ -17,8 +17,10 @@ def test_time_sliced_figures_leave_pair_learning_idle_and_shares_feed_it() -> No
     for key in bench.KEYS:
         assert sliced["pair-aware"][key] == sliced["curve-only"][key]
     assert shares["pair-aware"]["pair_samples"] > 0 == shares["pair-aware"]["not_shares"]
-    # the fixed-prior and oracle modes do not read the agents
-    assert sliced["oracle"] == shares["oracle"] and sliced["prior"] == shares["prior"]
+    # the fixed-prior mode does not read the agents; the oracle's pods name a progress
+    # counter only where the signal is not time-sliced, and pods without one are never
+    # judged by pair figures (docs/interference.md, "Pods without progress")
+    assert sliced["prior"] == shares["prior"]
 
 
 def test_offline_pairings_are_valued_on_the_measured_matrix() -> None:
