@@ -47,10 +47,6 @@ class PathFigures:
     """One thread's wake-up tail on this host (the client reading its answer is one)."""
     write_ms: float = 0.0
     """Writing a small answer to a loopback socket."""
-    lock_ms: float = 0.0
-    """One wait for the interpreter lock while another thread holds it (a hand-off's tail
-    with the setter still running Python); how many a request meets depends on the load
-    (``lock_waits``)."""
 
     def cpu_per_request_ms(self, body_bytes: float) -> float:
         return self.cpu_ms + self.cpu_ms_per_kib * body_bytes / 1024.0
@@ -58,7 +54,7 @@ class PathFigures:
     def to_json(self) -> dict[str, float]:
         return {"front_ms": self.front_ms, "back_ms": self.back_ms, "cpu_ms": self.cpu_ms,
                 "cpu_ms_per_kib": self.cpu_ms_per_kib, "wake_ms": self.wake_ms,
-                "write_ms": self.write_ms, "lock_ms": self.lock_ms}
+                "write_ms": self.write_ms}
 
 
 ZERO = PathFigures(0.0, 0.0, 0.0)
@@ -195,7 +191,7 @@ class RequestPathCost:
             cpu = sum(self._cpu) / len(self._cpu)
         s = self.startup
         return PathFigures(max(front, s.front_ms), max(back, s.back_ms), max(cpu, s.cpu_ms),
-                           s.cpu_ms_per_kib, s.wake_ms, s.write_ms, s.lock_ms)
+                           s.cpu_ms_per_kib, s.wake_ms, s.write_ms)
 
 
 def _quantile(values: deque[float], q: float) -> float:
@@ -213,30 +209,28 @@ def calibrate(repeats: int = 40, quantile: float = 0.9,
     A request crosses threads four times (the accept loop to a worker, the worker to
     the executor, the executor to a post-processing thread, that thread back to the
     worker); on a busy host each crossing waits for a core, so the tail of one
-    crossing (99th percentile of 5x ``repeats``) is counted four times. A crossing
-    whose setter goes on running Python also waits for the interpreter lock (up to
-    ``sys.getswitchinterval()``: 0.04 ms idle against 8-28 ms observed crossings on a
-    2-core host); that wait is timed apart (``lock_ms``), because a request meets it
-    only as often as another thread holds the lock, which admission knows from the
-    sessions' rates (``lock_waits``): counting it at every crossing put a 50 ms SLO's
-    path at 47-72 ms on a quiet host whose clients saw 21 ms."""
+    crossing (99th percentile of 5x ``repeats``) is counted four times. The tail is
+    timed with the setter still running Python, as a worker or the executor loop is
+    after a hand-off while serving: the woken thread then also waits for the
+    interpreter lock (up to ``sys.getswitchinterval()``), which an idle hand-off
+    never shows (0.04 ms idle against 8-28 ms observed crossings on a 2-core host)."""
     connect = _connections(repeats)
     small, large = 64, 256 * 1024
     decode_small = _codec(small // 4, repeats)
     decode_large = _codec(large // 4, max(repeats // 4, 5))
-    wake = _wakeups(5 * repeats)
+    wake = _wakeups(repeats)
     loaded = _wakeups(5 * repeats, busy=True)
     body = encode_npy(np.zeros((1, small // 4), np.float32))
     framework = _timed(lambda: probe(body), repeats) if probe else [0.0]
     per_kib = max(0.0, (_median(decode_large) - _median(decode_small)) / ((large - small) / 1024))
     q = lambda xs: _quantile(deque(xs), quantile)  # noqa: E731
-    tail = _quantile(deque(wake), 0.99)
+    tail = _quantile(deque(loaded), 0.99)
     return PathFigures(front_ms=q(connect) + q(framework) + q(decode_small) + 2 * tail,
                        back_ms=2 * tail + q(decode_small) / 2,
                        cpu_ms=_median(connect) + _median(framework) + _median(decode_small)
                        + 4 * _median(wake),
                        cpu_ms_per_kib=per_kib, wake_ms=tail,
-                       write_ms=_median(connect) / 2, lock_ms=_quantile(deque(loaded), 0.99))
+                       write_ms=_median(connect) / 2)
 
 
 def _timed(fn: Callable[[], object], repeats: int) -> list[float]:
@@ -361,20 +355,11 @@ class HostRefusal:
         return f"{self.reason}: " + what.format(r=self.required, a=self.available)
 
 
-CROSSINGS = 5
-"""Thread hand-offs a request waits through: four on the server, and the client's own
-wake-up to read its answer."""
-
-
 def queue_tail_ms(loads: list[PathLoad], figures: PathFigures,
                   limits: RequestPathLimits | None) -> float:
     """The 99th percentile of a request's time queued for and served on the request
     path's CPU: M/M/1 with the path as one server of ``limits.cores`` (a share of a
-    core), ``S * ln(100) / (1 - rho)``, plus its waits for the interpreter lock at its
-    crossings (``lock_waits``): a crossing finds the lock held while the path is busy
-    (``rho``) or while the host keeps a core from this process (``1 - cores``: the lock's
-    holder is preempted holding it; beside a CPU hog every crossing waited); infinite
-    when the path is saturated."""
+    core), ``S * ln(100) / (1 - rho)``; infinite when the path is saturated."""
     if limits is None or not loads:
         return 0.0
     rate = sum(x.rate_rps for x in loads)
@@ -385,21 +370,7 @@ def queue_tail_ms(loads: list[PathLoad], figures: PathFigures,
     if rho >= 1.0:
         return math.inf
     service_ms = demand * 1000.0 / rate / limits.cores
-    held = rho + max(0.0, 1.0 - limits.cores)
-    return service_ms * math.log(100.0) / (1.0 - rho) + lock_waits(held) * figures.lock_ms
-
-
-def lock_waits(busy: float, crossings: int = CROSSINGS, quantile: float = 0.99) -> int:
-    """How many of a request's ``crossings`` wait for the interpreter lock at the
-    ``quantile``: each finds it held by another thread with probability ``busy`` (the
-    path's share of the time it runs Python), so the count is binomial."""
-    busy = min(max(busy, 0.0), 1.0)
-    below = 0.0
-    for k in range(crossings + 1):
-        below += math.comb(crossings, k) * busy**k * (1.0 - busy) ** (crossings - k)
-        if below >= quantile - 1e-12:
-            return k
-    return crossings
+    return service_ms * math.log(100.0) / (1.0 - rho)
 
 
 def host_refusal(loads: list[PathLoad], figures: PathFigures,

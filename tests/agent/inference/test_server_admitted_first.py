@@ -1,12 +1,10 @@
 """An SLO session registered beside a best-effort job (issue #43): admission plans it
-with best effort giving way first, and the request path's interpreter-lock waits are
-counted as often as a request meets them, not at every crossing. Deterministic where it
-can be: path figures are given, time is a virtual clock."""
+with best effort giving way first. Deterministic where it can be: path figures are
+given, time is a virtual clock."""
 
 from __future__ import annotations
 
 import math
-import sys
 
 import pytest
 from flask.testing import FlaskClient
@@ -18,12 +16,8 @@ from agent.inference.http.app import create_app
 from agent.inference.runtime.holding import Hold
 from agent.inference.runtime.pathcost import (
     PathFigures,
-    PathLoad,
     RequestPathCost,
     RequestPathLimits,
-    calibrate,
-    lock_waits,
-    queue_tail_ms,
 )
 from agent.inference.runtime.runtime import RuntimeConfig, ServingRuntime
 from agent.inference.runtime.sacrifice import FLOOR, Held, Sacrifice
@@ -31,10 +25,8 @@ from predictor.batching import BatchingProfile
 
 PROFILES = {"mlp": BatchingProfile.linear("mlp", "sim", 0.1, 0.6, max_batch=16),
             "conv": BatchingProfile.linear("conv", "sim", 2.0, 1.0, max_batch=4)}
-# What this 2-core host measured at start-up (issue #43's best-effort run): a quiet
-# path of a few ms, and a 10 ms wait whenever another thread holds the interpreter lock.
-HOST = PathFigures(front_ms=2.5, back_ms=1.0, cpu_ms=1.2, wake_ms=0.5, write_ms=0.1,
-                   lock_ms=10.0)
+# A quiet 2-core host's request path at start-up: a few ms.
+HOST = PathFigures(front_ms=2.5, back_ms=1.0, cpu_ms=1.2, wake_ms=0.5, write_ms=0.1)
 LIMITS = RequestPathLimits(workers=40, cores=1.0)  # a quiet host: all of a core
 
 
@@ -44,48 +36,6 @@ def _runtime(figures: PathFigures = HOST) -> tuple[ServingRuntime, VirtualClock]
                         profiles=PROFILES, path_cost=RequestPathCost(figures),
                         path_limits=LIMITS)
     return rt, clock
-
-
-def test_lock_waits_are_binomial_in_the_paths_busy_share() -> None:
-    assert lock_waits(0.0) == 0
-    assert lock_waits(0.001) == 0  # 5 crossings: 0.5% meet one, under the 1% tail
-    assert lock_waits(0.03) == 1  # 20 rps x 1.2 ms: one wait at p99, not five
-    assert lock_waits(0.45) == 5  # the trio's 268 rps: every crossing at p99
-    assert lock_waits(2.0) == 5
-    # Monotone: a busier path never meets fewer waits.
-    counts = [lock_waits(b / 100) for b in range(101)]
-    assert counts == sorted(counts)
-
-
-def test_the_queue_tail_counts_the_lock_waits_it_meets() -> None:
-    load = [PathLoad(20.0, 50.0, 4096.0)]
-    without = queue_tail_ms(load, PathFigures(0, 0, cpu_ms=1.2), LIMITS)
-    with_lock = queue_tail_ms(load, HOST, LIMITS)
-    assert with_lock == pytest.approx(without + 10.0)  # one wait of 10 ms at 20 rps
-    busy = [PathLoad(300.0, 50.0, 4096.0)]  # 0.36 of the path's share: four at p99
-    assert queue_tail_ms(busy, HOST, LIMITS) == pytest.approx(queue_tail_ms(busy, PathFigures(
-        0, 0, cpu_ms=1.2), LIMITS) + 4 * 10.0)
-    # A host that keeps 40% of a core from the server: its lock holders are preempted
-    # holding it, and every crossing waits (what a 50 ms session admitted on the lighter
-    # count met on a host at load 10: 15% missed after admission).
-    shared = RequestPathLimits(workers=40, cores=0.6)
-    assert queue_tail_ms(load, HOST, shared) == pytest.approx(
-        queue_tail_ms(load, PathFigures(0, 0, cpu_ms=1.2), shared) + 5 * 10.0)
-
-
-def test_calibration_times_the_lock_wait_apart_from_the_crossings() -> None:
-    """Regression (issue #43): the wake-up tail timed with the interpreter lock held was
-    counted at all four crossings and in the write reserve (47-72 ms for a request whose
-    clients saw 21 ms): a 50 ms SLO was refused on a quiet host. The lock wait is now its
-    own figure, which admission counts as often as the load makes a request meet it."""
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(0.02)  # a lock held 20 ms at a time: the wait is unmistakable
-    try:
-        figures = calibrate(repeats=10)
-    finally:
-        sys.setswitchinterval(before)
-    assert figures.lock_ms >= 5.0
-    assert figures.back_ms < 2 * figures.lock_ms  # the crossings' tails are the host's own
 
 
 def test_an_slo_session_beside_best_effort_is_admitted_with_best_effort_at_its_floor() -> None:
