@@ -231,10 +231,25 @@ def _logs(truth: np.ndarray, jobs: list[str]) -> dict[tuple[str, str], float]:
             for j, b in enumerate(jobs) if i != j and np.isfinite(truth[i, j])}
 
 
+def transfer(jobs: list[str], truth: np.ndarray, other: np.ndarray) -> dict[str, float]:
+    """Before any pair is measured here (k = 0): the spread (sd) of the log slowdowns the
+    progress learner completes from the other GPU's matrix, the true and the other
+    matrix's spread, and the completed figures' correlation with the truth."""
+    logs = _logs(other, jobs)
+    est = ProgressPairs(priors={OTHER_TYPE: logs}).estimate(jobs, [GPU_TYPE])
+    keys = [k for k in _logs(truth, jobs) if k in logs]
+    got = np.array([est.figures[(GPU_TYPE, *k)].log for k in keys])
+    true = np.array([math.log(truth[jobs.index(a), jobs.index(b)]) for a, b in keys])
+    return {"completed_sd": round(float(got.std()), 4), "true_sd": round(float(true.std()), 4),
+            "other_sd": round(float(np.std([logs[k] for k in keys])), 4),
+            "correlation": round(float(np.corrcoef(got, true)[0, 1]), 4)}
+
+
 def one_gpu(jobs: list[str], truth: np.ndarray, other: np.ndarray | None, seeds: int,
-            sd: float, only: frozenset[str] | None = None) -> dict[str, Any]:
-    """Every learner (or those in ``only``) and ``k`` over ``seeds`` seeds on one GPU's
-    matrix."""
+            sd: float, only: frozenset[str] | None = None, first_seed: int = 0
+            ) -> dict[str, Any]:
+    """Every learner (or those in ``only``) and ``k`` over seeds ``first_seed`` onward
+    (``seeds`` of them) on one GPU's matrix."""
     c = combined(truth)
     n = len(jobs)
     best_pairs = match(np.maximum(np.where(_fit_mask(truth), c, 0.0), 1.0))
@@ -265,7 +280,8 @@ def one_gpu(jobs: list[str], truth: np.ndarray, other: np.ndarray | None, seeds:
                                (c[np.triu_indices(n, 1)] < 1.0)[_fit_mask(truth)[
                                    np.triu_indices(n, 1)]])), 3)}
     for name, run in methods.items():
-        per_seed = [run(max(KS), np.random.default_rng(seed)) for seed in range(seeds)]
+        per_seed = [run(max(KS), np.random.default_rng(seed))
+                    for seed in range(first_seed, first_seed + seeds)]
         per_k: dict[str, Any] = {}
         for k in (0, *KS):
             runs = [rounds[k] for rounds in per_seed]
@@ -282,17 +298,20 @@ def one_gpu(jobs: list[str], truth: np.ndarray, other: np.ndarray | None, seeds:
         out[name] = per_k
     out["goal_50pct_by_k3"] = {m: bool(out[m]["k=3"]["capture"]["mean"] >= 0.5)
                                for m in methods}
+    if other is not None and "progress" in methods:
+        out["progress_transfer_k0"] = transfer(jobs, truth, other)
     return out
 
 
-def h100(seeds: int, sd: float, only: frozenset[str] | None = None) -> dict[str, Any]:
+def h100(seeds: int, sd: float, only: frozenset[str] | None = None, first_seed: int = 0
+         ) -> dict[str, Any]:
     """The twelve H100 jobs (no other GPU's matrix)."""
     _, table, models = import_profiled(CAMPAIGN)
     jobs = sorted(models)
     truth = np.array([[table.slowdown.get(a, {}).get(b, 1.0) for b in jobs] for a in jobs])
     if only is not None:  # no other GPU's matrix here: a learner runs as its no-prior self
         only = frozenset(m if m.endswith("_no_prior") else f"{m}_no_prior" for m in only)
-    out = one_gpu(jobs, truth, None, seeds, sd, only)
+    out = one_gpu(jobs, truth, None, seeds, sd, only, first_seed)
     best, random = out["best"], out["random"]["mean"]
     out["no_harm_points"] = {m: round(float(100 * (out[m]["k=3"]["value"]["mean"] - random)
                                             / best), 2)
@@ -302,15 +321,15 @@ def h100(seeds: int, sd: float, only: frozenset[str] | None = None) -> dict[str,
     return out
 
 
-def _one(raw: dict[str, Any], seeds: int, sd: float, only: frozenset[str] | None, gpu: str
-         ) -> dict[str, Any]:
+def _one(raw: dict[str, Any], seeds: int, sd: float, only: frozenset[str] | None,
+         first_seed: int, gpu: str) -> dict[str, Any]:
     """One GPU's figures (the H100's, or a Gavel GPU's with the other's matrix)."""
     if gpu == "h100":
-        return h100(seeds, sd, only)
+        return h100(seeds, sd, only, first_seed)
     jobs, truth = _gavel.matrix(raw, gpu)
     other_jobs, other = _gavel.matrix(raw, _gavel.OTHER[gpu])
     assert other_jobs == jobs
-    return one_gpu(jobs, truth, other, seeds, sd, only)
+    return one_gpu(jobs, truth, other, seeds, sd, only, first_seed)
 
 
 def _kept(report: dict[str, Any], earlier: Path, ran: frozenset[str]) -> None:
@@ -339,6 +358,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=_gavel.DATA, help="Gavel measurements JSON")
     parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="the first learner seed (tune on seeds away from 0-19, the "
+                        "evaluation's)")
     parser.add_argument("--noise-sd", type=float, default=NOISE_SD)
     parser.add_argument("--gpus", default="p100,k80,h100")
     parser.add_argument("--methods", default=None,
@@ -356,14 +378,15 @@ def main() -> None:
     report: dict[str, Any] = {
         "benchmark": "interference_decisions",
         "kind": "offline decisions on measured matrices (values are measured throughputs)",
-        "setup": {"seeds": args.seeds, "noise_sd_log": args.noise_sd, "ks": list(KS),
+        "setup": {"seeds": args.seeds, "first_seed": args.first_seed,
+                  "noise_sd_log": args.noise_sd, "ks": list(KS),
                   "optimism_sd": OPTIMISM, "decide_sd": DECIDE_Z,
                   "processes": args.processes},
         "gpus": {}}
     gpus = args.gpus.split(",")
     only = frozenset(args.methods.split(",")) if args.methods else None
-    results = _common.map_tasks(partial(_one, raw, args.seeds, args.noise_sd, only), gpus,
-                                args.processes)
+    run = partial(_one, raw, args.seeds, args.noise_sd, only, args.first_seed)
+    results = _common.map_tasks(run, gpus, args.processes)
     report["gpus"] = dict(zip(gpus, results, strict=True))
     if only is not None and args.keep_from is not None:
         _kept(report, args.keep_from, only)

@@ -51,3 +51,12 @@ def test_the_progress_learner_refuses_the_measured_loser() -> None:
     assert rounds[-1]["winning_refused"] == 0  # (0, 1) at 1.6 is measured to win
     assert rounds[-1]["value"] >= 1.0  # never below exclusive GPUs
     assert math.isfinite(rounds[-1]["while_learning"])
+
+
+def test_the_k0_transfer_compares_the_completed_spread_with_the_truths() -> None:
+    jobs = ["a", "b", "c", "d"]
+    flat = np.where(np.isfinite(TRUTH), 1.5, np.inf)  # the other GPU shows no pair apart
+    same = bench.transfer(jobs, TRUTH, TRUTH)
+    assert same["true_sd"] == same["other_sd"] > 0.1
+    assert same["correlation"] > 0.5
+    assert bench.transfer(jobs, TRUTH, flat)["other_sd"] == 0.0
