@@ -71,6 +71,17 @@ def sibling(name: str) -> ModuleType:
     return module
 
 
+def run_child(script: str, tree: Path, args: Sequence[str]) -> dict[str, Any]:
+    """Run ``script --child TREE ARGS`` with ``tree`` first on the path (another checkout
+    measured in the same run) and return the JSON its last line prints."""
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run([sys.executable, script, "--child", str(tree), *args], env=env,
+                          capture_output=True, text=True, check=True, cwd=str(tree))
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo (``platform.processor()`` elsewhere)."""
     try:

@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -166,11 +164,8 @@ def paired_ratios(runs: dict[str, list[dict]]) -> dict[str, dict]:
 
 
 def _child(tree: Path, opts: argparse.Namespace) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    out = subprocess.run([sys.executable, __file__, "--child", str(tree), "--seconds",
-                          str(opts.seconds), "--filters", str(opts.filters)],
-                         env=env, capture_output=True, text=True, check=True, cwd=str(tree))
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return _common.run_child(__file__, tree, ["--seconds", str(opts.seconds),
+                                              "--filters", str(opts.filters)])
 
 
 def main() -> None:

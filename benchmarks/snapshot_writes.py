@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -72,11 +70,8 @@ def _measure(nodes: int, writes: int) -> dict:
 
 
 def _child(tree: Path, opts: argparse.Namespace) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    done = subprocess.run([sys.executable, __file__, "--child", str(tree), "--nodes",
-                           str(opts.nodes), "--writes", str(opts.writes)],
-                          env=env, capture_output=True, text=True, check=True, cwd=str(tree))
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return _common.run_child(__file__, tree, ["--nodes", str(opts.nodes),
+                                              "--writes", str(opts.writes)])
 
 
 def main(argv: list[str] | None = None) -> dict:
