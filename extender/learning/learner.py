@@ -210,7 +210,7 @@ class Learner:
 
             def floor(model: str, batch: int, gpu_type: str, workload: str,
                       ) -> tuple[float, int] | None:
-                return store.lookup_shared(model, batch, gpu_type, workload, gpus, namespace)
+                return store.lookup(model, batch, gpu_type, workload, gpus, namespace, shared=True)
 
             def corrected(model: str, batch: int, gpu_type: str, workload: str,
                           predicted: float) -> tuple[float, int] | None:

@@ -327,13 +327,17 @@ class ObservationStore:
 
     # ---- answers ---------------------------------------------------------------------
     def lookup(self, model_ref: str, batch_size: int, gpu_type: str, workload: str,
-               gpus: int = 1, namespace: str | None = None) -> tuple[float, int] | None:
+               gpus: int = 1, namespace: str | None = None, shared: bool = False,
+               ) -> tuple[float, int] | None:
         """The alone estimate ``(util_percent, samples)`` (the core's ``ObservedFn``) of a
         pod of ``gpus`` GPUs in ``namespace``. Until the pod's own GPU count has a trusted
         estimate, a multi-GPU pod takes that of the largest smaller GPU count that has one:
         an upper bound of its per-GPU use (with more GPUs, each waits longer at the gradient
-        exchanges), so never an optimistic guess."""
+        exchanges), so never an optimistic guess. ``shared``: the co-located estimate
+        instead, a floor of the alone one (its own GPU count only)."""
         key = (self.model_key(model_ref), batch_size, workload, gpu_type, gpus)
+        if shared:
+            return self._lookup_shared(key, namespace)
         with self._lock:
             est = self._alone.get(key)
             answer = None if est is None else self._answer(est, namespace)
@@ -347,10 +351,7 @@ class ObservationStore:
                 est.used_at = self.clock()
             return answer
 
-    def lookup_shared(self, model_ref: str, batch_size: int, gpu_type: str, workload: str,
-                      gpus: int = 1, namespace: str | None = None) -> tuple[float, int] | None:
-        """The co-located estimate ``(util_percent, samples)``: a floor of the alone one."""
-        key = (self.model_key(model_ref), batch_size, workload, gpu_type, gpus)
+    def _lookup_shared(self, key: Key, namespace: str | None) -> tuple[float, int] | None:
         with self._lock:
             est = self._colocated.get(key)
             if est is None:

@@ -162,7 +162,7 @@ class ClusterState:
         with self._lock:
             if stamp != (self._epoch, self._generations.get(node, 0)):
                 return False
-            if self._ledger.is_known(placement.pod_uid):
+            if self._ledger.get(placement.pod_uid) is not None:
                 raise BindConflict(f"pod {placement.pod} is already bound or being bound", None)
             self._writable()
             if replacing is not None:
@@ -285,7 +285,7 @@ class ClusterState:
     def confirm(self, p: Placement) -> None:
         """The source shows the pod bound with these annotations: it is placed."""
         with self._lock:
-            if _same_on_gpus(self._ledger.assumed_as(p.pod_uid), p):
+            if _same_on_gpus(self._ledger.get(p.pod_uid, only_assumed=True), p):
                 # What bind assumed, as the watch shows it bound: the table already holds
                 # it, so only the ledger's entries change (no column copied, no generation
                 # bumped: binds racing for the node keep their decisions).
@@ -305,7 +305,7 @@ class ClusterState:
         ``only_assumed`` (a refused bind), a confirmed pod stays: the watch already showed
         it bound."""
         with self._lock:
-            if not only_assumed or self._ledger.is_assumed(uid):
+            if not only_assumed or self._ledger.get(uid, only_assumed=True) is not None:
                 self._drop(uid)
 
     def retain_placed(self, uids: set[str], listed_at: float | None = None,

@@ -33,7 +33,7 @@ class PlacementLedger:
         self._by_node: ShardedMap[str, tuple[str, ...]] = ShardedMap()
         """Per node, the UIDs of its entries (tuples, replaced rather than changed, so that
         :meth:`copy` may share them): ``/v1/state?node=`` reads one node's, not all."""
-        self._untrusted = 0
+        self.untrusted = 0
         """Placed entries without a recorded decision (``Placement.trusted`` False)."""
 
     def copy(self) -> PlacementLedger:
@@ -46,7 +46,7 @@ class PlacementLedger:
         other._placed, other._assumed, other._by_node = self._placed, self._assumed, \
             self._by_node
         other._applied_at, other._deadlines = self._applied_at, self._deadlines
-        other._untrusted = self._untrusted
+        other.untrusted = self.untrusted
         return other
 
     def _own(self, *names: str) -> None:
@@ -69,14 +69,6 @@ class PlacementLedger:
         """Placed, then assumed."""
         return [*self._placed.values(), *self.assumed()]
 
-    def counts(self) -> tuple[int, int]:
-        """(placed, assumed)."""
-        return len(self._placed), len(self._assumed)
-
-    def untrusted(self) -> int:
-        """Placed entries without a recorded decision."""
-        return self._untrusted
-
     def on_node(self, node: str) -> list[tuple[str, Placement]]:
         """("placed" or "assumed", placement) of the entries on ``node``: O(its entries)."""
         out = []
@@ -92,20 +84,10 @@ class PlacementLedger:
         """When the pod's entry was first applied (None: unknown pod)."""
         return self._applied_at.get(uid)
 
-    def is_known(self, uid: str) -> bool:
-        """Placed or assumed."""
-        return uid in self._placed or uid in self._assumed
-
-    def assumed_as(self, uid: str) -> Placement | None:
-        """The pod's assumed placement (None: not assumed)."""
-        return self._assumed.get(uid)
-
-    def is_assumed(self, uid: str) -> bool:
-        """Assumed (not yet confirmed)."""
-        return uid in self._assumed
-
-    def get(self, uid: str) -> Placement | None:
-        """The pod's placement, placed or assumed."""
+    def get(self, uid: str, only_assumed: bool = False) -> Placement | None:
+        """The pod's placement, placed or assumed (``only_assumed``: assumed only)."""
+        if only_assumed:
+            return self._assumed.get(uid)
         return self._placed.get(uid) or self._assumed.get(uid)
 
     def expired(self, now: float) -> list[str]:
@@ -124,14 +106,14 @@ class PlacementLedger:
     # ---- writes --------------------------------------------------------------------
     def drop(self, uid: str) -> Placement | None:
         """Forget the pod; returns what it held."""
-        if not self.is_known(uid):
+        if self.get(uid) is None:
             self._applied_at.pop(uid, None)
             self._deadlines.pop(uid, None)
             return None
         self._own("_placed" if uid in self._placed else "_assumed", "_by_node")
         p = self._placed.pop(uid, None)
         if p is not None:
-            self._untrusted -= not p.trusted
+            self.untrusted -= not p.trusted
         else:
             p = self._assumed.pop(uid, None)
         self._applied_at.pop(uid, None)
@@ -153,7 +135,7 @@ class PlacementLedger:
         self._own("_placed")
         self._placed[p.pod_uid] = p
         self._applied_at[p.pod_uid] = applied_at
-        self._untrusted += not p.trusted
+        self.untrusted += not p.trusted
         self._index(p)
 
     def settle(self, p: Placement) -> None:
@@ -163,7 +145,7 @@ class PlacementLedger:
         del self._assumed[p.pod_uid]
         self._deadlines.pop(p.pod_uid, None)
         self._placed[p.pod_uid] = p
-        self._untrusted += not p.trusted
+        self.untrusted += not p.trusted
 
     def assume(self, p: Placement, applied_at: float) -> None:
         """Record a placement whose bind is in flight (no deadline yet)."""

@@ -77,8 +77,8 @@ def state_document(table: GpuTable, ledger: PlacementLedger, staleness_seconds: 
                 pods=tuple(sorted(pods_by_row.get(row, []), key=lambda d: d.pod or "")),
             ))
         nodes.append(StateNode(name, tuple(gpus)))
-    placed, assumed = ledger.counts()
-    untrusted = ledger.untrusted()
+    placed, assumed = sum(1 for _ in ledger.placed()), len(ledger.assumed())
+    untrusted = ledger.untrusted
     return StateDocument(tuple(nodes), synced, placed - untrusted, assumed, learning,
                          untrusted=untrusted)
 

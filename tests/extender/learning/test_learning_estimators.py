@@ -184,7 +184,7 @@ def test_a_data_parallel_pod_is_alone_only_when_none_of_its_gpus_is_shared() -> 
                                        2: [("single", None)]}, 55.0), world.placements.get)
     store = world.learner.store
     # GPU 0's 55% is not dp's own alone figure: it waits for GPU 1 at each exchange
-    assert store.lookup_shared("m.onnx", 32, TYPE, "training", gpus=2)[0] == 30.0
+    assert store.lookup("m.onnx", 32, TYPE, "training", gpus=2, shared=True)[0] == 30.0
     # the one-GPU pod of the same model is learned apart (keyed by GPU count)
     assert store.lookup("m.onnx", 32, TYPE, "training")[0] == 55.0
     keys = {(e["model"], e["gpus"]) for e in store.view()["alone"]}

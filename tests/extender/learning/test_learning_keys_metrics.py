@@ -219,7 +219,7 @@ def test_colocated_samples_feed_the_shared_floor_of_the_learner() -> None:
     for value in (40.0, 42.0, 44.0):
         store.add(key, value, alone=False, reference="m.onnx")
     assert store.lookup("m.onnx", 32, "T4", "training") is None
-    assert store.lookup_shared("m.onnx", 32, "T4", "training") == (42.0, 3)
+    assert store.lookup("m.onnx", 32, "T4", "training", shared=True) == (42.0, 3)
     learner = Learner(LearningConfig(), clock=lambda: 0.0, wall_clock=lambda: 0.0)
     learner.store = store
     knowledge = learner.knowledge(LearningConfig()).util()
