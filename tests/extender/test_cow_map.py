@@ -3,8 +3,8 @@ iterates as a dict does."""
 
 from __future__ import annotations
 
-from copy import deepcopy
 import random
+from copy import deepcopy
 
 from extender.core.cow_map import OrderedShardedMap, ShardedMap, row_block
 
