@@ -31,6 +31,7 @@ from extender.core import CostPolicy, gpu_type_of
 from extender.core.cost import MAX_PODS_RANGE
 from extender.core.fragmentation import WEIGHTINGS
 from extender.core.packing import PackingPolicy
+from extender.core.share_score import SCORE_RANGE
 from extender.queue.fair import BETA_RANGE, K_RANGE, QueueConfig
 from predictor.curves import (
     CurveFileError,
@@ -94,7 +95,10 @@ SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Callable[[Any], bool]
                                                "must be null or in (-100, 1000]"),
                "max_colocated_util_percent": ((int, float, type(None)),
                                               lambda v: v is None or 0 < v <= 10000,
-                                              "must be null or in (0, 10000]")},
+                                              "must be null or in (0, 10000]"),
+               "max_share_score": ((int, type(None)), lambda v: v is None or (
+                   SCORE_RANGE[0] <= v <= SCORE_RANGE[1]),
+                   f"must be null or in {SCORE_RANGE[0]}..{SCORE_RANGE[1]}")},
     "packing": {"enabled": (bool, None, ""),
                 "w_fragmentation": ((int, float), lambda v: 0 <= v <= 1000, "must be in [0, 1000]"),
                 "w_fit": ((int, float), lambda v: 0 <= v <= 1000, "must be in [0, 1000]"),
@@ -304,6 +308,7 @@ def build_config(raw: Any, source_path: str | None = None) -> ExtenderConfig:
             sections["limits"].get("min_colocation_gain_percent", DEFAULT_MIN_COLOCATION_GAIN)),
         max_colocated_util_percent=_optional_float(
             sections["limits"].get("max_colocated_util_percent")),
+        max_share_score=sections["limits"].get("max_share_score"),
         staleness_seconds=float(reports.staleness_seconds),
         packing=PackingPolicy(**{k: float(v) if isinstance(v, int) and k.startswith("w_") else v
                                  for k, v in sections["packing"].items()}),

@@ -78,6 +78,10 @@ class CostPolicy:
     max_colocated_util_percent: float | None = None
     """Cap on a shared GPU's cumulative predicted utilisation (percent, > 0): a GPU that
     already runs training jobs takes another only up to this total. None = no cap."""
+    max_share_score: int | None = None
+    """Lucid-style share score (:mod:`extender.core.share_score`): where progress is not
+    measured, a GPU running training pods takes another only while their scores sum to
+    at most this. None = off."""
     pairs: PairModel | None = None
     """Learned pairwise interference (:mod:`extender.core.pairs`); None = the curve only."""
     packing: PackingPolicy = PackingPolicy()

@@ -11,6 +11,7 @@ pod on the row names no progress counter (``tandem.io/progress``), the row keeps
 terms and only pairs seen not to fit in memory are refused there. So does a row where
 nothing is known of the pod's pairs (its figure there is the curve's): the curve's pair
 figures in the pair formula are not Horus's cost, and mixing the two misjudged GPUs.
+There, with ``limits.max_share_score`` set, :mod:`extender.core.share_score` may refuse too.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from extender.core.cost import CostPolicy, curve_costs
 from extender.core.pairs import CURVE, PairModel, judge_gpu
 from extender.core.reasons import Reason
 from extender.core.rules import GpuLoad
+from extender.core.share_score import share_refusals
 from extender.core.table import GpuTable
 
 
@@ -54,12 +56,14 @@ def pair_terms(table: GpuTable, rows: np.ndarray, model_name: str | None, policy
 
     ``job_util`` and ``coeffs`` have one entry (row) per candidate row or one for all."""
     model: PairModel | None = policy.pairs
-    if model is None or not model_name or not model.types:
-        return None
     size = rows.size
+    # Where progress is not measured, a Lucid-style share score may refuse (share_score).
+    shared = share_refusals(table, rows, policy.max_share_score, job_util, progress=progress)
     c_util = np.full(size, np.nan)
     gain = np.full(size, np.nan)
-    refused = np.zeros(size, dtype=bool)
+    refused = np.zeros(size, dtype=bool) if shared is None else shared
+    if model is None or not model_name or not model.types:
+        return None if shared is None else PairTerms(c_util, gain, refused, {})
     sources: dict[int, str] = {}
     names, type_id = table.type_names, table.type_id
     for i, r in enumerate(rows.tolist()):
@@ -71,8 +75,8 @@ def pair_terms(table: GpuTable, rows: np.ndarray, model_name: str | None, policy
             continue  # a pod without a model: the curve judges this GPU
         measured = progress and all(p for *_, p in here)
         if not measured or not model.has_figures(gpu_type):  # the curve judges, refusals stand
-            refused[i] = not all(model.can_share(gpu_type, model_name, m, learned=measured)
-                                 for m, *_ in here)
+            refused[i] |= not all(model.can_share(gpu_type, model_name, m, learned=measured)
+                                  for m, *_ in here)
             continue
         u_job = float(job_util[i if job_util.size > 1 else 0])
         row_coeffs = coeffs[i if coeffs.shape[0] > 1 else 0]

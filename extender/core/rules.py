@@ -68,9 +68,11 @@ Check = tuple[np.ndarray, Reason]
 
 
 def colocation_rule_on(policy: CostPolicy) -> bool:
-    """True when the co-location throughput rule or the utilisation cap judges training jobs."""
+    """True when the co-location throughput rule, the utilisation cap or the share score
+    judges training jobs."""
     return (policy.min_colocation_gain_percent is not None
-            or policy.max_colocated_util_percent is not None)
+            or policy.max_colocated_util_percent is not None
+            or policy.max_share_score is not None)
 
 
 @dataclass(frozen=True)
