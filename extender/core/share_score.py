@@ -39,7 +39,13 @@ SCORE_RANGE = (0, 100)
 
 def share_score(util_percent: float, tiers: tuple[float, ...] = TIERS) -> int:
     """The job's tier: how many of ``tiers`` its alone utilisation reaches (0 tiny .. 2 jumbo)."""
-    return sum(1 for t in tiers if util_percent >= t)
+    return int(scores(np.array([util_percent]), tiers)[0])
+
+
+def scores(util_percent: np.ndarray, tiers: tuple[float, ...] = TIERS) -> np.ndarray:
+    """:func:`share_score` of each entry (rounded to 1e-6: reservations are running sums)."""
+    util = np.round(util_percent, 6)
+    return np.sum([util >= t for t in tiers], axis=0, dtype=np.int64)
 
 
 def over_limit(limit: int, job_util: float, resident_utils: Iterable[float],
@@ -59,12 +65,17 @@ def share_refusals(table: GpuTable, rows: np.ndarray, limit: int | None,
     entry per row or one for all."""
     if limit is None:
         return None
-    refused = np.zeros(rows.size, dtype=bool)
-    busy = np.flatnonzero(table.training_count[rows] > 0)
-    for i in busy.tolist():
-        here = table.row_models.get(int(rows[i]), ())
-        if progress and all(p for *_, p in here):
-            continue  # measured progress: learned pairs and the curve judge, never the score
-        u_job = float(job_util[i if job_util.size > 1 else 0])
-        refused[i] = over_limit(limit, u_job, (u for _, u, _, _ in here))
+    busy = table.training_count[rows] > 0
+    if not busy.any():
+        return None
+    # A row whose one pod is a training pod (the usual shared GPU) reserves its utilisation:
+    # scored at once; the rows of several pods read their training pods one by one.
+    alone = busy & (table.pod_count[rows] == 1)
+    residents = np.where(alone, scores(table.reserved_util[rows]), 0)
+    for i in np.flatnonzero(busy & ~alone).tolist():
+        residents[i] = sum(share_score(u) for _, u, _, _ in table.row_models.get(int(rows[i]), ()))
+    refused = busy & (scores(job_util) + residents > limit)
+    if progress:  # measured progress on the row: learned pairs and the curve judge, not this
+        for i in np.flatnonzero(refused).tolist():
+            refused[i] = not all(p for *_, p in table.row_models.get(int(rows[i]), ()))
     return refused if refused.any() else None

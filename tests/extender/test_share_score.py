@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 from extender_builders import A100, measured, node, placement
 
@@ -14,7 +15,7 @@ from extender.config.schema import ConfigError, build_config
 from extender.core import CostPolicy, DecisionContext, JobDemand, Purpose, evaluate, resolve_demand
 from extender.core.pairs import PairModel, TypePairs
 from extender.core.reasons import Reason
-from extender.core.share_score import over_limit, share_score
+from extender.core.share_score import over_limit, share_refusals, share_score
 from extender.core.table import GpuTable
 
 ON = CostPolicy(min_colocation_gain_percent=0.0, max_share_score=2)
@@ -81,3 +82,23 @@ def test_the_key_is_off_by_default_and_checked() -> None:
     for bad in (-1, 1.5, True, "2", 101):
         with pytest.raises(ConfigError, match="limits.max_share_score"):
             build_config({"limits": {"max_share_score": bad}})
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_the_fast_path_agrees_with_the_rule_row_by_row(progress: bool) -> None:
+    rng = np.random.default_rng(3)
+    table = GpuTable.build([node("n1", count=40)])
+    for k in range(70):  # 0-4 pods per GPU, some with a counter; one placed and removed
+        ann = measured("m") if rng.random() < 0.5 else ((MODEL, "m"),)
+        util = float(rng.choice([20.0, 100.0 / 3.0, 50.0, 200.0 / 3.0, 90.0]))
+        table.place(placement(f"u{k}", gpus=(int(rng.integers(40)),), util=util, mem=10.0,
+                              annotations=ann))
+    gone = placement("gone", gpus=(0,), util=10.1, mem=10.0)
+    table.place(gone)
+    table.remove(gone)
+    rows = np.arange(40)
+    got = share_refusals(table, rows, 2, np.array([40.0]), progress=progress)
+    want = [not (progress and all(p for *_, p in table.row_models.get(r, ())))
+            and over_limit(2, 40.0, [u for _, u, _, _ in table.row_models.get(r, ())])
+            for r in range(40)]
+    assert got is not None and got.tolist() == want
