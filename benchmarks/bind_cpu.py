@@ -140,6 +140,10 @@ class ThreadProfiles:
                 profile.disable()
         threading.Thread._bootstrap_inner = profiled  # type: ignore[attr-defined]
 
+    def dump(self, path: str) -> None:
+        """The merged profile as a pstats file."""
+        pstats.Stats(*self.profiles, stream=io.StringIO()).dump_stats(path)
+
     def top(self, n: int, pods: int, key: int = 2) -> list[str]:
         """The ``n`` functions of most own time (``key`` 3: cumulative), in microseconds
         per pod."""
@@ -200,6 +204,8 @@ def _starter(cfg: Any, api_port: int, profile: int, out: str, parts: list[str],
             if profile:
                 result["profile_top"] = profiles.top(profile, max(1, len(uids)))
                 result["profile_top_cumulative"] = profiles.top(profile, max(1, len(uids)), 3)
+                if os.environ.get("BIND_CPU_PROFILE_DUMP"):
+                    profiles.dump(os.environ["BIND_CPU_PROFILE_DUMP"])
             with open(out, "w") as f:
                 json.dump(result, f)
         return server.port, stop
