@@ -6,17 +6,19 @@ cheroot reads every request through ``_pyio`` (the pure-Python ``io``: its modul
 much as the rest of cheroot's request handling; the scheduler sends three requests per
 pod. Here the reader is the C ``io.BufferedReader`` over the same ``socket.SocketIO``
 (what ``socket.makefile`` builds), and the writer sends each write at once with
-``sendall`` (cheroot's writer flushes every write too). What cheroot and the hardened
-connection (``contracts.httpserve``) read of them is kept: ``bytes_read``,
-``bytes_written`` and ``has_data()``, which tells whether the reader holds buffered
-bytes without reading the socket (the hardened connection then gathers the rest of the
-request in the selector, not in a worker).
+``sendall`` (cheroot's writer flushes every write too), but an answer's head with its
+body: cheroot writes them apart, two sends and two segments for the client to read.
+What cheroot and the hardened connection (``contracts.httpserve``) read of them is
+kept: ``bytes_read``, ``bytes_written`` and ``has_data()``, which tells whether the
+reader holds buffered bytes without reading the socket (the hardened connection then
+gathers the rest of the request in the selector, not in a worker).
 """
 
 from __future__ import annotations
 
 import errno
 import io
+import re
 import socket
 from typing import Any
 
@@ -61,11 +63,18 @@ class SocketReader(io.BufferedReader):
             self._quiet.quiet = False
 
 
+_BODY_FOLLOWS = re.compile(rb"\r\ncontent-length:[ \t]*0*[1-9]", re.IGNORECASE)
+"""An answer's head that announces a body: cheroot writes the body next."""
+
+
 class SocketWriter:
-    """cheroot's ``StreamWriter``: each write sent whole at once."""
+    """cheroot's ``StreamWriter``: each write sent whole at once, except an answer's head
+    that announces a body, which goes out with the body (one send, one segment to the
+    client instead of two); :meth:`flush` sends a head still held (a HEAD request's)."""
 
     def __init__(self, sock: Any, mode: str = "wb", bufsize: int = io.DEFAULT_BUFFER_SIZE):
         self._sock = sock
+        self._held = b""
         self.bytes_written = 0
         self.closed = False
 
@@ -73,12 +82,22 @@ class SocketWriter:
         """Send ``data`` (str is refused, as by cheroot's writer)."""
         if isinstance(data, str):
             raise TypeError("can't write str to binary stream")
+        size = len(data)
+        self.bytes_written += size
+        if self._held:
+            data, self._held = self._held + data, b""
+        elif data.startswith(b"HTTP/1.") and data.endswith(b"\r\n\r\n") \
+                and _BODY_FOLLOWS.search(data):
+            self._held = bytes(data)
+            return size
         self._sock.sendall(data)
-        self.bytes_written += len(data)
-        return len(data)
+        return size
 
     def flush(self) -> None:
-        """Nothing is buffered."""
+        """Send a head still held."""
+        if self._held:
+            held, self._held = self._held, b""
+            self._sock.sendall(held)
 
     def close(self) -> None:
         """The socket is the connection's to close."""
@@ -93,9 +112,18 @@ def socket_file(sock: Any, mode: str = "r", bufsize: int = io.DEFAULT_BUFFER_SIZ
 def on_c_io(connection_class: type) -> type:
     """``connection_class`` (cheroot's ``HTTPConnection`` or the hardened one) building its
     socket files with :func:`socket_file`, also under TLS (the adapter's files are cheroot's
-    Python ones as well)."""
+    Python ones as well); each request's answer is flushed when it is complete."""
+    request_class = connection_class.RequestHandlerClass
+
+    def respond(self: Any) -> None:
+        try:
+            request_class.respond(self)
+        finally:
+            self.conn.wfile.flush()
 
     def __init__(self: Any, server: Any, sock: Any, makefile: Any = None) -> None:
         connection_class.__init__(self, server, sock, socket_file)
 
-    return type(f"CIo{connection_class.__name__}", (connection_class,), {"__init__": __init__})
+    return type(f"CIo{connection_class.__name__}", (connection_class,), {
+        "__init__": __init__, "RequestHandlerClass": type(
+            f"CIo{request_class.__name__}", (request_class,), {"respond": respond})})
