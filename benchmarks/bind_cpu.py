@@ -17,7 +17,9 @@ bind request (a third of the workers' own time) and the background work a bind c
 ``--against TREE`` measures another checkout (same ``create_app``/``KubeSource``) in a
 child process, interleaved with this one ``--repeats`` times, and reports the paired
 ratios. ``--profile N`` adds the N costliest functions by own time over every thread
-(cProfile per thread; profiling slows everything about 2x, so its run is separate).
+(cProfile of thread CPU time per thread; profiling slows everything about 2x, so its run
+is separate; ``BIND_CPU_PROFILE_DUMP=PATH`` also writes the merged pstats file), and
+``--parts module:Class.method ...`` each named function's thread CPU time.
 
     .venv/bin/python benchmarks/bind_cpu.py [--against TREE] [--pods N] [--repeats N]
         [--api-latency-ms MS] [--concurrency N] [--profile N]
