@@ -300,23 +300,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result = measure(opts)
         print(json.dumps(result))
         return result
-    from benchmarks.scheduler_pattern import paired
+    from benchmarks.scheduler_pattern import branch_over_against
 
     load_before = _common.load_average()
-    trees = {"branch": HERE.parent, **({"against": opts.against} if opts.against else {})}
-    runs: dict[str, list[dict]] = {label: [] for label in trees}
-    for _ in range(opts.repeats):  # interleaved: load from elsewhere hits both alike
-        for label, tree in trees.items():
-            runs[label].append(_child(tree, opts))
+    runs = _common.interleaved(opts.against, opts.repeats, lambda tree: _child(tree, opts))
     doc = {"benchmark": "bind_cpu", "pods": opts.pods, "concurrency": opts.concurrency,
            "api_write_latency_ms": opts.api_latency_ms, "repeats": opts.repeats,
            "median_over_repeats": {label: {name: round(statistics.median(
                _value(r, path) for r in rs), 3) for name, path in FIGURES.items()}
                for label, rs in runs.items()},
-           **({"branch_over_against": paired(
-               [{"branch": b, "against": a} for b, a in zip(runs["branch"], runs["against"],
-                                                             strict=True)],
-               FIGURES, "branch", "against")} if opts.against and opts.repeats > 1 else {}),
+           **branch_over_against(runs, FIGURES),
            "runs": runs, "load_average_1_5_15_at_start": load_before,
            **_common.context(("cheroot", "kubernetes"))}
     _common.write_result(doc, opts.out)
