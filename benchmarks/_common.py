@@ -82,6 +82,18 @@ def run_child(script: str, tree: Path, args: Sequence[str]) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def interleaved(against: Path | None, repeats: int,
+                run: Callable[[Path], dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """``run`` over this checkout (``branch``) and ``against`` (when given), one after the
+    other ``repeats`` times, so load from elsewhere hits both alike: each label's runs."""
+    trees = {"branch": ROOT, **({"against": against} if against else {})}
+    runs: dict[str, list[dict[str, Any]]] = {label: [] for label in trees}
+    for _ in range(repeats):
+        for label, tree in trees.items():
+            runs[label].append(run(tree))
+    return runs
+
+
 def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo (``platform.processor()`` elsewhere)."""
     try:

@@ -445,6 +445,18 @@ def paired(runs: list[dict[str, Any]], figures: dict[str, tuple[str, ...]] = PAI
     return out
 
 
+def branch_over_against(runs: dict[str, list[dict[str, Any]]],
+                        figures: dict[str, tuple[str, ...]]) -> dict[str, Any]:
+    """``{"branch_over_against": paired ratios}`` of ``_common.interleaved``'s runs, when
+    another checkout was measured twice or more; else nothing."""
+    if "against" not in runs or len(runs["against"]) < 2:
+        return {}
+    return {"branch_over_against": paired(
+        [{"branch": b, "against": a} for b, a in zip(runs["branch"], runs["against"],
+                                                      strict=True)],
+        figures, "branch", "against")}
+
+
 def _setting() -> tuple[Any, random.Random, list[dict]]:
     """The extenders' configuration (the signing key in the environment the forked ones
     read), the workload's random draws and the cluster's bound pods."""

@@ -18,11 +18,10 @@
   two loses nothing). Events are posted by a background worker too; identical
   events queued together go out as one with a count.
 - Lists, watches and pod reads go through the official client with
-  ``_preload_content=False`` and plain JSON: turning full Pod objects into client
-  models and back costs more than the rest of a bind (profiled), and nothing here
-  needs the models. Bindings and events go through ``kube_http.LeanPoster``, built
-  from the same configuration: urllib3 and ``http.client`` cost more than the API
-  server's own work per binding (profiled).
+  ``_preload_content=False`` and plain JSON: client models cost more than the rest of
+  a bind (profiled), and nothing here needs them. Bindings and events go through
+  ``kube_http.LeanPoster``, built from the same configuration: urllib3 and
+  ``http.client`` cost more than the API server's own work per binding (profiled).
 """
 
 from __future__ import annotations
@@ -59,6 +58,7 @@ from extender.cluster.source import (
     untrusted_placement,
 )
 from extender.cluster.traffic import BindTraffic
+from extender.cluster.written import WrittenAnnotations
 from extender.core import GpuSpec, NodeSpec, Placement, PodRef
 from extender.errors import BindOutcomeUnknown, SourceError
 
@@ -148,6 +148,7 @@ class KubeSource:
         """Writes them after the Binding, off the bind path."""
         self._pending = PendingPods()
         """Pods waiting for a node, as the pod watch last delivered them (bind reads here)."""
+        self._written = WrittenAnnotations()  # the watch knows bind's writes undecoded
 
     signs_placements = True
 
@@ -167,9 +168,6 @@ class KubeSource:
         except config.ConfigException:
             config.load_kube_config()
         return cls(client.CoreV1Api())
-
-    def _plain(self, obj: Any) -> dict[str, Any]:
-        return self.api.api_client.sanitize_for_serialization(obj)
 
     def _list(self, lister: Callable[..., Any], **kwargs: Any) -> tuple[list[Any], str]:
         body = _json(lister(_preload_content=False, **kwargs))
@@ -227,6 +225,7 @@ class KubeSource:
             state.hosts.gone(uid)
             state.forget(uid)
             self._distrusted.discard(uid)
+            self._written.forget(uid)
             return
         observe_host(state, pod)
         self._observe_bound(state, pod)
@@ -248,8 +247,12 @@ class KubeSource:
                 or (pod.get("status") or {}).get("phase") in DONE_PHASES:
             return None
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-        written = placement_from_pod(pod)
         held: Placement | None = state.placement_of(uid)
+        if held is not None and held.node == node \
+                and self._written.unchanged(uid, node, meta.get("annotations")):
+            state.confirm(held)  # exactly what bind sent: it decodes to the decision held
+            return uid
+        written = placement_from_pod(pod)
         if held is not None and held.node == node:
             # The Binding wrote the annotations in the same update as nodeName, so every
             # bound event of a pod held here carries them: none that parse is an edit too,
@@ -337,7 +340,8 @@ class KubeSource:
                                                       timeout_seconds=self._timeout)
                 for event in stream:
                     obj = event["object"]
-                    plain = obj if isinstance(obj, Mapping) else self._plain(obj)
+                    plain = obj if isinstance(obj, Mapping) \
+                        else self.api.api_client.sanitize_for_serialization(obj)
                     rv = (plain.get("metadata") or {}).get("resourceVersion", rv)
                     apply(state, event["type"], plain)
                     if self._stop.is_set():
@@ -403,6 +407,8 @@ class KubeSource:
                 "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid,
                              "annotations": dict(annotations)},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        if placement is not None:  # before: the watch may show the Binding before it returns
+            self._written.note(pod.uid, node, placement.annotations, annotations)
         try:
             if self._poster is not None:
                 with self._traffic.binding():
@@ -416,6 +422,7 @@ class KubeSource:
                                                               _preload_content=False))
         except ApiException as exc:
             if exc.status is not None and 400 <= exc.status < 500:
+                self._written.forget(pod.uid)
                 raise SourceError(api_error(exc)) from None  # refused: nothing was applied
             self._record_later(node, pod.uid, entry)  # it may have been applied
             raise BindOutcomeUnknown(api_error(exc)) from None

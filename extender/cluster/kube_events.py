@@ -12,6 +12,7 @@ import contextlib
 import datetime as dt
 import json
 import queue
+import time
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
@@ -24,6 +25,8 @@ from extender.core import PodRef
 
 COMPONENT = "tandem-extender"
 EVENT_QUEUE_LIMIT = 1000
+Queued = tuple[PodRef, str, str, bool, float]
+"""(pod, reason, message, warning, when): an event as queued, built by the worker."""
 EVENT_DEFER_SECONDS = 1.0
 """Longest an event batch waits for a pause in binding (``extender.cluster.traffic``)."""
 
@@ -33,23 +36,14 @@ class EventQueue:
 
     def __init__(self, api: Any, poster: Any = None, traffic: BindTraffic | None = None):
         self.api, self._poster, self._traffic = api, poster, traffic
-        self._events: queue.Queue[dict[str, Any] | None] = queue.Queue(EVENT_QUEUE_LIMIT)
+        self._events: queue.Queue[Queued | None] = queue.Queue(EVENT_QUEUE_LIMIT)
         self._log = get_logger()
 
     def record(self, pod: PodRef, reason: str, message: str, warning: bool) -> None:
-        """Queue an Event on the pod (dropped, with a log line, when the queue is full)."""
-        now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-        event = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
-            "involvedObject": {"kind": "Pod", "apiVersion": "v1", "name": pod.name,
-                               "namespace": pod.namespace, "uid": pod.uid},
-            "reason": reason, "message": message[:1024],
-            "type": "Warning" if warning else "Normal", "source": {"component": COMPONENT},
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-            "reportingComponent": COMPONENT}
+        """Queue an Event on the pod (dropped, with a log line, when the queue is full); the
+        object is built by the worker, off the caller's path (bind's)."""
         try:
-            self._events.put_nowait(event)
+            self._events.put_nowait((pod, reason, message, warning, time.time()))
         except queue.Full:
             self._log.warning("event queue full; event dropped", extra={"pod": pod.key})
 
@@ -71,11 +65,11 @@ class EventQueue:
             batch.append(event)
         return self._post_batch(batch)
 
-    def _post_batch(self, batch: list[dict[str, Any]]) -> int:
+    def _post_batch(self, batch: list[Queued]) -> int:
         # Repeats of one event (a bind failing the same way again) become one Event whose
         # count says how often, not one object each.
         merged: dict[tuple[str, ...], dict[str, Any]] = {}
-        for event in batch:
+        for event in map(_event, batch):
             key = _event_key(event)
             first = merged.get(key)
             if first is None:
@@ -124,6 +118,22 @@ class EventQueue:
             self._post_batch(batch)
             if stop:
                 return
+
+
+def _event(queued: Queued) -> dict[str, Any]:
+    """The Event object of a queued event."""
+    pod, reason, message, warning, at = queued
+    now = dt.datetime.fromtimestamp(at, dt.UTC).isoformat(timespec="seconds") \
+        .replace("+00:00", "Z")
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
+        "involvedObject": {"kind": "Pod", "apiVersion": "v1", "name": pod.name,
+                           "namespace": pod.namespace, "uid": pod.uid},
+        "reason": reason, "message": message[:1024],
+        "type": "Warning" if warning else "Normal", "source": {"component": COMPONENT},
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        "reportingComponent": COMPONENT}
 
 
 def _event_key(event: Mapping[str, Any]) -> tuple[str, ...]:

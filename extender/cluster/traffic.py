@@ -12,10 +12,8 @@ gathered.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from collections.abc import Iterator
 
 QUIET_SECONDS = 0.02
 """How long after the last binding ended the writers still wait (the burst's next bind)."""
@@ -25,23 +23,29 @@ class BindTraffic:
     """Counts bindings in flight; lets the event worker wait for a pause."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)
+        """Waiters for the bindings in flight to end (notified when none is left)."""
+        self._calm = threading.Condition(lock)
+        """Waiters for the quiet time after the last one (timed only: a binding that ends
+        meanwhile does not wake them, each wakes once per quiet time at most)."""
         self._in_flight = 0
         self._last_end = float("-inf")
 
-    @contextlib.contextmanager
-    def binding(self) -> Iterator[None]:
-        """Around one binding's API call."""
+    def binding(self) -> BindTraffic:
+        """Around one binding's API call (``with traffic.binding(): ...``)."""
+        return self
+
+    def __enter__(self) -> None:
         with self._cond:
             self._in_flight += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._in_flight -= 1
-                self._last_end = time.monotonic()
-                if not self._in_flight:
-                    self._cond.notify_all()
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._in_flight -= 1
+            self._last_end = time.monotonic()
+            if not self._in_flight:
+                self._cond.notify_all()
 
     def wait_idle(self, max_wait: float, quiet: float = QUIET_SECONDS) -> bool:
         """Wait until no binding is in flight and none ended in the last ``quiet`` s, at most
@@ -55,4 +59,7 @@ class BindTraffic:
                     return True
                 if now >= deadline:
                     return False
-                self._cond.wait(min(deadline - now, calm) if calm > 0 else deadline - now)
+                if calm > 0:
+                    self._calm.wait(min(deadline - now, calm))
+                else:
+                    self._cond.wait(deadline - now)

@@ -50,6 +50,7 @@ from extender.core.decide import (
     Decision,
     DecisionContext,
     Purpose,
+    decision_at,
     evaluate,
     filter_nodes,
     fits_without,
@@ -93,7 +94,8 @@ from extender.core.table import GpuTable, PlacementError, Role
 
 __all__ = [
     "CostPolicy", "Decision", "DecisionContext", "Snapshot", "filter_nodes", "fits_without",
-    "place", "score_nodes", "without", "DemandError", "DemandUnavailable", "Evaluation",
+    "decision_at", "place", "score_nodes", "without", "DemandError", "DemandUnavailable",
+    "Evaluation",
     "GpuObservation", "GpuSpec", "GpuTable", "GpuUuid", "InferenceContext", "InterferenceCurve",
     "JobDemand", "NodeName", "NodeSpec", "Placement", "PlacementError", "PlannerFn", "PodRef",
     "PodUid", "ProfileIndex", "Purpose",

@@ -286,16 +286,24 @@ def place(snap: Snapshot, node: str, demand: ResolvedDemand,
     container gets which. The placement holds exactly what the annotations will say
     (rounded), so a restart rebuilds identical state."""
     ev = score_nodes(snap, [node], demand, inference)
-    chosen = choose(ev, 0, pod_uid, pod)
+    return decision_at(ev, 0, pod_uid, pod, annotations, containers)
+
+
+def decision_at(ev: Evaluation, position: int, pod_uid: str, pod: str,
+                annotations: tuple[tuple[str, str], ...] = (),
+                containers: tuple[tuple[str, int, bool], ...] = ()) -> Decision:
+    """:func:`place`'s decision on candidate ``position`` of an evaluation (one node's, or
+    ``/prioritize``'s where each node's figures are its own: ``extender.service.scored``)."""
+    chosen = choose(ev, position, pod_uid, pod)
     if chosen is None:
-        return Decision(None, rejection=ev.rejections.get(node))
-    rows = ev.chosen_rows(0)
-    uuids = tuple(snap.table.gpus[r].uuid for r in rows)
+        return Decision(None, rejection=ev.rejections.get(ev.names[position]))
+    rows = ev.chosen_rows(position)
+    uuids = tuple(ev.table.gpus[r].uuid for r in rows)
     chosen = dataclasses.replace(chosen, util_percent=round(chosen.util_percent, 2),
                                  mem_mib=float(round(chosen.mem_mib)), annotations=annotations,
                                  gpu_uuids=uuids,
                                  containers=split_gpus(containers, chosen.gpu_indices))
-    return Decision(chosen, ev.plans.get(rows[0]), float(ev.node_cost[0]), uuids,
+    return Decision(chosen, ev.plans.get(rows[0]), float(ev.node_cost[position]), uuids,
                     ev.interference_sources.get(rows[0], ""))
 
 

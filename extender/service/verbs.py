@@ -32,6 +32,7 @@ from extender.core import (
     Workload,
     annotations_of,
     container_gpu_counts,
+    decision_at,
     filter_nodes,
     fits_without,
     gpu_type_of,
@@ -49,6 +50,7 @@ from extender.service.bind_outcomes import BindOutcomes
 from extender.service.decided import DecidedBy
 from extender.service.demand_cache import DemandCache, DemandPredictor
 from extender.service.host_only import HostOnlyPods, gpu_pod
+from extender.service.scored import ScoredNodes
 from extender.state.ledger import ClusterState
 from extender.wire import (
     BindingArgs,
@@ -103,6 +105,8 @@ class Extender:
         """Failed binds and binds that got no answer."""
         self.decided = DecidedBy()
         """Which term put each pod's node first, from prioritize to bind."""
+        self.scored = ScoredNodes()
+        """Prioritize's evaluation, which bind reuses where nothing it reads changed."""
         self.host_only = HostOnlyPods(state, source, learner)
         """Pods of no GPU routed to tandem's profile; the shapes and host requests of binds."""
         self.preemptor = build_preemptor(source, state, self.demand, self._inference, may_bind,
@@ -190,6 +194,7 @@ class Extender:
         scores = ev.scores()
         if demand.job.workload is Workload.TRAINING:
             self.decided.note(ref.uid or ref.key, ev, scores)
+            self.scored.note(ref.uid, snap, ev)
         return encode_host_priorities(names, scores)
 
     def _handoff_gated(self, handoff: Any) -> bool:
@@ -285,18 +290,21 @@ class Extender:
         decision and where its numbers came from (``tandem.io/...-source``)."""
         uid = ref.uid or ref.key
         held = self.preemptor.reservation(ref.uid, node) if self.preemptor else None
-        for _ in range(ASSUME_ATTEMPTS):
+        for attempt in range(ASSUME_ATTEMPTS):
             snap = self.state.snapshot()
             reserved = snap.placement_of(held) if held is not None else None
             view = snap if reserved is None else without(snap, [reserved], observed=False)
-            decided = place(view, node, demand, self._inference, uid, ref.key, inputs,
-                            container_gpus)
+            scored = self.scored.take(ref.uid, snap, node, demand) \
+                if attempt == 0 and reserved is None else None
+            decided = decision_at(*scored, uid, ref.key, inputs, container_gpus) if scored \
+                else place(view, node, demand, self._inference, uid, ref.key, inputs,
+                           container_gpus)
             if decided.placement is None:
                 raise BindConflict(f"node {node} no longer fits pod {ref.key}",
                                    decided.rejection)
             stamp = snap.stamp(node)
             source_on = self._source_on(snap, demand, node, decided.placement.gpu_indices)
-            del snap, view  # let the snapshot go: the reservation below then copies nothing
+            del snap, view, scored  # let the snapshot go: the reservation then copies nothing
             if self.state.assume(stamp, decided.placement,
                                  held if reserved is not None else None):
                 if reserved is not None and self.preemptor is not None:

@@ -14,6 +14,7 @@ from contracts.httpserve import harden, tls_adapter
 from contracts.logs import get_logger
 from extender.config.loader import ConfigHolder
 from extender.config.sections import ServerConfig
+from extender.transport.socket_files import on_c_io
 
 LISTEN_BACKLOG = 128
 """Pending connections the kernel queues before accept (cheroot's default is 5)."""
@@ -47,6 +48,7 @@ def make_server(app: Any, cfg: ServerConfig, port: int | None = None) -> wsgi.Se
     # Slow clients wait in the selector, not in a worker (contracts.httpserve).
     harden(server, cfg.request_read_timeout_seconds, cfg.max_body_bytes,
            lambda message, kind="": json.dumps({"Error": message}).encode())
+    server.ConnectionClass = on_c_io(server.ConnectionClass)  # less CPU per request
     if cfg.tls_cert_file and cfg.tls_key_file:
         server.ssl_adapter = tls_adapter(cfg.tls_cert_file, cfg.tls_key_file)
     return server

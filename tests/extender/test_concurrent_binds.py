@@ -117,6 +117,25 @@ def test_writers_wait_for_a_quiet_moment_after_the_last_binding():
     assert traffic.wait_idle(1.0) and time.monotonic() - start < 0.5
 
 
+def test_a_binding_in_the_quiet_time_holds_the_writers_until_it_ends_and_after():
+    traffic = BindTraffic()
+    with traffic.binding():
+        pass
+    returned = []
+
+    def waiter():
+        ok = traffic.wait_idle(3.0, quiet=0.1)
+        returned.append((ok, time.monotonic()))
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    time.sleep(0.03)  # the waiter is in the quiet time of the first binding
+    with traffic.binding():
+        time.sleep(0.2)
+    ended = time.monotonic()
+    thread.join(5.0)
+    assert returned and returned[0][0] and returned[0][1] >= ended + 0.1
+
+
 def test_record_writes_wait_for_the_bind_burst_and_gather_its_entries():
     class Written:  # the record store: what each PUT would carry
         def __init__(self):
