@@ -47,10 +47,11 @@ MODES = {"progress": ("curve-only", "pair-aware", "pair-oracle"),
 KEYS = ("avg_jct_s", "finished_in_window", "makespan_s")
 WINDOW_OF_MAKESPAN = 0.5
 LEARNED = ("progress_samples", "refused_losing", "directed_pairs_measured",
-           "windows_without_alone_time", "windows_of_three_or_more")
+           "windows_without_alone_time", "windows_of_three_or_more", "windows_attributed")
 """What the progress learner had by the end of each run: samples, pairs refused as losing,
 directed pairs with samples, shared windows set aside waiting for an alone time (some
-become samples later) and windows of GPUs held by three pods or more (no sample)."""
+become samples later), windows of GPUs held by three pods or more that gave no sample and
+those attributed to the one partner not yet measured (samples)."""
 
 
 def _seed_runs(raw: dict[str, Any], jobs: int | None, task: tuple[str, str, str, int]
@@ -81,7 +82,9 @@ def _seed_runs(raw: dict[str, Any], jobs: int | None, task: tuple[str, str, str,
                              windows_without_alone_time=pairs.tracker.alone_steps.skipped.get(
                                  "no-alone-time", 0),
                              windows_of_three_or_more=pairs.tracker.alone_steps.skipped.get(
-                                 "not-a-pair", 0))
+                                 "not-a-pair", 0),
+                             windows_attributed=pairs.tracker.alone_steps.skipped.get(
+                                 "attributed", 0))
     window = WINDOW_OF_MAKESPAN * out["curve-only"]["makespan_s"]
     for mode in out:
         done = finishes.get(mode)
