@@ -47,10 +47,11 @@ MODES = {"progress": ("curve-only", "pair-aware", "pair-oracle"),
 KEYS = ("avg_jct_s", "finished_in_window", "makespan_s")
 WINDOW_OF_MAKESPAN = 0.5
 LEARNED = ("progress_samples", "refused_losing", "directed_pairs_measured",
-           "windows_without_alone_time", "windows_of_three_or_more")
+           "windows_without_alone_time", "windows_of_three_or_more", "windows_attributed")
 """What the progress learner had by the end of each run: samples, pairs refused as losing,
 directed pairs with samples, shared windows set aside waiting for an alone time (some
-become samples later) and windows of GPUs held by three pods or more (no sample)."""
+become samples later), windows of GPUs held by three pods or more that gave no sample and
+those attributed to the one partner not yet measured (samples)."""
 
 
 def _seed_runs(raw: dict[str, Any], jobs: int | None, task: tuple[str, str, str, int]
@@ -81,7 +82,9 @@ def _seed_runs(raw: dict[str, Any], jobs: int | None, task: tuple[str, str, str,
                              windows_without_alone_time=pairs.tracker.alone_steps.skipped.get(
                                  "no-alone-time", 0),
                              windows_of_three_or_more=pairs.tracker.alone_steps.skipped.get(
-                                 "not-a-pair", 0))
+                                 "not-a-pair", 0),
+                             windows_attributed=pairs.tracker.alone_steps.skipped.get(
+                                 "attributed", 0))
     window = WINDOW_OF_MAKESPAN * out["curve-only"]["makespan_s"]
     for mode in out:
         done = finishes.get(mode)
@@ -90,16 +93,17 @@ def _seed_runs(raw: dict[str, Any], jobs: int | None, task: tuple[str, str, str,
     return out
 
 
-def run(raw: dict[str, Any], seeds: int, processes: int, jobs: int | None = None
-        ) -> dict[str, Any]:
-    """Every GPU, workload and signal over ``seeds`` paired seeds."""
+def run(raw: dict[str, Any], seeds: int, processes: int, jobs: int | None = None,
+        first_seed: int = 1, signals: tuple[str, ...] = tuple(MODES)) -> dict[str, Any]:
+    """Every GPU, workload and signal over ``seeds`` paired seeds from ``first_seed``."""
     tasks = [(gpu, workload, signal, seed) for gpu in GPUS for workload in WORKLOADS
-             for signal in MODES for seed in range(1, seeds + 1)]
+             for signal in signals for seed in range(first_seed, first_seed + seeds)]
     results = _common.map_tasks(partial(_seed_runs, raw, jobs), tasks, processes)
     out: dict[str, Any] = {}
     for gpu in GPUS:
         for workload in WORKLOADS:
-            for signal, modes in MODES.items():
+            for signal in signals:
+                modes = MODES[signal]
                 per_seed = [r for (g, w, s, _), r in zip(tasks, results, strict=True)
                             if (g, w, s) == (gpu, workload, signal)]
                 runs = {m: {k: [r[m][k] for r in per_seed] for k in KEYS} for m in modes}
@@ -135,22 +139,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=_gavel.DATA, help="Gavel measurements JSON")
     parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--first-seed", type=int, default=1,
+                        help="seeds FIRST_SEED.. (tune away from the evaluation seeds 1-20)")
+    parser.add_argument("--signals", default=",".join(MODES),
+                        help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--jobs", type=int, default=None,
                         help="each workload's first JOBS arrivals (default: all 100)")
     _common.add_out_option(parser, "interference_progress_sim")
     args = parser.parse_args()
+    signals = tuple(s for s in args.signals.split(",") if s)
+    if not signals or any(s not in MODES for s in signals):
+        parser.error(f"--signals: choose from {', '.join(MODES)}")
     raw = json.loads(args.data.read_text())
     started = time.perf_counter()
     report: dict[str, Any] = {
         "benchmark": "interference_progress_sim",
         "kind": "simulator on measured data (figures are simulation outputs)",
-        "setup": {"seeds": args.seeds, "gpus": list(GPUS), "workloads": list(WORKLOADS),
-                  "modes": {s: list(m) for s, m in MODES.items()}, "cluster": "3 x 4 GPUs",
+        "setup": {"seeds": args.seeds, "first_seed": args.first_seed, "gpus": list(GPUS),
+                  "workloads": list(WORKLOADS),
+                  "modes": {s: list(MODES[s]) for s in signals}, "cluster": "3 x 4 GPUs",
                   "policy": "tandem (packaged config)", "processes": args.processes,
                   "window": f"{WINDOW_OF_MAKESPAN} x curve-only's makespan per seed",
                   "jobs_per_workload": args.jobs or 100},
-        "results": run(raw, args.seeds, args.processes, args.jobs)}
+        "results": run(raw, args.seeds, args.processes, args.jobs, args.first_seed, signals)}
     report["total_wall_s"] = round(time.perf_counter() - started, 1)
     report.update(_common.context(("numpy", "scipy")))
     _common.write_result(report, args.out)

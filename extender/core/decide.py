@@ -134,7 +134,7 @@ def evaluate(table: GpuTable, names: Sequence[str], demand: ResolvedDemand,
             cost = horus_cost(policy, load.used_mib, job_mem, load.capacity_mib, load.util_now,
                               job_util, load.coeffs)
             if pairs is not None:
-                cost = pair_cost(cost, pairs, policy, load, job_mem)
+                cost = pair_cost(cost, pairs, policy)
             packing = context.packing
             if packing is not None and policy.packing.enabled and not packing.shapes.empty:
                 terms = packing_terms(load.free_mib, load.capacity_mib, owner,

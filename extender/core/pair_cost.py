@@ -6,6 +6,13 @@ its model, and every training pod on the row names one); the other rows keep
 Horus's terms (``nan`` in the returned arrays), so with nothing learned the
 decision is the curve's exactly. See :mod:`extender.core.pairs` for the rules.
 
+The figures correct Horus's utilisation term by the progress they say the GPU loses
+beyond what the curve's own figures lose in the same formula: the pair formula's cost
+itself sits on another scale than Horus's (two jobs at 40% each: 0.58 against 0.45), and
+GPUs judged by pairs lost to GPUs judged by the curve whatever their figures said. Only
+figures measured from the newcomer's progress re-judge the throughput rule: a figure
+completed from other pairs refuses nothing the curve shares.
+
 Learned figures judge only pods whose progress is measured: where the pod or a training
 pod on the row names no progress counter (``tandem.io/progress``), the row keeps Horus's
 terms and only pairs seen not to fit in memory are refused there. So does a row where
@@ -22,18 +29,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from extender.core.cost import CostPolicy, curve_costs
-from extender.core.pairs import CURVE, PairModel, judge_gpu
+from extender.core.pairs import CURVE, UNTRIED, PairModel, TypePairs, judge_gpu
 from extender.core.reasons import Reason
-from extender.core.rules import GpuLoad
 from extender.core.share_score import share_refusals
 from extender.core.table import GpuTable
 
 
 @dataclass(frozen=True)
 class PairTerms:
-    """Per candidate row: the pair-based utilisation term and rule verdicts (nan: Horus)."""
+    """Per candidate row: the pair figures' correction of Horus's utilisation term and rule
+    verdicts (nan: Horus)."""
 
-    c_util: np.ndarray
+    extra_util: np.ndarray
+    """What the pair figures add to Horus's utilisation term (negative: they say the GPU
+    loses less progress than the curve's figures do)."""
     gain: np.ndarray
     refused: np.ndarray
     """Rows whose residents include a model the pod was seen not to fit beside."""
@@ -59,11 +68,11 @@ def pair_terms(table: GpuTable, rows: np.ndarray, model_name: str | None, policy
     size = rows.size
     # Where progress is not measured, a Lucid-style share score may refuse (share_score).
     shared = share_refusals(table, rows, policy.max_share_score, job_util, progress=progress)
-    c_util = np.full(size, np.nan)
+    extra = np.full(size, np.nan)
     gain = np.full(size, np.nan)
     refused = np.zeros(size, dtype=bool) if shared is None else shared
     if model is None or not model_name or not model.types:
-        return None if shared is None else PairTerms(c_util, gain, refused, {})
+        return None if shared is None else PairTerms(extra, gain, refused, {})
     sources: dict[int, str] = {}
     names, type_id = table.type_names, table.type_id
     for i, r in enumerate(rows.tolist()):
@@ -78,25 +87,34 @@ def pair_terms(table: GpuTable, rows: np.ndarray, model_name: str | None, policy
             refused[i] |= not all(model.can_share(gpu_type, model_name, m, learned=measured)
                                   for m, *_ in here)
             continue
-        u_job = float(job_util[i if job_util.size > 1 else 0])
-        row_coeffs = coeffs[i if coeffs.shape[0] > 1 else 0]
-        alone = float(curve_costs(np.array([u_job]), row_coeffs[None, :])[0])
         if not here:
-            c_util[i] = alone
-            continue
+            continue  # an idle GPU: Horus's term is the job alone, as the pair formula's
+        u_job = float(job_util[i if job_util.size > 1 else 0])
         utils = [u for _, u, _, _ in here] + [u_job]
-        verdict = judge_gpu(model, gpu_type, model_name, [m for m, *_ in here],
-                            [w for _, _, w, _ in here], _curve_pair(row_coeffs, utils))
+        models, widths = [m for m, *_ in here], [w for _, _, w, _ in here]
+        curve = _curve_pair(coeffs[i if coeffs.shape[0] > 1 else 0], utils)
+        verdict = judge_gpu(model, gpu_type, model_name, models, widths, curve)
+        refused[i] |= not verdict.fits
         if verdict.source == CURVE:  # nothing known of the pod's pairs here: Horus judges
-            refused[i] = not verdict.fits
             continue
-        c_util[i] = alone + verdict.loss
-        gain[i] = verdict.gain
-        refused[i] = not verdict.fits
+        # The curve is the prior: the figures move Horus's term by the progress they say
+        # the GPU loses beyond what the curve's own figures lose in the same formula, so
+        # GPUs judged by pairs and GPUs judged by the curve compare on one scale.
+        prior = judge_gpu(_curve_only(gpu_type, model.explore_bonus), gpu_type, model_name,
+                          models, widths, curve)
+        extra[i] = verdict.loss - prior.loss
         sources[r] = verdict.source
-    if np.isnan(c_util).all() and not refused.any():
+        if verdict.source.partition(":")[0] not in UNTRIED:  # measured: its rule decides
+            gain[i] = verdict.gain
+    if np.isnan(extra).all() and not refused.any():
         return None
-    return PairTerms(c_util, gain, refused, sources)
+    return PairTerms(extra, gain, refused, sources)
+
+
+def _curve_only(gpu_type: str, explore_bonus: float) -> PairModel:
+    """A model that knows ``gpu_type`` and no pair on it: every figure is the curve's, an
+    untried one (so a GPU judged by the curve keeps the exploration bonus it had)."""
+    return PairModel({gpu_type: TypePairs()}, explore_bonus=explore_bonus)
 
 
 def pair_rule(code: np.ndarray, terms: PairTerms, policy: CostPolicy) -> np.ndarray:
@@ -114,10 +132,7 @@ def pair_rule(code: np.ndarray, terms: PairTerms, policy: CostPolicy) -> np.ndar
     return np.where((out == 0) & terms.refused, slow, out)
 
 
-def pair_cost(cost: np.ndarray, terms: PairTerms, policy: CostPolicy, load: GpuLoad,
-              job_mem: np.ndarray) -> np.ndarray:
-    """Horus's Eq. 7 with the pair utilisation term where it applies (memory term unchanged)."""
-    judged = ~np.isnan(terms.c_util)
-    c_mem = (load.used_mib + job_mem) / np.maximum(load.capacity_mib, 1.0)
-    return np.where(judged, policy.w_mem * c_mem + policy.w_util * np.nan_to_num(terms.c_util),
-                    cost)
+def pair_cost(cost: np.ndarray, terms: PairTerms, policy: CostPolicy) -> np.ndarray:
+    """Horus's Eq. 7 with the pair figures' correction of its utilisation term where they
+    apply (memory term unchanged)."""
+    return cost + policy.w_util * np.nan_to_num(terms.extra_util)

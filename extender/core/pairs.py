@@ -28,14 +28,15 @@ GPU with several others is ``1 + sum over them of (s[a][b] - 1)`` (the
 simulator's truth uses the same rule).
 
 **Cost.** For a training pod on a GPU of a type the model knows, where the pod
-and every training pod already there name a model, the utilisation term of
-Horus's Eq. 7 becomes ``f(u_job) + loss``: ``f(u_job)`` is what the GPU would
-cost the job alone (so an idle GPU still wins over a shared one, as with the
-curve), and ``loss`` is the progress the GPU gives up, ``(1 - 1/s_new) + sum
-over the jobs there of (1/s_before - 1/s_after)``. The memory term is unchanged.
-The co-location throughput rule reads the same figures (rate after / rate
-before). Elsewhere decisions are Horus's, so a cluster with nothing learned
-decides exactly as before.
+and every training pod already there name a model, Horus's utilisation term
+moves by ``loss - loss_curve``: ``loss`` is the progress the GPU gives up,
+``(1 - 1/s_new) + sum over the jobs there of (1/s_before - 1/s_after)``, and
+``loss_curve`` the same with every figure the curve's. The curve is the prior:
+figures equal to its own cost what it does, so GPUs judged by pairs and GPUs
+judged by the curve compare on one scale (``extender.core.pair_cost``). The memory
+term is unchanged. The co-location throughput rule reads the same figures (rate
+after / rate before) where the newcomer's figures were measured. Elsewhere
+decisions are Horus's, so a cluster with nothing learned decides exactly as before.
 
 **Exploration.** A pair never seen is judged by the matrix, its profile or the
 curve; when its figure comes from there, its loss is lowered by ``explore_bonus`` (at most
@@ -142,10 +143,12 @@ class PairModel:
 
     def can_share(self, gpu_type: str, a: str, b: str, learned: bool = True) -> bool:
         """False when ``a`` and ``b`` were seen not to fit together on ``gpu_type``, or
-        (``learned``) their progress was measured worse than taking turns, or even their
-        optimistic progress figures (:data:`EXPLORE_Z` standard deviations up) do not beat
-        ``1 + SHARE_MARGIN`` (:func:`shares`). ``learned`` False: the memory rule alone
-        (a pod whose progress is not measured)."""
+        (``learned``) their progress was measured worse than taking turns, or, both ways
+        measured, even their optimistic progress figures (:data:`EXPLORE_Z` standard
+        deviations up) do not beat ``1 + SHARE_MARGIN`` (:func:`shares`). Figures only
+        completed from other pairs refuse nothing: the curve, which would share them, is the
+        prior. ``learned`` False: the memory rule alone (a pod whose progress is not
+        measured)."""
         t = self._type(gpu_type)
         if t is None:
             return True
@@ -157,7 +160,13 @@ class PairModel:
         if pair in t.losing:
             return False
         ab, ba = t.progress.get((a, b)), t.progress.get((b, a))
-        return ab is None or ba is None or shares(ab[:2], ba[:2], z=-EXPLORE_Z)
+        if ab is None or ba is None or not (_measured(ab[2]) and _measured(ba[2])):
+            return True  # uncertain figures refuse nothing the curve (the prior) would share
+        return shares(ab[:2], ba[:2], z=-EXPLORE_Z)
+
+
+def _measured(source: str) -> bool:
+    return source.partition(":")[0] == PROGRESS
 
 
 SHARE_MARGIN = 0.02

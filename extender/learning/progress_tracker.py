@@ -1,5 +1,6 @@
 """The pair learner's progress part (docs/interference.md): the samples the pods' step
-counters give (:mod:`extender.learning.step_times`), what they predict, refitted at most
+counters give (:mod:`extender.learning.step_times`; a GPU of three pods or more through
+the last fit's measured figures), what they predict, refitted at most
 every ``refit_seconds`` (the completion is the costly part), and which pods of pairs
 measured to lose to move (``learning.revert_losing_seconds``).
 
@@ -41,12 +42,23 @@ class ProgressTracker:
         """Samples from ``report``: the pods' exclusive windows, and ``log(step time
         shared / alone)`` for each of two placed, modelled pods sharing a GPU."""
         samples = progress_samples(report, models_on(report.node, placement_of),
-                                   self.alone_steps, now)
+                                   self.alone_steps, now, self._measured())
         with self._lock:
             for gpu_type, a, b, x in samples:
                 self.pairs.add(gpu_type, a, b, x)
             self.samples_total += len(samples)
         return len(samples)
+
+    def _measured(self) -> Callable[[str, str, str], float | None]:
+        """The last fit's figures of pairs with progress samples: what a window of three
+        pods or more is attributed through (:mod:`extender.learning.step_times`)."""
+        done = self._estimates
+        figures = {} if done is None else done[2].figures
+
+        def known(gpu_type: str, a: str, b: str) -> float | None:
+            f = figures.get((gpu_type, a, b))
+            return f.log if f is not None and f.source.startswith("progress:") else None
+        return known
 
     def estimates(self, now: float) -> Estimates | None:
         """What the samples predict, refitted when samples came in and ``refit_seconds``

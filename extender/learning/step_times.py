@@ -16,8 +16,16 @@ beside another teaches once it, or a pod of its model, runs alone (reason
 
 **Shared.** A window in which a GPU holds exactly two such pods, each placed by this
 extender with a model, both reporting progress, gives each a sample for the directed pair
-(its model, the other's). A GPU with a process no pod owns, or three pods or more, gives
-none (``not-a-pair``): a sample must name the one pod that slowed it.
+(its model, the other's). A GPU with a process no pod owns gives none (``not-a-pair``): a
+sample must name the one pod that slowed it.
+
+**Three pods or more.** Slowdowns add (a job's is ``1 + sum over the others of (s_ab -
+1)``, the rule decisions and the simulator's truth use), so where every partner of a pod
+but one model is measured (``known``: the figures of pairs with progress samples), the
+rest of its slowdown is that model's: ``s_ac = 1 + (S - 1 - sum of the known extras) /
+m`` for ``m`` pods of it there (reason ``attributed``). Where two models or more are not
+measured, or the rest is not a slowdown (at most 0), the window gives none
+(``not-a-pair``).
 """
 
 from __future__ import annotations
@@ -38,6 +46,12 @@ MAX_WAITING = 64
 
 Sample = tuple[str, str, str, float]
 """(GPU type, model, beside model, log of the step-time ratio)."""
+Known = Callable[[str, str, str], "float | None"]
+"""(GPU type, a, b) -> the measured log slowdown of ``a`` beside ``b``, or None."""
+
+
+def _unknown(gpu_type: str, a: str, b: str) -> float | None:
+    return None
 
 
 class AloneSteps:
@@ -106,11 +120,12 @@ class AloneSteps:
 
 
 def progress_samples(report: DecodedReport, model_of: Callable[[str, int], str | None],
-                     alone: AloneSteps, now: float) -> list[Sample]:
+                     alone: AloneSteps, now: float, known: Known = _unknown) -> list[Sample]:
     """Record the report's exclusive windows in ``alone`` and return its pair samples.
 
     ``model_of(uid, gpu index)``: the model of a training pod this extender placed on that
-    GPU of the report's node, else None."""
+    GPU of the report's node, else None; ``known``: the measured figures a window of three
+    pods or more is attributed through (module docstring)."""
     out: list[Sample] = []
     for gpu, procs, progress in zip(report.gpus, report.processes, report.progress,
                                     strict=False):
@@ -128,32 +143,51 @@ def progress_samples(report: DecodedReport, model_of: Callable[[str, int], str |
             alone.record(str(uid), model, gpu_type, rates[uid].steps_per_s, now)
             out += alone.settle(model, gpu_type, now)
             continue
-        out += _pair(gpu_type, gpu.index, [rates[u] for u in sorted(owners)], model_of,
-                     alone, now)
+        out += _shared(gpu_type, gpu.index, [rates[u] for u in sorted(owners)], model_of,
+                       alone, now, known)
     return out
 
 
-def _pair(gpu_type: str, index: int, pods: list[ReportedProgress],
-          model_of: Callable[[str, int], str | None], alone: AloneSteps,
-          now: float) -> list[Sample]:
-    """Both samples of a GPU shared by exactly two placed, modelled pods."""
-    if len(pods) != 2:
-        alone.skip("not-a-pair", len(pods))
-        return []
+def _shared(gpu_type: str, index: int, pods: list[ReportedProgress],
+            model_of: Callable[[str, int], str | None], alone: AloneSteps,
+            now: float, known: Known) -> list[Sample]:
+    """The samples of a GPU shared by placed, modelled pods (module docstring)."""
     models = [model_of(p.pod_uid, index) for p in pods]
     if None in models:
-        alone.skip("not-placed", 2)
+        alone.skip("not-placed", len(pods))
         return []
     out = []
     for i, p in enumerate(pods):
-        model, other = str(models[i]), str(models[1 - i])
+        model, others = str(models[i]), [str(m) for j, m in enumerate(models) if j != i]
         base = alone.alone(p.pod_uid, model, gpu_type, now)
         if p.steps_per_s <= 0:
             alone.skip("no-steps")  # stalled or stopped: a ratio would be infinite
             continue
+        if len(others) > 1:
+            got = None if base is None else _attributed(
+                gpu_type, model, others, (1.0 / p.steps_per_s) / base, known)
+            alone.skip("not-a-pair" if got is None else "attributed")
+            out += [] if got is None else [got]
+            continue
         if base is None:
             alone.skip("no-alone-time")
-            alone.wait(p.pod_uid, model, other, gpu_type, 1.0 / p.steps_per_s, now)
+            alone.wait(p.pod_uid, model, others[0], gpu_type, 1.0 / p.steps_per_s, now)
             continue
-        out.append((gpu_type, model, other, math.log((1.0 / p.steps_per_s) / base)))
+        out.append((gpu_type, model, others[0], math.log((1.0 / p.steps_per_s) / base)))
     return out
+
+
+def _attributed(gpu_type: str, model: str, others: list[str], slowdown: float,
+                known: Known) -> Sample | None:
+    """``model``'s slowdown beside ``others`` (two or more) as a sample for the one model
+    among them not measured beside it, through the additive rule (module docstring)."""
+    rest, unknown = slowdown - 1.0, []
+    for other in others:
+        log = known(gpu_type, model, other)
+        if log is None:
+            unknown.append(other)
+        else:
+            rest -= math.exp(log) - 1.0
+    if not unknown or len(set(unknown)) > 1 or rest <= 0.0:
+        return None
+    return gpu_type, model, unknown[0], math.log(1.0 + rest / len(unknown))

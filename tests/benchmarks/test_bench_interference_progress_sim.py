@@ -25,3 +25,13 @@ def test_a_seed_runs_every_mode_and_reports_what_was_learned() -> None:
     assert sliced["pair-aware"]["progress_samples"] == 0
     # the signal changes what pair-aware learns from, never curve-only
     assert sliced["curve-only"]["avg_jct_s"] == progress["curve-only"]["avg_jct_s"]
+
+
+def test_signals_and_seeds_are_chosen() -> None:
+    raw = json.loads(bench._gavel.DATA.read_text())
+    out = bench.run(raw, 1, 1, jobs=4, first_seed=101, signals=("time-sliced",))
+    assert sorted(out) == sorted(f"{g}/{w}/time-sliced" for g in bench.GPUS
+                                 for w in bench.WORKLOADS)
+    other = bench._seed_runs(raw, 4, ("p100", "w-small", "time-sliced", 101))
+    assert out["p100/w-small/time-sliced"]["per_seed"]["curve-only"]["avg_jct_s"] == \
+        [other["curve-only"]["avg_jct_s"]]
