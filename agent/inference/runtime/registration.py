@@ -98,7 +98,7 @@ class Registration:
 
     def _replan(self) -> GpuPlan | Infeasible:
         p = self._p
-        return p.planning.propose(p.sessions.specs(), p.planning.profile_map(
+        return p.planning.propose(p.sessions.admitted_specs(), p.planning.profile_map(
             p.sessions.slo.values()), self.longest_segment_ms())
 
     def add_slo(self, name: str, model: str, slo_ms: float, rate_rps: float,
@@ -120,7 +120,7 @@ class Registration:
                     p.planning.margin.observe_host(host.delay_ms, host.share)
                 profiles = {**p.planning.profile_map(p.sessions.slo.values()),
                             (model, p.config.gpu_type): p.planning.planned(profile)}
-                plan = p.planning.propose(p.sessions.specs() + [spec], profiles,
+                plan = p.planning.propose(p.sessions.admitted_specs() + [spec], profiles,
                                           self.longest_segment_ms(), self._queue_ms(spec, loaded))
                 refusal = self._refusal(plan, spec, loaded, profiles)
                 if refusal is not None:
@@ -153,7 +153,7 @@ class Registration:
 
     def _rates(self, new: SessionSpec, loaded: LoadedModel) -> list[PathLoad]:
         """Every session's requests with ``new`` beside them, each held its SLO at most."""
-        loads = [PathLoad(s.spec.rate_rps, s.spec.slo_ms, request_bytes(s.loaded))
+        loads = [PathLoad(s.admitted_spec().rate_rps, s.spec.slo_ms, request_bytes(s.loaded))
                  for s in self._p.sessions.slo.values()]
         return [*loads, PathLoad(new.rate_rps, new.slo_ms, request_bytes(loaded))]
 
@@ -174,7 +174,7 @@ class Registration:
             worst = alloc.latency_ms if alloc else spec.slo_ms
             return min(spec.slo_ms, worst + figures.front_ms + figures.back_ms)
 
-        loads = [PathLoad(s.spec.rate_rps, held_ms(s.spec), request_bytes(s.loaded))
+        loads = [PathLoad(s.admitted_spec().rate_rps, held_ms(s.spec), request_bytes(s.loaded))
                  for s in self._p.sessions.slo.values()]
         return [*loads, PathLoad(new.rate_rps, held_ms(new), request_bytes(loaded))]
 
@@ -187,7 +187,7 @@ class Registration:
         path = p.planning.path.figures()
         queue = queue_tail_ms(self._rates(spec, loaded), path, self._limits)
         own = p.planning.own_ms(queue)
-        tightest = min([s.slo_ms for s in p.sessions.specs()] + [spec.slo_ms])
+        tightest = min([s.slo_ms for s in p.sessions.admitted_specs()] + [spec.slo_ms])
         if own >= tightest and math.isfinite(own):
             text = (f"RequestPathQueue: a request would spend {own:.3g} ms on the request "
                     f"path at p99 ({queue:.3g} ms waiting for its CPU and the interpreter lock, "
@@ -226,7 +226,7 @@ class Registration:
                        profiles: dict[tuple[str, str], BatchingProfile]) -> float:
         """The highest rate (to 1/256 of the asked one) at which ``spec`` would be admitted."""
         p = self._p
-        specs = p.sessions.specs()
+        specs = p.sessions.admitted_specs()
         low, high = 0.0, spec.rate_rps
         for _ in range(8):
             mid = (low + high) / 2
@@ -304,7 +304,7 @@ class Registration:
             return
         piece = max(loaded.segment_costs_ms(profile.latency_ms(1), target_ms))
         refusal = best_effort_refusal_on(
-            p.sessions.specs(), p.planning.profile_map(p.sessions.slo.values()),
+            p.sessions.admitted_specs(), p.planning.profile_map(p.sessions.slo.values()),
             p.config.gpu_type, p.config.memory_mib, piece)
         if refusal is not None:
             raise BestEffortRefused(

@@ -64,6 +64,10 @@ class SessionRegistry:
     def specs(self) -> list[SessionSpec]:
         return [s.spec for s in self.slo.values()]
 
+    def admitted_specs(self) -> list[SessionSpec]:
+        """Every SLO session at the rate it was admitted at (``SloState.admitted_spec``)."""
+        return [s.admitted_spec() for s in self.slo.values()]
+
     def load_and_profile(self, executor: Executor, model: str
                          ) -> tuple[LoadedModel, BatchingProfile]:
         """The model loaded, with its configured, known or freshly measured profile."""

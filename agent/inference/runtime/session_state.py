@@ -92,6 +92,14 @@ class SloState:
         self.queue.append(request)
         self.window_count += 1
 
+    def admitted_spec(self) -> SessionSpec:
+        """The session at the rate it was admitted at, for admission: a replan follows
+        the rates observed, and before any traffic (between registrations) those made
+        every earlier session 0.1 requests/s, so a third session was admitted beside
+        two at 100 (and all three shed most of their requests once clients came)."""
+        rate = self.hold.admitted_rps if self.hold is not None else self.spec.rate_rps
+        return replace(self.spec, rate_rps=rate)
+
     def follow(self, alloc: SessionAllocation) -> None:
         """Take the plan's batch size; a plan made with headroom carries shortened
         SLOs, so the real one stays."""
