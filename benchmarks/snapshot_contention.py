@@ -184,10 +184,7 @@ def main() -> None:
         return
     load_before = _common.load_average()
     trees = {"branch": HERE.parent, **({"against": opts.against} if opts.against else {})}
-    runs: dict[str, list[dict]] = {label: [] for label in trees}
-    for _ in range(opts.repeats):  # interleaved: load from elsewhere hits both alike
-        for label, tree in trees.items():
-            runs[label].append(_child(tree, opts))
+    runs = _common.interleaved(opts.against, opts.repeats, lambda tree: _child(tree, opts))
     summary = {label: {phase: {verb: {k: round(statistics.median(r[phase][verb][k]
                                                               for r in rs), 3)
                                       for k in ("p50_ms", "p99_ms", "mean_ms", "count",

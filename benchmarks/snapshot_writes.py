@@ -93,10 +93,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     load_before = _common.load_average()
     trees = {"branch": HERE.parent, **({"against": opts.against} if opts.against else {})}
-    runs: dict[str, list[dict]] = {label: [] for label in trees}
-    for _ in range(opts.repeats):  # interleaved: load from elsewhere hits both alike
-        for label, tree in trees.items():
-            runs[label].append(_child(tree, opts))
+    runs = _common.interleaved(opts.against, opts.repeats, lambda tree: _child(tree, opts))
     figures = {f"{case}_{q}": (case, q) for case in ("alone", "beside")
                for q in ("cpu_p50_us", "cpu_mean_us")}
     doc = {"benchmark": "snapshot_writes", "nodes": opts.nodes, "gpus_per_node": GPUS,
