@@ -31,7 +31,7 @@ and in the bursts' windows (release to last answer) by process (``cpu_by_process
 run shows which of them the burst waited on::
 
     .venv/bin/python benchmarks/scheduler_pattern.py [--api-latency-ms 0 5] [--repeats 10]
-        [--single 32] [--burst 64] [--concurrency 16]
+        [--single 32] [--burst 64] [--concurrency 16] [--burst-filters 8]
 
 ``--compare-orders`` runs the comparison of the two orders of a bind's API writes instead
 (``results/scheduler_pattern_orders.json``): ``record-first`` (the node's placement record,
@@ -217,9 +217,11 @@ def single(connect: Callable[[], Client], jobs: list[Job],
 
 
 def burst(connect: Callable[[], Client], jobs: list[Job], concurrency: int,
-          meter: CpuMeter | None = None) -> dict[str, Any]:
-    """Binds released ``concurrency`` at a time while scheduling continues; with a meter,
-    each process's CPU time in the windows from a burst's release to its last answer."""
+          meter: CpuMeter | None = None, filters: int | None = None) -> dict[str, Any]:
+    """Binds released ``concurrency`` at a time while scheduling continues (``filters`` of
+    the next pods filtered meanwhile, by default half as many); with a meter, each
+    process's CPU time in the windows from a burst's release to its last answer."""
+    filters = concurrency // 2 if filters is None else filters
     windows = Windows(meter) if meter is not None else None
     main = connect()
     binders = [Lazy(connect) for _ in range(concurrency)]
@@ -247,7 +249,7 @@ def burst(connect: Callable[[], Client], jobs: list[Job], concurrency: int,
         gate.wait()
         # The scheduling loop goes on meanwhile: the next group's filter and prioritize.
         nxt = jobs[start + concurrency:start + 2 * concurrency]
-        for job in nxt[:concurrency // 2]:
+        for job in nxt[:filters]:
             _call(main, "/filter", {"Pod": job[0], "NodeNames": job[1]})
         for t in threads:
             t.join()
@@ -302,13 +304,14 @@ def pipeline(connect: Callable[[], Client], jobs: list[Job], concurrency: int,
 
 
 def measure(connect: Callable[[], Client], jobs: list[Job], concurrency: int,
-            single_n: int, meter: CpuMeter | None = None) -> dict[str, Any]:
+            single_n: int, meter: CpuMeter | None = None,
+            filters: int | None = None) -> dict[str, Any]:
     """The three measurements on one server, each on pods of its own (with a meter, the
     CPU time of this process and of the server's processes in each)."""
     rest = jobs[single_n:]
     half = len(rest) // 2
     return {"single": single(connect, jobs[:single_n], meter),
-            "burst": burst(connect, rest[:half], concurrency, meter),
+            "burst": burst(connect, rest[:half], concurrency, meter, filters),
             "pipeline": pipeline(connect, rest[half:], concurrency, meter)}
 
 
@@ -691,6 +694,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--burst", type=int, default=64, help="pods bound in bursts of "
                         "--concurrency, per server and repeat; as many pipelined")
     parser.add_argument("--concurrency", type=int, default=16, help="binds in flight")
+    parser.add_argument("--burst-filters", type=int, default=None,
+                        help="filters the scheduling loop sends during each burst (default: "
+                             "half of --concurrency; 0: the binds alone)")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--compare-orders", action="store_true",
                         help="compare the two orders of a bind's writes instead (#40)")
@@ -738,7 +744,8 @@ def main(argv: list[str] | None = None) -> None:
                 mine = jobs[r * per_repeat:(r + 1) * per_repeat]
                 order = SERVERS if r % 2 == 0 else SERVERS[::-1]  # neither always first
                 runs.append({name: measure(lambda p=ports[name]: RawClient(p), list(mine),
-                                           opts.concurrency, opts.single, meters[name])
+                                           opts.concurrency, opts.single, meters[name],
+                                           opts.burst_filters)
                              for name in order})
         finally:
             for stop in reversed(stops):
@@ -757,6 +764,8 @@ def main(argv: list[str] | None = None) -> None:
                                 "REAL_WRITE_LATENCY_S cites the realistic figure)",
            "per_repeat": {"single": opts.single, "burst": opts.burst, "pipeline": opts.burst},
            "concurrency": opts.concurrency, "repeats": opts.repeats,
+           "burst_filters": opts.concurrency // 2 if opts.burst_filters is None
+           else opts.burst_filters,
            "order": "the three servers measured one after the other in each repeat, the order "
                     "reversed every other repeat; ratios are per repeat, then median and a "
                     "distribution-free 95% interval",

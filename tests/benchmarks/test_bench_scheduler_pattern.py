@@ -207,3 +207,34 @@ def test_cpu_by_process_takes_medians_over_the_repeats():
     assert out["tandem"]["burst_cpu_ms"] == {"scheduler": 4.0, "extender": 36.0}
     assert out["tandem"]["burst_cores_busy"]["extender"] == 0.9
     assert out["trivial"]["pipeline_cpu_ms_per_pod"]["extender"] == 3.6
+
+
+class _Counting:
+    """A client that answers every verb at once and counts the paths it was sent."""
+
+    def __init__(self, seen: list[str]):
+        self.seen = seen
+
+    def post(self, path: str, data: bytes) -> tuple[int, bytes]:
+        self.seen.append(path)
+        if path == "/filter":
+            return 200, b'{"NodeNames": ["n1"], "FailedNodes": {}, "Error": ""}'
+        if path == "/prioritize":
+            return 200, b'[{"Host": "n1", "Score": 0}]'
+        return 200, b'{"Error": ""}'
+
+    def close(self) -> None:
+        pass
+
+
+def test_burst_filters_set_how_many_filters_run_beside_each_burst():
+    jobs = [({"metadata": {"name": f"p{i}", "namespace": "ns", "uid": f"u{i}"}}, ["n1"])
+            for i in range(8)]
+    for filters, expected in ((None, 2), (0, 0), (3, 3)):
+        seen: list[str] = []
+        out = pattern.burst(lambda seen=seen: _Counting(seen), jobs, 4, filters=filters)
+        assert out["binds_ok"] == 8
+        # two bursts of 4: each scheduled (filter + prioritize) and bound; the filters sent
+        # beside the first burst are of the second's pods, none beside the last
+        assert seen.count("/bind") == 8 and seen.count("/prioritize") == 8
+        assert seen.count("/filter") == 8 + expected
