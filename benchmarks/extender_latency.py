@@ -166,6 +166,9 @@ def workload(rng: random.Random, names: list[str], count: int, prefix: str = "ne
 
 
 Serving = tuple[int, float, Callable[[], None]]
+SERVER_PIDS: dict[int, int] = {}
+"""Port -> process id of each server ``serve_in_child`` started (scheduler_pattern.py reads
+the servers' CPU time)."""
 """(port, build seconds, stop) of a started server."""
 Starter = Callable[[], tuple[int, Callable[[], None]]]
 """Builds and starts a server in the calling process: (port, stop)."""
@@ -199,10 +202,12 @@ def serve_in_child(start: Starter) -> Serving:
     os.close(hold_r)
     with os.fdopen(ready_r) as ready:
         port, build = ready.readline().split()
+    SERVER_PIDS[int(port)] = pid
 
     def stop() -> None:
         os.close(hold_w)
         os.waitpid(pid, 0)
+        SERVER_PIDS.pop(int(port), None)
     return int(port), float(build), stop
 
 

@@ -25,10 +25,13 @@ on the API server add about one wait to the burst, binds serialised on it about 
 (``write_wait_in_burst``). In each of ``--repeats`` repeats the three servers run one after
 the other (the order reversed every other repeat), each on pods of its own; the ratios are
 taken per repeat (tandem's pods/s over the trivial extender's: paired), then reported as
-median and distribution-free 95% interval::
+median and distribution-free 95% interval. Each mode also reports the CPU time of this
+process (the scheduler), the extender's and its API server's (``process_cpu.py``): per pod,
+and in the bursts' windows (release to last answer) by process (``cpu_by_process``), so a
+run shows which of them the burst waited on::
 
     .venv/bin/python benchmarks/scheduler_pattern.py [--api-latency-ms 0 5] [--repeats 10]
-        [--single 32] [--burst 64] [--concurrency 16]
+        [--single 32] [--burst 64] [--concurrency 16] [--burst-filters 8]
 
 ``--compare-orders`` runs the comparison of the two orders of a bind's API writes instead
 (``results/scheduler_pattern_orders.json``): ``record-first`` (the node's placement record,
@@ -72,6 +75,9 @@ from extender.cluster.records import NODE_ANNOTATION, RECORD_LABEL, encode_entry
 from extender.cluster.source import placement_from_pod
 from extender.errors import SourceError
 from extender.transport.server import LISTEN_BACKLOG
+
+_cpu = _common.sibling("process_cpu")  # each process's CPU time in a run
+CpuMeter, Windows = _cpu.CpuMeter, _cpu.Windows
 
 Job = tuple[dict, list[str]]
 PATTERN_GOALS = {"burst_bind_p50_vs_single": 2.0, "pipeline_vs_trivial": 0.6}
@@ -182,8 +188,20 @@ def ms(values: list[float], q: float) -> float:
     return round(1000 * ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))], 3)
 
 
-def single(connect: Callable[[], Client], jobs: list[Job]) -> dict[str, Any]:
+def _cpu_per_pod(meter: CpuMeter | None, before: dict[str, float] | None,
+                 pods: int) -> dict[str, Any]:
+    """``{"cpu_ms_per_pod": {process: ms}}`` since ``before`` (nothing without a meter)."""
+    if meter is None or before is None or not pods:
+        return {}
+    after = meter.read()
+    return {"cpu_ms_per_pod": {k: round(1000 * (after[k] - v) / pods, 3)
+                               for k, v in before.items()}}
+
+
+def single(connect: Callable[[], Client], jobs: list[Job],
+           meter: CpuMeter | None = None) -> dict[str, Any]:
     """Each pod scheduled and bound before the next (the sequential cycle)."""
+    cpu = meter.read() if meter is not None else None
     client = connect()
     binds, ok, start = [], 0, time.perf_counter()
     for job in jobs:
@@ -194,11 +212,17 @@ def single(connect: Callable[[], Client], jobs: list[Job]) -> dict[str, Any]:
     elapsed = time.perf_counter() - start
     client.close()
     return {"bind_ms": {"p50": ms(binds, 50), "p90": ms(binds, 90)},
-            "pods_per_second": round(len(jobs) / elapsed, 1), "binds_ok": ok}
+            "pods_per_second": round(len(jobs) / elapsed, 1), "binds_ok": ok,
+            **_cpu_per_pod(meter, cpu, len(jobs))}
 
 
-def burst(connect: Callable[[], Client], jobs: list[Job], concurrency: int) -> dict[str, Any]:
-    """Binds released ``concurrency`` at a time while scheduling continues."""
+def burst(connect: Callable[[], Client], jobs: list[Job], concurrency: int,
+          meter: CpuMeter | None = None, filters: int | None = None) -> dict[str, Any]:
+    """Binds released ``concurrency`` at a time while scheduling continues (``filters`` of
+    the next pods filtered meanwhile, by default half as many); with a meter, each
+    process's CPU time in the windows from a burst's release to its last answer."""
+    filters = concurrency // 2 if filters is None else filters
+    windows = Windows(meter) if meter is not None else None
     main = connect()
     binders = [Lazy(connect) for _ in range(concurrency)]
     binds: list[float] = []
@@ -220,23 +244,29 @@ def burst(connect: Callable[[], Client], jobs: list[Job], concurrency: int) -> d
         threads = [threading.Thread(target=run, args=(i,)) for i in range(concurrency)]
         for t in threads:
             t.start()
+        cpu = windows.meter.read() if windows is not None else {}
+        released = time.perf_counter()
         gate.wait()
         # The scheduling loop goes on meanwhile: the next group's filter and prioritize.
         nxt = jobs[start + concurrency:start + 2 * concurrency]
-        for job in nxt[:concurrency // 2]:
+        for job in nxt[:filters]:
             _call(main, "/filter", {"Pod": job[0], "NodeNames": job[1]})
         for t in threads:
             t.join()
+        if windows is not None:
+            windows.add(time.perf_counter() - released, cpu, windows.meter.read())
     for c in [main, *binders]:
         c.close()
     return {"concurrency": concurrency, "binds": len(binds), "binds_ok": ok,
             "bind_ms": {"p50": ms(binds, 50), "p90": ms(binds, 90), "p99": ms(binds, 99),
-                        "mean": round(1000 * statistics.fmean(binds), 3)}}
+                        "mean": round(1000 * statistics.fmean(binds), 3)},
+            **({"in_bursts": windows.summary()} if windows is not None else {})}
 
 
 def pipeline(connect: Callable[[], Client], jobs: list[Job], concurrency: int,
-             ) -> dict[str, Any]:
+             meter: CpuMeter | None = None) -> dict[str, Any]:
     """The scheduler's loop: schedule serially, bind asynchronously (``concurrency`` binders)."""
+    cpu = meter.read() if meter is not None else None
     main = connect()
     work: queue.Queue[tuple[dict, str] | None] = queue.Queue(concurrency)
     binds: list[float] = []
@@ -269,17 +299,20 @@ def pipeline(connect: Callable[[], Client], jobs: list[Job], concurrency: int,
     main.close()
     return {"pods_per_second": round(len(jobs) / elapsed, 1), "binds_ok": ok,
             "filter_plus_prioritize_ms_p50": ms(cycles, 50),
-            "bind_ms": {"p50": ms(binds, 50), "p90": ms(binds, 90)}}
+            "bind_ms": {"p50": ms(binds, 50), "p90": ms(binds, 90)},
+            **_cpu_per_pod(meter, cpu, len(jobs))}
 
 
 def measure(connect: Callable[[], Client], jobs: list[Job], concurrency: int,
-            single_n: int) -> dict[str, Any]:
-    """The three measurements on one server, each on pods of its own."""
+            single_n: int, meter: CpuMeter | None = None,
+            filters: int | None = None) -> dict[str, Any]:
+    """The three measurements on one server, each on pods of its own (with a meter, the
+    CPU time of this process and of the server's processes in each)."""
     rest = jobs[single_n:]
     half = len(rest) // 2
-    return {"single": single(connect, jobs[:single_n]),
-            "burst": burst(connect, rest[:half], concurrency),
-            "pipeline": pipeline(connect, rest[half:], concurrency)}
+    return {"single": single(connect, jobs[:single_n], meter),
+            "burst": burst(connect, rest[:half], concurrency, meter, filters),
+            "pipeline": pipeline(connect, rest[half:], concurrency, meter)}
 
 
 def floor_app(environ: dict[str, Any], start_response: Callable[..., Any],
@@ -598,6 +631,31 @@ def latency_checks(runs: list[dict[str, dict]]) -> dict[str, Any]:
     return out
 
 
+def cpu_by_process(runs: list[dict[str, dict]]) -> dict[str, Any]:
+    """Per server, medians over the repeats: each process's CPU (ms) and cores busy in a
+    burst's window, and its CPU per pod over the pipelined loop and over one bind at a time.
+    The extender's cores near 1 in the bursts with the others' far under the second core:
+    the burst waits on the extender's one interpreter, not on the harness."""
+    def med(values: list[float]) -> float:
+        return round(statistics.median(values), 2)
+    out: dict[str, Any] = {}
+    for name in SERVERS:
+        mine = [r[name] for r in runs if r[name]["burst"].get("in_bursts")]
+        if not mine:
+            continue
+        windows = [m["burst"]["in_bursts"] for m in mine]
+        out[name] = {
+            "burst_window_ms": med([w["wall_ms"] for w in windows]),
+            "burst_cpu_ms": {k: med([w["cpu_ms"][k] for w in windows])
+                             for k in windows[0]["cpu_ms"]},
+            "burst_cores_busy": {k: med([w["cores_busy"][k] for w in windows])
+                                 for k in windows[0]["cores_busy"]},
+            **{f"{mode}_cpu_ms_per_pod": {k: med([m[mode]["cpu_ms_per_pod"][k] for m in mine])
+                                          for k in mine[0][mode]["cpu_ms_per_pod"]}
+               for mode in ("single", "pipeline")}}
+    return out
+
+
 def write_wait_in_burst(passes: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per server and write latency L (against the pass without one): how much the burst
     bind p50 grew, in units of L. Binds that overlap their waits on the API server grow by
@@ -636,6 +694,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--burst", type=int, default=64, help="pods bound in bursts of "
                         "--concurrency, per server and repeat; as many pipelined")
     parser.add_argument("--concurrency", type=int, default=16, help="binds in flight")
+    parser.add_argument("--burst-filters", type=int, default=None,
+                        help="filters the scheduling loop sends during each burst (default: "
+                             "half of --concurrency; 0: the binds alone)")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--compare-orders", action="store_true",
                         help="compare the two orders of a bind's writes instead (#40)")
@@ -662,8 +723,9 @@ def main(argv: list[str] | None = None) -> None:
             port, _, stop = world.serve_in_child(world.tandem_starter(
                 cfg, lambda port=api_port: KubeSource(world.kube_client(port))))
             stops.append(stop)
-            ports = {"tandem": port}
+            ports, apis = {"tandem": port}, {"tandem": api_port}
             api_port, api_stop = api_server(latency_s)
+            apis["trivial"] = api_port
             stops.append(api_stop)
 
             def trivial(port: int = api_port) -> tuple[int, Callable[[], None]]:
@@ -674,16 +736,22 @@ def main(argv: list[str] | None = None) -> None:
             ports["floor"], _, stop = world.serve_in_child(
                 lambda latency_s=latency_s: serve_floor(cfg.server.threads, latency_s))
             stops.append(stop)
+            pids = world.SERVER_PIDS
+            meters = {name: CpuMeter({"extender": pids[ports[name]], **(
+                {"api_server": pids[apis[name]]} if name in apis else {})}) for name in SERVERS}
             runs = []
             for r in range(opts.repeats):
                 mine = jobs[r * per_repeat:(r + 1) * per_repeat]
                 order = SERVERS if r % 2 == 0 else SERVERS[::-1]  # neither always first
                 runs.append({name: measure(lambda p=ports[name]: RawClient(p), list(mine),
-                                           opts.concurrency, opts.single) for name in order})
+                                           opts.concurrency, opts.single, meters[name],
+                                           opts.burst_filters)
+                             for name in order})
         finally:
             for stop in reversed(stops):
                 stop()
         passes.append({"api_write_latency_ms": latency_ms, "checks": latency_checks(runs),
+                       "cpu_by_process": cpu_by_process(runs),
                        "bind_ms_median_of_repeats": {name: {kind: {q: round(statistics.median(
                            r[name][kind]["bind_ms"][q] for r in runs), 3) for q in ("p50", "p90")}
                            for kind in ("single", "burst")} for name in SERVERS},
@@ -696,12 +764,18 @@ def main(argv: list[str] | None = None) -> None:
                                 "REAL_WRITE_LATENCY_S cites the realistic figure)",
            "per_repeat": {"single": opts.single, "burst": opts.burst, "pipeline": opts.burst},
            "concurrency": opts.concurrency, "repeats": opts.repeats,
+           "burst_filters": opts.concurrency // 2 if opts.burst_filters is None
+           else opts.burst_filters,
            "order": "the three servers measured one after the other in each repeat, the order "
                     "reversed every other repeat; ratios are per repeat, then median and a "
                     "distribution-free 95% interval",
            "cluster": "extender_latency.py's: 1,000 nodes x 8 A100-40GB, 8,000 bound pods "
                       "with their placement records, 500 candidates per filter",
            "server": "each extender and each loopback API server in a process of its own",
+           "cpu_by_process": "CPU time (utime + stime from /proc) of the scheduler (this "
+                             "process: the load generator), the extender and its API server "
+                             "(benchmarks/process_cpu.py): in the bursts' windows (release to "
+                             "last answer) and per pod over single and pipeline",
            "passes": passes, "load_average_1_5_15_at_start": load_before,
            **_common.context(("cheroot", "kubernetes", "urllib3"))}
     _common.write_result(doc, opts.out)

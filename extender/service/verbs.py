@@ -144,13 +144,14 @@ class Extender:
         """Hard constraints; every rejected node gets a precise reason."""
         names = args.candidate_names()
         snap = self._require_synced(self.state.snapshot())
-        if not gpu_pod(args.pod):  # routed to tandem's profile: filtered on CPU and memory
-            verdict = self.host_only.verdict(snap, names, args.pod)
+        pod = PodView.of(args.pod)  # read once: the routing and the demand use it
+        if not gpu_pod(pod):  # routed to tandem's profile: filtered on CPU and memory
+            verdict = self.host_only.verdict(snap, names, pod)
             return dict(filter_result(args, [n for n, ok in zip(
                 names, verdict.feasible.tolist(), strict=True) if ok], verdict.reasons, {})), \
                 FilterOutcome(int(verdict.feasible.sum()), {})
         try:
-            ref, demand = self.demand(args.pod, snap)
+            ref, demand = self.demand(pod, snap)
         except PodRejected as exc:
             result = filter_result(args, [], {}, {n: str(exc) for n in names})
             bad = Reason.BAD_POD_REQUEST.event_reason
@@ -184,10 +185,11 @@ class Extender:
         names = args.candidate_names()
         try:
             snap = self._require_synced(self.state.snapshot())
-            if not gpu_pod(args.pod):
-                verdict = self.host_only.verdict(snap, names, args.pod)
+            pod = PodView.of(args.pod)  # read once: the routing and the demand use it
+            if not gpu_pod(pod):
+                verdict = self.host_only.verdict(snap, names, pod)
                 return encode_host_priorities(names, list(verdict.scores))
-            ref, demand = self.demand(args.pod, snap)
+            ref, demand = self.demand(pod, snap)
         except (PodRejected, NotReady):
             return encode_host_priorities(names, [0] * len(names))
         ev = score_nodes(snap, names, demand, self._inference)

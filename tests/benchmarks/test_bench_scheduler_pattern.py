@@ -165,3 +165,76 @@ def test_floor_bind_waits_its_write_and_filter_does_not():
     finally:
         stop()
     assert bound >= 0.5 and filtered < 0.5
+
+
+def test_burst_windows_sum_each_process_cpu_and_its_cores_busy():
+    """benchmarks/process_cpu.py: per window ms of wall and CPU by process, cores busy as
+    CPU over wall (the extender's one interpreter shows as about 1 core)."""
+    cpu = load("process_cpu")
+    windows = cpu.Windows(cpu.CpuMeter({}))
+    windows.add(0.040, {"scheduler": 1.0, "extender": 5.0}, {"scheduler": 1.004, "extender": 5.038})
+    windows.add(0.060, {"scheduler": 2.0, "extender": 6.0}, {"scheduler": 2.006, "extender": 6.058})
+    out = windows.summary()
+    assert out["windows"] == 2 and out["wall_ms"] == 50.0
+    assert out["cpu_ms"] == {"scheduler": 5.0, "extender": 48.0}
+    assert out["cores_busy"] == {"scheduler": 0.1, "extender": 0.96, "all": 1.06}
+    assert cpu.Windows(cpu.CpuMeter({})).summary() == {}
+
+
+def test_the_meter_reads_this_process_and_a_named_one():
+    import os
+
+    cpu = load("process_cpu")
+    meter = cpu.CpuMeter({"extender": os.getpid()})
+    before = meter.read()
+    deadline = time.thread_time() + 0.05
+    while time.thread_time() < deadline:  # CPU, counted by both readings of this process
+        pass
+    after = meter.read()
+    assert after["scheduler"] - before["scheduler"] >= 0.04
+    assert after["extender"] >= before["extender"]  # clock ticks: coarser, never backwards
+
+
+def test_cpu_by_process_takes_medians_over_the_repeats():
+    def server(extender_ms: float) -> dict:
+        window = {"wall_ms": 40.0, "cpu_ms": {"scheduler": 4.0, "extender": extender_ms},
+                  "cores_busy": {"scheduler": 0.1, "extender": extender_ms / 40.0,
+                                 "all": 0.1 + extender_ms / 40.0}}
+        per_pod = {"cpu_ms_per_pod": {"scheduler": 1.0, "extender": extender_ms / 10}}
+        return {"single": per_pod, "pipeline": per_pod, "burst": {"in_bursts": window}}
+    runs = [{name: server(ms) for name in pattern.SERVERS} for ms in (36.0, 40.0, 20.0)]
+    out = pattern.cpu_by_process(runs)
+    assert out["tandem"]["burst_cpu_ms"] == {"scheduler": 4.0, "extender": 36.0}
+    assert out["tandem"]["burst_cores_busy"]["extender"] == 0.9
+    assert out["trivial"]["pipeline_cpu_ms_per_pod"]["extender"] == 3.6
+
+
+class _Counting:
+    """A client that answers every verb at once and counts the paths it was sent."""
+
+    def __init__(self, seen: list[str]):
+        self.seen = seen
+
+    def post(self, path: str, data: bytes) -> tuple[int, bytes]:
+        self.seen.append(path)
+        if path == "/filter":
+            return 200, b'{"NodeNames": ["n1"], "FailedNodes": {}, "Error": ""}'
+        if path == "/prioritize":
+            return 200, b'[{"Host": "n1", "Score": 0}]'
+        return 200, b'{"Error": ""}'
+
+    def close(self) -> None:
+        pass
+
+
+def test_burst_filters_set_how_many_filters_run_beside_each_burst():
+    jobs = [({"metadata": {"name": f"p{i}", "namespace": "ns", "uid": f"u{i}"}}, ["n1"])
+            for i in range(8)]
+    for filters, expected in ((None, 2), (0, 0), (3, 3)):
+        seen: list[str] = []
+        out = pattern.burst(lambda seen=seen: _Counting(seen), jobs, 4, filters=filters)
+        assert out["binds_ok"] == 8
+        # two bursts of 4: each scheduled (filter + prioritize) and bound; the filters sent
+        # beside the first burst are of the second's pods, none beside the last
+        assert seen.count("/bind") == 8 and seen.count("/prioritize") == 8
+        assert seen.count("/filter") == 8 + expected
