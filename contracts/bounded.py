@@ -21,6 +21,7 @@ from typing import Generic, TypeVar, overload
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 D = TypeVar("D")
+_MISSING = object()
 
 
 class BoundedMap(Generic[K, V]):
@@ -45,8 +46,9 @@ class BoundedMap(Generic[K, V]):
         """The value held for ``key``, left where it is in the order; when there is none,
         ``value``, put as the newest entry."""
         with self._lock:
-            if key in self._entries:
-                return self._entries[key]
+            held = self._entries.get(key, _MISSING)
+            if held is not _MISSING:
+                return held
             self._entries[key] = value
             self._trim()
             return value
@@ -60,11 +62,12 @@ class BoundedMap(Generic[K, V]):
     def get(self, key, default=None, *, touch=False):
         """The value held for ``key`` or ``default``; ``touch``: a hit becomes the newest."""
         with self._lock:
-            if key not in self._entries:
+            value = self._entries.get(key, _MISSING)
+            if value is _MISSING:
                 return default
             if touch:
                 self._entries.move_to_end(key)
-            return self._entries[key]
+            return value
 
     @overload
     def pop(self, key: K) -> V | None: ...
