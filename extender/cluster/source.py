@@ -11,8 +11,6 @@ maps them to the extender's types.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -26,6 +24,7 @@ from contracts.annotations import (
     read_bound_inputs,
     tandem_annotations,
 )
+from contracts.bounded import BoundedMap
 from contracts.pod import PodView
 from contracts.resources import QuantityError, cpu_milli, memory_mib, pod_requests
 from extender.core import (
@@ -209,9 +208,7 @@ class PendingPods:
     the API server's copy, so bind needs no round trip to read it."""
 
     def __init__(self, limit: int = PENDING_LIMIT):
-        self._limit = limit
-        self._pods: OrderedDict[tuple[str, str], Mapping[str, Any]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._pods: BoundedMap[tuple[str, str], Mapping[str, Any]] = BoundedMap(limit)
 
     def observe(self, pod: Mapping[str, Any], deleted: bool) -> None:
         """Keep a pending pod's latest version; drop it once bound, finished or deleted."""
@@ -221,26 +218,20 @@ class PendingPods:
             and (pod.get("status") or {}).get("phase") not in DONE_PHASES \
             and requests_gpus(pod)
         slim = _slim(pod) if waiting else None
-        with self._lock:
-            if slim is None:
-                self._pods.pop(key, None)
-                return
-            self._pods[key] = slim
-            self._pods.move_to_end(key)
-            while len(self._pods) > self._limit:
-                self._pods.popitem(last=False)
+        if slim is None:
+            self._pods.pop(key)
+        else:
+            self._pods.put(key, slim)
 
     def reset(self, pods: list[Mapping[str, Any]]) -> None:
         """Start again from a list (a relist: pods deleted or bound meanwhile go)."""
-        with self._lock:
-            self._pods.clear()
+        self._pods.clear()
         for pod in pods:
             self.observe(pod, False)
 
     def get(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The pending pod, or None when the watch has not delivered it (or it is bound)."""
-        with self._lock:
-            return self._pods.get((namespace, name))
+        return self._pods.get((namespace, name))
 
 
 def same_decision(a: Placement, b: Placement) -> bool:

@@ -12,11 +12,10 @@ before.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 
 from contracts.annotations import tandem_annotations
+from contracts.bounded import BoundedMap
 
 LIMIT = 20_000
 """Pods remembered (the oldest go first; a forgotten pod is decoded, as before)."""
@@ -26,29 +25,21 @@ class WrittenAnnotations:
     """Per pod UID, the node and the ``tandem.io/*`` annotations bind sent; bounded."""
 
     def __init__(self, limit: int = LIMIT):
-        self._limit = limit
-        self._sent: OrderedDict[str, tuple[str, tuple[tuple[str, str], ...]]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._sent: BoundedMap[str, tuple[str, tuple[tuple[str, str], ...]]] = BoundedMap(limit)
 
     def note(self, uid: str, node: str, inputs: tuple[tuple[str, str], ...],
              sent: Mapping[str, str]) -> None:
         """The Binding of pod ``uid`` to ``node`` was applied with ``sent`` on top of the
         pod's ``inputs`` (its ``tandem.io/*`` annotations as bind read them)."""
         whole = tandem_annotations({**dict(inputs), **sent})
-        with self._lock:
-            self._sent[uid] = (node, whole)
-            self._sent.move_to_end(uid)
-            while len(self._sent) > self._limit:
-                self._sent.popitem(last=False)
+        self._sent.put(uid, (node, whole))
 
     def unchanged(self, uid: str, node: str, annotations: object) -> bool:
         """True when the pod's annotations carry exactly what bind sent, on that node."""
-        with self._lock:
-            sent = self._sent.get(uid)
+        sent = self._sent.get(uid)
         return sent is not None and sent[0] == node and isinstance(annotations, Mapping) \
             and tandem_annotations(annotations) == sent[1]
 
     def forget(self, uid: str) -> None:
         """The pod is gone (deleted or finished)."""
-        with self._lock:
-            self._sent.pop(uid, None)
+        self._sent.pop(uid)

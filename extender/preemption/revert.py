@@ -12,10 +12,10 @@ that partner.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from contracts.bounded import BoundedMap
 from contracts.logs import get_logger
 from extender.core import PodRef
 from extender.core.snapshot import Placement
@@ -32,7 +32,7 @@ class LosingPairReverter:
     def __init__(self, api: KubePreemptionApi, source: Any, may_act: Callable[[], bool],
                  clock: Callable[[], float]):
         self.api, self.source, self._may_act, self._clock = api, source, may_act, clock
-        self._tried: OrderedDict[str, tuple[float, bool]] = OrderedDict()
+        self._tried: BoundedMap[str, tuple[float, bool]] = BoundedMap(MAX_TRACKED)
         """pod uid -> (when last tried, whether it was evicted)."""
         self.evicted_total = 0
         self._log = get_logger()
@@ -54,13 +54,13 @@ class LosingPairReverter:
             try:
                 gone = self.api.evict(namespace, name, uid)
             except EvictionRefused as exc:
-                self._remember(uid, now, False)
+                self._tried.put(uid, (now, False))
                 self._log.info("revert refused", extra={"pod": ref.key, "error": str(exc)})
                 self.source.record_event(ref, "TandemRevertBlocked",
                                          f"not moved off {placed.node}: eviction refused "
                                          f"({exc}); tandem retries while the pod is new", True)
                 continue
-            self._remember(uid, now, True)
+            self._tried.put(uid, (now, True))
             if gone:
                 self.evicted_total += 1
                 out.append(uid)
@@ -70,12 +70,6 @@ class LosingPairReverter:
                     "GPU's other pod were measured to progress less together than taking "
                     "turns (learning.revert_losing_seconds)", True)
         return out
-
-    def _remember(self, uid: str, now: float, evicted: bool) -> None:
-        self._tried.pop(uid, None)
-        self._tried[uid] = (now, evicted)
-        while len(self._tried) > MAX_TRACKED:
-            self._tried.popitem(last=False)
 
 
 def build_reverter(source: Any, may_act: Callable[[], bool], clock: Callable[[], float]

@@ -8,9 +8,7 @@ bind first asks the API server where the pod is (:meth:`BindOutcomes.settle`).
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-
+from contracts.bounded import BoundedMap
 from contracts.pod import PodView
 from extender.cluster.source import ClusterSource
 from extender.config.loader import ConfigHolder
@@ -30,14 +28,13 @@ class BindOutcomes:
         self.state = state
         self.source = source
         self.config = config
-        self._unknown: OrderedDict[str, None] = OrderedDict()
-        """UIDs of pods whose last bind call got no answer (it may have been applied)."""
-        self._lock = threading.Lock()
+        self._unknown: BoundedMap[str, None] = BoundedMap(UNKNOWN_LIMIT)
+        """UIDs of pods whose last bind call got no answer (it may have been applied); a
+        UID noted again keeps its place (the first unanswered bind's)."""
 
     def unknown(self, uid: str) -> bool:
         """Whether the last bind of pod ``uid`` got no answer."""
-        with self._lock:
-            return uid in self._unknown
+        return uid in self._unknown
 
     def no_answer(self, ref: PodRef, pod_uid: str, node: str,
                   exc: BindOutcomeUnknown) -> BindOutcomeUnknown:
@@ -45,10 +42,7 @@ class BindOutcomes:
         starts now) until the watch shows the pod, a retry asks the API, or the TTL passes.
         Returns the error bind raises."""
         self.state.finish_binding(pod_uid)
-        with self._lock:
-            self._unknown[pod_uid] = None
-            while len(self._unknown) > UNKNOWN_LIMIT:
-                self._unknown.popitem(last=False)
+        self._unknown.setdefault(pod_uid, None)
         self.source.record_event(ref, "TandemBindFailed", f"bind to {node}: {exc}", True)
         ttl = self.config.current().state.assume_ttl_seconds
         return BindOutcomeUnknown(
@@ -73,8 +67,7 @@ class BindOutcomes:
         view = PodView.of(pod or {})
         node = view.node_name if view.uid == args.pod_uid else None
         uid = view.uid
-        with self._lock:
-            self._unknown.pop(args.pod_uid, None)
+        self._unknown.pop(args.pod_uid)
         if not node:
             self.state.forget(args.pod_uid, only_assumed=True)
             if pod is None or uid != args.pod_uid:

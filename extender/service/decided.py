@@ -11,11 +11,9 @@ when no ranking was asked for (a single feasible node).
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-
 import numpy as np
 
+from contracts.bounded import BoundedMap
 from extender.core.choice import Evaluation, decided_by
 
 LIMIT = 20_000
@@ -28,9 +26,7 @@ class DecidedBy:
     """Per pod UID, tandem's first node and its deciding term; bounded, thread-safe."""
 
     def __init__(self, limit: int = LIMIT):
-        self._lock = threading.Lock()
-        self._noted: OrderedDict[str, tuple[str, str]] = OrderedDict()
-        self._limit = limit
+        self._noted: BoundedMap[str, tuple[str, str]] = BoundedMap(limit)
 
     def note(self, uid: str, evaluation: Evaluation, scores: list[int]) -> None:
         """Remember the node ``evaluation`` ranks first (by its ``scores()``) for pod ``uid``
@@ -39,16 +35,11 @@ class DecidedBy:
             return
         best = int(np.argmax(np.array(scores)))  # kube-scheduler's tie rule: the first best
         term = decided_by(evaluation, best) or "interference"
-        with self._lock:
-            self._noted[uid] = (evaluation.names[best], term)
-            self._noted.move_to_end(uid)
-            while len(self._noted) > self._limit:
-                self._noted.popitem(last=False)
+        self._noted.put(uid, (evaluation.names[best], term))
 
     def term(self, uid: str, node: str) -> str:
         """What bind writes for pod ``uid`` bound to ``node`` (kept for a retried bind)."""
-        with self._lock:
-            noted = self._noted.get(uid)
+        noted = self._noted.get(uid)
         if noted is None:
             return ONLY
         return noted[1] if noted[0] == node else SCHEDULER

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
+from contracts.bounded import BoundedMap
 from contracts.pod import PodView
 from extender.cluster.source import tandem_annotations
 from extender.config.loader import ConfigHolder
@@ -98,9 +97,8 @@ class DemandCache:
         self.clock = clock
         self._predict = predict_fn(predictor) if predictor is not None else None
         self._profiles = profiles
-        self._cache: OrderedDict[str, CacheEntry] = OrderedDict()
+        self._cache: BoundedMap[str, CacheEntry] = BoundedMap(DEMAND_CACHE_LIMIT)
         """Per :func:`demand_digest`: what filter (or bind) resolved."""
-        self._cache_lock = threading.Lock()
 
     def resolve(self, pod: Mapping[str, Any], snap: Snapshot) -> tuple[PodRef, ResolvedDemand]:
         """The pod's resolved demand on ``snap``'s GPU types with its knowledge (cached by
@@ -112,10 +110,9 @@ class DemandCache:
             raise BadRequest(exc.field, exc.problem) from None
         digest = demand_digest(view)
         now = self.clock()
-        with self._cache_lock:
-            hit = self._cache.get(digest)
-            if hit is not None and hit[1] > now:
-                return ref, hit[0]
+        hit = self._cache.get(digest)
+        if hit is not None and hit[1] > now:
+            return ref, hit[0]
         try:
             job = parse_demand(view)
         except DemandError as exc:
@@ -128,11 +125,7 @@ class DemandCache:
         ttl = self.config.current().state.demand_cache_seconds
         if any(g.startswith(FETCHING) for g in resolved.gaps.values()):
             return ref, resolved  # not cached: the next filter sees the model once it is here
-        with self._cache_lock:
-            self._cache[digest] = (resolved, now + ttl)
-            self._cache.move_to_end(digest)
-            while len(self._cache) > DEMAND_CACHE_LIMIT:
-                self._cache.popitem(last=False)
+        self._cache.put(digest, (resolved, now + ttl))
         return ref, resolved
 
 

@@ -29,13 +29,12 @@ holds no snapshot (the table is dropped): a live snapshot makes every write copy
 from __future__ import annotations
 
 import dataclasses
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from contracts.bounded import BoundedMap
 from extender.core import Evaluation, ResolvedDemand, Snapshot, Workload
 
 LIMIT = 4096
@@ -58,9 +57,7 @@ class ScoredNodes:
     """Per pod UID, prioritize's evaluation while bind can reuse it; bounded, thread-safe."""
 
     def __init__(self, limit: int = LIMIT):
-        self._lock = threading.Lock()
-        self._kept: OrderedDict[str, _Scored] = OrderedDict()
-        self._limit = limit
+        self._kept: BoundedMap[str, _Scored] = BoundedMap(limit)
 
     def note(self, uid: str, snap: Snapshot, evaluation: Evaluation) -> None:
         """Keep ``evaluation`` (prioritize's, on ``snap``) for pod ``uid``'s bind, where its
@@ -71,19 +68,14 @@ class ScoredNodes:
             return
         kept = _Scored(dataclasses.replace(evaluation, table=None), snap.epoch,
                        snap.generations, snap.now, snap.policy, snap.knowledge)
-        with self._lock:
-            self._kept[uid] = kept
-            self._kept.move_to_end(uid)
-            while len(self._kept) > self._limit:
-                self._kept.popitem(last=False)
+        self._kept.put(uid, kept)
 
     def take(self, uid: str, snap: Snapshot, node: str, demand: ResolvedDemand,
              ) -> tuple[Evaluation, int] | None:
         """Prioritize's evaluation of pod ``uid`` on ``snap``'s table and ``node``'s position
         in it, when bind on ``snap`` would compute the same figures for ``node``; else None.
         The entry is gone either way (a retried bind places afresh)."""
-        with self._lock:
-            kept = self._kept.pop(uid, None)
+        kept = self._kept.pop(uid)
         if kept is None or kept.evaluation.demand is not demand or kept.epoch != snap.epoch \
                 or kept.policy is not snap.policy or kept.knowledge is not snap.knowledge \
                 or kept.generations.get(node, 0) != snap.generations.get(node, 0):

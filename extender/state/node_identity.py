@@ -20,10 +20,10 @@ import hashlib
 import json
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from contracts.bounded import BoundedMap
 from extender.errors import ExtenderError, Forbidden, Unauthorized
 from extender.state.reports import check_token
 
@@ -53,8 +53,8 @@ class NodeIdentity:
         namespace, _, name = service_account.partition("/")
         self.username = f"system:serviceaccount:{namespace}:{name}"
         self._clock = clock
-        self._cache: OrderedDict[str, tuple[str, float]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._cache: BoundedMap[str, tuple[str, float]] = BoundedMap(MAX_CACHED)
+        """sha256 of a token -> (its node, when the review expires)."""
         self.reviews = 0
 
     def node_of(self, header: str | None) -> str:
@@ -65,16 +65,11 @@ class NodeIdentity:
             raise Unauthorized("missing bearer token")
         key = hashlib.sha256(token.encode()).hexdigest()
         now = self._clock()
-        with self._lock:
-            hit = self._cache.get(key)
-            if hit is not None and hit[1] > now:
-                return hit[0]
+        hit = self._cache.get(key)
+        if hit is not None and hit[1] > now:
+            return hit[0]
         node = self._review(token)
-        with self._lock:
-            self._cache[key] = (node, now + CACHE_SECONDS)
-            self._cache.move_to_end(key)
-            while len(self._cache) > MAX_CACHED:
-                self._cache.popitem(last=False)
+        self._cache.put(key, (node, now + CACHE_SECONDS))
         return node
 
     def _review(self, token: str) -> str:
