@@ -35,11 +35,12 @@ from agent.inference.runtime.executor_tail import ExecutorHost
 from agent.inference.runtime.holding import Hold
 from agent.inference.runtime.pathcost import (
     HostLimits,
+    PathFigures,
     PathLoad,
     RequestPathLimits,
     current_limits,
     host_refusal,
-    queue_tail_ms,
+    path_queue_ms,
 )
 from agent.inference.runtime.planning import Planning
 from agent.inference.runtime.registry import SessionRegistry
@@ -117,7 +118,8 @@ class Registration:
             host = p.probe_executor() if p.probe_executor else None
             with p.lock:
                 if host is not None:
-                    p.planning.margin.observe_host(host.delay_ms, host.share)
+                    p.planning.observe_host(host, sum(x.rate_rps for x in self._rates(
+                        spec, loaded)))
                 profiles = {**p.planning.profile_map(p.sessions.slo.values()),
                             (model, p.config.gpu_type): p.planning.planned(profile)}
                 plan = p.planning.propose(p.sessions.admitted_specs() + [spec], profiles,
@@ -160,7 +162,7 @@ class Registration:
     def _queue_ms(self, new: SessionSpec, loaded: LoadedModel) -> float:
         """The request path's CPU queue tail with ``new`` beside the sessions, as planning
         takes it from the SLOs (capped: a saturated path is refused, not planned for)."""
-        tail = queue_tail_ms(self._rates(new, loaded), self._p.planning.path.figures(),
+        tail = path_queue_ms(self._rates(new, loaded), self._p.planning.path.figures(),
                              self._limits)
         return min(tail, new.slo_ms)
 
@@ -185,14 +187,13 @@ class Registration:
         what shortens every SLO the planner sees)."""
         p = self._p
         path = p.planning.path.figures()
-        queue = queue_tail_ms(self._rates(spec, loaded), path, self._limits)
+        queue = path_queue_ms(self._rates(spec, loaded), path, self._limits)
         own = p.planning.own_ms(queue)
         tightest = min([s.slo_ms for s in p.sessions.admitted_specs()] + [spec.slo_ms])
         if own >= tightest and math.isfinite(own):
             text = (f"RequestPathQueue: a request would spend {own:.3g} ms on the request "
-                    f"path at p99 ({queue:.3g} ms waiting for its CPU and the interpreter lock, "
-                    f"{p.planning.path.write_reserve_ms():.3g} ms kept back for its answer's "
-                    f"write and the client's wake-up), the tightest SLO is {tightest:.3g} ms")
+                    f"path at p99 ({_path_text(path, queue, p.planning.path.write_reserve_ms())}"
+                    f"), the tightest SLO is {tightest:.3g} ms")
             return text, {"reason": "RequestPathQueue", "required": own,
                           "available": tightest, "session": spec.name}
         if isinstance(plan, GpuPlan):
@@ -336,3 +337,12 @@ class Registration:
             self.check_best_effort()
             p.lock.notify_all()
         return [(r, DropReason.SESSION_REMOVED) for r in pending]
+
+
+def _path_text(path: PathFigures, queue_ms: float, reserve_ms: float) -> str:
+    """What a request's time on the request path is made of, for a refusal."""
+    if path.path_ms > 0:
+        return (f"{path.path_ms:.3g} ms measured through the HTTP front with real requests, "
+                f"{queue_ms * path.queue_scale:.3g} ms waiting for its CPU at these rates")
+    return (f"{queue_ms:.3g} ms waiting for its CPU and the interpreter lock, {reserve_ms:.3g} "
+            f"ms kept back for its answer's write and the client's wake-up")
