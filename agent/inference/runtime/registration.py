@@ -91,6 +91,8 @@ class Registration:
         """One registration at a time: the plan each proposes sees the one before."""
         self._limits: RequestPathLimits | None = None
         """The request path's limits this registration admits with (measured at its start)."""
+        self._host: ExecutorHost | None = None
+        """The host as the executor's priority found it at this registration's start."""
 
     def longest_segment_ms(self) -> float:
         p = self._p
@@ -115,17 +117,15 @@ class Registration:
                 raise BadRequest(str(exc)) from exc
             loaded, profile = p.sessions.load_and_profile(p.executor, model)
             self._limits = current_limits(p.path_limits)  # the host as it is now
-            host = p.probe_executor() if p.probe_executor else None
+            self._host = p.probe_executor() if p.probe_executor else None
             with p.lock:
-                if host is not None:
-                    p.planning.observe_host(host, sum(x.rate_rps for x in self._rates(
-                        spec, loaded)))
-                profiles = {**p.planning.profile_map(p.sessions.slo.values()),
-                            (model, p.config.gpu_type): p.planning.planned(profile)}
+                profiles = self._profiles_at(spec, profile, spec.rate_rps)
                 plan = p.planning.propose(p.sessions.admitted_specs() + [spec], profiles,
                                           self.longest_segment_ms(), self._queue_ms(spec, loaded))
-                refusal = self._refusal(plan, spec, loaded, profiles)
+                refusal = self._refusal(plan, spec, loaded, profile)
                 if refusal is not None:
+                    # the executor as the sessions admitted leave it
+                    self._profiles_at(spec, profile, 0.0)
                     raise refusal
                 assert isinstance(plan, GpuPlan)
                 now = p.clock.now_ms()
@@ -152,6 +152,18 @@ class Registration:
                     "best_effort": (p.planning.sacrifice.best_effort.promised()
                                     if p.sessions.best_effort else None),
                 }  # fmt: skip
+
+    def _profiles_at(self, new: SessionSpec, profile: BatchingProfile, rate_rps: float
+                     ) -> dict[tuple[str, str], BatchingProfile]:
+        """Every session's profile as planning sees it with ``new`` beside them at
+        ``rate_rps`` (0: without it): the executor's priority at the share and delay the
+        host leaves it now (``self._host``) and at the rate the sessions then send."""
+        p = self._p
+        if self._host is not None:
+            admitted = sum(s.rate_rps for s in p.sessions.admitted_specs())
+            p.planning.observe_host(self._host, admitted + rate_rps)
+        return {**p.planning.profile_map(p.sessions.slo.values()),
+                (new.model, p.config.gpu_type): p.planning.planned(profile)}
 
     def _rates(self, new: SessionSpec, loaded: LoadedModel) -> list[PathLoad]:
         """Every session's requests with ``new`` beside them, each held its SLO at most."""
@@ -212,26 +224,28 @@ class Registration:
                                 "available": host.available, "session": spec.name}
 
     def _refusal(self, plan: GpuPlan | Infeasible, spec: SessionSpec, loaded: LoadedModel,
-                 profiles: dict[tuple[str, str], BatchingProfile]) -> AdmissionRefused | None:
+                 profile: BatchingProfile) -> AdmissionRefused | None:
         """Why ``spec`` cannot be admitted (None: it can), with the rate that could."""
         why = self._why_not(plan, spec, loaded)
         if why is None:
             return None
         text, fields = why
-        holdable = self._holdable_rate(spec, loaded, profiles)
+        holdable = self._holdable_rate(spec, loaded, profile)
         return AdmissionRefused(
             f"session {spec.name} refused: {text}; this host holds it at up to "
             f"{holdable:.4g} rps now", holdable_rate_rps=holdable, **fields)
 
     def _holdable_rate(self, spec: SessionSpec, loaded: LoadedModel,
-                       profiles: dict[tuple[str, str], BatchingProfile]) -> float:
-        """The highest rate (to 1/256 of the asked one) at which ``spec`` would be admitted."""
+                       profile: BatchingProfile) -> float:
+        """The highest rate (to 1/256 of the asked one) at which ``spec`` would be admitted,
+        each rate tried with the executor as the sessions' rates with it leave it."""
         p = self._p
         specs = p.sessions.admitted_specs()
         low, high = 0.0, spec.rate_rps
         for _ in range(8):
             mid = (low + high) / 2
             trial = replace(spec, rate_rps=mid)
+            profiles = self._profiles_at(spec, profile, mid)
             plan = p.planning.trial([*specs, trial], profiles, self.longest_segment_ms(),
                                     self._queue_ms(trial, loaded))
             low, high = (mid, high) if self._why_not(plan, trial, loaded) is None else (low, mid)

@@ -225,3 +225,26 @@ def test_a_session_is_planned_at_the_executor_share_its_rate_leaves() -> None:
     assert rt.planning.margin.start_delay_ms == pytest.approx(7.0)
     hog = runtime(0.25)  # the probe sees a hog now: the lower share counts
     assert hog.add_slo_session("a", "m", 100, 50)["executor_share"] == pytest.approx(0.25)
+
+
+def test_the_holdable_rate_is_tried_with_the_executor_its_own_rate_leaves() -> None:
+    """A session refused at its rate (the executor's share beside the path at the rate
+    all would send left nothing) names a rate this host holds, tried with the share at
+    that rate, and is admitted at it; before, every rate was tried at the refused rate's
+    share, and the answer was 0 requests/s."""
+    from agent.inference.runtime.executor_tail import ExecutorHost
+
+    clock = VirtualClock()
+    profiles = {"m": BatchingProfile.linear("m", "sim", 2.0, 1.0, max_batch=16)}
+    path = PathFigures(1.0, 1.0, 0.1, path_ms=2.0,
+                       executor_at=((100.0, 1.0, 0.0), (200.0, 0.1, 0.0)))
+    rt = ServingRuntime(SimExecutor(profiles, clock, "sim"), clock, RuntimeConfig("sim"),
+                        profiles=profiles, path_cost=RequestPathCost(path),
+                        executor_probe=lambda: ExecutorHost(0.0, 1.0))
+    rt.add_slo_session("a", "m", 40, 100)
+    with pytest.raises(AdmissionRefused) as refused:
+        rt.add_slo_session("b", "m", 40, 200)
+    holdable = refused.value.to_json()["holdable_rate_rps"]
+    assert holdable >= 5.0
+    assert rt.planning.margin.share == 1.0  # the executor as the admitted session leaves it
+    assert rt.add_slo_session("b", "m", 40, holdable)["promised"]["rate_rps"] == holdable
