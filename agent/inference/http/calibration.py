@@ -149,8 +149,8 @@ def _executor_stand_in(crossing: SimpleQueue, work: Callable[[], None] | None,
     for each (the executor's compute, outside the interpreter lock, at the executor's
     priority: an executor busier with more requests, as a real one is) and hands each
     result back, as the executor loop does. ``spent``: the CPU seconds ``work`` took
-    (the executor's, not the request path's) and the seconds it took; ``stretch``: each
-    run's time less its CPU time (ms)."""
+    (the executor's, not the request path's); ``stretch``: each
+    run's time over its CPU time."""
     if work is not None:
         import os
 
@@ -169,8 +169,7 @@ def _executor_stand_in(crossing: SimpleQueue, work: Callable[[], None] | None,
             work()
             cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
             spent[0] += cpu
-            spent[1] += wall
-            stretch.append((wall - cpu) * 1000)
+            stretch.append(wall / max(cpu, 1e-9))
         ready = time.monotonic()
         for tensor, future in batch:
             future.set_result((tensor, ready))
@@ -194,7 +193,7 @@ def measure(http_threads: int, rates: tuple[float, ...] = RATES_RPS,
     and about 0.3 s to start the client); the figures and what each rate showed."""
     from cheroot import wsgi
 
-    stamps, crossing, spent, stretch = _Stamps(), SimpleQueue(), [0.0, 0.0], []
+    stamps, crossing, spent, stretch = _Stamps(), SimpleQueue(), [0.0], []
     stand_in = threading.Thread(target=_executor_stand_in, args=(crossing, work, spent, stretch),
                                 daemon=True, name="tandem-calibration-executor")
     stand_in.start()
@@ -214,14 +213,13 @@ def measure(http_threads: int, rates: tuple[float, ...] = RATES_RPS,
                                        "timeout": CLIENT_TIMEOUT_S,
                                        "body": body.hex()}) + "\n")
         client.stdin.flush()
-        cpu, shares, delays = [], [], []
+        cpu, shares = [], []
         for _ in rates:
-            at, executor, runs = time.process_time(), list(spent), len(stretch)
+            at, executor, runs = time.process_time(), spent[0], len(stretch)
             json.loads(client.stdout.readline())
-            cpu.append(time.process_time() - at - (spent[0] - executor[0]))
-            took = spent[1] - executor[1]
-            shares.append(min(1.0, max(0.05, (spent[0] - executor[0]) / took)) if took else 1.0)
-            delays.append(_p99(stretch[runs:]))
+            cpu.append(time.process_time() - at - (spent[0] - executor))
+            stretched = _p99(stretch[runs:])
+            shares.append(min(1.0, max(0.05, 1.0 / stretched)) if stretched else 1.0)
             client.stdin.write("\n")
             client.stdin.flush()
         records = json.loads(client.stdout.readline())
@@ -234,10 +232,10 @@ def measure(http_threads: int, rates: tuple[float, ...] = RATES_RPS,
     figures, samples = _figures(records, stamps.rows, rates, cpu)
     if work is None:
         return figures, samples
-    # What the executor's priority met beside the path at each rate (its share of a core,
-    # the delay its runs met at p99): admission plans the executor with them at the rate
-    # the sessions will send.
-    return replace(figures, executor_at=tuple(zip(rates, shares, delays, strict=True))), samples
+    # How much longer than its CPU time a run of the executor's priority took beside the
+    # path at each rate, at p99 (the learned margin's quantile): admission plans the
+    # executor so at the rate the sessions will send.
+    return replace(figures, executor_at=tuple(zip(rates, shares, strict=True))), samples
 
 
 def _figures(records: list[list[float]], rows: dict[int, dict[str, float]],

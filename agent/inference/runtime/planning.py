@@ -52,10 +52,9 @@ class Planning:
         present), never better than the start-up calibration found it beside the request
         path at ``rate_rps``, the rate the SLO sessions will send together (their clients
         and the path's threads take the cores the executor had while idle): the lower
-        share, the longer delay."""
-        startup = self.path.startup
-        self.margin.observe_host(max(host.delay_ms, startup.executor_delay_ms(rate_rps)),
-                                 min(host.share, startup.executor_share(rate_rps)))
+        share."""
+        self.margin.observe_host(host.delay_ms,
+                                 min(host.share, self.path.startup.executor_share(rate_rps)))
 
     def planned(self, profile: BatchingProfile) -> BatchingProfile:
         """The profile as planning sees it: scaled by the learned latency margin (or the
