@@ -20,7 +20,12 @@ from agent.inference.http.auth import ADMIN_TOKEN_ENV, AdminGuard, AdminToken, i
 from agent.inference.preparation.batching_profiles import load_profiles
 from agent.inference.preparation.limits import ModelLimits
 from agent.inference.runtime.batch_formation import DropPolicy
-from agent.inference.runtime.executor_tail import ExecutorHost, elementwise, measure_host
+from agent.inference.runtime.executor_tail import (
+    ExecutorHost,
+    elementwise,
+    measure_host,
+    steady_host,
+)
 from agent.inference.runtime.pathcost import (
     HostLimits,
     RequestPathCost,
@@ -129,7 +134,7 @@ def executor_probe(executor: Executor, config: RuntimeConfig
     each SLO registration; None where the executor's time is not this host's CPU."""
     if not config.learn_latency_margin or getattr(executor, "device", None) != "cpu":
         return None
-    return lambda: measure_host(executor, config.latency_quantile)
+    return lambda: steady_host(lambda: measure_host(executor, config.latency_quantile))
 
 
 def path_limits(options: ServeOptions) -> RequestPathLimits:
