@@ -12,18 +12,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from agent.inference.clock import MonotonicClock
 from agent.inference.executors.executors import Executor, OrtExecutor, SimExecutor
 from agent.inference.http.auth import ADMIN_TOKEN_ENV, AdminGuard, AdminToken, is_loopback
 from agent.inference.preparation.batching_profiles import load_profiles
 from agent.inference.preparation.limits import ModelLimits
 from agent.inference.runtime.batch_formation import DropPolicy
-from agent.inference.runtime.executor_tail import ExecutorHost, measure_host
+from agent.inference.runtime.executor_tail import (
+    ExecutorHost,
+    elementwise,
+    measure_host,
+    steady_host,
+)
 from agent.inference.runtime.pathcost import (
     HostLimits,
     RequestPathCost,
     RequestPathLimits,
-    calibrate,
     core_share,
 )
 from agent.inference.runtime.runtime import RuntimeConfig, ServingRuntime
@@ -128,7 +134,7 @@ def executor_probe(executor: Executor, config: RuntimeConfig
     each SLO registration; None where the executor's time is not this host's CPU."""
     if not config.learn_latency_margin or getattr(executor, "device", None) != "cpu":
         return None
-    return lambda: measure_host(executor, config.latency_quantile)
+    return lambda: steady_host(lambda: measure_host(executor, config.latency_quantile))
 
 
 def path_limits(options: ServeOptions) -> RequestPathLimits:
@@ -172,14 +178,20 @@ def serve_forever(runtime: ServingRuntime, options: ServeOptions,
     workers sent those answers. 1 if the HTTP thread died on its own.
     """
     from agent.inference.http.app import create_app, settle_heap
+    from agent.inference.http.calibration import measure
 
     app = create_app(runtime, max_body_bytes=options.max_body_bytes, admin=admin,
                      freeze_gc=True)
     server = http_server(app, options)
     # Python's own 5 ms interpreter-lock switch interval is kept: 1 ms made the clients'
     # request path p99 235 ms against 55 ms on a 2-core host (issue #43's client check).
-    runtime.path_cost.recalibrate(calibrate(probe=framework_probe(app)))
+    warm_up(app)
     probe = executor_probe(runtime.execution.executor, runtime.config)
+    settle_heap()  # a full collection during the calibration would stall its requests
+    # A CPU executor computes in this process beside the request path: the calibration's
+    # stand-in does too (outside the interpreter lock, at the executor's priority).
+    runtime.path_cost.recalibrate(measure(options.http_threads,
+                                          work=elementwise() if probe else None)[0])
     if probe is not None:
         host = probe()
         runtime.planning.margin.observe_host(host.delay_ms, host.share)
@@ -206,16 +218,18 @@ def serve_forever(runtime: ServingRuntime, options: ServeOptions,
     return 1 if crashed else 0
 
 
-def framework_probe(app: Any) -> Any:
-    """One inference request through ``app`` for a session that does not exist (none
-    does before the server listens): routing, the request, the error answer."""
+def warm_up(app: Any, repeats: int = 10) -> None:
+    """Requests through ``app`` before it listens, for a session that does not exist
+    (none does yet): a fresh app's first requests import and cache what later ones
+    reuse (the first of the start-up calibration's took 4-10 ms, the next 2-3 ms), and
+    a client's first request must not pay for it."""
+    from agent.inference.runtime.tensors import encode_npy
+
     client = app.test_client()
-
-    def probe(body: bytes) -> None:
-        client.post("/v1/sessions/calibration-probe/infer", data=body,
-                    content_type="application/x-npy")
-
-    return probe
+    body = encode_npy(np.zeros((1, 4), np.float32))
+    for _ in range(repeats):
+        client.post("/v1/sessions/warm-up/infer", data=body, content_type="application/x-npy")
+        client.get("/v1/sessions")
 
 
 def http_server(app: Any, options: ServeOptions) -> Any:

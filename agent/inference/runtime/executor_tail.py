@@ -88,6 +88,16 @@ def measure_host(executor: Executor, quantile: float, repeats: int = 100,
     return ExecutorHost(max(0.0, tail - ordered[len(ordered) // 2]) * 1000.0, share)
 
 
+def steady_host(measure: Callable[[], ExecutorHost], rounds: int = 3) -> ExecutorHost:
+    """The median share and delay of ``rounds`` measurements: one of 100 ms can meet a
+    blip of the host, and a registration refused on it named a rate that the same
+    registration, repeated at once, refused too (a hog present stays in every round)."""
+    hosts = [measure() for _ in range(max(rounds, 1))]
+    middle = len(hosts) // 2
+    return ExecutorHost(sorted(h.delay_ms for h in hosts)[middle],
+                        sorted(h.share for h in hosts)[middle])
+
+
 def start_delay_ms(executor: Executor, quantile: float, repeats: int = 100,
                    work: Callable[[], None] | None = None,
                    timer: Callable[[], float] = time.perf_counter) -> float:

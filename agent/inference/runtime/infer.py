@@ -112,7 +112,7 @@ def answer_infer(runtime: ServingRuntime, name: str, request: Request,
         response.headers[LATE_HEADER] = "true"
     if path is not None:
         path.observe(back_ms=done - (arrival + outcome.latency_ms),
-                     cpu_ms=(submitted - began) + (done - resumed))
+                     cpu_ms=(submitted - began) + (done - resumed), front_ms=submitted - arrival)
     return response
 
 

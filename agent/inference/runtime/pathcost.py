@@ -11,27 +11,25 @@ the answer (the *back*). Admission and the duty-cycle plan count both:
 - CPU: the sessions' rates times the CPU time per request (a fixed part and a
   part per byte) must fit the cores the request path has (``RequestPathLimits``).
 
-The start-up figure (``calibrate``) times the same steps on this host as it is
-now (busy or quiet): loopback connections, ``.npy`` decoding and encoding at two
-sizes, and a hand-off between threads.
+The start-up figure (``http.calibration.measure``) sends real requests through a
+real HTTP front on this host as it is now (busy or quiet), from another process, at
+a few rates: the whole path's tail as one figure (``path_ms``), not its steps' tails
+added (a request rarely meets all of them at once), and the CPU a served request
+really takes.
 """
 
 from __future__ import annotations
 
 import math
-import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import pairwise
+from typing import Any
 
-import numpy as np
-
-from agent.inference.runtime.tensors import coerce_input, decode_npy, encode_npy
 from contracts.deadline import AnswerReserve
-
-_REPLY = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
 
 
 @dataclass(frozen=True)
@@ -47,14 +45,38 @@ class PathFigures:
     """One thread's wake-up tail on this host (the client reading its answer is one)."""
     write_ms: float = 0.0
     """Writing a small answer to a loopback socket."""
+    path_ms: float = 0.0
+    """The whole path's 99th percentile as real requests met it, connect to the client
+    reading its answer, executor aside (``http.calibration``; 0: not measured so, the
+    steps' tails are added instead)."""
+    path_rate_rps: float = 0.0
+    """The rate ``path_ms`` was measured at: its queue is in it already."""
+    queue_scale: float = 1.0
+    """How much the path's tail grew with the rate beyond what ``queue_tail_ms`` foresees
+    (``http.calibration``): the queue admission counts is the model's times this."""
+    executor_at: tuple[tuple[float, float], ...] = ()
+    """(requests/s, share): what a CPU executor's priority met while the path served the
+    calibration's requests at that rate (``http.calibration``; empty: not measured): one
+    over its runs' time over their CPU time at the 99th percentile, the quantile the
+    learned margin takes of batch time over profile. An idle host gives the executor a
+    whole core; on a 2-core host its batches then ran at 7.4 times their profile at p99
+    beside clients and the path at 100 requests/s, while the stand-in's mean share was
+    0.8 and its p99 delay 2.3 ms, and sessions admitted on those lost 3-26% of their
+    requests after admission."""
+
+    def executor_share(self, rate_rps: float) -> float:
+        """The executor's share of a core beside the path at ``rate_rps``."""
+        return min(1.0, max(0.05, _along(list(self.executor_at), rate_rps, 1.0)))
 
     def cpu_per_request_ms(self, body_bytes: float) -> float:
         return self.cpu_ms + self.cpu_ms_per_kib * body_bytes / 1024.0
 
-    def to_json(self) -> dict[str, float]:
+    def to_json(self) -> dict[str, Any]:
         return {"front_ms": self.front_ms, "back_ms": self.back_ms, "cpu_ms": self.cpu_ms,
                 "cpu_ms_per_kib": self.cpu_ms_per_kib, "wake_ms": self.wake_ms,
-                "write_ms": self.write_ms}
+                "write_ms": self.write_ms, "path_ms": self.path_ms,
+                "path_rate_rps": self.path_rate_rps, "queue_scale": self.queue_scale,
+                "executor_at": [list(x) for x in self.executor_at]}
 
 
 ZERO = PathFigures(0.0, 0.0, 0.0)
@@ -111,13 +133,14 @@ class RequestPathCost:
     def __init__(self, startup: PathFigures = ZERO, quantile: float = 0.99,
                  window: int = 2000, min_samples: int = 50):
         self.startup = startup
-        """What ``calibrate`` measured (``recalibrate`` replaces it)."""
+        """What the start-up calibration measured (``recalibrate`` replaces it)."""
         self._quantile = quantile
         self._min_samples = min_samples
         self._front: deque[float] = deque(maxlen=window)
         self._back: deque[float] = deque(maxlen=window)
         self._cpu: deque[float] = deque(maxlen=window)
         self._crossing: deque[float] = deque(maxlen=window)
+        self._whole: deque[float] = deque(maxlen=window)
         self.answer = AnswerReserve(startup.write_ms, quantile, window,
                                     min_samples)
         """The write half of the last check's reserve (every answer's write observed)."""
@@ -136,12 +159,15 @@ class RequestPathCost:
         with self._lock:
             self._front.append(front_ms)
 
-    def observe(self, back_ms: float, cpu_ms: float) -> None:
-        """One request answered after the executor: its time after its result, and the
-        CPU its worker spent on it."""
+    def observe(self, back_ms: float, cpu_ms: float, front_ms: float | None = None) -> None:
+        """One request answered after the executor: its time after its result, the CPU
+        its worker spent on it and (``front_ms``) its time before the queue, whose sum
+        with ``back_ms`` is the request's own path (one request, both tails at once)."""
         with self._lock:
             self._back.append(back_ms)
             self._cpu.append(cpu_ms)
+            if front_ms is not None:
+                self._whole.append(front_ms + back_ms)
             self.observed += 1
 
     def observe_crossing(self, ms: float) -> None:
@@ -180,6 +206,22 @@ class RequestPathCost:
                 return self.startup.back_ms
             return _quantile(self._back, 0.5)
 
+    def own_ms(self, queue_ms: float) -> float:
+        """A request's own time on the request path at p99, ``queue_ms`` its CPU queue's
+        tail at the rates planned: with a start-up measured from real requests
+        (``path_ms``), that whole path plus the queue scaled as measured, never below
+        what served requests showed (their own path, each request's front and back
+        together, and the last check's reserve); else the steps' tails added (front,
+        back, the reserve)."""
+        figures = self.figures()
+        if figures.path_ms <= 0:
+            return figures.front_ms + figures.back_ms + self.write_reserve_ms() + queue_ms
+        with self._lock:
+            whole = (_quantile(self._whole, self._quantile)
+                     if len(self._whole) >= self._min_samples else 0.0)
+        served = whole + self.write_reserve_ms() if whole else 0.0
+        return max(figures.path_ms + queue_ms * figures.queue_scale, served)
+
     def figures(self) -> PathFigures:
         """The startup figures, raised to the observed quantile (latency) and mean (CPU)
         once enough requests were served."""
@@ -190,56 +232,25 @@ class RequestPathCost:
             back = _quantile(self._back, self._quantile)
             cpu = sum(self._cpu) / len(self._cpu)
         s = self.startup
-        return PathFigures(max(front, s.front_ms), max(back, s.back_ms), max(cpu, s.cpu_ms),
-                           s.cpu_ms_per_kib, s.wake_ms, s.write_ms)
+        return replace(s, front_ms=max(front, s.front_ms), back_ms=max(back, s.back_ms),
+                       cpu_ms=max(cpu, s.cpu_ms))
+
+
+def _along(points: list[tuple[float, float]], rate_rps: float, at_zero: float) -> float:
+    """The value at ``rate_rps`` of a figure measured at ``points`` (rate, value): linear
+    between them (``at_zero`` at no requests), along the last two beyond them."""
+    line = [(0.0, at_zero), *sorted(points)]
+    if len(line) < 2 or rate_rps <= 0:
+        return at_zero
+    for (r0, v0), (r1, v1) in pairwise(line):
+        if rate_rps <= r1 or r1 == line[-1][0]:
+            return v0 + (v1 - v0) * (rate_rps - r0) / max(r1 - r0, 1e-9)
+    return at_zero
 
 
 def _quantile(values: deque[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def calibrate(repeats: int = 40, quantile: float = 0.9,
-              probe: Callable[[bytes], object] | None = None) -> PathFigures:
-    """Time the request path's steps on this host now (about 0.2-1 s).
-
-    ``probe``: one request through the server's own web framework (routing,
-    parsing, an error answer) with the given ``.npy`` body, timed like the rest.
-
-    A request crosses threads four times (the accept loop to a worker, the worker to
-    the executor, the executor to a post-processing thread, that thread back to the
-    worker); on a busy host each crossing waits for a core, so the tail of one
-    crossing (99th percentile of 5x ``repeats``) is counted four times. The tail is
-    timed with the setter still running Python, as a worker or the executor loop is
-    after a hand-off while serving: the woken thread then also waits for the
-    interpreter lock (up to ``sys.getswitchinterval()``), which an idle hand-off
-    never shows (0.04 ms idle against 8-28 ms observed crossings on a 2-core host)."""
-    connect = _connections(repeats)
-    small, large = 64, 256 * 1024
-    decode_small = _codec(small // 4, repeats)
-    decode_large = _codec(large // 4, max(repeats // 4, 5))
-    wake = _wakeups(repeats)
-    loaded = _wakeups(5 * repeats, busy=True)
-    body = encode_npy(np.zeros((1, small // 4), np.float32))
-    framework = _timed(lambda: probe(body), repeats) if probe else [0.0]
-    per_kib = max(0.0, (_median(decode_large) - _median(decode_small)) / ((large - small) / 1024))
-    q = lambda xs: _quantile(deque(xs), quantile)  # noqa: E731
-    tail = _quantile(deque(loaded), 0.99)
-    return PathFigures(front_ms=q(connect) + q(framework) + q(decode_small) + 2 * tail,
-                       back_ms=2 * tail + q(decode_small) / 2,
-                       cpu_ms=_median(connect) + _median(framework) + _median(decode_small)
-                       + 4 * _median(wake),
-                       cpu_ms_per_kib=per_kib, wake_ms=tail,
-                       write_ms=_median(connect) / 2)
-
-
-def _timed(fn: Callable[[], object], repeats: int) -> list[float]:
-    took = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        took.append((time.perf_counter() - start) * 1000)
-    return took
 
 
 def core_share(seconds: float = 0.5) -> float:
@@ -248,85 +259,6 @@ def core_share(seconds: float = 0.5) -> float:
     while time.perf_counter() - wall < seconds:
         pass
     return min(1.0, (time.thread_time() - cpu) / max(time.perf_counter() - wall, 1e-9))
-
-
-def _median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
-
-
-def _connections(repeats: int) -> list[float]:
-    """Loopback connect, send a request head, read an answer, close (ms each)."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(repeats)
-    port = listener.getsockname()[1]
-
-    def answer() -> None:
-        for _ in range(repeats):
-            conn, _addr = listener.accept()
-            with conn:
-                conn.recv(4096)
-                conn.sendall(_REPLY)
-
-    server = threading.Thread(target=answer, daemon=True)
-    server.start()
-    took = []
-    head = b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
-    try:
-        for _ in range(repeats):
-            start = time.perf_counter()
-            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-                sock.sendall(head)
-                while sock.recv(4096):
-                    pass
-            took.append((time.perf_counter() - start) * 1000)
-    finally:
-        server.join(timeout=5)
-        listener.close()
-    return took
-
-
-def _codec(floats: int, repeats: int) -> list[float]:
-    """Decode, check and encode one ``.npy`` body of ``floats`` float32s (ms each)."""
-    body = encode_npy(np.zeros((1, floats), np.float32))
-    took = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        array = coerce_input(decode_npy(body), np.dtype(np.float32), (floats,), True)
-        encode_npy(array)
-        took.append((time.perf_counter() - start) * 1000)
-    return took
-
-
-def _wakeups(repeats: int, busy: bool = False) -> list[float]:
-    """How long a thread waiting on an event takes to run once it is set (ms each).
-    ``busy``: the setter goes on running Python, as a worker or the executor loop does
-    after handing a result over, so the woken thread also waits for the interpreter
-    lock (up to ``sys.getswitchinterval()``)."""
-    go, back = threading.Event(), threading.Event()
-    woke: list[float] = []
-
-    def waiter() -> None:
-        for _ in range(repeats):
-            go.wait()
-            woke.append(time.perf_counter())
-            go.clear()
-            back.set()
-
-    thread = threading.Thread(target=waiter, daemon=True)
-    thread.start()
-    took = []
-    for _ in range(repeats):
-        set_at = time.perf_counter()
-        go.set()
-        while busy and not back.is_set() and time.perf_counter() - set_at < 5.0:
-            sum(range(100))
-        if not back.wait(timeout=5):
-            break
-        back.clear()
-        took.append((woke[-1] - set_at) * 1000)
-    thread.join(timeout=5)
-    return took
 
 
 @dataclass(frozen=True)
@@ -371,6 +303,20 @@ def queue_tail_ms(loads: list[PathLoad], figures: PathFigures,
         return math.inf
     service_ms = demand * 1000.0 / rate / limits.cores
     return service_ms * math.log(100.0) / (1.0 - rho)
+
+
+def path_queue_ms(loads: list[PathLoad], figures: PathFigures,
+                  limits: RequestPathLimits | None) -> float:
+    """The CPU queue's tail a request's own path time gets at ``loads``: with a start-up
+    figure from real requests (``path_ms``), which holds the queue at the rate it was
+    measured at already, only what ``loads`` add beyond that rate (the model's
+    ``S ln(100)`` at no load alone was twice the whole path measured at 50 requests/s
+    on a 2-core host); else the whole tail (``queue_tail_ms``)."""
+    tail = queue_tail_ms(loads, figures, limits)
+    if figures.path_ms <= 0 or not math.isfinite(tail):
+        return tail
+    measured_at = queue_tail_ms([PathLoad(figures.path_rate_rps, 0.0, 0.0)], figures, limits)
+    return max(0.0, tail - measured_at) if math.isfinite(measured_at) else tail
 
 
 def host_refusal(loads: list[PathLoad], figures: PathFigures,

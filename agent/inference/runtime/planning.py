@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from agent.inference.runtime.admission import LatencyMargin, plan_with_headroom, scaled_profile
+from agent.inference.runtime.executor_tail import ExecutorHost
 from agent.inference.runtime.pathcost import PathFigures, RequestPathCost
 from agent.inference.runtime.sacrifice import Held, Sacrifice
 from agent.inference.runtime.session_state import RuntimeConfig, SloState
@@ -45,6 +46,15 @@ class Planning:
         self.replans_refused = 0
         self._last_replan_ms = now_ms
         self._last_margin_ms = now_ms
+
+    def observe_host(self, host: ExecutorHost, rate_rps: float) -> None:
+        """The host as the executor's priority finds it now (``executor_tail``: a CPU hog
+        present), never better than the start-up calibration found it beside the request
+        path at ``rate_rps``, the rate the SLO sessions will send together (their clients
+        and the path's threads take the cores the executor had while idle): the lower
+        share."""
+        self.margin.observe_host(host.delay_ms,
+                                 min(host.share, self.path.startup.executor_share(rate_rps)))
 
     def planned(self, profile: BatchingProfile) -> BatchingProfile:
         """The profile as planning sees it: scaled by the learned latency margin (or the
@@ -86,11 +96,9 @@ class Planning:
                                   self._config.memory_mib, longest_segment_ms)
 
     def own_ms(self, queue_ms: float) -> float:
-        """The request path's own time in a request's deadline, as learned on this host:
-        its front and back (p99), the last check's reserve (the answer's write and the
-        client's wake-up: what the executor's deadline keeps back) and ``queue_ms``."""
-        figures = self.path.figures()
-        return figures.front_ms + figures.back_ms + self.path.write_reserve_ms() + queue_ms
+        """The request path's own time in a request's deadline, as learned on this host
+        (``RequestPathCost.own_ms``), with ``queue_ms`` its CPU queue's tail."""
+        return self.path.own_ms(queue_ms)
 
     def adopt(self, plan: GpuPlan | None) -> None:
         self.plan = plan

@@ -35,11 +35,12 @@ from agent.inference.runtime.executor_tail import ExecutorHost
 from agent.inference.runtime.holding import Hold
 from agent.inference.runtime.pathcost import (
     HostLimits,
+    PathFigures,
     PathLoad,
     RequestPathLimits,
     current_limits,
     host_refusal,
-    queue_tail_ms,
+    path_queue_ms,
 )
 from agent.inference.runtime.planning import Planning
 from agent.inference.runtime.registry import SessionRegistry
@@ -90,6 +91,8 @@ class Registration:
         """One registration at a time: the plan each proposes sees the one before."""
         self._limits: RequestPathLimits | None = None
         """The request path's limits this registration admits with (measured at its start)."""
+        self._host: ExecutorHost | None = None
+        """The host as the executor's priority found it at this registration's start."""
 
     def longest_segment_ms(self) -> float:
         p = self._p
@@ -114,16 +117,15 @@ class Registration:
                 raise BadRequest(str(exc)) from exc
             loaded, profile = p.sessions.load_and_profile(p.executor, model)
             self._limits = current_limits(p.path_limits)  # the host as it is now
-            host = p.probe_executor() if p.probe_executor else None
+            self._host = p.probe_executor() if p.probe_executor else None
             with p.lock:
-                if host is not None:
-                    p.planning.margin.observe_host(host.delay_ms, host.share)
-                profiles = {**p.planning.profile_map(p.sessions.slo.values()),
-                            (model, p.config.gpu_type): p.planning.planned(profile)}
+                profiles = self._profiles_at(spec, profile, spec.rate_rps)
                 plan = p.planning.propose(p.sessions.admitted_specs() + [spec], profiles,
                                           self.longest_segment_ms(), self._queue_ms(spec, loaded))
-                refusal = self._refusal(plan, spec, loaded, profiles)
+                refusal = self._refusal(plan, spec, loaded, profile)
                 if refusal is not None:
+                    # the executor as the sessions admitted leave it
+                    self._profiles_at(spec, profile, 0.0)
                     raise refusal
                 assert isinstance(plan, GpuPlan)
                 now = p.clock.now_ms()
@@ -151,6 +153,18 @@ class Registration:
                                     if p.sessions.best_effort else None),
                 }  # fmt: skip
 
+    def _profiles_at(self, new: SessionSpec, profile: BatchingProfile, rate_rps: float
+                     ) -> dict[tuple[str, str], BatchingProfile]:
+        """Every session's profile as planning sees it with ``new`` beside them at
+        ``rate_rps`` (0: without it): the executor's priority at the share and delay the
+        host leaves it now (``self._host``) and at the rate the sessions then send."""
+        p = self._p
+        if self._host is not None:
+            admitted = sum(s.rate_rps for s in p.sessions.admitted_specs())
+            p.planning.observe_host(self._host, admitted + rate_rps)
+        return {**p.planning.profile_map(p.sessions.slo.values()),
+                (new.model, p.config.gpu_type): p.planning.planned(profile)}
+
     def _rates(self, new: SessionSpec, loaded: LoadedModel) -> list[PathLoad]:
         """Every session's requests with ``new`` beside them, each held its SLO at most."""
         loads = [PathLoad(s.admitted_spec().rate_rps, s.spec.slo_ms, request_bytes(s.loaded))
@@ -160,7 +174,7 @@ class Registration:
     def _queue_ms(self, new: SessionSpec, loaded: LoadedModel) -> float:
         """The request path's CPU queue tail with ``new`` beside the sessions, as planning
         takes it from the SLOs (capped: a saturated path is refused, not planned for)."""
-        tail = queue_tail_ms(self._rates(new, loaded), self._p.planning.path.figures(),
+        tail = path_queue_ms(self._rates(new, loaded), self._p.planning.path.figures(),
                              self._limits)
         return min(tail, new.slo_ms)
 
@@ -185,14 +199,13 @@ class Registration:
         what shortens every SLO the planner sees)."""
         p = self._p
         path = p.planning.path.figures()
-        queue = queue_tail_ms(self._rates(spec, loaded), path, self._limits)
+        queue = path_queue_ms(self._rates(spec, loaded), path, self._limits)
         own = p.planning.own_ms(queue)
         tightest = min([s.slo_ms for s in p.sessions.admitted_specs()] + [spec.slo_ms])
         if own >= tightest and math.isfinite(own):
             text = (f"RequestPathQueue: a request would spend {own:.3g} ms on the request "
-                    f"path at p99 ({queue:.3g} ms waiting for its CPU and the interpreter lock, "
-                    f"{p.planning.path.write_reserve_ms():.3g} ms kept back for its answer's "
-                    f"write and the client's wake-up), the tightest SLO is {tightest:.3g} ms")
+                    f"path at p99 ({_path_text(path, queue, p.planning.path.write_reserve_ms())}"
+                    f"), the tightest SLO is {tightest:.3g} ms")
             return text, {"reason": "RequestPathQueue", "required": own,
                           "available": tightest, "session": spec.name}
         if isinstance(plan, GpuPlan):
@@ -211,26 +224,28 @@ class Registration:
                                 "available": host.available, "session": spec.name}
 
     def _refusal(self, plan: GpuPlan | Infeasible, spec: SessionSpec, loaded: LoadedModel,
-                 profiles: dict[tuple[str, str], BatchingProfile]) -> AdmissionRefused | None:
+                 profile: BatchingProfile) -> AdmissionRefused | None:
         """Why ``spec`` cannot be admitted (None: it can), with the rate that could."""
         why = self._why_not(plan, spec, loaded)
         if why is None:
             return None
         text, fields = why
-        holdable = self._holdable_rate(spec, loaded, profiles)
+        holdable = self._holdable_rate(spec, loaded, profile)
         return AdmissionRefused(
             f"session {spec.name} refused: {text}; this host holds it at up to "
             f"{holdable:.4g} rps now", holdable_rate_rps=holdable, **fields)
 
     def _holdable_rate(self, spec: SessionSpec, loaded: LoadedModel,
-                       profiles: dict[tuple[str, str], BatchingProfile]) -> float:
-        """The highest rate (to 1/256 of the asked one) at which ``spec`` would be admitted."""
+                       profile: BatchingProfile) -> float:
+        """The highest rate (to 1/256 of the asked one) at which ``spec`` would be admitted,
+        each rate tried with the executor as the sessions' rates with it leave it."""
         p = self._p
         specs = p.sessions.admitted_specs()
         low, high = 0.0, spec.rate_rps
         for _ in range(8):
             mid = (low + high) / 2
             trial = replace(spec, rate_rps=mid)
+            profiles = self._profiles_at(spec, profile, mid)
             plan = p.planning.trial([*specs, trial], profiles, self.longest_segment_ms(),
                                     self._queue_ms(trial, loaded))
             low, high = (mid, high) if self._why_not(plan, trial, loaded) is None else (low, mid)
@@ -336,3 +351,12 @@ class Registration:
             self.check_best_effort()
             p.lock.notify_all()
         return [(r, DropReason.SESSION_REMOVED) for r in pending]
+
+
+def _path_text(path: PathFigures, queue_ms: float, reserve_ms: float) -> str:
+    """What a request's time on the request path is made of, for a refusal."""
+    if path.path_ms > 0:
+        return (f"{path.path_ms:.3g} ms measured through the HTTP front with real requests, "
+                f"{queue_ms * path.queue_scale:.3g} ms waiting for its CPU at these rates")
+    return (f"{queue_ms:.3g} ms waiting for its CPU and the interpreter lock, {reserve_ms:.3g} "
+            f"ms kept back for its answer's write and the client's wake-up")

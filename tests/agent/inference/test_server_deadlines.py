@@ -16,13 +16,11 @@ from server_helpers import served_over_http
 from agent.inference.clock import MonotonicClock, VirtualClock
 from agent.inference.errors import AdmissionRefused, DropReason
 from agent.inference.executors.executors import SimExecutor
-from agent.inference.http.app import create_app
 from agent.inference.runtime.pathcost import (
     PathFigures,
     PathLoad,
     RequestPathCost,
     RequestPathLimits,
-    calibrate,
     queue_tail_ms,
 )
 from agent.inference.runtime.runtime import RuntimeConfig, ServingRuntime
@@ -191,31 +189,6 @@ def test_observed_request_path_time_replans() -> None:
     assert rt.planning.replans == 1
     assert rt.planning.plan.allocations[0].batch < batch_before  # less time left: smaller batches
     assert rt.snapshot()["request_path"]["front_ms"] == pytest.approx(15.0)
-
-
-def test_calibration_measures_this_host() -> None:
-    figures = calibrate(repeats=10)
-    assert 0 < figures.front_ms < 1000 and 0 < figures.back_ms < 1000
-    assert figures.cpu_ms > 0 and figures.cpu_ms_per_kib >= 0
-    # A request through the web framework is part of the path: a slow one counts.
-    bodies: list[bytes] = []
-    slow = calibrate(repeats=10, probe=lambda body: (bodies.append(body), time.sleep(0.005)))
-    assert len(bodies) == 10 and bodies[0].startswith(b"\x93NUMPY")
-    # a lower bound the probe's own 5 ms sleep guarantees (two measurements compared
-    # against each other failed on a busy machine)
-    assert slow.cpu_ms >= 5.0
-
-
-def test_the_server_measures_its_own_framework_at_start() -> None:
-    from agent.inference.http.serve import framework_probe
-
-    clock = MonotonicClock()
-    rt = ServingRuntime(SimExecutor({}, clock, "sim"), clock, RuntimeConfig("sim"))
-    probe = framework_probe(create_app(rt))
-    probe(_npy(X))  # a request for a session that does not exist: answered, nothing runs
-    rt.path_cost.recalibrate(calibrate(repeats=5, probe=probe))
-    assert rt.path_cost.startup.cpu_ms > 0
-    assert rt.snapshot()["request_path"]["startup"]["cpu_ms"] == rt.path_cost.startup.cpu_ms
 
 
 def test_queue_tail_of_the_request_path() -> None:

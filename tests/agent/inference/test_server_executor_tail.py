@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from agent.inference.runtime.admission import LatencyMargin, scaled_profile
-from agent.inference.runtime.executor_tail import measure_host, start_delay_ms
+from agent.inference.runtime.executor_tail import ExecutorHost, measure_host, start_delay_ms
 from predictor.batching import BatchingProfile
 
 
@@ -111,3 +111,14 @@ def test_a_host_that_got_busier_is_seen_at_the_next_registration() -> None:
     assert busy["executor_share"] == 0.25 and rt.snapshot()["executor_share"] == 0.25
     assert rt.planning.planned(profiles["m"]).latency_ms(4) == pytest.approx(
         4 * profiles["m"].latency_ms(4))
+
+
+def test_the_host_is_the_median_of_three_measurements() -> None:
+    """Regression (issue #43): one 100 ms measurement met a blip of the host, and the
+    session refused on it was refused again at the rate the refusal named."""
+    from agent.inference.runtime.executor_tail import steady_host
+
+    seen = iter([ExecutorHost(0.5, 1.0), ExecutorHost(30.0, 0.2), ExecutorHost(1.0, 0.9)])
+    assert steady_host(lambda: next(seen)) == ExecutorHost(1.0, 0.9)
+    hog = iter([ExecutorHost(20.0, 0.2), ExecutorHost(25.0, 0.25), ExecutorHost(0.5, 1.0)])
+    assert steady_host(lambda: next(hog)) == ExecutorHost(20.0, 0.25)
