@@ -324,10 +324,9 @@ class PairLearner:
             for t in {t for t, _a, _b in progress.figures}:
                 fitted.setdefault(t, TypePairs())
         losing = self.tracker.losing() if progress is not None else frozenset()
-        built = PairModel({t: replace(tp, inferred=inferred.get(t, {}),
-                                      progress=progress.type_figures(t) if progress else {},
-                                      losing=frozenset(p for tt, p in losing if tt == t))
-                           for t, tp in fitted.items()},
+        with_inferred = {t: replace(tp, inferred=inferred.get(t, {})) for t, tp in fitted.items()}
+        built = PairModel({t: tp if progress is None else progress.type_pairs(t, tp, losing)
+                           for t, tp in with_inferred.items()},
                           self.prior_weight, self.explore_bonus,
                           TypePairs(prior=self._pooled) if self._pooled else None)
         with self._lock:
