@@ -29,9 +29,14 @@ Learners:
   exploration bonus, every pair shared; ``calibration_line_no_prior`` without the matrix.
 - ``progress``: :class:`extender.learning.progress_pairs.ProgressPairs`: the samples as
   progress gives them, low-rank completion across jobs and GPU types with the other GPU's
-  matrix, shrinkage by the estimated noise, optimism of one standard deviation while
-  learning, share only above ``1 + margin`` by one standard deviation, measured losers
-  refused; ``progress_no_prior`` without the matrix.
+  matrix, shrinkage by the estimated noise; its figures judged by **the product's rule**
+  (:func:`product_decisions`: :func:`extender.core.pair_cost.judge_row` and ``pair_rule``
+  under the packaged policy, as a newcomer beside one training pod): figures only completed
+  from other pairs refuse nothing (the product's curve would share them), untried pairs
+  lifted by the packaged exploration bonus, measured pairs kept only where their combined
+  progress beats 1 (the throughput rule) and they are not measured losers. The product has
+  one rule, so the learning rounds and the final decision choose alike;
+  ``progress_no_prior`` without the matrix.
 
 On the H100 there is no other GPU's matrix: the learners run without one. Mean and 95%
 (t) interval over seeds.
@@ -52,9 +57,12 @@ import _common
 import networkx as nx
 import numpy as np
 
-from extender.core.pairs import EXPLORE_Z, SHARE_Z, UNTRIED
+from extender.config.sections import DEFAULT_MIN_COLOCATION_GAIN
+from extender.core import CostPolicy
+from extender.core.pair_cost import PairTerms, judge_row, pair_rule
+from extender.core.pairs import UNTRIED, PairModel, TypePairs
 from extender.learning.interference import PairLearner
-from extender.learning.progress_pairs import ProgressPairs
+from extender.learning.progress_pairs import Estimates, ProgressPairs
 from lab.simulator.profiled import import_profiled
 
 _gavel = _common.sibling("interference")
@@ -62,10 +70,11 @@ interval = _gavel.interval
 CAMPAIGN = _common.ROOT / "training_data" / "nvidia-h100-80gb-hbm3"
 KS = (1, 2, 3)
 NOISE_SD = 0.066
-OPTIMISM = EXPLORE_Z
-"""Standard deviations added to a figure's combined progress while learning (as placements)."""
-DECIDE_Z = SHARE_Z
-"""Standard deviations the final decision's combined progress must clear ``1 + margin`` by."""
+EXPLORE_BONUS = _gavel.EXPLORE_BONUS
+"""The packaged ``learning.pair_explore_bonus`` (the product's optimism for untried pairs)."""
+POLICY = CostPolicy(min_colocation_gain_percent=DEFAULT_MIN_COLOCATION_GAIN)
+"""The packaged co-location throughput rule."""
+FLAT_CURVE = 1.5
 GPU_TYPE = "gpu"
 OTHER_TYPE = "other"
 Matching = list[tuple[int, int]]
@@ -189,30 +198,18 @@ def _fit_mask(truth: np.ndarray) -> np.ndarray:
 def progress(jobs: list[str], truth: np.ndarray, prior: dict[str, Any] | None, k: int,
              rng: np.random.Generator, sd: float,
              features: dict[str, list[float]] | None = None) -> list[dict[str, Any]]:
-    """The progress learner choosing its pairings (module docstring)."""
+    """The progress learner choosing its pairings by the product's rule (module docstring)."""
     learner = ProgressPairs(priors=prior or {}, features=features or {})
-    n = len(jobs)
-    fit_mask = _fit_mask(truth)
-
-    cache: dict[int, Any] = {}
+    cannot = frozenset(frozenset((jobs[i], jobs[j])) for i, j in zip(
+        *np.nonzero(~_fit_mask(truth)), strict=True) if i < j)
+    cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def decide(learning: bool) -> tuple[np.ndarray, np.ndarray]:
         seen = sum(int(st[0]) for st in learner.stats.values())
-        est = cache.get(seen) or cache.setdefault(seen, learner.estimate(jobs, [GPU_TYPE]))
-        c = np.ones((n, n))
-        sdv = np.zeros((n, n))
-        share = np.zeros((n, n), dtype=bool)
-        for i in range(n):
-            for j in range(i + 1, n):
-                got = est.combined(GPU_TYPE, jobs[i], jobs[j])
-                if got is None:
-                    continue
-                c[i, j] = c[j, i] = got[0]
-                sdv[i, j] = sdv[j, i] = got[1]
-                ok = est.shares(GPU_TYPE, jobs[i], jobs[j], z=-OPTIMISM if learning else DECIDE_Z)
-                share[i, j] = share[j, i] = ok and bool(fit_mask[i, j])
-        weight = np.where(share, c + (OPTIMISM * sdv if learning else 0.0), 1.0)
-        return weight, share
+        if seen not in cache:  # the product's rule has no learning/final distinction
+            est = learner.estimate(jobs, [GPU_TYPE])
+            cache[seen] = product_decisions(jobs, product_model(est, learner.losing(), cannot))
+        return cache[seen]
 
     def learn(i: int, j: int, x_ij: float, x_ji: float) -> None:
         learner.add(GPU_TYPE, jobs[i], jobs[j], x_ij)
@@ -224,6 +221,45 @@ def progress(jobs: list[str], truth: np.ndarray, prior: dict[str, Any] | None, k
                 for _t, pair in learner.losing()}
 
     return run_rounds(truth, k, decide, learn, rng, sd, refused)
+
+
+def product_model(est: Estimates, losing: frozenset[tuple[str, frozenset[str]]],
+                  cannot: frozenset[frozenset[str]]) -> PairModel:
+    """The model the product's pair learner builds from these figures: the progress figures,
+    the pairs measured to lose, the pairs that do not fit, the packaged exploration bonus."""
+    return PairModel({GPU_TYPE: est.type_pairs(GPU_TYPE, TypePairs(cannot=cannot), losing)},
+                     explore_bonus=EXPLORE_BONUS)
+
+
+def product_decisions(jobs: list[str], model: PairModel) -> tuple[np.ndarray, np.ndarray]:
+    """Each pair judged as the product judges a newcomer beside one training pod, both ways
+    (:func:`extender.core.pair_cost.judge_row` and the co-location rule of
+    :func:`extender.core.pair_cost.pair_rule` under the packaged policy): whether it shares,
+    and its weight, ``2 - loss`` (the combined progress the product's figures give it, the
+    exploration bonus included) where it shares and 1 (taking turns) where it does not.
+    Gavel gives no utilisation: every job's is the same, so the curve's part of the cost is
+    the same for every pair and drops out of the choice."""
+    n = len(jobs)
+    weight = np.ones((n, n))
+    share = np.zeros((n, n), dtype=bool)
+    for i in range(n):
+        for j in range(i + 1, n):
+            rows = [judge_row(model, GPU_TYPE, jobs[a], [jobs[b]], [1], _flat_curve)
+                    for a, b in ((i, j), (j, i))]
+            terms = PairTerms(np.array([r.extra_util for r in rows]),
+                              np.array([r.gain for r in rows]),
+                              np.array([not r.fits for r in rows]), {})
+            ok = bool((pair_rule(np.zeros(2, dtype=int), terms, POLICY) == 0).all())
+            share[i, j] = share[j, i] = ok
+            if ok:
+                weight[i, j] = weight[j, i] = 2.0 - float(np.mean([r.loss for r in rows]))
+    return weight, share
+
+
+def _flat_curve(i: int, j: int) -> float:
+    """The curve's figure for every pair (equal utilisations): only a figure never learned
+    reads it, and progress completes every pair."""
+    return FLAT_CURVE
 
 
 def _logs(truth: np.ndarray, jobs: list[str]) -> dict[tuple[str, str], float]:
@@ -380,7 +416,9 @@ def main() -> None:
         "kind": "offline decisions on measured matrices (values are measured throughputs)",
         "setup": {"seeds": args.seeds, "first_seed": args.first_seed,
                   "noise_sd_log": args.noise_sd, "ks": list(KS),
-                  "optimism_sd": OPTIMISM, "decide_sd": DECIDE_Z,
+                  "progress_rule": "the product's (extender.core.pair_cost.judge_row, pair_rule)",
+                  "explore_bonus": EXPLORE_BONUS,
+                  "min_colocation_gain_percent": DEFAULT_MIN_COLOCATION_GAIN,
                   "processes": args.processes},
         "gpus": {}}
     gpus = args.gpus.split(",")

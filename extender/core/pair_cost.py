@@ -23,6 +23,7 @@ There, with ``limits.max_share_score`` set, :mod:`extender.core.share_score` may
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -93,22 +94,46 @@ def pair_terms(table: GpuTable, rows: np.ndarray, model_name: str | None, policy
         utils = [u for _, u, _, _ in here] + [u_job]
         models, widths = [m for m, *_ in here], [w for _, _, w, _ in here]
         curve = _curve_pair(coeffs[i if coeffs.shape[0] > 1 else 0], utils)
-        verdict = judge_gpu(model, gpu_type, model_name, models, widths, curve)
-        refused[i] |= not verdict.fits
-        if verdict.source == CURVE:  # nothing known of the pod's pairs here: Horus judges
-            continue
-        # The curve is the prior: the figures move Horus's term by the progress they say
-        # the GPU loses beyond what the curve's own figures lose in the same formula, so
-        # GPUs judged by pairs and GPUs judged by the curve compare on one scale.
-        prior = judge_gpu(_curve_only(gpu_type, model.explore_bonus), gpu_type, model_name,
-                          models, widths, curve)
-        extra[i] = verdict.loss - prior.loss
-        sources[r] = verdict.source
-        if verdict.source.partition(":")[0] not in UNTRIED:  # measured: its rule decides
-            gain[i] = verdict.gain
+        row = judge_row(model, gpu_type, model_name, models, widths, curve)
+        refused[i] |= not row.fits
+        if row.source != CURVE:
+            extra[i], gain[i], sources[r] = row.extra_util, row.gain, row.source
     if np.isnan(extra).all() and not refused.any():
         return None
     return PairTerms(extra, gain, refused, sources)
+
+
+@dataclass(frozen=True)
+class RowVerdict:
+    """One GPU judged for a newcomer beside the pods there (:func:`judge_row`)."""
+
+    extra_util: float
+    """What the pair figures add to Horus's utilisation term (nan: the curve judges)."""
+    gain: float
+    """The throughput rule's gain, where the newcomer's figures were measured (else nan)."""
+    fits: bool
+    source: str
+    loss: float
+    """Progress the GPU gives up by the pair figures (:class:`extender.core.pairs.GpuVerdict`)."""
+
+
+def judge_row(model: PairModel, gpu_type: str, model_name: str, models: list[str],
+              widths: list[int], curve: Callable[[int, int], float]) -> RowVerdict:
+    """A newcomer of ``model_name`` beside the training pods of ``models`` (each spanning
+    ``widths`` GPUs) on a GPU of ``gpu_type``; ``curve(i, j)``: the curve's figure for a pair
+    (the newcomer is index ``len(models)``). The one rule :func:`pair_terms` applies per row
+    (and the offline decisions benchmark per pair)."""
+    verdict = judge_gpu(model, gpu_type, model_name, models, widths, curve)
+    if verdict.source == CURVE:  # nothing known of the pod's pairs here: Horus judges
+        return RowVerdict(math.nan, math.nan, verdict.fits, CURVE, verdict.loss)
+    # The curve is the prior: the figures move Horus's term by the progress they say
+    # the GPU loses beyond what the curve's own figures lose in the same formula, so
+    # GPUs judged by pairs and GPUs judged by the curve compare on one scale.
+    prior = judge_gpu(_curve_only(gpu_type, model.explore_bonus), gpu_type, model_name,
+                      models, widths, curve)
+    measured = verdict.source.partition(":")[0] not in UNTRIED  # measured: its rule decides
+    return RowVerdict(verdict.loss - prior.loss, verdict.gain if measured else math.nan,
+                      verdict.fits, verdict.source, verdict.loss)
 
 
 def _curve_only(gpu_type: str, explore_bonus: float) -> PairModel:

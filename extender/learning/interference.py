@@ -87,8 +87,12 @@ from extender.state.reports import DecodedReport
 
 MAX_TRACKED_PODS = 100_000
 GROUP_REFIT_SECONDS = 60.0
-PROGRESS_REFIT_SECONDS = 600.0
-"""How often the progress estimates (a low-rank completion) are refitted at most."""
+PROGRESS_REFIT_SECONDS = 60.0
+"""How often the progress estimates (a low-rank completion, about a second of CPU at 26
+models, on the agents' report path) are refitted at most. At 600 s a model first measured
+waited up to ten minutes before its figures reached decisions, while jobs arrived every
+36 s in the simulator's testbed mixes: the learner captured none of the pair-oracle's gain
+on tuning seeds where a minute captured some (docs/interference.md)."""
 DOCUMENT_KEY = "pairs"
 
 
@@ -324,10 +328,9 @@ class PairLearner:
             for t in {t for t, _a, _b in progress.figures}:
                 fitted.setdefault(t, TypePairs())
         losing = self.tracker.losing() if progress is not None else frozenset()
-        built = PairModel({t: replace(tp, inferred=inferred.get(t, {}),
-                                      progress=progress.type_figures(t) if progress else {},
-                                      losing=frozenset(p for tt, p in losing if tt == t))
-                           for t, tp in fitted.items()},
+        with_inferred = {t: replace(tp, inferred=inferred.get(t, {})) for t, tp in fitted.items()}
+        built = PairModel({t: tp if progress is None else progress.type_pairs(t, tp, losing)
+                           for t, tp in with_inferred.items()},
                           self.prior_weight, self.explore_bonus,
                           TypePairs(prior=self._pooled) if self._pooled else None)
         with self._lock:

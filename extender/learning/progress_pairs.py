@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from extender.core.pairs import SHARE_MARGIN, SHARE_Z, TypePairs, combined, shares
@@ -93,6 +93,13 @@ class Estimates:
         """One GPU type's figures as :class:`extender.core.pairs.TypePairs` takes them."""
         return {(a, b): (f.log, f.var, f.source) for (t, a, b), f in self.figures.items()
                 if t == gpu_type}
+
+    def type_pairs(self, gpu_type: str, base: TypePairs,
+                   losing: frozenset[tuple[str, frozenset[str]]]) -> TypePairs:
+        """``base`` (what else is known of ``gpu_type``) with these figures and the pairs of
+        ``losing`` on it: what decisions read (the pair learner's model, the benchmarks)."""
+        return replace(base, progress=self.type_figures(gpu_type),
+                       losing=frozenset(p for t, p in losing if t == gpu_type))
 
 
 @dataclass

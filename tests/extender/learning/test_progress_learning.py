@@ -148,3 +148,22 @@ def test_a_bad_progress_row_is_refused_and_nothing_is_replaced(row: Any) -> None
     with pytest.raises(ValueError, match="progress row|pairs:"):
         learner.load_document({"pairs": [], "progress": [row]})
     assert learner.progress.stats[(A100, "x", "y")][0] == 1
+
+
+def test_a_pair_measured_a_minute_ago_reaches_decisions() -> None:
+    """The completion is refitted within a minute of new samples (jobs arrive every tens of
+    seconds: figures ten minutes late decided nothing)."""
+    now = [0.0]
+    learner = PairLearner(clock=lambda: now[0])
+    placed = _placed({"a": "lm", "b": "resnet", "c": "bert"})
+    for uid in "abc":
+        learner.observe_progress(_report({uid: 10.0}), placed)
+    learner.observe_progress(_report({"a": 8.0, "b": 8.0}), placed)
+    model = learner.current()
+    assert model is not None and model.figure(A100, "lm", "bert", 1.0)[1] == "curve"
+    now[0] = 61.0
+    learner.observe_progress(_report({"a": 5.0, "c": 9.0}), placed)
+    model = learner.current()
+    assert model is not None
+    assert model.figure(A100, "lm", "bert", 1.0)[1] == "progress:1"
+    assert model.figure(A100, "resnet", "bert", 1.0)[1] == "completed"
