@@ -159,7 +159,10 @@ def test_serve_exits_0_on_sigterm_after_serving(server: Process) -> None:
         assert http.get("/readyz").status_code == 200
         auth = {"Authorization": f"Bearer {TOKEN}"}
         assert http.post("/v1/sessions", json=SESSION).status_code == 401
-        assert http.post("/v1/sessions", json=SESSION, headers=auth).status_code == 201
+        # A modest rate: this test is about shutdown; a server started on a starved host
+        # may refuse 100 requests/s from its start-up path figures (seen once in CI-like runs).
+        added = http.post("/v1/sessions", json={**SESSION, "rate_rps": 5}, headers=auth)
+        assert added.status_code == 201, added.text
         answer = http.post("/v1/sessions/s/infer", json={"inputs": {"x": x().tolist()}})
         assert answer.status_code == 200 and answer.json()["outputs"] == [x().tolist()]
     assert server.terminate_and_wait() == 0
