@@ -124,8 +124,7 @@ class Registration:
                                           self.longest_segment_ms(), self._queue_ms(spec, loaded))
                 refusal = self._refusal(plan, spec, loaded, profile)
                 if refusal is not None:
-                    # the executor as the sessions admitted leave it
-                    self._profiles_at(spec, profile, 0.0)
+                    self._observe_host_at(0.0)  # the executor as the admitted leave it
                     raise refusal
                 assert isinstance(plan, GpuPlan)
                 now = p.clock.now_ms()
@@ -159,11 +158,17 @@ class Registration:
         ``rate_rps`` (0: without it): the executor's priority at the share and delay the
         host leaves it now (``self._host``) and at the rate the sessions then send."""
         p = self._p
+        self._observe_host_at(rate_rps)
+        return {**p.planning.profile_map(p.sessions.slo.values()),
+                (new.model, p.config.gpu_type): p.planning.planned(profile)}
+
+    def _observe_host_at(self, rate_rps: float) -> None:
+        """Plan the executor at the host this registration found (``self._host``) with the
+        admitted sessions and ``rate_rps`` more sending."""
+        p = self._p
         if self._host is not None:
             admitted = sum(s.rate_rps for s in p.sessions.admitted_specs())
             p.planning.observe_host(self._host, admitted + rate_rps)
-        return {**p.planning.profile_map(p.sessions.slo.values()),
-                (new.model, p.config.gpu_type): p.planning.planned(profile)}
 
     def _rates(self, new: SessionSpec, loaded: LoadedModel) -> list[PathLoad]:
         """Every session's requests with ``new`` beside them, each held its SLO at most."""
