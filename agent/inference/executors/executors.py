@@ -195,6 +195,8 @@ class _OrtHandle:
     boundary_cost_ms: float = 0.0
     whole_ms: float = 0.0
     segments: list[Any] = field(default_factory=list)
+    carried: list[frozenset[str]] = field(default_factory=list)
+    """Per segment: what of its feed later segments read (``_advance``)."""
 
 
 class MeasuredExecutor:
@@ -351,10 +353,11 @@ class OrtExecutor(MeasuredExecutor):
         long model is measured in pieces no longer than one of its atoms."""
         feed: Feed = {loaded.input_name: x}
         costs = []
-        for sess, expected in zip(sessions, expected_ms, strict=True):
-            cost, outs = self._time_ms(lambda s=sess, f=feed: s.run(None, f), expected)
+        for i, (sess, expected) in enumerate(zip(sessions, expected_ms, strict=True)):
+            ins = _inputs(sess, feed)
+            cost, outs = self._time_ms(lambda s=sess, f=ins: s.run(None, f), expected)
             costs.append(cost)
-            feed = {o.name: v for o, v in zip(sess.get_outputs(), outs, strict=True)}
+            feed = _advance(sess, outs, feed, _later_inputs(sessions, i))
         return costs
 
     def _profile_atoms(self, loaded: LoadedModel, pieces: tuple[bytes, ...]) -> None:
@@ -403,6 +406,7 @@ class OrtExecutor(MeasuredExecutor):
         ends = [end - 1 for _, end in ranges[:-1]]  # the cut after atom ``end - 1``
         pieces = self.preparer.split(loaded.ref, handle.model, ends)
         handle.segments = [self._session(p) for p in pieces]
+        handle.carried = [_later_inputs(handle.segments, i) for i in range(len(pieces))]
         total = sum(handle.atom_costs_ms) or 1.0
         loaded.segment_fractions = tuple(sum(handle.atom_costs_ms[s:e]) / total for s, e in ranges)
         loaded.segment_overhead = self._measure_segment_overhead(loaded, ranges)
@@ -429,5 +433,23 @@ class OrtExecutor(MeasuredExecutor):
         """One ORT run of one segment."""
         handle: _OrtHandle = loaded.handle
         sess = handle.segments[index]
-        outs = sess.run(None, feed)
-        return {o.name: v for o, v in zip(sess.get_outputs(), outs, strict=True)}
+        outs = sess.run(None, _inputs(sess, feed))
+        carried = handle.carried[index] if handle.carried else frozenset()
+        return _advance(sess, outs, feed, carried)
+
+
+def _inputs(sess: Any, feed: Feed) -> Feed:
+    """What of ``feed`` a piece reads (between row tiles more crosses a cut than it uses)."""
+    return {i.name: feed[i.name] for i in sess.get_inputs()}
+
+
+def _later_inputs(sessions: list[Any], index: int) -> frozenset[str]:
+    """The tensors the pieces after ``index`` read."""
+    return frozenset(i.name for s in sessions[index + 1:] for i in s.get_inputs())
+
+
+def _advance(sess: Any, outs: list[Any], feed: Feed, carried: frozenset[str]) -> Feed:
+    """The feed after a piece: its outputs and what later pieces still read of the
+    feed before it (nothing after the last: the model's outputs alone)."""
+    kept = {k: v for k, v in feed.items() if k in carried}
+    return {**kept, **{o.name: v for o, v in zip(sess.get_outputs(), outs, strict=True)}}

@@ -41,7 +41,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class PreparedModel:
-    """A checked, constant-folded model as bytes, with its atoms (cut at every valid cut)."""
+    """A checked, constant-folded model as bytes, with its atoms (cut at every valid cut
+    once long convolutions are in row tiles, ``tiling.py``; ``model`` is untiled)."""
 
     ref: str
     model: bytes
@@ -51,7 +52,8 @@ class PreparedModel:
     cuts: int
     atoms: tuple[bytes, ...]
     cut_nodes: tuple[int, ...] = ()
-    """Where the cuts are: the node each one follows (the torch executor splits by node)."""
+    """Where ``model``'s own cuts are: the node each one follows (the torch executor splits
+    by node, and runs no tiles)."""
 
 
 def prepare_model(ref: str, limits: ModelLimits) -> PreparedModel:
@@ -64,7 +66,7 @@ def prepare_model(ref: str, limits: ModelLimits) -> PreparedModel:
     model = fold_constants(model)
     try:
         cuts = find_cuts(model)
-        pieces = atoms(model) if cuts else []
+        pieces = atoms(model)  # long convolutions in row tiles: cuts the model lacks
     except SegmentError:
         cuts, pieces = [], []
     return PreparedModel(
@@ -79,9 +81,11 @@ def split_at(model: bytes, ends: list[int]) -> list[bytes]:
     import onnx
 
     from agent.inference.preparation.segments import find_cuts, split_model
+    from agent.inference.preparation.tiling import tile_convs
 
     proto = onnx.ModelProto()
     proto.ParseFromString(model)
+    proto = tile_convs(proto)  # the graph ``atoms`` cut: the same cuts, in the same order
     cuts = find_cuts(proto)
     return [p.SerializeToString() for p in split_model(proto, [cuts[i] for i in ends])]
 

@@ -24,6 +24,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
+from agent.inference.preparation.tiling import TILE_PREFIX, tile_convs
+
 # ORT 1.31 reads IR version <= 13; pieces keep the source's version when lower.
 MAX_IR_VERSION = 10
 
@@ -34,10 +36,16 @@ class SegmentError(ValueError):
 
 @dataclass(frozen=True)
 class Cut:
-    """A valid cut: after node ``after_node`` the single live tensor is ``tensor``."""
+    """A valid cut: after node ``after_node`` the live tensor is ``tensor`` (and, between
+    the row tiles of one Conv, ``more``: its input and the tiles done, ``tiling.py``)."""
 
     after_node: int
     tensor: str
+    more: tuple[str, ...] = ()
+
+    @property
+    def tensors(self) -> tuple[str, ...]:
+        return (self.tensor, *self.more)
 
 
 def _subgraph_names(node: onnx.NodeProto) -> set[str]:
@@ -150,7 +158,16 @@ def find_cuts(model: onnx.ModelProto) -> list[Cut]:
         live = [t for t, p in producer.items() if p <= k < last_use.get(t, -1)]
         if len(live) == 1 and live[0] in typed:
             cuts.append(Cut(k, live[0]))
+        elif _between_tiles(nodes, k) and live and all(t in typed for t in live):
+            cuts.append(Cut(k, live[0], tuple(live[1:])))
     return cuts
+
+
+def _between_tiles(nodes: Sequence[onnx.NodeProto], k: int) -> bool:
+    """Whether node ``k`` is a row tile's Conv, followed by the next tile or the Concat
+    that joins them (a copy of the whole output: a piece of its own)."""
+    return (nodes[k].name.startswith(TILE_PREFIX) and nodes[k].op_type == "Conv"
+            and nodes[k + 1].name.startswith(TILE_PREFIX))
 
 
 def _typed_values(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
@@ -180,12 +197,17 @@ def split_model(model: onnx.ModelProto, cuts: Sequence[Cut]) -> list[onnx.ModelP
     pieces: list[onnx.ModelProto] = []
     for i in range(len(bounds) - 1):
         piece_nodes = nodes[bounds[i] + 1 : bounds[i + 1] + 1]
-        inputs = entry if i == 0 else [typed[ordered[i - 1].tensor]]
-        outputs = list(graph.output) if i == len(bounds) - 2 else [typed[ordered[i].tensor]]
         used = set()
+        made = set()
         for node in piece_nodes:
             used.update(node.input)
             used |= _subgraph_names(node)
+            made.update(node.output)
+        # A piece reads what crosses the cut before it and it uses, and gives what it
+        # makes that crosses the cut after it (the runner carries the rest past it).
+        inputs = entry if i == 0 else [typed[t] for t in ordered[i - 1].tensors if t in used]
+        outputs = list(graph.output) if i == len(bounds) - 2 else \
+            [typed[t] for t in ordered[i].tensors if t in made]
         inits = [constants[n] for n in sorted(used) if n in constants]
         piece_graph = helper.make_graph(
             piece_nodes, f"{graph.name}_seg{i}", inputs, outputs, initializer=inits
@@ -200,6 +222,7 @@ def split_model(model: onnx.ModelProto, cuts: Sequence[Cut]) -> list[onnx.ModelP
 
 
 def atoms(model: onnx.ModelProto) -> list[onnx.ModelProto]:
-    """The model, constants folded, split at every valid cut: the finest sequential pieces."""
-    folded = fold_constants(model)
-    return split_model(folded, find_cuts(folded))
+    """The model, constants folded and long convolutions tiled (``tiling.py``), split at
+    every valid cut: the finest sequential pieces."""
+    tiled = tile_convs(fold_constants(model))
+    return split_model(tiled, find_cuts(tiled))
