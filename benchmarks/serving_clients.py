@@ -202,7 +202,7 @@ def scenario(server_args: tuple[str, ...], kind: str, hog: bool, store: Path,
         finally:
             server.stop()
     keep = ("kind", "arrived", "served", "good", "late", "dropped", "drop_reasons", "batch",
-            "held", "promised", "throttle")
+            "held", "promised", "throttle", "segments", "segment_overhead")
     for b in bodies:
         registered[b["name"]]["registration_body"] = {k: v for k, v in b.items()
                                                       if not k.startswith("_")}

@@ -29,12 +29,11 @@ import numpy as np
 
 from agent.inference.clock import Clock
 from agent.inference.errors import ModelRejected
+from agent.inference.executors.feeds import Feed, advance, later_inputs, piece_inputs
 from agent.inference.preparation.batching_profiles import fit_linear_profile
 from agent.inference.preparation.limits import ModelLimits
 from agent.inference.quanta import OverheadCurve, group_segments
 from predictor.batching import BatchingProfile
-
-Feed = dict[str, np.ndarray]
 
 DeviceGate = Callable[[Callable[[], Any], float], Any]
 """Runs one device call (``fn``, its expected ms; 0 when unknown) and returns its result."""
@@ -354,10 +353,10 @@ class OrtExecutor(MeasuredExecutor):
         feed: Feed = {loaded.input_name: x}
         costs = []
         for i, (sess, expected) in enumerate(zip(sessions, expected_ms, strict=True)):
-            ins = _inputs(sess, feed)
+            ins = piece_inputs(sess, feed)
             cost, outs = self._time_ms(lambda s=sess, f=ins: s.run(None, f), expected)
             costs.append(cost)
-            feed = _advance(sess, outs, feed, _later_inputs(sessions, i))
+            feed = advance(sess, outs, feed, later_inputs(sessions, i))
         return costs
 
     def _profile_atoms(self, loaded: LoadedModel, pieces: tuple[bytes, ...]) -> None:
@@ -406,7 +405,7 @@ class OrtExecutor(MeasuredExecutor):
         ends = [end - 1 for _, end in ranges[:-1]]  # the cut after atom ``end - 1``
         pieces = self.preparer.split(loaded.ref, handle.model, ends)
         handle.segments = [self._session(p) for p in pieces]
-        handle.carried = [_later_inputs(handle.segments, i) for i in range(len(pieces))]
+        handle.carried = [later_inputs(handle.segments, i) for i in range(len(pieces))]
         total = sum(handle.atom_costs_ms) or 1.0
         loaded.segment_fractions = tuple(sum(handle.atom_costs_ms[s:e]) / total for s, e in ranges)
         loaded.segment_overhead = self._measure_segment_overhead(loaded, ranges)
@@ -433,23 +432,7 @@ class OrtExecutor(MeasuredExecutor):
         """One ORT run of one segment."""
         handle: _OrtHandle = loaded.handle
         sess = handle.segments[index]
-        outs = sess.run(None, _inputs(sess, feed))
+        outs = sess.run(None, piece_inputs(sess, feed))
         carried = handle.carried[index] if handle.carried else frozenset()
-        return _advance(sess, outs, feed, carried)
+        return advance(sess, outs, feed, carried)
 
-
-def _inputs(sess: Any, feed: Feed) -> Feed:
-    """What of ``feed`` a piece reads (between row tiles more crosses a cut than it uses)."""
-    return {i.name: feed[i.name] for i in sess.get_inputs()}
-
-
-def _later_inputs(sessions: list[Any], index: int) -> frozenset[str]:
-    """The tensors the pieces after ``index`` read."""
-    return frozenset(i.name for s in sessions[index + 1:] for i in s.get_inputs())
-
-
-def _advance(sess: Any, outs: list[Any], feed: Feed, carried: frozenset[str]) -> Feed:
-    """The feed after a piece: its outputs and what later pieces still read of the
-    feed before it (nothing after the last: the model's outputs alone)."""
-    kept = {k: v for k, v in feed.items() if k in carried}
-    return {**kept, **{o.name: v for o, v in zip(sess.get_outputs(), outs, strict=True)}}
