@@ -95,7 +95,9 @@ class Server:
         self.proc = subprocess.Popen(
             [str(tandem), "agent", "serve", f"--executor={kind}", "--device=cpu", "--port=0",
              f"--model-store={store}", "--post-workers=2", *extra],
-            stderr=self.log, stdout=subprocess.DEVNULL, env=env, text=True)
+            # In its own checkout: a server's model worker (``python -m``) imports from the
+            # working directory first (a baseline's prepared models with this tree's code).
+            stderr=self.log, stdout=subprocess.DEVNULL, env=env, text=True, cwd=root)
         deadline = time.monotonic() + 120
         self.port = 0
         while not self.port and time.monotonic() < deadline and self.proc.poll() is None:

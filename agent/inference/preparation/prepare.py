@@ -211,9 +211,11 @@ class _Worker:
         root = str(Path(__file__).resolve().parents[2])  # where ``agent`` is importable
         path = os.environ.get("PYTHONPATH")
         env = {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+        # ``-m`` puts the working directory first on the path: started there, a server
+        # whose working directory holds another checkout would prepare with its code.
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "agent.inference.preparation.prepare"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=root,
         )  # fmt: skip
 
     def call(self, ref: str, header: dict[str, Any], blobs: list[bytes] = ()

@@ -12,6 +12,7 @@ import pytest
 from agent.inference.errors import ModelRejected
 from agent.inference.preparation.limits import ModelLimits
 from agent.inference.preparation.prepare import (
+    ModelPreparer,
     WorkerProtocolError,
     _limits_from_json,
     _limits_to_json,
@@ -66,3 +67,26 @@ def test_failures_come_back_as_server_errors_only():
     with pytest.raises(ModelRejected, match="SystemExit"):  # never another type
         _raise_from("m.onnx", {"ok": False, "error": "SystemExit", "message": "SystemExit: 0"})
     assert np.dtype(np.dtype(np.float32).str) == np.float32
+
+
+def test_the_worker_prepares_with_the_server_s_code_whatever_its_directory(
+        tmp_path, monkeypatch):
+    """``python -m`` looks in the working directory first: a server started in another
+    checkout prepared models with that checkout's code (a benchmark's baseline server
+    ran the tree under test's cutting)."""
+    from server_helpers import chain_model, save
+
+    decoy = tmp_path / "agent" / "inference" / "preparation"
+    decoy.mkdir(parents=True)
+    for folder in (decoy, decoy.parent, decoy.parent.parent):
+        (folder / "__init__.py").write_text("")
+    (decoy / "prepare.py").write_text("raise SystemExit(3)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(ModelPreparer, "_worker", None)  # a worker started here
+    model = save(chain_model(layers=2), tmp_path / "m.onnx")
+    try:
+        prepared = ModelPreparer().prepare(str(model), ModelLimits(store_root=tmp_path))
+    finally:
+        if ModelPreparer._worker is not None:
+            ModelPreparer._worker.close()
+    assert prepared.input_name == "x" and prepared.cuts >= 1
