@@ -106,6 +106,10 @@ def _tile_nodes(node: onnx.NodeProto, height: int, kh: int, ranges: list[tuple[i
 def tile_convs(model: onnx.ModelProto, max_macs: float = MAX_TILE_MACS) -> onnx.ModelProto:
     """``model`` with every Conv over ``max_macs`` cut into row tiles (the same model
     where none is; constants must be initializers: ``segments.fold_constants``)."""
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+                default=0)
+    if opset < 10:  # Slice took its bounds as attributes before opset 10
+        return model
     try:
         inferred = shape_inference.infer_shapes(model)
     except Exception:  # onnx raises several types for broken graphs: keep it whole
