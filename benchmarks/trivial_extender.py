@@ -35,8 +35,7 @@ REASON = "not enough free GPU memory"
 def kube_client(port: int) -> client.CoreV1Api:
     """The official client on the API server at 127.0.0.1:``port``, its pool sized for
     concurrent binds (built after fork: pools are per process)."""
-    return client.CoreV1Api(client.ApiClient(pooled(
-        client.Configuration(host=f"http://127.0.0.1:{port}"))))
+    return client.CoreV1Api(pooled(client.Configuration(host=f"http://127.0.0.1:{port}")))
 
 
 def _free_memory(api: client.CoreV1Api) -> dict[str, list[float]]:

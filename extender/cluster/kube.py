@@ -162,14 +162,12 @@ class KubeSource:
 
     @classmethod
     def from_environment(cls) -> KubeSource:
-        """In-cluster config, else the local kubeconfig; the official client's pool sized
-        for concurrent binds (``kube_http.pooled``)."""
+        """In-cluster config, else the local kubeconfig (pool sized by ``pooled``)."""
         try:
             config.load_incluster_config()
         except config.ConfigException:
             config.load_kube_config()
-        return cls(client.CoreV1Api(client.ApiClient(
-            pooled(client.Configuration.get_default_copy()))))
+        return cls(client.CoreV1Api(pooled(client.Configuration.get_default_copy())))
 
     def _list(self, lister: Callable[..., Any], **kwargs: Any) -> tuple[list[Any], str]:
         body = _json(lister(_preload_content=False, **kwargs))
