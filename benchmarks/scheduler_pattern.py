@@ -532,7 +532,7 @@ def compare_orders(argv: list[str] | None = None) -> None:
             else:
                 def starter() -> tuple[int, Callable[[], None]]:
                     return trivial_extender.serve(trivial_extender.create_trivial_app(
-                        world.kube_client(api_port)), cfg.server.threads)
+                        trivial_extender.kube_client(api_port)), cfg.server.threads)
             port, _, stop = world.serve_in_child(starter)
             try:
                 return measure(lambda: RawClient(port), list(jobs), opts.concurrency,
@@ -730,7 +730,7 @@ def main(argv: list[str] | None = None) -> None:
 
             def trivial(port: int = api_port) -> tuple[int, Callable[[], None]]:
                 return trivial_extender.serve(trivial_extender.create_trivial_app(
-                    world.kube_client(port)), cfg.server.threads)
+                    trivial_extender.kube_client(port)), cfg.server.threads)
             ports["trivial"], _, stop = world.serve_in_child(trivial)
             stops.append(stop)
             ports["floor"], _, stop = world.serve_in_child(

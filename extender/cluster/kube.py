@@ -37,7 +37,7 @@ from kubernetes.client.rest import ApiException
 
 from contracts.logs import get_logger
 from extender.cluster.kube_events import EventQueue
-from extender.cluster.kube_http import LeanPoster, api_error, supports
+from extender.cluster.kube_http import LeanPoster, api_error, pooled, supports
 from extender.cluster.namespace import own_namespace
 from extender.cluster.record_writer import RecordWriter
 from extender.cluster.records import (
@@ -162,12 +162,12 @@ class KubeSource:
 
     @classmethod
     def from_environment(cls) -> KubeSource:
-        """In-cluster config, else the local kubeconfig."""
+        """In-cluster config, else the local kubeconfig (pool sized by ``pooled``)."""
         try:
             config.load_incluster_config()
         except config.ConfigException:
             config.load_kube_config()
-        return cls(client.CoreV1Api())
+        return cls(client.CoreV1Api(pooled(client.Configuration.get_default_copy())))
 
     def _list(self, lister: Callable[..., Any], **kwargs: Any) -> tuple[list[Any], str]:
         body = _json(lister(_preload_content=False, **kwargs))

@@ -6,7 +6,6 @@ import importlib
 
 import pytest
 from bench_modules import load
-from kubernetes import client
 
 fake_kube_api = importlib.import_module("lab.fakes.kube_api")
 trivial_extender = load("trivial_extender")
@@ -37,7 +36,9 @@ def fake():
 
 
 def test_trivial_extender_filters_by_free_memory_and_binds_through_the_api(fake):
-    api = client.CoreV1Api(client.ApiClient(client.Configuration(host=fake.url)))
+    api = trivial_extender.kube_client(int(fake.url.rsplit(":", 1)[1]))
+    # its pool holds kube-scheduler's 16 binds in flight (the default kept 10 on 2 cores)
+    assert api.api_client.rest_client.pool_manager.connection_pool_kw["maxsize"] >= 16
     web = trivial_extender.create_trivial_app(api).test_client()
     new = fake.pod("ml", "new")
     r = web.post("/filter", json={"Pod": new, "NodeNames": ["a", "b"]}).get_json()
