@@ -53,7 +53,7 @@ MODES = {"progress": ("curve-only", "pair-aware", REVERT, "pair-oracle"),
 LEARNERS = ("pair-aware", REVERT)
 REVERT_SECONDS = 600.0
 """``learning.revert_losing_seconds`` in the revert mode: a pod is moved within its first ten
-minutes on a GPU (chosen on tuning seeds 100-101, docs/interference.md)."""
+minutes on a GPU (set, not tuned; docs/interference.md)."""
 KEYS = ("avg_jct_s", "finished_in_window", "makespan_s")
 WINDOW_OF_MAKESPAN = 0.5
 LEARNED = ("progress_samples", "refused_losing", "directed_pairs_measured",
