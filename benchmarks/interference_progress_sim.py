@@ -11,12 +11,15 @@ each type, the w-small and w-large workloads with each job's model drawn from th
 - ``time-sliced``: NVML only (what a tandem without progress counters sees).
 
 Modes: ``curve-only`` (the packaged learner), ``pair-aware`` (``learning.pairs: true``:
-the progress pair learner, no matrix), ``pair-oracle`` (curve-only's learner given every
-measured pair: what knowing the pairs is worth). Per seed (paired: every mode runs the
-same jobs): average JCT, jobs finished within a fixed window (half of curve-only's
-makespan on that seed, from the first arrival) and makespan (information only). The
+the progress pair learner, no matrix), ``pair-aware+revert`` (the same with the opt-in
+``learning.revert_losing_seconds`` at :data:`REVERT_SECONDS`: the newest pod of a GPU whose
+pair was measured to lose is moved, as the extender evicts it), ``pair-oracle``
+(curve-only's learner given every measured pair: what knowing the pairs is worth). Per seed
+(paired: every mode runs the same jobs): average JCT, jobs finished within a fixed window
+(half of curve-only's makespan on that seed, from the first arrival) and makespan
+(information only). The
 **capture** is ``(curve - pair) / (curve - oracle)`` of the mean average JCT: the share of
-the pair-oracle's gain the learner gets, given only where that gain (paired per seed) is
+the pair-oracle's gain a learner mode gets, given only where that gain (paired per seed) is
 beyond its interval. Mean and 95% (t) interval over seeds. Figures are simulation outputs
 on measured data, not timings.
 """
@@ -35,6 +38,8 @@ from typing import Any
 import _common
 import numpy as np
 
+from extender.config.loader import load_config
+from lab.simulator.belief import SimWorld
 from lab.simulator.policies import PolicyOptions, tandem_cost
 from lab.simulator.runner import simulate
 
@@ -42,22 +47,37 @@ _gavel = _common.sibling("interference")
 interval = _gavel.interval
 GPUS = ("p100", "k80")
 WORKLOADS = ("w-small", "w-large")
-MODES = {"progress": ("curve-only", "pair-aware", "pair-oracle"),
+REVERT = "pair-aware+revert"
+MODES = {"progress": ("curve-only", "pair-aware", REVERT, "pair-oracle"),
          "time-sliced": ("curve-only", "pair-aware")}
+LEARNERS = ("pair-aware", REVERT)
+REVERT_SECONDS = 600.0
+"""``learning.revert_losing_seconds`` in the revert mode: a pod is moved within its first ten
+minutes on a GPU (set, not tuned; docs/interference.md)."""
 KEYS = ("avg_jct_s", "finished_in_window", "makespan_s")
 WINDOW_OF_MAKESPAN = 0.5
 LEARNED = ("progress_samples", "refused_losing", "directed_pairs_measured",
-           "windows_without_alone_time", "windows_of_three_or_more", "windows_attributed")
+           "windows_without_alone_time", "windows_of_three_or_more", "windows_attributed",
+           "reverts")
 """What the progress learner had by the end of each run: samples, pairs refused as losing,
 directed pairs with samples, shared windows set aside waiting for an alone time (some
 become samples later), windows of GPUs held by three pods or more that gave no sample and
-those attributed to the one partner not yet measured (samples)."""
+those attributed to the one partner not yet measured (samples), and pods moved as the
+newest of a pair measured to lose (the revert mode)."""
 
 
-def _seed_runs(raw: dict[str, Any], jobs: int | None, task: tuple[str, str, str, int]
-               ) -> dict[str, Any]:
-    """One seed of one GPU, workload and signal: every mode's figures (the workload's
-    first ``jobs`` arrivals where given)."""
+def _world(truth: Any, mode: str, gpu_type: str) -> SimWorld:
+    if mode == REVERT:
+        base = load_config(None, environ={}).learning
+        return SimWorld.build(truth, "online", replace(
+            base, pairs=True, revert_losing_seconds=REVERT_SECONDS), [gpu_type])
+    return _gavel._world(truth, mode, [gpu_type], {})
+
+
+def _seed_runs(raw: dict[str, Any], jobs: int | None, learners: tuple[str, ...],
+               task: tuple[str, str, str, int]) -> dict[str, Any]:
+    """One seed of one GPU, workload and signal: the figures of every mode (of the learner
+    modes, ``learners``; the workload's first ``jobs`` arrivals where given)."""
     gpu, workload, signal, seed = task
     here = _gavel.setting(raw, workload, gpu, signal, seed)
     if jobs is not None:
@@ -65,15 +85,15 @@ def _seed_runs(raw: dict[str, Any], jobs: int | None, task: tuple[str, str, str,
     first = min(j.arrival_s for j in here.jobs)
     out: dict[str, Any] = {}
     finishes: dict[str, np.ndarray] = {}
-    for mode in MODES[signal]:
-        world = _gavel._world(here.truth, mode, [here.gpu_type], {})
+    for mode in _modes(signal, learners):
+        world = _world(here.truth, mode, here.gpu_type)
         result = simulate(here.jobs, here.nodes, "tandem", PolicyOptions(cost=tandem_cost()),
                           world=world)
         out[mode] = {"avg_jct_s": float(result.avg_jct_s), "makespan_s": float(result.makespan_s),
                      "unfinished": int(result.unfinished)}
         if result.unfinished == 0:  # runs are in job order: finish = arrival + JCT
             finishes[mode] = np.array([j.arrival_s for j in here.jobs]) + np.array(result.jct_s)
-        if mode == "pair-aware":
+        if mode in LEARNERS:
             pairs = world.knowledge.learner.pairs
             stats = pairs.stats()
             out[mode].update(progress_samples=stats["progress_samples"],
@@ -84,7 +104,7 @@ def _seed_runs(raw: dict[str, Any], jobs: int | None, task: tuple[str, str, str,
                              windows_of_three_or_more=pairs.tracker.alone_steps.skipped.get(
                                  "not-a-pair", 0),
                              windows_attributed=pairs.tracker.alone_steps.skipped.get(
-                                 "attributed", 0))
+                                 "attributed", 0), reverts=result.reverts)
     window = WINDOW_OF_MAKESPAN * out["curve-only"]["makespan_s"]
     for mode in out:
         done = finishes.get(mode)
@@ -93,41 +113,73 @@ def _seed_runs(raw: dict[str, Any], jobs: int | None, task: tuple[str, str, str,
     return out
 
 
+def _modes(signal: str, learners: tuple[str, ...]) -> tuple[str, ...]:
+    """The modes run under ``signal``: curve-only, the oracle and the learner modes asked."""
+    return tuple(m for m in MODES[signal] if m not in LEARNERS or m in learners)
+
+
+def _capture(runs: dict[str, dict[str, list[float]]], mode: str, shown: bool) -> float | None:
+    curve, pair, oracle = (float(np.mean(runs[m]["avg_jct_s"]))
+                           for m in ("curve-only", mode, "pair-oracle"))
+    return round((curve - pair) / (curve - oracle), 3) if shown else None
+
+
+def _keep(runs: dict[str, dict[str, list[float]]], learned: dict[str, Any],
+          old: dict[str, Any] | None) -> None:
+    """Add to ``runs`` the learner modes not run of ``old`` (an earlier result's entry of the
+    same setting and seeds: its curve-only figures must be these, seed for seed)."""
+    for mode in LEARNERS if old else ():
+        if mode in runs or mode not in old["per_seed"]:
+            continue
+        if old["per_seed"]["curve-only"]["avg_jct_s"] != runs["curve-only"]["avg_jct_s"]:
+            raise SystemExit("--keep-from: curve-only differs there (other seeds or jobs?)")
+        runs[mode] = old["per_seed"][mode]
+        was = old.get("learned", {})
+        learned[mode] = was.get(mode, was if mode == "pair-aware" else None)
+
+
 def run(raw: dict[str, Any], seeds: int, processes: int, jobs: int | None = None,
-        first_seed: int = 1, signals: tuple[str, ...] = tuple(MODES)) -> dict[str, Any]:
-    """Every GPU, workload and signal over ``seeds`` paired seeds from ``first_seed``."""
+        first_seed: int = 1, signals: tuple[str, ...] = tuple(MODES),
+        learners: tuple[str, ...] = LEARNERS, kept: dict[str, Any] | None = None
+        ) -> dict[str, Any]:
+    """Every GPU, workload and signal over ``seeds`` paired seeds from ``first_seed``;
+    ``kept``: an earlier result's ``results``, whose learner modes not run here it adds."""
     tasks = [(gpu, workload, signal, seed) for gpu in GPUS for workload in WORKLOADS
              for signal in signals for seed in range(first_seed, first_seed + seeds)]
-    results = _common.map_tasks(partial(_seed_runs, raw, jobs), tasks, processes)
+    results = _common.map_tasks(partial(_seed_runs, raw, jobs, learners), tasks, processes)
     out: dict[str, Any] = {}
     for gpu in GPUS:
         for workload in WORKLOADS:
             for signal in signals:
-                modes = MODES[signal]
                 per_seed = [r for (g, w, s, _), r in zip(tasks, results, strict=True)
                             if (g, w, s) == (gpu, workload, signal)]
-                runs = {m: {k: [r[m][k] for r in per_seed] for k in KEYS} for m in modes}
+                runs = {m: {k: [r[m][k] for r in per_seed] for k in KEYS}
+                        for m in _modes(signal, learners)}
+                learned = {m: {k: interval([float(r[m][k]) for r in per_seed]) for k in LEARNED}
+                           for m in LEARNERS if m in runs}
+                _keep(runs, learned, (kept or {}).get(f"{gpu}/{workload}/{signal}"))
+                modes = [m for m in MODES[signal] if m in runs]
                 entry: dict[str, Any] = {
                     "modes": {m: {k: interval(v) for k, v in r.items()} for m, r in runs.items()},
                     "curve_minus_mode_paired": {
                         m: {k: _gavel._paired(runs, "curve-only", m, k) for k in KEYS}
                         for m in modes if m != "curve-only"},
                     "per_seed": runs}
-                if "pair-aware" in modes:
-                    entry["learned"] = {k: interval([float(r["pair-aware"][k]) for r in per_seed])
-                                        for k in LEARNED}
+                entry["learned"] = learned
+                if "pair-aware" in runs and REVERT in runs:  # what the revert adds
+                    entry["pair_aware_minus_revert_paired"] = {
+                        k: _gavel._paired(runs, "pair-aware", REVERT, k) for k in KEYS}
                 if "pair-oracle" in modes:
-                    curve, pair, oracle = (float(np.mean(runs[m]["avg_jct_s"]))
-                                           for m in ("curve-only", "pair-aware", "pair-oracle"))
                     gain = entry["curve_minus_mode_paired"]["pair-oracle"]["avg_jct_s"]
                     # a capture of a gain the seeds do not show is noise: no verdict
                     shown = gain["mean"] > gain["ci95"]
                     entry["oracle_gain_beyond_interval"] = bool(shown)
-                    entry["capture_of_oracle_gain_avg_jct"] = round(
-                        (curve - pair) / (curve - oracle), 3) if shown else None
-                    entry["goal_50pct"] = bool(entry["capture_of_oracle_gain_avg_jct"] >= 0.5) \
-                        if shown else None
-                else:
+                    entry["capture_of_oracle_gain_avg_jct"] = {
+                        m: _capture(runs, m, shown) for m in LEARNERS if m in runs}
+                    entry["goal_50pct"] = {m: bool(c >= 0.5) if c is not None else None
+                                           for m, c in entry["capture_of_oracle_gain_avg_jct"]
+                                           .items()}
+                elif "pair-aware" in runs:
                     lead = entry["curve_minus_mode_paired"]["pair-aware"]["avg_jct_s"]
                     entry["goal_no_worse_than_curve"] = bool(lead["mean"] + lead["ci95"] >= 0)
                 out[f"{gpu}/{workload}/{signal}"] = entry
@@ -144,6 +196,12 @@ def main() -> None:
     parser.add_argument("--signals", default=",".join(MODES),
                         help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--learners", default=",".join(LEARNERS),
+                        help=f"comma-separated learner modes, of {', '.join(LEARNERS)} "
+                             "(curve-only and the oracle always run)")
+    parser.add_argument("--keep-from", type=Path, default=None,
+                        help="an earlier result of the same seeds and jobs: its learner modes "
+                             "not run now are added (curve-only must reproduce it)")
     parser.add_argument("--jobs", type=int, default=None,
                         help="each workload's first JOBS arrivals (default: all 100)")
     _common.add_out_option(parser, "interference_progress_sim")
@@ -151,6 +209,9 @@ def main() -> None:
     signals = tuple(s for s in args.signals.split(",") if s)
     if not signals or any(s not in MODES for s in signals):
         parser.error(f"--signals: choose from {', '.join(MODES)}")
+    learners = tuple(m for m in args.learners.split(",") if m)
+    if not learners or any(m not in LEARNERS for m in learners):
+        parser.error(f"--learners: choose from {', '.join(LEARNERS)}")
     raw = json.loads(args.data.read_text())
     started = time.perf_counter()
     report: dict[str, Any] = {
@@ -158,11 +219,16 @@ def main() -> None:
         "kind": "simulator on measured data (figures are simulation outputs)",
         "setup": {"seeds": args.seeds, "first_seed": args.first_seed, "gpus": list(GPUS),
                   "workloads": list(WORKLOADS),
-                  "modes": {s: list(MODES[s]) for s in signals}, "cluster": "3 x 4 GPUs",
+                  "modes": {s: list(_modes(s, learners)) for s in signals},
+                  "revert_losing_seconds": REVERT_SECONDS, "cluster": "3 x 4 GPUs",
                   "policy": "tandem (packaged config)", "processes": args.processes,
                   "window": f"{WINDOW_OF_MAKESPAN} x curve-only's makespan per seed",
                   "jobs_per_workload": args.jobs or 100},
-        "results": run(raw, args.seeds, args.processes, args.jobs, args.first_seed, signals)}
+        "results": run(raw, args.seeds, args.processes, args.jobs, args.first_seed, signals,
+                       learners, json.loads(args.keep_from.read_text())["results"]
+                       if args.keep_from else None)}
+    if args.keep_from:
+        report["setup"]["kept_from"] = args.keep_from.name
     report["total_wall_s"] = round(time.perf_counter() - started, 1)
     report.update(_common.context(("numpy", "scipy")))
     _common.write_result(report, args.out)

@@ -21,6 +21,10 @@ slower ``a`` runs and where that figure comes from:
   (:mod:`extender.learning.interference`);
 - ``profile``: both models were seen with others: ``exp(mu + sens[a] + aggr[b])``,
   ``a``'s sensitivity and ``b``'s aggressiveness;
+- ``features``: on a GPU type with pairs measured from progress, a pair with a model never
+  measured there: the mean of the type's measured log slowdowns (:attr:`TypePairs.unseen`;
+  what the completion gives a job without features), not the curve of summed utilisation,
+  which reads the measured GPUs' pairs as far milder than they run;
 - ``curve``: none of these: the GPU type's curve, ``1 + f(u_a + u_b)``.
 
 Models are named by their ``tandem.io/model`` reference. A job's slowdown on a
@@ -88,6 +92,9 @@ class TypePairs:
     ``features``; where given, it is the figure."""
     losing: frozenset[frozenset[str]] = frozenset()
     """Pairs whose measured progress was worse than taking turns: refused."""
+    unseen: float | None = None
+    """The log slowdown of a pair with a model never measured here, where ``progress`` holds
+    measured pairs (:func:`unseen_figure`); None: the curve's."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +146,8 @@ class PairModel:
             mean, n = seen
             value = (n * mean + self.prior_weight * prior) / (n + self.prior_weight)
             return max(1.0, math.exp(value)), f"{PAIR}:{n}"
+        if source == CURVE and t.unseen is not None:
+            return max(1.0, math.exp(t.unseen)), FEATURES
         return max(1.0, math.exp(prior)), source
 
     def can_share(self, gpu_type: str, a: str, b: str, learned: bool = True) -> bool:
@@ -167,6 +176,18 @@ class PairModel:
 
 def _measured(source: str) -> bool:
     return source.partition(":")[0] == PROGRESS
+
+
+MIN_UNSEEN_PAIRS = 3
+"""Directed pairs measured on a GPU type before a pair never measured there reads their mean."""
+
+
+def unseen_figure(progress: Mapping[tuple[str, str], tuple[float, float, str]]) -> float | None:
+    """The mean log slowdown of the pairs measured from progress in ``progress`` (one GPU
+    type's figures), None with fewer than :data:`MIN_UNSEEN_PAIRS`: what a pair with a model
+    never measured there reads (:attr:`TypePairs.unseen`)."""
+    logs = [log for log, _var, source in progress.values() if _measured(source)]
+    return sum(logs) / len(logs) if len(logs) >= MIN_UNSEEN_PAIRS else None
 
 
 SHARE_MARGIN = 0.02

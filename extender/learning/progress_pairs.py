@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from extender.core.pairs import SHARE_MARGIN, SHARE_Z, TypePairs, combined, shares
+from extender.core.pairs import SHARE_MARGIN, SHARE_Z, TypePairs, combined, shares, unseen_figure
 from extender.learning.completion import MATRIX_SAMPLES, Completed, Entry, complete
 from extender.learning.pair_fit import MAX_LOG
 
@@ -98,7 +98,8 @@ class Estimates:
                    losing: frozenset[tuple[str, frozenset[str]]]) -> TypePairs:
         """``base`` (what else is known of ``gpu_type``) with these figures and the pairs of
         ``losing`` on it: what decisions read (the pair learner's model, the benchmarks)."""
-        return replace(base, progress=self.type_figures(gpu_type),
+        figures = self.type_figures(gpu_type)
+        return replace(base, progress=figures, unseen=unseen_figure(figures),
                        losing=frozenset(p for t, p in losing if t == gpu_type))
 
 

@@ -86,6 +86,10 @@ class SimAgents:
         self._engine: Engine | None = None
         self._window = (0.0, 0.0)
         """The simulated seconds the report being built covers (for the truth's phases)."""
+        cfg = learner.cfg
+        self.revert_s = cfg.revert_losing_seconds if cfg.enabled and cfg.pairs else 0.0
+        """``learning.revert_losing_seconds`` where pairs are learned (0: no pod is moved)."""
+        self._moves: list[str] = []
 
     def attach(self, engine: Engine) -> None:
         """Watch ``engine``'s GPUs."""
@@ -116,6 +120,22 @@ class SimAgents:
         self.completed += 1
         if self.on_completed is not None:
             self.on_completed(self.completed)
+
+    def review_after_start(self) -> tuple[float, ...]:
+        """With revert on, a report each ``REPORT_PERIOD_S`` through the revert window after
+        a start (real agents report every second; the simulated ones otherwise report only
+        when a GPU's jobs change or a decision is due, which late in a run can be long after
+        a losing pair was measured)."""
+        if self.revert_s <= 0:
+            return ()
+        return tuple(REPORT_PERIOD_S * k
+                     for k in range(1, math.ceil(self.revert_s / REPORT_PERIOD_S) + 1))
+
+    def take_moves(self) -> list[str]:
+        """The pods the extender named to move since the last call (as
+        ``AgentService._revert`` names them from each report)."""
+        moves, self._moves = self._moves, []
+        return moves
 
     def before_change(self, rows: Sequence[int], now_s: float) -> None:
         """Report the interval that ends now on ``rows`` (busy GPUs only)."""
@@ -168,6 +188,9 @@ class SimAgents:
                     if self.truth.signal.progress else ())
                 self.reports += 1
                 self.samples += self.learner.observe(report, self._placements.get)
+                if self.revert_s > 0:
+                    self._moves += self.learner.pairs.to_revert(report, self._placements.get,
+                                                                self.revert_s)
         self.clock.now_s = now_s
 
     def _phase(self, run: JobRun) -> float:

@@ -49,9 +49,10 @@ from lab.simulator.jobs import SimJob
 from lab.simulator.pairwise import job_slowdowns as pairwise_slowdowns
 
 if TYPE_CHECKING:
+    from lab.simulator.agent_hooks import Agents
     from lab.simulator.truth import Truth
 
-FINISH, CHECK, ARRIVE, RETRY = 0, 1, 2, 3
+FINISH, CHECK, ARRIVE, RETRY, REVIEW = 0, 1, 2, 3, 4
 PENDING, RUNNING, DONE = "pending", "running", "done"
 
 
@@ -147,25 +148,6 @@ class SchedulingContext:
         return self._engine.start(run, list(placements))
 
 
-class Agents(Protocol):
-    """Simulated node agents: they see the world as it changes (``lab.simulator.agents``)."""
-
-    def attach(self, engine: Engine) -> None:
-        """Bind to the engine whose GPUs they watch."""
-
-    def before_change(self, rows: Sequence[int], now_s: float) -> None:
-        """The jobs on ``rows`` are about to change: report the interval that ends now."""
-
-    def started(self, run: JobRun) -> None:
-        """``run`` now runs on ``run.placements``."""
-
-    def catch_up(self, now_s: float) -> None:
-        """Report what the agents would have pushed by ``now_s`` (before a decision)."""
-
-    def finished(self, run: JobRun) -> None:
-        """``run`` completed."""
-
-
 class Engine:
     """One simulation of ``jobs`` on ``nodes`` under ``policy``."""
 
@@ -198,6 +180,8 @@ class Engine:
         self._seq = 0
         self.oom_events = 0
         self.evictions = 0
+        self.reverts = 0
+        """Evictions of pods the extender named (a pair measured to lose)."""
         self.rounds = 0
         self.util_timeline: list[tuple[float, float]] = []
         self.gpu_timeline: list[tuple[float, int, float, float, int]] = []
@@ -233,6 +217,8 @@ class Engine:
                     self._finish(run)
                 elif kind == CHECK and run.state == RUNNING and version == run.starts:
                     self._check(run)
+                elif kind == REVIEW and run.state == RUNNING and version == run.starts:
+                    self._move_named(review=True)
             self._schedule_rounds(t)
         return self
 
@@ -247,6 +233,7 @@ class Engine:
         ctx.now_s = t
         if self.agents is not None and self.policy.pending():
             self.agents.catch_up(t)  # the learner knows what a real agent told it by now
+        self._move_named()
         for _ in range(self.config.max_rounds_per_instant):
             if self.policy.pending() == 0:
                 break
@@ -302,6 +289,8 @@ class Engine:
             self._push(t + self.policy.warmup_check_s, CHECK, run.idx, run.starts)
         if self.agents is not None:
             self.agents.started(run)
+            for after in self.agents.review_after_start():
+                self._push(t + after, REVIEW, run.idx, run.starts)
         return True
 
     def _refuse(self, run: JobRun, idx: np.ndarray) -> bool:
@@ -384,14 +373,32 @@ class Engine:
     def _check(self, run: JobRun) -> None:
         if self.policy.should_evict(run, 1.0 / run.rate):
             rows = run.rows
-            self._settle(run)
-            self._stop(run)
-            self.evictions += 1
-            run.evictions += 1
+            self._evict(run)
             run.excluded_rows = set(rows)  # avoid only the GPUs it was just evicted from
-            # "The job is simply re-queued" (Horus §5.2, PAB): its progress is lost.
-            run.state, run.remaining_s = PENDING, run.job.duration_s
             self.policy.enqueue(run, self._t)
+
+    def _evict(self, run: JobRun) -> None:
+        """Stop ``run``, pending again: "the job is simply re-queued" (Horus §5.2, PAB),
+        its progress lost."""
+        self._settle(run)
+        self._stop(run)
+        self.evictions += 1
+        run.evictions += 1
+        run.state, run.remaining_s = PENDING, run.job.duration_s
+
+    def _move_named(self, review: bool = False) -> None:
+        """Evict the jobs of the pods the agents' reports named (reported up to now first
+        at a ``review``): each re-enters the queue as the new pod of a revert would."""
+        if self.agents is None:
+            return
+        if review:
+            self.agents.catch_up(self._t)
+        uids = set(self.agents.take_moves())
+        for run in self.runs if uids else ():
+            if run.state == RUNNING and any(p.pod_uid in uids for p in run.placements):
+                self._evict(run)
+                self.reverts += 1
+                self.policy.enqueue(run, self._t)
 
     def _settle(self, run: JobRun) -> None:
         run.remaining_s = max(0.0, run.remaining_s - (self._t - run.last_s) * run.rate)

@@ -45,11 +45,15 @@ class SimulationResult:
     """Mean of run time / isolated duration over finished jobs (interference cost)."""
     oom_events: int
     evictions: int
+    """Evictions (a policy's warm-up check, or the revert of a pair measured to lose)."""
     rounds: int
     max_mem_excess_mib: float
     """Largest true memory over capacity seen on any GPU; the engine keeps it <= 0."""
     unfinished: int = 0
     """Jobs that never completed (no GPU set could ever hold them)."""
+    reverts: int = 0
+    """Of the evictions, those of pods of a pair measured to lose
+    (``learning.revert_losing_seconds``)."""
     jct_s: tuple[float, ...] = field(repr=False, default=())
     wait_s: tuple[float, ...] = field(repr=False, default=())
     util_timeline: tuple[tuple[float, float], ...] = field(repr=False, default=())
@@ -98,6 +102,7 @@ def summarize(engine: Engine, policy: str) -> SimulationResult:
         avg_slowdown=float(slow.mean()) if slow.size else math.nan,
         oom_events=engine.oom_events, evictions=engine.evictions, rounds=engine.rounds,
         max_mem_excess_mib=engine.max_mem_excess_mib, unfinished=len(engine.runs) - len(done),
+        reverts=engine.reverts,
         jct_s=tuple(jct.tolist()), wait_s=tuple(wait.tolist()),
         util_timeline=tuple(engine.util_timeline), gpu_timeline=tuple(engine.gpu_timeline),
     )

@@ -17,11 +17,12 @@ pytestmark = pytest.mark.skipif(not bench._gavel.DATA.exists(),
 
 def test_a_seed_runs_every_mode_and_reports_what_was_learned() -> None:
     raw = json.loads(bench._gavel.DATA.read_text())
-    progress = bench._seed_runs(raw, 8, ("p100", "w-small", "progress", 1))
+    progress = bench._seed_runs(raw, 8, bench.LEARNERS, ("p100", "w-small", "progress", 1))
     assert set(progress) == set(bench.MODES["progress"])
-    learned = progress["pair-aware"]
-    assert set(bench.LEARNED) <= set(learned)
-    sliced = bench._seed_runs(raw, 8, ("p100", "w-small", "time-sliced", 1))
+    for mode in bench.LEARNERS:
+        assert set(bench.LEARNED) <= set(progress[mode])
+    assert progress["pair-aware"]["reverts"] == 0  # only the revert mode moves pods
+    sliced = bench._seed_runs(raw, 8, bench.LEARNERS, ("p100", "w-small", "time-sliced", 1))
     assert sliced["pair-aware"]["progress_samples"] == 0
     # the signal changes what pair-aware learns from, never curve-only
     assert sliced["curve-only"]["avg_jct_s"] == progress["curve-only"]["avg_jct_s"]
@@ -32,6 +33,28 @@ def test_signals_and_seeds_are_chosen() -> None:
     out = bench.run(raw, 1, 1, jobs=4, first_seed=101, signals=("time-sliced",))
     assert sorted(out) == sorted(f"{g}/{w}/time-sliced" for g in bench.GPUS
                                  for w in bench.WORKLOADS)
-    other = bench._seed_runs(raw, 4, ("p100", "w-small", "time-sliced", 101))
+    other = bench._seed_runs(raw, 4, bench.LEARNERS, ("p100", "w-small", "time-sliced", 101))
     assert out["p100/w-small/time-sliced"]["per_seed"]["curve-only"]["avg_jct_s"] == \
         [other["curve-only"]["avg_jct_s"]]
+
+
+def test_the_learner_modes_are_chosen() -> None:
+    raw = json.loads(bench._gavel.DATA.read_text())
+    out = bench._seed_runs(raw, 4, ("pair-aware+revert",), ("p100", "w-small", "progress", 101))
+    assert set(out) == {"curve-only", "pair-aware+revert", "pair-oracle"}
+
+
+def test_an_earlier_runs_learner_mode_is_kept_only_where_curve_only_reproduces() -> None:
+    raw = json.loads(bench._gavel.DATA.read_text())
+    before = bench.run(raw, 1, 1, jobs=4, first_seed=101, signals=("progress",),
+                       learners=("pair-aware",))
+    now = bench.run(raw, 1, 1, jobs=4, first_seed=101, signals=("progress",),
+                    learners=(bench.REVERT,), kept=before)
+    entry = now["p100/w-small/progress"]
+    assert entry["per_seed"]["pair-aware"] == before["p100/w-small/progress"]["per_seed"][
+        "pair-aware"]
+    assert set(entry["capture_of_oracle_gain_avg_jct"]) == set(bench.LEARNERS)
+    assert "pair_aware_minus_revert_paired" in entry
+    with pytest.raises(SystemExit, match="curve-only differs"):  # other seeds
+        bench.run(raw, 1, 1, jobs=4, first_seed=102, signals=("progress",),
+                  learners=(bench.REVERT,), kept=before)

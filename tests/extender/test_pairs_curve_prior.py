@@ -17,7 +17,7 @@ from extender_builders import A100, measured, node, placement
 from contracts.annotations import PodInputs
 from extender.core import CostPolicy, DecisionContext, JobDemand, Purpose, evaluate, resolve_demand
 from extender.core.cost import curve_coefficients, curve_costs
-from extender.core.pairs import PairModel, TypePairs
+from extender.core.pairs import PairModel, TypePairs, unseen_figure
 from extender.core.reasons import Reason
 from extender.core.table import GpuTable
 
@@ -83,3 +83,25 @@ def test_completed_figures_refuse_nothing_the_curve_shares() -> None:
     measured_ = _evaluate(table, GAIN_ON.with_pairs(_pairs(losing, "progress:6", var=0.01)))
     assert measured_.rejections["n1"].reason is Reason.COLOCATION_SLOWDOWN
     assert not _pairs(losing, "progress:6", var=0.01).can_share(A100, "new", "resnet")
+
+
+def test_a_model_never_measured_reads_the_types_measured_pairs_not_the_curve() -> None:
+    """Where a GPU type's measured pairs run far slower than the curve says, a GPU whose
+    resident was never measured costs what those pairs say, not the curve's mild figure."""
+    table = GpuTable.build([node(n, count=1) for n in ("n1", "n2")])  # n2 idle
+    table.place(placement("u-n1", node="n1", gpus=(0,), util=UTIL, mem=1000.0,
+                          annotations=measured("other")))
+    harsh = (math.log(2.0), 0.0001, "progress:4")
+    model = PairModel({A100: TypePairs(progress={("a", "b"): harsh, ("b", "a"): harsh,
+                                                 ("a", "c"): harsh})})
+    assert PairModel({A100: TypePairs(progress={("a", "b"): harsh})}).figure(
+        A100, "new", "other", 1.1) == (1.1, "curve")  # too few measured: the curve
+    filled = PairModel({A100: TypePairs(progress=model.types[A100].progress,
+                                        unseen=unseen_figure(model.types[A100].progress))})
+    slowdown, source = filled.figure(A100, "new", "other", 1.1)
+    assert source == "features" and math.isclose(slowdown, 2.0)
+    curve = _evaluate(table, GAIN_ON)
+    learned = _evaluate(table, GAIN_ON.with_pairs(filled))
+    # the shared GPU costs more than the curve says, the idle one the same
+    assert learned.node_cost[0] > curve.node_cost[0]
+    assert learned.node_cost[1] == curve.node_cost[1]

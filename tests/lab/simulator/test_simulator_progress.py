@@ -10,10 +10,11 @@ import pytest
 from test_simulator_pairwise import DOC, P100, FirstGpu
 
 from extender.config.sections import LearningConfig
+from extender.core.snapshot import NodeName, Placement, PodUid
 from extender.learning.learner import Learner
 from lab.simulator.agents import SimAgents, SimClock
 from lab.simulator.cluster import uniform_cluster
-from lab.simulator.engine import Engine
+from lab.simulator.engine import Engine, SchedulingContext
 from lab.simulator.jobs import SimJob
 from lab.simulator.signal import SignalModel, parse_signal
 from lab.simulator.truth import parse_truth
@@ -99,3 +100,45 @@ def test_decisions_see_what_the_agents_reported_by_then() -> None:
            truth=truth, agents=SimAgents(truth, learner, clock)).run()
     at_late = dict(seen)[2000.0]
     assert at_late >= 2 * 15  # both pods, a sample a minute for the 1,000 s they shared
+
+
+LOSING = {"interference": {P100: {"slowdown": {"A": {"B": 2.5}, "B": {"A": 2.5}}}}}
+"""A pair that progresses less together than taking turns (1/2.5 + 1/2.5 = 0.8)."""
+
+
+class FirstThenSecondGpu(FirstGpu):
+    """Places a job on GPU 0, and on GPU 1 once it was evicted (a test policy)."""
+
+    def schedule(self, ctx: SchedulingContext) -> int:
+        runs, self.queue = self.queue, []
+        for run in runs:
+            ctx.place(run, [Placement(PodUid(run.job.id), run.job.id, NodeName("gpu-node-1"),
+                                      (min(run.evictions, 1),), run.pred_util, run.pred_mem)])
+        return len(runs)
+
+
+def _losing_pair(revert_s: float) -> Engine:
+    truth = replace(parse_truth({**LOSING, "noise": {"util_stddev_percent": 0}}),
+                    signal=SignalModel("progress"))
+    clock = SimClock()
+    learner = Learner(LearningConfig(pairs=True, revert_losing_seconds=revert_s), clock=clock,
+                      wall_clock=clock)
+    jobs = [SimJob("a-alone", 0.0, 400.0, util_percent=40.0, model="A"),
+            SimJob("b-alone", 500.0, 400.0, util_percent=40.0, model="B"),
+            SimJob("a", 1000.0, 3000.0, util_percent=40.0, model="A"),
+            SimJob("b", 1030.0, 3000.0, util_percent=40.0, model="B")]
+    return Engine(uniform_cluster(1, 2, P100, 16384), jobs, FirstThenSecondGpu(), truth=truth,
+                  agents=SimAgents(truth, learner, clock)).run()
+
+
+def test_the_newest_pod_of_a_pair_measured_to_lose_is_moved_with_revert_on() -> None:
+    """``learning.revert_losing_seconds``: the agents' reports name the newest pod of a GPU
+    whose pair was measured to lose, and the simulated cluster evicts it, as the extender's
+    report path does; within minutes, since the agents report through the window."""
+    moved = _losing_pair(600.0)
+    b = moved.runs[3]
+    assert moved.reverts == 1 and b.evictions == 1 and moved.runs[2].evictions == 0
+    assert b.rows == () and 1030.0 < b.start_s <= 1030.0 + 240.0  # moved within 4 minutes
+    kept = _losing_pair(0.0)
+    assert kept.reverts == 0 and kept.runs[3].evictions == 0
+    assert b.finish_s < kept.runs[3].finish_s  # alone on GPU 1, it finishes sooner
