@@ -14,16 +14,18 @@ type shares, pair by pair, and ``g[t]`` how strongly type ``t`` shows it (1 on t
 with the most weight of entries, the others pulled toward 1 with weight
 :data:`SCALE_RIDGE`): log slowdowns measured on one GPU are not those of
 another one for one (Gavel's K80 against its P100: slope 0.56, correlation 0.64), so a
-type's own pairs set how far the others' figures carry over. ``f`` are a job's
+type's own pairs set how far the others' figures carry over, first of all through its
+scale: one figure, which a few pairs measure. ``f`` are a job's
 features (its alone utilisation and memory, its graph's size: whatever the caller has,
 standardised here), so a job never seen still gets the figure of jobs like it. Every
 parameter but ``mu`` is pulled toward 0 with weight :data:`RIDGE`: with few entries the
 fit stays near the per-type mean. A type's own terms (``wv``, ``wa``, ``bv``, ``ba``,
 ``V``, ``P``) are pulled :data:`TYPE_RIDGE` times harder than the shared ones: they say how
-a type departs from the others, so a matrix seen on one type alone is explained mostly by
-the shared part and a type never seen reads most of its spread (with equal weights half
-of it stayed with the type it was seen on: Gavel's K80 read from its P100 at 0.13 sd
-against 0.22 true; at 3, 0.19).
+a type departs from the others pair by pair, which takes many of its pairs to tell, so a
+matrix seen on one type alone is explained by the shared part and a type never seen reads
+it nearly whole, in its own scale (with equal weights half of the spread stayed with the
+type it was seen on: Gavel's K80 read from its P100 at 0.13 sd against 0.22 true; at 3,
+0.19; at 30, 0.24 of the P100's 0.25, before its scale is learned).
 
 A directed entry weighs its samples over the noise (``n / noise_var``), capped, and a
 measured matrix's entry counts as :data:`MATRIX_SAMPLES` samples. Fitted by L-BFGS on the
@@ -54,12 +56,19 @@ INIT = 0.3
 """Spread of the factors' seeded start (a start at 0 is a saddle the fit stays on)."""
 FACTORS = ("U", "V", "P", "Q", "V0")
 TYPE_TERMS = ("wv", "wa", "bv", "ba", "V", "P")
-TYPE_RIDGE = 3.0
+TYPE_RIDGE = 30.0
 """How many times harder a type's own terms are pulled toward 0 than the shared ones
-(module docstring). Chosen on the decisions benchmark's tuning seeds 100-119 (1, 3, 10):
-10 keeps the K80's spread whole but leaves a P100 with little of its own."""
-SCALE_RIDGE = 5.0
-"""Weight pulling each type's scale of the shared part, ``g[t]``, toward 1 (in samples)."""
+(module docstring). Chosen with :data:`SCALE_RIDGE` on the decisions benchmark's tuning
+seeds 100-119 under the extender's pair rule (k = 3; K80 / P100 capture of the
+random-to-best gap): 3 with a scale weight of 5, 45% / 47%; 30 with 5, 52% / 50% (but a
+type seen on a third of its pairs then read another's at slope 0.79 where its own was
+0.5); 30 with 0.2, 54% / 48%. At 3 the K80's figures completed from the P100's kept 0.76
+of their spread, which reorders the combined progress of pairs (a sum of two
+exponentials): the K80's pairing from them captured 45% of the gap before any pair was
+measured, from the P100's matrix itself 61%."""
+SCALE_RIDGE = 0.2
+"""Weight pulling each type's scale of the shared part, ``g[t]``, toward 1 (in samples):
+light, so a type's first pairs set it (module docstring)."""
 MATRIX_SAMPLES = 2.0
 MAX_WEIGHT = 10.0
 """The most samples an entry counts for (a long-seen pair does not drown the rest)."""

@@ -146,19 +146,20 @@ def test_a_type_learns_how_strongly_it_shows_another_types_pairs() -> None:
                ["here", "there"])
     unseen = [k for k in sorted(here) if k not in seen]
     slope = np.polyfit([there[k] for k in unseen], [logs[("here", *k)] for k in unseen], 1)[0]
-    assert 0.35 < slope < 0.7  # not the other type's pairs one for one
-    assert np.mean([abs(logs[("here", *k)] - here[k]) for k in unseen]) < 0.05
+    assert 0.4 < slope < 0.6  # its scale, set by its own pairs (0.62 with the scale held)
+    assert np.mean([abs(logs[("here", *k)] - here[k]) for k in unseen]) < 0.02
 
 
 def test_a_type_never_seen_reads_most_of_another_types_spread() -> None:
-    """With only another type's matrix, that matrix is explained mostly by the shared
-    part: the new type's figures keep most of its spread (with the types' own terms as
-    free as the shared ones, half of it stayed with the type it was seen on)."""
+    """With only another type's matrix, that matrix is explained by the shared part: the
+    new type's figures keep nearly all of its spread (with the types' own terms as free as
+    the shared ones, half of it stayed with the type it was seen on; 3 times less free,
+    a quarter)."""
     there = _additive(5)
     logs = fit([("there", a, b, v, 2.0) for (a, b), v in there.items()], JOBS,
                ["here", "there"])
     keys = sorted(there)
     new = np.array([logs[("here", *k)] for k in keys])
     seen = np.array([there[k] for k in keys])
-    assert np.std(new) > 0.7 * np.std(seen)  # 0.53 with the own terms as free
+    assert np.std(new) > 0.9 * np.std(seen)  # 0.53 with the own terms as free, 0.76 at 3
     assert np.corrcoef(new, seen)[0, 1] > 0.95
