@@ -77,6 +77,26 @@ def test_noise_is_estimated_from_pairs_seen_twice() -> None:
     assert 0.02 < pairs.noise_var() < 0.07  # sd 0.2: variance 0.04
 
 
+def test_a_few_lucky_repeats_cannot_make_measurements_look_precise() -> None:
+    pairs = ProgressPairs()
+    spread = math.sqrt(2 * 0.05 ** 2)  # six pairs seen twice: pooled variance 0.0025, sd 0.05
+    for i in range(6):
+        pairs.add("t", f"r{i}", f"s{i}", 0.3)
+        pairs.add("t", f"r{i}", f"s{i}", 0.3 + spread)
+    assert pairs.noise_var() > 0.5 * DEFAULT_NOISE_VAR  # six degrees of freedom: near the prior
+    each = math.log(2 / 1.10)  # a pair measured once each way at combined 1.10
+    pairs.add("t", "a", "b", each)
+    pairs.add("t", "b", "a", each)
+    # 1.10 is within the true noise (sd 0.066 per measurement) of a loser's 0.99: refused,
+    # where the lucky 0.05 alone would have let it through
+    assert ("t", frozenset(("a", "b"))) in pairs.losing()
+    rng = np.random.default_rng(3)
+    for i in range(100):  # many repeats: the estimate follows them
+        for _ in range(3):
+            pairs.add("t", f"u{i}", f"v{i}", 0.3 + rng.normal(0.0, 0.05))
+    assert pairs.noise_var() < 0.5 * DEFAULT_NOISE_VAR
+
+
 def test_a_seen_pair_is_its_samples_shrunk_toward_the_completion() -> None:
     pairs = ProgressPairs()
     for a in JOBS[:6]:
