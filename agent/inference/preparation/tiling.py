@@ -26,6 +26,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
+from predictor._graph import attributes
+
 MAX_TILE_MACS = 100e6
 """Multiply-adds a tile may have: about 3.5 ms on one core of this host's CPUs, so a
 tile fits the slack an SLO session of 50 ms leaves (halo rows add 2 / rows a tile)."""
@@ -35,34 +37,21 @@ MIN_ROWS = 2
 """Output rows a tile has at least (fewer would mostly recompute the halo)."""
 
 
-def _ints(node: onnx.NodeProto, name: str, default: list[int]) -> list[int]:
-    for attr in node.attribute:
-        if attr.name == name:
-            return list(attr.ints)
-    return default
-
-
-def _text(node: onnx.NodeProto, name: str, default: str) -> str:
-    for attr in node.attribute:
-        if attr.name == name:
-            return attr.s.decode() if isinstance(attr.s, bytes) else str(attr.s)
-    return default
-
-
 def _tiles(node: onnx.NodeProto, shape: list[int | None], weight: np.ndarray,
            max_macs: float) -> list[tuple[int, int]] | None:
     """The output row ranges to tile ``node`` into, or None to keep it whole."""
     if (node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or weight.ndim != 4
             or len(shape) != 4 or any(d is None for d in shape[1:])):
         return None
-    if any(a.name == "group" and a.i != 1 for a in node.attribute):
+    attrs = attributes(node)
+    if attrs.get("group", 1) != 1:
         return None
-    if _ints(node, "strides", [1, 1]) != [1, 1] or _ints(node, "dilations", [1, 1]) != [1, 1]:
+    if any(list(attrs.get(k, [1, 1])) != [1, 1] for k in ("strides", "dilations")):
         return None
-    if _text(node, "auto_pad", "NOTSET") not in ("NOTSET", ""):
+    if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", b""):
         return None
     m, c, kh, kw = weight.shape
-    pt, pl, pb, pr = _ints(node, "pads", [0, 0, 0, 0])
+    pt, pl, pb, pr = attrs.get("pads", [0, 0, 0, 0])
     rows = int(shape[2]) + pt + pb - kh + 1
     cols = int(shape[3]) + pl + pr - kw + 1
     if rows < 2 * MIN_ROWS or cols < 1:
@@ -78,7 +67,7 @@ def _tiles(node: onnx.NodeProto, shape: list[int | None], weight: np.ndarray,
 def _tile_nodes(node: onnx.NodeProto, height: int, kh: int, ranges: list[tuple[int, int]]
                 ) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
     """Slice, Conv per tile, then the Concat that gives ``node``'s output."""
-    pt, pl, pb, pr = _ints(node, "pads", [0, 0, 0, 0])
+    pt, pl, pb, pr = attributes(node).get("pads", [0, 0, 0, 0])
     base = f"{TILE_PREFIX}{node.output[0]}/"
     kept = [a for a in node.attribute if a.name not in ("pads", "auto_pad")]
     nodes: list[onnx.NodeProto] = []
