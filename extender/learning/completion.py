@@ -42,9 +42,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.optimize import minimize
+
+_add = np.add.reduce
+"""``np.sum`` of a 1-D array without its wrapper's overhead (the same pairwise sum)."""
 
 RANK = 2
 RIDGE = 1.0
@@ -112,78 +116,118 @@ def _fit(entries: Sequence[Entry], jobs: Sequence[str], types: Sequence[str],
     jobs and types: the folds of :func:`complete` start from the full fit's)."""
     ji = {j: i for i, j in enumerate(jobs)}
     ti = {t: i for i, t in enumerate(types)}
-    n, k = len(jobs), len(types)
     feats = _standardised(jobs, features)
-    d = feats.shape[1]
-    t_idx = np.array([ti[e[0]] for e in entries], dtype=int)
-    a_idx = np.array([ji[e[1]] for e in entries], dtype=int)
-    b_idx = np.array([ji[e[2]] for e in entries], dtype=int)
-    y = np.array([e[3] for e in entries])
-    w = np.minimum(np.array([e[4] for e in entries]), MAX_WEIGHT)
-    ta, tb = t_idx * n + a_idx, t_idx * n + b_idx
-    shapes = [("mu", (k,)), ("wv", (k, d)), ("wa", (k, d)), ("bv", (k, n)), ("ba", (k, n)),
-              ("U", (n, rank)), ("V", (k, n, rank)), ("P", (k, n, rank)), ("Q", (n, rank)),
-              ("bv0", (n,)), ("ba0", (n,)), ("V0", (n, rank)), ("E", (n, n)), ("g", (k,))]
-    sizes = [int(np.prod(s)) for _, s in shapes]
+    objective = _Objective(entries, ji, ti, feats, rank, ridge)
+    y, w, t_idx, k = objective.y, objective.w, objective.t_idx, len(types)
+    x0 = np.random.default_rng(0).normal(0.0, INIT, objective.size)
+    x0[:k] = [float(np.average(y[t_idx == t], weights=w[t_idx == t])) if (t_idx == t).any()
+              else float(np.mean(y)) if len(y) else 0.0 for t in range(k)]
+    x0[-k:] = 1.0  # each type's scale of the shared part
+    if start is not None and start.shape == x0.shape:
+        x0 = start.copy()
+    if len(y):
+        x0 = minimize(objective.loss, x0, jac=True, method="L-BFGS-B",
+                      options={"maxiter": maxiter}).x
+    full = _every_pair(objective.unpack(x0), feats)
+    return {(t, a, b): float(full[ti[t], ji[a], ji[b]])
+            for t in types for a in jobs for b in jobs}, x0
 
-    def unpack(x: np.ndarray) -> dict[str, np.ndarray]:
+
+class _Objective:
+    """The weighted squared error of the module docstring's model, its ridge terms and its
+    gradient, over a flat parameter vector. Every index into it is computed once per fit:
+    an evaluation is a few gathers, products and one ``np.bincount`` (at tens of jobs the
+    per-parameter form spent its time in numpy's call overhead). Sums run in the order of
+    the per-parameter form (entries in order, each term added in the same sequence), so
+    the figures are that form's bit for bit (tests/extender/learning/test_completion.py)."""
+
+    def __init__(self, entries: Sequence[Entry], ji: Mapping[str, int], ti: Mapping[str, int],
+                 feats: np.ndarray, rank: int, ridge: float):
+        n, k, d = len(ji), len(ti), feats.shape[1]
+        t_idx = np.array([ti[e[0]] for e in entries], dtype=int)
+        a_idx = np.array([ji[e[1]] for e in entries], dtype=int)
+        b_idx = np.array([ji[e[2]] for e in entries], dtype=int)
+        self.y = np.array([e[3] for e in entries])
+        self.w = np.minimum(np.array([e[4] for e in entries]), MAX_WEIGHT)
+        self.t_idx, self.k = t_idx, k
+        self.shapes = [("mu", (k,)), ("wv", (k, d)), ("wa", (k, d)), ("bv", (k, n)),
+                       ("ba", (k, n)), ("U", (n, rank)), ("V", (k, n, rank)),
+                       ("P", (k, n, rank)), ("Q", (n, rank)), ("bv0", (n,)), ("ba0", (n,)),
+                       ("V0", (n, rank)), ("E", (n, n)), ("g", (k,))]
+        sizes = [int(np.prod(s)) for _, s in self.shapes]
+        at = np.cumsum([0, *sizes])
+        off = {name: int(at[i]) for i, (name, _) in enumerate(self.shapes)}
+        self.size = int(at[-1])
+        ta, tb = t_idx * n + a_idx, t_idx * n + b_idx
+
+        def rows(name: str, row: np.ndarray, width: int) -> np.ndarray:
+            return off[name] + row[:, None] * width + np.arange(width)
+        # Each gathered term's flat index in x is also where its gradient adds up.
+        self.at1 = np.stack([off["mu"] + t_idx, off["bv"] + ta, off["ba"] + tb,
+                             off["bv0"] + a_idx, off["ba0"] + b_idx,
+                             off["E"] + a_idx * n + b_idx, off["g"] + t_idx])
+        self.at_r = np.stack([rows("U", a_idx, rank), rows("V", tb, rank), rows("P", ta, rank),
+                              rows("Q", b_idx, rank), rows("V0", b_idx, rank)])
+        self.at_d = np.stack([rows("wv", t_idx, d), rows("wa", t_idx, d)])
+        self.fa, self.fb = feats[a_idx], feats[b_idx]
+        mu, bv, ba, bv0, ba0, e, g = self.at1
+        u_at, v_at, p_at, q_at, v0_at = self.at_r
+        self.into = np.concatenate([mu, self.at_d[0].ravel(), self.at_d[1].ravel(), bv, ba,
+                                    u_at.ravel(), v_at.ravel(), p_at.ravel(), q_at.ravel(),
+                                    bv0, ba0, v0_at.ravel(), e, g])
+        # The ridge: every parameter but the per-type mean and scale (shapes[1:-1]).
+        own = np.full(k, TYPE_RIDGE if k > 1 else 1.0)  # one type: nothing shared to depart
+        weights: list[np.ndarray] = []
+        self.segments: list[tuple[int, int]] = []
+        for name, shape in self.shapes[1:-1]:
+            weight = ridge * (PAIR_RIDGE if name == "E" else FACTOR_RIDGE if name in FACTORS
+                              else 1.0)
+            if name in TYPE_TERMS:  # per type: the first axis
+                weight = weight * own.reshape((k,) + (1,) * (len(shape) - 1))
+            weights.append(np.broadcast_to(weight, shape).ravel())
+            if int(np.prod(shape)):  # its slice of x[k:-k]
+                self.segments.append((off[name] - k, off[name] - k + int(np.prod(shape))))
+        self.ridge = np.concatenate(weights)
+        weights_per_type = np.bincount(t_idx, self.w, minlength=k)
+        self.reference = int(np.argmax(weights_per_type)) if len(self.y) else 0
+
+    def unpack(self, x: np.ndarray) -> dict[str, np.ndarray]:
         out, at = {}, 0
-        for (name, shape), size in zip(shapes, sizes, strict=True):
+        for name, shape in self.shapes:
+            size = int(np.prod(shape))
             out[name] = x[at:at + size].reshape(shape)
             at += size
         return out
 
-    def loss(x: np.ndarray) -> tuple[float, np.ndarray]:
-        p = unpack(x)
-        fa, fb = feats[a_idx], feats[b_idx]
-        u, v = p["U"][a_idx], p["V"][t_idx, b_idx]
-        pp, q = p["P"][t_idx, a_idx], p["Q"][b_idx]
-        v0 = p["V0"][b_idx]
-        shared = (p["bv0"][a_idx] + p["ba0"][b_idx] + np.einsum("ij,ij->i", u, v0)
-                  + p["E"][a_idx, b_idx])
-        scale = p["g"][t_idx]
-        pred = (p["mu"][t_idx] + np.einsum("ij,ij->i", fa, p["wv"][t_idx])
-                + np.einsum("ij,ij->i", fb, p["wa"][t_idx]) + p["bv"][t_idx, a_idx]
-                + p["ba"][t_idx, b_idx] + np.einsum("ij,ij->i", u, v)
-                + np.einsum("ij,ij->i", pp, q) + scale * shared)
+    def loss(self, x: np.ndarray) -> tuple[float, np.ndarray]:
+        k, y, w = self.k, self.y, self.w
+        mu, bv, ba, bv0, ba0, e, scale = x[self.at1]
+        u, v, pp, q, v0 = x[self.at_r]
+        wv, wa = x[self.at_d]
+        shared = bv0 + ba0 + np.einsum("ij,ij->i", u, v0) + e
+        if self.fa.shape[1]:  # without features both terms are 0 (x + 0.0 == x)
+            mu = mu + np.einsum("ij,ij->i", self.fa, wv) + np.einsum("ij,ij->i", self.fb, wa)
+        pred = mu + bv + ba + np.einsum("ij,ij->i", u, v) + np.einsum("ij,ij->i", pp, q) \
+            + scale * shared
         r = w * (pred - y)
         rs = r * scale
-        g = {"mu": _sum(t_idx, r, k), "wv": _sum(t_idx, r[:, None] * fa, k),
-             "wa": _sum(t_idx, r[:, None] * fb, k), "bv": _sum(ta, r, k * n),
-             "ba": _sum(tb, r, k * n), "U": _sum(a_idx, r[:, None] * v + rs[:, None] * v0, n),
-             "V": _sum(tb, r[:, None] * u, k * n), "P": _sum(ta, r[:, None] * q, k * n),
-             "Q": _sum(b_idx, r[:, None] * pp, n), "bv0": _sum(a_idx, rs, n),
-             "ba0": _sum(b_idx, rs, n), "V0": _sum(b_idx, rs[:, None] * u, n),
-             "E": _sum(a_idx * n + b_idx, rs, n * n), "g": _sum(t_idx, r * shared, k)}
-        g = {name: g[name].reshape(shape) for name, shape in shapes}
+        rc = r[:, None]
+        grad = np.bincount(self.into, np.concatenate([
+            r, (rc * self.fa).ravel(), (rc * self.fb).ravel(), r, r,
+            (rc * v + rs[:, None] * v0).ravel(), (rc * u).ravel(), (rc * q).ravel(),
+            (rc * pp).ravel(), rs, rs, (rs[:, None] * u).ravel(), rs, r * shared]),
+            minlength=self.size)
         value = 0.5 * float(np.sum(w * (pred - y) ** 2))
-        for name, _ in shapes[1:-1]:  # every parameter but the per-type mean and scale
-            weight = ridge * (PAIR_RIDGE if name == "E" else FACTOR_RIDGE if name in FACTORS
-                              else 1.0)
-            if name in TYPE_TERMS:  # per type: the first axis
-                weight = weight * own.reshape((k,) + (1,) * (p[name].ndim - 1))
-            value += 0.5 * float(np.sum(weight * p[name] ** 2))
-            g[name] += weight * p[name]
-        value += 0.5 * SCALE_RIDGE * float(np.sum((p["g"] - 1.0) ** 2))
-        g["g"] += SCALE_RIDGE * (p["g"] - 1.0)
-        g["g"][reference] = 0.0  # the reference type's scale stays 1 (else g and S trade)
-        return value, np.concatenate([g[name].ravel() for name, _ in shapes])
-
-    x0 = np.random.default_rng(0).normal(0.0, INIT, sum(sizes))
-    x0[:k] = [float(np.average(y[t_idx == t], weights=w[t_idx == t])) if (t_idx == t).any()
-              else float(np.mean(y)) if len(y) else 0.0 for t in range(k)]
-    x0[-k:] = 1.0  # each type's scale of the shared part
-    weights = _sum(t_idx, w, k)
-    reference = int(np.argmax(weights)) if len(y) else 0
-    own = np.full(k, TYPE_RIDGE if k > 1 else 1.0)  # one type: nothing shared to depart from
-    if start is not None and start.shape == x0.shape:
-        x0 = start.copy()
-    if len(y):
-        x0 = minimize(loss, x0, jac=True, method="L-BFGS-B",
-                      options={"maxiter": maxiter}).x
-    full = _every_pair(unpack(x0), feats)
-    return {(t, a, b): float(full[ti[t], ji[a], ji[b]])
-            for t in types for a in jobs for b in jobs}, x0
+        inner, last = x[k:self.size - k], self.size - k
+        terms = self.ridge * inner ** 2
+        for lo, hi in self.segments:  # np.sum's pairwise sum per parameter (not reduceat's)
+            value += 0.5 * float(_add(terms[lo:hi]))
+        grad[k:last] += self.ridge * inner
+        g = x[last:]
+        value += 0.5 * SCALE_RIDGE * float(np.sum((g - 1.0) ** 2))
+        grad[last:] += SCALE_RIDGE * (g - 1.0)
+        grad[self.size - k + self.reference] = 0.0  # the reference type's scale stays 1
+        return value, grad
 
 
 def _every_pair(p: Mapping[str, np.ndarray], feats: np.ndarray) -> np.ndarray:
@@ -194,15 +238,6 @@ def _every_pair(p: Mapping[str, np.ndarray], feats: np.ndarray) -> np.ndarray:
             + np.einsum("tar,br->tab", p["P"], p["Q"])
             + p["g"][:, None, None]
             * (p["bv0"][:, None] + p["ba0"][None, :] + p["U"] @ p["V0"].T + p["E"])[None])
-
-
-def _sum(index: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
-    """``values`` (rows) summed per ``index`` into ``size`` rows (``np.add.at``, faster)."""
-    if values.ndim == 1:
-        return np.bincount(index, values, minlength=size)
-    return np.stack([np.bincount(index, values[:, c], minlength=size)
-                     for c in range(values.shape[1])], axis=1) if values.shape[1] \
-        else np.zeros((size, 0))
 
 
 def _standardised(jobs: Sequence[str], features: Mapping[str, Sequence[float]] | None
@@ -225,7 +260,27 @@ def complete(entries: Sequence[Entry], jobs: Sequence[str], types: Sequence[str]
     """:func:`fit` on every entry (from ``start``, an earlier fit's parameters, when they
     fit), and per type in ``learned`` the variance of a completed figure measured out of
     sample (module docstring); a type with fewer than :data:`MIN_HELD_OUT` entries seen
-    takes :data:`DEFAULT_VAR`."""
+    takes :data:`DEFAULT_VAR`. Asked again with nothing changed (the same entries, their
+    weights, jobs, types, noise, features and start), it answers the last result unfitted."""
+    key = (tuple(entries), tuple(jobs), tuple(types), noise_var,
+           tuple(sorted((j, tuple(v)) for j, v in (features or {}).items())), tuple(learned),
+           None if start is None else (start.shape, start.tobytes()))
+    last = _last.get(key)
+    if last is None:
+        last = _complete(entries, jobs, types, noise_var, features, learned, start)
+        _last.clear()  # one result kept: a refit's inputs are the last ones or new ones
+        _last[key] = last
+    return last
+
+
+_last: dict[tuple[Any, ...], Completed] = {}
+"""The last :func:`complete`'s inputs and result."""
+
+
+def _complete(entries: Sequence[Entry], jobs: Sequence[str], types: Sequence[str],
+              noise_var: float, features: Mapping[str, Sequence[float]] | None,
+              learned: Sequence[str], start: np.ndarray | None) -> Completed:
+    """:func:`complete`, fitted."""
     logs, params = _fit(entries, jobs, types, features, start=start)
     variance = {t: DEFAULT_VAR for t in types}
     for t in learned:
