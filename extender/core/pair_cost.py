@@ -52,9 +52,16 @@ class PairTerms:
 
 
 def _curve_pair(row_coeffs: np.ndarray, utils: list[float]) -> Callable[[int, int], float]:
-    """The curve's slowdown of jobs ``i`` and ``j`` (of ``utils``) sharing a GPU alone."""
+    """The curve's slowdown of jobs ``i`` and ``j`` (of ``utils``) sharing a GPU alone: every
+    pair's in one :func:`curve_costs` call (a row's judgement reads each pair up to four
+    times; elementwise, so each figure is the one a call of its own gives)."""
+    m = len(utils)
+    costs = curve_costs(np.array([utils[i] + utils[j] for i in range(m) for j in range(m)]),
+                        row_coeffs[None, :])
+    table = [[1.0 + float(c) for c in costs[i * m:(i + 1) * m]] for i in range(m)]
+
     def pair(i: int, j: int) -> float:
-        return 1.0 + float(curve_costs(np.array([utils[i] + utils[j]]), row_coeffs[None, :])[0])
+        return table[i][j]
     return pair
 
 
