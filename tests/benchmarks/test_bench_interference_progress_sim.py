@@ -58,3 +58,14 @@ def test_an_earlier_runs_learner_mode_is_kept_only_where_curve_only_reproduces()
     with pytest.raises(SystemExit, match="curve-only differs"):  # other seeds
         bench.run(raw, 1, 1, jobs=4, first_seed=102, signals=("progress",),
                   learners=(bench.REVERT,), kept=before)
+
+
+def test_the_costliest_tasks_start_first() -> None:
+    tasks = [(g, w, s, seed) for g in bench.GPUS for w in bench.WORKLOADS
+             for s in ("progress", "time-sliced") for seed in (1, 2)]
+    order = bench._longest_first(tasks)
+    assert sorted(order) == list(range(len(tasks)))
+    ran = [tasks[i] for i in order]
+    assert ran[:2] == [("k80", "w-large", "progress", 1), ("k80", "w-large", "progress", 2)]
+    assert {t[2] for t in ran[:8]} == {"progress"} and ran[-1][:3] == ("p100", "w-small",
+                                                                        "time-sliced")
