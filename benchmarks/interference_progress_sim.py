@@ -37,6 +37,7 @@ if __name__ == "__main__":  # one BLAS/OpenMP thread per process, set before num
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import replace
 from functools import partial
@@ -87,6 +88,7 @@ def _seed_runs(raw: dict[str, Any], jobs: int | None, learners: tuple[str, ...],
     """One seed of one GPU, workload and signal: the figures of every mode (of the learner
     modes, ``learners``; the workload's first ``jobs`` arrivals where given)."""
     gpu, workload, signal, seed = task
+    started = time.process_time()
     here = _gavel.setting(raw, workload, gpu, signal, seed)
     if jobs is not None:
         here = replace(here, jobs=sorted(here.jobs, key=lambda j: j.arrival_s)[:jobs])
@@ -118,6 +120,9 @@ def _seed_runs(raw: dict[str, Any], jobs: int | None, learners: tuple[str, ...],
         done = finishes.get(mode)
         out[mode]["finished_in_window"] = float(np.sum(done <= first + window)) \
             if done is not None else float("nan")
+    # progress on stderr, a line per task as it ends (its figures: a long run's so far)
+    print(json.dumps({"task": list(task), "cpu_s": round(time.process_time() - started, 1),
+                      "modes": out}), file=sys.stderr, flush=True)
     return out
 
 

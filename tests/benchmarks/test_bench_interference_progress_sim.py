@@ -38,10 +38,14 @@ def test_signals_and_seeds_are_chosen() -> None:
         [other["curve-only"]["avg_jct_s"]]
 
 
-def test_the_learner_modes_are_chosen() -> None:
+def test_the_learner_modes_are_chosen_and_each_task_reports_as_it_ends(
+        capsys: pytest.CaptureFixture[str]) -> None:
     raw = json.loads(bench._gavel.DATA.read_text())
     out = bench._seed_runs(raw, 4, ("pair-aware+revert",), ("p100", "w-small", "progress", 101))
     assert set(out) == {"curve-only", "pair-aware+revert", "pair-oracle"}
+    line = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert line["task"] == ["p100", "w-small", "progress", 101] and line["modes"] == out
+    assert line["cpu_s"] >= 0
 
 
 def test_an_earlier_runs_learner_mode_is_kept_only_where_curve_only_reproduces() -> None:
