@@ -22,6 +22,10 @@ pair was measured to lose is moved, as the extender evicts it), ``pair-oracle``
 the pair-oracle's gain a learner mode gets, given only where that gain (paired per seed) is
 beyond its interval. Mean and 95% (t) interval over seeds. Figures are simulation outputs
 on measured data, not timings.
+
+Tasks (a seed of a setting) run in ``--processes`` processes of one BLAS/OpenMP thread each,
+the costliest first; each prints its CPU time and figures as a JSON line on stderr as it
+ends.
 """
 
 # ruff: noqa: E402 (the thread settings below must precede numpy's import)
