@@ -6,9 +6,16 @@ process there attributed to it) and reports progress is one of its *exclusive* w
 Its alone step time on that GPU type is the mean over its newest :data:`ALONE_WINDOWS`
 exclusive windows no older than ``max_age_s``: re-measured whenever it runs alone, because
 it drifts (the H100 retest: +9.5% between two runs of the same job). Without a fresh one
-(a pod that started beside another), its model's: the same mean over the newest
-exclusive windows of any pod of that model on that GPU type; then a profile of the model
-there (``profile``). Without any, the pod's shared windows wait (at most
+(a pod that started beside another), its model's: the same mean over the newest exclusive
+windows of any pod of that model on that GPU type; then a profile of the model there
+(``profile``); then the pod's, or its model's, figure as last measured (its newest
+exclusive windows within ``max_age_s`` of the newest), however old. A stale figure is kept
+rather than dropped: a pod shared for longer than ``max_age_s`` (or a model last seen
+alone that long ago) would otherwise teach nothing of the pairs it meets, which were
+40-60% of the windows that waited in the simulator; its drift is what the pooled
+per-measurement noise estimates from repeats
+(:meth:`extender.learning.progress_pairs.ProgressPairs.noise_var`), and the next exclusive
+window replaces it. Without any, the pod's shared windows wait (at most
 :data:`MAX_WAITING` per model and GPU type, no older than ``max_age_s``) for an alone time
 of its model to be measured there, then become samples against it: a pod that started
 beside another teaches once it, or a pod of its model, runs alone (reason
@@ -89,11 +96,20 @@ class AloneSteps:
 
     def alone(self, uid: str, model: str, gpu_type: str, now: float) -> float | None:
         """The pod's alone step time (module docstring), or None."""
-        for key in (("pod", uid, gpu_type), ("model", model, gpu_type)):
+        keys = (("pod", uid, gpu_type), ("model", model, gpu_type))
+        for key in keys:
             fresh = [t for when, t in self._windows.get(key, ()) if now - when <= self.max_age_s]
             if fresh:
                 return sum(fresh) / len(fresh)
-        return self._profiles.get((model, gpu_type))
+        profiled = self._profiles.get((model, gpu_type))
+        if profiled is not None:
+            return profiled
+        for key in keys:  # stale, as last measured: better than no sample (module docstring)
+            windows = self._windows.get(key)
+            if windows:
+                last = [t for when, t in windows if windows[-1][0] - when <= self.max_age_s]
+                return sum(last) / len(last)
+        return None
 
     def wait(self, uid: str, model: str, other: str, gpu_type: str, step_time_s: float,
              now: float) -> None:

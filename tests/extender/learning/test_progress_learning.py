@@ -56,9 +56,25 @@ def test_the_alone_time_is_re_measured_and_goes_stale() -> None:
     alone.record("b", "lm", A100, 4.0, 70.0)  # another pod of lm, seen alone later
     assert alone.alone("c", "lm", A100, 80.0) == pytest.approx((0.1 + 0.2 + 0.25) / 3)
     assert alone.alone("a", "lm", A100, 60.0) == pytest.approx(0.15)  # its own first
-    assert alone.alone("a", "lm", A100, 1000.0) is None  # stale, no profile
     alone.profile("lm", A100, 0.12)
-    assert alone.alone("a", "lm", A100, 1000.0) == 0.12
+    assert alone.alone("a", "lm", A100, 1000.0) == 0.12  # stale: a profile first
+
+
+def test_a_stale_alone_time_is_kept_rather_than_dropped() -> None:
+    alone = AloneSteps(max_age_s=100.0)
+    alone.record("a", "lm", A100, 10.0, 0.0)
+    alone.record("a", "lm", A100, 5.0, 50.0)
+    alone.record("b", "lm", A100, 4.0, 70.0)
+    assert alone.alone("a", "lm", A100, 1000.0) == pytest.approx(0.15)  # its own newest
+    assert alone.alone("c", "lm", A100, 1000.0) == pytest.approx((0.1 + 0.2 + 0.25) / 3)
+    assert alone.alone("c", "bert", A100, 1000.0) is None  # never seen alone
+    alone.record("a", "lm", A100, 2.0, 1000.0)  # re-measured: the fresh figure again
+    assert alone.alone("a", "lm", A100, 1010.0) == pytest.approx(0.5)
+    # A pod shared past max_age_s still teaches: its window is a sample at once.
+    got = progress_samples(_report({"a": 1.0, "d": 3.2}), _model_of({"a": "lm", "d": "bert"}),
+                           alone, 5000.0)
+    assert [(a, b) for _, a, b, _ in got] == [("lm", "bert")]
+    assert got[0][3] == pytest.approx(math.log(1.0 / 0.5))
 
 
 @pytest.mark.parametrize("report, reason", [
