@@ -1,0 +1,322 @@
+"""Where the inference server's CPU goes per request, by thread and by function.
+
+Run (CPU, about 2 minutes):
+    .venv/bin/python benchmarks/serving_path_cpu.py
+Against another checkout's server in the same run (the ratio per executor):
+    .venv/bin/python benchmarks/serving_path_cpu.py --baseline PATH
+
+For each executor (``sim``: the profiles slept on the real clock, so only the
+request path uses CPU; ``onnxruntime`` on CPU) the server (``tandem agent serve``,
+its own process, through this file's ``--serve`` harness) registers the SLO trio
+of ``serving_clients.py`` at the rates planned for it (the issue's 1.17 of one
+executor, each capped at ``--max-rps``), with ``--slo-scale`` times its SLOs and
+no CPU limit on the request path (the harness lifts it), so all three are admitted
+and every request takes the full path. A client in
+another process (``serving_clients.run_client``: Poisson, a connection per
+request, its deadline sent) offers 90% of those rates for ``--seconds``.
+
+Measured over the load window only (between two signals to the harness):
+
+- ``cpu_ms_per_request``: the server process's utime + stime (``/proc``) over the
+  requests answered, by thread (HTTP accept loop, HTTP workers, the executor loop,
+  post-processing) and in all, and the same of an idle window of equal length
+  before it (timers and polls: what the server costs without requests); the
+  client process's too.
+- ``functions`` (a second, profiled run): every thread under ``cProfile`` with a
+  per-thread CPU clock, the window's own time per request of the top functions.
+  The profiler slows Python several-fold, so these are shares, not the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import _common
+import onnx
+
+from benchmarks.process_cpu import process_cpu_seconds
+from benchmarks.serving_clients import OFFERED, SIM_PROFILES, TRIO, trio_bodies
+from benchmarks.serving_http import Server, batch1_ms, client_records
+from benchmarks.serving_ort import mlp
+
+OUT_ENV = "TANDEM_PATH_CPU_OUT"
+PROFILE_ENV = "TANDEM_PATH_CPU_PROFILE"
+TOP = 25
+
+
+# --- the harness, in the server's process -------------------------------------------
+
+_profilers: dict[int, cProfile.Profile] = {}
+_marks: list[dict[str, tuple[int, float, float]]] = []
+
+
+_started: dict[str, int] = {}
+
+
+def _watched_threads(profile: bool) -> None:
+    """Every thread started from now on is counted by role (threads that end in the
+    window are not in ``/proc`` at its end) and, if ``profile``, runs under its own
+    profiler (CPU clock)."""
+    bootstrap = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
+
+    def inner(self: threading.Thread) -> None:
+        role = _group(self.name)
+        _started[role] = _started.get(role, 0) + 1
+        if profile:
+            profiler = cProfile.Profile(time.thread_time)
+            _profilers[threading.get_native_id()] = profiler
+            profiler.enable()
+        bootstrap(self)
+
+    threading.Thread._bootstrap_inner = inner  # type: ignore[attr-defined]
+
+
+def _label(code: Any) -> str:
+    if isinstance(code, str):
+        return code
+    name = _common.scrubbed(code.co_filename)
+    for marker in ("site-packages/", "lib/python3"):
+        if marker in name:
+            name = name.split(marker, 1)[1]
+    return f"{name}:{code.co_firstlineno}({code.co_name})"
+
+
+def _stats() -> dict[str, tuple[int, float, float]]:
+    """Calls, own time and total time by function, over every profiled thread so far.
+    ``getstats`` is one C call under the interpreter lock: no thread changes it meanwhile."""
+    out: dict[str, tuple[int, float, float]] = {}
+    for profiler in list(_profilers.values()):
+        for entry in profiler.getstats():  # type: ignore[attr-defined]
+            key = _label(entry.code)
+            calls, own, total = out.get(key, (0, 0.0, 0.0))
+            out[key] = (calls + entry.callcount, own + entry.inlinetime, total + entry.totaltime)
+    return out
+
+
+def _mark(*_: object) -> None:
+    """SIGUSR1: the window's start, then its end; at the end the thread names (and the
+    profile's difference) go to ``$TANDEM_PATH_CPU_OUT``."""
+    _marks.append({**(_stats() if _profilers else {}),
+                   **{f"threads started: {k}": (n, 0.0, 0.0) for k, n in _started.items()}})
+    if len(_marks) < 2:
+        return
+    before, after = _marks[0], _marks[1]
+    window = {k: (c - before.get(k, (0, 0.0, 0.0))[0], o - before.get(k, (0, 0.0, 0.0))[1],
+                  t - before.get(k, (0, 0.0, 0.0))[2]) for k, (c, o, t) in after.items()}
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    Path(os.environ[OUT_ENV]).write_text(json.dumps({
+        "threads": names,
+        "functions": {k: v for k, v in window.items() if (v[0] or v[1])
+                      and not k.startswith("threads started")},
+        "threads_started": {k.split(": ", 1)[1]: v[0] for k, v in window.items()
+                            if k.startswith("threads started") and v[0]}}))
+
+
+def serve(argv: list[str]) -> None:
+    """``tandem`` with ``argv``, marked by SIGUSR1, its threads profiled if asked."""
+    _watched_threads(bool(os.environ.get(PROFILE_ENV)))
+    signal.signal(signal.SIGUSR1, _mark)
+    from agent.inference.http import serve as serving
+    from agent.inference.runtime.pathcost import RequestPathLimits
+    from tandem.cli import main as tandem_main
+
+    # No CPU limit on the path: what is measured is its cost at the trio's rates, not
+    # whether admission holds them on this host now.
+    serving.path_limits = lambda options: RequestPathLimits(workers=options.http_threads,
+                                                            cores=64.0)
+
+    sys.argv = ["tandem", *argv]
+    tandem_main()
+
+
+# --- the benchmark --------------------------------------------------------------------
+
+
+class HarnessServer(Server):
+    """``tandem agent serve`` through this file's harness."""
+
+    def __init__(self, kind: str, store: Path, root: Path, extra: tuple[str, ...],
+                 profile: bool, out: Path):
+        self.command = [sys.executable, str(root / "benchmarks" / Path(__file__).name),
+                        "--serve", "--"]
+        self.env = {OUT_ENV: str(out), **({PROFILE_ENV: "1"} if profile else {})}
+        super().__init__(kind, store, root, extra)
+
+
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds of each live thread of ``pid`` by thread id, from the scheduler's
+    nanosecond count (``stat``'s ticks round each of dozens of threads)."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", encoding="ascii") as f:
+                out[int(tid)] = int(f.read().split()[0]) / 1e9
+        except OSError:
+            continue  # ended meanwhile
+    return out
+
+
+def _group(name: str) -> str:
+    """The thread's role from its Python name."""
+    for prefix, role in (("CP Server Thread", "http_workers"), ("tandem-http", "http_accept"),
+                         ("tandem-gpu", "executor_loop"), ("tandem-post", "post_processing"),
+                         ("MainThread", "main")):
+        if name.startswith(prefix):
+            return role
+    return "other"
+
+
+def measure(kind: str, root: Path, store: Path, extra: tuple[str, ...], bodies: list[dict],
+            seconds: float, profile: bool) -> dict[str, Any]:
+    """One server: an idle window, then the trio's load window; CPU per request."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "harness.json"
+        server = HarnessServer(kind, store, root, extra, profile, out)
+        try:
+            registered = {}
+            for b in bodies:
+                status, answer = server.call("POST", "/v1/sessions",
+                                             {k: v for k, v in b.items() if not k.startswith("_")})
+                registered[b["name"]] = {"status": status, "slo_ms": b["slo_ms"],
+                                         "rate_rps": b["rate_rps"],
+                                         **({} if status == 201 else
+                                            {"refusal": answer.get("reason")})}
+            pid = server.proc.pid
+            idle0, t0 = process_cpu_seconds(pid), time.monotonic()
+            time.sleep(min(seconds, 5.0))
+            idle_cpu, idle_wall = process_cpu_seconds(pid) - idle0, time.monotonic() - t0
+            sessions = [{"name": b["name"], "shape": b["_shape"], "slo_ms": b["slo_ms"],
+                         "rate": OFFERED * b["rate_rps"] if registered[b["name"]]["status"] == 201
+                         else 0.0} for b in bodies]
+            spec = {"port": server.port, "seconds": seconds, "sessions": sessions}
+            threads0, cpu0 = thread_cpu(pid), process_cpu_seconds(pid)
+            children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            server.proc.send_signal(signal.SIGUSR1)
+            t0 = time.monotonic()
+            records = client_records(str(_common.HERE / "serving_clients.py"), spec, seconds)
+            wall = time.monotonic() - t0
+            server.proc.send_signal(signal.SIGUSR1)
+            children = resource.getrusage(resource.RUSAGE_CHILDREN)
+            threads1, cpu1 = thread_cpu(pid), process_cpu_seconds(pid)
+            for _ in range(100):
+                if out.exists():
+                    break
+                time.sleep(0.05)
+            harness = json.loads(out.read_text())
+        finally:
+            server.stop()
+    answered = len(records)
+    ok = sum(1 for r in records if r[1] == 200)
+    names = {int(k): v for k, v in harness["threads"].items()}
+    by_role: dict[str, float] = {}
+    for tid, after in threads1.items():
+        role = _group(names.get(tid, ""))
+        by_role[role] = by_role.get(role, 0.0) + after - threads0.get(tid, 0.0)
+    idle_per_s = idle_cpu / idle_wall
+    client_cpu = (children.ru_utime + children.ru_stime
+                  - children0.ru_utime - children0.ru_stime)
+    result: dict[str, Any] = {
+        "registration": registered, "requests": answered, "ok_200": ok,
+        "window_s": round(wall, 2), "requests_per_s": round(answered / wall, 1),
+        "server_cpu_ms_per_request": round(1000 * (cpu1 - cpu0) / answered, 3),
+        "server_cpu_ms_per_request_less_idle": round(
+            1000 * (cpu1 - cpu0 - idle_per_s * wall) / answered, 3),
+        "idle_server_cores": round(idle_per_s, 4),
+        "server_cores": round((cpu1 - cpu0) / wall, 3),
+        "by_thread_ms_per_request": {k: round(1000 * v / answered, 3)
+                                     for k, v in sorted(by_role.items())},
+        # utime + stime count the threads that ended in the window; /proc's at its end not
+        "ended_threads_ms_per_request": round(
+            1000 * (cpu1 - cpu0 - sum(by_role.values())) / answered, 3),
+        "threads_started_in_window": harness["threads_started"],
+        "client_cpu_ms_per_request": round(1000 * client_cpu / answered, 3),
+    }
+    if profile:
+        functions = harness["functions"]
+        own = sum(v[1] for v in functions.values())
+        top = sorted(functions.items(), key=lambda kv: -kv[1][1])[:TOP]
+        result["profiled_own_ms_per_request"] = round(1000 * own / answered, 3)
+        result["top_own_time"] = [
+            {"function": k, "calls_per_request": round(c / answered, 2),
+             "own_share": round(o / own, 4), "cumulative_share": round(t / own, 4)}
+            for k, (c, o, t) in top]
+        cumulative = sorted(functions.items(), key=lambda kv: -kv[1][2])[:TOP]
+        result["top_cumulative"] = [{"function": k, "cumulative_share": round(t / own, 4)}
+                                    for k, (_c, _o, t) in cumulative]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--executors", default="sim,onnxruntime")
+    parser.add_argument("--demand", type=float, default=1.17)
+    parser.add_argument("--max-rps", type=float, default=100.0)
+    parser.add_argument("--slo-scale", type=float, default=2.0,
+                        help="the trio's SLOs times this, so all three are admitted")
+    parser.add_argument("--no-profile", action="store_true", help="skip the profiled runs")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="another checkout whose server runs the same load")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
+    _common.add_out_option(parser, "serving_path_cpu")
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.rest)
+        return
+    started = time.perf_counter()
+    out: dict[str, Any] = {"benchmark": "serving_path_cpu", "seconds": args.seconds,
+                           "demand": args.demand, "max_rps": args.max_rps,
+                           "slo_scale": args.slo_scale,
+                           "offered": f"{OFFERED:.0%} of each registered rate"}
+    trees = {"tree": _common.ROOT, **({"baseline": args.baseline} if args.baseline else {})}
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Path(tmp)
+        for name, width, layers, *_ in TRIO:
+            onnx.save(mlp(width, layers, seed=len(name) + layers), store / f"{name}.onnx")
+        (store / "profiles.yaml").write_text(SIM_PROFILES)
+        for kind in args.executors.split(","):
+            extra: tuple[str, ...] = ()
+            if kind == "sim":
+                extra = (f"--profiles={store / 'profiles.yaml'}", "--gpu-type=sim")
+                l1 = {"c50": 3.0, "c150": 4.0, "c250": 5.0}
+            else:
+                l1 = {n: batch1_ms(kind, store / f"{n}.onnx", w, repeats=50)
+                      for n, w, _l, _s in TRIO}
+            bodies = trio_bodies(l1, args.demand, args.max_rps)
+            for b in bodies:
+                b["slo_ms"] *= args.slo_scale
+            out[kind] = {"batch1_ms": l1}
+            for label, root in trees.items():
+                row = {"cpu": measure(kind, root, store, extra, bodies, args.seconds, False)}
+                if not args.no_profile:
+                    row["profiled"] = measure(kind, root, store, extra, bodies, args.seconds,
+                                              True)
+                out[kind][label] = row
+                print(json.dumps({kind: {label: row["cpu"]}}), file=sys.stderr)
+            if args.baseline:
+                a, b = (out[kind][t]["cpu"]["server_cpu_ms_per_request"] for t in trees)
+                out[kind]["tree_over_baseline"] = round(a / b, 3)
+    if args.baseline:
+        head = subprocess.run(["git", "-C", str(args.baseline), "log", "-1", "--format=%h %s"],
+                              capture_output=True, text=True).stdout.strip()
+        out["baseline_server"] = head or "baseline"
+    out["wall_seconds"] = time.perf_counter() - started
+    out.update(_common.context(("numpy", "onnxruntime", "cheroot", "flask")))
+    _common.write_result(out, args.out)
+
+
+if __name__ == "__main__":
+    main()
