@@ -7,7 +7,7 @@ Against another checkout's server in the same run (the ratio per executor):
 
 For each executor (``sim``: the profiles slept on the real clock, so only the
 request path uses CPU; ``onnxruntime`` on CPU) the server (``tandem agent serve``,
-its own process, through this file's ``--serve`` harness) registers the SLO trio
+its own process, through ``path_cpu_harness.py``) registers the SLO trio
 of ``serving_clients.py`` at the rates planned for it (the issue's 1.17 of one
 executor, each capped at ``--max-rps``), with ``--slo-scale`` times its SLOs and
 no CPU limit on the request path (the harness lifts it), so all three are admitted
@@ -30,7 +30,6 @@ Measured over the load window only (between two signals to the harness):
 from __future__ import annotations
 
 import argparse
-import cProfile
 import json
 import os
 import resource
@@ -38,7 +37,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -46,99 +44,13 @@ from typing import Any
 import _common
 import onnx
 
+from benchmarks.path_cpu_harness import OUT_ENV, PROFILE_ENV, group
 from benchmarks.process_cpu import process_cpu_seconds
 from benchmarks.serving_clients import OFFERED, SIM_PROFILES, TRIO, trio_bodies
 from benchmarks.serving_http import Server, batch1_ms, client_records
 from benchmarks.serving_ort import mlp
 
-OUT_ENV = "TANDEM_PATH_CPU_OUT"
-PROFILE_ENV = "TANDEM_PATH_CPU_PROFILE"
 TOP = 25
-
-
-# --- the harness, in the server's process -------------------------------------------
-
-_profilers: dict[int, cProfile.Profile] = {}
-_marks: list[dict[str, tuple[int, float, float]]] = []
-
-
-_started: dict[str, int] = {}
-
-
-def _watched_threads(profile: bool) -> None:
-    """Every thread started from now on is counted by role (threads that end in the
-    window are not in ``/proc`` at its end) and, if ``profile``, runs under its own
-    profiler (CPU clock)."""
-    bootstrap = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
-
-    def inner(self: threading.Thread) -> None:
-        role = _group(self.name)
-        _started[role] = _started.get(role, 0) + 1
-        if profile:
-            profiler = cProfile.Profile(time.thread_time)
-            _profilers[threading.get_native_id()] = profiler
-            profiler.enable()
-        bootstrap(self)
-
-    threading.Thread._bootstrap_inner = inner  # type: ignore[attr-defined]
-
-
-def _label(code: Any) -> str:
-    if isinstance(code, str):
-        return code
-    name = _common.scrubbed(code.co_filename)
-    for marker in ("site-packages/", "lib/python3"):
-        if marker in name:
-            name = name.split(marker, 1)[1]
-    return f"{name}:{code.co_firstlineno}({code.co_name})"
-
-
-def _stats() -> dict[str, tuple[int, float, float]]:
-    """Calls, own time and total time by function, over every profiled thread so far.
-    ``getstats`` is one C call under the interpreter lock: no thread changes it meanwhile."""
-    out: dict[str, tuple[int, float, float]] = {}
-    for profiler in list(_profilers.values()):
-        for entry in profiler.getstats():  # type: ignore[attr-defined]
-            key = _label(entry.code)
-            calls, own, total = out.get(key, (0, 0.0, 0.0))
-            out[key] = (calls + entry.callcount, own + entry.inlinetime, total + entry.totaltime)
-    return out
-
-
-def _mark(*_: object) -> None:
-    """SIGUSR1: the window's start, then its end; at the end the thread names (and the
-    profile's difference) go to ``$TANDEM_PATH_CPU_OUT``."""
-    _marks.append({**(_stats() if _profilers else {}),
-                   **{f"threads started: {k}": (n, 0.0, 0.0) for k, n in _started.items()}})
-    if len(_marks) < 2:
-        return
-    before, after = _marks[0], _marks[1]
-    window = {k: (c - before.get(k, (0, 0.0, 0.0))[0], o - before.get(k, (0, 0.0, 0.0))[1],
-                  t - before.get(k, (0, 0.0, 0.0))[2]) for k, (c, o, t) in after.items()}
-    names = {t.native_id: t.name for t in threading.enumerate()}
-    Path(os.environ[OUT_ENV]).write_text(json.dumps({
-        "threads": names,
-        "functions": {k: v for k, v in window.items() if (v[0] or v[1])
-                      and not k.startswith("threads started")},
-        "threads_started": {k.split(": ", 1)[1]: v[0] for k, v in window.items()
-                            if k.startswith("threads started") and v[0]}}))
-
-
-def serve(argv: list[str]) -> None:
-    """``tandem`` with ``argv``, marked by SIGUSR1, its threads profiled if asked."""
-    _watched_threads(bool(os.environ.get(PROFILE_ENV)))
-    signal.signal(signal.SIGUSR1, _mark)
-    from agent.inference.http import serve as serving
-    from agent.inference.runtime.pathcost import RequestPathLimits
-    from tandem.cli import main as tandem_main
-
-    # No CPU limit on the path: what is measured is its cost at the trio's rates, not
-    # whether admission holds them on this host now.
-    serving.path_limits = lambda options: RequestPathLimits(workers=options.http_threads,
-                                                            cores=64.0)
-
-    sys.argv = ["tandem", *argv]
-    tandem_main()
 
 
 # --- the benchmark --------------------------------------------------------------------
@@ -149,8 +61,8 @@ class HarnessServer(Server):
 
     def __init__(self, kind: str, store: Path, root: Path, extra: tuple[str, ...],
                  profile: bool, out: Path):
-        self.command = [sys.executable, str(root / "benchmarks" / Path(__file__).name),
-                        "--serve", "--"]
+        # This tree's harness (a baseline checkout has none), the server's code from ``root``
+        self.command = [sys.executable, str(_common.HERE / "path_cpu_harness.py")]
         self.env = {OUT_ENV: str(out), **({PROFILE_ENV: "1"} if profile else {})}
         super().__init__(kind, store, root, extra)
 
@@ -166,16 +78,6 @@ def thread_cpu(pid: int) -> dict[int, float]:
         except OSError:
             continue  # ended meanwhile
     return out
-
-
-def _group(name: str) -> str:
-    """The thread's role from its Python name."""
-    for prefix, role in (("CP Server Thread", "http_workers"), ("tandem-http", "http_accept"),
-                         ("tandem-gpu", "executor_loop"), ("tandem-post", "post_processing"),
-                         ("MainThread", "main")):
-        if name.startswith(prefix):
-            return role
-    return "other"
 
 
 def measure(kind: str, root: Path, store: Path, extra: tuple[str, ...], bodies: list[dict],
@@ -222,7 +124,7 @@ def measure(kind: str, root: Path, store: Path, extra: tuple[str, ...], bodies: 
     names = {int(k): v for k, v in harness["threads"].items()}
     by_role: dict[str, float] = {}
     for tid, after in threads1.items():
-        role = _group(names.get(tid, ""))
+        role = group(names.get(tid, ""))
         by_role[role] = by_role.get(role, 0.0) + after - threads0.get(tid, 0.0)
     idle_per_s = idle_cpu / idle_wall
     client_cpu = (children.ru_utime + children.ru_stime
@@ -269,13 +171,8 @@ def main() -> None:
     parser.add_argument("--no-profile", action="store_true", help="skip the profiled runs")
     parser.add_argument("--baseline", type=Path, default=None,
                         help="another checkout whose server runs the same load")
-    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
     _common.add_out_option(parser, "serving_path_cpu")
     args = parser.parse_args()
-    if args.serve:
-        serve(args.rest)
-        return
     started = time.perf_counter()
     out: dict[str, Any] = {"benchmark": "serving_path_cpu", "seconds": args.seconds,
                            "demand": args.demand, "max_rps": args.max_rps,
