@@ -108,10 +108,9 @@ def serve(argv: list[str]) -> None:
     from agent.inference.runtime.pathcost import RequestPathLimits
     from tandem.cli import main as tandem_main
 
-    # No CPU limit on the path: what is measured is its cost at the trio's rates, not
-    # whether admission holds them on this host now.
-    serving.path_limits = lambda options: RequestPathLimits(workers=options.http_threads,
-                                                            cores=64.0)
+    # No CPU or worker limit on the path: what is measured is its cost at the trio's
+    # rates, not whether admission holds them on this host now.
+    serving.path_limits = lambda options: RequestPathLimits(workers=1 << 20, cores=64.0)
 
     sys.argv = ["tandem", *argv]
     tandem_main()
