@@ -147,24 +147,33 @@ def _infer_route(app: Flask, runtime: ServingRuntime, best_effort_timeout_second
     def dumps(document: object) -> bytes:  # as ``jsonify``: the app's provider, compact
         return (app.json.dumps(document, separators=(",", ":")) + "\n").encode()
 
-    def wsgi(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        match = _INFER_PATH.fullmatch(environ.get("PATH_INFO", ""))
-        if match is None or environ.get("REQUEST_METHOD") != "POST":
-            return flask_app(environ, start_response)
-        # PATH_INFO holds the path's bytes as latin-1; the name is UTF-8 (as werkzeug).
-        name = match.group(1).encode("latin-1").decode("utf-8", "replace")
+    def answer(name: str, environ: dict[str, Any]) -> Answer:
         try:
-            answer = answer_infer(runtime, name, InferRequest(environ, limit), dumps,
-                                  best_effort_timeout_seconds)
+            return answer_infer(runtime, name, InferRequest(environ, limit), dumps,
+                                best_effort_timeout_seconds)
         except Exception as exc:  # noqa: BLE001 - every error is answered, as Flask does
             if not isinstance(exc, ServerError | HTTPException):
                 app.logger.error("Exception on %s [POST]", environ.get("PATH_INFO"),
                                  exc_info=True)
             document, status = error_document(exc)
-            answer = Answer(status, dumps(document), JSON_TYPE)
-        start_response(f"{answer.status} {HTTP_STATUS_CODES.get(answer.status, '')}",
-                       answer.wsgi_headers())
-        return WriteTimed(runtime, environ, answer.body)
+            return Answer(status, dumps(document), JSON_TYPE)
+
+    def wsgi(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        match = _INFER_PATH.fullmatch(environ.get("PATH_INFO", ""))
+        if match is None or environ.get("REQUEST_METHOD") != "POST":
+            return flask_app(environ, start_response)
+        # PATH_INFO holds the path's bytes as latin-1; the name is UTF-8 (as werkzeug).
+        done = answer(match.group(1).encode("latin-1").decode("utf-8", "replace"), environ)
+        start_response(f"{done.status} {HTTP_STATUS_CODES.get(done.status, '')}",
+                       done.wsgi_headers())
+        return WriteTimed(runtime, environ, done.body)
+
+    # The same route in Flask's map, so its other methods get Flask's 405 (a POST is
+    # answered above before Flask would route it here).
+    @app.post("/v1/sessions/<name>/infer")
+    def infer(name: str) -> Response:
+        done = answer(name, request.environ)
+        return Response(done.body, done.status, done.headers, content_type=done.content_type)
 
     return wsgi
 
