@@ -46,8 +46,8 @@ import onnx
 
 from benchmarks.path_cpu_harness import OUT_ENV, PROFILE_ENV, group
 from benchmarks.process_cpu import process_cpu_seconds
-from benchmarks.serving_clients import OFFERED, SIM_PROFILES, TRIO, trio_bodies
-from benchmarks.serving_http import Server, batch1_ms, client_records
+from benchmarks.serving_clients import OFFERED, SIM_PROFILES, TRIO, trio_bodies, trio_on
+from benchmarks.serving_http import Server, client_records
 from benchmarks.serving_ort import mlp
 
 TOP = 25
@@ -194,13 +194,7 @@ def main() -> None:
             onnx.save(mlp(width, layers, seed=len(name) + layers), store / f"{name}.onnx")
         (store / "profiles.yaml").write_text(SIM_PROFILES)
         for kind in args.executors.split(","):
-            extra: tuple[str, ...] = ()
-            if kind == "sim":
-                extra = (f"--profiles={store / 'profiles.yaml'}", "--gpu-type=sim")
-                l1 = {"c50": 3.0, "c150": 4.0, "c250": 5.0}
-            else:
-                l1 = {n: batch1_ms(kind, store / f"{n}.onnx", w, repeats=50)
-                      for n, w, _l, _s in TRIO}
+            extra, l1 = trio_on(kind, store)
             bodies = trio_bodies(l1, args.demand, args.max_rps)
             for b in bodies:
                 b["slo_ms"] *= args.slo_scale

@@ -12,14 +12,11 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from flask import Flask
+from server_helpers import running_tiny_runtime
 
-from agent.inference.clock import MonotonicClock
-from agent.inference.executors.executors import SimExecutor
 from agent.inference.http.app import create_app
 from agent.inference.http.front import GatheredReader, SocketWriter
 from agent.inference.http.serve import ServeOptions, http_server
-from agent.inference.runtime.runtime import RuntimeConfig, ServingRuntime
-from predictor.batching import BatchingProfile
 
 
 class Source:
@@ -64,13 +61,8 @@ def test_writer_sends_each_write_whole() -> None:
 
 @pytest.fixture(scope="module")
 def app() -> Iterator[Flask]:
-    clock = MonotonicClock()
-    profiles = {"tiny": BatchingProfile.linear("tiny", "sim", 0.01, 0.05, max_batch=32)}
-    rt = ServingRuntime(SimExecutor(profiles, clock, "sim"), clock,
-                        RuntimeConfig("sim", quantum_ms=1.0), post_workers=2)
-    rt.start()
-    yield create_app(rt, max_body_bytes=1 << 20)
-    rt.stop()
+    for rt in running_tiny_runtime():
+        yield create_app(rt, max_body_bytes=1 << 20)
 
 
 @pytest.fixture(scope="module")

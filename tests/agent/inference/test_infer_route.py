@@ -11,13 +11,11 @@ import numpy as np
 import pytest
 from flask import Flask, request_started
 from flask.testing import FlaskClient
+from server_helpers import running_tiny_runtime
 
-from agent.inference.clock import MonotonicClock
-from agent.inference.executors.executors import SimExecutor
 from agent.inference.http.app import create_app
-from agent.inference.runtime.runtime import RuntimeConfig, ServingRuntime
+from agent.inference.runtime.runtime import ServingRuntime
 from agent.inference.runtime.tensors import decode_npy
-from predictor.batching import BatchingProfile
 
 NPY = "application/x-npy"
 
@@ -30,13 +28,7 @@ def npy(array: np.ndarray) -> bytes:
 
 @pytest.fixture()
 def runtime() -> Iterator[ServingRuntime]:
-    clock = MonotonicClock()
-    profiles = {"tiny": BatchingProfile.linear("tiny", "sim", 0.01, 0.05, max_batch=32)}
-    rt = ServingRuntime(SimExecutor(profiles, clock, "sim"), clock,
-                        RuntimeConfig("sim", quantum_ms=1.0), post_workers=2)
-    rt.start()
-    yield rt
-    rt.stop()
+    yield from running_tiny_runtime()
 
 
 @pytest.fixture()
