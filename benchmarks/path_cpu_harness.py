@@ -111,6 +111,9 @@ def serve(argv: list[str]) -> None:
     # No CPU or worker limit on the path: what is measured is its cost at the trio's
     # rates, not whether admission holds them on this host now.
     serving.path_limits = lambda options: RequestPathLimits(workers=1 << 20, cores=64.0)
+    # Nor is the executor planned at the share of a core a busy host leaves it: the same
+    # sessions are admitted whatever the host's load, so trees compare at one load.
+    serving.executor_probe = lambda executor, config: None
 
     sys.argv = ["tandem", *argv]
     tandem_main()

@@ -9,9 +9,10 @@ For each executor (``sim``: the profiles slept on the real clock, so only the
 request path uses CPU; ``onnxruntime`` on CPU) the server (``tandem agent serve``,
 its own process, through ``path_cpu_harness.py``) registers the SLO trio
 of ``serving_clients.py`` at the rates planned for it (the issue's 1.17 of one
-executor, each capped at ``--max-rps``), with ``--slo-scale`` times its SLOs and
-no CPU or worker limit on the request path (the harness lifts them), so all three are
-admitted and every request takes the full path. A client in
+executor, each capped at ``--max-rps``), with ``--slo-scale`` times its SLOs, no CPU
+or worker limit on the request path and the executor planned at its profiles (the
+harness lifts the host's measured limits), so all three are admitted whatever the
+host's load and every request takes the full path. A client in
 another process (``serving_clients.run_client``: Poisson, a connection per
 request, its deadline sent) offers 90% of those rates for ``--seconds``.
 
