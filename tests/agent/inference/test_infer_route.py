@@ -13,6 +13,7 @@ from flask import Flask, request_started
 from flask.testing import FlaskClient
 from server_helpers import running_tiny_runtime
 
+from agent.inference.errors import BadRequest
 from agent.inference.http.app import create_app
 from agent.inference.runtime.runtime import ServingRuntime
 from agent.inference.runtime.tensors import decode_npy
@@ -139,3 +140,17 @@ def test_decode_npy_equals_np_load(array: np.ndarray) -> None:
     got, want = decode_npy(body), np.load(io.BytesIO(body))
     assert got.dtype == want.dtype and got.shape == want.shape
     assert np.array_equal(got, want) and got.flags.writeable
+
+
+def test_a_header_seen_before_is_not_parsed_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Clients send one header again and again: parsed once; its data still checked."""
+    body = npy(np.arange(6, dtype=np.float32).reshape(2, 3))
+    decode_npy(body)
+
+    def unparsable(_stream: object) -> None:
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(np.lib.format, "read_array_header_1_0", unparsable)
+    assert np.array_equal(decode_npy(body), np.arange(6, dtype=np.float32).reshape(2, 3))
+    with pytest.raises(BadRequest, match="claims shape"):
+        decode_npy(body[:-4])  # the same header, a value short
