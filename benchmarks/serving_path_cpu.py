@@ -181,6 +181,8 @@ def main() -> None:
     parser.add_argument("--no-profile", action="store_true", help="skip the profiled runs")
     parser.add_argument("--baseline", type=Path, default=None,
                         help="another checkout whose server runs the same load")
+    parser.add_argument("--root", type=Path, default=_common.ROOT,
+                        help="the checkout whose server is measured (default: this one)")
     _common.add_out_option(parser, "serving_path_cpu")
     args = parser.parse_args()
     started = time.perf_counter()
@@ -188,7 +190,7 @@ def main() -> None:
                            "demand": args.demand, "max_rps": args.max_rps,
                            "slo_scale": args.slo_scale,
                            "offered": f"{OFFERED:.0%} of each registered rate"}
-    trees = {"tree": _common.ROOT, **({"baseline": args.baseline} if args.baseline else {})}
+    trees = {"tree": args.root, **({"baseline": args.baseline} if args.baseline else {})}
     with tempfile.TemporaryDirectory() as tmp:
         store = Path(tmp)
         for name, width, layers, *_ in TRIO:
@@ -211,10 +213,10 @@ def main() -> None:
             if args.baseline:
                 a, b = (out[kind][t]["cpu"]["server_cpu_ms_per_request"] for t in trees)
                 out[kind]["tree_over_baseline"] = round(a / b, 3)
-    if args.baseline:
-        head = subprocess.run(["git", "-C", str(args.baseline), "log", "-1", "--format=%h %s"],
+    for label, root in trees.items():
+        head = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%h %s"],
                               capture_output=True, text=True).stdout.strip()
-        out["baseline_server"] = head or "baseline"
+        out[f"{label}_server"] = head or _common.scrubbed(str(root))
     out["wall_seconds"] = time.perf_counter() - started
     out.update(_common.context(("numpy", "onnxruntime", "cheroot", "flask")))
     _common.write_result(out, args.out)
