@@ -230,6 +230,15 @@ def trio_bodies(l1: dict[str, float], demand: float, max_rps: float) -> list[dic
              "_shape": [1, w]} for n, w, _l, slo in TRIO]
 
 
+def trio_on(kind: str, store: Path) -> tuple[tuple[str, ...], dict[str, float]]:
+    """The server's options for executor ``kind`` (the sim's profiles from ``store``) and
+    the trio's batch-1 latency on it (ms)."""
+    if kind == "sim":
+        return ((f"--profiles={store / 'profiles.yaml'}", "--gpu-type=sim"),
+                {"c50": 3.0, "c150": 4.0, "c250": 5.0})
+    return (), {n: batch1_ms(kind, store / f"{n}.onnx", w, repeats=50) for n, w, _l, _s in TRIO}
+
+
 def be_bodies() -> list[dict]:
     name, width, _l, slo, rps = BESIDE
     return [{"name": BE_NAME, "model": f"{BE_NAME}.onnx", "weight": 1, "priority": 0,
@@ -290,13 +299,7 @@ def main() -> None:
         onnx.save(conv_net(), store / f"{BE_NAME}.onnx")
         (store / "profiles.yaml").write_text(SIM_PROFILES)
         for kind in args.executors.split(","):
-            extra: tuple[str, ...] = ()
-            if kind == "sim":
-                extra = (f"--profiles={store / 'profiles.yaml'}", "--gpu-type=sim")
-                l1 = {"c50": 3.0, "c150": 4.0, "c250": 5.0}
-            else:
-                l1 = {n: batch1_ms(kind, store / f"{n}.onnx", w, repeats=50)
-                      for n, w, _l, _s in TRIO}
+            extra, l1 = trio_on(kind, store)
             out[kind] = {"batch1_ms": l1}
             for which in args.scenarios.split(","):
                 bodies = trio_bodies(l1, args.demand, args.max_rps) if which == "slo_trio" \

@@ -85,15 +85,16 @@ def batch1_ms(kind: str, path: Path, width: int, repeats: int = 200) -> float:
 
 
 class Server:
-    """``tandem agent serve`` in its own process."""
+    """``tandem agent serve`` in its own process (a subclass may set ``command``, what
+    runs in place of ``tandem``, and ``env``, added to the environment, before this)."""
 
     def __init__(self, kind: str, store: Path, root: Path = _common.ROOT,
                  extra: tuple[str, ...] = ()):
-        tandem = Path(sys.executable).parent / "tandem"
-        env = {**os.environ, "PYTHONPATH": str(root)}
+        command = getattr(self, "command", [str(Path(sys.executable).parent / "tandem")])
+        env = {**os.environ, "PYTHONPATH": str(root), **getattr(self, "env", {})}
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [str(tandem), "agent", "serve", f"--executor={kind}", "--device=cpu", "--port=0",
+            [*command, "agent", "serve", f"--executor={kind}", "--device=cpu", "--port=0",
              f"--model-store={store}", "--post-workers=2", *extra],
             # In its own checkout: a server's model worker (``python -m``) imports from the
             # working directory first (a baseline's prepared models with this tree's code).

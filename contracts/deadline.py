@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import deque
 from collections.abc import Mapping
+
+from contracts.window import SortedWindow
 
 TIMEOUT_HEADER = "X-Tandem-Timeout-Ms"
 DEADLINE_HEADER = "X-Tandem-Deadline"
@@ -90,7 +91,7 @@ class AnswerReserve:
         self.floor_ms = floor_ms
         self._quantile = quantile
         self._min_samples = min_samples
-        self._seen: deque[float] = deque(maxlen=window)
+        self._seen = SortedWindow(window)
         self._lock = threading.Lock()
 
     def observe(self, write_ms: float) -> None:
@@ -104,11 +105,9 @@ class AnswerReserve:
         with self._lock:
             if not self._seen:
                 return self.floor_ms
-            ordered = sorted(self._seen)
-        if len(ordered) < self._min_samples:
-            return max(self.floor_ms, ordered[-1])
-        return max(self.floor_ms, ordered[min(len(ordered) - 1,
-                                              int(self._quantile * len(ordered)))])
+            if len(self._seen) < self._min_samples:
+                return max(self.floor_ms, self._seen.largest())
+            return max(self.floor_ms, self._seen.quantile(self._quantile))
 
     def too_late(self, now_ms: float, deadline_ms: float | None) -> bool:
         """Whether a 200 written from ``now_ms`` would reach the client after the deadline."""

@@ -11,13 +11,15 @@ open, for the reasons in ``agent.inference.http.auth``.
 from __future__ import annotations
 
 import gc
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from flask import Flask, Response, jsonify, request
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+from werkzeug.exceptions import HTTPException, InternalServerError, RequestEntityTooLarge
+from werkzeug.http import HTTP_STATUS_CODES
 
 from agent.inference.errors import (
     BadRequest,
@@ -26,7 +28,14 @@ from agent.inference.errors import (
 )
 from agent.inference.http.auth import AdminGuard
 from agent.inference.http.metrics import RuntimeCollector
-from agent.inference.runtime.infer import answer_infer, encode_outcome, json_body, observe_write
+from agent.inference.runtime.infer import (
+    JSON_TYPE,
+    Answer,
+    InferRequest,
+    WriteTimed,
+    answer_infer,
+    json_body,
+)
 from agent.inference.runtime.runtime import ServingRuntime
 from contracts.annotations import (
     DEFAULT_WEIGHT,
@@ -43,6 +52,8 @@ DEFAULT_MAX_BODY_BYTES = 64 * 2**20
 SLO_FIELDS = {"name", "model", "slo_ms", "rate_rps", "priority"}
 BEST_EFFORT_FIELDS = {"name", "model", "weight", "priority"}
 _N = TypeVar("_N", int, float)
+_INFER_PATH = re.compile(r"/v1/sessions/([^/]+)/infer")
+"""What Flask's ``/v1/sessions/<name>/infer`` matches (a name without slashes)."""
 
 
 def create_app(
@@ -65,7 +76,8 @@ def create_app(
     registry.register(RuntimeCollector(runtime))
 
     _json_errors(app)
-    _after_requests(app, runtime, freeze_gc)
+    _after_requests(app, freeze_gc)
+    app.wsgi_app = _infer_route(app, runtime, best_effort_timeout_seconds)  # type: ignore[method-assign]
 
     def _authorize() -> None:
         if admin is not None:
@@ -104,10 +116,6 @@ def create_app(
         runtime.remove_session(name)
         return jsonify({"deleted": name}), 200
 
-    @app.post("/v1/sessions/<name>/infer")
-    def infer(name: str) -> Response:
-        return answer_infer(runtime, name, request, encode_outcome, best_effort_timeout_seconds)
-
     @app.get("/metrics")
     def metrics() -> Response:
         return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
@@ -124,14 +132,58 @@ def create_app(
     return app
 
 
-def _after_requests(app: Flask, runtime: ServingRuntime, freeze_gc: bool) -> None:
-    """Every inference answer's write is timed; the heap settles when sessions change."""
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def _infer_route(app: Flask, runtime: ServingRuntime, best_effort_timeout_seconds: float
+                 ) -> WsgiApp:
+    """``POST /v1/sessions/NAME/infer`` answered from the WSGI environ, before Flask: its
+    routing, request context and hooks cost more CPU than the rest of the route
+    (``benchmarks/serving_path_cpu.py``). Every other request goes on to Flask. The
+    answers, errors included, are the ones Flask's handlers give; each one's write is
+    timed (``WriteTimed``)."""
+    flask_app, limit = app.wsgi_app, app.config["MAX_CONTENT_LENGTH"]
+
+    def dumps(document: object) -> bytes:  # as ``jsonify``: the app's provider, compact
+        return (app.json.dumps(document, separators=(",", ":")) + "\n").encode()
+
+    def answer(name: str, environ: dict[str, Any]) -> Answer:
+        try:
+            return answer_infer(runtime, name, InferRequest(environ, limit), dumps,
+                                best_effort_timeout_seconds)
+        except Exception as exc:  # noqa: BLE001 - every error is answered, as Flask does
+            if not isinstance(exc, ServerError | HTTPException):
+                app.logger.error("Exception on %s [POST]", environ.get("PATH_INFO"),
+                                 exc_info=True)
+            document, status = error_document(exc)
+            return Answer(status, dumps(document), JSON_TYPE)
+
+    def wsgi(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        match = _INFER_PATH.fullmatch(environ.get("PATH_INFO", ""))
+        if match is None or environ.get("REQUEST_METHOD") != "POST":
+            return flask_app(environ, start_response)
+        # PATH_INFO holds the path's bytes as latin-1; the name is UTF-8 (as werkzeug).
+        done = answer(match.group(1).encode("latin-1").decode("utf-8", "replace"), environ)
+        start_response(f"{done.status} {HTTP_STATUS_CODES.get(done.status, '')}",
+                       done.wsgi_headers())
+        return WriteTimed(runtime, environ, done.body)
+
+    # The same route in Flask's map, so its other methods get Flask's 405 (a POST is
+    # answered above before Flask would route it here).
+    @app.post("/v1/sessions/<name>/infer")
+    def infer(name: str) -> Response:
+        done = answer(name, request.environ)
+        return Response(done.body, done.status, done.headers, content_type=done.content_type)
+
+    return wsgi
+
+
+def _after_requests(app: Flask, freeze_gc: bool) -> None:
+    """The heap settles when sessions change."""
 
     @app.after_request
     def _after(response: Response) -> Response:
-        if request.endpoint == "infer":
-            observe_write(runtime, request, response)
-        elif freeze_gc and request.endpoint in ("add_session", "delete_session") \
+        if freeze_gc and request.endpoint in ("add_session", "delete_session") \
                 and response.status_code < 300:
             settle_heap()
         return response
@@ -155,16 +207,27 @@ def _json_errors(app: Flask) -> None:
 
     @app.errorhandler(ServerError)
     def _server_error(err: ServerError) -> tuple[Response, int]:
-        response = jsonify(err.to_json())
+        document, status = error_document(err)
+        response = jsonify(document)
         if isinstance(err, Unauthorized):
             response.headers["WWW-Authenticate"] = 'Bearer realm="tandem-admin"'
-        return response, err.status
+        return response, status
 
     @app.errorhandler(HTTPException)
     def _http_error(err: HTTPException) -> tuple[Response, int]:
-        status = err.code or 500
-        kind = "PayloadTooLarge" if isinstance(err, RequestEntityTooLarge) else type(err).__name__
-        return jsonify({"error": kind, "message": err.description}), status
+        document, status = error_document(err)
+        return jsonify(document), status
+
+
+def error_document(err: BaseException) -> tuple[dict[str, Any], int]:
+    """An error's JSON answer and status: the server's own, werkzeug's, and anything
+    else as werkzeug's 500 (what Flask answers an unhandled exception with)."""
+    if isinstance(err, ServerError):
+        return err.to_json(), err.status
+    if not isinstance(err, HTTPException):
+        err = InternalServerError(original_exception=err)
+    kind = "PayloadTooLarge" if isinstance(err, RequestEntityTooLarge) else type(err).__name__
+    return {"error": kind, "message": err.description}, err.code or 500
 
 
 def _json_object() -> dict[str, Any]:

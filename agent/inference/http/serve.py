@@ -234,14 +234,16 @@ def warm_up(app: Any, repeats: int = 10) -> None:
 
 def http_server(app: Any, options: ServeOptions) -> Any:
     """The cheroot server; requests are gathered before a worker takes them, so slow
-    clients cannot take the ``http_threads`` workers (``contracts.httpserve``)."""
+    clients cannot take the ``http_threads`` workers (``contracts.httpserve``), and read
+    and answered through ``front.DirectFiles``."""
     from cheroot import wsgi
 
+    from agent.inference.http.front import direct_files
     from contracts.httpserve import harden
 
     server = wsgi.Server((options.host, options.port), app, numthreads=options.http_threads,
                          request_queue_size=128)
-    return harden(server, options.read_deadline_seconds, options.max_body_bytes)
+    return direct_files(harden(server, options.read_deadline_seconds, options.max_body_bytes))
 
 
 def _event(name: str, **fields: object) -> None:

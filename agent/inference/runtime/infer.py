@@ -10,17 +10,24 @@ forms a batch, and before the answer is sent. Nothing is answered 200 after its
 deadline unless the client sent ``X-Tandem-Late: accept``; such an answer carries
 ``X-Tandem-Late: true``. Each request's own time on this path is measured for
 admission (``pathcost.py``).
+
+The route is served from the WSGI environ (``InferRequest``, ``Answer``), not through
+Flask's request and response objects: at the SLO trio's rates their routing, contexts
+and hooks were a third of the server's CPU per request (``benchmarks/serving_path_cpu.py``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
-from flask import Request, Response, current_app, jsonify
+from flask import current_app
 from flask import request as current_request
+from werkzeug.datastructures import EnvironHeaders
 
 from agent.inference.errors import BadRequest, DropReason, PayloadTooLarge, RequestDropped
 from agent.inference.runtime.runtime import ServingRuntime
@@ -46,10 +53,44 @@ ANSWERED = "tandem.answered"
 """WSGI environ key: when the last deadline check passed (the clock's ms)."""
 
 
-def answer_infer(runtime: ServingRuntime, name: str, request: Request,
-                 encode: Callable[[Outcome, bool], Response],
-                 best_effort_timeout_seconds: float) -> Response:
-    """Decode, queue, wait and answer one request; raises ServerError subclasses."""
+JSON_TYPE = "application/json"
+
+
+class InferRequest:
+    """What the route reads of one request: its WSGI environ, headers, media type and
+    body (within ``limit`` bytes)."""
+
+    __slots__ = ("environ", "headers", "limit", "mimetype")
+
+    def __init__(self, environ: dict[str, Any], limit: int):
+        self.environ = environ
+        self.headers: Mapping[str, str] = EnvironHeaders(environ)
+        self.limit = limit
+        # As werkzeug's ``Request.mimetype``: the type without parameters, lower case.
+        self.mimetype = environ.get("CONTENT_TYPE", "").split(";", 1)[0].strip().lower()
+
+    def body(self) -> bytes:
+        return limited_body(self.environ, self.limit)
+
+
+@dataclass
+class Answer:
+    """A response: status, body, its media type and any further headers."""
+
+    status: int
+    body: bytes
+    content_type: str
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+    def wsgi_headers(self) -> list[tuple[str, str]]:
+        return [("Content-Type", self.content_type), ("Content-Length", str(len(self.body))),
+                *self.headers]
+
+
+def answer_infer(runtime: ServingRuntime, name: str, request: InferRequest,
+                 dumps: Callable[[object], bytes], best_effort_timeout_seconds: float) -> Answer:
+    """Decode, queue, wait and answer one request; raises ServerError subclasses.
+    ``dumps``: the app's JSON encoding of a document."""
     clock = runtime.clock
     began = clock.now_ms()
     arrival = began - max(0.0, time.monotonic() - request.environ.get(ARRIVED, time.monotonic())
@@ -75,7 +116,7 @@ def answer_infer(runtime: ServingRuntime, name: str, request: Request,
         runtime.note_answer(name, DropReason.DEADLINE_EXPIRED, counted=False,
                             held=deadline > arrival)
         raise RequestDropped(DropReason.DEADLINE_EXPIRED)
-    as_json = request.mimetype == "application/json"
+    as_json = request.mimetype == JSON_TYPE
     tensor = coerce_input(_decode(request, dtype, as_json), dtype, shape, slo is not None)
     submitted = clock.now_ms()
     if path is not None:
@@ -97,7 +138,7 @@ def answer_infer(runtime: ServingRuntime, name: str, request: Request,
     if outcome.reason is not None or not outcome.outputs:
         runtime.note_answer(name, outcome.reason or DropReason.EXECUTION_FAILED)
         raise RequestDropped(outcome.reason or DropReason.EXECUTION_FAILED)
-    response = encode(outcome, as_json)
+    response = encode_outcome(outcome, as_json, dumps)
     done = clock.now_ms()
     request.environ[ANSWERED] = done
     # The answer is written after this check, and the client must wake to read it: the
@@ -109,54 +150,66 @@ def answer_infer(runtime: ServingRuntime, name: str, request: Request,
         raise RequestDropped(DropReason.DEADLINE_MISSED)
     runtime.note_answer(name, None)
     if late:
-        response.headers[LATE_HEADER] = "true"
+        response.headers.append((LATE_HEADER, "true"))
     if path is not None:
         path.observe(back_ms=done - (arrival + outcome.latency_ms),
                      cpu_ms=(submitted - began) + (done - resumed), front_ms=submitted - arrival)
     return response
 
 
-def observe_write(runtime: ServingRuntime, request: Request, response: Response) -> None:
-    """Time every inference answer's write, errors too, from its last check (or from
-    now, for an answer that had none): what the last check must keep back."""
-    clock = runtime.clock
-    stamp = request.environ.get(ANSWERED) or clock.now_ms()
-    response.call_on_close(lambda: runtime.path_cost.observe_write(clock.now_ms() - stamp))
+class WriteTimed:
+    """An answer's body whose ``close`` (the WSGI server's, once it is written) times the
+    write from the answer's last check (or from its making, for an answer that had
+    none): what the last check must keep back."""
 
-def body() -> bytes:
-    """The current request's body, within the app's size limit
-    (``contracts.httpserve.read_body``)."""
-    limit = current_app.config["MAX_CONTENT_LENGTH"]
+    def __init__(self, runtime: ServingRuntime, environ: dict[str, Any], body: bytes):
+        self._runtime, self._body = runtime, body
+        self._stamp = environ.get(ANSWERED) or runtime.clock.now_ms()
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter((self._body,))
+
+    def close(self) -> None:
+        self._runtime.path_cost.observe_write(self._runtime.clock.now_ms() - self._stamp)
+
+
+def limited_body(environ: Mapping[str, Any], limit: int) -> bytes:
+    """A request's body within ``limit`` bytes (``contracts.httpserve.read_body``)."""
     try:
-        return read_body(current_request.environ, limit)
+        return read_body(environ, limit)
     except BodyTooLarge as exc:
         raise PayloadTooLarge(str(exc)) from None
     except BadContentLength as exc:
         raise BadRequest(str(exc)) from None
 
 
-def json_body() -> object:
-    """The current request's body as JSON within ``contracts.jsonbody``'s limits."""
+def parsed_json(raw: bytes) -> object:
+    """A body as JSON within ``contracts.jsonbody``'s limits."""
     try:
-        return parse_json(body())
+        return parse_json(raw)
     except JsonBodyError as exc:
         raise BadRequest(f"body: {exc.problem}") from None
 
 
-def _decode(request: Request, dtype: np.dtype, as_json: bool) -> np.ndarray:
+def json_body() -> object:
+    """The current Flask request's body as JSON, within the app's size limit."""
+    return parsed_json(limited_body(current_request.environ,
+                                    current_app.config["MAX_CONTENT_LENGTH"]))
+
+
+def _decode(request: InferRequest, dtype: np.dtype, as_json: bool) -> np.ndarray:
     if as_json:
-        return decode_json_inputs(json_body(), dtype)
+        return decode_json_inputs(parsed_json(request.body()), dtype)
     if request.mimetype == NPY_TYPE:
-        return decode_npy(body())
-    raise BadRequest(f"Content-Type must be {NPY_TYPE} or application/json")
+        return decode_npy(request.body())
+    raise BadRequest(f"Content-Type must be {NPY_TYPE} or {JSON_TYPE}")
 
 
-def encode_outcome(outcome: Outcome, as_json: bool) -> Response:
+def encode_outcome(outcome: Outcome, as_json: bool, dumps: Callable[[object], bytes]) -> Answer:
     """The 200 answer: JSON outputs, or the first output as ``.npy``."""
     assert outcome.outputs is not None
     if as_json:
-        return jsonify({"outputs": [o.tolist() for o in outcome.outputs],
-                        "latency_ms": outcome.latency_ms})
-    response = Response(encode_npy(outcome.outputs[0]), mimetype=NPY_TYPE)
-    response.headers["X-Tandem-Latency-Ms"] = f"{outcome.latency_ms:.3f}"
-    return response
+        return Answer(200, dumps({"outputs": [o.tolist() for o in outcome.outputs],
+                                  "latency_ms": outcome.latency_ms}), JSON_TYPE)
+    return Answer(200, encode_npy(outcome.outputs[0]), NPY_TYPE,
+                  [("X-Tandem-Latency-Ms", f"{outcome.latency_ms:.3f}")])

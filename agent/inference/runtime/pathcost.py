@@ -30,6 +30,7 @@ from itertools import pairwise
 from typing import Any
 
 from contracts.deadline import AnswerReserve
+from contracts.window import SortedWindow
 
 
 @dataclass(frozen=True)
@@ -136,11 +137,11 @@ class RequestPathCost:
         """What the start-up calibration measured (``recalibrate`` replaces it)."""
         self._quantile = quantile
         self._min_samples = min_samples
-        self._front: deque[float] = deque(maxlen=window)
-        self._back: deque[float] = deque(maxlen=window)
+        self._front = SortedWindow(window)
+        self._back = SortedWindow(window)
         self._cpu: deque[float] = deque(maxlen=window)
-        self._crossing: deque[float] = deque(maxlen=window)
-        self._whole: deque[float] = deque(maxlen=window)
+        self._crossing = SortedWindow(window)
+        self._whole = SortedWindow(window)
         self.answer = AnswerReserve(startup.write_ms, quantile, window,
                                     min_samples)
         """The write half of the last check's reserve (every answer's write observed)."""
@@ -248,9 +249,8 @@ def _along(points: list[tuple[float, float]], rate_rps: float, at_zero: float) -
     return at_zero
 
 
-def _quantile(values: deque[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+def _quantile(values: SortedWindow, q: float) -> float:
+    return values.quantile(q)
 
 
 def core_share(seconds: float = 0.5) -> float:

@@ -179,7 +179,15 @@ def test_the_app_is_warmed_up_before_it_listens() -> None:
     rt = ServingRuntime(SimExecutor({}, clock, "sim"), clock, RuntimeConfig("sim"))
     app = create_app(rt)
     seen = []
-    app.after_request(lambda response: seen.append(response.status_code) or response)
+    answer = app.wsgi_app  # the inference route is answered before Flask's hooks
+
+    def recorded(environ, start_response):
+        def start(status, headers, exc_info=None):
+            seen.append(int(status.split()[0]))
+            return start_response(status, headers, exc_info)
+        return answer(environ, start)
+
+    app.wsgi_app = recorded
     warm_up(app, repeats=3)
     assert seen == [404, 200] * 3
     assert rt.snapshot()["sessions"] == [] and rt.path_cost.observed == 0
