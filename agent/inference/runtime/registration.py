@@ -80,6 +80,12 @@ class Parts:
     (``executor_tail``; None: not measured)."""
 
 
+PROBE_REUSE_MS = 30_000.0
+"""A registration within this of the last path measurement, at no higher a rate, plans
+with it: a refusal's holdable rate was found on it, and a second measurement's noise
+would refuse the rate the first named."""
+
+
 def request_bytes(loaded: LoadedModel) -> float:
     """An SLO request's body: one sample of the model's input, plus the .npy header."""
     dims = [d or 1 for d in loaded.sample_shape or ()]
@@ -97,6 +103,8 @@ class Registration:
         """The request path's limits this registration admits with (measured at its start)."""
         self._host: ExecutorHost | None = None
         """The host as the executor's priority found it at this registration's start."""
+        self._probed = (-math.inf, 0.0)
+        """When the request path was last measured at a registration, and at what rate."""
 
     def longest_segment_ms(self) -> float:
         p = self._p
@@ -162,20 +170,22 @@ class Registration:
         sessions will send with ``new``, beside an executor whose batches take the
         sessions' profiled times (each session's share of the requests), where no
         served requests show the path yet: those do, at no cost to them."""
-        path = self._p.planning.path
+        path, now = self._p.planning.path, self._p.clock.now_ms()
         if path.probe is None or path.served():
             return
         mix = [(s.admitted_spec().rate_rps, s.profile) for s in self._p.sessions.slo.values()]
         mix.append((new.rate_rps, profile))
         total = sum(rate for rate, _ in mix)
-        if total <= 0:
-            return
+        last_ms, last_rps = self._probed
+        if total <= 0 or (now - last_ms < PROBE_REUSE_MS and total <= last_rps):
+            return  # a session scaled down to the rate a refusal named: the same host
 
         def batch_ms(n: int) -> float:
             return sum(rate / total * prof.latency_ms(min(max(n, 1), prof.max_batch))
                        for rate, prof in mix)
 
         path.recalibrate(path.probe(total, batch_ms))
+        self._probed = (self._p.clock.now_ms(), total)
 
     def _profiles_at(self, new: SessionSpec, profile: BatchingProfile, rate_rps: float
                      ) -> dict[tuple[str, str], BatchingProfile]:

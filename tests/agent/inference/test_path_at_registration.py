@@ -4,6 +4,7 @@ at an SLO registration beside an executor as busy as the sessions' batches (#43)
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -147,3 +148,36 @@ def test_the_stand_in_runs_a_batch_as_one_run_of_the_batch_work() -> None:
     assert sizes and sum(sizes) >= samples[0].answered
     assert [r for r, _ in figures.executor_at] == [40.0, 80.0]
     assert 0 < figures.cpu_ms < 100
+
+
+def test_a_session_scaled_down_to_the_rate_its_refusal_named_is_planned_on_that_measurement(
+        ) -> None:
+    """The holdable rate a refusal names was found on the registration's measurement; the
+    registration at that rate right after plans with it (a second measurement's noise
+    would refuse what the first named); a later one, or one at a higher rate, measures."""
+    from agent.inference.runtime.executor_tail import ExecutorHost
+
+    asked: list[float] = []
+    path = PathFigures(1.0, 1.0, 0.1, path_ms=2.0, path_rate_rps=75.0,
+                       executor_at=((100.0, 1.0), (200.0, 0.1)))
+
+    def probe(rate: float, _batch_ms) -> PathFigures:
+        asked.append(rate)
+        return path
+
+    clock = VirtualClock()
+    profiles = {"m": BatchingProfile.linear("m", "sim", 2.0, 1.0, max_batch=16)}
+    rt = ServingRuntime(SimExecutor(profiles, clock, "sim"), clock, RuntimeConfig("sim"),
+                        profiles=profiles, path_cost=RequestPathCost(QUIET, probe=probe),
+                        executor_probe=lambda: ExecutorHost(0.0, 1.0))
+    rt.add_slo_session("a", "m", 40, 100)
+    with pytest.raises(AdmissionRefused) as refused:
+        rt.add_slo_session("b", "m", 40, 200)
+    holdable = refused.value.to_json()["holdable_rate_rps"]
+    assert holdable >= 5.0 and asked == [100.0, 300.0]
+    assert rt.add_slo_session("b", "m", 40, holdable)["promised"]["rate_rps"] == holdable
+    assert asked == [100.0, 300.0]
+    clock.advance_to(31_000.0)
+    with contextlib.suppress(AdmissionRefused):  # measured again, whatever it then decides
+        rt.add_slo_session("c", "m", 1000, 1)
+    assert asked[-1] == pytest.approx(100.0 + holdable + 1.0)
