@@ -181,3 +181,22 @@ def test_a_session_scaled_down_to_the_rate_its_refusal_named_is_planned_on_that_
     with contextlib.suppress(AdmissionRefused):  # measured again, whatever it then decides
         rt.add_slo_session("c", "m", 1000, 1)
     assert asked[-1] == pytest.approx(100.0 + holdable + 1.0)
+
+
+def test_a_registration_measures_at_the_lowest_rate_and_at_the_sessions_rate(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The path at the start-up's lowest rate (its p99 needs the requests) and at the rate
+    the sessions will send, twice the lowest at least (the queue's growth), beside the
+    sessions' batch times."""
+    seen: list[tuple[float, ...]] = []
+
+    def fake(_threads, rates, seconds=calibration.SECONDS, seed=0, work=None,
+             batch_work=None):
+        seen.append(rates)
+        assert work is None and batch_work is not None
+        return QUIET, []
+
+    monkeypatch.setattr(calibration, "measure", fake)
+    assert calibration.probe_at(8, 289.0, lambda n: 1.0) == QUIET
+    calibration.probe_at(8, 20.0, lambda n: 1.0)
+    assert seen == [(75.0, 289.0), (75.0, 150.0)]
