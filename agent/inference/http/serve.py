@@ -178,7 +178,7 @@ def serve_forever(runtime: ServingRuntime, options: ServeOptions,
     workers sent those answers. 1 if the HTTP thread died on its own.
     """
     from agent.inference.http.app import create_app, settle_heap
-    from agent.inference.http.calibration import measure
+    from agent.inference.http.calibration import measure, probe_at
 
     app = create_app(runtime, max_body_bytes=options.max_body_bytes, admin=admin,
                      freeze_gc=True)
@@ -193,6 +193,9 @@ def serve_forever(runtime: ServingRuntime, options: ServeOptions,
     runtime.path_cost.recalibrate(measure(options.http_threads,
                                           work=elementwise() if probe else None)[0])
     if probe is not None:
+        # Each SLO registration before requests were served measures the path again,
+        # beside a stand-in as busy as the sessions' batches (``registration``).
+        runtime.path_cost.probe = lambda rate, ms: probe_at(options.http_threads, rate, ms)
         host = probe()
         runtime.planning.margin.observe_host(host.delay_ms, host.share)
     settle_heap()

@@ -15,7 +15,9 @@ The start-up figure (``http.calibration.measure``) sends real requests through a
 real HTTP front on this host as it is now (busy or quiet), from another process, at
 a few rates: the whole path's tail as one figure (``path_ms``), not its steps' tails
 added (a request rarely meets all of them at once), and the CPU a served request
-really takes.
+really takes. An SLO registration before requests were served measures it again
+beside an executor as busy as the sessions will keep it (``RequestPathCost.probe``);
+once they were, what they showed stands for the host as it is, lower or higher.
 """
 
 from __future__ import annotations
@@ -66,8 +68,15 @@ class PathFigures:
     requests after admission."""
 
     def executor_share(self, rate_rps: float) -> float:
-        """The executor's share of a core beside the path at ``rate_rps``."""
-        return min(1.0, max(0.05, _along(list(self.executor_at), rate_rps, 1.0)))
+        """The executor's share of a core beside the path at ``rate_rps``: below the
+        lowest rate measured, that rate's (not a whole core at none: a busy executor
+        measured at 75 requests/s got 0.077 of a core on a loaded host, and a session
+        planned at 45 requests/s on the 0.45 a line to a whole core gave ran its
+        batches at 12.7 times their profile; at 20 requests/s, 4.7 times where the
+        line said 1.2)."""
+        points = sorted(self.executor_at)
+        at_zero = points[0][1] if points else 1.0
+        return min(1.0, max(0.05, _along(points, rate_rps, at_zero)))
 
     def cpu_per_request_ms(self, body_bytes: float) -> float:
         return self.cpu_ms + self.cpu_ms_per_kib * body_bytes / 1024.0
@@ -125,16 +134,25 @@ def current_limits(limits: RequestPathLimits | HostLimits | None) -> RequestPath
     return limits.now() if isinstance(limits, HostLimits) else limits
 
 
+BatchMs = Callable[[int], float]
+"""An executor's compute time for a batch of that many requests (ms)."""
+
+
 class RequestPathCost:
-    """The request path's figures: the start-up calibration, raised by what serving shows.
+    """The request path's figures: the start-up calibration, then what serving shows.
 
     Thread-safe: HTTP workers ``observe``, the executor thread and registrations read.
     """
 
     def __init__(self, startup: PathFigures = ZERO, quantile: float = 0.99,
-                 window: int = 2000, min_samples: int = 50):
+                 window: int = 2000, min_samples: int = 50,
+                 probe: Callable[[float, BatchMs], PathFigures] | None = None):
         self.startup = startup
         """What the start-up calibration measured (``recalibrate`` replaces it)."""
+        self.probe = probe
+        """Measures the path on this host now at a rate (requests/s) beside an executor
+        whose batches take the given times (``http.calibration.probe_at``; None: not
+        measured again after start-up)."""
         self._quantile = quantile
         self._min_samples = min_samples
         self._front = SortedWindow(window)
@@ -153,6 +171,11 @@ class RequestPathCost:
         with self._lock:
             self.startup = startup
         self.answer.floor_ms = startup.write_ms
+
+    def served(self) -> bool:
+        """Whether enough requests were served for their own path to stand for the host."""
+        with self._lock:
+            return len(self._whole) >= self._min_samples
 
     def observe_front(self, front_ms: float) -> None:
         """One request's time from arrival until it was queued, or until it was dropped
@@ -212,16 +235,20 @@ class RequestPathCost:
         tail at the rates planned: with a start-up measured from real requests
         (``path_ms``), that whole path plus the queue scaled as measured, never below
         what served requests showed (their own path, each request's front and back
-        together, and the last check's reserve); else the steps' tails added (front,
-        back, the reserve)."""
+        together, and the last check's reserve), and once they were served, from what
+        they showed where it is lower than the start-up's (one stall in its seconds
+        must not decide admission for good); else the steps' tails added (front, back,
+        the reserve)."""
         figures = self.figures()
         if figures.path_ms <= 0:
             return figures.front_ms + figures.back_ms + self.write_reserve_ms() + queue_ms
         with self._lock:
             whole = (_quantile(self._whole, self._quantile)
                      if len(self._whole) >= self._min_samples else 0.0)
-        served = whole + self.write_reserve_ms() if whole else 0.0
-        return max(figures.path_ms + queue_ms * figures.queue_scale, served)
+        if not whole:
+            return figures.path_ms + queue_ms * figures.queue_scale
+        served = whole + self.write_reserve_ms()
+        return max(min(figures.path_ms, served) + queue_ms * figures.queue_scale, served)
 
     def figures(self) -> PathFigures:
         """The startup figures, raised to the observed quantile (latency) and mean (CPU)

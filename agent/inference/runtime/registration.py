@@ -7,7 +7,11 @@ adopts the new plan in one step. An SLO session is admitted only where the plan
 holds it with the request path's own time taken from its SLO and the request path
 holds it too (its CPU and its workers, ``pathcost.host_refusal``); a refusal says
 why and the highest rate this host would hold now (``holdable_rate_rps``), so the
-caller can scale the session down.
+caller can scale the session down. Before any request was served, the request path
+is measured again at each SLO registration beside an executor as busy as the
+sessions' batches (``RequestPathCost.probe``): beside a CPU hog, a 150 ms session
+admitted at 100 requests/s on a start-up figure of 16 ms (an idle executor beside
+it) met 50-100 ms there and lost 72% of its requests after admission.
 """
 
 from __future__ import annotations
@@ -76,6 +80,12 @@ class Parts:
     (``executor_tail``; None: not measured)."""
 
 
+PROBE_REUSE_MS = 30_000.0
+"""A registration within this of the last path measurement, at no higher a rate, plans
+with it: a refusal's holdable rate was found on it, and a second measurement's noise
+would refuse the rate the first named."""
+
+
 def request_bytes(loaded: LoadedModel) -> float:
     """An SLO request's body: one sample of the model's input, plus the .npy header."""
     dims = [d or 1 for d in loaded.sample_shape or ()]
@@ -93,6 +103,8 @@ class Registration:
         """The request path's limits this registration admits with (measured at its start)."""
         self._host: ExecutorHost | None = None
         """The host as the executor's priority found it at this registration's start."""
+        self._probed = (-math.inf, 0.0)
+        """When the request path was last measured at a registration, and at what rate."""
 
     def longest_segment_ms(self) -> float:
         p = self._p
@@ -117,6 +129,7 @@ class Registration:
                 raise BadRequest(str(exc)) from exc
             loaded, profile = p.sessions.load_and_profile(p.executor, model)
             self._limits = current_limits(p.path_limits)  # the host as it is now
+            self._probe_path(spec, profile)
             self._host = p.probe_executor() if p.probe_executor else None
             with p.lock:
                 profiles = self._profiles_at(spec, profile, spec.rate_rps)
@@ -151,6 +164,28 @@ class Registration:
                     "best_effort": (p.planning.sacrifice.best_effort.promised()
                                     if p.sessions.best_effort else None),
                 }  # fmt: skip
+
+    def _probe_path(self, new: SessionSpec, profile: BatchingProfile) -> None:
+        """Measure the request path again (``RequestPathCost.probe``) at the rate the SLO
+        sessions will send with ``new``, beside an executor whose batches take the
+        sessions' profiled times (each session's share of the requests), where no
+        served requests show the path yet: those do, at no cost to them."""
+        path, now = self._p.planning.path, self._p.clock.now_ms()
+        if path.probe is None or path.served():
+            return
+        mix = [(s.admitted_spec().rate_rps, s.profile) for s in self._p.sessions.slo.values()]
+        mix.append((new.rate_rps, profile))
+        total = sum(rate for rate, _ in mix)
+        last_ms, last_rps = self._probed
+        if total <= 0 or (now - last_ms < PROBE_REUSE_MS and total <= last_rps):
+            return  # a session scaled down to the rate a refusal named: the same host
+
+        def batch_ms(n: int) -> float:
+            return sum(rate / total * prof.latency_ms(min(max(n, 1), prof.max_batch))
+                       for rate, prof in mix)
+
+        path.recalibrate(path.probe(total, batch_ms))
+        self._probed = (self._p.clock.now_ms(), total)
 
     def _profiles_at(self, new: SessionSpec, profile: BatchingProfile, rate_rps: float
                      ) -> dict[tuple[str, str], BatchingProfile]:

@@ -194,11 +194,11 @@ def test_the_app_is_warmed_up_before_it_listens() -> None:
 
 
 def test_the_executor_share_beside_the_path_at_the_sessions_rate() -> None:
-    """Linear between the calibration's rates (a whole core at none), along the last two
-    beyond them, never below 0.05; none measured: a whole core."""
+    """Linear between the calibration's rates (the lowest rate's below it), along the
+    last two beyond them, never below 0.05; none measured: a whole core."""
     figures = PathFigures(0.0, 0.0, 0.0, executor_at=((75.0, 0.9), (200.0, 0.5)))
-    assert figures.executor_share(0.0) == 1.0
-    assert figures.executor_share(37.5) == pytest.approx(0.95)
+    assert figures.executor_share(0.0) == 0.9
+    assert figures.executor_share(37.5) == pytest.approx(0.9)
     assert figures.executor_share(137.5) == pytest.approx(0.7)
     assert figures.executor_share(325.0) == pytest.approx(0.1)
     assert figures.executor_share(2000.0) == 0.05
