@@ -4,13 +4,14 @@ Timing the path's steps one at a time (``pathcost.calibrate``) and adding their 
 overstates it: a request rarely meets every step's 99th percentile at once (on a quiet
 2-core host the sum was 50-75 ms, while served requests spent 5-20 ms there), and the
 steps' CPU summed to half of what a served request costs (1.15 against 2.34 ms). Here a
-client in another process sends ``.npy`` requests over loopback, a new connection each,
-in Poisson arrivals at a few rates, to a cheroot server hardened as the real one with a
-Flask route that does what the inference route does around the executor: read the body,
-decode and check it, hand it to another thread and wait for the result, encode and
-write it. What comes back per request is the whole path as the client sees it (connect,
-front, the crossing back, encode, write and the client's own wake-up) without the stand-in
-executor's time, and the server process's CPU per request:
+client in another process sends ``.npy`` requests over loopback, a new connection each, in
+Poisson arrivals at a few rates, to a cheroot server hardened and with the same connection
+files as the real one (``front.direct_files``), its one route answered from the WSGI
+environ as the real inference route is, doing what that route does around the executor:
+read the body, decode and check it, hand it to another thread and wait for the result,
+encode and write it. What comes back per request is the whole path as the client sees it
+(connect, front, the crossing back, encode, write and the client's own wake-up) without
+the stand-in executor's time, and the server process's CPU per request:
 
 - ``path_ms``: the 99th percentile of that whole path at the lowest rate (the part no
   queue of this server's CPU explains: ``pathcost.queue_tail_ms`` adds that);
@@ -46,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.inference.http.front import direct_files
 from agent.inference.runtime.execution import EXECUTOR_NICE
 from agent.inference.runtime.pathcost import (
     PathFigures,
@@ -126,31 +128,41 @@ class _Stamps:
             self.rows.setdefault(rid, {}).update(stamps)
 
 
+class _Written:
+    """The answer's body; its ``close`` (the WSGI server's, once written) stamps it."""
+
+    def __init__(self, stamps: _Stamps, rid: int, body: bytes):
+        self._stamps, self._rid, self._body = stamps, rid, body
+
+    def __iter__(self) -> Any:
+        return iter((self._body,))
+
+    def close(self) -> None:
+        self._stamps.put(self._rid, written=time.monotonic())
+
+
 def _app(stamps: _Stamps, crossing: SimpleQueue) -> Any:
-    """A Flask app whose one route does the inference route's work around the executor."""
-    from flask import Flask, Response, request
+    """A WSGI app doing the inference route's work around the executor, answered from the
+    environ as the real route is (``app._infer_route``: no framework on this path)."""
 
-    app = Flask("tandem-path-calibration")
-
-    @app.post("/calibrate")
-    def calibrate() -> Response:
-        rid = int(request.headers.get("X-Calibration-Id", "-1"))
-        arrived = float(request.environ.get(ARRIVED, time.monotonic()))
-        body = read_body(request.environ, 1 << 20)
+    def calibrate(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        rid = int(environ.get("HTTP_X_CALIBRATION_ID", "-1"))
+        arrived = float(environ.get(ARRIVED, time.monotonic()))
+        body = read_body(environ, 1 << 20)
         tensor = coerce_input(decode_npy(body), np.dtype(np.float32), (FLOATS,), True)
         submitted = time.monotonic()
         future: Future[tuple[np.ndarray, float]] = Future()
         crossing.put((tensor, future))
         result, ready = future.result(timeout=10)
         resumed = time.monotonic()
-        response = Response(encode_npy(result), mimetype=NPY_TYPE)
-        done = time.monotonic()
+        answer = encode_npy(result)
+        start_response("200 OK", [("Content-Type", NPY_TYPE),
+                                  ("Content-Length", str(len(answer)))])
         stamps.put(rid, arrived=arrived, submitted=submitted, ready=ready, resumed=resumed,
-                   done=done)
-        response.call_on_close(lambda: stamps.put(rid, written=time.monotonic()))
-        return response
+                   done=time.monotonic())
+        return _Written(stamps, rid, answer)
 
-    return app
+    return calibrate
 
 
 BatchWork = Callable[[int], None]
@@ -262,9 +274,9 @@ def _measure_once(http_threads: int, rates: tuple[float, ...], seconds: tuple[fl
                                 args=(crossing, work, batch_work, spent, stretch),
                                 daemon=True, name="tandem-calibration-executor")
     stand_in.start()
-    server = harden(wsgi.Server(("127.0.0.1", 0), _app(stamps, crossing),
-                                numthreads=http_threads, request_queue_size=128),
-                    10.0, 1 << 20)
+    server = direct_files(harden(wsgi.Server(("127.0.0.1", 0), _app(stamps, crossing),
+                                             numthreads=http_threads, request_queue_size=128),
+                                 10.0, 1 << 20))
     server.prepare()
     serving = threading.Thread(target=server.serve, daemon=True, name="tandem-calibration")
     serving.start()

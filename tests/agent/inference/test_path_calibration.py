@@ -266,3 +266,37 @@ def test_the_executor_share_is_its_runs_cpu_over_their_time_at_p99() -> None:
 
     figures, _ = measure(4, rates=(40.0,), seconds=(0.4,), work=work)
     assert len(figures.executor_at) == 1 and figures.executor_at[0][1] <= 0.5
+
+
+def test_the_stand_in_route_is_answered_as_the_real_inference_route_is() -> None:
+    """The start-up path is the served one: answered from the WSGI environ, no framework
+    (the real route skips Flask, which cost more CPU than the rest of the path), the write
+    stamped when the server closes the answer."""
+    import io
+    import threading
+    from queue import SimpleQueue
+
+    import numpy as np
+
+    from agent.inference.http import calibration
+    from agent.inference.runtime.tensors import decode_npy, encode_npy
+
+    stamps, crossing = calibration._Stamps(), SimpleQueue()
+
+    def executor() -> None:
+        tensor, future = crossing.get()
+        future.set_result((tensor * 2, 1.0))
+
+    threading.Thread(target=executor, daemon=True).start()
+    app = calibration._app(stamps, crossing)
+    assert not hasattr(app, "url_map")  # not a Flask app
+    body = encode_npy(np.ones((1, calibration.FLOATS), np.float32))
+    seen: list[str] = []
+    answer = app({"REQUEST_METHOD": "POST", "PATH_INFO": "/calibrate",
+                  "HTTP_X_CALIBRATION_ID": "7", "CONTENT_LENGTH": str(len(body)),
+                  "wsgi.input": io.BytesIO(body)}, lambda status, headers: seen.append(status))
+    assert seen == ["200 OK"]
+    assert float(decode_npy(b"".join(answer)).sum()) == 2.0 * calibration.FLOATS
+    assert "written" not in stamps.rows[7]
+    answer.close()
+    assert {"arrived", "submitted", "ready", "resumed", "done", "written"} <= set(stamps.rows[7])
