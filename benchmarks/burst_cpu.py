@@ -11,14 +11,23 @@ official client's and the lean client's) and the thread CPU inside the bind verb
 (``bind_cpu.VerbMeter``) and inside named functions (``bind_cpu.PartMeter``). Figures are
 per bind, in the bursts and one at a time; thread CPU is not stretched by other load.
 
+Each thread's CPU is reported too, grouped by what the thread does (``thread:http_workers``:
+cheroot's workers with the verbs they run; ``thread:tandem-watch-pods``: the pod watch; the
+record writers and the event worker), so what a burst costs outside the bind verb shows.
+``--parts`` names more of tandem's functions; ``--profile-dump PATH`` writes a cProfile of
+every thread of tandem's process (thread CPU; profiling slows it, so not for the figures).
+
+``tandem-unpaced`` is tandem with its pod watch reading on through a burst (as before
+``BindTraffic.pace_watch``): beside ``tandem`` in the same repeats, what the pacing changes.
 ``tandem-writer`` is a prototype, not a product path: tandem with its Binding posted by a
 helper process (``--writer-pipes`` pipes, a thread and the lean client on each), the bind
 thread waiting on its pipe. Beside ``tandem`` in the same repeats, it says whether moving
 the post off the extender's interpreter would shorten the burst. The servers run one after
 the other in each repeat.
 
-    .venv/bin/python benchmarks/burst_cpu.py [--servers tandem tandem-writer trivial floor]
-        [--repeats 3] [--bursts 16] [--api-latency-ms 5] [--writer-pipes 16]
+    .venv/bin/python benchmarks/burst_cpu.py [--servers tandem tandem-unpaced tandem-writer
+        trivial floor] [--repeats 3] [--bursts 16] [--api-latency-ms 5] [--writer-pipes 16]
+        [--parts module:Class.method ...] [--profile-dump PATH]
 """
 
 from __future__ import annotations
