@@ -11,14 +11,23 @@ official client's and the lean client's) and the thread CPU inside the bind verb
 (``bind_cpu.VerbMeter``) and inside named functions (``bind_cpu.PartMeter``). Figures are
 per bind, in the bursts and one at a time; thread CPU is not stretched by other load.
 
+Each thread's CPU is reported too, grouped by what the thread does (``thread:http_workers``:
+cheroot's workers with the verbs they run; ``thread:tandem-watch-pods``: the pod watch; the
+record writers and the event worker), so what a burst costs outside the bind verb shows.
+``--parts`` names more of tandem's functions; ``--profile-dump PATH`` writes a cProfile of
+every thread of tandem's process (thread CPU; profiling slows it, so not for the figures).
+
+``tandem-unpaced`` is tandem with its pod watch reading on through a burst (as before
+``BindTraffic.pace_watch``): beside ``tandem`` in the same repeats, what the pacing changes.
 ``tandem-writer`` is a prototype, not a product path: tandem with its Binding posted by a
 helper process (``--writer-pipes`` pipes, a thread and the lean client on each), the bind
 thread waiting on its pipe. Beside ``tandem`` in the same repeats, it says whether moving
 the post off the extender's interpreter would shorten the burst. The servers run one after
 the other in each repeat.
 
-    .venv/bin/python benchmarks/burst_cpu.py [--servers tandem tandem-writer trivial floor]
-        [--repeats 3] [--bursts 16] [--api-latency-ms 5] [--writer-pipes 16]
+    .venv/bin/python benchmarks/burst_cpu.py [--servers tandem tandem-unpaced tandem-writer
+        trivial floor] [--repeats 3] [--bursts 16] [--api-latency-ms 5] [--writer-pipes 16]
+        [--parts module:Class.method ...] [--profile-dump PATH]
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ import argparse
 import json
 import os
 import queue
+import re
 import resource
 import statistics
 import threading
@@ -47,7 +57,7 @@ PARTS = {"tandem": ["extender.service.verbs:Extender.bind",
          "trivial": ["kubernetes.client.api.core_v1_api:CoreV1Api.create_namespaced_pod_binding",
                      "urllib3.connectionpool:HTTPConnectionPool.urlopen"],
          "floor": []}
-PARTS["tandem-writer"] = PARTS["tandem"]
+PARTS["tandem-writer"] = PARTS["tandem-unpaced"] = PARTS["tandem"]
 
 
 def _count_connects() -> list[int]:
@@ -75,7 +85,11 @@ class Reporter:
         if environ.get("PATH_INFO") != MARK:
             return self.verbs(environ, start_response)
         use = resource.getrusage(resource.RUSAGE_SELF)
-        data = json.dumps({"user": use.ru_utime, "system": use.ru_stime,
+        threads: dict[str, float] = {}
+        for name, cpu in bind_cpu._thread_cpu().values():
+            group = "thread:" + re.sub(r"[-_ ]?\d+", "", bind_cpu._group(name))
+            threads[group] = threads.get(group, 0.0) + cpu
+        data = json.dumps({**threads, "user": use.ru_utime, "system": use.ru_stime,
                            "voluntary_switches": use.ru_nvcsw,
                            "involuntary_switches": use.ru_nivcsw, "connects": self.connects[0],
                            "bind_verb": self.verbs.cpu["/bind"],
@@ -149,6 +163,7 @@ def writer_process(count: int, api_port: int) -> list[Any]:
 
 
 def _starter(kind: str, cfg: Any, api_port: int, latency_s: float, writers: int,
+             extra_parts: list[str], profile_dump: str | None,
              ) -> Callable[[], tuple[int, Callable[[], None]]]:
     from benchmarks import extender_latency as world
     from benchmarks import scheduler_pattern as pattern
@@ -156,7 +171,11 @@ def _starter(kind: str, cfg: Any, api_port: int, latency_s: float, writers: int,
 
     def start() -> tuple[int, Callable[[], None]]:
         pipes = writer_process(writers, api_port) if kind == "tandem-writer" else None
-        connects, parts = _count_connects(), bind_cpu.PartMeter(PARTS[kind])
+        profiles = bind_cpu.ThreadProfiles()
+        if profile_dump and kind.startswith("tandem"):
+            profiles.install()  # every thread started from here on
+        connects, parts = _count_connects(), bind_cpu.PartMeter(
+            PARTS[kind] + (extra_parts if kind.startswith("tandem") else []))
         if kind.startswith("tandem"):
             from extender.cluster.kube import KubeSource
             from extender.config.loader import ConfigHolder
@@ -165,12 +184,16 @@ def _starter(kind: str, cfg: Any, api_port: int, latency_s: float, writers: int,
             source = KubeSource(world.kube_client(api_port))
             if pipes:
                 source._poster = PipePoster(pipes, source._poster)
+            if kind == "tandem-unpaced":  # the pod watch reads on through a burst, as before
+                source._traffic.pace_watch = lambda lag=0.0: None
             server = start_background(Reporter(create_app(ConfigHolder(cfg), source), parts,
                                                 connects), cfg.server, port=0)
 
             def stop() -> None:
                 server.stop()
                 source.stop()
+                if profile_dump:
+                    profiles.dump(profile_dump)
             return server.port, stop
         if kind == "trivial":
             app: Any = trivial_extender.create_trivial_app(trivial_extender.kube_client(api_port))
@@ -184,7 +207,7 @@ def _starter(kind: str, cfg: Any, api_port: int, latency_s: float, writers: int,
 def _per_bind(before: dict[str, float], after: dict[str, float], binds: int,
               ) -> dict[str, float]:
     """Counters per bind between two reports: CPU in ms, counts as they are."""
-    return {k: round((after[k] - v) / binds * (1 if k in COUNTS else 1000), 3)
+    return {k: round((after.get(k, v) - v) / binds * (1 if k in COUNTS else 1000), 3)
             for k, v in before.items()}
 
 
@@ -201,7 +224,8 @@ def measure(kind: str, opts: argparse.Namespace) -> dict[str, Any]:
     api_port, _, api_stop = world.serve_in_child(lambda: (api.start(), api.stop))
     try:
         port, _, stop = world.serve_in_child(_starter(
-            kind, cfg, api_port, api.write_latency_s, opts.writer_pipes))
+            kind, cfg, api_port, api.write_latency_s, opts.writer_pipes, opts.parts,
+            opts.profile_dump))
         try:
             return _run(port, jobs, opts)
         finally:
@@ -246,7 +270,7 @@ def _run(port: int, jobs: list[Any], opts: argparse.Namespace) -> dict[str, Any]
             t.join()
         last = report()
         for k, v in first.items():
-            totals[k] = totals.get(k, 0) + last[k] - v
+            totals[k] = totals.get(k, 0) + last.get(k, v) - v
     for client in [main, reporter, *binders]:
         client.close()
     burst_p50 = pattern.ms(latencies, 50)
@@ -269,6 +293,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--writer-pipes", type=int, default=16,
                         help="tandem-writer's pipes to its writer process")
+    parser.add_argument("--parts", nargs="+", default=[], metavar="module:Class.method",
+                        help="more functions of tandem whose thread CPU is reported")
+    parser.add_argument("--profile-dump", default=None, metavar="PATH",
+                        help="write a cProfile (thread CPU, every thread) of tandem's process "
+                        "as a pstats file (profiling slows it: not for the figures)")
     _common.add_out_option(parser, "burst_cpu")
     opts = parser.parse_args(argv)
     load_before = _common.load_average()
@@ -283,7 +312,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                "burst_over_single": statistics.median(r["burst_over_single"] for r in rs),
                "per_bind_in_bursts": {k: round(statistics.median(
                    r["per_bind_in_bursts"][k] for r in rs), 3)
-                   for k in rs[0]["per_bind_in_bursts"]}} for kind, rs in runs.items()},
+                   for k in rs[0]["per_bind_in_bursts"]
+                   if all(k in r["per_bind_in_bursts"] for r in rs)}}
+               for kind, rs in runs.items()},
            "runs": runs, "load_average_1_5_15_at_start": load_before,
            **_common.context(("cheroot", "kubernetes", "urllib3"))}
     _common.write_result(doc, opts.out)

@@ -138,7 +138,7 @@ class KubeSource:
         self._poster = LeanPoster(configuration, api_client.user_agent) \
             if configuration is not None and supports(configuration) else None
         self._traffic = BindTraffic()
-        """Bindings in flight: events wait for a pause in them (``extender.cluster.traffic``)."""
+        """Bindings in flight: events, records and the pod watch wait for a pause in them."""
         self._events = EventQueue(api, self._poster, self._traffic)
         self.records = PlacementRecords(api, own_namespace(records_namespace),
                                         self._poster)
@@ -190,8 +190,7 @@ class KubeSource:
             uid = self._observe_bound(state, pod)
             if uid is not None:
                 bound.add(uid)
-        # Pods waiting for a node, so that bind finds them without a read (the watch keeps
-        # them fresh from here on).
+        # Pods waiting for a node: bind finds them without a read (the watch keeps them fresh)
         self._pending.reset(self._list(self.api.list_pod_for_all_namespaces,
                                        field_selector="spec.nodeName=")[0])
         # A relist is the truth: pods deleted or finished while no watch ran are released.
@@ -339,11 +338,12 @@ class KubeSource:
                 stream = self._watch_factory().stream(lister, resource_version=rv,
                                                       timeout_seconds=self._timeout)
                 for event in stream:
-                    obj = event["object"]
-                    plain = obj if isinstance(obj, Mapping) \
-                        else self.api.api_client.sanitize_for_serialization(obj)
+                    plain = event["object"] if isinstance(event["object"], Mapping) \
+                        else self.api.api_client.sanitize_for_serialization(event["object"])
                     rv = (plain.get("metadata") or {}).get("resourceVersion", rv)
                     apply(state, event["type"], plain)
+                    if apply == self.apply_pod_event:  # a burst's binds before their events
+                        self._traffic.pace_watch()
                     if self._stop.is_set():
                         return
                 if self._stop.wait(0.5):  # the server closed the watch: pause, then resume

@@ -1,4 +1,4 @@
-"""Binds first: events and placement records wait while bindings are in flight.
+"""Binds first: events, placement records and the pod watch wait while bindings are in flight.
 
 kube-scheduler binds concurrently (a burst of pods, one goroutine each). Every
 bind also queues a pod event and its node's placement record; written at once,
@@ -7,7 +7,10 @@ work beside the binds), and the binds wait behind them. The event worker and the
 record writer therefore wait until no binding is in flight and none ended in the
 last ``QUIET_SECONDS`` (a burst's binds arrive a few milliseconds apart), at most
 ``max_wait`` so a steady stream of binds never starves them, then write what
-gathered.
+gathered. The pod watch waits too: each Binding causes a pod event, and decoding
+and applying it during the burst takes the interpreter from the binds still
+running; the events queue on the watch's connection and are applied after, at
+most ``WATCH_LAG_SECONDS`` late (:meth:`BindTraffic.pace_watch`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from __future__ import annotations
 import threading
 import time
 
+WATCH_LAG_SECONDS = 0.05
+"""Longest the pod watch waits for the bindings in flight before it reads on (then it reads
+for as long again without waiting: under a steady stream of binds it keeps up)."""
 QUIET_SECONDS = 0.02
 """How long after the last binding ended the writers still wait (the burst's next bind)."""
 
@@ -31,6 +37,8 @@ class BindTraffic:
         meanwhile does not wake them, each wakes once per quiet time at most)."""
         self._in_flight = 0
         self._last_end = float("-inf")
+        self._watch_free_until = float("-inf")
+        """Until when the pod watch reads on without waiting (it waited its whole lag)."""
 
     def binding(self) -> BindTraffic:
         """Around one binding's API call (``with traffic.binding(): ...``)."""
@@ -63,3 +71,11 @@ class BindTraffic:
                     self._calm.wait(min(deadline - now, calm))
                 else:
                     self._cond.wait(deadline - now)
+
+    def pace_watch(self, lag: float = WATCH_LAG_SECONDS) -> None:
+        """Before the pod watch reads its next event: wait while bindings are in flight, at
+        most ``lag`` s; after a wait that ran out, none for the next ``lag`` s (the watch
+        catches up). What a binding's event confirms arrives later, never lost: the assumed
+        placement holds its GPUs meanwhile."""
+        if time.monotonic() >= self._watch_free_until and not self.wait_idle(lag, 0.0):
+            self._watch_free_until = time.monotonic() + lag

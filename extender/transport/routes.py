@@ -65,7 +65,8 @@ class Verbs:
     def __init__(self, ext: Extender, metrics: Metrics, config: ConfigHolder):
         self.ext, self.metrics, self.config = ext, metrics, config
         self.log = get_logger()
-        self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
+        self._children: dict[tuple, Any] = {}
+        """Metric children by their labels (``labels()`` validates and locks on every call)."""
         self.fast = {"/filter": ("filter", self.do_filter),
                      "/prioritize": ("prioritize", self.do_prioritize),
                      "/bind": ("bind", self.do_bind), "/preempt": ("preempt", self.do_preempt)}
@@ -73,9 +74,17 @@ class Verbs:
     def read_body(self) -> bytes:
         return _wsgi_body(request.environ, self.config.current().server.max_body_bytes)
 
+    def decided(self, verb: str, outcome: str, reason: str) -> Any:
+        """The decisions counter's child for these labels (resolved once, as in observe)."""
+        child = self._children.get((verb, outcome, reason))
+        if child is None:
+            child = self._children[(verb, outcome, reason)] = self.metrics.decisions.labels(
+                verb, outcome, reason)
+        return child
+
     def observe(self, name: str, status: int, duration: float) -> None:
         pair = self._children.get((name, status))
-        if pair is None:  # labels() validates and locks on every call; resolve each child once
+        if pair is None:
             pair = self._children[(name, status)] = (
                 self.metrics.requests.labels(name, str(status)),
                 self.metrics.latency.labels(name))
@@ -114,8 +123,8 @@ class Verbs:
         args = decode_extender_args(doc)
         result, outcome = self.ext.filter(args)
         for reason, count in outcome.reasons.items():
-            self.metrics.decisions.labels("filter", "rejected", reason).inc(count)
-        self.metrics.decisions.labels("filter", "passed", "").inc(outcome.passed)
+            self.decided("filter", "rejected", reason).inc(count)
+        self.decided("filter", "passed", "").inc(outcome.passed)
         return result, {"pod": _pod_key(args.pod), "passed": outcome.passed,
                         "reasons": dict(outcome.reasons)}
 
@@ -129,11 +138,11 @@ class Verbs:
         try:
             result = self.ext.bind(args)
         except ExtenderError as exc:
-            self.metrics.decisions.labels("bind", "failed", type(exc).__name__).inc()
+            self.decided("bind", "failed", type(exc).__name__).inc()
             if exc.http_status != 200:
                 raise
             return {"Error": str(exc)}, {**info, "error": str(exc)}
-        self.metrics.decisions.labels("bind", "bound", "").inc()
+        self.decided("bind", "bound", "").inc()
         return result, info
 
     def do_preempt(self, doc: Any) -> tuple[Any, dict[str, Any]]:

@@ -54,3 +54,31 @@ def test_per_bind_divides_cpu_into_ms_and_keeps_counts():
     after = {"user": 1.032, "connects": 6, "bind_verb": 0.516}
     assert burst_cpu._per_bind(before, after, 16) == {"user": 2.0, "connects": 0.25,
                                                       "bind_verb": 1.0}
+
+
+def test_per_bind_keeps_a_counter_whose_thread_ended_at_zero():
+    before = {"user": 1.0, "thread:tandem-records": 0.2}
+    assert burst_cpu._per_bind(before, {"user": 1.016}, 16) == {
+        "user": 1.0, "thread:tandem-records": 0.0}
+
+
+def test_report_groups_thread_cpu_by_what_each_thread_does():
+    import json
+    import threading
+
+    gate = threading.Event()
+    workers = [threading.Thread(target=gate.wait, name=f"CP Server Thread-{i}")
+               for i in range(3)]
+    for t in workers:
+        t.start()
+    try:
+        parts = burst_cpu.bind_cpu.PartMeter([])
+        reporter = burst_cpu.Reporter(lambda environ, start: [b""], parts, [0])
+        doc = json.loads(b"".join(reporter({"PATH_INFO": burst_cpu.MARK},
+                                           lambda status, headers: None)))
+    finally:
+        gate.set()
+        for t in workers:
+            t.join()
+    assert "thread:http_workers" in doc and doc["thread:http_workers"] >= 0.0
+    assert not any(k.startswith("thread:CP Server") for k in doc)  # one group, not three

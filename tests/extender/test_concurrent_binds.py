@@ -136,6 +136,60 @@ def test_a_binding_in_the_quiet_time_holds_the_writers_until_it_ends_and_after()
     assert returned and returned[0][0] and returned[0][1] >= ended + 0.1
 
 
+def test_pod_watch_waits_for_binds_in_flight_at_most_its_lag_then_catches_up():
+    traffic = BindTraffic()
+    start = time.monotonic()
+    traffic.pace_watch(5.0)  # nothing in flight: no wait
+    assert time.monotonic() - start < 0.5
+    read = []
+    with traffic.binding():
+        waiter = threading.Thread(target=lambda: (traffic.pace_watch(5.0),
+                                                  read.append(time.monotonic())))
+        waiter.start()
+        time.sleep(0.1)
+        assert read == []  # held back while the binding is in flight
+        ended = time.monotonic()
+    waiter.join(5.0)
+    assert read and read[0] >= ended
+    with traffic.binding():  # a binding that outlasts the lag: waited once, then free
+        start = time.monotonic()
+        traffic.pace_watch(0.1)
+        assert time.monotonic() - start >= 0.1
+        start = time.monotonic()
+        for _ in range(100):
+            traffic.pace_watch(0.1)
+        assert time.monotonic() - start < 0.1  # catching up: no wait per event
+
+
+def test_pod_watch_applies_events_after_the_bind_burst(fake):
+    api = client.CoreV1Api(client.ApiClient(client.Configuration(host=fake.url)))
+    applied, done = [], threading.Event()
+
+    class Events:  # a watch of three pod events, then the source stops
+        def stream(self, lister, **kw):
+            for i in range(3):
+                yield {"type": "MODIFIED", "object": {"metadata": {"uid": f"u{i}"}}}
+            done.set()
+
+    source = KubeSource(api, watch_factory=Events, background_events=False)
+    source.apply_pod_event = lambda state, kind, pod: applied.append(time.monotonic())
+    source._stop.wait = lambda timeout: True  # one pass of the stream
+    pace = source._traffic.pace_watch
+    source._traffic.pace_watch = lambda: pace(10.0)  # a lag no loaded machine outlasts
+    with source._traffic.binding():
+        watch = threading.Thread(target=source._watch, args=(
+            None, api.list_pod_for_all_namespaces, source.apply_pod_event, "1"))
+        watch.start()
+        deadline = time.monotonic() + 5
+        while not applied and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
+        assert len(applied) == 1  # the first event, then it waits for the binding
+        ended = time.monotonic()
+    watch.join(5.0)
+    assert done.is_set() and len(applied) == 3 and applied[1] >= ended
+
+
 def test_record_writes_wait_for_the_bind_burst_and_gather_its_entries():
     class Written:  # the record store: what each PUT would carry
         def __init__(self):
