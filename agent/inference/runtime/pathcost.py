@@ -218,7 +218,7 @@ class RequestPathCost:
         with self._lock:
             if len(self._crossing) < self._min_samples:
                 return 0.0
-            return _quantile(self._crossing, self._quantile)
+            return self._crossing.quantile(self._quantile)
 
     def back_reserve_ms(self) -> float:
         """What a request's executor deadline keeps for its answer to come back: the
@@ -228,7 +228,7 @@ class RequestPathCost:
         with self._lock:
             if len(self._back) < self._min_samples:
                 return self.startup.back_ms
-            return _quantile(self._back, 0.5)
+            return self._back.quantile(0.5)
 
     def own_ms(self, queue_ms: float) -> float:
         """A request's own time on the request path at p99, ``queue_ms`` its CPU queue's
@@ -243,7 +243,7 @@ class RequestPathCost:
         if figures.path_ms <= 0:
             return figures.front_ms + figures.back_ms + self.write_reserve_ms() + queue_ms
         with self._lock:
-            whole = (_quantile(self._whole, self._quantile)
+            whole = (self._whole.quantile(self._quantile)
                      if len(self._whole) >= self._min_samples else 0.0)
         if not whole:
             return figures.path_ms + queue_ms * figures.queue_scale
@@ -256,8 +256,8 @@ class RequestPathCost:
         with self._lock:
             if len(self._front) < self._min_samples or len(self._back) < self._min_samples:
                 return self.startup
-            front = _quantile(self._front, self._quantile)
-            back = _quantile(self._back, self._quantile)
+            front = self._front.quantile(self._quantile)
+            back = self._back.quantile(self._quantile)
             cpu = sum(self._cpu) / len(self._cpu)
         s = self.startup
         return replace(s, front_ms=max(front, s.front_ms), back_ms=max(back, s.back_ms),
@@ -274,10 +274,6 @@ def _along(points: list[tuple[float, float]], rate_rps: float, at_zero: float) -
         if rate_rps <= r1 or r1 == line[-1][0]:
             return v0 + (v1 - v0) * (rate_rps - r0) / max(r1 - r0, 1e-9)
     return at_zero
-
-
-def _quantile(values: SortedWindow, q: float) -> float:
-    return values.quantile(q)
 
 
 def core_share(seconds: float = 0.5) -> float:
