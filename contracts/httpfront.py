@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import io
 import logging
-import re
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -34,7 +33,8 @@ from cheroot import errors
 from cheroot.makefile import MakeFile
 from cheroot.server import HTTPConnection
 
-from contracts.httpserve import ARRIVED
+# The hardened server's own patterns: a request the front takes passes cheroot's checks.
+from contracts.httpserve import _DIGITS, _HEAD_END, _TOKEN, ARRIVED
 
 _RECV_BYTES = 1 << 16
 
@@ -150,9 +150,6 @@ def front_paths(server: Any, paths: Iterable[str]) -> Any:
     return server
 
 
-_HEAD_END = b"\r\n\r\n"
-_TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-_DIGITS = re.compile(rb"[0-9]{1,18}")
 _NOT_PLAIN = frozenset({"HTTP_TRANSFER_ENCODING", "HTTP_EXPECT"})
 """Headers that send a request to cheroot (chunked bodies, 100-continue)."""
 
