@@ -133,6 +133,7 @@ def test_only_plain_verb_posts_skip_cheroot_and_flask(servers: Any,
     for name in ("get on a verb", "query", "http/1.0", "repeated host"):
         _exchange(front.port, REQUESTS[name])
     assert parsed[0] == before + 4  # cheroot read each of these
+    assert contexts == ["/filter"]  # the GET, answered by Flask (405); the POSTs were not
 
 
 def test_keep_alive_pipelining_and_close(servers: Any) -> None:
