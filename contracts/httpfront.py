@@ -181,16 +181,19 @@ class FrontConnection(HTTPConnection):
         head = bytes(data[:end])
         lines = head.split(b"\r\n")
         if head.count(b"\n") != len(lines) - 1 or head.count(b"\r") != len(lines) - 1 \
-                or 0 < (self.server.max_request_header_size or 0) < end:
-            return None  # a bare CR or LF, or a head over cheroot's limit: cheroot's answer
+                or 0 < (self.server.max_request_header_size or 0) < end + len(_HEAD_END):
+            return None  # a bare CR or LF, or a head (its end counted) over cheroot's limit
         parts = lines[0].split(b" ")
         if len(parts) != 3 or parts[1] not in self.front_paths or parts[2] != b"HTTP/1.1":
             return None
         env = self._environ(parts[1].decode("latin-1"))
         for line in lines[1:]:
             name, colon, value = line.partition(b":")
-            if not colon or not _TOKEN.fullmatch(name):
-                return None  # a folded or malformed line: cheroot's 400
+            if not colon or not _TOKEN.fullmatch(name) or b"_" in name:
+                # A folded or malformed line (cheroot's 400), or a "_" in the name: cheroot
+                # frames the body by the names as sent (Content_Length is no length) but
+                # its environ spells "_" as "-", so only its own reading is consistent.
+                return None
             key = "HTTP_" + name.decode("latin-1").upper().replace("-", "_")
             if key in env or key in _NOT_PLAIN:
                 return None  # repeated (cheroot folds or refuses), or not plain
@@ -206,9 +209,11 @@ class FrontConnection(HTTPConnection):
         return env, bytes(data[end + len(_HEAD_END):])
 
     def body_limit_bytes(self) -> int:
-        """The largest body answered here (the hardened connection's limit: over it,
-        cheroot answers 413 from the head)."""
-        return int(getattr(self, "body_limit", 0) or 0) or (1 << 62)
+        """The largest body answered here (the hardened connection's limit and cheroot's
+        own, where set: over either, cheroot answers 413 from the head)."""
+        limits = [int(x) for x in (getattr(self, "body_limit", 0),
+                                   self.server.max_request_body_size) if x]
+        return min(limits, default=1 << 62)
 
     def _environ(self, path: str) -> dict[str, Any]:
         server = self.server
