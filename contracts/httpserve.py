@@ -70,7 +70,7 @@ CLIENT_CN = "SSL_CLIENT_S_DN_CN"
 MAX_HEAD_BYTES = 64 * 1024
 """A request head longer than this is handed to cheroot at once (which refuses it)."""
 _HEAD_END = b"\r\n\r\n"
-_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*([0-9]{1,12})[ \t]*\r\n", re.IGNORECASE)
+_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*([0-9]{1,18})[ \t]*\r\n", re.IGNORECASE)
 _EXPECT_CONTINUE = re.compile(rb"\r\nexpect:[ \t]*100-continue[ \t]*\r\n", re.IGNORECASE)
 _WOULD_BLOCK = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
