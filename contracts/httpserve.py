@@ -345,6 +345,9 @@ def harden(server: Any, read_deadline_seconds: float = DEFAULT_READ_DEADLINE_SEC
     scheduler binding 16 pods at once reconnected (and redid TLS) on every call.
     """
     server.keep_alive_conn_limit = KEEP_ALIVE_CONNECTIONS
+    # The head handed over unfinished at MAX_HEAD_BYTES is refused (413) from what is
+    # here; with cheroot's default (no limit) a worker read the rest from the socket.
+    server.max_request_header_size = server.max_request_header_size or MAX_HEAD_BYTES
     request_class = type("TandemRequest", (JsonErrorRequest,), {
         "error_body": staticmethod(error_body), "body_limit": body_limit})
     server.ConnectionClass = type("TandemConnection", (GatheringConnection,), {

@@ -21,6 +21,7 @@ import pytest
 from extender_builders import node
 from manifests_helpers import MANIFESTS
 
+from contracts.httpserve import MAX_HEAD_BYTES
 from extender.cluster.sim import SimSource
 from extender.config.loader import ConfigHolder
 from extender.config.schema import build_config
@@ -92,6 +93,7 @@ ATTACKS = {
     "underscore twins": post(headers=(b"X_Forwarded_For: 1.2.3.4", b"X-Forwarded-For: 5.6.7.8")),
     "Content_Type": post(headers=(b"Content_Type: text/plain",)),
     "long header line": post(headers=(b"X-A: " + b"a" * 70_000,)),
+    "long header line under the limit": post(headers=(b"X-A: " + b"a" * 60_000,)),
     "many headers": post(headers=tuple(b"X-%d: a" % i for i in range(3000))),
     # Request line and target.
     "absolute-form": post(path=b"http://x/filter"),
@@ -270,6 +272,15 @@ def test_a_request_trickled_past_the_deadline_is_dropped(servers: Any, partial: 
         assert dropped is not None and dropped >= DEADLINE - 0.1, (running.port, dropped)
 
 
+def test_a_head_past_the_gathering_limit_is_refused_at_once(servers: Any) -> None:
+    # Handed to cheroot unfinished (contracts.httpserve.MAX_HEAD_BYTES): a worker read
+    # the rest of it from the socket, each byte within cheroot's 10 s timeout.
+    for running in servers:
+        how, answer = transcript(running.port, b"POST /filter HTTP/1.1\r\nX-A: " + b"a" * 70_000,
+                                 half_close=False, wait=3)
+        assert how == "closed" and statuses(answer) == [b"413"]
+
+
 def test_head_size_limit_as_cheroots(servers: Any) -> None:
     # With cheroot's header size limit set, heads at and around it: cheroot counts the
     # head's end (CRLF CRLF) too, so a head 1..4 bytes over it is cheroot's 413.
@@ -286,7 +297,7 @@ def test_head_size_limit_as_cheroots(servers: Any) -> None:
             seen.update(statuses(mine[1]))
     finally:
         for running in servers:
-            running.server.max_request_header_size = 0
+            running.server.max_request_header_size = MAX_HEAD_BYTES
     assert seen == {b"200", b"413"}
 
 
@@ -316,6 +327,10 @@ def test_keep_alive_exhaustion_as_cheroots(servers: Any) -> None:
             with socket.create_connection(("127.0.0.1", running.port), timeout=5) as held:
                 held.sendall(post())
                 assert held.recv(65536).startswith(b"HTTP/1.1 200")
+                for _ in range(100):  # until the server has taken it back as kept alive
+                    if not running.server.can_add_keepalive_connection:
+                        break
+                    time.sleep(0.02)
                 answers.append(transcript(running.port, post(), post(path=b"/prioritize")))
     finally:
         for running in servers:
