@@ -96,6 +96,11 @@ class GatheredReader:
             pass
         return self._take(min(size, len(self._buf)))
 
+    def read1(self, size: int = -1) -> bytes:
+        """What was read ahead, at most ``size`` bytes (``_pyio``'s ``read1`` on buffered
+        bytes): the gathering connection takes it back (``httpserve``)."""
+        return self._take(len(self._buf) if size < 0 else min(size, len(self._buf)))
+
     def close(self) -> None:
         self._buf.clear()
 

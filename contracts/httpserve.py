@@ -255,7 +255,8 @@ class GatheringConnection(HTTPConnection):
 
     def communicate(self) -> bool:
         """Serve one request once it is all here; until then, back to the selector."""
-        if not self.rfile.has_data() and not self._gather():
+        self._take_back_read_ahead()
+        if not self._gather():
             if self._eof:
                 return False
             started = self._first_byte_at
@@ -267,6 +268,15 @@ class GatheringConnection(HTTPConnection):
             return bool(super().communicate())
         finally:
             self.arrived_at = None  # the next request on this connection stamps its own
+
+    def _take_back_read_ahead(self) -> None:
+        """Bytes of a pipelined request that cheroot read ahead go back before the gathered
+        ones, so that request too is served only once all here (a worker read the rest of
+        it from the socket, for as long as a trickle kept each byte within the timeout)."""
+        ahead = bytearray()
+        while self.rfile.has_data():
+            ahead += self.rfile.read1(65536)
+        self._buffered.gathered[:0] = ahead
 
     def _note_client_certificate(self) -> None:
         """Once the handshake is done: whether the client proved a certificate (mutual

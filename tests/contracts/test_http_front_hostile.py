@@ -239,22 +239,25 @@ def test_a_body_that_arrives_later_is_waited_for_in_pieces(servers: Any) -> None
     assert statuses(mine[1]) == [b"200"]
 
 
-def seconds_until_dropped(port: int, partial: bytes, limit: float) -> float | None:
+def seconds_until_dropped(port: int, partial: bytes, limit: float,
+                          ) -> tuple[float | None, bytes]:
     """Send ``partial``, then one more byte every 0.2 s: when the server closed the
-    connection without an answer (None: not within ``limit`` seconds, or it answered)."""
-    started = time.monotonic()
+    connection (None: not within ``limit`` seconds), and what it answered before."""
+    started, got = time.monotonic(), b""
     with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
         sock.sendall(partial)
         while time.monotonic() - started < limit:
             try:
                 sock.sendall(b"a")
-                got = sock.recv(65536)
+                chunk = sock.recv(65536)
             except TimeoutError:
                 continue
             except OSError:
-                got = b""
-            return None if got else time.monotonic() - started
-    return None
+                chunk = b""
+            if not chunk:
+                return time.monotonic() - started, got
+            got += chunk
+    return None, got
 
 
 @pytest.mark.parametrize("partial", [
@@ -268,8 +271,20 @@ def test_a_request_trickled_past_the_deadline_is_dropped(servers: Any, partial: 
     # of 13 to 18 digits (zeros first) was not gathered: a worker read its body from the
     # socket, each byte within cheroot's 10 s timeout, for as long as the bytes came.
     for running in servers:
-        dropped = seconds_until_dropped(running.port, partial, DEADLINE + 3)
-        assert dropped is not None and dropped >= DEADLINE - 0.1, (running.port, dropped)
+        dropped, answer = seconds_until_dropped(running.port, partial, DEADLINE + 3)
+        assert dropped is not None and dropped >= DEADLINE - 0.1 and answer == b"", dropped
+
+
+@pytest.mark.parametrize("then", [post()[:40], post()[:-N], b"\r\n"],
+                         ids=["part of a head", "no body", "a CRLF"])
+def test_a_pipelined_request_trickled_past_the_deadline_is_dropped(servers: Any,
+                                                                   then: bytes) -> None:
+    # The first request is answered; the second, read ahead with it, waits in the
+    # selector like any other: a worker read its rest from the socket, each byte within
+    # cheroot's 10 s timeout, for as long as the bytes came.
+    for running in servers:
+        dropped, answer = seconds_until_dropped(running.port, post() + then, DEADLINE + 3)
+        assert dropped is not None and statuses(answer) == [b"200"], dropped
 
 
 def test_a_head_past_the_gathering_limit_is_refused_at_once(servers: Any) -> None:
@@ -376,7 +391,8 @@ def test_without_the_schedulers_certificate_every_call_is_forbidden(tmp_path: Pa
                 assert mine == transcript(plain.port, request, wrap=no_cert), (name, path)
                 # 403, or 400 where cheroot refuses the head (a repeated Authorization)
                 assert statuses(mine[1]) == [b"400" if name == "twice" else b"403"], name
-        allowed = post(headers=(b"Connection: close",))
+        # Pipelined over TLS: the second request, read ahead in the TLS files, answered too.
+        allowed = post() + post(path=b"/prioritize", headers=(b"Connection: close",))
         mine = transcript(front.port, allowed, wrap=scheduler)
         assert mine == transcript(plain.port, allowed, wrap=scheduler)
-        assert statuses(mine[1]) == [b"200"]
+        assert statuses(mine[1]) == [b"200", b"200"] and b'[{"Host":"n1"' in mine[1]
