@@ -29,7 +29,7 @@ from extender.scheduler_auth import ask_for_client_certificates, scheduler_only
 from extender.transport.server import RunningServer, start_background
 from extender.wiring import create_app
 
-DEADLINE = 1.0
+DEADLINE = 0.5
 """The servers' request read deadline (seconds): an incomplete request is dropped after it."""
 _DATE = re.compile(rb"\r\nDate: [^\r]*")
 POD = {"metadata": {"name": "p", "namespace": "default", "uid": "u1"}, "spec": {}}
