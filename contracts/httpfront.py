@@ -14,9 +14,10 @@ after ``contracts.httpserve.harden`` has gathered each request before a worker t
   writing, which cost about a quarter of a bind's CPU in a burst
   (``benchmarks/burst_cpu.py``). The WSGI app sees the environ cheroot would build and
   the client the same answer (the ``Date`` aside); anything not plain (another method or
-  path, a query, HTTP/1.0, a repeated header, ``Transfer-Encoding``, ``Expect``, a body
-  not yet all here or followed by a pipelined request) goes to cheroot as before, so its
-  checks and error answers stay the only ones.
+  path, a query, HTTP/1.0, a repeated header or one named with ``_``, ``Transfer-Encoding``,
+  ``Expect``, a head or body over cheroot's own limits, a body not yet all here or
+  followed by a pipelined request) goes to cheroot as before, so its checks and error
+  answers stay the only ones (``tests/contracts/test_http_front_hostile.py``).
 """
 
 from __future__ import annotations
