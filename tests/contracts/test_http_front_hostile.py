@@ -13,7 +13,7 @@ import ssl
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -191,7 +191,8 @@ def transcript(port: int, *parts: bytes, wrap: Callable[[Any], Any] | None = Non
                 time.sleep(pause)
             sock.sendall(part)
         if half_close and wrap is None:
-            sock.shutdown(socket.SHUT_WR)
+            with suppress(OSError):  # the server may have closed first
+                sock.shutdown(socket.SHUT_WR)
         try:
             while chunk := sock.recv(65536):
                 got += chunk
@@ -346,7 +347,7 @@ def test_keep_alive_exhaustion_as_cheroots(servers: Any) -> None:
                     if not running.server.can_add_keepalive_connection:
                         break
                     time.sleep(0.02)
-                answers.append(transcript(running.port, post(), post(path=b"/prioritize")))
+                answers.append(transcript(running.port, post()))
     finally:
         for running in servers:
             running.server.keep_alive_conn_limit = 512
