@@ -70,7 +70,7 @@ CLIENT_CN = "SSL_CLIENT_S_DN_CN"
 MAX_HEAD_BYTES = 64 * 1024
 """A request head longer than this is handed to cheroot at once (which refuses it)."""
 _HEAD_END = b"\r\n\r\n"
-_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*([0-9]{1,12})[ \t]*\r\n", re.IGNORECASE)
+_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*([0-9]{1,18})[ \t]*\r\n", re.IGNORECASE)
 _EXPECT_CONTINUE = re.compile(rb"\r\nexpect:[ \t]*100-continue[ \t]*\r\n", re.IGNORECASE)
 _WOULD_BLOCK = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
@@ -255,7 +255,8 @@ class GatheringConnection(HTTPConnection):
 
     def communicate(self) -> bool:
         """Serve one request once it is all here; until then, back to the selector."""
-        if not self.rfile.has_data() and not self._gather():
+        self._take_back_read_ahead()
+        if not self._gather():
             if self._eof:
                 return False
             started = self._first_byte_at
@@ -267,6 +268,15 @@ class GatheringConnection(HTTPConnection):
             return bool(super().communicate())
         finally:
             self.arrived_at = None  # the next request on this connection stamps its own
+
+    def _take_back_read_ahead(self) -> None:
+        """Bytes of a pipelined request that cheroot read ahead go back before the gathered
+        ones, so that request too is served only once all here (a worker read the rest of
+        it from the socket, for as long as a trickle kept each byte within the timeout)."""
+        ahead = bytearray()
+        while self.rfile.has_data():
+            ahead += self.rfile.read1(65536)
+        self._buffered.gathered[:0] = ahead
 
     def _note_client_certificate(self) -> None:
         """Once the handshake is done: whether the client proved a certificate (mutual
@@ -345,6 +355,9 @@ def harden(server: Any, read_deadline_seconds: float = DEFAULT_READ_DEADLINE_SEC
     scheduler binding 16 pods at once reconnected (and redid TLS) on every call.
     """
     server.keep_alive_conn_limit = KEEP_ALIVE_CONNECTIONS
+    # The head handed over unfinished at MAX_HEAD_BYTES is refused (413) from what is
+    # here; with cheroot's default (no limit) a worker read the rest from the socket.
+    server.max_request_header_size = server.max_request_header_size or MAX_HEAD_BYTES
     request_class = type("TandemRequest", (JsonErrorRequest,), {
         "error_body": staticmethod(error_body), "body_limit": body_limit})
     server.ConnectionClass = type("TandemConnection", (GatheringConnection,), {

@@ -10,11 +10,12 @@ from typing import Any
 
 from cheroot import wsgi
 
+from contracts.httpfront import direct_files, front_paths
 from contracts.httpserve import harden, tls_adapter
 from contracts.logs import get_logger
 from extender.config.loader import ConfigHolder
 from extender.config.sections import ServerConfig
-from extender.transport.socket_files import on_c_io
+from extender.scheduler_auth import SCHEDULING_PATHS
 
 LISTEN_BACKLOG = 128
 """Pending connections the kernel queues before accept (cheroot's default is 5)."""
@@ -48,7 +49,9 @@ def make_server(app: Any, cfg: ServerConfig, port: int | None = None) -> wsgi.Se
     # Slow clients wait in the selector, not in a worker (contracts.httpserve).
     harden(server, cfg.request_read_timeout_seconds, cfg.max_body_bytes,
            lambda message, kind="": json.dumps({"Error": message}).encode())
-    server.ConnectionClass = on_c_io(server.ConnectionClass)  # less CPU per request
+    # The scheduler's verbs (three requests a pod) skip cheroot's request machinery;
+    # every request is read and answered without _pyio files (contracts.httpfront).
+    front_paths(direct_files(server), SCHEDULING_PATHS)
     if cfg.tls_cert_file and cfg.tls_key_file:
         server.ssl_adapter = tls_adapter(cfg.tls_cert_file, cfg.tls_key_file)
     return server

@@ -6,7 +6,7 @@ overstates it: a request rarely meets every step's 99th percentile at once (on a
 steps' CPU summed to half of what a served request costs (1.15 against 2.34 ms). Here a
 client in another process sends ``.npy`` requests over loopback, a new connection each, in
 Poisson arrivals at a few rates, to a cheroot server hardened and with the same connection
-files as the real one (``front.direct_files``), its one route answered from the WSGI
+files as the real one (``httpfront.direct_files``), its one route answered from the WSGI
 environ as the real inference route is, doing what that route does around the executor:
 read the body, decode and check it, hand it to another thread and wait for the result,
 encode and write it. What comes back per request is the whole path as the client sees it
@@ -47,7 +47,6 @@ from typing import Any
 
 import numpy as np
 
-from agent.inference.http.front import direct_files
 from agent.inference.runtime.execution import EXECUTOR_NICE
 from agent.inference.runtime.pathcost import (
     PathFigures,
@@ -56,6 +55,7 @@ from agent.inference.runtime.pathcost import (
     queue_tail_ms,
 )
 from agent.inference.runtime.tensors import NPY_TYPE, coerce_input, decode_npy, encode_npy
+from contracts.httpfront import direct_files
 from contracts.httpserve import ARRIVED, harden, read_body
 
 RATES_RPS = (75.0, 200.0)

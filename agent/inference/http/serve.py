@@ -238,10 +238,10 @@ def warm_up(app: Any, repeats: int = 10) -> None:
 def http_server(app: Any, options: ServeOptions) -> Any:
     """The cheroot server; requests are gathered before a worker takes them, so slow
     clients cannot take the ``http_threads`` workers (``contracts.httpserve``), and read
-    and answered through ``front.DirectFiles``."""
+    and answered through ``contracts.httpfront.DirectFiles``."""
     from cheroot import wsgi
 
-    from agent.inference.http.front import direct_files
+    from contracts.httpfront import direct_files
     from contracts.httpserve import harden
 
     server = wsgi.Server((options.host, options.port), app, numthreads=options.http_threads,

@@ -15,8 +15,8 @@ from flask import Flask
 from server_helpers import running_tiny_runtime
 
 from agent.inference.http.app import create_app
-from agent.inference.http.front import GatheredReader, SocketWriter
 from agent.inference.http.serve import ServeOptions, http_server
+from contracts.httpfront import GatheredReader, SocketWriter
 
 
 class Source:
