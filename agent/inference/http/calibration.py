@@ -25,9 +25,9 @@ One stall of the host during the lowest rate sets its p99 alone (83 ms in one st
 quiet 2-core host, 7-16 ms in the others of the same run, and a 50 ms session refused on
 it): where that p99 is over ``STALL_RATIO`` times its median the measurement is made once
 more and the lower path kept (a busy host stays slow in both). At an SLO registration the
-stand-in executor runs the sessions' own batch times (``busy_work``) at the rate they will
-send (``probe_at``): beside a CPU hog the path with the executor busy was 3-6 times what
-a start-up with an idle stand-in showed.
+stand-in executor runs the sessions' own models on the real executor
+(``runtime.probe_work``) at the rate they will send (``probe_at``): beside a CPU hog the
+path with the executor busy was 3-6 times what a start-up with an idle stand-in showed.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ import numpy as np
 from agent.inference.http.front import direct_files
 from agent.inference.runtime.execution import EXECUTOR_NICE
 from agent.inference.runtime.pathcost import (
+    BatchWork,
     PathFigures,
     PathLoad,
     RequestPathLimits,
@@ -165,25 +166,6 @@ def _app(stamps: _Stamps, crossing: SimpleQueue) -> Any:
     return calibrate
 
 
-BatchWork = Callable[[int], None]
-"""The stand-in executor's compute for a batch of that many requests."""
-
-
-def busy_work(batch_ms: Callable[[int], float]) -> BatchWork:
-    """A batch of ``n`` requests as ``batch_ms(n)`` ms of one thread's CPU (elementwise
-    passes outside the interpreter lock, as an executor's kernels): the sessions' own
-    batch times, so the path is measured beside an executor as busy as theirs."""
-    data = np.linspace(0.0, 1.0, 1 << 16, dtype=np.float32)
-    out = np.empty_like(data)
-
-    def run(n: int) -> None:
-        until = time.thread_time() + batch_ms(n) / 1000.0
-        while time.thread_time() < until:
-            np.sqrt(data, out=out)
-            np.multiply(out, data, out=out)
-    return run
-
-
 def _executor_stand_in(crossing: SimpleQueue, work: Callable[[], None] | None,
                        batch_work: BatchWork | None, spent: list[float],
                        stretch: list[float]) -> None:
@@ -251,16 +233,14 @@ def measure(http_threads: int, rates: tuple[float, ...] = RATES_RPS,
     return figures, samples
 
 
-def probe_at(http_threads: int, rate_rps: float, batch_ms: Callable[[int], float]
-             ) -> PathFigures:
-    """The path beside a stand-in executor as busy as the sessions' batches
-    (``batch_ms``), at the start-up's lowest rate and at the rate the SLO sessions will
-    send (``rate_rps``; twice the lowest at least, for the queue's growth): an SLO
-    registration's view of the host as it will be, a CPU hog's effect on both included,
-    and the rates between for a session scaled down."""
+def probe_at(http_threads: int, rate_rps: float, batch_work: BatchWork) -> PathFigures:
+    """The path beside the executor running ``batch_work`` for each batch (the sessions'
+    own models, ``probe_work.own_batches``), at the start-up's lowest rate and at the
+    rate the SLO sessions will send (``rate_rps``; twice the lowest at least, for the
+    queue's growth): an SLO registration's view of the host as it will be, a CPU hog's
+    effect on both included, and the rates between for a session scaled down."""
     low = RATES_RPS[0]
-    return measure(http_threads, (low, max(rate_rps, 2.0 * low)),
-                   batch_work=busy_work(batch_ms))[0]
+    return measure(http_threads, (low, max(rate_rps, 2.0 * low)), batch_work=batch_work)[0]
 
 
 def _measure_once(http_threads: int, rates: tuple[float, ...], seconds: tuple[float, ...],

@@ -134,8 +134,9 @@ def current_limits(limits: RequestPathLimits | HostLimits | None) -> RequestPath
     return limits.now() if isinstance(limits, HostLimits) else limits
 
 
-BatchMs = Callable[[int], float]
-"""An executor's compute time for a batch of that many requests (ms)."""
+BatchWork = Callable[[int], None]
+"""The executor's compute for a batch of that many requests, run beside the path while it
+is measured (``probe_work.own_batches``: the sessions' own models)."""
 
 
 class RequestPathCost:
@@ -146,13 +147,13 @@ class RequestPathCost:
 
     def __init__(self, startup: PathFigures = ZERO, quantile: float = 0.99,
                  window: int = 2000, min_samples: int = 50,
-                 probe: Callable[[float, BatchMs], PathFigures] | None = None):
+                 probe: Callable[[float, BatchWork], PathFigures] | None = None):
         self.startup = startup
         """What the start-up calibration measured (``recalibrate`` replaces it)."""
         self.probe = probe
         """Measures the path on this host now at a rate (requests/s) beside an executor
-        whose batches take the given times (``http.calibration.probe_at``; None: not
-        measured again after start-up)."""
+        running the given batches (``http.calibration.probe_at``; None: not measured
+        again after start-up)."""
         self._quantile = quantile
         self._min_samples = min_samples
         self._front = SortedWindow(window)
