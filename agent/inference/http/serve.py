@@ -195,7 +195,8 @@ def serve_forever(runtime: ServingRuntime, options: ServeOptions,
     if probe is not None:
         # Each SLO registration before requests were served measures the path again,
         # beside the sessions' own models on this executor (``registration``).
-        runtime.path_cost.probe = lambda rate, work: probe_at(options.http_threads, rate, work)
+        runtime.path_cost.probe = lambda rate, work, cycle: probe_at(options.http_threads,
+                                                                     rate, work, cycle)
         host = probe()
         runtime.planning.margin.observe_host(host.delay_ms, host.share)
     settle_heap()

@@ -147,13 +147,13 @@ class RequestPathCost:
 
     def __init__(self, startup: PathFigures = ZERO, quantile: float = 0.99,
                  window: int = 2000, min_samples: int = 50,
-                 probe: Callable[[float, BatchWork], PathFigures] | None = None):
+                 probe: Callable[[float, BatchWork, float], PathFigures] | None = None):
         self.startup = startup
         """What the start-up calibration measured (``recalibrate`` replaces it)."""
         self.probe = probe
         """Measures the path on this host now at a rate (requests/s) beside an executor
-        running the given batches (``http.calibration.probe_at``; None: not measured
-        again after start-up)."""
+        running the given batches, one each duty cycle (ms) at most
+        (``http.calibration.probe_at``; None: not measured again after start-up)."""
         self._quantile = quantile
         self._min_samples = min_samples
         self._front = SortedWindow(window)
@@ -210,9 +210,15 @@ class RequestPathCost:
     def write_reserve_ms(self) -> float:
         """What the last deadline check keeps back: writing the answer (``AnswerReserve``)
         and the client's wake-up to read it: one thread wake-up on this host, the start-up
-        tail or, once requests were served, the observed quantile of this process's
-        executor-to-worker hand-off (one wake-up), whichever is longer."""
-        return self.answer.reserve_ms() + max(self.startup.wake_ms, self.crossing_ms())
+        tail or the observed quantile of this process's executor-to-worker hand-off (one
+        wake-up), whichever is longer; before hand-offs were observed, the way back from
+        the result measured with real requests (``back_ms`` where ``path_ms`` is, the
+        hand-off and the encoding) stands for it, so that admission plans with the
+        reserve serving will keep (a 150 ms session was admitted on a 6 ms reserve and
+        served with 17 ms, its tail dropped by it)."""
+        crossing = self.crossing_ms() or (self.startup.back_ms if self.startup.path_ms > 0
+                                          else 0.0)
+        return self.answer.reserve_ms() + max(self.startup.wake_ms, crossing)
 
     def crossing_ms(self) -> float:
         """The observed quantile of the executor-to-worker crossing (0 before enough)."""
@@ -238,7 +244,9 @@ class RequestPathCost:
         what served requests showed (their own path, each request's front and back
         together, and the last check's reserve), and once they were served, from what
         they showed where it is lower than the start-up's (one stall in its seconds
-        must not decide admission for good); else the steps' tails added (front, back,
+        must not decide admission for good); before that, the start-up path plus what
+        the last check will keep back beyond the client's wake-up the path held (the
+        hand-off's tail, ``write_reserve_ms``); else the steps' tails added (front, back,
         the reserve)."""
         figures = self.figures()
         if figures.path_ms <= 0:
@@ -246,8 +254,10 @@ class RequestPathCost:
         with self._lock:
             whole = (self._whole.quantile(self._quantile)
                      if len(self._whole) >= self._min_samples else 0.0)
-        if not whole:
-            return figures.path_ms + queue_ms * figures.queue_scale
+        if not whole:  # the path measured holds the client's wake-up once, not the reserve
+            unseen = max(0.0, self.write_reserve_ms() - self.answer.reserve_ms()
+                         - self.startup.wake_ms)
+            return figures.path_ms + queue_ms * figures.queue_scale + unseen
         served = whole + self.write_reserve_ms()
         return max(min(figures.path_ms, served) + queue_ms * figures.queue_scale, served)
 

@@ -130,8 +130,8 @@ class Registration:
                 raise BadRequest(str(exc)) from exc
             loaded, profile = p.sessions.load_and_profile(p.executor, model)
             self._limits = current_limits(p.path_limits)  # the host as it is now
-            self._probe_path(spec, loaded, profile)
             self._host = p.probe_executor() if p.probe_executor else None
+            self._probe_path(spec, loaded, profile)
             with p.lock:
                 profiles = self._profiles_at(spec, profile, spec.rate_rps)
                 plan = p.planning.propose(p.sessions.admitted_specs() + [spec], profiles,
@@ -170,8 +170,9 @@ class Registration:
                     profile: BatchingProfile) -> None:
         """Measure the request path again (``RequestPathCost.probe``) at the rate the SLO
         sessions will send with ``new``, beside the executor running the sessions' own
-        models in proportion to their rates (``probe_work.own_batches``), where no served
-        requests show the path yet: those do, at no cost to them."""
+        models in proportion to their rates (``probe_work.own_batches``) in batches of a
+        duty cycle's requests (``_cycle_ms``), where no served requests show the path
+        yet: those do, at no cost to them."""
         p = self._p
         path, now = p.planning.path, p.clock.now_ms()
         if path.probe is None or path.served():
@@ -183,8 +184,23 @@ class Registration:
         last_ms, last_rps = self._probed
         if total <= 0 or (now - last_ms < PROBE_REUSE_MS and total <= last_rps):
             return  # a session scaled down to the rate a refusal named: the same host
-        path.recalibrate(path.probe(total, own_batches(p.executor, mix)))
+        path.recalibrate(path.probe(total, own_batches(p.executor, mix),
+                                    self._cycle_ms(new, loaded, profile)))
         self._probed = (p.clock.now_ms(), total)
+
+    def _cycle_ms(self, new: SessionSpec, loaded: LoadedModel, profile: BatchingProfile
+                  ) -> float:
+        """The duty cycle a plan with ``new`` would have on the figures known before the
+        probe (half the tightest SLO where none fits): the probe's batches hold a cycle's
+        requests, as the served ones will."""
+        p = self._p
+        specs = [*p.sessions.admitted_specs(), new]
+        with p.lock:
+            plan = p.planning.trial(specs, self._profiles_at(new, profile, new.rate_rps),
+                                    self.longest_segment_ms(), self._queue_ms(new, loaded))
+        if isinstance(plan, GpuPlan) and plan.duty_cycle_ms > 0:
+            return plan.duty_cycle_ms
+        return min(s.slo_ms for s in specs) / 2.0
 
     def _profiles_at(self, new: SessionSpec, profile: BatchingProfile, rate_rps: float
                      ) -> dict[tuple[str, str], BatchingProfile]:
