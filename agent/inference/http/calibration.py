@@ -251,8 +251,9 @@ def probe_at(http_threads: int, rate_rps: float, batch_work: BatchWork,
     queue's growth): an SLO registration's view of the host as it will be, a CPU hog's
     effect on both included, and the rates between for a session scaled down."""
     low = RATES_RPS[0]
-    return measure(http_threads, (low, max(rate_rps, 2.0 * low)), batch_work=batch_work,
-                   cycle_ms=cycle_ms)[0]
+    figures = measure(http_threads, (low, max(rate_rps, 2.0 * low)), batch_work=batch_work,
+                      cycle_ms=cycle_ms)[0]
+    return replace(figures, cycle_ms=cycle_ms)
 
 
 def _measure_once(http_threads: int, rates: tuple[float, ...], seconds: tuple[float, ...],

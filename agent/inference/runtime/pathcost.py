@@ -67,6 +67,10 @@ class PathFigures:
     0.8 and its p99 delay 2.3 ms, and sessions admitted on those lost 3-26% of their
     requests after admission."""
 
+    cycle_ms: float = 0.0
+    """The duty cycle whose requests the stand-in executor's batches held while measured
+    (0: each batch took what waited; ``http.calibration``)."""
+
     def executor_share(self, rate_rps: float) -> float:
         """The executor's share of a core beside the path at ``rate_rps``: below the
         lowest rate measured, that rate's (not a whole core at none: a busy executor
@@ -86,7 +90,7 @@ class PathFigures:
                 "cpu_ms_per_kib": self.cpu_ms_per_kib, "wake_ms": self.wake_ms,
                 "write_ms": self.write_ms, "path_ms": self.path_ms,
                 "path_rate_rps": self.path_rate_rps, "queue_scale": self.queue_scale,
-                "executor_at": [list(x) for x in self.executor_at]}
+                "executor_at": [list(x) for x in self.executor_at], "cycle_ms": self.cycle_ms}
 
 
 ZERO = PathFigures(0.0, 0.0, 0.0)

@@ -284,5 +284,6 @@ def test_a_registration_measures_at_the_lowest_rate_and_at_the_sessions_rate(
 
     monkeypatch.setattr(calibration, "measure", fake)
     assert calibration.probe_at(8, 289.0, lambda n: None) == QUIET
-    calibration.probe_at(8, 20.0, lambda n: None)
+    # The duty cycle its batches held is kept with the figures (the registration says it).
+    assert calibration.probe_at(8, 20.0, lambda n: None, 40.0).cycle_ms == 40.0
     assert seen == [(75.0, 289.0), (75.0, 150.0)]
