@@ -214,15 +214,20 @@ class RequestPathCost:
     def write_reserve_ms(self) -> float:
         """What the last deadline check keeps back: writing the answer (``AnswerReserve``)
         and the client's wake-up to read it: one thread wake-up on this host, the start-up
-        tail or the observed quantile of this process's executor-to-worker hand-off (one
-        wake-up), whichever is longer; before hand-offs were observed, the way back from
-        the result measured with real requests (``back_ms`` where ``path_ms`` is, the
-        hand-off and the encoding) stands for it, so that admission plans with the
-        reserve serving will keep (a 150 ms session was admitted on a 6 ms reserve and
-        served with 17 ms, its tail dropped by it)."""
-        crossing = self.crossing_ms() or (self.startup.back_ms if self.startup.path_ms > 0
-                                          else 0.0)
-        return self.answer.reserve_ms() + max(self.startup.wake_ms, crossing)
+        tail or, once requests were served, the observed quantile of this process's
+        executor-to-worker hand-off (one wake-up), whichever is longer."""
+        return self.answer.reserve_ms() + max(self.startup.wake_ms, self.crossing_ms())
+
+    def unseen_reserve_ms(self) -> float:
+        """What the reserve will grow by once hand-offs are observed, as admission foresees
+        it before: the way back measured with real requests (``back_ms``: the hand-off and
+        the encoding) beyond the start-up wake-up (a 150 ms session was admitted on a
+        6 ms reserve and served with 17 ms, its plan's tail dropped by the last check).
+        Not kept back by serving before then: in the first seconds it dropped requests
+        the served figures then passed (8 of a 20 requests/s session's first 40)."""
+        if self.crossing_ms() or self.startup.path_ms <= 0:
+            return 0.0
+        return max(0.0, self.startup.back_ms - self.startup.wake_ms)
 
     def crossing_ms(self) -> float:
         """The observed quantile of the executor-to-worker crossing (0 before enough)."""
@@ -249,8 +254,8 @@ class RequestPathCost:
         together, and the last check's reserve), and once they were served, from what
         they showed where it is lower than the start-up's (one stall in its seconds
         must not decide admission for good); before that, the start-up path plus what
-        the last check will keep back beyond the client's wake-up the path held (the
-        hand-off's tail, ``write_reserve_ms``); else the steps' tails added (front, back,
+        the last check will keep back beyond the client's wake-up the path held
+        (``unseen_reserve_ms``); else the steps' tails added (front, back,
         the reserve)."""
         figures = self.figures()
         if figures.path_ms <= 0:
@@ -259,9 +264,7 @@ class RequestPathCost:
             whole = (self._whole.quantile(self._quantile)
                      if len(self._whole) >= self._min_samples else 0.0)
         if not whole:  # the path measured holds the client's wake-up once, not the reserve
-            unseen = max(0.0, self.write_reserve_ms() - self.answer.reserve_ms()
-                         - self.startup.wake_ms)
-            return figures.path_ms + queue_ms * figures.queue_scale + unseen
+            return figures.path_ms + queue_ms * figures.queue_scale + self.unseen_reserve_ms()
         served = whole + self.write_reserve_ms()
         return max(min(figures.path_ms, served) + queue_ms * figures.queue_scale, served)
 
