@@ -177,9 +177,20 @@ def summarise(records: list, sessions: list[dict], seconds: float) -> dict:
             on_time = sum(1 for r in ok if r[2] <= s["slo_ms"])
             row.update(slo_ms=s["slo_ms"], on_time_200=on_time, late_200=len(ok) - on_time,
                        shed_after_admission=len(mine) - on_time,
-                       attainment=on_time / len(mine) if mine else None)
+                       attainment=on_time / len(mine) if mine else None,
+                       shed_by_second=_by_second(
+                           [r for r in mine if r[1] != 200 or r[2] > s["slo_ms"]], seconds))
         out[s["name"]] = row
     return out
+
+
+def _by_second(records: list, seconds: float) -> list[int]:
+    """How many of ``records`` ended in each second of the window (when the shed came:
+    the first seconds after admission, or throughout)."""
+    counts = [0] * (int(seconds) + 1)
+    for r in records:
+        counts[min(max(int(r[4]), 0), len(counts) - 1)] += 1
+    return counts
 
 
 def scenario(server_args: tuple[str, ...], kind: str, hog: bool, store: Path,

@@ -25,9 +25,9 @@ One stall of the host during the lowest rate sets its p99 alone (83 ms in one st
 quiet 2-core host, 7-16 ms in the others of the same run, and a 50 ms session refused on
 it): where that p99 is over ``STALL_RATIO`` times its median the measurement is made once
 more and the lower path kept (a busy host stays slow in both). At an SLO registration the
-stand-in executor runs the sessions' own batch times (``busy_work``) at the rate they will
-send (``probe_at``): beside a CPU hog the path with the executor busy was 3-6 times what
-a start-up with an idle stand-in showed.
+stand-in executor runs the sessions' own models on the real executor
+(``runtime.probe_work``) at the rate they will send (``probe_at``): beside a CPU hog the
+path with the executor busy was 3-6 times what a start-up with an idle stand-in showed.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ import numpy as np
 
 from agent.inference.runtime.execution import EXECUTOR_NICE
 from agent.inference.runtime.pathcost import (
+    BatchWork,
     PathFigures,
     PathLoad,
     RequestPathLimits,
@@ -165,34 +166,19 @@ def _app(stamps: _Stamps, crossing: SimpleQueue) -> Any:
     return calibrate
 
 
-BatchWork = Callable[[int], None]
-"""The stand-in executor's compute for a batch of that many requests."""
-
-
-def busy_work(batch_ms: Callable[[int], float]) -> BatchWork:
-    """A batch of ``n`` requests as ``batch_ms(n)`` ms of one thread's CPU (elementwise
-    passes outside the interpreter lock, as an executor's kernels): the sessions' own
-    batch times, so the path is measured beside an executor as busy as theirs."""
-    data = np.linspace(0.0, 1.0, 1 << 16, dtype=np.float32)
-    out = np.empty_like(data)
-
-    def run(n: int) -> None:
-        until = time.thread_time() + batch_ms(n) / 1000.0
-        while time.thread_time() < until:
-            np.sqrt(data, out=out)
-            np.multiply(out, data, out=out)
-    return run
-
-
 def _executor_stand_in(crossing: SimpleQueue, work: Callable[[], None] | None,
                        batch_work: BatchWork | None, spent: list[float],
-                       stretch: list[float]) -> None:
+                       stretch: list[float], cycle_ms: float = 0.0) -> None:
     """Takes the requests waiting as one batch on another thread, runs ``work`` once
     for each (or ``batch_work`` once for the batch: the executor's compute, outside the
     interpreter lock, at the executor's priority: an executor busier with more
     requests, as a real one is) and hands each result back, as the executor loop does.
     ``spent``: the CPU seconds the runs took (the executor's, not the request path's);
-    ``stretch``: each run's time over its CPU time."""
+    ``stretch``: each run's time over its CPU time. ``cycle_ms``: a batch starts at most
+    once in this (the plan's duty cycle), so batches hold the requests of a cycle, as
+    served: their answers then wake that many workers at once, whose way back queues
+    for the interpreter lock (a 150 ms session planned at batch 8 met a 12.8 ms way back
+    at p99 where a probe taking each request as it came measured 5.3 ms)."""
     if work is not None or batch_work is not None:
         import os
 
@@ -202,6 +188,8 @@ def _executor_stand_in(crossing: SimpleQueue, work: Callable[[], None] | None,
                            + EXECUTOR_NICE)
     while True:
         batch = [crossing.get()]
+        if cycle_ms > 0 and None not in batch:
+            time.sleep(cycle_ms / 1000.0)  # the cycle's requests come in meanwhile
         while not crossing.empty():
             batch.append(crossing.get())
         if None in batch:
@@ -237,41 +225,46 @@ class RateSample:
 
 def measure(http_threads: int, rates: tuple[float, ...] = RATES_RPS,
             seconds: tuple[float, ...] = SECONDS, seed: int = 0,
-            work: Callable[[], None] | None = None, batch_work: BatchWork | None = None
-            ) -> tuple[PathFigures, list[RateSample]]:
+            work: Callable[[], None] | None = None, batch_work: BatchWork | None = None,
+            cycle_ms: float = 0.0) -> tuple[PathFigures, list[RateSample]]:
     """Time real requests through a real HTTP front on this host now (``sum(seconds)``
     and about 0.3 s to start the client, twice where the lowest rate met a stall); the
     figures and what each rate showed. The stand-in executor runs ``work`` for each
-    request, or ``batch_work`` for each batch (none: it computes nothing)."""
-    figures, samples = _measure_once(http_threads, rates, seconds, seed, work, batch_work)
+    request, or ``batch_work`` for each batch of at most a ``cycle_ms`` (none: it computes
+    nothing)."""
+    figures, samples = _measure_once(http_threads, rates, seconds, seed, work, batch_work,
+                                     cycle_ms=cycle_ms)
     if samples[0].stalled():
-        again = _measure_once(http_threads, rates, seconds, seed + 1, work, batch_work)
+        again = _measure_once(http_threads, rates, seconds, seed + 1, work, batch_work,
+                              cycle_ms=cycle_ms)
         if again[0].path_ms < figures.path_ms:
             figures, samples = again
     return figures, samples
 
 
-def probe_at(http_threads: int, rate_rps: float, batch_ms: Callable[[int], float]
-             ) -> PathFigures:
-    """The path beside a stand-in executor as busy as the sessions' batches
-    (``batch_ms``), at the start-up's lowest rate and at the rate the SLO sessions will
-    send (``rate_rps``; twice the lowest at least, for the queue's growth): an SLO
-    registration's view of the host as it will be, a CPU hog's effect on both included,
-    and the rates between for a session scaled down."""
+def probe_at(http_threads: int, rate_rps: float, batch_work: BatchWork,
+             cycle_ms: float = 0.0) -> PathFigures:
+    """The path beside the executor running ``batch_work`` for each batch (the sessions'
+    own models, ``probe_work.own_batches``) of the requests of one ``cycle_ms`` (the
+    plan's duty cycle; 0: each batch takes what waits), at the start-up's lowest rate and at the
+    rate the SLO sessions will send (``rate_rps``; twice the lowest at least, for the
+    queue's growth): an SLO registration's view of the host as it will be, a CPU hog's
+    effect on both included, and the rates between for a session scaled down."""
     low = RATES_RPS[0]
-    return measure(http_threads, (low, max(rate_rps, 2.0 * low)),
-                   batch_work=busy_work(batch_ms))[0]
+    figures = measure(http_threads, (low, max(rate_rps, 2.0 * low)), batch_work=batch_work,
+                      cycle_ms=cycle_ms)[0]
+    return replace(figures, cycle_ms=cycle_ms)
 
 
 def _measure_once(http_threads: int, rates: tuple[float, ...], seconds: tuple[float, ...],
-                  seed: int, work: Callable[[], None] | None, batch_work: BatchWork | None
-                  ) -> tuple[PathFigures, list[RateSample]]:
+                  seed: int, work: Callable[[], None] | None, batch_work: BatchWork | None,
+                  cycle_ms: float = 0.0) -> tuple[PathFigures, list[RateSample]]:
     """One measurement (``measure``)."""
     from cheroot import wsgi
 
     stamps, crossing, spent, stretch = _Stamps(), SimpleQueue(), [0.0], []
     stand_in = threading.Thread(target=_executor_stand_in,
-                                args=(crossing, work, batch_work, spent, stretch),
+                                args=(crossing, work, batch_work, spent, stretch, cycle_ms),
                                 daemon=True, name="tandem-calibration-executor")
     stand_in.start()
     server = direct_files(harden(wsgi.Server(("127.0.0.1", 0), _app(stamps, crossing),

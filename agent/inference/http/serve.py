@@ -194,8 +194,9 @@ def serve_forever(runtime: ServingRuntime, options: ServeOptions,
                                           work=elementwise() if probe else None)[0])
     if probe is not None:
         # Each SLO registration before requests were served measures the path again,
-        # beside a stand-in as busy as the sessions' batches (``registration``).
-        runtime.path_cost.probe = lambda rate, ms: probe_at(options.http_threads, rate, ms)
+        # beside the sessions' own models on this executor (``registration``).
+        runtime.path_cost.probe = lambda rate, work, cycle: probe_at(options.http_threads,
+                                                                     rate, work, cycle)
         host = probe()
         runtime.planning.margin.observe_host(host.delay_ms, host.share)
     settle_heap()

@@ -67,6 +67,10 @@ class PathFigures:
     0.8 and its p99 delay 2.3 ms, and sessions admitted on those lost 3-26% of their
     requests after admission."""
 
+    cycle_ms: float = 0.0
+    """The duty cycle whose requests the stand-in executor's batches held while measured
+    (0: each batch took what waited; ``http.calibration``)."""
+
     def executor_share(self, rate_rps: float) -> float:
         """The executor's share of a core beside the path at ``rate_rps``: below the
         lowest rate measured, that rate's (not a whole core at none: a busy executor
@@ -86,7 +90,7 @@ class PathFigures:
                 "cpu_ms_per_kib": self.cpu_ms_per_kib, "wake_ms": self.wake_ms,
                 "write_ms": self.write_ms, "path_ms": self.path_ms,
                 "path_rate_rps": self.path_rate_rps, "queue_scale": self.queue_scale,
-                "executor_at": [list(x) for x in self.executor_at]}
+                "executor_at": [list(x) for x in self.executor_at], "cycle_ms": self.cycle_ms}
 
 
 ZERO = PathFigures(0.0, 0.0, 0.0)
@@ -134,8 +138,9 @@ def current_limits(limits: RequestPathLimits | HostLimits | None) -> RequestPath
     return limits.now() if isinstance(limits, HostLimits) else limits
 
 
-BatchMs = Callable[[int], float]
-"""An executor's compute time for a batch of that many requests (ms)."""
+BatchWork = Callable[[int], None]
+"""The executor's compute for a batch of that many requests, run beside the path while it
+is measured (``probe_work.own_batches``: the sessions' own models)."""
 
 
 class RequestPathCost:
@@ -146,13 +151,13 @@ class RequestPathCost:
 
     def __init__(self, startup: PathFigures = ZERO, quantile: float = 0.99,
                  window: int = 2000, min_samples: int = 50,
-                 probe: Callable[[float, BatchMs], PathFigures] | None = None):
+                 probe: Callable[[float, BatchWork, float], PathFigures] | None = None):
         self.startup = startup
         """What the start-up calibration measured (``recalibrate`` replaces it)."""
         self.probe = probe
         """Measures the path on this host now at a rate (requests/s) beside an executor
-        whose batches take the given times (``http.calibration.probe_at``; None: not
-        measured again after start-up)."""
+        running the given batches, one each duty cycle (ms) at most
+        (``http.calibration.probe_at``; None: not measured again after start-up)."""
         self._quantile = quantile
         self._min_samples = min_samples
         self._front = SortedWindow(window)
@@ -213,6 +218,17 @@ class RequestPathCost:
         executor-to-worker hand-off (one wake-up), whichever is longer."""
         return self.answer.reserve_ms() + max(self.startup.wake_ms, self.crossing_ms())
 
+    def unseen_reserve_ms(self) -> float:
+        """What the reserve will grow by once hand-offs are observed, as admission foresees
+        it before: the way back measured with real requests (``back_ms``: the hand-off and
+        the encoding) beyond the start-up wake-up (a 150 ms session was admitted on a
+        6 ms reserve and served with 17 ms, its plan's tail dropped by the last check).
+        Not kept back by serving before then: in the first seconds it dropped requests
+        the served figures then passed (8 of a 20 requests/s session's first 40)."""
+        if self.crossing_ms() or self.startup.path_ms <= 0:
+            return 0.0
+        return max(0.0, self.startup.back_ms - self.startup.wake_ms)
+
     def crossing_ms(self) -> float:
         """The observed quantile of the executor-to-worker crossing (0 before enough)."""
         with self._lock:
@@ -237,7 +253,9 @@ class RequestPathCost:
         what served requests showed (their own path, each request's front and back
         together, and the last check's reserve), and once they were served, from what
         they showed where it is lower than the start-up's (one stall in its seconds
-        must not decide admission for good); else the steps' tails added (front, back,
+        must not decide admission for good); before that, the start-up path plus what
+        the last check will keep back beyond the client's wake-up the path held
+        (``unseen_reserve_ms``); else the steps' tails added (front, back,
         the reserve)."""
         figures = self.figures()
         if figures.path_ms <= 0:
@@ -245,8 +263,8 @@ class RequestPathCost:
         with self._lock:
             whole = (self._whole.quantile(self._quantile)
                      if len(self._whole) >= self._min_samples else 0.0)
-        if not whole:
-            return figures.path_ms + queue_ms * figures.queue_scale
+        if not whole:  # the path measured holds the client's wake-up once, not the reserve
+            return figures.path_ms + queue_ms * figures.queue_scale + self.unseen_reserve_ms()
         served = whole + self.write_reserve_ms()
         return max(min(figures.path_ms, served) + queue_ms * figures.queue_scale, served)
 

@@ -8,10 +8,10 @@ holds it with the request path's own time taken from its SLO and the request pat
 holds it too (its CPU and its workers, ``pathcost.host_refusal``); a refusal says
 why and the highest rate this host would hold now (``holdable_rate_rps``), so the
 caller can scale the session down. Before any request was served, the request path
-is measured again at each SLO registration beside an executor as busy as the
-sessions' batches (``RequestPathCost.probe``): beside a CPU hog, a 150 ms session
-admitted at 100 requests/s on a start-up figure of 16 ms (an idle executor beside
-it) met 50-100 ms there and lost 72% of its requests after admission.
+is measured again at each SLO registration beside the executor running the sessions'
+own models (``RequestPathCost.probe``, ``probe_work``): beside a CPU hog, a 150 ms
+session admitted at 100 requests/s on a start-up figure of 16 ms (an idle executor
+beside it) met 50-100 ms there and lost 72% of its requests after admission.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from agent.inference.runtime.pathcost import (
     path_queue_ms,
 )
 from agent.inference.runtime.planning import Planning
+from agent.inference.runtime.probe_work import own_batches
 from agent.inference.runtime.registry import SessionRegistry
 from agent.inference.runtime.session_state import (
     BestEffortState,
@@ -129,8 +130,8 @@ class Registration:
                 raise BadRequest(str(exc)) from exc
             loaded, profile = p.sessions.load_and_profile(p.executor, model)
             self._limits = current_limits(p.path_limits)  # the host as it is now
-            self._probe_path(spec, profile)
             self._host = p.probe_executor() if p.probe_executor else None
+            self._probe_path(spec, loaded, profile)
             with p.lock:
                 profiles = self._profiles_at(spec, profile, spec.rate_rps)
                 plan = p.planning.propose(p.sessions.admitted_specs() + [spec], profiles,
@@ -165,27 +166,41 @@ class Registration:
                                     if p.sessions.best_effort else None),
                 }  # fmt: skip
 
-    def _probe_path(self, new: SessionSpec, profile: BatchingProfile) -> None:
+    def _probe_path(self, new: SessionSpec, loaded: LoadedModel,
+                    profile: BatchingProfile) -> None:
         """Measure the request path again (``RequestPathCost.probe``) at the rate the SLO
-        sessions will send with ``new``, beside an executor whose batches take the
-        sessions' profiled times (each session's share of the requests), where no
-        served requests show the path yet: those do, at no cost to them."""
-        path, now = self._p.planning.path, self._p.clock.now_ms()
+        sessions will send with ``new``, beside the executor running the sessions' own
+        models in proportion to their rates (``probe_work.own_batches``) in batches of a
+        duty cycle's requests (``_cycle_ms``), where no served requests show the path
+        yet: those do, at no cost to them."""
+        p = self._p
+        path, now = p.planning.path, p.clock.now_ms()
         if path.probe is None or path.served():
             return
-        mix = [(s.admitted_spec().rate_rps, s.profile) for s in self._p.sessions.slo.values()]
-        mix.append((new.rate_rps, profile))
-        total = sum(rate for rate, _ in mix)
+        mix = [(s.admitted_spec().rate_rps, s.loaded, s.profile.max_batch)
+               for s in p.sessions.slo.values()]
+        mix.append((new.rate_rps, loaded, profile.max_batch))
+        total = sum(rate for rate, _m, _b in mix)
         last_ms, last_rps = self._probed
         if total <= 0 or (now - last_ms < PROBE_REUSE_MS and total <= last_rps):
             return  # a session scaled down to the rate a refusal named: the same host
+        path.recalibrate(path.probe(total, own_batches(p.executor, mix),
+                                    self._cycle_ms(new, loaded, profile)))
+        self._probed = (p.clock.now_ms(), total)
 
-        def batch_ms(n: int) -> float:
-            return sum(rate / total * prof.latency_ms(min(max(n, 1), prof.max_batch))
-                       for rate, prof in mix)
-
-        path.recalibrate(path.probe(total, batch_ms))
-        self._probed = (self._p.clock.now_ms(), total)
+    def _cycle_ms(self, new: SessionSpec, loaded: LoadedModel, profile: BatchingProfile
+                  ) -> float:
+        """The duty cycle a plan with ``new`` would have on the figures known before the
+        probe (half the tightest SLO where none fits): the probe's batches hold a cycle's
+        requests, as the served ones will."""
+        p = self._p
+        specs = [*p.sessions.admitted_specs(), new]
+        with p.lock:
+            plan = p.planning.trial(specs, self._profiles_at(new, profile, new.rate_rps),
+                                    self.longest_segment_ms(), self._queue_ms(new, loaded))
+        if isinstance(plan, GpuPlan) and plan.duty_cycle_ms > 0:
+            return plan.duty_cycle_ms
+        return min(s.slo_ms for s in specs) / 2.0
 
     def _profiles_at(self, new: SessionSpec, profile: BatchingProfile, rate_rps: float
                      ) -> dict[tuple[str, str], BatchingProfile]:

@@ -108,7 +108,9 @@ def test_the_queue_beyond_the_rate_the_path_was_measured_at() -> None:
 def test_own_time_is_the_measured_whole_path_and_the_scaled_queue() -> None:
     cost = RequestPathCost(PathFigures(front_ms=20.0, back_ms=20.0, cpu_ms=1.0, wake_ms=10.0,
                                        path_ms=8.0, queue_scale=2.0), min_samples=50)
-    assert cost.own_ms(3.0) == pytest.approx(8.0 + 6.0)
+    # The path measured, its queue scaled, and what the last check will keep back beyond
+    # the client's wake-up the path held: the way back (20 ms) stands for the hand-off.
+    assert cost.own_ms(3.0) == pytest.approx(8.0 + 6.0 + (20.0 - 10.0))
     # Served requests that spend longer (front and back of the same request) raise it.
     for _ in range(100):
         cost.observe_front(30.0)
