@@ -13,7 +13,12 @@ each type, the w-small and w-large workloads with each job's model drawn from th
 Modes: ``curve-only`` (the packaged learner), ``pair-aware`` (``learning.pairs: true``:
 the progress pair learner, no matrix), ``pair-aware+revert`` (the same with the opt-in
 ``learning.revert_losing_seconds`` at :data:`REVERT_SECONDS`: the newest pod of a GPU whose
-pair was measured to lose is moved, as the extender evicts it), ``pair-oracle``
+pair was measured to lose is moved, as the extender evicts it), ``pair-aware+matrix`` (the
+same learner given the other GPU type's published matrix as ``learning.pair_prior``: the
+K80's for the P100 truth and the reverse, never the truth's own), ``hindsight-diagnostic``
+(no product mode, run only when named: the learner measures as ``pair-aware`` does, but
+decisions read a pair's true slowdown once it has a sample, the mean of those otherwise;
+what knowing exactly the pairs measured is worth), ``pair-oracle``
 (curve-only's learner given every measured pair: what knowing the pairs is worth). Per seed
 (paired: every mode runs the same jobs): average JCT, jobs finished within a fixed window
 (half of curve-only's makespan on that seed, from the first arrival) and makespan
@@ -41,6 +46,7 @@ if __name__ == "__main__":  # one BLAS/OpenMP thread per process, set before num
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import replace
@@ -52,7 +58,8 @@ import _common
 import numpy as np
 
 from extender.config.loader import load_config
-from lab.simulator.belief import SimWorld
+from extender.core.pairs import PairModel, TypePairs, unseen_figure
+from lab.simulator.belief import SimKnowledge, SimWorld
 from lab.simulator.policies import PolicyOptions, tandem_cost
 from lab.simulator.runner import simulate
 
@@ -61,9 +68,13 @@ interval = _gavel.interval
 GPUS = ("p100", "k80")
 WORKLOADS = ("w-small", "w-large")
 REVERT = "pair-aware+revert"
-MODES = {"progress": ("curve-only", "pair-aware", REVERT, "pair-oracle"),
-         "time-sliced": ("curve-only", "pair-aware")}
-LEARNERS = ("pair-aware", REVERT)
+MATRIX = "pair-aware+matrix"
+HINDSIGHT = "hindsight-diagnostic"
+MODES = {"progress": ("curve-only", "pair-aware", REVERT, MATRIX, HINDSIGHT, "pair-oracle"),
+         "time-sliced": ("curve-only", "pair-aware", MATRIX)}
+LEARNERS = ("pair-aware", REVERT, MATRIX, HINDSIGHT)
+PRODUCT_LEARNERS = ("pair-aware", REVERT, MATRIX)
+"""The learner modes run unless ``--learners`` names others (the diagnostic on request)."""
 REVERT_SECONDS = 600.0
 """``learning.revert_losing_seconds`` in the revert mode: a pod is moved within its first ten
 minutes on a GPU (set, not tuned; docs/interference.md)."""
@@ -79,7 +90,38 @@ those attributed to the one partner not yet measured (samples), and pods moved a
 newest of a pair measured to lose (the revert mode)."""
 
 
-def _world(truth: Any, mode: str, gpu_type: str) -> SimWorld:
+class _Hindsight(SimKnowledge):
+    """A diagnostic, no product mode: the progress learner measures as pair-aware does, but
+    decisions read each directed pair's TRUE slowdown once it has a progress sample, and the
+    mean of those true figures (as :func:`unseen_figure`) for a pair never measured: the
+    most any learner that knows only the pairs it has measured could decide with."""
+
+    def policy(self, base):  # type: ignore[no-untyped-def]
+        learned = super().policy(base)
+        stats = self.learner.pairs.progress.stats
+        if len(stats) != getattr(self, "_seen", -1):
+            self._seen, self._model = len(stats), PairModel({
+                t: _measured_truth(table, [(a, b) for tt, a, b in stats if tt == t])
+                for t, table in self.truth.interference.items()})
+        return learned.with_pairs(self._model) if stats else learned
+
+
+def _measured_truth(table: Any, measured: list[tuple[str, str]]) -> TypePairs:
+    """``table``'s true log slowdowns of the ``measured`` pairs as progress figures."""
+    figures = {(a, b): (math.log(max(table.slowdown[a][b], 1.0)), 1e-6, "progress:1")
+               for a, b in measured}
+    return TypePairs(progress=figures, unseen=unseen_figure(figures),
+                     cannot=table.cannot_share)
+
+
+def _world(truth: Any, mode: str, gpu_type: str, other: dict[str, Any]) -> SimWorld:
+    if mode == MATRIX:  # the other GPU type's published matrix as learning.pair_prior
+        return _gavel._world(truth, "pair-aware+matrix", [gpu_type], other)
+    if mode == HINDSIGHT:
+        world = _gavel._world(truth, "pair-aware", [gpu_type], {})
+        world.knowledge = _Hindsight("online", truth, world.knowledge.learner,
+                                     world.knowledge.cfg, [gpu_type])
+        return world
     if mode == REVERT:
         base = load_config(None, environ={}).learning
         return SimWorld.build(truth, "online", replace(
@@ -100,7 +142,7 @@ def _seed_runs(raw: dict[str, Any], jobs: int | None, learners: tuple[str, ...],
     out: dict[str, Any] = {}
     finishes: dict[str, np.ndarray] = {}
     for mode in _modes(signal, learners):
-        world = _world(here.truth, mode, here.gpu_type)
+        world = _world(here.truth, mode, here.gpu_type, here.other)
         result = simulate(here.jobs, here.nodes, "tandem", PolicyOptions(cost=tandem_cost()),
                           world=world)
         out[mode] = {"avg_jct_s": float(result.avg_jct_s), "makespan_s": float(result.makespan_s),
@@ -166,7 +208,7 @@ def _longest_first(tasks: list[tuple[str, str, str, int]]) -> list[int]:
 
 def run(raw: dict[str, Any], seeds: int, processes: int, jobs: int | None = None,
         first_seed: int = 1, signals: tuple[str, ...] = tuple(MODES),
-        learners: tuple[str, ...] = LEARNERS, kept: dict[str, Any] | None = None
+        learners: tuple[str, ...] = PRODUCT_LEARNERS, kept: dict[str, Any] | None = None
         ) -> dict[str, Any]:
     """Every GPU, workload and signal over ``seeds`` paired seeds from ``first_seed``;
     ``kept``: an earlier result's ``results``, whose learner modes not run here it adds."""
@@ -227,7 +269,7 @@ def main() -> None:
     parser.add_argument("--signals", default=",".join(MODES),
                         help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--learners", default=",".join(LEARNERS),
+    parser.add_argument("--learners", default=",".join(PRODUCT_LEARNERS),
                         help=f"comma-separated learner modes, of {', '.join(LEARNERS)} "
                              "(curve-only and the oracle always run)")
     parser.add_argument("--keep-from", type=Path, default=None,

@@ -57,7 +57,7 @@ def test_an_earlier_runs_learner_mode_is_kept_only_where_curve_only_reproduces()
     entry = now["p100/w-small/progress"]
     assert entry["per_seed"]["pair-aware"] == before["p100/w-small/progress"]["per_seed"][
         "pair-aware"]
-    assert set(entry["capture_of_oracle_gain_avg_jct"]) == set(bench.LEARNERS)
+    assert set(entry["capture_of_oracle_gain_avg_jct"]) == {"pair-aware", bench.REVERT}
     assert "pair_aware_minus_revert_paired" in entry
     with pytest.raises(SystemExit, match="curve-only differs"):  # other seeds
         bench.run(raw, 1, 1, jobs=4, first_seed=102, signals=("progress",),
@@ -73,3 +73,27 @@ def test_the_costliest_tasks_start_first() -> None:
     assert ran[:2] == [("k80", "w-large", "progress", 1), ("k80", "w-large", "progress", 2)]
     assert {t[2] for t in ran[:8]} == {"progress"} and ran[-1][:3] == ("p100", "w-small",
                                                                         "time-sliced")
+
+
+def test_the_matrix_mode_is_the_product_configured_with_the_other_gpus_matrix() -> None:
+    raw = json.loads(bench._gavel.DATA.read_text())
+    here = bench._gavel.setting(raw, "w-small", "p100", "progress", 101)
+    world = bench._world(here.truth, bench.MATRIX, here.gpu_type, here.other)
+    cfg = world.knowledge.cfg
+    assert cfg.pairs and dict(cfg.pair_prior_tables) == here.other  # learning.pair_prior
+    assert here.gpu_type not in here.other  # never the truth's own matrix
+    assert type(world.knowledge) is bench.SimKnowledge  # a product mode, not a diagnostic
+
+
+def test_the_hindsight_diagnostic_reads_the_truth_of_measured_pairs_only() -> None:
+    raw = json.loads(bench._gavel.DATA.read_text())
+    here = bench._gavel.setting(raw, "w-small", "p100", "progress", 101)
+    table = here.truth.interference[here.gpu_type]
+    a, b, c = table.models()[:3]
+    measured = [(a, b), (b, a), (a, c)]
+    tp = bench._measured_truth(table, measured)
+    assert set(tp.progress) == set(measured)
+    truth = [bench.math.log(max(table.slowdown[x][y], 1.0)) for x, y in measured]
+    assert [tp.progress[p][0] for p in measured] == truth
+    assert tp.unseen == pytest.approx(sum(truth) / 3)  # a pair never measured: their mean
+    assert bench._measured_truth(table, measured[:2]).unseen is None  # too few: the curve's
