@@ -89,10 +89,17 @@ class FreeView:
     throughput rule, utilisation) is turned away without numpy. For one-task jobs
     that follows from the monotone rules; for gangs it is the simulator's assumption
     that a job needing more of everything cannot start where a lighter one could not.
+    Learned pairs refuse per model (a pair seen not to fit in memory, or measured to lose),
+    which is not monotone in the demand: under them a failure point turns away only jobs of
+    the failed job's model (a refused model's failure once held back every heavier job of
+    any model, which would have fitted).
     """
 
     def __init__(self, table: GpuTable, node_of: np.ndarray, policy: CostPolicy, now_s: float):
         self.table, self.node_of, self.policy, self.now_s = table, node_of, policy, now_s
+        self.per_model = policy.pairs is not None
+        # the co-location rule as configured: the core applies it where pairs do not judge
+        self._util_rule = colocation_rule_on(policy)
         # Learned pairs re-judge the co-location rule per model in the core: the pre-filter
         # then leaves the rule out, so it never drops a node the core would accept.
         if policy.pairs is not None:
@@ -112,7 +119,7 @@ class FreeView:
                             self.load.pod_count.size)
         self.open_count = int(self.open.sum())
         self.max_free = float(self.load.free_mib[self.open].max()) if self.open_count else -np.inf
-        self.failed: list[tuple[float, int, int, float]] = []
+        self.failed: list[tuple[float, int, int, float, str | None]] = []
 
     def passing(self, mem_mib: float, util_percent: float) -> np.ndarray:
         """Rows where the core's hard constraints let one training pod of this demand in."""
@@ -120,21 +127,23 @@ class FreeView:
                             np.array([mem_mib]), _KNOWN)
         return passing(checks, self.load.pod_count.size)
 
-    def _util_key(self, run: JobRun) -> float:
+    def _key(self, run: JobRun) -> tuple[float, int, int, float, str | None]:
         # With the co-location throughput rule a busier job can fail where a lighter one
         # fits, so utilisation joins the failure point; without it any utilisation fits.
-        return run.pred_util if self.rule else 0.0
+        # Under learned pairs the model joins it (class docstring).
+        return (run.pred_mem, run.job.gpus_per_task, run.job.gpus,
+                run.pred_util if self._util_rule else 0.0,
+                run.job.model if self.per_model else None)
 
     def fails(self, run: JobRun) -> bool:
         """True when an earlier failure this round proves ``run`` cannot start either."""
-        m, p, g, u = run.pred_mem, run.job.gpus_per_task, run.job.gpus, self._util_key(run)
-        return any(m >= fm and p >= fp and g >= fg and u >= fu
-                   for fm, fp, fg, fu in self.failed)
+        m, p, g, u, model = self._key(run)
+        return any(m >= fm and p >= fp and g >= fg and u >= fu and model == fmodel
+                   for fm, fp, fg, fu, fmodel in self.failed)
 
     def record_failure(self, run: JobRun) -> None:
         """Remember that ``run`` could not start on the current table."""
-        self.failed.append((run.pred_mem, run.job.gpus_per_task, run.job.gpus,
-                            self._util_key(run)))
+        self.failed.append(self._key(run))
 
     def candidate_nodes(self, run: JobRun) -> list[str]:
         """Nodes with at least ``gpus_per_task`` GPUs that pass the core's rules for ``run``.
