@@ -76,3 +76,33 @@ def test_real_directory_comes_back_within_the_device_limits(tmp_path: Path) -> N
         Path("nvidia-h100-80gb-hbm3") / n
         for n in ("batching.csv", "colocated.csv", "isolated.csv", "provenance.json")]
     assert len(returned) <= 8 and all(len(p.parts) <= 3 for p in returned)
+
+
+def test_specs_share_the_budget_in_turn_and_each_is_summarised(tmp_path: Path) -> None:
+    # The breadth-first chunk: a first spec with a few models, then the whole plan,
+    # which resumes and measures only what the first did not.
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    (tmp_path / "first.yaml").write_text(SPEC.replace("pairs: 2", "models: [mlp]\npairs: 0")
+                                         .replace("triples: 1", "triples: 0"))
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "OUT": str(out), "DATA_ROOT": str(tmp_path / "data"),
+           "BACKEND": "sim:tests/data/profiling/sim-dryrun.yaml", "PYTHON": sys.executable,
+           "PATH": f"{FAKE_SMI}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
+    done = subprocess.run(["bash", SCRIPT, "120", str(tmp_path / "first.yaml"),
+                           str(tmp_path / "spec.yaml")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    first, whole = (json.loads(line) for line in (out / "summary.json").read_text().splitlines())
+    assert first["isolated_run"] == 2 and first["colocated_run"] == 0
+    assert whole["isolated_existing"] == 2 and whole["isolated_run"] > 0
+    assert whole["colocated_run"] == 3
+    log = (out / "log.txt").read_text()
+    assert log.count("device_chunk: ") == 2
+
+    # No budget left: the spec is named in the log and not started.
+    again = subprocess.run(["bash", SCRIPT, "10", str(tmp_path / "spec.yaml")], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert again.returncode == 0
+    assert "not started, 10s of the budget left" in (out / "log.txt").read_text()
+    assert (out / "summary.json").read_text() == ""
