@@ -15,7 +15,8 @@
 #   $OUT/summary.json  one campaign summary per spec, one per line
 #   $OUT/log.txt       GPU identity and the profilers' stderr
 #   $OUT/<gpu-slug>/   isolated.csv, colocated.csv, batching.csv, provenance.json
-# Only directories whose provenance says "simulated": false come back.
+# Only the directories this chunk wrote, and of those only the ones whose provenance says
+# "simulated": false, come back.
 # BACKEND (default cuda) and DATA_ROOT (default training_data) exist so that
 # tests/predictor/profiling/test_profiling_device_chunk.py can run this script without a GPU.
 set -uo pipefail
@@ -28,8 +29,10 @@ backend="${BACKEND:-cuda}"
 data="${DATA_ROOT:-training_data}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
-copy_back() {  # every real GPU directory (one per product; a machine has one)
-  for dir in "$data"/*/; do
+copy_back() {  # the real GPU directories this chunk's profilers wrote, as their summaries name them
+  # (never a committed directory beside them: it would crowd the 8 files that come back)
+  grep -o '"gpu_dir": "[^"]*"' "$out/summary.json" | sed 's/^"gpu_dir": "//; s/"$//' | sort -u |
+  while IFS= read -r dir; do
     prov="$dir/provenance.json"
     [ -f "$prov" ] && grep -q '"simulated": false' "$prov" || continue
     slug="$(basename "$dir")"

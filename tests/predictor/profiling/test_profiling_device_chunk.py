@@ -59,17 +59,24 @@ def test_chunk_runs_resumably_and_returns_only_real_gpu_directories(tmp_path: Pa
 
 
 def test_real_directory_comes_back_within_the_device_limits(tmp_path: Path) -> None:
-    gpu_dir = tmp_path / "data" / "nvidia-h100-80gb-hbm3"
-    gpu_dir.mkdir(parents=True)
-    (gpu_dir / "provenance.json").write_text(json.dumps({"simulated": False}, indent=2))
-    for name in ("isolated.csv", "colocated.csv", "batching.csv"):
-        (gpu_dir / name).write_text("model\n")
-    other = tmp_path / "data" / "artifacts"  # no provenance: not a GPU directory
+    data = tmp_path / "data"
+    for slug in ("nvidia-h100-80gb-hbm3", "nvidia-a100-sxm4-40gb"):
+        gpu_dir = data / slug
+        gpu_dir.mkdir(parents=True)
+        (gpu_dir / "provenance.json").write_text(json.dumps({"simulated": False}, indent=2))
+        for name in ("isolated.csv", "colocated.csv", "batching.csv"):
+            (gpu_dir / name).write_text("model\n")
+    other = data / "artifacts"  # no provenance: not a GPU directory
     other.mkdir()
     (other / "model.json").write_text("{}")
     (tmp_path / "spec.yaml").write_text(SPEC)
-    # The profiler itself is not the point here: `true` stands in for it.
-    done = _chunk(tmp_path, tmp_path / "out", PYTHON="true")
+    # The profiler itself is not the point here: a script printing the summary of a run
+    # that wrote the H100 directory stands in for it. The A100 directory is real data
+    # already there (committed, say): it is not this chunk's and must not come back.
+    fake = tmp_path / "fake_profiler"
+    fake.write_text(f"#!/bin/sh\necho '{{\"gpu_dir\": \"{data}/nvidia-h100-80gb-hbm3\"}}'\n")
+    fake.chmod(0o755)
+    done = _chunk(tmp_path, tmp_path / "out", PYTHON=str(fake))
     assert done.returncode == 0, done.stdout + done.stderr
     returned = _returned(tmp_path / "out")
     assert [p for p in returned if p.parent != Path(".")] == [
