@@ -47,8 +47,11 @@ if __name__ == "__main__":  # one BLAS/OpenMP thread per process, set before num
 import argparse
 import json
 import math
+import re
 import sys
+import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -60,6 +63,13 @@ import numpy as np
 from extender.config.loader import load_config
 from extender.core.pairs import PairModel, TypePairs, unseen_figure
 from lab.simulator.belief import SimKnowledge, SimWorld
+from lab.simulator.pair_campaign import (
+    WINDOW_SECONDS,
+    Campaign,
+    campaign_pairs,
+    campaign_prior,
+    write_campaign,
+)
 from lab.simulator.policies import PolicyOptions, tandem_cost
 from lab.simulator.runner import simulate
 
@@ -70,9 +80,15 @@ WORKLOADS = ("w-small", "w-large")
 REVERT = "pair-aware+revert"
 MATRIX = "pair-aware+matrix"
 HINDSIGHT = "hindsight-diagnostic"
-MODES = {"progress": ("curve-only", "pair-aware", REVERT, MATRIX, HINDSIGHT, "pair-oracle"),
+CAMPAIGN = re.compile(r"pair-aware(\+matrix)?\+campaign-k(\d+)")
+"""A campaign mode: ``k`` partners per model measured on the cluster's own GPU type before
+jobs arrive, imported as ``learning.pair_prior`` (with the other type's matrix: ``+matrix``)."""
+CAMPAIGNS = ("pair-aware+campaign-k2", "pair-aware+campaign-k3",
+             "pair-aware+matrix+campaign-k2", "pair-aware+matrix+campaign-k3")
+MODES = {"progress": ("curve-only", "pair-aware", REVERT, MATRIX, *CAMPAIGNS, HINDSIGHT,
+                      "pair-oracle"),
          "time-sliced": ("curve-only", "pair-aware", MATRIX)}
-LEARNERS = ("pair-aware", REVERT, MATRIX, HINDSIGHT)
+LEARNERS = ("pair-aware", REVERT, MATRIX, *CAMPAIGNS, HINDSIGHT)
 PRODUCT_LEARNERS = ("pair-aware", REVERT, MATRIX)
 """The learner modes run unless ``--learners`` names others (the diagnostic on request)."""
 REVERT_SECONDS = 600.0
@@ -114,7 +130,47 @@ def _measured_truth(table: Any, measured: list[tuple[str, str]]) -> TypePairs:
                      cannot=table.cannot_share)
 
 
-def _world(truth: Any, mode: str, gpu_type: str, other: dict[str, Any]) -> SimWorld:
+def _campaign_world(truth: Any, mode: str, gpu_type: str, other: dict[str, Any],
+                    jobs: Sequence[Any]) -> SimWorld:
+    """The learner given a campaign of ``k`` partners per model on ``gpu_type`` (seeded by
+    the truth's seed), imported through ``tandem import-interference --profiled``."""
+    match = CAMPAIGN.fullmatch(mode)
+    assert match is not None
+    table = truth.interference[gpu_type]
+    models = table.models()
+    pairs = campaign_pairs(models, int(match.group(2)), seed=[truth.seed, 1])
+    # each model alone as its jobs run (the prior reads only the pairs)
+    util = {j.model: (j.util_percent, float(j.mem_mib)) for j in jobs}
+    mean = (float(np.mean([u for u, _ in util.values()])), max(m for _, m in util.values())) \
+        if util else (50.0, 1000.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        where = Path(tmp) / gpu_type
+        write_campaign(where, gpu_type.replace("-", " "), table, pairs,
+                       {m: util.get(m, mean) for m in models}, seed=[truth.seed, 2])
+        cfg = campaign_prior(where, load_config(None, environ={}).learning, models,
+                             other if match.group(1) else None)
+    return SimWorld.build(truth, "online", cfg, [gpu_type])
+
+
+def _campaign_cost(raw: dict[str, Any], mode: str) -> dict[str, Any]:
+    """What a campaign mode's profiling costs per GPU type: runs (each model alone, each
+    pair once) and GPU minutes at the committed H100 campaign's run length."""
+    k = int(CAMPAIGN.fullmatch(mode).group(2))  # type: ignore[union-attr]
+    out = {}
+    for gpu in GPUS:
+        models = _gavel.import_gavel(raw, gpu)[1].models()
+        pairs = campaign_pairs(models, k, seed=0)
+        cost = Campaign(tuple(pairs), runs=len(models) + len(pairs))
+        out[gpu] = {"partners_per_model": k, "models": len(models), "pairs": len(pairs),
+                    "runs": cost.runs, "gpu_minutes": round(cost.gpu_seconds / 60, 1),
+                    "seconds_per_run": WINDOW_SECONDS}
+    return out
+
+
+def _world(truth: Any, mode: str, gpu_type: str, other: dict[str, Any],
+           jobs: Sequence[Any] = ()) -> SimWorld:
+    if CAMPAIGN.fullmatch(mode):
+        return _campaign_world(truth, mode, gpu_type, other, jobs)
     if mode == MATRIX:  # the other GPU type's published matrix as learning.pair_prior
         return _gavel._world(truth, "pair-aware+matrix", [gpu_type], other)
     if mode == HINDSIGHT:
@@ -142,7 +198,7 @@ def _seed_runs(raw: dict[str, Any], jobs: int | None, learners: tuple[str, ...],
     out: dict[str, Any] = {}
     finishes: dict[str, np.ndarray] = {}
     for mode in _modes(signal, learners):
-        world = _world(here.truth, mode, here.gpu_type, here.other)
+        world = _world(here.truth, mode, here.gpu_type, here.other, here.jobs)
         result = simulate(here.jobs, here.nodes, "tandem", PolicyOptions(cost=tandem_cost()),
                           world=world)
         out[mode] = {"avg_jct_s": float(result.avg_jct_s), "makespan_s": float(result.makespan_s),
@@ -300,6 +356,8 @@ def main() -> None:
         "results": run(raw, args.seeds, args.processes, args.jobs, args.first_seed, signals,
                        learners, json.loads(args.keep_from.read_text())["results"]
                        if args.keep_from else None)}
+    report["setup"]["campaigns"] = {m: _campaign_cost(raw, m) for m in learners
+                                    if CAMPAIGN.fullmatch(m)}
     if args.keep_from:
         report["setup"]["kept_from"] = args.keep_from.name
     report["total_wall_s"] = round(time.perf_counter() - started, 1)

@@ -97,3 +97,26 @@ def test_the_hindsight_diagnostic_reads_the_truth_of_measured_pairs_only() -> No
     assert [tp.progress[p][0] for p in measured] == truth
     assert tp.unseen == pytest.approx(sum(truth) / 3)  # a pair never measured: their mean
     assert bench._measured_truth(table, measured[:2]).unseen is None  # too few: the curve's
+
+
+def test_the_campaign_modes_are_the_product_given_its_own_types_campaign() -> None:
+    raw = json.loads(bench._gavel.DATA.read_text())
+    here = bench._gavel.setting(raw, "w-small", "k80", "progress", 101)
+    table = here.truth.interference[here.gpu_type]
+    world = bench._world(here.truth, "pair-aware+campaign-k3", here.gpu_type, here.other,
+                         here.jobs)
+    cfg = world.knowledge.cfg
+    assert cfg.pairs and set(cfg.pair_prior_tables) == {here.gpu_type}  # its own type only
+    prior = cfg.pair_prior_tables[here.gpu_type]
+    measured = sum(len(row) for row in prior.slowdown.values()) + 2 * len(prior.cannot_share)
+    assert measured == 2 * 39  # 26 models x 3 partners / 2 pairs, both ways
+    assert prior.slowdown != {a: {b: table.slowdown[a][b] for b in row}
+                              for a, row in prior.slowdown.items()}  # measured with noise
+    assert type(world.knowledge) is bench.SimKnowledge  # a product mode, not a diagnostic
+    both = bench._world(here.truth, "pair-aware+matrix+campaign-k2", here.gpu_type,
+                        here.other, here.jobs).knowledge.cfg.pair_prior_tables
+    assert set(both) == {here.gpu_type, *here.other}
+    assert sum(len(r) for r in both[here.gpu_type].slowdown.values()) \
+        + 2 * len(both[here.gpu_type].cannot_share) == 2 * 26
+    cost = bench._campaign_cost(raw, "pair-aware+campaign-k3")
+    assert cost["p100"]["pairs"] == 39 and cost["p100"]["runs"] == 26 + 39
