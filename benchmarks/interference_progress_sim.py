@@ -15,7 +15,15 @@ the progress pair learner, no matrix), ``pair-aware+revert`` (the same with the 
 ``learning.revert_losing_seconds`` at :data:`REVERT_SECONDS`: the newest pod of a GPU whose
 pair was measured to lose is moved, as the extender evicts it), ``pair-aware+matrix`` (the
 same learner given the other GPU type's published matrix as ``learning.pair_prior``: the
-K80's for the P100 truth and the reverse, never the truth's own), ``hindsight-diagnostic``
+K80's for the P100 truth and the reverse, never the truth's own),
+``pair-aware+campaign-k<k>`` (the same learner given a small profiling campaign of the
+cluster's own GPU type as ``learning.pair_prior``: each of the truth's models measured once
+beside ``k`` partners chosen by a seeded ring that never reads the truth's figures, each
+job's slowdown the truth's times the progress noise, written as ``tandem profile run``
+writes a campaign and imported through ``tandem import-interference --profiled`` and the
+config loader, :mod:`lab.simulator.pair_campaign`; the setup says what it costs),
+``pair-aware+matrix+campaign-k<k>`` (that campaign and the other type's matrix in one prior
+file), ``hindsight-diagnostic``
 (no product mode, run only when named: the learner measures as ``pair-aware`` does, but
 decisions read a pair's true slowdown once it has a sample, the mean of those otherwise;
 what knowing exactly the pairs measured is worth), ``pair-oracle``
