@@ -247,6 +247,39 @@ def _capture(runs: dict[str, dict[str, list[float]]], mode: str, shown: bool) ->
     return round((curve - pair) / (curve - oracle), 3) if shown else None
 
 
+BOOTSTRAP = 10_000
+"""Resamples of the seeds for a capture's interval (:func:`capture_interval`)."""
+
+
+def capture_interval(runs: dict[str, dict[str, list[float]]], mode: str) -> dict[str, float]:
+    """The capture of ``mode`` (its mean average-JCT gain over curve-only over the
+    oracle's) and its 95% paired bootstrap interval: seeds resampled together, the ratio of
+    the resampled means (percentiles 2.5 and 97.5; seeded, so a result reads back equal)."""
+    curve = np.array(runs["curve-only"]["avg_jct_s"])
+    gain, oracle = curve - np.array(runs[mode]["avg_jct_s"]), curve - np.array(
+        runs["pair-oracle"]["avg_jct_s"])
+    picks = np.random.default_rng(0).integers(0, len(curve), (BOOTSTRAP, len(curve)))
+    ratios = gain[picks].mean(axis=1) / oracle[picks].mean(axis=1)
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return {"capture": round(float(gain.mean() / oracle.mean()), 3),
+            "ci95_low": round(float(low), 3), "ci95_high": round(float(high), 3)}
+
+
+def summarise(results: dict[str, Any]) -> None:
+    """Add to each setting of ``results`` that ran the oracle every learner mode's capture
+    interval and, per pair of learner modes, the paired difference of average JCT
+    (``a_minus_b``: positive where ``b`` is shorter)."""
+    for entry in results.values():
+        runs = entry["per_seed"]
+        if "pair-oracle" not in runs:
+            continue
+        learners = [m for m in LEARNERS if m in runs]
+        entry["capture_interval"] = {m: capture_interval(runs, m) for m in learners}
+        entry["learner_differences_paired"] = {
+            f"{a}_minus_{b}": _gavel._paired(runs, a, b, "avg_jct_s")
+            for a in learners for b in learners if a < b}
+
+
 def _keep(runs: dict[str, dict[str, list[float]]], learned: dict[str, Any],
           old: dict[str, Any] | None) -> None:
     """Add to ``runs`` the learner modes not run of ``old`` (an earlier result's entry of the
@@ -320,6 +353,7 @@ def run(raw: dict[str, Any], seeds: int, processes: int, jobs: int | None = None
                     lead = entry["curve_minus_mode_paired"]["pair-aware"]["avg_jct_s"]
                     entry["goal_no_worse_than_curve"] = bool(lead["mean"] + lead["ci95"] >= 0)
                 out[f"{gpu}/{workload}/{signal}"] = entry
+    summarise(out)
     return out
 
 
@@ -341,8 +375,16 @@ def main() -> None:
                              "not run now are added (curve-only must reproduce it)")
     parser.add_argument("--jobs", type=int, default=None,
                         help="each workload's first JOBS arrivals (default: all 100)")
+    parser.add_argument("--summarise", type=Path, default=None,
+                        help="add capture intervals and paired learner differences to this "
+                             "result file and exit (no run)")
     _common.add_out_option(parser, "interference_progress_sim")
     args = parser.parse_args()
+    if args.summarise:
+        done = json.loads(args.summarise.read_text())
+        summarise(done["results"])
+        args.summarise.write_text(_common.scrubbed(json.dumps(done, indent=2)) + "\n")
+        return
     signals = tuple(s for s in args.signals.split(",") if s)
     if not signals or any(s not in MODES for s in signals):
         parser.error(f"--signals: choose from {', '.join(MODES)}")
