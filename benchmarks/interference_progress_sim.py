@@ -15,7 +15,15 @@ the progress pair learner, no matrix), ``pair-aware+revert`` (the same with the 
 ``learning.revert_losing_seconds`` at :data:`REVERT_SECONDS`: the newest pod of a GPU whose
 pair was measured to lose is moved, as the extender evicts it), ``pair-aware+matrix`` (the
 same learner given the other GPU type's published matrix as ``learning.pair_prior``: the
-K80's for the P100 truth and the reverse, never the truth's own), ``hindsight-diagnostic``
+K80's for the P100 truth and the reverse, never the truth's own),
+``pair-aware+campaign-k<k>`` (the same learner given a small profiling campaign of the
+cluster's own GPU type as ``learning.pair_prior``: each of the truth's models measured once
+beside ``k`` partners chosen by a seeded ring that never reads the truth's figures, each
+job's slowdown the truth's times the progress noise, written as ``tandem profile run``
+writes a campaign and imported through ``tandem import-interference --profiled`` and the
+config loader, :mod:`lab.simulator.pair_campaign`; the setup says what it costs),
+``pair-aware+matrix+campaign-k<k>`` (that campaign and the other type's matrix in one prior
+file), ``hindsight-diagnostic``
 (no product mode, run only when named: the learner measures as ``pair-aware`` does, but
 decisions read a pair's true slowdown once it has a sample, the mean of those otherwise;
 what knowing exactly the pairs measured is worth), ``pair-oracle``
@@ -47,8 +55,11 @@ if __name__ == "__main__":  # one BLAS/OpenMP thread per process, set before num
 import argparse
 import json
 import math
+import re
 import sys
+import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -60,6 +71,13 @@ import numpy as np
 from extender.config.loader import load_config
 from extender.core.pairs import PairModel, TypePairs, unseen_figure
 from lab.simulator.belief import SimKnowledge, SimWorld
+from lab.simulator.pair_campaign import (
+    WINDOW_SECONDS,
+    Campaign,
+    campaign_pairs,
+    campaign_prior,
+    write_campaign,
+)
 from lab.simulator.policies import PolicyOptions, tandem_cost
 from lab.simulator.runner import simulate
 
@@ -70,9 +88,15 @@ WORKLOADS = ("w-small", "w-large")
 REVERT = "pair-aware+revert"
 MATRIX = "pair-aware+matrix"
 HINDSIGHT = "hindsight-diagnostic"
-MODES = {"progress": ("curve-only", "pair-aware", REVERT, MATRIX, HINDSIGHT, "pair-oracle"),
+CAMPAIGN = re.compile(r"pair-aware(\+matrix)?\+campaign-k(\d+)")
+"""A campaign mode: ``k`` partners per model measured on the cluster's own GPU type before
+jobs arrive, imported as ``learning.pair_prior`` (with the other type's matrix: ``+matrix``)."""
+CAMPAIGNS = ("pair-aware+campaign-k2", "pair-aware+campaign-k3",
+             "pair-aware+matrix+campaign-k2", "pair-aware+matrix+campaign-k3")
+MODES = {"progress": ("curve-only", "pair-aware", REVERT, MATRIX, *CAMPAIGNS, HINDSIGHT,
+                      "pair-oracle"),
          "time-sliced": ("curve-only", "pair-aware", MATRIX)}
-LEARNERS = ("pair-aware", REVERT, MATRIX, HINDSIGHT)
+LEARNERS = ("pair-aware", REVERT, MATRIX, *CAMPAIGNS, HINDSIGHT)
 PRODUCT_LEARNERS = ("pair-aware", REVERT, MATRIX)
 """The learner modes run unless ``--learners`` names others (the diagnostic on request)."""
 REVERT_SECONDS = 600.0
@@ -114,7 +138,47 @@ def _measured_truth(table: Any, measured: list[tuple[str, str]]) -> TypePairs:
                      cannot=table.cannot_share)
 
 
-def _world(truth: Any, mode: str, gpu_type: str, other: dict[str, Any]) -> SimWorld:
+def _campaign_world(truth: Any, mode: str, gpu_type: str, other: dict[str, Any],
+                    jobs: Sequence[Any]) -> SimWorld:
+    """The learner given a campaign of ``k`` partners per model on ``gpu_type`` (seeded by
+    the truth's seed), imported through ``tandem import-interference --profiled``."""
+    match = CAMPAIGN.fullmatch(mode)
+    assert match is not None
+    table = truth.interference[gpu_type]
+    models = table.models()
+    pairs = campaign_pairs(models, int(match.group(2)), seed=[truth.seed, 1])
+    # each model alone as its jobs run (the prior reads only the pairs)
+    util = {j.model: (j.util_percent, float(j.mem_mib)) for j in jobs}
+    mean = (float(np.mean([u for u, _ in util.values()])), max(m for _, m in util.values())) \
+        if util else (50.0, 1000.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        where = Path(tmp) / gpu_type
+        write_campaign(where, gpu_type.replace("-", " "), table, pairs,
+                       {m: util.get(m, mean) for m in models}, seed=[truth.seed, 2])
+        cfg = campaign_prior(where, load_config(None, environ={}).learning, models,
+                             other if match.group(1) else None)
+    return SimWorld.build(truth, "online", cfg, [gpu_type])
+
+
+def _campaign_cost(raw: dict[str, Any], mode: str) -> dict[str, Any]:
+    """What a campaign mode's profiling costs per GPU type: runs (each model alone, each
+    pair once) and GPU minutes at the committed H100 campaign's run length."""
+    k = int(CAMPAIGN.fullmatch(mode).group(2))  # type: ignore[union-attr]
+    out = {}
+    for gpu in GPUS:
+        models = _gavel.import_gavel(raw, gpu)[1].models()
+        pairs = campaign_pairs(models, k, seed=0)
+        cost = Campaign(tuple(pairs), runs=len(models) + len(pairs))
+        out[gpu] = {"partners_per_model": k, "models": len(models), "pairs": len(pairs),
+                    "runs": cost.runs, "gpu_minutes": round(cost.gpu_seconds / 60, 1),
+                    "seconds_per_run": WINDOW_SECONDS}
+    return out
+
+
+def _world(truth: Any, mode: str, gpu_type: str, other: dict[str, Any],
+           jobs: Sequence[Any] = ()) -> SimWorld:
+    if CAMPAIGN.fullmatch(mode):
+        return _campaign_world(truth, mode, gpu_type, other, jobs)
     if mode == MATRIX:  # the other GPU type's published matrix as learning.pair_prior
         return _gavel._world(truth, "pair-aware+matrix", [gpu_type], other)
     if mode == HINDSIGHT:
@@ -142,7 +206,7 @@ def _seed_runs(raw: dict[str, Any], jobs: int | None, learners: tuple[str, ...],
     out: dict[str, Any] = {}
     finishes: dict[str, np.ndarray] = {}
     for mode in _modes(signal, learners):
-        world = _world(here.truth, mode, here.gpu_type, here.other)
+        world = _world(here.truth, mode, here.gpu_type, here.other, here.jobs)
         result = simulate(here.jobs, here.nodes, "tandem", PolicyOptions(cost=tandem_cost()),
                           world=world)
         out[mode] = {"avg_jct_s": float(result.avg_jct_s), "makespan_s": float(result.makespan_s),
@@ -181,6 +245,39 @@ def _capture(runs: dict[str, dict[str, list[float]]], mode: str, shown: bool) ->
     curve, pair, oracle = (float(np.mean(runs[m]["avg_jct_s"]))
                            for m in ("curve-only", mode, "pair-oracle"))
     return round((curve - pair) / (curve - oracle), 3) if shown else None
+
+
+BOOTSTRAP = 10_000
+"""Resamples of the seeds for a capture's interval (:func:`capture_interval`)."""
+
+
+def capture_interval(runs: dict[str, dict[str, list[float]]], mode: str) -> dict[str, float]:
+    """The capture of ``mode`` (its mean average-JCT gain over curve-only over the
+    oracle's) and its 95% paired bootstrap interval: seeds resampled together, the ratio of
+    the resampled means (percentiles 2.5 and 97.5; seeded, so a result reads back equal)."""
+    curve = np.array(runs["curve-only"]["avg_jct_s"])
+    gain, oracle = curve - np.array(runs[mode]["avg_jct_s"]), curve - np.array(
+        runs["pair-oracle"]["avg_jct_s"])
+    picks = np.random.default_rng(0).integers(0, len(curve), (BOOTSTRAP, len(curve)))
+    ratios = gain[picks].mean(axis=1) / oracle[picks].mean(axis=1)
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return {"capture": round(float(gain.mean() / oracle.mean()), 3),
+            "ci95_low": round(float(low), 3), "ci95_high": round(float(high), 3)}
+
+
+def summarise(results: dict[str, Any]) -> None:
+    """Add to each setting of ``results`` that ran the oracle every learner mode's capture
+    interval and, per pair of learner modes, the paired difference of average JCT
+    (``a_minus_b``: positive where ``b`` is shorter)."""
+    for entry in results.values():
+        runs = entry["per_seed"]
+        if "pair-oracle" not in runs:
+            continue
+        learners = [m for m in LEARNERS if m in runs]
+        entry["capture_interval"] = {m: capture_interval(runs, m) for m in learners}
+        entry["learner_differences_paired"] = {
+            f"{a}_minus_{b}": _gavel._paired(runs, a, b, "avg_jct_s")
+            for a in learners for b in learners if a < b}
 
 
 def _keep(runs: dict[str, dict[str, list[float]]], learned: dict[str, Any],
@@ -256,6 +353,7 @@ def run(raw: dict[str, Any], seeds: int, processes: int, jobs: int | None = None
                     lead = entry["curve_minus_mode_paired"]["pair-aware"]["avg_jct_s"]
                     entry["goal_no_worse_than_curve"] = bool(lead["mean"] + lead["ci95"] >= 0)
                 out[f"{gpu}/{workload}/{signal}"] = entry
+    summarise(out)
     return out
 
 
@@ -277,8 +375,16 @@ def main() -> None:
                              "not run now are added (curve-only must reproduce it)")
     parser.add_argument("--jobs", type=int, default=None,
                         help="each workload's first JOBS arrivals (default: all 100)")
+    parser.add_argument("--summarise", type=Path, default=None,
+                        help="add capture intervals and paired learner differences to this "
+                             "result file and exit (no run)")
     _common.add_out_option(parser, "interference_progress_sim")
     args = parser.parse_args()
+    if args.summarise:
+        done = json.loads(args.summarise.read_text())
+        summarise(done["results"])
+        args.summarise.write_text(_common.scrubbed(json.dumps(done, indent=2)) + "\n")
+        return
     signals = tuple(s for s in args.signals.split(",") if s)
     if not signals or any(s not in MODES for s in signals):
         parser.error(f"--signals: choose from {', '.join(MODES)}")
@@ -300,6 +406,8 @@ def main() -> None:
         "results": run(raw, args.seeds, args.processes, args.jobs, args.first_seed, signals,
                        learners, json.loads(args.keep_from.read_text())["results"]
                        if args.keep_from else None)}
+    report["setup"]["campaigns"] = {m: _campaign_cost(raw, m) for m in learners
+                                    if CAMPAIGN.fullmatch(m)}
     if args.keep_from:
         report["setup"]["kept_from"] = args.keep_from.name
     report["total_wall_s"] = round(time.perf_counter() - started, 1)

@@ -92,6 +92,10 @@ class TypePairs:
     ``features``; where given, it is the figure."""
     losing: frozenset[frozenset[str]] = frozenset()
     """Pairs whose measured progress was worse than taking turns: refused."""
+    prior_var: float | None = None
+    """The variance of a ``prior`` figure where the matrix was measured on this very GPU
+    type (a profiling campaign of its pairs): both ways listed, a pair is then judged as
+    measured (:meth:`PairModel.can_share`); None: another type's matrix, or none."""
     unseen: float | None = None
     """The log slowdown of a pair with a model never measured here, where ``progress`` holds
     measured pairs (:func:`unseen_figure`); None: the curve's."""
@@ -153,11 +157,11 @@ class PairModel:
     def can_share(self, gpu_type: str, a: str, b: str, learned: bool = True) -> bool:
         """False when ``a`` and ``b`` were seen not to fit together on ``gpu_type``, or
         (``learned``) their progress was measured worse than taking turns, or, both ways
-        measured, even their optimistic progress figures (:data:`EXPLORE_Z` standard
-        deviations up) do not beat ``1 + SHARE_MARGIN`` (:func:`shares`). Figures only
-        completed from other pairs refuse nothing: the curve, which would share them, is the
-        prior. ``learned`` False: the memory rule alone (a pod whose progress is not
-        measured)."""
+        measured (from progress, or in a matrix measured on this type), even their
+        optimistic figures (:data:`EXPLORE_Z` standard deviations up) do not beat
+        ``1 + SHARE_MARGIN`` (:func:`shares`). Figures only completed from other pairs
+        refuse nothing: the curve, which would share them, is the prior. ``learned``
+        False: the memory rule alone (a pod whose progress is not measured)."""
         t = self._type(gpu_type)
         if t is None:
             return True
@@ -168,14 +172,24 @@ class PairModel:
             return True
         if pair in t.losing:
             return False
-        ab, ba = t.progress.get((a, b)), t.progress.get((b, a))
-        if ab is None or ba is None or not (_measured(ab[2]) and _measured(ba[2])):
+        ab, ba = _own(t, a, b), _own(t, b, a)
+        if ab is None or ba is None:
             return True  # uncertain figures refuse nothing the curve (the prior) would share
-        return shares(ab[:2], ba[:2], z=-EXPLORE_Z)
+        return shares(ab, ba, z=-EXPLORE_Z)
 
 
 def _measured(source: str) -> bool:
     return source.partition(":")[0] == PROGRESS
+
+
+def _own(t: TypePairs, a: str, b: str) -> tuple[float, float] | None:
+    """``a`` beside ``b`` as measured on this GPU type: its progress samples' figure, else
+    the matrix's where it was measured on this type (:attr:`TypePairs.prior_var`)."""
+    f = t.progress.get((a, b))
+    if f is not None and _measured(f[2]):
+        return f[0], f[1]
+    listed = t.prior.get((a, b)) if t.prior_var is not None else None
+    return None if listed is None else (listed, t.prior_var)  # type: ignore[return-value]
 
 
 MIN_UNSEEN_PAIRS = 3

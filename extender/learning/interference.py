@@ -70,6 +70,7 @@ from contracts.interferencefile import PairTable
 from extender.core import Placement
 from extender.core.pairs import PairModel, TypePairs
 from extender.core.snapshot import gpu_type_of
+from extender.learning.completion import MATRIX_SAMPLES
 from extender.learning.pair_document import PairKey, decode, decode_progress, encode
 from extender.learning.pair_fit import (
     MAX_EXTRA,
@@ -81,7 +82,7 @@ from extender.learning.pair_fit import (
     prior_logs,
     solve_group_types,
 )
-from extender.learning.progress_pairs import ProgressPairs, progress_view
+from extender.learning.progress_pairs import DEFAULT_NOISE_VAR, ProgressPairs, progress_view
 from extender.learning.progress_tracker import ProgressTracker, modelled_pod
 from extender.state.reports import DecodedReport
 
@@ -339,11 +340,14 @@ class PairLearner:
 
     def _with_prior(self, gpu_type: str, fitted: TypePairs) -> TypePairs:
         """``fitted`` with the matrix's pairs for ``gpu_type`` and their calibration."""
-        logs, cannot = self._prior.get(gpu_type) or (self._pooled, frozenset())
+        own = self._prior.get(gpu_type)
+        logs, cannot = own or (self._pooled, frozenset())
         if not logs and not cannot:
             return fitted
+        # a matrix measured on this very type: each figure as one measurement of the pair
         return replace(fitted, prior=logs, cannot=fitted.cannot | cannot,
-                       calibration=calibrate(fitted.pairs, logs))
+                       calibration=calibrate(fitted.pairs, logs),
+                       prior_var=DEFAULT_NOISE_VAR / MATRIX_SAMPLES if own else None)
 
     def view(self) -> list[dict[str, Any]]:
         """For ``/v1/state`` and ``tandem status``: per GPU type, pairs and profiles."""

@@ -173,13 +173,19 @@ class ProgressPairs:
         for (t, a, b), c in done.logs.items():
             tau2 = done.variance[t]
             st = self.stats.get((t, a, b))
+            listed = self.priors.get(t, {}).get((a, b))
+            if st is None and listed is not None:
+                continue  # measured on this type, not yet from progress: the matrix's figure
             if st is None:
                 source = "completed" if a in seen_jobs and b in seen_jobs else "features"
                 figures[(t, a, b)] = Figure(c, tau2, source)
                 continue
-            precision = st[0] / noise + 1.0 / tau2
-            figures[(t, a, b)] = Figure((st[0] * st[1] / noise + c / tau2) / precision,
-                                        1.0 / precision, f"progress:{int(st[0])}")
+            # a matrix listing the pair on this very type measured it: MATRIX_SAMPLES more
+            w = MATRIX_SAMPLES if listed is not None else 0.0
+            precision = (st[0] + w) / noise + 1.0 / tau2
+            figures[(t, a, b)] = Figure(
+                ((st[0] * st[1] + w * (listed or 0.0)) / noise + c / tau2) / precision,
+                1.0 / precision, f"progress:{int(st[0])}")
         return Estimates(figures, self.losing(noise), noise)
 
     def losing(self, noise: float | None = None) -> frozenset[tuple[str, frozenset[str]]]:

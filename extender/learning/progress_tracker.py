@@ -61,10 +61,14 @@ class ProgressTracker:
         return known
 
     def estimates(self, now: float) -> Estimates | None:
-        """What the samples predict, refitted when samples came in and ``refit_seconds``
-        passed since the last fit; None before any sample."""
+        """What the samples and the measured matrices predict, refitted when samples came
+        in and ``refit_seconds`` passed since the last fit; None with neither. A matrix
+        alone is completed at once: measured on a GPU type of the cluster (a profiling
+        campaign of a few pairs), it fills that type's other pairs before any pod reports,
+        where the curve, which reads measured pairs as far milder than they run, would
+        steer the first placements toward the pairs not measured."""
         count = self.samples_total
-        if not count:
+        if not count and not any(self.pairs.priors.values()):
             return None
         done = self._estimates
         if done is None or (done[1] != count and now - done[0] >= self.refit_seconds):

@@ -97,3 +97,45 @@ def test_the_hindsight_diagnostic_reads_the_truth_of_measured_pairs_only() -> No
     assert [tp.progress[p][0] for p in measured] == truth
     assert tp.unseen == pytest.approx(sum(truth) / 3)  # a pair never measured: their mean
     assert bench._measured_truth(table, measured[:2]).unseen is None  # too few: the curve's
+
+
+def test_the_campaign_modes_are_the_product_given_its_own_types_campaign() -> None:
+    raw = json.loads(bench._gavel.DATA.read_text())
+    here = bench._gavel.setting(raw, "w-small", "k80", "progress", 101)
+    table = here.truth.interference[here.gpu_type]
+    world = bench._world(here.truth, "pair-aware+campaign-k3", here.gpu_type, here.other,
+                         here.jobs)
+    cfg = world.knowledge.cfg
+    assert cfg.pairs and set(cfg.pair_prior_tables) == {here.gpu_type}  # its own type only
+    prior = cfg.pair_prior_tables[here.gpu_type]
+    measured = sum(len(row) for row in prior.slowdown.values()) + 2 * len(prior.cannot_share)
+    assert measured == 2 * 39  # 26 models x 3 partners / 2 pairs, both ways
+    assert prior.slowdown != {a: {b: table.slowdown[a][b] for b in row}
+                              for a, row in prior.slowdown.items()}  # measured with noise
+    assert type(world.knowledge) is bench.SimKnowledge  # a product mode, not a diagnostic
+    both = bench._world(here.truth, "pair-aware+matrix+campaign-k2", here.gpu_type,
+                        here.other, here.jobs).knowledge.cfg.pair_prior_tables
+    assert set(both) == {here.gpu_type, *here.other}
+    assert sum(len(r) for r in both[here.gpu_type].slowdown.values()) \
+        + 2 * len(both[here.gpu_type].cannot_share) == 2 * 26
+    cost = bench._campaign_cost(raw, "pair-aware+campaign-k3")
+    assert cost["p100"]["pairs"] == 39 and cost["p100"]["runs"] == 26 + 39
+
+
+def test_the_capture_has_a_paired_bootstrap_interval_and_learners_are_compared() -> None:
+    curve = [1000.0, 1200.0, 900.0, 1100.0, 1050.0]
+    oracle = [c - g for c, g in zip(curve, [100.0, 300.0, 50.0, 200.0, 150.0], strict=True)]
+    half = [(c + o) / 2 for c, o in zip(curve, oracle, strict=True)]
+    noisy = [h + d for h, d in zip(half, [40.0, -60.0, 10.0, 30.0, -20.0], strict=True)]
+    runs = {"curve-only": {"avg_jct_s": curve}, "pair-oracle": {"avg_jct_s": oracle},
+            "pair-aware": {"avg_jct_s": half}, "pair-aware+campaign-k3": {"avg_jct_s": noisy}}
+    exact = bench.capture_interval(runs, "pair-aware")
+    assert exact == {"capture": 0.5, "ci95_low": 0.5, "ci95_high": 0.5}
+    spread = bench.capture_interval(runs, "pair-aware+campaign-k3")
+    assert spread["ci95_low"] < spread["capture"] < spread["ci95_high"]
+    results = {"p100/w-small/progress": {"per_seed": runs}}
+    bench.summarise(results)
+    entry = results["p100/w-small/progress"]
+    assert set(entry["capture_interval"]) == {"pair-aware", "pair-aware+campaign-k3"}
+    diff = entry["learner_differences_paired"]["pair-aware_minus_pair-aware+campaign-k3"]
+    assert diff["mean"] == pytest.approx(-0.0) and diff["n"] == 5

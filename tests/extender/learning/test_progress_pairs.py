@@ -183,3 +183,31 @@ def test_a_type_never_seen_reads_most_of_another_types_spread() -> None:
     seen = np.array([there[k] for k in keys])
     assert np.std(new) > 0.9 * np.std(seen)  # 0.53 with the own terms as free, 0.76 at 3
     assert np.corrcoef(new, seen)[0, 1] > 0.95
+
+
+def test_a_matrix_of_the_clusters_own_type_is_completed_before_any_pod_reports() -> None:
+    """A profiling campaign of a few pairs on the cluster's GPU type: its other pairs read
+    the completion from the start, not the curve (which reads measured pairs as far milder
+    than they run, so the first placements would seek the pairs not measured)."""
+    from contracts.interferencefile import PairTable
+    from extender.learning.interference import PairLearner
+
+    truth = _additive(3)
+    ring = [(JOBS[i], JOBS[(i + d) % len(JOBS)]) for i in range(len(JOBS)) for d in (1, 6)]
+    table = PairTable({a: {b: math.exp(truth[(a, b)]) for x, b in ring if x == a}
+                       | {b: math.exp(truth[(b, a)]) for b, y in ring if y == a}
+                       for a in JOBS}, frozenset())
+    learner = PairLearner(1000, prior={"T": table})
+    model = learner.model()
+    assert model is not None
+    a, b = "j0", "j3"  # never measured
+    assert b not in table.slowdown[a]
+    value, source = model.figure("T", a, b, curve=1.05)
+    assert source == "completed" and value > 1.2  # the completion, not the curve's 1.05
+    unlisted = [(x, y) for x in JOBS for y in JOBS if x != y and y not in table.slowdown[x]]
+    errors = [math.log(model.figure("T", *p, 1.05)[0]) - truth[p] for p in unlisted]
+    curve = [math.log(1.05) - truth[p] for p in unlisted]
+    assert np.sqrt(np.mean(np.square(errors))) < 0.5 * np.sqrt(np.mean(np.square(curve)))
+    # another type's matrix alone changes nothing on a type it does not list
+    other = PairLearner(1000, prior={"U": table}).model()
+    assert other is not None and other.figure("T", a, b, curve=1.05)[1] != "completed"
