@@ -251,15 +251,21 @@ BOOTSTRAP = 10_000
 """Resamples of the seeds for a capture's interval (:func:`capture_interval`)."""
 
 
-def capture_interval(runs: dict[str, dict[str, list[float]]], mode: str) -> dict[str, float]:
+def capture_interval(runs: dict[str, dict[str, list[float]]], mode: str
+                     ) -> dict[str, float | None]:
     """The capture of ``mode`` (its mean average-JCT gain over curve-only over the
     oracle's) and its 95% paired bootstrap interval: seeds resampled together, the ratio of
-    the resampled means (percentiles 2.5 and 97.5; seeded, so a result reads back equal)."""
+    the resampled means (percentiles 2.5 and 97.5; seeded, so a result reads back equal).
+    Where the oracle gains nothing there is nothing to capture: None (resamples in which
+    it gains nothing are left out of the interval likewise)."""
     curve = np.array(runs["curve-only"]["avg_jct_s"])
     gain, oracle = curve - np.array(runs[mode]["avg_jct_s"]), curve - np.array(
         runs["pair-oracle"]["avg_jct_s"])
+    if oracle.mean() == 0:
+        return {"capture": None, "ci95_low": None, "ci95_high": None}
     picks = np.random.default_rng(0).integers(0, len(curve), (BOOTSTRAP, len(curve)))
-    ratios = gain[picks].mean(axis=1) / oracle[picks].mean(axis=1)
+    gains, oracles = gain[picks].mean(axis=1), oracle[picks].mean(axis=1)
+    ratios = gains[oracles != 0] / oracles[oracles != 0]
     low, high = np.percentile(ratios, [2.5, 97.5])
     return {"capture": round(float(gain.mean() / oracle.mean()), 3),
             "ci95_low": round(float(low), 3), "ci95_high": round(float(high), 3)}

@@ -139,3 +139,15 @@ def test_the_capture_has_a_paired_bootstrap_interval_and_learners_are_compared()
     assert set(entry["capture_interval"]) == {"pair-aware", "pair-aware+campaign-k3"}
     diff = entry["learner_differences_paired"]["pair-aware_minus_pair-aware+campaign-k3"]
     assert diff["mean"] == pytest.approx(-0.0) and diff["n"] == 5
+
+
+def test_capture_is_none_where_the_oracle_gains_nothing() -> None:
+    # A short run can leave the oracle exactly as curve-only: no capture to divide out.
+    runs = {"curve-only": {"avg_jct_s": [100.0, 120.0]},
+            "pair-oracle": {"avg_jct_s": [100.0, 120.0]},
+            "pair-aware": {"avg_jct_s": [90.0, 125.0]}}
+    assert bench.capture_interval(runs, "pair-aware") == {
+        "capture": None, "ci95_low": None, "ci95_high": None}
+    runs["pair-oracle"]["avg_jct_s"] = [80.0, 120.0]  # one seed gains: resamples without it
+    out = bench.capture_interval(runs, "pair-aware")  # are left out, no division by zero
+    assert out["capture"] == 0.25 and out["ci95_low"] <= out["ci95_high"]
