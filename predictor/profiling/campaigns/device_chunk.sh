@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One resumable chunk of the real GPU campaign, run through the device tool from the
-# repository root (training_data/README.md has the whole procedure):
+# One resumable chunk of the real GPU campaign, for batch GPU machines that return a job's
+# results through a folder named by OUT, run from the repository root
+# (training_data/README.md has the whole procedure):
 #
 #   bash predictor/profiling/campaigns/device_chunk.sh [BUDGET_SECONDS] [SPEC ...]
 #
@@ -9,7 +10,7 @@
 # profiler stops cleanly before a run that would not fit, so keep the budget about
 # 100 s under the call's timeout_s (imports, CUDA start-up, graph exports and the last
 # run's overrun). A profiler that overruns its share by 60 s is interrupted (SIGINT:
-# it writes its provenance and stops). Results come back under $OUT, at most one
+# it writes its provenance and stops). Results go under $OUT, at most one
 # folder down and 8 files in all, copied after every spec so a call cut short keeps
 # what was measured:
 #   $OUT/summary.json  one campaign summary per spec, one per line
@@ -24,7 +25,7 @@ budget="${1:-480}"
 shift $(($# > 0 ? 1 : 0))
 specs=("$@")
 [ ${#specs[@]} -gt 0 ] || specs=(predictor/profiling/campaigns/hopper.yaml)
-out="${OUT:?run this through the device tool: \$OUT is where results come back}"
+out="${OUT:?set OUT to the folder where results go back}"
 backend="${BACKEND:-cuda}"
 data="${DATA_ROOT:-training_data}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
